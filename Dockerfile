@@ -1,0 +1,88 @@
+# Headscope: web page + REST API showing Vision Transformer attention maps.
+#
+# Needs BuildKit (DOCKER_BUILDKIT=1 with the classic client, or `docker buildx build`);
+# uses only the Dockerfile features built into the engine, so no `# syntax=` line
+# (that would pull a frontend image from a registry).
+#
+#   docker build -t headscope .                                   # GPU-capable image
+#   docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt -t headscope .
+#                                                                 # behind a TLS-inspecting proxy
+#   docker build --build-arg BASE_IMAGE=local/python-base:bookworm -t headscope .
+#                                                                 # no registry: see scripts/docker-base-image.sh
+#
+# PyPI's default torch wheel bundles the CUDA runtime, so the same image runs on the CPU
+# and, with the NVIDIA container toolkit on the host (`--gpus all`), on the GPU.
+# The default model is fetched and converted at build time: the container needs no network.
+
+# Any Debian-like image with Python 3.10+ and the venv module: the official image has
+# /usr/local/bin/python3, a debootstrap-made one /usr/bin/python3; both are found on PATH.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE}
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_DEFAULT_TIMEOUT=120 \
+    PIP_ROOT_USER_ACTION=ignore \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8
+
+# Virtualenv, the unprivileged user, and /data: the mount point for the named volume
+# (extra model weights, Hugging Face hub cache). A new named volume copies this
+# directory's owner, so the app can write its cache there.
+RUN python3 -m venv /opt/venv \
+ && groupadd --system --gid 10001 headscope \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /home/headscope --create-home \
+        --shell /usr/sbin/nologin headscope \
+ && mkdir -p /data/hf /data/models \
+ && chown -R 10001:10001 /data
+
+WORKDIR /opt/headscope
+
+# 1. Dependencies only (the slow, big layer): the list comes from pyproject.toml, so this
+#    layer is rebuilt only when pyproject.toml changes, not on a code change.
+#    The optional secret `ca` is a CA bundle for a TLS-inspecting proxy; it is mounted
+#    for this step only and never written into a layer.
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then \
+        export PIP_CERT=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca REQUESTS_CA_BUNDLE=/run/secrets/ca; \
+    fi \
+ && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt \
+ && rm -f /tmp/requirements.txt
+
+# 2. The package (editable: static/ and templates/ are read from the source tree next to
+#    app/), then the default model, fetched and converted at build time.
+COPY README.* ./
+COPY app/ app/
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then \
+        export PIP_CERT=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca REQUESTS_CA_BUNDLE=/run/secrets/ca; \
+    fi \
+ && pip install --no-deps --no-build-isolation -e . \
+ && headscope fetch \
+ && rm -rf models/_downloads \
+ && chmod -R a+rX /opt/headscope
+
+# 3. Web assets last: changing them rebuilds nothing above.
+COPY static/ static/
+COPY templates/ templates/
+
+ENV HEADSCOPE_HOST=0.0.0.0 \
+    HEADSCOPE_PORT=8000 \
+    HEADSCOPE_DEVICE=auto \
+    HF_HOME=/data/hf
+
+USER 10001:10001
+EXPOSE 8000
+
+# /healthz answers 200 while the process is alive (/readyz waits for the model).
+# Python's urllib, so the image needs no curl; the port follows HEADSCOPE_PORT.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('HEADSCOPE_PORT', '8000'), timeout=4)"]
+
+CMD ["headscope", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,228 @@
+"""Attention capture for timm ViT blocks.
+
+Two ways to get ``softmax(Q K^T / sqrt(d))`` out of a block, chosen per attention class:
+
+* ``qk``: for timm's plain ``Attention`` (vit, deit, dinov2, flexivit, siglip) the forward stays
+  fused; forward hooks on ``q_norm``/``k_norm`` (identity modules unless the model uses QK-norm)
+  keep q and k, and the rows a query asks for are recomputed from them exactly as the unfused
+  branch would. No N x N matrix exists unless a caller asks for every row.
+* ``probs``: for classes that add something between q k^T and the softmax (EVA's RoPE is applied
+  after ``k_norm``; BEiT adds a relative position bias), fused attention is switched off for the
+  duration of the capture and a hook on ``attn_drop`` (identity at eval) keeps the softmax output.
+
+Either way a capture that did not fire once per block raises :class:`CaptureError`: a model that
+silently returns no maps is the classic bug this module exists to prevent.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+SUPPORTED_FAMILIES = (
+    "vit, deit (incl. distilled), dinov2 (with and without registers), flexivit, siglip, "
+    "eva/eva02 (RoPE), beit (relative position bias)"
+)
+
+
+class CaptureError(RuntimeError):
+    """A capture came back empty, incomplete or malformed."""
+
+
+class UnsupportedModelError(ValueError):
+    """The model's attention blocks are of a kind Headscope cannot capture."""
+
+
+def _attention_kind(attn: nn.Module) -> str | None:
+    from timm.layers.attention import Attention
+
+    if type(attn) is Attention and isinstance(attn.q_norm, nn.Module) and getattr(attn, "gate", None) is None:
+        return "qk"
+    name = type(attn).__name__
+    module = type(attn).__module__
+    if name == "EvaAttention" or (name == "Attention" and module.endswith(".beit")):
+        return "probs"
+    return None
+
+
+def attention_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """Return ``(attention_module, kind)`` for every block, or raise for unsupported models.
+
+    Args:
+        model: a timm model.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or len(blocks) == 0:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has no transformer 'blocks' with global self-attention; "
+            f"supported families: {SUPPORTED_FAMILIES}"
+        )
+    out = []
+    for i, blk in enumerate(blocks):
+        attn = getattr(blk, "attn", None)
+        kind = _attention_kind(attn) if attn is not None else None
+        if kind is None:
+            raise UnsupportedModelError(
+                f"block {i} of {type(model).__name__} uses {type(attn).__name__}, which is not "
+                f"global softmax self-attention Headscope can capture (windowed, channel, "
+                f"class-only or pooled attention); supported families: {SUPPORTED_FAMILIES}"
+            )
+        if not hasattr(attn, "attn_drop"):
+            raise UnsupportedModelError(f"block {i}: attention has no attn_drop to hook")
+        out.append((attn, kind))
+    return out
+
+
+@dataclass
+class ImageAttention:
+    """Everything captured for one image, on the host, for every layer.
+
+    Rows of the attention matrix are recomputed on demand from ``q``/``k`` (``qk`` layers) or
+    sliced from ``probs`` (``probs`` layers). Shapes: ``q``, ``k``: ``[H, N, d]``;
+    ``probs``: ``[H, N, N]``; ``token_norms``: ``[L, N]`` (block output norms);
+    ``head_out``: ``[L, N, H*d_v]`` (the per-head outputs concatenated, before ``proj``).
+    """
+
+    num_layers: int
+    num_heads: int
+    num_tokens: int
+    q: list[torch.Tensor | None]
+    k: list[torch.Tensor | None]
+    scale: list[float]
+    probs: list[torch.Tensor | None]
+    token_norms: torch.Tensor
+    head_out: list[torch.Tensor] = field(default_factory=list)
+
+    def nbytes(self) -> int:
+        tensors = [t for t in (*self.q, *self.k, *self.probs, *self.head_out) if t is not None]
+        tensors.append(self.token_norms)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def rows(self, layer: int, heads: list[int] | None = None, rows: list[int] | None = None) -> torch.Tensor:
+        """Softmax attention of one layer, ``[heads, rows, N]`` in float32.
+
+        Args:
+            layer: block index (0-based, non-negative).
+            heads: head indices, or None for all.
+            rows: query token indices, or None for all N rows.
+        """
+        p = self.probs[layer]
+        if p is not None:
+            if heads is not None:
+                p = p[heads]
+            if rows is not None:
+                p = p[:, rows]
+            return p.float()
+        q, k = self.q[layer], self.k[layer]
+        if heads is not None:
+            q, k = q[heads], k[heads]
+        if rows is not None:
+            q = q[:, rows]
+        # Same order of operations as timm's unfused branch: scale q, then q k^T, then softmax.
+        q = q.float() * self.scale[layer]
+        return (q @ k.float().transpose(-2, -1)).softmax(dim=-1)  # H, R, N
+
+
+class AttentionCapture:
+    """Hooks every block's attention of ``model`` for one forward pass at a time.
+
+    Usage::
+
+        cap = AttentionCapture(model)
+        with cap.capturing():
+            model(x)
+        per_image = cap.results()  # list[ImageAttention], one per batch item
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.layers = attention_layers(model)
+        self.num_heads = self.layers[0][0].num_heads
+        self._reset()
+
+    def _reset(self) -> None:
+        n = len(self.layers)
+        self._q: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._k: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._p: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._norms: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._heads: list[list[torch.Tensor]] = [[] for _ in range(n)]
+
+    @contextmanager
+    def capturing(self) -> Iterator["AttentionCapture"]:
+        """Install the hooks (and switch fused attention off where needed) for the block."""
+        self._reset()
+        blocks = self.model.blocks
+        with ExitStack() as stack:
+            for i, (attn, kind) in enumerate(self.layers):
+                if kind == "qk":
+                    stack.callback(attn.q_norm.register_forward_hook(self._store(self._q[i])).remove)
+                    stack.callback(attn.k_norm.register_forward_hook(self._store(self._k[i])).remove)
+                else:
+                    was_fused = attn.fused_attn
+                    attn.fused_attn = False
+                    stack.callback(setattr, attn, "fused_attn", was_fused)
+                    stack.callback(attn.attn_drop.register_forward_pre_hook(self._store_input(self._p[i])).remove)
+                stack.callback(attn.proj.register_forward_pre_hook(self._store_input(self._heads[i])).remove)
+                stack.callback(blocks[i].register_forward_hook(self._store_norm(self._norms[i])).remove)
+            yield self
+
+    @staticmethod
+    def _store(sink: list):
+        def hook(module, args, output):
+            sink.append(output.detach())
+        return hook
+
+    @staticmethod
+    def _store_input(sink: list):
+        def hook(module, args):
+            sink.append(args[0].detach())
+        return hook
+
+    @staticmethod
+    def _store_norm(sink: list):
+        def hook(module, args, output):
+            sink.append(output.detach().float().norm(dim=-1))  # B, N
+        return hook
+
+    def results(self) -> list[ImageAttention]:
+        """Split the last capture into per-image host tensors; raise if anything is missing."""
+        L = len(self.layers)
+        for i, (_, kind) in enumerate(self.layers):
+            got = (len(self._q[i]), len(self._k[i])) if kind == "qk" else (len(self._p[i]),) * 2
+            if got != (1, 1) or len(self._norms[i]) != 1 or len(self._heads[i]) != 1:
+                raise CaptureError(
+                    f"attention capture of layer {i} fired {got[0]} time(s), expected once per "
+                    f"forward; was the model called inside capturing() exactly once?"
+                )
+        B, N = self._norms[0][0].shape  # batch, tokens
+        H = self.num_heads
+        out = []
+        for b in range(B):
+            q, k, p = [], [], []
+            for i, (attn, kind) in enumerate(self.layers):
+                if kind == "qk":
+                    qi, ki = self._q[i][0][b], self._k[i][0][b]  # H, N, d
+                    if qi.shape[:2] != (H, N) or ki.shape[:2] != (H, N):
+                        raise CaptureError(f"layer {i}: q/k of shape {tuple(qi.shape)}, expected ({H}, {N}, d)")
+                    q.append(qi.to("cpu", copy=True).contiguous())
+                    k.append(ki.to("cpu", copy=True).contiguous())
+                    p.append(None)
+                else:
+                    pi = self._p[i][0][b]  # H, N, N
+                    if pi.shape != (H, N, N):
+                        raise CaptureError(f"layer {i}: attention of shape {tuple(pi.shape)}, expected ({H}, {N}, {N})")
+                    p.append(pi.to("cpu", torch.float32, copy=True).contiguous())
+                    q.append(None)
+                    k.append(None)
+            out.append(ImageAttention(
+                num_layers=L, num_heads=H, num_tokens=N, q=q, k=k,
+                scale=[float(a.scale) for a, _ in self.layers], probs=p,
+                token_norms=torch.stack([n[0][b] for n in self._norms]).to("cpu", torch.float32),
+                head_out=[h[0][b].to("cpu", copy=True).contiguous() for h in self._heads],
+            ))
+        self._reset()
+        return out

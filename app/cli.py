@@ -1,0 +1,160 @@
+"""``headscope serve | fetch | extract``."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from .config import Settings
+    from .main import create_app
+
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "model": args.model,
+                                   "device": args.device}.items() if v is not None}
+    settings = Settings(**overrides)
+    if args.fetch_first and settings.model == "dinov2-s14-focus":
+        from . import embedded
+        embedded.fetch(settings.models_dir)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
+    return 0
+
+
+def _fetch(args) -> int:
+    from . import embedded
+    from .config import Settings
+    from .registry import ModelLoadError, Registry, UnknownModelError
+
+    settings = Settings()
+    target = args.model or embedded.MODEL_ID
+    try:
+        if target == embedded.MODEL_ID:
+            path = embedded.fetch(settings.models_dir, force=args.force)
+            print(f"{target}: ready in {path}")
+        else:
+            lm = Registry([target], settings.models_dir).get()
+            print(f"{target}: weights available ({lm.arch}, {lm.num_layers} layers, {lm.num_heads} heads)")
+    except (embedded.FetchError, ModelLoadError, UnknownModelError) as e:
+        print(f"headscope fetch: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _collect(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {p}")
+    return files
+
+
+def _extract(args) -> int:
+    """Batch extraction to one safetensors file: a tensor per image, metadata in the header."""
+    import torch
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from . import analysis, images
+    from .config import Settings
+    from .device import autocast, autocast_dtype, resolve_device
+    from .registry import Registry
+    from .selection import Selection, parse_indices, parse_query
+
+    settings = Settings()
+    device = resolve_device(args.device or settings.device)
+    lm = Registry([args.model or settings.model], settings.models_dir, device).get()
+    files = _collect(args.inputs)
+    if not files:
+        print("headscope extract: no images found", file=sys.stderr)
+        return 1
+    tensors, meta, failed = {}, {}, []
+    amp = autocast_dtype(device.type, settings.precision)
+    for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
+        try:
+            img = images.decode(f.read_bytes(), settings.max_image_pixels)
+        except images.ImageError as e:
+            failed.append(f"{f}: {e}")
+            continue
+        prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std,
+                              settings.resize, settings.max_aspect, lm.dynamic)
+        with torch.inference_mode(), autocast(device.type, amp), lm.capture.capturing():
+            lm.model.forward_features(prep.pixels[None].to(device))
+        att = lm.capture.results()[0]
+        layout = lm.layout(prep.input_size)
+        sel = Selection(parse_indices(args.layers, att.num_layers, "layers"),
+                        parse_indices(args.heads, att.num_heads, "heads"),
+                        parse_query(args.query, layout), args.aggregate)
+        key = f"{i:05d}"
+        tensors[key] = analysis.attention_tensor(att, sel).contiguous()
+        meta[key] = {"file": str(f), "image_size": list(prep.image_size), "input_size": list(prep.input_size),
+                     "tokens": layout.as_dict(), "layers": sel.layers, "heads": sel.heads,
+                     "query": sel.rows if sel.rows is not None else "all", "aggregate": sel.aggregate}
+    if not tensors:
+        print("headscope extract: no image could be read:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out), metadata={"model": lm.id, "images": json.dumps(meta)})
+    print(f"wrote {len(tensors)} tensors to {out}" + (f"; skipped {len(failed)}" if failed else ""))
+    for line in failed:
+        print(f"  skipped {line}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="headscope", description="What every attention head of a ViT looks at.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="start the web app and REST API")
+    s.add_argument("--host", help="bind address (default 127.0.0.1; env HEADSCOPE_HOST)")
+    s.add_argument("--port", type=int, help="port (default 8000; env HEADSCOPE_PORT)")
+    s.add_argument("--model", help="default model id (env HEADSCOPE_MODEL)")
+    s.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (env HEADSCOPE_DEVICE)")
+    s.add_argument("--log-level", default=os.environ.get("HEADSCOPE_LOG_LEVEL", "info"))
+    s.add_argument("--no-fetch", dest="fetch_first", action="store_false",
+                   help="do not convert the embedded model before starting")
+    s.set_defaults(func=_serve)
+
+    f = sub.add_parser("fetch", help="download and convert a model's weights (default: the embedded model)")
+    f.add_argument("model", nargs="?", help="model id, e.g. dinov2-s14-focus or timm:vit_base_patch16_224")
+    f.add_argument("--force", action="store_true", help="convert again even if present")
+    f.set_defaults(func=_fetch)
+
+    e = sub.add_parser("extract", help="attention of many images into one .safetensors file")
+    e.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
+    e.add_argument("--out", required=True, help="output .safetensors file")
+    e.add_argument("--model")
+    e.add_argument("--device")
+    e.add_argument("--layers", default="all")
+    e.add_argument("--heads", default="all")
+    e.add_argument("--query", default="cls")
+    e.add_argument("--aggregate", default="none", choices=["none", "mean", "max", "rollout"])
+    e.set_defaults(func=_extract)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"headscope {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

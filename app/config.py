@@ -1,0 +1,63 @@
+"""Settings: one pydantic-settings class, every field settable as ``HEADSCOPE_<NAME>``."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """Server and engine configuration.
+
+    Every field can be set through the environment with the prefix ``HEADSCOPE_``
+    (``HEADSCOPE_PORT=9000``); the command line overrides the environment.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="HEADSCOPE_", env_file=None, extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = Field("dinov2-s14-focus", description="default model id")
+    extra_models: list[str] = Field(
+        default_factory=list,
+        description="more model ids to offer (timm names, 'timm:NAME', or 'local:ARCH@PATH')",
+    )
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N | mps")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", description="auto = bf16/fp16 autocast on CUDA, fp32 elsewhere"
+    )
+    threads: int = Field(0, description="torch intra-op threads on CPU (0 = torch default)")
+    models_dir: Path = ROOT / "models"
+    static_dir: Path = ROOT / "static"
+    templates_dir: Path = ROOT / "templates"
+
+    # worker
+    max_batch_size: int = 8
+    max_wait_ms: float = 5.0
+    max_queue: int = 32
+    request_timeout_s: float = 60.0
+    shutdown_grace_s: float = 20.0
+
+    # input limits
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    max_aspect: float = 3.0
+    resize: Literal["aspect", "square"] = "aspect"
+
+    # results cache
+    cache_bytes: int = 1024 * 1024 * 1024
+
+    # security
+    cors_origins: list[str] = Field(default_factory=list)
+    # Fault injection through the X-Headscope-Fault header: for the reliability tests only.
+    enable_fault_injection: bool = False
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,114 @@
+"""Pydantic request and response models (they are also the OpenAPI schema at /docs)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AttentionParams(BaseModel):
+    """What to return for an image; the same fields as form fields (POST) or query (GET)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str | None = Field(None, description="model id (default: the server's default model)",
+                              examples=["dinov2-s14-focus"])
+    layers: str = Field("all", max_length=4096, description="'all', indices '0,5,-1' or ranges '0-3'",
+                        examples=["all", "0,5,11", "-1", "0-3"])
+    heads: str = Field("all", max_length=4096, description="'all' or indices/ranges like layers",
+                       examples=["all", "0,2"])
+    query: str = Field("cls", max_length=4096,
+                       description="'cls' (row of the first prefix token), 'all' (every row), "
+                                   "token indices '0,17,200' or a grid cell 'patch:R,C'",
+                       examples=["cls", "all", "0,17,200", "patch:3,5"])
+    aggregate: Literal["none", "mean", "max", "rollout"] = Field(
+        "none", description="fuse heads (mean/max) or attention rollout over layers")
+    format: Literal["json", "safetensors", "npy"] = "json"
+    dtype: Literal["float32", "float16"] = "float32"
+    rollout_start: int = Field(0, ge=-1000, le=1000, description="rollout: first layer of the product")
+    head_fusion: Literal["mean", "max", "min"] = Field("mean", description="rollout: how heads are fused")
+    discard_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="rollout: share of each row's smallest weights set to 0")
+    stats: bool = Field(False, description="also return per-head statistics (JSON only)")
+
+
+class PrefixToken(BaseModel):
+    index: int
+    kind: Literal["cls", "dist", "reg"]
+
+
+class Tokens(BaseModel):
+    count: int = Field(description="N = prefix tokens + patches")
+    num_prefix: int
+    prefix: list[PrefixToken]
+    grid: list[int] = Field(description="patch grid (rows, cols)")
+    patch_size: list[int] = Field(description="(height, width) of a patch in input pixels")
+
+
+class Timing(BaseModel):
+    queue: float
+    compute: float
+    encode: float
+
+
+class AttentionMeta(BaseModel):
+    model: str
+    image_id: str = Field(description="content hash of the upload; use it with GET /api/v1/attention/{image_id}")
+    filename: str | None = None
+    image_size: list[int] = Field(description="(height, width) of the decoded image")
+    input_size: list[int] = Field(description="(height, width) the model saw")
+    tokens: Tokens
+    layers: list[int]
+    heads: list[int | str] = Field(description="head indices, or ['mean'] / ['max'] / ['rollout'] when aggregated")
+    query: list[int] = Field(description="the token index of each query row")
+    aggregate: str
+    dtype: str
+    shape: list[int] = Field(description="[layers, heads, queries, tokens]")
+    cached: bool = Field(description="answered from the server's cache without a forward pass")
+    timing_ms: Timing
+
+
+class AttentionResponse(AttentionMeta):
+    attention: list = Field(description="nested lists of shape `shape`; rows sum to 1")
+    stats: dict | None = None
+
+
+class ModelInfo(BaseModel):
+    id: str
+    default: bool
+    loaded: bool
+    source: str
+    error: str | None = None
+    arch: str | None = None
+    description: str | None = None
+    layers: int | None = None
+    heads: int | None = None
+    patch_size: list[int] | None = None
+    input_size: list[int] | None = None
+    prefix_tokens: list[PrefixToken] | None = None
+    dynamic_size: bool | None = None
+
+
+class ModelsResponse(BaseModel):
+    default: str
+    models: list[ModelInfo]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    request_id: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES = {
+    s: {"model": ErrorBody, "description": d}
+    for s, d in {
+        400: "malformed multipart body", 404: "unknown model, or image no longer cached",
+        413: "upload or image too large", 415: "not an image / unsupported format",
+        422: "bad selection or parameters", 429: "queue full (see Retry-After)",
+        503: "model not ready / out of memory", 504: "deadline exceeded",
+    }.items()
+}
