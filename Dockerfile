@@ -20,6 +20,11 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE}
 
+# Optional package index for the dependency step, e.g. a company mirror (no credentials
+# here: build args are visible in `docker history`). Unset by default: PyPI.
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

@@ -1,0 +1,133 @@
+// Fetch wrappers for the REST API. Every failure becomes an ApiError with a message a person
+// can read: the server's {"error": {code, message}} body when there is one.
+
+export class ApiError extends Error {
+  constructor(status, code, message, retryAfter = null) {
+    super(message);
+    this.name = "ApiError";
+    this.status = status;
+    this.code = code;
+    this.retryAfter = retryAfter;
+  }
+}
+
+async function errorFrom(resp) {
+  let code = `http_${resp.status}`;
+  let message = `${resp.status} ${resp.statusText || "error"}`;
+  try {
+    const body = await resp.json();
+    if (body && body.error) {
+      code = String(body.error.code || code);
+      message = String(body.error.message || message);
+    }
+  } catch {
+    // not JSON: keep the status line
+  }
+  const ra = resp.headers.get("Retry-After");
+  return new ApiError(resp.status, code, message, ra ? Number(ra) : null);
+}
+
+async function request(url, options = {}) {
+  let resp;
+  try {
+    resp = await fetch(url, { credentials: "same-origin", ...options });
+  } catch (e) {
+    if (e && e.name === "AbortError") throw e;
+    throw new ApiError(0, "network", "the server could not be reached; is it still running?");
+  }
+  if (!resp.ok) throw await errorFrom(resp);
+  return resp;
+}
+
+/** GET /api/v1/models */
+export async function getModels() {
+  return (await request("/api/v1/models")).json();
+}
+
+/** Flatten the nested [L][H][Q][N] lists of an answer into one Float32Array. */
+export function flatten(nested, shape) {
+  const [L, H, Q, N] = shape;
+  const out = new Float32Array(L * H * Q * N);
+  let o = 0;
+  for (let l = 0; l < L; l++) {
+    for (let h = 0; h < H; h++) {
+      for (let q = 0; q < Q; q++) {
+        const row = nested[l][h][q];
+        for (let n = 0; n < N; n++) out[o++] = row[n];
+      }
+    }
+  }
+  return out;
+}
+
+async function attentionAnswer(resp) {
+  const body = await resp.json();
+  body.data = flatten(body.attention, body.shape);
+  delete body.attention;
+  return body;
+}
+
+/** POST /api/v1/attention with the file and text fields; the answer with `data` flattened. */
+export async function postImage(file, fields, signal) {
+  const form = new FormData();
+  form.append("image", file, file.name || "pasted.png");
+  for (const [k, v] of Object.entries(fields)) form.append(k, String(v));
+  return attentionAnswer(await request("/api/v1/attention", { method: "POST", body: form, signal }));
+}
+
+/** The URL of GET /api/v1/attention/{id} for these query parameters. */
+export function attentionUrl(imageId, params) {
+  const qs = new URLSearchParams(params);
+  return `/api/v1/attention/${encodeURIComponent(imageId)}?${qs}`;
+}
+
+/** GET /api/v1/attention/{id}: answered from the server cache. */
+export async function getAttention(imageId, params, signal) {
+  return attentionAnswer(await request(attentionUrl(imageId, params), { signal }));
+}
+
+/** The uploaded picture (decoded, EXIF-rotated PNG) as a ready <img>. */
+export async function loadImage(imageId) {
+  const resp = await request(`/api/v1/images/${encodeURIComponent(imageId)}`);
+  const blob = await resp.blob();
+  const url = URL.createObjectURL(blob);
+  const img = new Image();
+  img.src = url;
+  try {
+    await img.decode();
+  } catch {
+    throw new ApiError(0, "bad_display_image", "the browser could not show the picture");
+  }
+  return img;
+}
+
+/** Headline + detail for an error, in words a person understands. */
+export function describeError(err) {
+  if (!(err instanceof ApiError)) {
+    return { title: "Something went wrong.", message: String((err && err.message) || err) };
+  }
+  const titles = {
+    not_an_image: "This file is not an image.",
+    unsupported_format: "This image format is not supported.",
+    empty_file: "The file is empty.",
+    corrupt_image: "The image could not be decoded.",
+    upload_too_large: "The file is too large.",
+    image_too_large: "The image is too large.",
+    too_large: "The file is too large.",
+    busy: "The server is busy.",
+    image_not_found: "This image is no longer on the server.",
+    unknown_model: "Unknown model.",
+    model_unavailable: "The model is not available.",
+    out_of_memory: "The server ran out of memory.",
+    timeout: "The computation took too long.",
+    network: "No connection to the server.",
+  };
+  let message = err.message;
+  if (err.code === "busy") {
+    const wait = err.retryAfter ? ` Try again in ${err.retryAfter} s.` : " Try again in a moment.";
+    message = `Too many images are being computed right now (${err.message}).${wait}`;
+  } else if (err.code === "image_not_found") {
+    message = "The server keeps recent images only and this one has been evicted. Upload the image again to continue.";
+  }
+  return { title: titles[err.code] || `Request failed (${err.status || "network"}).`, message };
+}

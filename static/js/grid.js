@@ -1,0 +1,130 @@
+// Thumbnail views: "heads at a glance" (every head of the current layer, plus mean, max and
+// rollout) and the "model view" (every layer x head). Thumbnails are buttons carrying
+// data-layer / data-head; a click opens that map in the main view.
+
+import { drawComposite, fit, sizeCanvas } from "./overlay.js";
+import { normEntropy } from "./data.js";
+import { headLabel } from "./state.js";
+
+let thumbCache = { image: null, side: 0, canvas: null };
+
+/** A downscaled copy of the picture so that a hundred thumbnails draw quickly. */
+function thumbSource(image, side) {
+  if (thumbCache.image === image && thumbCache.side === side) return thumbCache.canvas;
+  const { w, h } = fit(image.naturalWidth, image.naturalHeight, side, side);
+  const c = document.createElement("canvas");
+  c.width = w;
+  c.height = h;
+  const ctx = c.getContext("2d");
+  ctx.imageSmoothingQuality = "high";
+  ctx.drawImage(image, 0, 0, w, h);
+  thumbCache = { image, side, canvas: c };
+  return c;
+}
+
+function makeTile(layer, head, caption) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = "tile";
+  b.dataset.layer = String(layer);
+  b.dataset.head = head;
+  b.title = `layer ${layer}, ${headLabel(head)}`;
+  const c = document.createElement("canvas");
+  b.append(c);
+  if (caption) {
+    const s = document.createElement("span");
+    s.className = "tile-caption";
+    b.append(s);
+  }
+  return b;
+}
+
+function drawTile(tile, view, layer, head, w, h) {
+  const canvas = tile.querySelector("canvas");
+  const dpr = sizeCanvas(canvas, w, h);
+  const row = view.store.row(view.query, layer, head);
+  drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, {
+    image: thumbSource(view.image, 320), row, tokens: view.tokens, colormap: view.colormap,
+    opacity: Math.max(view.opacity, 0.35), smooth: view.smooth, marker: view.marker, px: dpr * 0.6,
+  });
+  tile.classList.toggle("pending", !row);
+  return row;
+}
+
+function markSelected(container, layer, head, sameLayerOnly) {
+  for (const t of container.querySelectorAll(".tile")) {
+    const on = t.dataset.head === head && (sameLayerOnly || t.dataset.layer === String(layer));
+    t.classList.toggle("selected", on);
+    t.setAttribute("aria-pressed", on ? "true" : "false");
+  }
+}
+
+/**
+ * Heads at a glance. view: {store, image, tokens, query, layer, head, heads (choices),
+ * colormap, opacity, smooth, marker, key}; onPick(layer, head).
+ */
+export function renderHeadGrid(container, view, onPick) {
+  if (!view) {
+    container.replaceChildren();
+    container.dataset.key = "";
+    return;
+  }
+  const drawKey = `${view.key}|${view.layer}|${view.store.rollout.has(view.query)}`;
+  if (container.dataset.key !== drawKey) {
+    const tiles = view.heads.map((head) => makeTile(view.layer, head, true));
+    container.replaceChildren(...tiles);
+    const width = Math.max(90, Math.min(150, Math.floor((container.clientWidth - 8 * (tiles.length - 1)) / tiles.length)));
+    const { w, h } = fit(view.image.naturalWidth, view.image.naturalHeight, width, width * 1.2);
+    for (const t of tiles) {
+      const row = drawTile(t, view, view.layer, t.dataset.head, w, h);
+      const cap = t.querySelector(".tile-caption");
+      const label = document.createElement("b");
+      label.textContent = headLabel(t.dataset.head, true);
+      const ent = document.createElement("span");
+      ent.textContent = row ? `H ${normEntropy(row).toFixed(2)}` : "loading…";
+      cap.replaceChildren(label, ent);
+      t.addEventListener("click", () => onPick(Number(t.dataset.layer), t.dataset.head));
+    }
+    container.dataset.key = drawKey;
+  }
+  markSelected(container, view.layer, view.head, true);
+}
+
+/** Model view: a table of every layer (rows) x head (columns). */
+export function renderModelView(container, view, onPick) {
+  if (!view) {
+    container.replaceChildren();
+    container.dataset.key = "";
+    return;
+  }
+  const drawKey = `${view.key}|${view.store.rollout.has(view.query)}`;
+  if (container.dataset.key !== drawKey) {
+    const cols = view.heads.length;
+    container.style.setProperty("--cols", String(cols));
+    const cells = [document.createElement("span")];
+    for (const head of view.heads) {
+      const s = document.createElement("span");
+      s.className = "mv-col";
+      s.textContent = headLabel(head, true);
+      cells.push(s);
+    }
+    const avail = container.clientWidth - 44 - 4 * cols;
+    const width = Math.max(48, Math.min(110, Math.floor(avail / cols)));
+    const { w, h } = fit(view.image.naturalWidth, view.image.naturalHeight, width, width * 1.25);
+    for (let l = 0; l < view.store.L; l++) {
+      const lab = document.createElement("span");
+      lab.className = "mv-row";
+      lab.textContent = `L${l}`;
+      cells.push(lab);
+      for (const head of view.heads) {
+        const t = makeTile(l, head, false);
+        drawTile(t, view, l, head, w, h);
+        t.addEventListener("click", () => onPick(l, head));
+        cells.push(t);
+      }
+    }
+    container.replaceChildren(...cells);
+    container.dataset.key = drawKey;
+  }
+  markSelected(container, view.layer, view.head, false);
+}

@@ -1,0 +1,135 @@
+// The one state object of the page, and its sync with the URL (?image=&model=&layer=&head=&q=).
+//
+// head:  "0".."H-1" | "mean" | "max" | "rollout"
+// query: "cls" | "patch:R,C" | "tok:I" (a prefix token other than CLS)
+
+export const AGGREGATES = ["mean", "max", "rollout"];
+
+export const state = {
+  models: [],          // from /api/v1/models
+  model: null,         // model id
+  imageId: null,
+  filename: null,
+  meta: null,          // the first answer's metadata: tokens, image_size, input_size, layers, heads
+  image: null,         // HTMLImageElement of /api/v1/images/{id}
+  layer: 0,
+  head: "0",
+  query: "cls",
+  hover: false,
+  opacity: 0.6,
+  colormap: "viridis",
+  showGrid: false,
+  smooth: false,
+  busy: null,          // text while something is computing
+  error: null,         // {title, message, retry}
+};
+
+/** Layers and heads of the loaded answer (0 before an image). */
+export function dims() {
+  const m = state.meta;
+  if (!m) return { L: 0, H: 0, N: 0 };
+  return { L: m.layers.length, H: m.heads.length, N: m.tokens.count };
+}
+
+/** The list of selectable "heads": indices then the aggregates. */
+export function headChoices() {
+  const { H } = dims();
+  return [...Array.from({ length: H }, (_, i) => String(i)), ...AGGREGATES];
+}
+
+export function hasCls() {
+  return !!(state.meta && state.meta.tokens.prefix.some((p) => p.kind === "cls"));
+}
+
+/** The query used when nothing else is chosen: CLS, or the centre patch without one. */
+export function defaultQuery() {
+  if (hasCls()) return "cls";
+  const [rows, cols] = state.meta.tokens.grid;
+  return `patch:${Math.floor(rows / 2)},${Math.floor(cols / 2)}`;
+}
+
+/** Parse a query string; null when it does not fit the loaded layout. */
+export function parseQuery(q) {
+  if (!state.meta || typeof q !== "string") return null;
+  const t = state.meta.tokens;
+  if (q === "cls") {
+    const p = t.prefix.find((x) => x.kind === "cls");
+    return p ? { kind: "cls", token: p.index } : null;
+  }
+  let m = /^patch:(\d+),(\d+)$/.exec(q);
+  if (m) {
+    const r = Number(m[1]);
+    const c = Number(m[2]);
+    if (r >= t.grid[0] || c >= t.grid[1]) return null;
+    return { kind: "patch", r, c, token: t.num_prefix + r * t.grid[1] + c };
+  }
+  m = /^tok:(\d+)$/.exec(q);
+  if (m) {
+    const i = Number(m[1]);
+    return i < t.num_prefix ? { kind: "token", token: i } : null;
+  }
+  return null;
+}
+
+/** The API's spelling of a query (the `query` parameter). */
+export function apiQuery(q) {
+  const p = parseQuery(q);
+  if (!p) return "cls";
+  if (p.kind === "cls") return "cls";
+  if (p.kind === "patch") return `patch:${p.r},${p.c}`;
+  return String(p.token);
+}
+
+/** A short human label for a query token. */
+export function queryLabel(q) {
+  const p = parseQuery(q);
+  if (!p) return "?";
+  if (p.kind === "cls") return "CLS";
+  if (p.kind === "patch") return `patch (row ${p.r}, col ${p.c})`;
+  return prefixLabel(p.token);
+}
+
+export function prefixLabel(index) {
+  const t = state.meta.tokens;
+  const p = t.prefix[index];
+  if (!p) return `token ${index}`;
+  if (p.kind === "cls") return "CLS";
+  if (p.kind === "dist") return "distillation";
+  const regs = t.prefix.filter((x) => x.kind === "reg");
+  return `register ${regs.indexOf(p) + 1}`;
+}
+
+export function headLabel(head, short = false) {
+  if (head === "mean") return short ? "mean" : "mean of heads";
+  if (head === "max") return short ? "max" : "max of heads";
+  if (head === "rollout") return "rollout";
+  return short ? `h${head}` : `head ${head}`;
+}
+
+/** Write the shareable part of the state to the address bar (no new history entry). */
+export function syncUrl() {
+  const p = new URLSearchParams();
+  if (state.imageId) p.set("image", state.imageId);
+  if (state.model) p.set("model", state.model);
+  if (state.imageId) {
+    p.set("layer", String(state.layer));
+    p.set("head", state.head);
+    p.set("q", state.query);
+  }
+  const qs = p.toString();
+  const url = `${location.pathname}${qs ? `?${qs}` : ""}`;
+  if (url !== `${location.pathname}${location.search}`) history.replaceState(null, "", url);
+}
+
+/** What the address bar asks for, unvalidated: {image, model, layer, head, q}. */
+export function readUrl() {
+  const p = new URLSearchParams(location.search);
+  const image = p.get("image");
+  return {
+    image: image && /^[0-9a-f]{8,64}$/.test(image) ? image : null,
+    model: p.get("model"),
+    layer: p.has("layer") ? Number(p.get("layer")) : null,
+    head: p.get("head"),
+    q: p.get("q"),
+  };
+}

@@ -1,0 +1,248 @@
+"""The REST API against a real uvicorn server on loopback."""
+from __future__ import annotations
+
+import io
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.numpy import load as st_load
+
+from conftest import ROOT
+
+API = "/api/v1/attention"
+
+
+def png(img: Image.Image, fmt="PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def post(base, data: bytes, name="img.png", timeout=60, headers=None, **fields):
+    return httpx.post(base + API, files={"image": (name, data, "application/octet-stream")},
+                      data={k: str(v) for k, v in fields.items()}, timeout=timeout, headers=headers)
+
+
+def assert_error(r: httpx.Response, status: int, code: str | None = None):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
+    assert "Traceback" not in r.text and "/work/" not in r.text and ".py" not in r.text
+    if code:
+        assert body["error"]["code"] == code, body
+
+
+@pytest.fixture(scope="module")
+def cat(samples):
+    return samples["cat"].read_bytes()
+
+
+@pytest.fixture(scope="module")
+def local_model():
+    from app.registry import load_embedded
+    return load_embedded(ROOT / "models")
+
+
+def reference(lm, data: bytes):
+    """The same image through the engine in this process, for comparison with the server."""
+    from app import images
+    img = images.decode(data, 40_000_000)
+    prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std)
+    with torch.inference_mode(), lm.capture.capturing():
+        lm.model.forward_features(prep.pixels[None])
+    return lm.capture.results()[0], prep
+
+
+def test_health_ready_models(base_url):
+    assert httpx.get(base_url + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(base_url + "/readyz").status_code == 200
+    body = httpx.get(base_url + "/api/v1/models").json()
+    m = body["models"][0]
+    assert body["default"] == m["id"] == "dinov2-s14-focus"
+    assert (m["layers"], m["heads"], m["patch_size"], m["input_size"]) == (12, 6, [14, 14], [224, 224])
+    assert m["prefix_tokens"] == [{"index": 0, "kind": "cls"}] and m["loaded"] is True
+
+
+def test_default_post_returns_cls_rows_of_every_layer_and_head(base_url, cat, local_model):
+    r = post(base_url, cat, "cat.png")
+    assert r.status_code == 200, r.text
+    b = r.json()
+    assert b["shape"] == [12, 6, 1, 385] and np.array(b["attention"]).shape == (12, 6, 1, 385)
+    assert b["tokens"] == {"count": 385, "num_prefix": 1, "prefix": [{"index": 0, "kind": "cls"}],
+                           "grid": [16, 24], "patch_size": [14, 14]}
+    assert b["image_size"] == [300, 451] and b["input_size"] == [224, 336]
+    assert b["layers"] == list(range(12)) and b["heads"] == list(range(6)) and b["query"] == [0]
+    assert re.fullmatch(r"[0-9a-f]{24}", b["image_id"]) and b["filename"] == "cat.png"
+    assert set(b["timing_ms"]) == {"queue", "compute", "encode"}
+    a = np.array(b["attention"], dtype=np.float32)
+    np.testing.assert_allclose(a.sum(-1), 1.0, atol=1e-5)
+    ref, _ = reference(local_model, cat)
+    for layer in range(12):
+        np.testing.assert_allclose(a[layer, :, 0], ref.rows(layer, None, [0])[:, 0].numpy(), atol=1e-6)
+
+
+def test_selection_variants(base_url, cat, local_model):
+    ref, _ = reference(local_model, cat)
+    r = post(base_url, cat, layers="0,-1", heads="1-2", query="patch:2,3")
+    b = r.json()
+    assert b["shape"] == [2, 2, 1, 385] and b["layers"] == [0, 11] and b["heads"] == [1, 2]
+    assert b["query"] == [1 + 2 * 24 + 3]
+    np.testing.assert_allclose(np.array(b["attention"])[1, 0, 0], ref.rows(11, [1], [52])[0, 0].numpy(), atol=1e-6)
+    b = post(base_url, cat, layers="5", query="all").json()
+    assert b["shape"] == [1, 6, 385, 385]
+    np.testing.assert_allclose(np.array(b["attention"], np.float32)[0], ref.rows(5).numpy(), atol=1e-6)
+    b = post(base_url, cat, layers="3", query="0,17,200", aggregate="mean").json()
+    assert b["shape"] == [1, 1, 3, 385] and b["heads"] == ["mean"]
+    np.testing.assert_allclose(np.array(b["attention"])[0, 0], ref.rows(3, None, [0, 17, 200]).mean(0).numpy(), atol=1e-6)
+    b = post(base_url, cat, aggregate="rollout", layers="all").json()
+    assert b["shape"] == [12, 1, 1, 385]
+    np.testing.assert_allclose(np.array(b["attention"]).sum(-1), 1.0, atol=1e-5)
+
+
+def test_binary_formats_carry_metadata(base_url, cat):
+    r = post(base_url, cat, format="safetensors", layers="0-1", query="all", dtype="float16")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    tensors = st_load(r.content)
+    assert tensors["attention"].shape == (2, 6, 385, 385) and tensors["attention"].dtype == np.float16
+    header_len = int.from_bytes(r.content[:8], "little")
+    meta = json.loads(json.loads(r.content[8:8 + header_len])["__metadata__"]["headscope"])
+    assert meta["tokens"]["grid"] == [16, 24] and meta["layers"] == [0, 1] and meta["dtype"] == "float16"
+    r = post(base_url, cat, format="npy", layers="-1")
+    arr = np.load(io.BytesIO(r.content), allow_pickle=False)
+    assert arr.shape == (1, 6, 1, 385) and arr.dtype == np.float32
+    meta = json.loads(r.headers["x-headscope-meta"])
+    assert meta["shape"] == [1, 6, 1, 385] and meta["image_id"]
+
+
+def test_cached_follow_up_and_picture(base_url, cat):
+    image_id = post(base_url, cat).json()["image_id"]
+    r = httpx.get(f"{base_url}{API}/{image_id}", params={"query": "patch:0,0", "layers": "-1"})
+    b = r.json()
+    assert r.status_code == 200 and b["cached"] is True and b["query"] == [1] and b["shape"] == [1, 6, 1, 385]
+    r = httpx.get(f"{base_url}{API}/{image_id}", params={"format": "npy", "heads": "0"})
+    assert np.load(io.BytesIO(r.content)).shape == (12, 1, 1, 385)
+    pic = httpx.get(f"{base_url}/api/v1/images/{image_id}")
+    assert pic.headers["content-type"] == "image/png" and Image.open(io.BytesIO(pic.content)).size == (451, 300)
+    assert_error(httpx.get(f"{base_url}{API}/{'0' * 24}"), 404, "image_not_found")
+    assert_error(httpx.get(f"{base_url}{API}/not-hex!"), 422)
+    assert_error(httpx.get(f"{base_url}{API}/{image_id}", params={"layers": "99"}), 422, "bad_selection")
+    assert_error(httpx.get(f"{base_url}{API}/{image_id}", params={"bogus": "1"}), 422)
+
+
+@pytest.mark.parametrize("fields,status,code", [
+    ({"layers": "12"}, 422, "bad_selection"),
+    ({"layers": "x"}, 422, "bad_selection"),
+    ({"heads": "6"}, 422, "bad_selection"),
+    ({"query": "patch:16,0"}, 422, "bad_selection"),
+    ({"query": "9999"}, 422, "bad_selection"),
+    ({"aggregate": "median"}, 422, "invalid_parameter"),
+    ({"format": "xml"}, 422, "invalid_parameter"),
+    ({"dtype": "int8"}, 422, "invalid_parameter"),
+    ({"model": "nope"}, 404, "unknown_model"),
+    ({"model": "timm:vit_base_patch16_224"}, 404, "unknown_model"),  # not configured: never loaded on request
+    ({"discard_ratio": "1.5"}, 422, "invalid_parameter"),
+    ({"colour": "red"}, 422, "unknown_field"),
+])
+def test_bad_parameters(base_url, cat, fields, status, code):
+    assert_error(post(base_url, cat, **fields), status, code)
+
+
+def test_bad_uploads(base_url, cat):
+    assert_error(httpx.post(base_url + API, data={"layers": "all"}), 415, "not_multipart")
+    assert_error(httpx.post(base_url + API, files={"file": ("a.png", cat)}), 422, "unknown_field")
+    assert_error(httpx.post(base_url + API, files={"image": ("a.png", b"")}), 422, "empty_file")
+    assert_error(post(base_url, b"just some text\n", "notes.txt"), 415, "not_an_image")
+    assert_error(post(base_url, cat[: len(cat) // 3]), 422, "corrupt_image")
+    assert_error(post(base_url, png(Image.new("RGB", (8, 8)), "ICO")), 415, "unsupported_format")
+    assert_error(post(base_url, png(Image.new("1", (10_000, 10_000)))), 413, "image_too_large")
+    assert_error(post(base_url, b"\0" * (21 * 1024 * 1024)), 413, "upload_too_large")
+    assert_error(httpx.post(base_url + API, files=[("image", ("a.png", cat)), ("image", ("b.png", cat))]), 400)
+    assert_error(httpx.post(base_url + API, content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"}), 422, "missing_image")
+    # Path parts in the filename are dropped; the name is only ever displayed.
+    b = post(base_url, cat, "../../etc/passwd").json()
+    assert b["filename"] == "passwd"
+    assert httpx.get(base_url + "/healthz").status_code == 200  # still serving
+
+
+def test_upload_cap_is_checked_while_reading(base_url):
+    def chunks():
+        yield b"--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"x.png\"\r\n\r\n"
+        for _ in range(30):
+            yield b"\0" * (1024 * 1024)
+    r = httpx.post(base_url + API, content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"}, timeout=30)
+    assert_error(r, 413, "upload_too_large")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Image.new("L", (300, 200), 90),
+    lambda: Image.new("RGBA", (200, 300), (10, 200, 30, 128)),
+    lambda: Image.new("P", (120, 120), 3),
+    lambda: Image.new("I;16", (100, 150), 30000),
+    lambda: Image.new("RGB", (3, 2), (255, 0, 0)),
+    lambda: Image.new("RGB", (2000, 100), (0, 0, 255)),
+], ids=["grey", "rgba", "palette", "16bit", "tiny", "very-wide"])
+def test_odd_but_valid_images(base_url, make):
+    r = post(base_url, png(make()), layers="-1")
+    assert r.status_code == 200, r.text
+    b = r.json()
+    gh, gw = b["tokens"]["grid"]
+    assert b["input_size"] == [gh * 14, gw * 14] and b["tokens"]["count"] == 1 + gh * gw
+    assert max(gh, gw) <= 3 * min(gh, gw)
+
+
+def test_concurrent_clients_get_their_own_answers_and_batches_form(base_url, samples):
+    imgs = []
+    for i, p in enumerate(sorted(samples.values()) * 4):  # 16 different images (crops) at once
+        im = Image.open(p).convert("RGB")
+        imgs.append(png(im.crop((i, i, im.width - i, im.height - i)).resize((224, 224))))
+    before = httpx.get(base_url + "/metrics").text
+    with ThreadPoolExecutor(16) as ex:
+        together = list(ex.map(lambda d: post(base_url, d, layers="-1,0", query="0,5").json(), imgs))
+    after = httpx.get(base_url + "/metrics").text
+    singles = []
+    for d in imgs:  # one at a time: the server caches by content, so ask through GET for a fresh compute
+        singles.append(post(base_url, d, layers="-1,0", query="0,5").json())
+    for t, s in zip(together, singles):
+        assert t["image_id"] == s["image_id"]
+        np.testing.assert_array_equal(np.array(t["attention"]), np.array(s["attention"]))
+
+    def batches(text, le):
+        m = re.search(rf'headscope_batch_size_bucket{{le="{le}"}} (\S+)', text)
+        total = re.search(r"headscope_batch_size_count (\S+)", text)
+        return float(total.group(1)) - float(m.group(1)) if m else 0.0
+    assert batches(after, "1.0") > batches(before, "1.0"), "no batch larger than 1 formed"
+    assert "headscope_queue_depth" in after and "headscope_request_seconds_bucket" in after
+
+
+def test_a_batched_answer_equals_a_fresh_single_compute(server_factory, samples):
+    """Same image alone on a fresh server (no cache) vs inside a batch of 8 on another."""
+    srv = server_factory({"HEADSCOPE_MAX_WAIT_MS": "200", "HEADSCOPE_MAX_BATCH_SIZE": "8"})
+    data = [png(Image.open(p).convert("RGB").resize((224, 224))) for p in sorted(samples.values())] * 2
+    data = [d + b"" for d in data]
+    with ThreadPoolExecutor(8) as ex:
+        batched = list(ex.map(lambda d: post(srv.url, d, query="all", layers="-1", format="npy"), data[:4]))
+    srv2 = server_factory({"HEADSCOPE_MAX_BATCH_SIZE": "1"})
+    for d, rb in zip(data[:4], batched):
+        rs = post(srv2.url, d, query="all", layers="-1", format="npy")
+        np.testing.assert_array_equal(np.load(io.BytesIO(rb.content)), np.load(io.BytesIO(rs.content)))
+
+
+def test_docs_and_openapi(base_url):
+    spec = httpx.get(base_url + "/openapi.json").json()
+    paths = spec["paths"]
+    for p in ("/api/v1/attention", "/api/v1/attention/{image_id}", "/api/v1/models", "/healthz", "/readyz", "/metrics"):
+        assert p in paths
+    body = paths["/api/v1/attention"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert {"image", "layers", "heads", "query", "aggregate", "format", "dtype"} <= set(body["properties"])
+    assert "Swagger" in httpx.get(base_url + "/docs").text or "swagger" in httpx.get(base_url + "/docs").text
+
+
+def test_unknown_route_has_the_same_error_shape(base_url):
+    assert_error(httpx.get(base_url + "/api/v1/nothing"), 404)
+    assert_error(httpx.delete(base_url + "/api/v1/models"), 405)

@@ -1,0 +1,164 @@
+"""Capture equals an independent recomputation from each block's own weights, for every family."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from timm.layers import apply_rot_embed_cat
+
+from app.capture import AttentionCapture, CaptureError, UnsupportedModelError
+from app.registry import prefix_kinds
+
+TINY = dict(depth=2, embed_dim=64, num_heads=4)
+
+# name, create kwargs, input (H, W), expected prefix kinds, expected capture kind
+FAMILIES = [
+    ("test_vit", dict(), (64, 96), ["cls"], "qk"),
+    ("vit_small_patch16_224", dict(TINY, img_size=64), (64, 96), ["cls"], "qk"),
+    ("deit_tiny_distilled_patch16_224", dict(depth=2, img_size=64), (64, 64), ["cls", "dist"], "qk"),
+    ("vit_small_patch14_dinov2", dict(TINY, img_size=56), (56, 84), ["cls"], "qk"),
+    ("vit_small_patch14_reg4_dinov2", dict(TINY, img_size=56), (56, 56), ["cls", "reg", "reg", "reg", "reg"], "qk"),
+    ("flexivit_small", dict(TINY, img_size=64), (64, 80), ["cls"], "qk"),
+    ("vit_base_patch16_siglip_224", dict(TINY, img_size=64), (64, 64), [], "qk"),
+    ("eva02_tiny_patch14_224", dict(depth=2, img_size=56), (56, 56), ["cls"], "probs"),
+    ("beit_base_patch16_224", dict(TINY, img_size=64), (64, 64), ["cls"], "probs"),
+]
+
+
+def make(name: str, kwargs: dict, dynamic: bool = True) -> torch.nn.Module:
+    torch.manual_seed(0)
+    try:
+        m = timm.create_model(name, pretrained=False, num_classes=0, dynamic_img_size=dynamic, **kwargs)
+    except TypeError:
+        m = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+    # Random LayerScale/bias inits can be degenerate (zeros); make every parameter matter.
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if p.ndim == 1 and ("bias" in n or "gamma" in n or "lambda" in n):
+                p.add_(torch.randn_like(p) * 0.1)
+    return m.eval()
+
+
+def reference_attention(model, x) -> list[torch.Tensor]:
+    """softmax(q k^T * scale [+ bias]) per block, from the block's weights and its real input.
+
+    Block inputs are recorded with plain pre-hooks on the blocks (not the capture's hooks); q and
+    k are rebuilt from the qkv weights exactly as each family's math defines them.
+    """
+    inputs = []
+    handles = [b.register_forward_pre_hook(lambda m, a, kw: inputs.append((a, kw)), with_kwargs=True)
+               for b in model.blocks]
+    with torch.no_grad():
+        model.forward_features(x)
+    for h in handles:
+        h.remove()
+    maps = []
+    for blk, (args, kwargs) in zip(model.blocks, inputs):
+        a = blk.attn
+        h = blk.norm1(args[0])
+        B, N, _ = h.shape
+        qb = getattr(a, "q_bias", None)
+        if qb is not None:
+            kb = a.k_bias if a.k_bias is not None else torch.zeros_like(qb)
+            qkv = F.linear(h, a.qkv.weight, torch.cat([qb, kb, a.v_bias]))
+        else:
+            qkv = a.qkv(h)
+        q, k, _ = qkv.reshape(B, N, 3, a.num_heads, -1).permute(2, 0, 3, 1, 4)
+        if hasattr(a, "q_norm"):  # BEiT has no QK-norm slot
+            q, k = a.q_norm(q), a.k_norm(k)
+        rope = kwargs.get("rope", args[1] if len(args) > 1 else None)
+        if type(a).__name__ == "EvaAttention" and rope is not None:
+            npt = a.num_prefix_tokens
+            q = torch.cat([q[:, :, :npt], apply_rot_embed_cat(q[:, :, npt:], rope)], dim=2)
+            k = torch.cat([k[:, :, :npt], apply_rot_embed_cat(k[:, :, npt:], rope)], dim=2)
+        logits = (q * a.scale) @ k.transpose(-2, -1)
+        if getattr(a, "relative_position_bias_table", None) is not None:
+            logits = logits + a._get_rel_pos_bias()
+        maps.append(logits.softmax(-1))
+    return maps
+
+
+@pytest.mark.parametrize("name,kwargs,hw,prefix,kind", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_capture_matches_independent_recomputation(name, kwargs, hw, prefix, kind):
+    model = make(name, kwargs)
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, *hw)
+    ref = reference_attention(model, x)
+    cap = AttentionCapture(model)
+    assert [k for _, k in cap.layers] == [kind] * len(model.blocks)
+    assert prefix_kinds(model) == prefix
+    fused_before = [a.fused_attn for a, _ in cap.layers]
+    with torch.no_grad(), cap.capturing():
+        model.forward_features(x)
+    res = cap.results()
+    assert [a.fused_attn for a, _ in cap.layers] == fused_before, "fused attention must be restored"
+    assert len(res) == 2
+    patch = model.patch_embed.patch_size
+    n = len(prefix) + (hw[0] // patch[0]) * (hw[1] // patch[1])
+    for b in range(2):
+        assert res[b].num_tokens == n and res[b].num_layers == len(model.blocks)
+        for layer, r in enumerate(ref):
+            got = res[b].rows(layer)
+            assert got.shape == r[b].shape == (model.blocks[0].attn.num_heads, n, n)
+            torch.testing.assert_close(got, r[b], atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:-1]), atol=1e-5, rtol=0)
+            # A selection equals the same slice of the full map.
+            part = res[b].rows(layer, [1, 0], [n - 1, 0])
+            torch.testing.assert_close(part, got[[1, 0]][:, [n - 1, 0]], atol=1e-6, rtol=1e-5)
+
+
+def test_qk_capture_keeps_the_forward_fused_and_output_unchanged():
+    model = make("vit_small_patch16_224", dict(TINY, img_size=64))
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        plain = model.forward_features(x)
+    cap = AttentionCapture(model)
+    assert all(a.fused_attn for a, _ in cap.layers)
+    with torch.no_grad(), cap.capturing():
+        hooked = model.forward_features(x)
+    cap.results()
+    torch.testing.assert_close(hooked, plain, atol=0, rtol=0)
+
+
+def test_empty_capture_raises():
+    model = make("test_vit", {})
+    cap = AttentionCapture(model)
+    with cap.capturing():
+        pass  # the model never ran: a silent empty capture must not pass
+    with pytest.raises(CaptureError, match="expected once"):
+        cap.results()
+
+
+def test_double_forward_inside_one_capture_raises():
+    model = make("test_vit", {})
+    cap = AttentionCapture(model)
+    x = torch.randn(1, 3, *model.patch_embed.img_size)
+    with torch.no_grad(), cap.capturing():
+        model.forward_features(x)
+        model.forward_features(x)
+    with pytest.raises(CaptureError):
+        cap.results()
+
+
+def test_hooks_are_removed_after_capture():
+    model = make("test_vit", {})
+    cap = AttentionCapture(model)
+    with torch.no_grad(), cap.capturing():
+        model.forward_features(torch.randn(1, 3, *model.patch_embed.img_size))
+    cap.results()
+    for blk in model.blocks:
+        assert not blk._forward_hooks and not blk.attn.q_norm._forward_hooks
+        assert not blk.attn.proj._forward_pre_hooks and not blk.attn.attn_drop._forward_pre_hooks
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("swin_tiny_patch4_window7_224", {}),
+    ("xcit_nano_12_p16_224", {}),
+    ("cait_xxs24_224", {}),
+    ("mvitv2_tiny", {}),
+])
+def test_unsupported_families_are_refused_with_the_supported_list(name, kwargs):
+    model = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+    with pytest.raises(UnsupportedModelError, match="supported families: vit, deit"):
+        AttentionCapture(model)

@@ -1,0 +1,99 @@
+"""The worker's batching and failure isolation, on a tiny model."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from app.cache import ByteLRU
+from app.registry import Registry
+from app.worker import InjectedFault, Job, OutOfMemory, QueueFullError, Worker
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return Registry(["random:test_vit"], tmp_path_factory.mktemp("m")).get()
+
+
+def jobs_for(lm, faults):
+    size = lm.input_size
+    return [Job(lm=lm, pixels=torch.randn(3, *size), deadline=time.monotonic() + 30, fault=f) for f in faults]
+
+
+def run(worker, jobs):
+    async def go():
+        await worker.start()
+        futs = [worker.submit(j) for j in jobs]
+        out = await asyncio.gather(*futs, return_exceptions=True)
+        await worker.stop(1)
+        return out
+    return asyncio.run(go())
+
+
+def test_batches_form_and_match_single_runs(lm):
+    w = Worker(torch.device("cpu"), max_batch_size=4, max_wait_ms=50)
+    jobs = jobs_for(lm, [None] * 6)
+    out = run(w, jobs)
+    assert w.max_batch_seen == 4 and w.batches_run == 2
+    single = run(Worker(torch.device("cpu"), max_batch_size=1), [Job(lm=lm, pixels=j.pixels, deadline=time.monotonic() + 30) for j in jobs])
+    for a, b in zip(out, single):
+        for layer in range(a.num_layers):
+            torch.testing.assert_close(a.rows(layer), b.rows(layer), atol=1e-6, rtol=0)
+
+
+def test_an_error_fails_only_its_request(lm):
+    w = Worker(torch.device("cpu"), max_batch_size=4, max_wait_ms=50)
+    out = run(w, jobs_for(lm, [None, "raise", None]))
+    assert isinstance(out[1], InjectedFault)
+    assert not isinstance(out[0], Exception) and not isinstance(out[2], Exception)
+
+
+def test_oom_splits_the_batch_and_retries(lm):
+    w = Worker(torch.device("cpu"), max_batch_size=4, max_wait_ms=50)
+    out = run(w, jobs_for(lm, [None, "oom", None, "oom-always"]))
+    assert isinstance(out[3], OutOfMemory)
+    assert all(not isinstance(r, Exception) for r in out[:3])
+    assert w.metrics.oom_splits._value.get() >= 1
+
+
+def test_full_queue_refuses_at_once(lm):
+    async def go():
+        w = Worker(torch.device("cpu"), max_queue=2, max_batch_size=1)
+        await w.start()
+        jobs = jobs_for(lm, ["sleep:0.5", None, None, None])
+        futs = [w.submit(jobs[0])]
+        await asyncio.sleep(0.1)  # the first is computing
+        futs += [w.submit(j) for j in jobs[1:3]]
+        with pytest.raises(QueueFullError):
+            w.submit(jobs[3])
+        await asyncio.gather(*futs)
+        await w.stop(1)
+    asyncio.run(go())
+
+
+def test_cancelled_jobs_are_not_computed(lm):
+    async def go():
+        w = Worker(torch.device("cpu"), max_batch_size=1)
+        await w.start()
+        jobs = jobs_for(lm, ["sleep:0.3", None])
+        f0 = w.submit(jobs[0])
+        await asyncio.sleep(0.05)
+        f1 = w.submit(jobs[1])
+        f1.cancel()  # the client went away while queued
+        await f0
+        await asyncio.sleep(0.05)
+        await w.stop(1)
+        return w.jobs_computed
+    assert asyncio.run(go()) == 1
+
+
+def test_byte_lru_evicts_least_recent():
+    c = ByteLRU(100)
+    c.put("a", 1, 40)
+    c.put("b", 2, 40)
+    assert c.get("a") == 1  # a is now the most recent
+    c.put("c", 3, 40)
+    assert c.get("b") is None and c.get("a") == 1 and c.nbytes == 80
+    assert not c.put("huge", 0, 101) and c.get("huge") is None
