@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +25,11 @@ def _serve(args) -> int:
         from . import embedded
         embedded.fetch(settings.models_dir)
     app = create_app(settings)
+    # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
+    # handler that was installed before it: a no-op here, so a graceful stop exits with 0.
+    stop_signals = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
     return 0

@@ -6,6 +6,10 @@ Ids:
     ``local:ARCH@/path/w.safetensors``  a timm architecture with local weights (.safetensors, or
                                     .pth/.pt read with ``torch.load(weights_only=True)``)
     ``random:ARCH``                 random weights (tests, demos of the mechanics)
+    ``NAME=SPEC``                   any of the above offered under the id NAME
+
+The public id of ``local:ARCH@/dir/w.safetensors`` is ``local:ARCH@w.safetensors``: server paths
+never appear in answers.
 """
 from __future__ import annotations
 
@@ -280,6 +284,18 @@ def load_random(arch: str, model_id: str, **kwargs) -> LoadedModel:
     return _finish(model_id, "random", arch, model, dynamic)
 
 
+def public_id(spec: str) -> tuple[str, str]:
+    """``(id, spec)`` for a configured model: aliases and local paths reduced to a safe id."""
+    spec = spec.strip()
+    name, sep, rest = spec.partition("=")
+    if sep and name and ":" not in name and "/" not in name:
+        return name, rest
+    if spec.startswith("local:") and "@" in spec:
+        arch, _, path = spec[len("local:"):].partition("@")
+        return f"local:{arch}@{Path(path).name}", spec
+    return spec, spec
+
+
 class Registry:
     """The models this server offers, built lazily and kept (one instance per id).
 
@@ -289,7 +305,10 @@ class Registry:
     """
 
     def __init__(self, ids: list[str], models_dir: Path, device: torch.device | None = None):
-        self.ids = list(dict.fromkeys(ids))
+        self.specs: dict[str, str] = {}
+        for spec in ids:
+            self.specs.setdefault(*public_id(spec))
+        self.ids = list(self.specs)
         self.default = self.ids[0]
         self.models_dir = Path(models_dir)
         self.device = device or torch.device("cpu")
@@ -304,16 +323,19 @@ class Registry:
         return mid
 
     def _build(self, mid: str) -> LoadedModel:
-        if mid == embedded.MODEL_ID:
+        spec = self.specs[mid]
+        if spec == embedded.MODEL_ID:
             return load_embedded(self.models_dir)
-        if mid.startswith("local:"):
-            arch, sep, path = mid[len("local:"):].partition("@")
+        if spec.startswith("local:"):
+            arch, sep, path = spec[len("local:"):].partition("@")
             if not sep:
                 raise UnknownModelError(f"{mid!r}: write local models as local:ARCH@/path/weights.safetensors")
             return load_local(arch, Path(path), mid)
-        if mid.startswith("random:"):
-            return load_random(mid[len("random:"):], mid)
-        return load_timm_pretrained(mid.removeprefix("timm:"))
+        if spec.startswith("random:"):
+            return load_random(spec[len("random:"):], mid)
+        lm = load_timm_pretrained(spec.removeprefix("timm:"))
+        lm.id = mid
+        return lm
 
     def get(self, model_id: str | None = None) -> LoadedModel:
         """Return the loaded model, loading it on first use (thread-safe)."""
@@ -350,7 +372,8 @@ class Registry:
                            prefix_tokens=[{"index": i, "kind": k} for i, k in enumerate(lm.prefix)],
                            dynamic_size=lm.dynamic)
             else:
-                row["source"] = ("embedded" if mid == embedded.MODEL_ID else mid.split(":")[0]
-                                 if ":" in mid else "timm-hub")
+                spec = self.specs[mid]
+                row["source"] = ("embedded" if spec == embedded.MODEL_ID else
+                                 spec.split(":")[0] if spec.split(":")[0] in ("local", "random") else "timm-hub")
             out.append(row)
         return out

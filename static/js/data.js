@@ -112,14 +112,20 @@ export class AttentionStore {
   }
 }
 
-/** Entropy of a probability row divided by log N (0 = all mass on one token, 1 = uniform). */
+/**
+ * Entropy of a row divided by log N (0 = all mass on one token, 1 = uniform). The row is
+ * renormalised first, so a max over heads (which does not sum to 1) gets a meaningful value.
+ */
 export function normEntropy(row) {
+  let s = 0;
+  for (let i = 0; i < row.length; i++) s += row[i] > 0 ? row[i] : 0;
+  if (!(s > 0) || row.length < 2) return 0;
   let h = 0;
   for (let i = 0; i < row.length; i++) {
-    const p = row[i];
+    const p = row[i] / s;
     if (p > 0) h -= p * Math.log(p);
   }
-  return row.length > 1 ? h / Math.log(row.length) : 0;
+  return h / Math.log(row.length);
 }
 
 /** Sum of a row over the prefix tokens (indices 0..numPrefix-1). */

@@ -73,7 +73,9 @@ export function renderHeadGrid(container, view, onPick) {
   if (container.dataset.key !== drawKey) {
     const tiles = view.heads.map((head) => makeTile(view.layer, head, true));
     container.replaceChildren(...tiles);
-    const width = Math.max(90, Math.min(150, Math.floor((container.clientWidth - 8 * (tiles.length - 1)) / tiles.length)));
+    const gap = 8;
+    const chrome = 8; // tile padding + border
+    const width = Math.max(84, Math.min(150, Math.floor((container.clientWidth - gap * (tiles.length - 1)) / tiles.length) - chrome));
     const { w, h } = fit(view.image.naturalWidth, view.image.naturalHeight, width, width * 1.2);
     for (const t of tiles) {
       const row = drawTile(t, view, view.layer, t.dataset.head, w, h);
@@ -108,7 +110,7 @@ export function renderModelView(container, view, onPick) {
       s.textContent = headLabel(head, true);
       cells.push(s);
     }
-    const avail = container.clientWidth - 44 - 4 * cols;
+    const avail = container.clientWidth - 44 - 4 * cols - 6 * cols; // label column, gaps, tile chrome
     const width = Math.max(48, Math.min(110, Math.floor(avail / cols)));
     const { w, h } = fit(view.image.naturalWidth, view.image.naturalHeight, width, width * 1.25);
     for (let l = 0; l < view.store.L; l++) {

@@ -1,0 +1,160 @@
+// The form controls, status line, error banner and download links, kept in step with `state`.
+
+import { attentionUrl } from "./api.js";
+import { COLORMAPS } from "./colormaps.js";
+import { apiQuery, dims, headChoices, headLabel, parseQuery, prefixLabel, state } from "./state.js";
+
+const $ = (id) => document.getElementById(id);
+
+function setOptions(select, options) {
+  const want = options.map(([v, label]) => `${v}\u0000${label}`).join("\u0001");
+  if (select.dataset.options === want) return;
+  select.replaceChildren(...options.map(([v, label, disabled]) => {
+    const o = document.createElement("option");
+    o.value = v;
+    o.textContent = label;
+    o.disabled = !!disabled;
+    return o;
+  }));
+  select.dataset.options = want;
+}
+
+export function fmtBytes(n) {
+  if (n >= 1024 * 1024) return `${(n / (1024 * 1024)).toFixed(n >= 10 * 1024 * 1024 ? 0 : 1)} MB`;
+  if (n >= 1024) return `${Math.round(n / 1024)} KB`;
+  return `${n} B`;
+}
+
+export function initStaticControls() {
+  setOptions($("colormap"), COLORMAPS.map((c) => [c, c]));
+  const max = Number(document.body.dataset.maxUpload || 0);
+  $("max-upload").textContent = max ? fmtBytes(max) : "the server's limit";
+}
+
+export function renderModels() {
+  const opts = state.models.map((m) => {
+    const label = m.error ? `${m.id} (failed to load)` : m.id;
+    return [m.id, label, !!m.error];
+  });
+  if (state.model && !opts.some((o) => o[0] === state.model)) opts.unshift([state.model, state.model]);
+  setOptions($("model"), opts);
+  $("model").value = state.model;
+  const info = state.models.find((m) => m.id === state.model);
+  $("model").title = info ? [info.description, info.arch, info.source].filter(Boolean).join(" · ") : "";
+}
+
+export function renderControls() {
+  const { L, H } = dims();
+  const loaded = !!state.meta;
+  const layer = $("layer");
+  layer.max = String(Math.max(0, L - 1));
+  layer.value = String(state.layer);
+  layer.disabled = !loaded;
+  $("layer-out").textContent = loaded ? `${state.layer} of ${L - 1}` : "–";
+
+  const head = $("head");
+  setOptions(head, loaded ? headChoices().map((h) => [h, headLabel(h) + (h === "rollout" ? " (layers 0…l)" : "")]) : []);
+  head.value = state.head;
+  head.disabled = !loaded;
+
+  const qm = $("query-mode");
+  const opts = [];
+  if (loaded) {
+    for (const p of state.meta.tokens.prefix) {
+      opts.push([p.kind === "cls" ? "cls" : `tok:${p.index}`, `${prefixLabel(p.index)} token`]);
+    }
+    opts.push(["patch", "a patch (click the image)"]);
+  }
+  setOptions(qm, opts);
+  const q = parseQuery(state.query);
+  qm.value = q && q.kind === "patch" ? "patch" : state.query;
+  qm.disabled = !loaded;
+  $("query-text").textContent = q ? `token ${q.token}${q.kind === "patch" ? ` = patch row ${q.r}, column ${q.c}` : ""}` : "";
+
+  $("hover-toggle").checked = state.hover;
+  $("opacity").value = String(state.opacity);
+  $("opacity-out").textContent = `${Math.round(state.opacity * 100)}%`;
+  $("colormap").value = state.colormap;
+  $("patch-grid-toggle").checked = state.showGrid;
+  $("smooth-toggle").checked = state.smooth;
+  renderModels();
+  renderImageInfo();
+  renderDownloads(H);
+}
+
+function renderImageInfo() {
+  const box = $("image-info");
+  const m = state.meta;
+  box.hidden = !m && !state.filename;
+  $("filename").textContent = state.filename || (m ? "(no name)" : "");
+  if (!m) {
+    $("image-size").textContent = "";
+    $("token-info").textContent = "";
+    return;
+  }
+  const t = m.tokens;
+  $("image-size").textContent = `${m.image_size[1]} × ${m.image_size[0]} px → model input ${m.input_size[1]} × ${m.input_size[0]}`;
+  $("token-info").textContent = `${t.count} = ${t.num_prefix} prefix + ${t.grid[0]} × ${t.grid[1]} patches of ${t.patch_size[1]} × ${t.patch_size[0]}`;
+}
+
+function setLink(a, href, name) {
+  if (href) {
+    a.href = href;
+    a.setAttribute("download", name);
+    a.classList.remove("disabled");
+    a.removeAttribute("aria-disabled");
+  } else {
+    a.removeAttribute("href");
+    a.classList.add("disabled");
+    a.setAttribute("aria-disabled", "true");
+  }
+}
+
+function renderDownloads(H) {
+  const ok = !!(state.meta && state.image);
+  $("download-png").disabled = !ok;
+  if (!ok) {
+    setLink($("download-tensors"), null);
+    setLink($("download-full"), null);
+    return;
+  }
+  const base = { model: state.meta.model, layers: "all", heads: "all", format: "safetensors" };
+  const q = apiQuery(state.query);
+  const stem = `headscope-${state.imageId.slice(0, 8)}`;
+  setLink($("download-tensors"), attentionUrl(state.imageId, { ...base, query: q }),
+    `${stem}-${q.replace(/[^a-z0-9]+/gi, "_")}.safetensors`);
+  const { L, N } = dims();
+  setLink($("download-full"), attentionUrl(state.imageId, { ...base, query: "all" }), `${stem}-all.safetensors`);
+  $("download-full").textContent = `the full attention, all ${N} rows (${fmtBytes(L * H * N * N * 4)})`;
+}
+
+export function renderStatus(summary) {
+  const el = $("status");
+  let s = "idle";
+  let text = "Bring an image to start: choose a file, drop one, paste it, or click a sample.";
+  if (state.busy) {
+    s = "busy";
+    text = state.busy;
+  } else if (state.error && !state.meta) {
+    s = "error";
+    text = "Nothing to show yet.";
+  } else if (state.meta) {
+    s = "ready";
+    text = summary || "Ready.";
+  }
+  el.dataset.state = s;
+  $("status-text").textContent = text;
+}
+
+export function renderError(onRetry) {
+  const el = $("error");
+  const err = state.error;
+  el.hidden = !err;
+  if (!err) return;
+  $("error-title").textContent = err.title;
+  $("error-message").textContent = err.message;
+  el.dataset.code = err.code || "";
+  const retry = $("error-retry");
+  retry.hidden = !err.retry;
+  retry.onclick = err.retry ? () => onRetry(err.retry) : null;
+}

@@ -1,0 +1,162 @@
+"""Faults injected into a real server: only the culprit fails, the server keeps serving."""
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from PIL import Image
+
+from conftest import ROOT
+from test_api import API, assert_error, png, post
+
+FAULT = "X-Headscope-Fault"
+
+
+def images(n: int, seed: int = 0) -> list[bytes]:
+    return [png(Image.new("RGB", (224, 224), ((seed * 37 + i * 53) % 256, i * 11 % 256, 90))) for i in range(n)]
+
+
+def metric(base: str, name: str, labels: str = "") -> float:
+    text = httpx.get(base + "/metrics").text
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def concurrently(base, datas, faults, **fields):
+    with ThreadPoolExecutor(len(datas)) as ex:
+        futs = [ex.submit(post, base, d, headers={FAULT: f} if f else None, **fields) for d, f in zip(datas, faults)]
+        return [f.result() for f in futs]
+
+
+def test_an_exception_mid_batch_fails_only_that_request(live_server):
+    base = live_server.url
+    rs = concurrently(base, images(3, 1), [None, "raise", None])
+    assert [r.status_code for r in rs] == [200, 500, 200]
+    assert_error(rs[1], 500, "compute_failed")
+    assert post(base, images(1, 2)[0]).status_code == 200
+
+
+def test_out_of_memory_splits_the_batch(live_server):
+    base = live_server.url
+    splits = metric(base, "headscope_oom_splits_total")
+    rs = concurrently(base, images(4, 3), [None, "oom", None, "oom-always"])
+    assert [r.status_code for r in rs] == [200, 200, 200, 503]
+    assert_error(rs[3], 503, "out_of_memory")
+    assert metric(base, "headscope_oom_splits_total") > splits
+    assert post(base, images(1, 4)[0]).status_code == 200
+
+
+def test_fault_header_is_ignored_unless_enabled(server_factory):
+    srv = server_factory({"HEADSCOPE_ENABLE_FAULT_INJECTION": "0"})
+    assert post(srv.url, images(1, 5)[0], headers={FAULT: "raise"}).status_code == 200
+
+
+def test_deadline_full_queue_and_disconnect(server_factory):
+    srv = server_factory({"HEADSCOPE_ENABLE_FAULT_INJECTION": "1", "HEADSCOPE_REQUEST_TIMEOUT_S": "1.5",
+                          "HEADSCOPE_MAX_QUEUE": "2", "HEADSCOPE_MAX_BATCH_SIZE": "1"})
+    base = srv.url
+    datas = images(8, 6)
+    # A hung compute: the deadline answers 504, and the worker recovers afterwards.
+    t0 = time.monotonic()
+    r = post(base, datas[0], headers={FAULT: "sleep:3"})
+    assert_error(r, 504, "timeout")
+    assert time.monotonic() - t0 < 2.5
+    time.sleep(2)
+    assert post(base, datas[1]).status_code == 200
+
+    # Full queue: while one request computes, two wait, the rest get 429 at once.
+    slow = threading.Thread(target=post, args=(base, datas[2]), kwargs={"headers": {FAULT: "sleep:0.8"}})
+    slow.start()
+    time.sleep(0.3)
+    with ThreadPoolExecutor(5) as ex:
+        t0 = time.monotonic()
+        futs = [ex.submit(lambda d: (post(base, d), time.monotonic() - t0), d) for d in datas[3:8]]
+        results = [f.result() for f in futs]
+    slow.join()
+    refused = [(r, dt) for r, dt in results if r.status_code == 429]
+    assert len(refused) >= 2, [r.status_code for r, _ in results]
+    assert all(r.headers.get("retry-after") for r, _ in refused)
+    assert all(dt < 0.5 for _, dt in refused), "429 must come at once, not after a wait"
+    assert all(r.status_code in (200, 429) for r, _ in results)
+
+    # A client that goes away while queued: its request is never computed.
+    time.sleep(1.6)
+    computed = metric(base, "headscope_batch_size_count")
+    cancelled = metric(base, "headscope_rejections_total", '{reason="cancelled_before_compute"}')
+    blocker = threading.Thread(target=post, args=(base, images(1, 9)[0]), kwargs={"headers": {FAULT: "sleep:1"}})
+    blocker.start()
+    time.sleep(0.2)
+    with pytest.raises(httpx.TimeoutException):
+        post(base, images(1, 10)[0], timeout=0.4)
+    blocker.join()
+    time.sleep(0.3)
+    assert metric(base, "headscope_batch_size_count") == computed + 1
+    assert metric(base, "headscope_rejections_total", '{reason="cancelled_before_compute"}') == cancelled + 1
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_model_load_failure(server_factory, tmp_path, damage):
+    src = ROOT / "models" / "dinov2-s14-focus"
+    dst = tmp_path / "models" / "dinov2-s14-focus"
+    dst.mkdir(parents=True)
+    shutil.copy(src / "manifest.json", dst / "manifest.json")
+    if damage == "corrupt":
+        (dst / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json" + b"\0" * 100)
+        env = {"HEADSCOPE_MODELS_DIR": str(tmp_path / "models")}
+    else:
+        env = {"HEADSCOPE_MODELS_DIR": str(tmp_path / "models"), "HEADSCOPE_MODEL": "local:vit_small_patch14_dinov2@/nonexistent/w.safetensors"}
+    srv = server_factory(env, wait_ready=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = httpx.get(srv.url + "/readyz")
+        if r.json().get("status") == "failed":
+            break
+        time.sleep(0.2)
+    assert httpx.get(srv.url + "/healthz").status_code == 200
+    assert r.status_code == 503 and r.json()["reason"]
+    assert "/nonexistent" not in r.text and str(tmp_path) not in r.text
+    assert_error(post(srv.url, images(1)[0]), 503, "model_unavailable")
+
+
+def test_pickle_checkpoint_that_runs_code_is_refused(server_factory, tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    ckpt = tmp_path / "evil.pth"
+    ckpt.write_bytes(pickle.dumps({"pos_embed": Evil()}))
+    srv = server_factory({"HEADSCOPE_MODEL": f"local:vit_small_patch16_224@{ckpt}"}, wait_ready=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and httpx.get(srv.url + "/readyz").json()["status"] == "loading":
+        time.sleep(0.2)
+    r = httpx.get(srv.url + "/readyz")
+    assert r.status_code == 503 and "cannot read weights" in r.json()["reason"]
+    assert not marker.exists(), "the pickle ran code"
+
+
+def test_sigterm_drains_in_flight_requests(server_factory):
+    srv = server_factory({"HEADSCOPE_ENABLE_FAULT_INJECTION": "1", "HEADSCOPE_MAX_BATCH_SIZE": "2"})
+    datas = images(4, 11)
+    with ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(post, srv.url, d, headers={FAULT: "sleep:0.5"}) for d in datas]
+        time.sleep(0.4)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(srv.url + "/readyz", timeout=1)  # no longer accepting: readiness dropped
+        codes = [f.result().status_code for f in futs]
+    assert codes == [200] * 4
+    assert srv.proc.wait(30) == 0
+    assert time.monotonic() - t0 < 15

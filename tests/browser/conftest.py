@@ -1,0 +1,98 @@
+"""Playwright fixtures: one Debian Chromium per module, a fresh page per test with guards.
+
+The guards fail a test on a console error, an uncaught page error, a JavaScript dialog
+(``alert`` from an injected script) or any request to a host other than the test server.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+VIEWPORT = {"width": 1280, "height": 900}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (set HEADSCOPE_CHROMIUM)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@dataclass
+class Guard:
+    """What the page did that a test may check: console errors, dialogs, outside requests."""
+
+    origin: str
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    external: list[str] = field(default_factory=list)
+    # Tests that provoke 4xx/5xx answers allow Chromium's "Failed to load resource" lines.
+    allow_http_errors: bool = False
+
+    def unexpected_console_errors(self) -> list[str]:
+        return [m for m in self.console_errors
+                if not (self.allow_http_errors and m.startswith("Failed to load resource"))]
+
+
+@pytest.fixture
+def guard(base_url) -> Guard:
+    return Guard(origin=base_url)
+
+
+@pytest.fixture
+def page(browser, base_url, guard, request):
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    host = urlsplit(base_url).hostname
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(("data:", "blob:")) or urlsplit(url).hostname in (host, "localhost", "127.0.0.1"):
+            return r.continue_()
+        guard.external.append(url)
+        return r.abort()
+
+    context.route("**/*", route)
+    pg = context.new_page()
+    pg.on("console", lambda m: guard.console_errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: guard.page_errors.append(str(e)))
+
+    def on_dialog(d):
+        guard.dialogs.append(d.message)
+        d.dismiss()
+
+    pg.on("dialog", on_dialog)
+    pg.set_default_timeout(30_000)
+    yield pg
+    try:
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            ARTIFACTS.mkdir(exist_ok=True)
+            pg.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}.png"), full_page=True)
+    finally:
+        context.close()
+    assert not guard.external, f"requests to other hosts: {guard.external}"
+    assert not guard.page_errors, f"uncaught page errors: {guard.page_errors}"
+    assert not guard.dialogs, f"dialogs fired: {guard.dialogs}"
+    assert not guard.unexpected_console_errors(), f"console errors: {guard.unexpected_console_errors()}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

@@ -1,0 +1,468 @@
+"""The page at / walked the way a person uses it, in real Chromium against a real server.
+
+Every test gets a fresh page whose guard (tests/browser/conftest.py) fails it on a console
+error, an uncaught exception, a dialog or a request to another host.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import struct
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from PIL import Image
+
+from .conftest import ARTIFACTS
+
+pytestmark = pytest.mark.browser
+
+OVERLAY = "[data-testid=overlay]"
+STATUS = "[data-testid=status]"
+ERROR = "[data-testid=error]"
+
+
+# ------------------------------------------------------------------ helpers
+def image_id(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:24]
+
+
+def open_page(page, base_url, query: str = "") -> None:
+    page.goto(f"{base_url}/{query}")
+    page.wait_for_function("document.body.dataset.ready === '1'")
+
+
+def view(page) -> dict:
+    """What the overlay canvas says it shows (its data-* attributes)."""
+    return page.eval_on_selector(OVERLAY, "c => ({...c.dataset})")
+
+
+def wait_view(page, **want) -> dict:
+    """Wait until the page is idle and the overlay shows ``want`` (data-* values as strings)."""
+    page.wait_for_function(
+        """want => {
+            const s = document.querySelector('[data-testid=status]');
+            const c = document.querySelector('[data-testid=overlay]');
+            if (!c || c.hidden || s.dataset.state !== 'ready') return false;
+            return Object.entries(want).every(([k, v]) => c.dataset[k] === v);
+        }""",
+        arg={k: str(v) for k, v in want.items()},
+    )
+    return view(page)
+
+
+def upload(page, path) -> dict:
+    page.set_input_files("[data-testid=image-input]", str(path))
+    return wait_view(page, image=image_id(path.read_bytes()))
+
+
+def canvas_png(page) -> str:
+    return page.eval_on_selector(OVERLAY, "c => c.toDataURL('image/png')")
+
+
+def pixel_stats(page) -> dict:
+    return page.eval_on_selector(OVERLAY, """c => {
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0, s = 0, s2 = 0; const colours = new Set();
+        for (let i = 0; i < d.length; i += 4 * 7) {
+            const y = 0.299 * d[i] + 0.587 * d[i + 1] + 0.114 * d[i + 2];
+            s += y; s2 += y * y; n++; colours.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+        }
+        return {mean: s / n, std: Math.sqrt(s2 / n - (s / n) ** 2), colours: colours.size,
+                w: c.width, h: c.height, cssW: c.clientWidth, cssH: c.clientHeight};
+    }""")
+
+
+def click_cell(page, r: int, c: int, grid: tuple[int, int], **kw) -> None:
+    box = page.locator(OVERLAY).bounding_box()
+    page.locator(OVERLAY).click(position={"x": (c + 0.5) * box["width"] / grid[1],
+                                          "y": (r + 0.5) * box["height"] / grid[0]}, **kw)
+
+
+def api_rows(base_url, iid, **params) -> list:
+    r = httpx.get(f"{base_url}/api/v1/attention/{iid}", params=params, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def patch_range(row: list[float], num_prefix: int) -> tuple[float, float]:
+    patches = row[num_prefix:]
+    return min(patches), max(patches)
+
+
+def assert_close(a: str | float, b: float, rel=2e-5) -> None:
+    assert math.isclose(float(a), b, rel_tol=rel, abs_tol=1e-9), (a, b)
+
+
+# ------------------------------------------------------------------ the tests
+def test_upload_shows_overlay_heads_model_view_and_charts(page, base_url, samples):
+    open_page(page, base_url)
+    assert page.locator(OVERLAY).is_hidden()
+    assert page.get_attribute(STATUS, "data-state") == "idle"
+    assert page.locator("[data-testid=model]").input_value() == "dinov2-s14-focus"
+
+    v = upload(page, samples["cat"])
+    # Defaults: the last layer, head 0, the CLS row.
+    assert (v["layer"], v["head"], v["query"], v["marked"]) == ("11", "0", "cls", "")
+    assert page.locator("[data-testid=filename]").inner_text() == "cat.png"
+
+    st = pixel_stats(page)
+    assert st["std"] > 15 and st["colours"] > 500, st  # a picture, not a blank canvas
+    assert abs(st["w"] / st["h"] - 451 / 300) < 0.01  # the image's own aspect ratio, no crop
+    assert float(v["max"]) > float(v["min"]) >= 0
+
+    # The overlay is the CLS row of layer 11, head 0 exactly: compare the colour bar range to the API.
+    ans = api_rows(base_url, v["image"], layers="11", heads="0", query="cls")
+    assert ans["tokens"]["grid"] == [16, 24]
+    lo, hi = patch_range(ans["attention"][0][0][0], 1)
+    assert_close(v["min"], lo)
+    assert_close(v["max"], hi)
+
+    # Colour bar, prefix tokens, heads at a glance and the model view.
+    assert page.locator("#cb-max").inner_text() != ""
+    cls_item = page.locator("[data-testid=prefix-list] [data-kind=cls]")
+    assert_close(cls_item.get_attribute("data-value"), ans["attention"][0][0][0][0])
+    tiles = page.locator("[data-testid=head-grid] .tile")
+    assert tiles.count() == 6 + 3
+    assert page.locator("[data-testid=head-grid] .tile.selected").get_attribute("data-head") == "0"
+    page.wait_for_function("document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
+    help_text = page.locator("[data-testid=explain]").inner_text()
+    assert "softmax(QKᵀ/√d)" in help_text and "layer 11, head 0" in help_text
+
+    # Plotly charts are drawn (and the CSP did not stop them: the guard checks the console).
+    for chart in ("chart-entropy", "chart-prefix", "chart-row"):
+        page.wait_for_selector(f"[data-testid={chart}][data-rendered='1'] svg.main-svg")
+    assert page.locator("[data-testid=chart-row] .scatterlayer .trace").count() == 2
+    assert page.locator("[data-testid=chart-entropy] .hm").count() == 1
+
+    # The rollout tiles arrive from the server.
+    page.wait_for_function("!document.querySelector('[data-testid=head-grid] .tile[data-head=rollout]')"
+                           ".classList.contains('pending')")
+    page.wait_for_timeout(200)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "page-cat.png"), full_page=True)
+
+
+def test_layer_head_and_aggregates_change_the_overlay(page, base_url, samples):
+    open_page(page, base_url)
+    v = upload(page, samples["cat"])
+    before = canvas_png(page)
+
+    page.fill("[data-testid=layer]", "3")
+    wait_view(page, layer=3, head=0)
+    at_layer3 = canvas_png(page)
+    assert at_layer3 != before
+
+    page.select_option("[data-testid=head]", "2")
+    wait_view(page, layer=3, head=2)
+    assert canvas_png(page) != at_layer3
+
+    # mean and max over heads are computed in the page: check them against the API's rows.
+    ans = api_rows(base_url, v["image"], layers="3", heads="all", query="cls")
+    rows = [h[0] for h in ans["attention"][0]]
+    mean = [sum(col) / len(col) for col in zip(*rows)]
+    peak = [max(col) for col in zip(*rows)]
+    page.select_option("[data-testid=head]", "mean")
+    v = wait_view(page, layer=3, head="mean")
+    assert_close(v["min"], min(mean[1:]))
+    assert_close(v["max"], max(mean[1:]))
+    page.select_option("[data-testid=head]", "max")
+    v = wait_view(page, layer=3, head="max")
+    assert_close(v["max"], max(peak[1:]))
+
+    # rollout comes from GET ...&aggregate=rollout.
+    page.select_option("[data-testid=head]", "rollout")
+    v = wait_view(page, layer=3, head="rollout")
+    roll = api_rows(base_url, v["image"], layers="3", query="cls", aggregate="rollout")
+    lo, hi = patch_range(roll["attention"][0][0][0], 1)
+    assert_close(v["min"], lo)
+    assert_close(v["max"], hi)
+
+    # A click on a thumbnail of the model view opens it.
+    page.click("[data-testid=model-view] .tile[data-layer='7'][data-head='4']")
+    wait_view(page, layer=7, head=4)
+    # ... and on a tile of heads at a glance.
+    page.click("[data-testid=head-grid] .tile[data-head='1']")
+    wait_view(page, layer=7, head=1)
+
+    # Opacity and the patch grid change the drawing, not the data.
+    same = canvas_png(page)
+    page.fill("[data-testid=opacity]", "0.2")
+    wait_view(page, opacity="0.2")
+    assert canvas_png(page) != same
+    page.check("[data-testid=patch-grid-toggle]")
+    wait_view(page, grid="1")
+
+
+def test_keyboard_steps_layer_and_head(page, base_url, samples):
+    open_page(page, base_url)
+    upload(page, samples["cat"])
+    page.locator("h1").click()  # focus outside the form controls
+    page.keyboard.press("ArrowDown")
+    wait_view(page, layer=10, head=0)
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowUp")
+    wait_view(page, layer=10)
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    wait_view(page, layer=10, head=2)
+    page.keyboard.press("ArrowLeft")
+    wait_view(page, head=1)
+    for _ in range(8):  # past the last head: mean, max, rollout, then it stops
+        page.keyboard.press("ArrowRight")
+    wait_view(page, head="rollout")
+    for _ in range(12):
+        page.keyboard.press("ArrowUp")
+    wait_view(page, layer=11, head="rollout")
+    assert page.locator("[data-testid=layer]").input_value() == "11"
+    assert page.locator("[data-testid=head]").input_value() == "rollout"
+
+
+def test_clicking_a_patch_queries_it_and_marks_it(page, base_url, samples):
+    open_page(page, base_url)
+    v0 = upload(page, samples["cat"])
+    cls_value = page.get_attribute("[data-testid=prefix-list] [data-kind=cls]", "data-value")
+
+    click_cell(page, 5, 7, (16, 24))
+    v = wait_view(page, query="patch:5,7")
+    assert v["marked"] == "5,7" and v["token"] == str(1 + 5 * 24 + 7)
+    assert page.locator("[data-testid=query-mode]").input_value() == "patch"
+    ans = api_rows(base_url, v0["image"], layers="11", heads="0", query="patch:5,7")
+    lo, hi = patch_range(ans["attention"][0][0][0], 1)
+    assert_close(v["max"], hi)
+    page.wait_for_function("v => document.querySelector('[data-testid=prefix-list] [data-kind=cls]')"
+                           ".dataset.value !== v", arg=cls_value)
+
+    # The marker (pink inside black) is drawn on the edge of the chosen cell.
+    marked = page.eval_on_selector(OVERLAY, """c => {
+        const ctx = c.getContext('2d');
+        const x0 = Math.round(7 * c.width / 24), x1 = Math.round(8 * c.width / 24);
+        const y0 = Math.round(5 * c.height / 16);
+        let hits = 0;
+        for (let y = y0 - 1; y <= y0 + 1; y++) {
+            const d = ctx.getImageData(x0, y, x1 - x0, 1).data;
+            for (let i = 0; i < d.length; i += 4)
+                if (d[i] > 200 && d[i + 1] < 110 && d[i + 2] > 70 && d[i + 2] < 150) hits++;
+        }
+        return hits;
+    }""")
+    assert marked > 5
+
+    # The URL follows; Escape goes back to the CLS row.
+    assert parse_qs(urlsplit(page.url).query)["q"] == ["patch:5,7"]
+    page.locator("h1").click()
+    page.keyboard.press("Escape")
+    wait_view(page, query="cls", marked="")
+
+    # Hover mode follows the pointer; without it, Shift does the same.
+    page.check("[data-testid=hover-toggle]")
+    box = page.locator(OVERLAY).bounding_box()
+    page.mouse.move(box["x"] + 3.5 * box["width"] / 24, box["y"] + 2.5 * box["height"] / 16)
+    wait_view(page, query="patch:2,3")
+    page.uncheck("[data-testid=hover-toggle]")
+    page.mouse.move(box["x"] + 10.5 * box["width"] / 24, box["y"] + 12.5 * box["height"] / 16)
+    page.wait_for_timeout(100)
+    assert view(page)["query"] == "patch:2,3"
+    page.keyboard.down("Shift")
+    page.mouse.move(box["x"] + 11.5 * box["width"] / 24, box["y"] + 12.5 * box["height"] / 16)
+    page.keyboard.up("Shift")
+    wait_view(page, query="patch:12,11")
+    assert "patch (12, 11)" in page.locator("[data-testid=readout]").inner_text()
+
+
+def test_samples_paste_and_drop_bring_images(page, base_url, samples):
+    open_page(page, base_url)
+    credits = page.locator("[data-testid=credits]")
+    assert "CC0" in credits.inner_text() and credits.locator("a").get_attribute("href") == "/static/samples/CREDITS.md"
+
+    page.click("[data-testid=sample-astronaut]")
+    v = wait_view(page, image=image_id(samples["astronaut"].read_bytes()))
+    assert page.locator("[data-testid=filename]").inner_text() == "astronaut.png"
+    st = pixel_stats(page)
+    assert abs(st["w"] / st["h"] - 1) < 0.01
+
+    page.evaluate("""async () => {
+        const blob = await (await fetch('/static/samples/coffee.png')).blob();
+        const dt = new DataTransfer();
+        dt.items.add(new File([blob], 'pasted-coffee.png', {type: 'image/png'}));
+        document.dispatchEvent(new ClipboardEvent('paste', {clipboardData: dt, bubbles: true}));
+    }""")
+    wait_view(page, image=image_id(samples["coffee"].read_bytes()))
+    assert page.locator("[data-testid=filename]").inner_text() == "pasted-coffee.png"
+
+    page.evaluate("""async () => {
+        const blob = await (await fetch('/static/samples/rocket.jpg')).blob();
+        const dt = new DataTransfer();
+        dt.items.add(new File([blob], 'dropped-rocket.jpg', {type: 'image/jpeg'}));
+        const zone = document.querySelector('[data-testid=overlay]');
+        for (const type of ['dragenter', 'dragover', 'drop'])
+            zone.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }""")
+    v = wait_view(page, image=image_id(samples["rocket"].read_bytes()))
+    assert page.locator("[data-testid=filename]").inner_text() == "dropped-rocket.jpg"
+    assert v["layer"] == "11"
+
+
+def test_url_keeps_the_view(page, base_url, samples):
+    open_page(page, base_url)
+    upload(page, samples["coffee"])
+    page.fill("[data-testid=layer]", "4")
+    page.select_option("[data-testid=head]", "max")
+    click_cell(page, 3, 9, (16, 24))
+    v = wait_view(page, layer=4, head="max", query="patch:3,9")
+    q = parse_qs(urlsplit(page.url).query)
+    assert q["image"] == [v["image"]] and q["layer"] == ["4"] and q["head"] == ["max"]
+    assert q["model"] == ["dinov2-s14-focus"]
+    shown = canvas_png(page)
+
+    page.reload()
+    page.wait_for_function("document.body.dataset.ready === '1'")
+    v2 = wait_view(page, image=v["image"], layer=4, head="max", query="patch:3,9")
+    assert v2["marked"] == "3,9"
+    assert canvas_png(page) == shown
+    assert page.locator("[data-testid=filename]").inner_text() == "coffee.png"
+
+
+def test_shared_url_of_an_evicted_image_says_so(page, base_url, guard):
+    guard.allow_http_errors = True
+    open_page(page, base_url, "?image=0123456789abcdef01234567&layer=2&head=1&q=cls")
+    err = page.locator(ERROR)
+    err.wait_for(state="visible")
+    assert err.get_attribute("data-code") == "image_not_found"
+    assert "no longer on the server" in err.inner_text()
+    assert "Upload the image again" in err.inner_text()
+    assert page.get_attribute(STATUS, "data-state") != "busy"
+
+
+def test_not_an_image_shows_a_clear_error(page, base_url, guard, samples):
+    guard.allow_http_errors = True
+    open_page(page, base_url)
+    page.set_input_files("[data-testid=image-input]",
+                         files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"just some text\n"}])
+    err = page.locator(ERROR)
+    err.wait_for(state="visible")
+    assert err.get_attribute("data-code") == "not_an_image"
+    assert "not an image" in err.inner_text().lower()
+    assert page.get_attribute(STATUS, "data-state") != "busy"
+
+    # The next good upload clears it.
+    upload(page, samples["cat"])
+    assert err.is_hidden()
+
+
+def test_hostile_filename_is_shown_as_text(page, base_url, samples):
+    name = "<img src=x onerror=alert(1)>"
+    open_page(page, base_url)
+    page.set_input_files("[data-testid=image-input]",
+                         files=[{"name": name, "mimeType": "image/png", "buffer": samples["cat"].read_bytes()}])
+    wait_view(page, image=image_id(samples["cat"].read_bytes()))
+    page.wait_for_function("n => document.querySelector('[data-testid=filename]').textContent === n", arg=name)
+    assert page.locator("[data-testid=filename]").inner_text() == name
+    assert page.locator("img[src=x]").count() == 0
+    assert name in page.locator(STATUS).inner_text()
+    # The guard asserts no dialog fired.
+
+
+def test_progress_and_server_errors_are_shown(page, base_url, guard):
+    """A fresh image (cache miss) with the server's fault injection: a slow run, then a failure."""
+    guard.allow_http_errors = True
+    open_page(page, base_url)
+
+    def fresh_png(seed: int) -> bytes:
+        img = Image.new("RGB", (96, 64), (seed * 40 % 255, 90, 160))
+        img.putpixel((seed % 96, 3), (255, 255, 255))
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        return buf.getvalue()
+
+    fault = {"value": "sleep:1.5"}
+
+    def add_fault(route):
+        if route.request.method == "POST":
+            return route.continue_(headers={**route.request.headers, "x-headscope-fault": fault["value"]})
+        return route.continue_()
+
+    page.route("**/api/v1/attention", add_fault)
+    data = fresh_png(1)
+    page.set_input_files("[data-testid=image-input]",
+                         files=[{"name": "slow.png", "mimeType": "image/png", "buffer": data}])
+    page.wait_for_selector(f"{STATUS}[data-state=busy]")
+    assert "Computing" in page.locator(STATUS).inner_text()
+    assert page.locator(f"{STATUS} .spinner").is_visible()
+    wait_view(page, image=image_id(data))
+
+    fault["value"] = "raise"
+    page.set_input_files("[data-testid=image-input]",
+                         files=[{"name": "broken.png", "mimeType": "image/png", "buffer": fresh_png(2)}])
+    err = page.locator(ERROR)
+    err.wait_for(state="visible")
+    assert err.get_attribute("data-code") == "compute_failed"
+    assert page.locator("#error-retry").is_visible()
+    # The previous view stays usable.
+    assert view(page)["image"] == image_id(data)
+
+
+def test_busy_and_too_large_answers_are_explained(page, base_url, guard, samples):
+    guard.allow_http_errors = True
+    open_page(page, base_url)
+    answers = {
+        "busy": (429, {"Retry-After": "3"}),
+        "upload_too_large": (413, {}),
+    }
+    for code, (status, headers) in answers.items():
+        body = {"error": {"code": code, "message": f"{code} from the server", "request_id": "test"}}
+        page.route("**/api/v1/attention", lambda route, s=status, h=headers, b=body: route.fulfill(
+            status=s, headers={"Content-Type": "application/json", **h}, body=json.dumps(b)))
+        page.set_input_files("[data-testid=image-input]", str(samples["cat"]))
+        err = page.locator(f"{ERROR}[data-code={code}]")
+        err.wait_for(state="visible")
+        text = err.inner_text()
+        if code == "busy":
+            assert "busy" in text.lower() and "3 s" in text
+        else:
+            assert "too large" in text.lower()
+        page.unroute("**/api/v1/attention")
+
+    # "Try again" re-sends the same file, which now goes through.
+    page.click("#error-retry")
+    wait_view(page, image=image_id(samples["cat"].read_bytes()))
+    assert page.locator(ERROR).is_hidden()
+
+
+def test_downloads_png_and_tensors(page, base_url, samples):
+    open_page(page, base_url)
+    v = upload(page, samples["cat"])
+    with page.expect_download() as dl:
+        page.click("[data-testid=download-png]")
+    path = dl.value.path()
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size == (451, 300)
+        assert len(img.convert("RGB").getcolors(1 << 20)) > 1000
+    assert dl.value.suggested_filename.endswith(".png")
+
+    href = page.get_attribute("[data-testid=download-tensors]", "href")
+    q = parse_qs(urlsplit(href).query)
+    assert q["format"] == ["safetensors"] and q["query"] == ["cls"] and q["layers"] == ["all"]
+    body = httpx.get(base_url + href, timeout=30).content
+    (n,) = struct.unpack("<Q", body[:8])
+    header = json.loads(body[8:8 + n])
+    assert header["attention"]["shape"] == [12, 6, 1, 385]
+    assert header["attention"]["dtype"] == "F32"
+    assert json.loads(header["__metadata__"]["headscope"])["image_id"] == v["image"]
+    full = page.get_attribute("[data-testid=download-full]", "href")
+    assert "query=all" in full and "format=safetensors" in full
+
+
+def test_entropy_chart_click_opens_that_head(page, base_url, samples):
+    open_page(page, base_url)
+    upload(page, samples["cat"])
+    page.wait_for_selector("[data-testid=chart-entropy][data-rendered='1'] .nsewdrag")
+    box = page.locator("[data-testid=chart-entropy] .nsewdrag").bounding_box()
+    x = box["x"] + (4 + 0.5) * box["width"] / 6
+    y = box["y"] + (2 + 0.5) * box["height"] / 12
+    page.mouse.move(x, y)
+    page.mouse.click(x, y)
+    wait_view(page, layer=2, head=4)
