@@ -71,3 +71,14 @@ def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
     elif sel.aggregate != "none":
         raise SelectionError(f"aggregate {sel.aggregate!r}: use none, mean, max or rollout")
     return out
+
+
+def drop_and_renormalise(attn: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """Zero the given key tokens in ``[..., N]`` rows and renormalise each row to sum 1.
+
+    Used to look past attention sinks: prefix tokens and high-norm artifact tokens soak up much
+    of the mass, which flattens the colour scale of everything else.
+    """
+    out = attn.clone()
+    out[..., tokens] = 0
+    return out / out.sum(-1, keepdim=True).clamp_min(1e-12)

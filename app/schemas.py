@@ -28,7 +28,32 @@ class AttentionParams(BaseModel):
     rollout_start: int = Field(0, ge=-1000, le=1000, description="rollout: first layer of the product")
     head_fusion: Literal["mean", "max", "min"] = Field("mean", description="rollout: how heads are fused")
     discard_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="rollout: share of each row's smallest weights set to 0")
+    drop: Literal["none", "prefix", "artifacts", "prefix,artifacts"] = Field(
+        "none", description="zero these key tokens and renormalise rows (attention sinks)")
     stats: bool = Field(False, description="also return per-head statistics (JSON only)")
+
+
+class StatsResponse(BaseModel):
+    """Per-head statistics; ``[L][H]`` lists unless said otherwise."""
+
+    model: str
+    image_id: str
+    tokens: "Tokens"
+    layers: int
+    heads: int
+    entropy: list[list[float]] = Field(description="mean over query rows of H(row)/log N")
+    entropy_cls: list[list[float]] | None = Field(description="H(CLS row)/log N")
+    distance_px: list[list[float]] = Field(description="mean attention distance in input pixels")
+    prefix_mass: list[list[float]] = Field(description="mean attention mass on prefix tokens")
+    artifact_mass: list[list[float]] = Field(description="mean attention mass on high-norm artifact tokens")
+    similarity: list[list[list[float]]] = Field(description="[L][H][H] 1 - JS/log 2 between heads")
+    cls_cosine: list[list[list[float]]] | None = Field(description="[L][H][H] cosine of CLS rows")
+    mass_patches: list[list[int]] | None = Field(description="patches holding mass_fraction of the CLS row")
+    mass_fraction: float
+    rank: dict = Field(description="numerical and effective rank of the concatenated head outputs per layer")
+    artifacts: dict = Field(description="high-norm tokens of the last layer: tokens, threshold, norms")
+    token_norms_last: list[float]
+    input_size: list[int]
 
 
 class PrefixToken(BaseModel):
@@ -64,6 +89,7 @@ class AttentionMeta(BaseModel):
     dtype: str
     shape: list[int] = Field(description="[layers, heads, queries, tokens]")
     cached: bool = Field(description="answered from the server's cache without a forward pass")
+    dropped: list[int] = Field(default_factory=list, description="key tokens zeroed by `drop`")
     timing_ms: Timing
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Awaitable
 
 import numpy as np
@@ -39,6 +39,25 @@ class Capture:
     layout: TokenLayout
     input_size: tuple[int, int]
     image_size: tuple[int, int]
+    stats: dict = field(default_factory=dict)  # mass fraction -> head_stats(), computed once
+
+    def head_stats(self, mass: float = 0.6) -> dict:
+        if mass not in self.stats:
+            from .stats import head_stats
+            self.stats[mass] = head_stats(self.att, self.layout, self.input_size, mass)
+        return self.stats[mass]
+
+    def drop_columns(self, drop: str) -> list[int]:
+        """Token indices a ``drop`` option removes from maps (prefix and/or artifact tokens)."""
+        from .stats import artifact_tokens
+
+        parts = {p.strip() for p in drop.split(",")} - {"none", ""}
+        cols: list[int] = []
+        if "prefix" in parts:
+            cols += list(range(self.layout.num_prefix))
+        if "artifacts" in parts:
+            cols += artifact_tokens(self.att.token_norms[-1], self.layout.num_prefix)[0]
+        return sorted(set(cols))
 
 
 @dataclass
@@ -129,6 +148,9 @@ class AttentionService:
                 sel: Selection, timing: dict, cached: bool) -> Answer:
         t0 = time.perf_counter()
         tensor = analysis.attention_tensor(cap.att, sel)
+        dropped = cap.drop_columns(p.drop)
+        if dropped:
+            tensor = analysis.drop_and_renormalise(tensor, dropped)
         array = tensor.numpy().astype(np.float16 if p.dtype == "float16" else np.float32, copy=False)
         heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
         meta: dict[str, Any] = {
@@ -138,10 +160,10 @@ class AttentionService:
             "tokens": cap.layout.as_dict(), "layers": sel.layers, "heads": heads,
             "query": sel.rows if sel.rows is not None else list(range(cap.layout.count)),
             "aggregate": sel.aggregate, "dtype": p.dtype, "shape": list(array.shape), "cached": cached,
+            "dropped": dropped,
         }
         if p.stats and p.format == "json":
-            from .stats import head_stats
-            meta["stats"] = head_stats(cap.att, cap.layout, cap.input_size)
+            meta["stats"] = cap.head_stats()
         # "encode" in the body covers slicing and conversion; serialising the body itself is
         # added in the Server-Timing header, the only place it can still be written.
         timing = {**timing, "encode": (time.perf_counter() - t0) * 1000}
@@ -191,6 +213,18 @@ class AttentionService:
         if rows * len(sel.layers) * len(sel.heads) <= 4096 and not p.stats:
             return self._answer(image_id, upload, cap, p, sel, timing, cached)
         return await run_in_threadpool(self._answer, image_id, upload, cap, p, sel, timing, cached)
+
+    async def stats(self, image_id: str, model_id: str | None, mass: float, is_disconnected=None) -> dict | None:
+        """Per-head statistics of a cached image (computed once per mass fraction)."""
+        lm = await self.model(model_id)
+        cap = self.cache.get(("att", image_id, lm.id))
+        if cap is None:
+            upload = self.upload_of(image_id)
+            if upload is None:
+                return None
+            cap, _ = await self._capture(image_id, upload.data, lm, None, is_disconnected)
+        stats = await run_in_threadpool(cap.head_stats, mass)
+        return {"model": lm.id, "image_id": image_id, "tokens": cap.layout.as_dict(), **stats}
 
     def upload_of(self, image_id: str) -> Upload | None:
         record = self.cache.get(("img", image_id))

@@ -13,8 +13,8 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 
 from .. import images
-from ..errors import ApiError, to_api_error
-from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse
+from ..errors import ApiError, JSONBody, to_api_error
+from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse, StatsResponse
 from ..service import Answer, Upload, safe_filename
 from .deps import ServiceDep, SettingsDep
 
@@ -122,14 +122,32 @@ async def post_attention(request: Request, service: ServiceDep, settings: Settin
     return _response(answer)
 
 
+@router.get("/attention/{image_id}/stats", summary="Per-head statistics of an image already sent",
+            response_model=StatsResponse, responses=ERROR_RESPONSES)
+async def get_stats(request: Request, service: ServiceDep, image_id: str,
+                    model: Annotated[str | None, Query(description="model id")] = None,
+                    mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = 0.6):
+    """Entropy, mean attention distance, attention to prefix and artifact tokens, head
+    similarity, rank of the head outputs and mass-threshold sizes for every layer and head."""
+    _check_id(image_id)
+    body = await _run(request, service.stats(image_id, model, mass, request.is_disconnected), "stats")
+    if body is None:
+        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
+    return JSONBody(body)
+
+
+def _check_id(image_id: str) -> None:
+    if not (8 <= len(image_id) <= 64 and all(c in "0123456789abcdef" for c in image_id)):
+        raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
+
+
 @router.get("/attention/{image_id}", summary="More slices of an image already sent",
             response_model=AttentionResponse, responses=ERROR_RESPONSES)
 async def get_attention(request: Request, service: ServiceDep, image_id: str,
                         params: Annotated[AttentionParams, Query()]) -> Response:
     """The same selection as the POST, answered from the server's cache (LRU by bytes). 404 once
     the image has been evicted: upload it again."""
-    if not (8 <= len(image_id) <= 64 and all(c in "0123456789abcdef" for c in image_id)):
-        raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
+    _check_id(image_id)
     answer = await _run(request, service.get(image_id, params, request.is_disconnected), "get")
     if answer is None:
         raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
@@ -139,6 +157,7 @@ async def get_attention(request: Request, service: ServiceDep, image_id: str,
 @router.get("/images/{image_id}", summary="The uploaded picture as PNG (for the page)",
             responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[404]})
 async def get_image(image_id: str, service: ServiceDep, settings: SettingsDep) -> Response:
+    _check_id(image_id)
     upload = service.upload_of(image_id)
     if upload is None:
         raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached")

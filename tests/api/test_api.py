@@ -246,3 +246,30 @@ def test_docs_and_openapi(base_url):
 def test_unknown_route_has_the_same_error_shape(base_url):
     assert_error(httpx.get(base_url + "/api/v1/nothing"), 404)
     assert_error(httpx.delete(base_url + "/api/v1/models"), 405)
+
+
+def test_stats_endpoint_and_drop(base_url, cat):
+    b = post(base_url, cat, layers="-1").json()
+    image_id = b["image_id"]
+    r = httpx.get(f"{base_url}{API}/{image_id}/stats")
+    assert r.status_code == 200, r.text
+    s = r.json()
+    assert (s["layers"], s["heads"]) == (12, 6)
+    ent = np.array(s["entropy"])
+    assert ent.shape == (12, 6) and ((ent > 0) & (ent <= 1)).all()
+    dist = np.array(s["distance_px"])
+    assert dist.shape == (12, 6) and (dist >= 0).all() and dist.max() < np.hypot(224, 336)
+    sim = np.array(s["similarity"])
+    assert sim.shape == (12, 6, 6) and np.allclose(np.diagonal(sim, axis1=1, axis2=2), 1)
+    assert len(s["rank"]["numerical"]) == 12 and all(1 <= e <= 384 for e in s["rank"]["effective"])
+    assert np.array(s["mass_patches"]).shape == (12, 6)
+    assert all(1 <= t < 385 for t in s["artifacts"]["tokens"])
+    # POST can carry the same statistics.
+    b2 = post(base_url, cat, layers="-1", stats="true").json()
+    assert b2["stats"]["entropy"] == s["entropy"]
+    # Dropping the prefix token renormalises rows over the patches.
+    d = httpx.get(f"{base_url}{API}/{image_id}", params={"drop": "prefix", "layers": "-1"}).json()
+    a = np.array(d["attention"])
+    assert d["dropped"] == [0] and np.allclose(a[..., 0], 0) and np.allclose(a.sum(-1), 1, atol=1e-5)
+    assert_error(httpx.get(f"{base_url}{API}/{image_id}/stats", params={"mass": "2"}), 422)
+    assert_error(httpx.get(f"{base_url}{API}/{'a' * 24}/stats"), 404, "image_not_found")

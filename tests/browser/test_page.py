@@ -10,13 +10,14 @@ import io
 import json
 import math
 import struct
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 from PIL import Image
 
-from .conftest import ARTIFACTS
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 pytestmark = pytest.mark.browser
 
@@ -32,7 +33,7 @@ def image_id(data: bytes) -> str:
 
 def open_page(page, base_url, query: str = "") -> None:
     page.goto(f"{base_url}/{query}")
-    page.wait_for_function("document.body.dataset.ready === '1'")
+    page.wait_for_function("() => document.body.dataset.ready === '1'")
 
 
 def view(page) -> dict:
@@ -128,7 +129,7 @@ def test_upload_shows_overlay_heads_model_view_and_charts(page, base_url, sample
     tiles = page.locator("[data-testid=head-grid] .tile")
     assert tiles.count() == 6 + 3
     assert page.locator("[data-testid=head-grid] .tile.selected").get_attribute("data-head") == "0"
-    page.wait_for_function("document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
     help_text = page.locator("[data-testid=explain]").inner_text()
     assert "softmax(QKᵀ/√d)" in help_text and "layer 11, head 0" in help_text
 
@@ -139,7 +140,7 @@ def test_upload_shows_overlay_heads_model_view_and_charts(page, base_url, sample
     assert page.locator("[data-testid=chart-entropy] .hm").count() == 1
 
     # The rollout tiles arrive from the server.
-    page.wait_for_function("!document.querySelector('[data-testid=head-grid] .tile[data-head=rollout]')"
+    page.wait_for_function("() => !document.querySelector('[data-testid=head-grid] .tile[data-head=rollout]')"
                            ".classList.contains('pending')")
     page.wait_for_timeout(200)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -319,7 +320,7 @@ def test_url_keeps_the_view(page, base_url, samples):
     shown = canvas_png(page)
 
     page.reload()
-    page.wait_for_function("document.body.dataset.ready === '1'")
+    page.wait_for_function("() => document.body.dataset.ready === '1'")
     v2 = wait_view(page, image=v["image"], layer=4, head="max", query="patch:3,9")
     assert v2["marked"] == "3,9"
     assert canvas_png(page) == shown
