@@ -14,7 +14,7 @@
 # and, with the NVIDIA container toolkit on the host (`--gpus all`), on the GPU.
 # The default model is fetched and converted at build time: the container needs no network.
 
-# Any Debian-like image with Python 3.10+ and the venv module: the official image has
+# Any Debian-like image with Python 3.11+ (tomllib) and venv: the official image has
 # /usr/local/bin/python3, a debootstrap-made one /usr/bin/python3; both are found on PATH.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 

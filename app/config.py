@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = Field("dinov2-s14-focus", description="default model id")
-    extra_models: list[str] = Field(
+    extra_models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="more model ids to offer (timm names, 'timm:NAME', or 'local:ARCH@PATH')",
     )
@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     # worker
     max_batch_size: int = 8
     max_wait_ms: float = 5.0
-    max_queue: int = 32
+    max_queue: int = Field(32, description="requests admitted at once (decoding, queued or computing); more get 429")
     request_timeout_s: float = 60.0
     shutdown_grace_s: float = 20.0
 
@@ -53,9 +53,21 @@ class Settings(BaseSettings):
     cache_bytes: int = 1024 * 1024 * 1024
 
     # security
-    cors_origins: list[str] = Field(default_factory=list)
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Fault injection through the X-Headscope-Fault header: for the reliability tests only.
     enable_fault_injection: bool = False
+
+    @field_validator("extra_models", "cors_origins", mode="before")
+    @classmethod
+    def _split(cls, v):
+        """Accept a JSON list or a comma-separated string (easier in shells and compose files)."""
+        if isinstance(v, str):
+            v = v.strip()
+            if v.startswith("["):
+                import json
+                return json.loads(v)
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
 
 
 @lru_cache

@@ -109,9 +109,16 @@ class AttentionService:
 
     async def _capture(self, image_id: str, data: bytes, lm: LoadedModel, fault: str | None,
                        is_disconnected: Callable[[], Awaitable[bool]] | None) -> tuple[Capture, dict]:
-        prep = await run_in_threadpool(self._prepare, data, lm)
         deadline = time.monotonic() + self.settings.request_timeout_s
-        job = Job(lm=lm, pixels=prep.pixels, deadline=deadline, fault=fault)
+        self.worker.admit()
+        try:
+            prep = await run_in_threadpool(self._prepare, data, lm)
+            job = Job(lm=lm, pixels=prep.pixels, deadline=deadline, fault=fault)
+            return await self._wait(job, deadline, is_disconnected, prep, image_id, lm)
+        finally:
+            self.worker.release()
+
+    async def _wait(self, job, deadline, is_disconnected, prep, image_id, lm) -> tuple[Capture, dict]:
         fut = self.worker.submit(job)
         try:
             while True:

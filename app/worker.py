@@ -76,6 +76,7 @@ class Worker:
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headscope-worker")
         self.inflight = 0
+        self.admitted = 0  # requests holding a slot: decoding, queued or computing
         self.batches_run = 0
         self.max_batch_seen = 0
         self.jobs_computed = 0
@@ -106,6 +107,24 @@ class Worker:
 
     async def run_in_worker(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    @property
+    def full(self) -> bool:
+        return self.admitted >= self.max_queue
+
+    def admit(self) -> None:
+        """Take one of ``max_queue`` slots for a request that will compute, or raise at once.
+
+        Slots are taken before the upload is decoded, so a burst is refused before it costs CPU.
+        Event-loop only (no lock needed).
+        """
+        if self.full:
+            self.metrics.rejections.labels("queue_full").inc()
+            raise QueueFullError(f"the server is busy ({self.max_queue} requests in progress)")
+        self.admitted += 1
+
+    def release(self) -> None:
+        self.admitted -= 1
 
     @property
     def depth(self) -> int:

@@ -1,69 +1,11 @@
 """Shared fixtures: real uvicorn servers on free loopback ports, sample images."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from server import ARTIFACTS, ROOT, Server  # noqa: F401 (re-exported for tests)
+
 SAMPLES = ROOT / "static" / "samples"
-ARTIFACTS = ROOT / "test-artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A real `headscope serve` process on 127.0.0.1."""
-
-    def __init__(self, env: dict[str, str] | None = None, wait_ready: bool = True, timeout: float = 120):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.log_path = ARTIFACTS / f"server-{self.port}.log"
-        full_env = {**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models"), "PYTHONUNBUFFERED": "1",
-                    **(env or {})}
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        path = "/readyz" if wait_ready else "/healthz"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()[-2000:]}")
-            try:
-                if httpx.get(self.url + path, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server not ready in {timeout}s: {self.log()[-2000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="session")

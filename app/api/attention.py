@@ -92,6 +92,11 @@ async def post_attention(request: Request, service: ServiceDep, settings: Settin
     lets later GETs ask for other slices without uploading again."""
     if not request.app.state.ready and request.app.state.registry.error(request.app.state.registry.default):
         raise ApiError(503, "model_unavailable", "the default model failed to load; see /readyz")
+    worker = request.app.state.worker
+    if worker.full:  # refuse before reading the body
+        worker.metrics.rejections.labels("queue_full").inc()
+        raise ApiError(429, "busy", f"the server is busy ({worker.max_queue} requests in progress)",
+                       {"Retry-After": "1"})
     ctype = request.headers.get("content-type", "")
     if not ctype.startswith("multipart/form-data"):
         raise ApiError(415, "not_multipart", "send multipart/form-data with the file in the field 'image'")

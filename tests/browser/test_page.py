@@ -415,8 +415,11 @@ def test_busy_and_too_large_answers_are_explained(page, base_url, guard, samples
     }
     for code, (status, headers) in answers.items():
         body = {"error": {"code": code, "message": f"{code} from the server", "request_id": "test"}}
-        page.route("**/api/v1/attention", lambda route, s=status, h=headers, b=body: route.fulfill(
-            status=s, headers={"Content-Type": "application/json", **h}, body=json.dumps(b)))
+        def answer(route, status=status, headers=headers, body=body):
+            route.fulfill(status=status, headers={"Content-Type": "application/json", **headers},
+                          body=json.dumps(body))
+
+        page.route("**/api/v1/attention", lambda route: answer(route))
         page.set_input_files("[data-testid=image-input]", str(samples["cat"]))
         err = page.locator(f"{ERROR}[data-code={code}]")
         err.wait_for(state="visible")
@@ -460,10 +463,12 @@ def test_downloads_png_and_tensors(page, base_url, samples):
 def test_entropy_chart_click_opens_that_head(page, base_url, samples):
     open_page(page, base_url)
     upload(page, samples["cat"])
-    page.wait_for_selector("[data-testid=chart-entropy][data-rendered='1'] .nsewdrag")
-    box = page.locator("[data-testid=chart-entropy] .nsewdrag").bounding_box()
-    x = box["x"] + (4 + 0.5) * box["width"] / 6
-    y = box["y"] + (2 + 0.5) * box["height"] / 12
-    page.mouse.move(x, y)
+    cells = page.locator("[data-testid=chart-entropy][data-rendered='1'] .nsewdrag")
+    cells.scroll_into_view_if_needed()
+    box = cells.bounding_box()
+    x = box["x"] + (4 + 0.5) * box["width"] / 6  # head 4
+    y = box["y"] + (2 + 0.5) * box["height"] / 12  # layer 2 (layer 0 at the top)
+    page.mouse.move(x - 2, y - 2)
+    page.mouse.move(x, y)  # Plotly picks the clicked cell from the hover
     page.mouse.click(x, y)
     wait_view(page, layer=2, head=4)

@@ -1,0 +1,52 @@
+"""Short load and soak runs (the long ones: HEADSCOPE_SLOW=1, or scripts/load.py)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import load as loadscript  # noqa: E402
+
+SLOW = os.environ.get("HEADSCOPE_SLOW") == "1"
+
+
+def test_load_past_capacity():
+    srv, _ = loadscript.start_server({"HEADSCOPE_REQUEST_TIMEOUT_S": "8", "HEADSCOPE_MAX_QUEUE": "8"})
+    try:
+        levels, per = ([1, 4, 16, 64], 64) if SLOW else ([2, 32], 40)
+        res = asyncio.run(loadscript.load(srv.url, levels, per, 8.0, 300))
+    finally:
+        srv.stop()
+    print(res)
+    total_busy = sum(lv["busy"] for lv in res["levels"])
+    for lv in res["levels"]:
+        assert lv["err5xx"] == 0 and lv["other"] == 0, lv
+        assert lv["late"] == 0, lv  # accepted requests met their deadline
+        assert lv["retry_after_missing"] == 0
+        if lv["busy"]:
+            assert lv["busy_p99_ms"] < 250, lv  # refused at once
+    assert res["levels"][0]["busy"] == 0  # under capacity nothing is refused
+    assert total_busy > 0, "the ramp never went past capacity"
+    assert res["health_ms"]["p99"] < 100, res["health_ms"]
+
+
+def test_soak_memory_cache_fds_tempfiles():
+    cache = 160 * 2**20  # about 8 captures: small enough that eviction happens during the run
+    srv, tmpdir = loadscript.start_server({"HEADSCOPE_CACHE_BYTES": str(cache)})
+    try:
+        n = 2000 if SLOW else 240
+        res = asyncio.run(loadscript.soak(srv.url, srv.proc.pid, n, cache, tmpdir, 1200))
+    finally:
+        srv.stop()
+    print(res)
+    assert set(res["codes"]) <= {200, 404}, res["codes"]  # 404: a follow-up after eviction
+    assert res["codes"].get(404, 0) <= res["codes"][200] // 20
+    assert abs(res["rss_growth"]) <= 0.10, res
+    assert 0 < res["cache_bytes_max"] <= cache
+    assert res["fds_last"] - res["fds_first"] <= 2, res
+    assert res["temp_files_left"] == []
