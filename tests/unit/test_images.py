@@ -98,3 +98,18 @@ def test_prepare_normalises():
     p = prepare(img, (224, 224), (14, 14), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     assert p.pixels.shape == (3, 224, 224)
     assert p.pixels[:, 0, 0].tolist() == pytest.approx([1.0, -1.0, 128 / 255 * 2 - 1], abs=1e-6)
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=2048) | st.builds(lambda b, cut: encode(Image.new("RGB", (17, 9)), "PNG")[:cut] + b,
+                                            st.binary(max_size=64), st.integers(0, 200)))
+def test_decoder_fuzz_only_raises_image_errors(data):
+    try:
+        img = decode(data, LIMIT)
+    except ImageError as e:
+        assert 400 <= e.status < 500
+        return
+    assert img.mode == "RGB" and img.width >= 1
