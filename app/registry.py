@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MethodType
@@ -236,13 +237,47 @@ def load_embedded(models_dir: Path) -> LoadedModel:
                    description=manifest.get("description", ""))
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Can we open a connection to the Hugging Face hub (or a proxy to it)? Fast, no download."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # the proxy decides; let the real request find out
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def _hub_offline(offline: bool):
+    """Put huggingface_hub in offline mode (cache only) for the duration, when asked."""
+    if not offline:
+        yield
+        return
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
 def load_timm_pretrained(name: str) -> LoadedModel:
     import timm
 
     if not timm.is_model(name.split(".")[0]) and name not in timm.list_pretrained(name):
         raise UnknownModelError(f"timm has no model named {name!r}")
     try:
-        model, dynamic = _create(name, pretrained=True, num_classes=0)
+        # Unreachable hub: use the local cache only, and fail in seconds instead of a minute of retries.
+        with _hub_offline(not hub_reachable()):
+            model, dynamic = _create(name, pretrained=True, num_classes=0)
     except UnsupportedModelError:
         raise
     except Exception as e:
