@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from server import ARTIFACTS, ROOT, Server  # noqa: F401 (re-exported for tests)
+from server import ARTIFACTS, ROOT, SAMPLES, Server  # noqa: F401
 
-SAMPLES = ROOT / "static" / "samples"
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
+SAMPLES = ROOT / "static" / "samples"
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from safetensors.numpy import load as st_load
 
-from conftest import ROOT
+from server import ROOT
 
 API = "/api/v1/attention"
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from conftest import ROOT
+from server import ROOT
 from test_api import API, assert_error, png, post
 
 FAULT = "X-Headscope-Fault"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402

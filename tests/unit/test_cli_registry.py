@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from app.registry import ModelLoadError, Registry, UnknownModelError, public_id
-from conftest import ROOT, SAMPLES
+from server import ROOT, SAMPLES
 
 
 def cli(*args, timeout=180):

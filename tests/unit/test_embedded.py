@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from app import embedded, images, registry
-from conftest import ROOT, SAMPLES
+from server import ROOT, SAMPLES
 
 MODELS = ROOT / "models"
 
