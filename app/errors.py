@@ -19,6 +19,7 @@ from .capture import CaptureError, UnsupportedModelError
 from .images import ImageError
 from .registry import ModelLoadError, UnknownModelError
 from .selection import SelectionError
+from .service import ClientGone
 from .worker import InjectedFault, OutOfMemory, QueueFullError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return ApiError(503, "out_of_memory", str(exc), {"Retry-After": str(retry_after)})
     if isinstance(exc, asyncio.TimeoutError):
         return ApiError(504, "timeout", "the request did not finish before its deadline")
+    if isinstance(exc, ClientGone):  # nginx's 499: nobody reads this answer, but logs stay quiet
+        return ApiError(499, "client_closed_request", str(exc))
     if isinstance(exc, (CaptureError, InjectedFault)):
         return ApiError(500, "compute_failed", f"computing attention failed ({type(exc).__name__})")
     return None

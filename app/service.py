@@ -26,6 +26,10 @@ from .selection import Selection, parse_indices, parse_query
 from .worker import Job, Worker
 
 
+class ClientGone(Exception):
+    """The client went away while its request waited; nothing is computed for it."""
+
+
 @dataclass
 class Upload:
     data: bytes
@@ -130,7 +134,7 @@ class AttentionService:
                     break
                 if is_disconnected is not None and await is_disconnected():
                     fut.cancel()
-                    raise asyncio.CancelledError("client went away")
+                    raise ClientGone("the client closed the connection before the answer")
             att = fut.result()
         except BaseException:
             if not fut.done():

@@ -12,7 +12,8 @@ def live_server():
     """The default server (embedded model, fault injection on for the fault tests)."""
     srv = Server({"HEADSCOPE_ENABLE_FAULT_INJECTION": "1", "HEADSCOPE_MAX_WAIT_MS": "20"})
     yield srv
-    srv.stop()
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """POST /api/v1/attention, GET /api/v1/attention/{image_id}, GET /api/v1/images/{image_id}."""
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated
 
@@ -70,9 +69,6 @@ async def _run(request: Request, coro, endpoint: str):
     status = 200
     try:
         return await coro
-    except asyncio.CancelledError:
-        status = 499
-        raise
     except Exception as e:
         mapped = to_api_error(e, retry_after=1)
         status = mapped.status if mapped else 500

@@ -1,0 +1,216 @@
+"""In-process variants: bare forward, Headscope's capture, the peers; and the cross-checks."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.analysis import attention_tensor
+from app.registry import LoadedModel
+from app.selection import Selection
+
+from . import peers
+from .common import BenchFailure, Variant
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "static" / "samples"
+INPUT = (224, 224)
+
+
+def sample_pixels(lm: LoadedModel, n: int) -> torch.Tensor:
+    """``n`` preprocessed 224x224 sample pictures (cycled, nudged so they differ): ``[n, 3, H, W]``."""
+    from app import images
+
+    files = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")) if SAMPLES.is_dir() else []
+    out = []
+    for i in range(n):
+        if files:
+            img = images.decode(files[i % len(files)].read_bytes(), 40_000_000)
+            px = images.prepare(img, INPUT, lm.patch_size, lm.mean, lm.std, mode="square").pixels
+        else:
+            px = torch.randn(3, *INPUT, generator=torch.Generator().manual_seed(i))
+        out.append(px + 0.01 * i)
+    return torch.stack(out)
+
+
+def bf16_status() -> tuple[bool, str]:
+    """Whether bf16 autocast on this CPU is native (AVX512-BF16 / AMX) or emulated."""
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    native = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    return bool(native), ("native (" + ", ".join(native) + ")") if native else "emulated (no AVX512-BF16/AMX)"
+
+
+class Checks:
+    """Shape and value checks; failures collect here and make the run exit non-zero."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+        self.notes: list[str] = []
+        self.values: dict[str, Any] = {}
+
+    def fail(self, msg: str) -> None:
+        self.failures.append(msg)
+        print(f"  CHECK FAILED: {msg}")
+
+    def note(self, msg: str) -> None:
+        self.notes.append(msg)
+        print(f"  note: {msg}")
+
+
+def _per_image_check(shape_of):
+    def check(out, batch: int) -> None:
+        if not isinstance(out, (list, tuple)) or len(out) != batch:
+            raise BenchFailure(f"expected {batch} per-image results, got {type(out).__name__} of {len(out) if hasattr(out, '__len__') else '?'}")
+        for t in out:
+            want = shape_of()
+            if tuple(t.shape) != want:
+                raise BenchFailure(f"result of shape {tuple(t.shape)}, expected {want}")
+            if t.dtype != torch.float32:
+                raise BenchFailure(f"result dtype {t.dtype}, expected float32")
+            sums = t.sum(-1)
+            if not torch.isfinite(t).all() or (sums - 1).abs().max() > 1e-3:
+                raise BenchFailure(f"rows do not sum to 1 (max error {(sums - 1).abs().max().item():.2e})")
+    return check
+
+
+def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir: Path) -> list[Variant]:
+    """Everything timed in-process, each returning the same output kind per group."""
+    model, cap = lm.model, lm.capture
+    L, H = lm.num_layers, lm.num_heads
+    N = 1 + (INPUT[0] // lm.patch_size[0]) * (INPUT[1] // lm.patch_size[1])
+    all_l, all_h = list(range(L)), list(range(H))
+    sel_cls = Selection(all_l, all_h, [0])
+    sel_all = Selection(all_l, all_h, None)
+    cls_shape = lambda: (L, H, 1, N)  # noqa: E731
+    full_shape = lambda: (L, H, N, N)  # noqa: E731
+
+    def bare(x):
+        with torch.inference_mode():
+            return model.forward_features(x)
+
+    def bare_bf16(x):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return model.forward_features(x)
+
+    def headscope(sel, amp=False):
+        def fn(x):
+            with torch.inference_mode():
+                ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+                with ctx, cap.capturing():
+                    model.forward_features(x)
+                return [attention_tensor(a, sel) for a in cap.results()]
+        return fn
+
+    def check_bare(out, batch):
+        if tuple(out.shape) != (batch, N, model.embed_dim) or not torch.isfinite(out).all():
+            raise BenchFailure(f"forward output of shape {tuple(out.shape)}")
+
+    variants = [
+        Variant("fwd_fp32", "bare forward fp32 (reference)", bare, check_bare, "model"),
+    ]
+    native, how = bf16_status()
+    variants.append(Variant("fwd_bf16", "bare forward bf16 autocast", bare_bf16, check_bare, "model",
+                            note=f"bf16 {how}"))
+    variants += [
+        Variant("hs_cls", "Headscope capture, CLS rows (all L,H)", headscope(sel_cls),
+                _per_image_check(cls_shape), "headscope"),
+        Variant("hs_full", "Headscope capture, full maps (all L,H)", headscope(sel_all),
+                _per_image_check(full_shape), "headscope"),
+        Variant("hs_cls_bf16", "Headscope capture, CLS rows, bf16 autocast", headscope(sel_cls, amp=True),
+                _per_image_check(cls_shape), "headscope", note="informative (server precision=bf16)"),
+    ]
+    if not with_peers:
+        return variants
+
+    sd = peers.timm_state_dict(models_dir)
+    try:
+        ext = peers.build_timm_extract(sd)
+    except ImportError as e:
+        checks.note(f"timm AttentionExtract skipped: {e}")
+        ext = None
+    if ext is not None:
+        def timm_cls(x):
+            with torch.inference_mode():
+                m = peers.timm_maps(ext, x)
+                return list(m[:, :, :, 0:1, :].contiguous().unbind(0))
+
+        def timm_full(x):
+            with torch.inference_mode():
+                return list(peers.timm_maps(ext, x).unbind(0))
+
+        variants += [
+            Variant("timm_cls", "timm AttentionExtract, CLS rows", timm_cls, _per_image_check(cls_shape), "peer"),
+            Variant("timm_full", "timm AttentionExtract, full maps", timm_full, _per_image_check(full_shape), "peer"),
+        ]
+    try:
+        hf = peers.build_hf(sd)
+    except ImportError as e:
+        checks.note(f"Hugging Face transformers peer skipped (not installed: {e}); pip install transformers")
+        hf = None
+    if hf is not None:
+        def hf_cls(x):
+            with torch.inference_mode():
+                m = peers.hf_maps(hf, x)
+                return list(m[:, :, :, 0:1, :].contiguous().unbind(0))
+
+        def hf_full(x):
+            with torch.inference_mode():
+                return list(peers.hf_maps(hf, x).unbind(0))
+
+        variants += [
+            Variant("hf_cls", "HF Dinov2Model eager, CLS rows", hf_cls, _per_image_check(cls_shape), "peer"),
+            Variant("hf_full", "HF Dinov2Model eager, full maps", hf_full, _per_image_check(full_shape), "peer"),
+        ]
+    return variants
+
+
+def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> None:
+    """Run every variant once on ``x``: shapes, and the same maps from Headscope and the peers.
+
+    Headscope vs timm (same model, same position table): must agree within 1e-4. Headscope vs
+    HF: within 1e-4 expected; a larger difference is reported (HF resamples the position table
+    its own way), and only a gross one (> 1e-2, a broken weight mapping) fails.
+    """
+    by_key = {v.key: v for v in variants}
+    outs = {}
+    B = x.shape[0]
+    for v in variants:
+        try:
+            out = v.fn(x)
+            if v.check is not None:
+                v.check(out, B)
+            outs[v.key] = out
+        except BenchFailure as e:
+            checks.fail(f"{v.key}: {e}")
+    if "hs_full" not in outs or "hs_cls" not in outs:
+        return
+    ref = torch.stack(outs["hs_full"])  # B, L, H, N, N
+    cls = torch.stack(outs["hs_cls"])
+    d = (cls - ref[:, :, :, 0:1]).abs().max().item()
+    checks.values["hs_cls_vs_hs_full"] = d
+    if d > 1e-5:
+        checks.fail(f"Headscope CLS rows differ from row 0 of its full maps by {d:.2e}")
+    if "hs_cls_bf16" in outs:
+        checks.values["hs_cls_bf16_vs_fp32"] = (torch.stack(outs["hs_cls_bf16"]) - cls).abs().max().item()
+    for peer, tol, hard in (("timm", 1e-4, 1e-4), ("hf", 1e-4, 1e-2)):
+        for kind, mine in (("full", ref), ("cls", cls)):
+            key = f"{peer}_{kind}"
+            if key not in outs:
+                continue
+            d = (torch.stack(outs[key]) - mine).abs().max().item()
+            checks.values[f"{key}_vs_headscope"] = d
+            if d > hard:
+                checks.fail(f"{by_key[key].label}: maps differ from Headscope's by {d:.2e} (> {hard:g})")
+            elif d > tol:
+                checks.note(f"{by_key[key].label}: max |difference| to Headscope {d:.2e} (> {tol:g}; "
+                            f"position-table resampling differs)")
+    del outs
