@@ -235,7 +235,7 @@ class AttentionService:
                 return None
             cap, _ = await self._capture(image_id, upload.data, lm, None, is_disconnected)
         stats = await run_in_threadpool(cap.head_stats, mass)
-        return {"model": lm.id, "image_id": image_id, "tokens": cap.layout.as_dict(), **stats}
+        return {"model": lm.id, "image_id": image_id, **stats, "tokens": cap.layout.as_dict()}
 
     def upload_of(self, image_id: str) -> Upload | None:
         record = self.cache.get(("img", image_id))

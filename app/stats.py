@@ -166,7 +166,7 @@ def head_stats(att: ImageAttention, layout: TokenLayout, input_size, mass: float
             out[k] = None
     D = att.head_out[0].shape[-1]
     return {
-        "layers": L, "heads": H, "tokens": N,
+        "layers": L, "heads": H,
         **out,
         "mass_fraction": mass,
         "rank": {"numerical": rank_num, "effective": rank_eff, "max": min(N, D)},

@@ -86,6 +86,12 @@ export async function getAttention(imageId, params, signal) {
   return attentionAnswer(await request(attentionUrl(imageId, params), { signal }));
 }
 
+/** GET /api/v1/attention/{id}/stats: per-head statistics (entropy, distance, sinks, similarity, rank). */
+export async function getStats(imageId, params, signal) {
+  const qs = new URLSearchParams(params);
+  return (await request(`/api/v1/attention/${encodeURIComponent(imageId)}/stats?${qs}`, { signal })).json();
+}
+
 /** The uploaded picture (decoded, EXIF-rotated PNG) as a ready <img>. */
 export async function loadImage(imageId) {
   const resp = await request(`/api/v1/images/${encodeURIComponent(imageId)}`);

@@ -1,17 +1,16 @@
-// Plotly charts (window.Plotly from /vendor/plotly.min.js): entropy per head, attention to the
-// prefix tokens per head (layers x heads heat maps of the current query row), and the current
-// row over token index. SVG traces only: they need no eval, so the page's CSP holds.
+// Plotly helpers shared by the charts (window.Plotly from /vendor/plotly.min.js), and the chart of
+// the current row over token index. SVG traces only: they need no eval, so the page's CSP holds.
+// The layers x heads charts of the analytics panel are in analytics.js.
 
-import { normEntropy, prefixMass } from "./data.js";
 import { plotlyScale } from "./colormaps.js";
 import { fmt } from "./overlay.js";
 import { headLabel, prefixLabel } from "./state.js";
 
-const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"] };
-const FONT = { family: "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size: 12, color: "#cbd5e1" };
-const AXIS = { gridcolor: "rgba(148,163,184,0.15)", zerolinecolor: "rgba(148,163,184,0.25)", linecolor: "rgba(148,163,184,0.3)" };
+export const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"] };
+export const FONT = { family: "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size: 12, color: "#cbd5e1" };
+export const AXIS = { gridcolor: "rgba(148,163,184,0.15)", zerolinecolor: "rgba(148,163,184,0.25)", linecolor: "rgba(148,163,184,0.3)" };
 
-function base(extra = {}) {
+export function base(extra = {}) {
   return {
     font: FONT, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
     margin: { l: 48, r: 12, t: 8, b: 40 }, height: 300, ...extra,
@@ -22,102 +21,90 @@ export function plotlyReady() {
   return typeof window.Plotly === "object" && typeof window.Plotly.react === "function";
 }
 
-function unavailable(el) {
+export function unavailable(el) {
   if (el.dataset.unavailable) return;
   el.dataset.unavailable = "1";
   el.textContent = "Charts are unavailable: /vendor/plotly.min.js did not load.";
 }
 
-function clear(el) {
+export function clear(el) {
   if (plotlyReady() && el.classList.contains("js-plotly-plot")) window.Plotly.purge(el);
   el.replaceChildren();
   delete el.dataset.rendered;
+  delete el.dataset.key;
+  delete el.dataset.bound; // purge drops the Plotly event handlers too
 }
 
-function selectionBox(layer, head) {
+/** Replace a chart by a line of text (a loading state, or why there is nothing to plot). */
+export function note(el, text, state = "note") {
+  if (el.dataset.rendered === state && el.textContent === text) return;
+  clear(el);
+  const p = document.createElement("p");
+  p.className = "chart-note";
+  p.textContent = text;
+  el.replaceChildren(p);
+  el.dataset.rendered = state;
+}
+
+const handlers = new WeakMap();
+
+/** Call fn(point) on a click on a point of the chart (bound once; the latest fn wins). */
+export function onClick(el, fn) {
+  handlers.set(el, fn);
+  if (el.dataset.bound) return;
+  el.dataset.bound = "1";
+  el.on("plotly_click", (ev) => {
+    const p = ev && ev.points && ev.points[0];
+    const h = handlers.get(el);
+    if (p && h) h(p);
+  });
+}
+
+/** Draw with Plotly.react unless the chart already shows `key`. Returns true when it drew. */
+export function plotKeyed(el, key, traces, layout) {
+  if (el.dataset.rendered === "1" && el.dataset.key === key && el.classList.contains("js-plotly-plot")) return false;
+  if (el.dataset.rendered && el.dataset.rendered !== "1") clear(el);
+  window.Plotly.react(el, traces, layout, CONFIG);
+  el.dataset.rendered = "1";
+  el.dataset.key = key;
+  return true;
+}
+
+export function selectionBox(layer, head) {
   return [{ type: "rect", xref: "x", yref: "y", x0: head - 0.5, x1: head + 0.5, y0: layer - 0.5, y1: layer + 0.5,
     line: { color: "#ff3b6b", width: 2 } }];
 }
 
-function heatmap(el, z, view, { title, zmin, zmax, hover }, onPick) {
-  const H = view.store.H;
+/**
+ * A layers x heads heat map (head across, layer down, layer 0 at the top).
+ * opts: {L, H, layer, head, colormap, title, zmin, zmax, hover}; onPick(layer, head) on a click.
+ */
+export function layerHeadHeatmap(el, key, z, opts, onPick) {
+  const { L, H, layer, head, colormap, title, zmin, zmax, hover } = opts;
   const x = Array.from({ length: H }, (_, i) => i);
-  const y = Array.from({ length: view.store.L }, (_, i) => i);
-  const h = typeof view.head === "string" && /^\d+$/.test(view.head) ? Number(view.head) : null;
+  const y = Array.from({ length: L }, (_, i) => i);
+  const h = typeof head === "string" && /^\d+$/.test(head) ? Number(head) : null;
   const layout = base({
     xaxis: { ...AXIS, title: { text: "head" }, tickvals: x, ticktext: x.map((i) => `h${i}`) },
     yaxis: { ...AXIS, title: { text: "layer" }, tickvals: y, autorange: "reversed" },
-    shapes: h === null ? [] : selectionBox(view.layer, h),
+    shapes: h === null ? [] : selectionBox(layer, h),
   });
   const trace = {
-    type: "heatmap", z, x, y, zmin, zmax, colorscale: plotlyScale(view.colormap === "grey" ? "viridis" : view.colormap),
+    type: "heatmap", z, x, y, zmin, zmax, colorscale: plotlyScale(colormap === "grey" ? "viridis" : colormap),
     colorbar: { title: { text: title, side: "right" }, thickness: 12, outlinewidth: 0 },
     hovertemplate: hover, xgap: 1, ygap: 1,
   };
-  window.Plotly.react(el, [trace], layout, CONFIG);
-  if (!el.dataset.bound) {
-    el.dataset.bound = "1";
-    el.on("plotly_click", (ev) => {
-      const p = ev && ev.points && ev.points[0];
-      if (p) onPick(Number(p.y), String(p.x));
-    });
-  }
-  el.dataset.rendered = "1";
+  plotKeyed(el, `${key}|${layer}|${head}|${colormap}`, [trace], layout);
+  onClick(el, (p) => onPick(Number(p.y), String(p.x)));
 }
 
-/** Render the three charts; view is null before an image. onPick(layer, head) from heat maps. */
-export function renderCharts(els, view, onPick) {
-  if (!plotlyReady()) {
-    Object.values(els).forEach(unavailable);
-    return;
-  }
-  if (!view) {
-    Object.values(els).forEach(clear);
-    return;
-  }
-  const { store, query, tokens } = view;
-  const L = store.L;
-  const H = store.H;
-  const has = store.rows.has(query);
-  if (has) {
-    const ent = [];
-    const mass = [];
-    for (let l = 0; l < L; l++) {
-      const er = [];
-      const mr = [];
-      for (let h = 0; h < H; h++) {
-        const row = store.row(query, l, String(h));
-        er.push(normEntropy(row));
-        mr.push(prefixMass(row, tokens.num_prefix));
-      }
-      ent.push(er);
-      mass.push(mr);
-    }
-    heatmap(els.entropy, ent, view, {
-      title: "H / log N", zmin: 0, zmax: 1,
-      hover: "layer %{y}, head %{x}<br>entropy %{z:.3f}<extra></extra>",
-    }, onPick);
-    if (tokens.num_prefix > 0) {
-      heatmap(els.prefix, mass, view, {
-        title: "mass", zmin: 0, zmax: 1,
-        hover: "layer %{y}, head %{x}<br>on prefix tokens %{z:.3f}<extra></extra>",
-      }, onPick);
-    } else if (els.prefix.dataset.rendered !== "none") {
-      clear(els.prefix);
-      const p = document.createElement("p");
-      p.className = "chart-note";
-      p.textContent = "This model has no prefix tokens: every token is a patch.";
-      els.prefix.replaceChildren(p);
-      els.prefix.dataset.rendered = "none";
-    }
-  }
-  renderRow(els.row, view);
-}
-
-function renderRow(el, view) {
-  const { store, query, layer, head, tokens, queryToken } = view;
-  const row = store.row(query, layer, head);
-  if (!row) return;
+/** The current row over token index; view: {rowOf, query, layer, head, tokens, queryToken}. */
+export function renderRow(el, view) {
+  if (!plotlyReady()) return unavailable(el);
+  if (!view) return clear(el);
+  const { layer, head, tokens, queryToken } = view;
+  const row = view.rowOf(layer, head);
+  if (!row) return undefined;
   const N = row.length;
   const np = tokens.num_prefix;
   const cols = tokens.grid[1];
@@ -166,12 +153,12 @@ function renderRow(el, view) {
   el.dataset.layer = String(layer);
   el.dataset.head = head;
   el.setAttribute("aria-label", `Attention row of ${headLabel(head)} at layer ${layer}; max ${fmt(Math.max(...ys))}`);
+  return undefined;
 }
 
 export function resizeCharts(els) {
   if (!plotlyReady()) return;
   for (const el of Object.values(els)) {
-    if (el.classList.contains("js-plotly-plot")) window.Plotly.Plots.resize(el);
+    if (el && el.classList.contains("js-plotly-plot")) window.Plotly.Plots.resize(el);
   }
 }
-

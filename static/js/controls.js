@@ -1,8 +1,10 @@
 // The form controls, status line, error banner and download links, kept in step with `state`.
 
 import { attentionUrl } from "./api.js";
+import { ENTROPY_KINDS, SIM_KINDS, SINK_KINDS } from "./analytics.js";
 import { COLORMAPS } from "./colormaps.js";
-import { apiQuery, dims, headChoices, headLabel, parseQuery, prefixLabel, state } from "./state.js";
+import { artifactTokens } from "./sinks.js";
+import { apiQuery, dims, hasCls, headChoices, headLabel, parseQuery, prefixLabel, state } from "./state.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -27,6 +29,9 @@ export function fmtBytes(n) {
 
 export function initStaticControls() {
   setOptions($("colormap"), COLORMAPS.map((c) => [c, c]));
+  setOptions($("entropy-kind"), ENTROPY_KINDS);
+  setOptions($("sink-kind"), SINK_KINDS);
+  setOptions($("similarity-kind"), SIM_KINDS);
   const max = Number(document.body.dataset.maxUpload || 0);
   $("max-upload").textContent = max ? fmtBytes(max) : "the server's limit";
 }
@@ -80,6 +85,40 @@ export function renderControls() {
   renderModels();
   renderImageInfo();
   renderDownloads(H);
+}
+
+/** The mass mask, drop and chart-mode controls. store: the shown image's AttentionStore (or null). */
+export function renderAnalysisControls(store) {
+  const loaded = !!state.meta;
+  $("mass-toggle").checked = state.mask;
+  $("mass-toggle").disabled = !loaded;
+  const slider = $("mass-slider");
+  if (document.activeElement !== slider) slider.value = String(state.massFraction);
+  slider.disabled = !loaded || !state.mask;
+  $("mass-out").textContent = `${Math.round(state.massFraction * 100)}%`;
+  const drop = $("drop-tokens");
+  drop.value = state.drop;
+  drop.disabled = !loaded;
+  const np = loaded ? state.meta.tokens.num_prefix : 0;
+  const nArt = artifactTokens(store).length;
+  for (const o of drop.options) {
+    if (o.value === "prefix") o.textContent = loaded ? `prefix tokens (${np})` : "prefix tokens";
+    if (o.value === "artifacts") {
+      o.textContent = store && store.stats ? `artifact tokens (${nArt})` : "artifact tokens";
+    }
+  }
+  drop.title = "Zero the attention to these key tokens and renormalise each row"
+    + (store && store.stats && !nArt ? "; this image has no high-norm artifact tokens" : "");
+  const cls = !loaded || hasCls();
+  const ek = $("entropy-kind");
+  ek.querySelector("option[value=cls]").disabled = !cls;
+  if (!cls && state.entropyKind === "cls") state.entropyKind = "all";
+  ek.value = state.entropyKind;
+  $("sink-kind").value = state.sinkKind;
+  const sk = $("similarity-kind");
+  sk.querySelector("option[value=cos]").disabled = !cls;
+  if (!cls && state.simKind === "cos") state.simKind = "js";
+  sk.value = state.simKind;
 }
 
 function renderImageInfo() {

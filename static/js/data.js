@@ -1,10 +1,28 @@
 // The attention rows of one image under one model, kept client-side.
 //
 // rows:    query -> Float32Array [L * H * N]   (every layer and head for that query row)
-// rollout: query -> Float32Array [L * N]       (attention rollout of that row, per layer)
+// rollout: "query|start|fusion|discard" -> {start, token, data: Float32Array [(L - start) * N]}
+//          (attention rollout of that row for layers start..L-1; before start it is the identity)
+// stats:   the answer of GET /api/v1/attention/{id}/stats (per-head statistics), once loaded
 // mean/max over heads are computed here from the per-head rows, on first use.
 
-import { getAttention } from "./api.js";
+import { getAttention, getStats } from "./api.js";
+
+const ROLLOUT_DEFAULT = { start: 0, fusion: "mean", discard: 0 };
+
+/** Map key of a rollout: the query row and the rollout options. */
+export function rolloutKey(query, opts) {
+  return `${query}|${opts.start}|${opts.fusion}|${opts.discard}`;
+}
+
+/** Key under which the row of an answer's first query is stored ("cls", "tok:I" or "patch:R,C"). */
+export function rowKeyOfAnswer(ans) {
+  const t = ans.tokens;
+  const tok = ans.query[0];
+  if (tok < t.num_prefix) return t.prefix[tok].kind === "cls" ? "cls" : `tok:${tok}`;
+  const p = tok - t.num_prefix;
+  return `patch:${Math.floor(p / t.grid[1])},${p % t.grid[1]}`;
+}
 
 export class AttentionStore {
   constructor(meta) {
@@ -15,6 +33,8 @@ export class AttentionStore {
     this.N = meta.tokens.count;
     this.rows = new Map();
     this.rollout = new Map();
+    this.rolloutOpts = { ...ROLLOUT_DEFAULT }; // the options row(…, "rollout") answers for
+    this.stats = null;
     this.fused = new Map();
     this.loading = new Map(); // key -> promise
     this.failed = new Map();  // key -> error (not retried automatically)
@@ -27,7 +47,7 @@ export class AttentionStore {
 
   /** Is everything needed to show (query, head) here? */
   has(query, head) {
-    if (head === "rollout") return this.rollout.has(query);
+    if (head === "rollout") return this.rollout.has(rolloutKey(query, this.rolloutOpts));
     return this.rows.has(query);
   }
 
@@ -36,8 +56,17 @@ export class AttentionStore {
     const { L, H, N } = this;
     if (layer < 0 || layer >= L) return null;
     if (head === "rollout") {
-      const r = this.rollout.get(query);
-      return r ? r.subarray(layer * N, (layer + 1) * N) : null;
+      const r = this.rollout.get(rolloutKey(query, this.rolloutOpts));
+      if (!r) return null;
+      if (layer < r.start) {
+        // The product over no layer: the identity, the query attends to itself only.
+        if (!r.identity) {
+          r.identity = new Float32Array(N);
+          r.identity[r.token] = 1;
+        }
+        return r.identity;
+      }
+      return r.data.subarray((layer - r.start) * N, (layer - r.start + 1) * N);
     }
     const all = this.rows.get(query);
     if (!all) return null;
@@ -83,20 +112,45 @@ export class AttentionStore {
     });
   }
 
-  /** Fetch the rollout of a query for every layer (GET aggregate=rollout). */
-  loadRollout(query, apiQuery) {
-    if (this.rollout.has(query)) return Promise.resolve();
-    return this.once(`rollout|${query}`, async () => {
+  /**
+   * Fetch the rollout of a query (token index `token`) for layers start..L-1 with the store's
+   * rollout options: one GET aggregate=rollout&rollout_start=S&layers=S-(L-1).
+   */
+  loadRollout(query, apiQuery, token) {
+    const opts = { ...this.rolloutOpts };
+    const key = rolloutKey(query, opts);
+    if (this.rollout.has(key)) return Promise.resolve();
+    return this.once(`rollout|${key}`, async () => {
       const ans = await getAttention(this.imageId, {
-        model: this.model, layers: "all", query: apiQuery, aggregate: "rollout",
+        model: this.model, layers: `${opts.start}-${this.L - 1}`, query: apiQuery, aggregate: "rollout",
+        rollout_start: opts.start, head_fusion: opts.fusion, discard_ratio: opts.discard,
       });
-      if (ans.data.length !== this.L * this.N) throw new Error("rollout answer of unexpected size");
-      this.rollout.set(query, ans.data);
+      if (ans.data.length !== (this.L - opts.start) * this.N) throw new Error("rollout answer of unexpected size");
+      this.rollout.set(key, { start: opts.start, token, data: ans.data });
     });
   }
 
+  /** Per-head statistics of the image (GET …/stats), once. */
+  loadStats() {
+    if (this.stats) return Promise.resolve();
+    return this.once("stats", async () => {
+      const st = await getStats(this.imageId, { model: this.model });
+      if (st.layers !== this.L || st.heads !== this.H) throw new Error("statistics of unexpected size");
+      this.stats = st;
+    });
+  }
+
+  /** Loading state of one kind of request: "rows" | "rollout" (for the current options) | "stats". */
   isLoading(kind, query) {
+    if (kind === "stats") return this.loading.has("stats");
+    if (kind === "rollout") return this.loading.has(`rollout|${rolloutKey(query, this.rolloutOpts)}`);
     return this.loading.has(`${kind}|${query}`);
+  }
+
+  hasFailed(kind, query) {
+    if (kind === "stats") return this.failed.has("stats");
+    if (kind === "rollout") return this.failed.has(`rollout|${rolloutKey(query, this.rolloutOpts)}`);
+    return this.failed.has(`${kind}|${query}`);
   }
 
   once(key, fn) {

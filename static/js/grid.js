@@ -22,7 +22,7 @@ function thumbSource(image, side) {
   return c;
 }
 
-function makeTile(layer, head, caption) {
+export function makeTile(layer, head, caption) {
   const b = document.createElement("button");
   b.type = "button";
   b.className = "tile";
@@ -39,10 +39,11 @@ function makeTile(layer, head, caption) {
   return b;
 }
 
-function drawTile(tile, view, layer, head, w, h) {
+/** Draw the map of (layer, head) into a tile; view.rowOf(layer, head) gives the shown row. */
+export function drawTile(tile, view, layer, head, w, h) {
   const canvas = tile.querySelector("canvas");
   const dpr = sizeCanvas(canvas, w, h);
-  const row = view.store.row(view.query, layer, head);
+  const row = view.rowOf(layer, head);
   drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, {
     image: thumbSource(view.image, 320), row, tokens: view.tokens, colormap: view.colormap,
     opacity: Math.max(view.opacity, 0.35), smooth: view.smooth, marker: view.marker, px: dpr * 0.6,
@@ -60,8 +61,8 @@ function markSelected(container, layer, head, sameLayerOnly) {
 }
 
 /**
- * Heads at a glance. view: {store, image, tokens, query, layer, head, heads (choices),
- * colormap, opacity, smooth, marker, key}; onPick(layer, head).
+ * Heads at a glance. view: {store, rowOf(layer, head), image, tokens, query, layer, head,
+ * heads (choices), colormap, opacity, smooth, marker, key}; onPick(layer, head).
  */
 export function renderHeadGrid(container, view, onPick) {
   if (!view) {
@@ -69,7 +70,7 @@ export function renderHeadGrid(container, view, onPick) {
     container.dataset.key = "";
     return;
   }
-  const drawKey = `${view.key}|${view.layer}|${view.store.rollout.has(view.query)}`;
+  const drawKey = `${view.key}|${view.layer}|${view.store.has(view.query, "rollout")}`;
   if (container.dataset.key !== drawKey) {
     const tiles = view.heads.map((head) => makeTile(view.layer, head, true));
     container.replaceChildren(...tiles);
@@ -99,7 +100,7 @@ export function renderModelView(container, view, onPick) {
     container.dataset.key = "";
     return;
   }
-  const drawKey = `${view.key}|${view.store.rollout.has(view.query)}`;
+  const drawKey = `${view.key}|${view.store.has(view.query, "rollout")}`;
   if (container.dataset.key !== drawKey) {
     const cols = view.heads.length;
     container.style.setProperty("--cols", String(cols));

@@ -2,18 +2,29 @@
 // view needs, the events of every control, and render() which brings every view up to date.
 
 import { ApiError, describeError, getAttention, getModels, loadImage, postImage } from "./api.js";
-import { AttentionStore } from "./data.js";
+import { AttentionStore, rolloutKey, rowKeyOfAnswer } from "./data.js";
 import { cellAt, compositeBlob } from "./overlay.js";
-import { renderCharts, resizeCharts } from "./charts.js";
+import { renderRow, resizeCharts } from "./charts.js";
+import { analyticsEls, renderAnalytics } from "./analytics.js";
 import { renderHeadGrid, renderModelView } from "./grid.js";
-import { fmtBytes, initStaticControls, renderControls, renderError, renderStatus } from "./controls.js";
+import { renderRolloutStrip } from "./rollout.js";
+import {
+  enterCompare, followImage, initCompare, needCompare, rememberImage, renderCompare, resetOthers,
+} from "./compare.js";
+import { artifactTokens, shownRow } from "./sinks.js";
+import {
+  fmtBytes, initStaticControls, renderAnalysisControls, renderControls, renderError, renderStatus,
+} from "./controls.js";
 import { renderPrefixList, renderReadout, renderViewer } from "./viewer.js";
 import {
   apiQuery, defaultQuery, dims, headChoices, parseQuery, readUrl, state, syncUrl,
 } from "./state.js";
 
 const $ = (id) => document.getElementById(id);
-const charts = { entropy: $("chart-entropy"), prefix: $("chart-prefix"), row: $("chart-row") };
+const analytics = analyticsEls();
+const charts = { ...analytics, row: $("chart-row") };
+delete charts.panel;
+delete charts.status;
 
 let store = null;      // AttentionStore of the shown image and model
 let gen = 0;           // bumps on every new image/model load; stale answers are dropped
@@ -24,11 +35,15 @@ let slowTimer = 0;
 
 // ---------------------------------------------------------------- render
 function render() {
+  if (store) store.rolloutOpts = { ...state.rollout };
   renderControls();
+  renderAnalysisControls(store);
   renderStatus(summary);
   renderError(retry);
   renderViewer(store);
   renderPrefixList(store, setQuery);
+  renderRolloutStrip($("rollout-strip"), thumbView(), (l) => pick(l, "rollout"));
+  renderCompare({ store });
   renderHeadGrid($("head-grid"), thumbView(), pick);
   clearTimeout(slowTimer);
   slowTimer = setTimeout(renderSlow, 40);
@@ -44,25 +59,37 @@ function renderSlow() {
     $("overlay").scrollIntoView({ behavior: "smooth", block: "center" });
   });
   const q = view && parseQuery(state.query);
-  renderCharts(charts, view && { ...view, queryToken: q.token }, pick);
+  renderAnalytics(analytics, view && {
+    ...view, entropyKind: state.entropyKind, sinkKind: state.sinkKind, simKind: state.simKind,
+  }, pick);
+  renderRow(charts.row, view && { ...view, queryToken: q.token });
 }
 
 function thumbView() {
   if (!store || !state.image) return null;
   const q = parseQuery(state.query);
+  const tokens = state.meta.tokens;
   return {
-    store, image: state.image, tokens: state.meta.tokens, query: state.query, layer: state.layer,
+    store, image: state.image, tokens, query: state.query, layer: state.layer,
     head: state.head, heads: headChoices(), colormap: state.colormap, opacity: state.opacity,
     smooth: state.smooth, marker: q && q.kind === "patch" ? q : null,
-    key: [state.imageId, store.model, state.query, state.colormap, state.opacity, state.smooth].join("|"),
+    rowOf: (layer, head) => shownRow(store, state.query, layer, head, tokens, state.drop),
+    key: [state.imageId, store.model, state.query, state.colormap, state.opacity, state.smooth,
+      state.drop, artifactTokens(store).join(","), rolloutKey("", state.rollout)].join("|"),
   };
 }
 
-/** Start fetching what the current view lacks: the query's rows, then its rollout. */
+/** Start fetching what the current view lacks: the query's rows, then its rollout; the stats. */
 function need() {
   if (!store) return;
   const s = store;
   const q = state.query;
+  if (!s.stats && !s.isLoading("stats") && !s.hasFailed("stats")) {
+    s.loadStats()
+      .catch((e) => { if (s === store) showError(e); })
+      .finally(() => { if (s === store) render(); });
+  }
+  needCompare({ store: s }, () => { if (s === store) render(); }, (e) => { if (s === store) showError(e); });
   const busyRows = [...s.loading.keys()].some((k) => k.startsWith("rows|"));
   if (!s.rows.has(q)) {
     if (busyRows || s.failed.has(`rows|${q}`)) return;
@@ -78,8 +105,8 @@ function need() {
       });
     return;
   }
-  if (!s.rollout.has(q) && !busyRows && !s.isLoading("rollout", q) && !s.failed.has(`rollout|${q}`)) {
-    s.loadRollout(q, apiQuery(q))
+  if (!s.has(q, "rollout") && !busyRows && !s.isLoading("rollout", q) && !s.hasFailed("rollout", q)) {
+    s.loadRollout(q, apiQuery(q), parseQuery(q).token)
       .catch((e) => { if (s === store && state.head === "rollout") showError(e); })
       .finally(() => { if (s === store) render(); });
   }
@@ -143,28 +170,23 @@ function firstQuery() {
   return "0";
 }
 
-/** Key under which the first answer's row is stored. */
-function keyOfFirstRow(ans) {
-  const t = ans.tokens;
-  const tok = ans.query[0];
-  if (tok < t.num_prefix) return t.prefix[tok].kind === "cls" ? "cls" : `tok:${tok}`;
-  const p = tok - t.num_prefix;
-  return `patch:${Math.floor(p / t.grid[1])},${p % t.grid[1]}`;
-}
-
 /** Make an attention answer the shown image. want: {layer, head, q} to restore, if valid. */
-async function adopt(ans, my, want = {}) {
+async function adopt(ans, my, want = {}, sample = null) {
   const image = state.image && state.imageId === ans.image_id ? state.image : await loadImage(ans.image_id);
   if (my !== gen) return;
   const meta = { ...ans };
   delete meta.data;
+  const oldId = state.imageId;
+  if (state.model !== ans.model || (store && store.model !== ans.model)) resetOthers();
   state.meta = meta;
   state.imageId = ans.image_id;
   state.filename = ans.filename || state.filename;
   state.model = ans.model;
   state.image = image;
   store = new AttentionStore(meta);
-  store.putRows(keyOfFirstRow(ans), ans.data);
+  store.rolloutOpts = { ...state.rollout };
+  store.putRows(rowKeyOfAnswer(ans), ans.data);
+  rememberImage(ans.image_id, state.filename, sample);
   const { L, H, N } = dims();
   // The last layer by default (where the CLS maps are most telling); keep the layer across images.
   const layer = Number.isInteger(want.layer) ? want.layer : L - 1;
@@ -172,6 +194,8 @@ async function adopt(ans, my, want = {}) {
   state.head = headChoices().includes(want.head) ? want.head : (headChoices().includes(state.head) ? state.head : "0");
   state.query = parseQuery(want.q) ? want.q : defaultQuery();
   lastPatch = parseQuery(state.query).kind === "patch" ? state.query : null;
+  state.rollout = { ...state.rollout, start: Math.min(state.rollout.start, L - 1) };
+  followImage(oldId);
   const t = ans.timing_ms;
   summary = `${state.filename || "image"} · ${L} layers × ${H} heads · ${N} tokens · `
     + (ans.cached ? "from the server's cache" : `computed in ${Math.round(t.queue + t.compute)} ms`);
@@ -180,7 +204,7 @@ async function adopt(ans, my, want = {}) {
   render();
 }
 
-async function uploadFile(file) {
+async function uploadFile(file, sample = null) {
   if (!file) return;
   clearError();
   const max = Number(document.body.dataset.maxUpload || 0);
@@ -199,12 +223,12 @@ async function uploadFile(file) {
     const fields = { model: state.model, layers: "all", heads: "all", query: firstQuery() };
     const ans = await postImage(file, fields, upload.signal);
     if (my !== gen) return;
-    await adopt(ans, my, store ? { layer: state.layer, head: state.head } : {});
+    await adopt(ans, my, store ? { layer: state.layer, head: state.head } : {}, sample);
   } catch (e) {
     if (my !== gen || (e && e.name === "AbortError")) return;
     state.busy = null;
     state.filename = state.meta ? state.meta.filename : null;
-    showError(e, () => uploadFile(file));
+    showError(e, () => uploadFile(file, sample));
   }
 }
 
@@ -232,7 +256,7 @@ async function useSample(url) {
     const resp = await fetch(url);
     if (!resp.ok) throw new ApiError(resp.status, "sample_missing", `the sample ${url} could not be loaded`);
     const blob = await resp.blob();
-    await uploadFile(new File([blob], url.split("/").pop(), { type: blob.type || "image/png" }));
+    await uploadFile(new File([blob], url.split("/").pop(), { type: blob.type || "image/png" }), url);
   } catch (e) {
     showError(e);
   }
@@ -240,12 +264,13 @@ async function useSample(url) {
 
 async function downloadPng() {
   if (!store || !state.image) return;
-  const row = store.row(state.query, state.layer, state.head);
+  const row = shownRow(store, state.query, state.layer, state.head, state.meta.tokens, state.drop);
   if (!row) return;
   const q = parseQuery(state.query);
   const blob = await compositeBlob({
     image: state.image, row, tokens: state.meta.tokens, colormap: state.colormap, opacity: state.opacity,
     grid: state.showGrid, smooth: state.smooth, marker: q.kind === "patch" ? q : null,
+    mask: state.mask ? state.massFraction : null, rings: artifactTokens(store),
   });
   const stem = (state.filename || "image").replace(/\.[a-z0-9]+$/i, "").replace(/[^a-z0-9_-]+/gi, "_").slice(0, 60);
   const a = document.createElement("a");
@@ -286,6 +311,29 @@ function bind() {
   $("patch-grid-toggle").addEventListener("change", (e) => { state.showGrid = e.target.checked; render(); });
   $("smooth-toggle").addEventListener("change", (e) => { state.smooth = e.target.checked; render(); });
   $("download-png").addEventListener("click", () => downloadPng().catch(showError));
+
+  // analysis tools: mass mask, attention sinks, compare, rollout options, chart modes
+  $("mass-toggle").addEventListener("change", (e) => { state.mask = e.target.checked; render(); });
+  $("mass-slider").addEventListener("input", (e) => {
+    state.massFraction = Math.max(0.1, Math.min(0.95, Number(e.target.value)));
+    render();
+  });
+  $("drop-tokens").addEventListener("change", (e) => { state.drop = e.target.value; render(); });
+  $("compare-toggle").addEventListener("change", (e) => { enterCompare(e.target.checked); render(); });
+  initCompare(render, setQuery);
+  const setRollout = (patch) => { state.rollout = { ...state.rollout, ...patch }; render(); };
+  $("rollout-start").addEventListener("change", (e) => setRollout({ start: Number(e.target.value) }));
+  $("head-fusion").addEventListener("change", (e) => setRollout({ fusion: e.target.value }));
+  let discardTimer = 0;
+  $("discard-ratio").addEventListener("input", (e) => {
+    // one request once the slider rests, not one per step
+    $("discard-out").textContent = `${Math.round(Number(e.target.value) * 100)}%`;
+    clearTimeout(discardTimer);
+    discardTimer = setTimeout(() => setRollout({ discard: Math.max(0, Math.min(0.95, Number(e.target.value))) }), 150);
+  });
+  $("entropy-kind").addEventListener("change", (e) => { state.entropyKind = e.target.value; renderSlow(); });
+  $("sink-kind").addEventListener("change", (e) => { state.sinkKind = e.target.value; renderSlow(); });
+  $("similarity-kind").addEventListener("change", (e) => { state.simKind = e.target.value; renderSlow(); });
   $("error-close").addEventListener("click", () => { clearError(); render(); });
 
   const canvas = $("overlay");
@@ -357,6 +405,7 @@ function bind() {
     resizeTimer = setTimeout(() => {
       $("head-grid").dataset.key = "";
       $("model-view").dataset.key = "";
+      $("rollout-strip").dataset.key = "";
       render();
       resizeCharts(charts);
     }, 80);

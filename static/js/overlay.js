@@ -3,6 +3,7 @@
 // covers rows r/R..(r+1)/R and columns c/C..(c+1)/C of it at any aspect ratio).
 
 import { lut } from "./colormaps.js";
+import { drawMaskOutline, massMask } from "./mask.js";
 
 const scratch = document.createElement("canvas");
 
@@ -42,14 +43,39 @@ function paintGrid(values, R, C, min, max, colormap) {
   return scratch;
 }
 
+/** Small rings on the cells of the given tokens (artifact tokens): dark halo, orange ring. */
+function drawRings(ctx, indices, tokens, w, h, px) {
+  const [R, C] = tokens.grid;
+  const cw = w / C;
+  const ch = h / R;
+  const rad = Math.max(2.5 * px, 0.36 * Math.min(cw, ch));
+  ctx.save();
+  for (const [width, colour] of [[3.5 * px, "rgba(0,0,0,0.8)"], [1.6 * px, "#fb923c"]]) {
+    ctx.lineWidth = width;
+    ctx.strokeStyle = colour;
+    ctx.beginPath();
+    for (const t of indices) {
+      const p = t - tokens.num_prefix;
+      if (p < 0 || p >= R * C) continue;
+      const x = (p % C + 0.5) * cw;
+      const y = (Math.floor(p / C) + 0.5) * ch;
+      ctx.moveTo(x + rad, y);
+      ctx.arc(x, y, rad, 0, 2 * Math.PI);
+    }
+    ctx.stroke();
+  }
+  ctx.restore();
+}
+
 /**
  * Draw image + attention overlay into ctx over (0, 0, w, h).
- * opts: {image, row, tokens, colormap, opacity, grid, smooth, marker: {r, c} | null, px: line width unit}
- * Returns {min, max} of the shown map (null without a row).
+ * opts: {image, row, tokens, colormap, opacity, grid, smooth, marker: {r, c} | null, px: line width unit,
+ *        mask: fraction | null (outline the mass-threshold set of patches), rings: [token] | null}
+ * Returns {min, max, maskCount} of the shown map (null without a row).
  */
 export function drawComposite(ctx, w, h, opts) {
   const { image, row, tokens, colormap = "viridis", opacity = 0.6, grid = false, smooth = false,
-    marker = null, px = 1 } = opts;
+    marker = null, px = 1, mask = null, rings = null } = opts;
   ctx.save();
   ctx.clearRect(0, 0, w, h);
   ctx.imageSmoothingEnabled = true;
@@ -66,6 +92,11 @@ export function drawComposite(ctx, w, h, opts) {
     ctx.drawImage(map, 0, 0, C, R, 0, 0, w, h);
     ctx.globalAlpha = 1;
     ctx.imageSmoothingEnabled = true;
+    if (mask) {
+      const m = massMask(values, mask);
+      range.maskCount = m.count;
+      drawMaskOutline(ctx, m.mask, R, C, w, h, px);
+    }
   }
   if (grid) {
     ctx.strokeStyle = "rgba(255,255,255,0.35)";
@@ -83,6 +114,7 @@ export function drawComposite(ctx, w, h, opts) {
     }
     ctx.stroke();
   }
+  if (rings && rings.length) drawRings(ctx, rings, tokens, w, h, px);
   if (marker) {
     const x0 = (marker.c * w) / C;
     const y0 = (marker.r * h) / R;

@@ -2,6 +2,7 @@
 //
 // head:  "0".."H-1" | "mean" | "max" | "rollout"
 // query: "cls" | "patch:R,C" | "tok:I" (a prefix token other than CLS)
+// drop:  "none" | "prefix" | "artifacts" | "both" (key tokens zeroed, rows renormalised)
 
 export const AGGREGATES = ["mean", "max", "rollout"];
 
@@ -22,7 +23,20 @@ export const state = {
   smooth: false,
   busy: null,          // text while something is computing
   error: null,         // {title, message, retry}
+  // head analytics
+  entropyKind: "query",   // entropy chart: "query" (this row) | "cls" (CLS row) | "all" (mean over rows)
+  sinkKind: "prefix-query", // sinks chart: "prefix-query" | "prefix-all" | "artifacts"
+  simKind: "js",          // similarity matrix: "js" (1 - JS/log 2) | "cos" (cosine of CLS rows)
+  mask: false,            // outline the DINO mass-threshold mask on the overlay
+  massFraction: 0.6,
+  drop: "none",
+  rollout: { start: 0, fusion: "mean", discard: 0 },
+  compare: { on: false, mode: "heads", a: null, b: null }, // sides: {image, layer, head}
+  session: [],            // images opened in this session: [{id, filename, sample}]
 };
+
+export const DROPS = ["none", "prefix", "artifacts", "both"];
+export const FUSIONS = ["mean", "max", "min"];
 
 /** Layers and heads of the loaded answer (0 before an image). */
 export function dims() {

@@ -4,6 +4,7 @@
 import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { paintColorbar } from "./colormaps.js";
 import { normEntropy } from "./data.js";
+import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
 import { dims, headLabel, parseQuery, prefixLabel, queryLabel, state } from "./state.js";
 
 const $ = (id) => document.getElementById(id);
@@ -20,9 +21,12 @@ export function renderViewer(store) {
     $("view-title").textContent = "Attention map";
     return;
   }
-  const row = store.row(state.query, state.layer, state.head);
+  const tokens = state.meta.tokens;
+  const row = shownRow(store, state.query, state.layer, state.head, tokens, state.drop);
   canvas.dataset.pending = row ? "0" : "1";
   if (!row) return;
+  const dropped = droppedTokens(store, tokens, state.drop);
+  const rings = artifactTokens(store);
   empty.hidden = true;
   canvas.hidden = false;
   const box = $("viewer");
@@ -32,21 +36,52 @@ export function renderViewer(store) {
   const dpr = sizeCanvas(canvas, w, h);
   const q = parseQuery(state.query);
   const range = drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, {
-    image: state.image, row, tokens: state.meta.tokens, colormap: state.colormap, opacity: state.opacity,
+    image: state.image, row, tokens, colormap: state.colormap, opacity: state.opacity,
     grid: state.showGrid, smooth: state.smooth, marker: q && q.kind === "patch" ? q : null, px: dpr,
+    mask: state.mask ? state.massFraction : null, rings,
   });
   Object.assign(canvas.dataset, {
     image: state.imageId, model: store.model, layer: String(state.layer), head: state.head,
     query: state.query, token: String(q.token), marked: q.kind === "patch" ? `${q.r},${q.c}` : "",
     min: String(range.min), max: String(range.max), colormap: state.colormap,
     opacity: String(state.opacity), grid: state.showGrid ? "1" : "0",
+    drop: state.drop, dropped: dropped.join(","), patchSum: String(patchSum(row, tokens)),
+    artifacts: rings.join(","),
+    rollout: state.head === "rollout" ? `${state.rollout.start},${state.rollout.fusion},${state.rollout.discard}` : "",
   });
+  if (state.mask) {
+    canvas.dataset.maskPatches = String(range.maskCount);
+    canvas.dataset.maskFraction = String(state.massFraction);
+    $("mass-count").textContent = `${range.maskCount} of ${tokens.grid[0] * tokens.grid[1]} patches`;
+  } else {
+    delete canvas.dataset.maskPatches;
+    delete canvas.dataset.maskFraction;
+    $("mass-count").textContent = "";
+  }
   cbar.hidden = false;
   paintColorbar($("colorbar"), state.colormap);
   $("cb-min").textContent = fmt(range.min);
   $("cb-max").textContent = fmt(range.max);
   $("view-title").textContent = `Layer ${state.layer} · ${headLabel(state.head)} · query ${queryLabel(state.query)}`;
-  $("explain").textContent = explanation(q, row);
+  $("explain").textContent = explanation(q, row) + extras(dropped, range.maskCount, rings);
+}
+
+/** What the drop, mask and ring options add to the picture, in words. */
+function extras(dropped, maskCount, rings) {
+  let out = "";
+  const noArtifacts = !rings.length && (state.drop === "artifacts" || state.drop === "both");
+  if (dropped.length) {
+    const what = state.drop === "both" ? (noArtifacts ? "prefix; the image has no artifact tokens" : "prefix and artifacts") : state.drop;
+    out += ` Key tokens ${dropped.join(", ")} are dropped (${what}) and the row is renormalised over the others.`;
+  } else if (noArtifacts) {
+    out += " This image has no artifact tokens to drop.";
+  }
+  if (state.mask) {
+    out += ` The white outline holds the ${maskCount} patches that carry ${Math.round(state.massFraction * 100)}% `
+      + "of the row's attention over the patches (DINO mass threshold).";
+  }
+  if (rings.length) out += ` Orange rings mark the ${rings.length} high-norm artifact token${rings.length > 1 ? "s" : ""}.`;
+  return out;
 }
 
 function explanation(q, row) {
@@ -62,8 +97,15 @@ function explanation(q, row) {
     return `Element-wise maximum over the ${H} heads of ${who} of softmax(QKᵀ/√d) for layer ${l}.${tail}`;
   }
   if (state.head === "rollout") {
+    const { start, fusion, discard } = state.rollout;
+    if (l < start) {
+      return `Attention rollout of ${who} starts at layer ${start}; before it the product is empty (the identity), `
+        + `so the query only "attends" to itself.${tail}`;
+    }
+    const cut = discard > 0 ? `, the smallest ${Math.round(discard * 100)}% of each row of A set to 0` : "";
     return `Attention rollout (Abnar & Zuidema, 2020) of ${who} up to layer ${l}: the product over layers `
-      + `0…${l} of ½·A + ½·I, with A the mean of the heads; it follows attention through the residual stream.${tail}`;
+      + `${start}…${l} of ½·A + ½·I (rows renormalised), with A the ${fusion} of the heads${cut}; `
+      + `it follows attention through the residual stream.${tail}`;
   }
   return `${who} of softmax(QKᵀ/√d) for layer ${l}, head ${state.head}: how much token q attends to each `
     + `patch (the row sums to 1 over all tokens, prefix tokens included).${tail}`;
@@ -78,7 +120,7 @@ export function renderReadout(store, cell) {
   }
   const t = state.meta.tokens;
   const token = t.num_prefix + cell.r * t.grid[1] + cell.c;
-  const row = store.row(state.query, state.layer, state.head);
+  const row = shownRow(store, state.query, state.layer, state.head, t, state.drop);
   el.textContent = `patch (${cell.r}, ${cell.c}) · token ${token} · ${row ? fmt(row[token]) : "…"}`;
 }
 
@@ -89,10 +131,12 @@ export function renderPrefixList(store, onPick) {
   if (!store || !state.meta) {
     list.replaceChildren();
     total.textContent = "";
+    renderArtifactList(null, onPick);
     return;
   }
   const t = state.meta.tokens;
-  const row = store.row(state.query, state.layer, state.head);
+  const row = shownRow(store, state.query, state.layer, state.head, t, state.drop);
+  renderArtifactList(store, onPick, row);
   if (t.num_prefix === 0) {
     const li = document.createElement("li");
     li.className = "prefix-none";
@@ -102,36 +146,20 @@ export function renderPrefixList(store, onPick) {
     return;
   }
   const q = parseQuery(state.query);
+  const dropped = droppedTokens(store, t, state.drop);
   let mass = 0;
   const items = t.prefix.map((p) => {
     const v = row ? row[p.index] : null;
     if (v !== null) mass += v;
-    const li = document.createElement("li");
-    const b = document.createElement("button");
-    b.type = "button";
-    b.className = "prefix-item";
-    b.dataset.index = String(p.index);
-    b.dataset.kind = p.kind;
-    b.dataset.value = v === null ? "" : String(v);
-    b.title = `Use ${prefixLabel(p.index)} as the query row`;
     const isQuery = q && q.kind !== "patch" && q.token === p.index;
+    const b = tokenButton({
+      name: prefixLabel(p.index), index: p.index, value: v, title: `Use ${prefixLabel(p.index)} as the query row`,
+      onClick: () => onPick(p.kind === "cls" ? "cls" : `tok:${p.index}`),
+    });
+    b.dataset.kind = p.kind;
     b.classList.toggle("is-query", !!isQuery);
-    const name = document.createElement("span");
-    name.className = "prefix-name";
-    name.textContent = prefixLabel(p.index);
-    const idx = document.createElement("span");
-    idx.className = "prefix-idx";
-    idx.textContent = `#${p.index}`;
-    const val = document.createElement("span");
-    val.className = "prefix-val";
-    val.textContent = v === null ? "…" : fmt(v);
-    const bar = document.createElement("span");
-    bar.className = "prefix-bar";
-    const fill = document.createElement("span");
-    fill.style.width = `${v === null ? 0 : Math.round(100 * v)}%`;
-    bar.append(fill);
-    b.append(name, idx, val, bar);
-    b.addEventListener("click", () => onPick(p.kind === "cls" ? "cls" : `tok:${p.index}`));
+    b.classList.toggle("is-dropped", dropped.includes(p.index));
+    const li = document.createElement("li");
     li.append(b);
     return li;
   });
@@ -139,4 +167,84 @@ export function renderPrefixList(store, onPick) {
   total.textContent = row
     ? `Together ${(100 * mass).toFixed(1)}% of this row; the ${t.grid[0] * t.grid[1]} patches get ${(100 * (1 - mass)).toFixed(1)}%.`
     : "";
+}
+
+/** One button of the token lists: name, #index, value, a bar, and an optional extra line. */
+function tokenButton({ name, index, value, title, onClick, extra = null }) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = "prefix-item";
+  b.dataset.index = String(index);
+  b.dataset.value = value === null ? "" : String(value);
+  b.title = title;
+  const n = document.createElement("span");
+  n.className = "prefix-name";
+  n.textContent = name;
+  const idx = document.createElement("span");
+  idx.className = "prefix-idx";
+  idx.textContent = `#${index}`;
+  const val = document.createElement("span");
+  val.className = "prefix-val";
+  val.textContent = value === null ? "…" : fmt(value);
+  const bar = document.createElement("span");
+  bar.className = "prefix-bar";
+  const fill = document.createElement("span");
+  fill.style.width = `${value === null ? 0 : Math.round(100 * Math.min(1, value))}%`;
+  bar.append(fill);
+  b.append(n, idx, val);
+  if (extra) {
+    const e = document.createElement("span");
+    e.className = "prefix-extra";
+    e.textContent = extra;
+    b.append(e);
+  }
+  b.append(bar);
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+/** High-norm artifact tokens of the last layer (from the stats), with their norm and row value. */
+function renderArtifactList(store, onPick, row = null) {
+  const list = $("artifact-list");
+  const note = $("artifact-note");
+  if (!store || !state.meta) {
+    list.replaceChildren();
+    note.textContent = "";
+    return;
+  }
+  const st = store.stats;
+  if (!st) {
+    list.replaceChildren();
+    note.textContent = store.isLoading("stats") ? "Looking for high-norm tokens…" : "";
+    return;
+  }
+  const t = state.meta.tokens;
+  const a = st.artifacts || {};
+  const toks = artifactTokens(store);
+  const norms = Array.isArray(a.norms) ? a.norms : [];
+  const dropped = droppedTokens(store, t, state.drop);
+  const thr = Number.isFinite(a.threshold) ? a.threshold.toFixed(1) : "?";
+  note.textContent = toks.length
+    ? `Patches whose output norm at layer ${a.layer} is above ${thr} (robust z-score > 6): register-like sinks.`
+    : `None: no patch output at layer ${a.layer} has a norm above ${thr} (robust z-score > 6).`;
+  const items = toks.map((tok, i) => {
+    const p = tok - t.num_prefix;
+    const r = Math.floor(p / t.grid[1]);
+    const c = p % t.grid[1];
+    const v = row ? row[tok] : null;
+    const norm = Number(norms[i]);
+    const b = tokenButton({
+      name: `patch (${r}, ${c})`, index: tok, value: v, title: `Use patch (${r}, ${c}) as the query row`,
+      extra: `norm ${Number.isFinite(norm) ? norm.toFixed(1) : "?"}`,
+      onClick: () => onPick(`patch:${r},${c}`),
+    });
+    b.dataset.kind = "artifact";
+    b.dataset.norm = String(norm);
+    b.classList.add("artifact-item");
+    b.classList.toggle("is-dropped", dropped.includes(tok));
+    const li = document.createElement("li");
+    li.append(b);
+    return li;
+  });
+  list.replaceChildren(...items);
 }

@@ -273,3 +273,9 @@ def test_stats_endpoint_and_drop(base_url, cat):
     assert d["dropped"] == [0] and np.allclose(a[..., 0], 0) and np.allclose(a.sum(-1), 1, atol=1e-5)
     assert_error(httpx.get(f"{base_url}{API}/{image_id}/stats", params={"mass": "2"}), 422)
     assert_error(httpx.get(f"{base_url}{API}/{'a' * 24}/stats"), 404, "image_not_found")
+
+
+def test_stats_carry_the_token_layout(base_url, cat):
+    image_id = post(base_url, cat, layers="-1").json()["image_id"]
+    s = httpx.get(f"{base_url}{API}/{image_id}/stats").json()
+    assert s["tokens"]["grid"] == [16, 24] and s["tokens"]["count"] == 385

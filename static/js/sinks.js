@@ -1,0 +1,46 @@
+// Attention sinks: the key tokens that soak up a row's mass (prefix tokens, and the high-norm
+// "artifact" patches of Darcet et al., 2024, listed by the stats endpoint). Dropping them zeroes
+// their columns and renormalises the row, so the rest of the map gets the colour scale.
+
+/** The token indices `drop` removes for this store ([] for "none"; artifacts once stats are in). */
+export function droppedTokens(store, tokens, drop) {
+  const out = [];
+  if (!store || drop === "none") return out;
+  if (drop === "prefix" || drop === "both") {
+    for (let i = 0; i < tokens.num_prefix; i++) out.push(i);
+  }
+  if ((drop === "artifacts" || drop === "both") && store.stats) {
+    for (const t of artifactTokens(store)) if (!out.includes(t)) out.push(t);
+  }
+  return out.sort((a, b) => a - b);
+}
+
+/** Artifact token indices of the store's image ([] before the stats arrive). */
+export function artifactTokens(store) {
+  const a = store && store.stats && store.stats.artifacts;
+  return a && Array.isArray(a.tokens) ? a.tokens.map(Number).filter((t) => Number.isInteger(t)) : [];
+}
+
+/** A copy of `row` with the columns `cols` zeroed and renormalised to sum 1 (the row itself if none). */
+export function dropColumns(row, cols) {
+  if (!row || !cols.length) return row;
+  const out = Float32Array.from(row);
+  for (const c of cols) if (c >= 0 && c < out.length) out[c] = 0;
+  let s = 0;
+  for (let i = 0; i < out.length; i++) s += out[i];
+  if (s > 0) for (let i = 0; i < out.length; i++) out[i] /= s;
+  return out;
+}
+
+/** Sum of the patch part of a row. */
+export function patchSum(row, tokens) {
+  let s = 0;
+  for (let i = tokens.num_prefix; i < row.length; i++) s += row[i];
+  return s;
+}
+
+/** The row as the page shows it: store.row() with the dropped key tokens removed (null if not loaded). */
+export function shownRow(store, query, layer, head, tokens, drop) {
+  const row = store.row(query, layer, head);
+  return row && dropColumns(row, droppedTokens(store, tokens, drop));
+}
