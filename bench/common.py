@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import os
 import resource
+import sys
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,13 +56,18 @@ def vm_hwm_mib(pid: int) -> float | None:
     return None
 
 
-def cpu_jiffies_total() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine from /proc/stat."""
+def cpu_jiffies_total() -> tuple[int, int, int]:
+    """(busy, total, steal) jiffies of the whole machine from /proc/stat.
+
+    ``steal`` is time the hypervisor gave our virtual CPUs to someone else: on a VM it shows
+    contention that no process here can see.
+    """
     with open("/proc/stat") as f:
         parts = [int(x) for x in f.readline().split()[1:]]
     idle = parts[3] + (parts[4] if len(parts) > 4 else 0)  # idle + iowait
+    steal = parts[7] if len(parts) > 7 else 0
     total = sum(parts[:8])  # guest time is already inside user
-    return total - idle, total
+    return total - idle - steal, total, steal
 
 
 def proc_jiffies(pid: int) -> int:
@@ -85,7 +91,7 @@ class LoadMonitor:
     def __init__(self) -> None:
         self.pids: set[int] = {os.getpid()}
         self._ours0 = {p: proc_jiffies(p) for p in self.pids}
-        self._busy0, self._total0 = cpu_jiffies_total()
+        self._busy0, self._total0, self._steal0 = cpu_jiffies_total()
         self._t0 = time.monotonic()
         self.ncpu = os.cpu_count() or 1
 
@@ -97,7 +103,7 @@ class LoadMonitor:
         return {p: proc_jiffies(p) for p in self.pids}
 
     def result(self, ours_end: dict[int, int] | None = None) -> dict[str, float]:
-        busy1, total1 = cpu_jiffies_total()
+        busy1, total1, steal1 = cpu_jiffies_total()
         ours_end = ours_end or self.snapshot_ours()
         ours = sum(max(0, ours_end.get(p, 0) - self._ours0.get(p, 0)) for p in self.pids)
         dt_total = max(1, total1 - self._total0)
@@ -108,6 +114,7 @@ class LoadMonitor:
             "machine_busy_cores": busy / dt_total * self.ncpu,
             "ours_cores": ours / dt_total * self.ncpu,
             "foreign_cores": foreign / dt_total * self.ncpu,
+            "steal_cores": (steal1 - self._steal0) / dt_total * self.ncpu,
             "loadavg_1m": os.getloadavg()[0],
         }
 
@@ -125,10 +132,16 @@ class Variant:
     max_iters: int | None = None  # slow variants (stdlib JSON of full maps) run fewer rounds
     times: list[float] = field(default_factory=list)
     faults: list[int] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=dict)  # filled by fn, seconds
+
+    def clear(self) -> None:
+        self.times.clear()
+        self.faults.clear()
+        self.phases.clear()
 
 
 def run_interleaved(variants: list[Variant], make_input: Callable[[], Any], batch: int, iters: int,
-                    warmup: int, verbose: bool = True) -> None:
+                    warmup: int, verbose: bool = True, sync: Callable[[], None] = lambda: None) -> None:
     """Warm up every variant, then ``iters`` rounds calling each once, in rotating order.
 
     The order rotates every round so that no variant always runs right after the same
@@ -137,9 +150,10 @@ def run_interleaved(variants: list[Variant], make_input: Callable[[], Any], batc
     """
     x = make_input()
     for v in variants:
-        for _ in range(warmup if v.max_iters is None else min(warmup, 1)):
+        for _ in range(warmup if v.max_iters is None else 0):  # slow ones: the check call warmed them
             out = v.fn(x)
             del out
+        v.phases.clear()
     gc.collect()
     n = len(variants)
     for r in range(iters):
@@ -149,19 +163,34 @@ def run_interleaved(variants: list[Variant], make_input: Callable[[], Any], batc
                 continue
             gc.collect()
             f0 = minor_faults()
+            sync()
             t0 = time.perf_counter()
             out = v.fn(x)
+            sync()  # CUDA: the kernels have finished (results() already waits for its copies)
             dt = time.perf_counter() - t0
             v.faults.append(minor_faults() - f0)
             v.times.append(dt)
             del out
-        if verbose:
-            print(f"\r  batch {batch}: round {r + 1}/{iters}", end="", flush=True)
-    if verbose:
-        print("\r" + " " * 40 + "\r", end="", flush=True)
+        progress(f"batch {batch}: round {r + 1}/{iters}", verbose)
+    progress("", verbose)
 
 
-def throughput_stats(times: list[float], batch: int) -> dict[str, Any]:
-    """Images/s (median and spread) and ms per call from per-call times."""
+def progress(msg: str, verbose: bool = True) -> None:
+    """A self-overwriting progress line on a terminal; nothing when output is a file or pipe."""
+    if verbose and sys.stdout.isatty():
+        print(f"\r  {msg:<60}\r" if msg else "\r" + " " * 64 + "\r", end="", flush=True)
+
+
+def throughput_stats(times: list[float], batch: int, ref_times: list[float] | None = None) -> dict[str, Any]:
+    """Images/s (median and spread) and ms per call from per-call times.
+
+    With ``ref_times`` (the reference's times from the same interleaved rounds) also the paired
+    ratio: per round ``t_ref / t``, i.e. this variant's images/s over the reference's in the
+    same round, summarised over rounds. Pairing cancels drift and contention that last longer
+    than a round; what is left is the per-call noise of the machine.
+    """
     ips = [batch / t for t in times]
-    return {"batch": batch, "ips": summary(ips), "ms_per_call": summary([t * 1000 for t in times])}
+    out = {"batch": batch, "ips": summary(ips), "ms_per_call": summary([t * 1000 for t in times])}
+    if ref_times is not None and len(ref_times) == len(times):
+        out["ratio"] = summary([r / t for r, t in zip(ref_times, times)])
+    return out

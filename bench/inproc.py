@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ SAMPLES = ROOT / "static" / "samples"
 INPUT = (224, 224)
 
 
-def sample_pixels(lm: LoadedModel, n: int) -> torch.Tensor:
+def sample_pixels(lm: LoadedModel, n: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """``n`` preprocessed 224x224 sample pictures (cycled, nudged so they differ): ``[n, 3, H, W]``."""
     from app import images
 
@@ -32,11 +33,14 @@ def sample_pixels(lm: LoadedModel, n: int) -> torch.Tensor:
         else:
             px = torch.randn(3, *INPUT, generator=torch.Generator().manual_seed(i))
         out.append(px + 0.01 * i)
-    return torch.stack(out)
+    return torch.stack(out).to(device)
 
 
-def bf16_status() -> tuple[bool, str]:
-    """Whether bf16 autocast on this CPU is native (AVX512-BF16 / AMX) or emulated."""
+def bf16_status(device: str = "cpu") -> tuple[bool, str]:
+    """Whether bf16 autocast is native here (CUDA with bf16; CPU with AVX512-BF16 / AMX)."""
+    if device.startswith("cuda"):
+        ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return ok, "native (CUDA)" if ok else "not supported by this GPU"
     flags = set()
     try:
         for line in open("/proc/cpuinfo"):
@@ -69,7 +73,8 @@ class Checks:
 def _per_image_check(shape_of):
     def check(out, batch: int) -> None:
         if not isinstance(out, (list, tuple)) or len(out) != batch:
-            raise BenchFailure(f"expected {batch} per-image results, got {type(out).__name__} of {len(out) if hasattr(out, '__len__') else '?'}")
+            got = len(out) if hasattr(out, "__len__") else "?"
+            raise BenchFailure(f"expected {batch} per-image results, got {type(out).__name__} of {got}")
         for t in out:
             want = shape_of()
             if tuple(t.shape) != want:
@@ -82,8 +87,15 @@ def _per_image_check(shape_of):
     return check
 
 
-def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir: Path) -> list[Variant]:
-    """Everything timed in-process, each returning the same output kind per group."""
+def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir: Path,
+                   device: str = "cpu") -> list[Variant]:
+    """Everything timed in-process, each returning the same output kind per group.
+
+    Every variant that produces maps delivers them as float32 host tensors, one per image:
+    Headscope's ``results()`` moves q/k to the host, the peers' maps are moved with ``.cpu()``
+    (a no-op on CPU), since that is what an API or an analysis script needs.
+    """
+    dev_type = torch.device(device).type
     model, cap = lm.model, lm.capture
     L, H = lm.num_layers, lm.num_heads
     N = 1 + (INPUT[0] // lm.patch_size[0]) * (INPUT[1] // lm.patch_size[1])
@@ -98,16 +110,27 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
             return model.forward_features(x)
 
     def bare_bf16(x):
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.inference_mode(), torch.autocast(dev_type, dtype=torch.bfloat16):
             return model.forward_features(x)
 
     def headscope(sel, amp=False):
+        """What the worker and the service do: hooked forward, results(), attention_tensor()."""
         def fn(x):
             with torch.inference_mode():
-                ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+                ctx = torch.autocast(dev_type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+                t0 = time.perf_counter()
                 with ctx, cap.capturing():
                     model.forward_features(x)
-                return [attention_tensor(a, sel) for a in cap.results()]
+                t1 = time.perf_counter()
+                atts = cap.results()
+                t2 = time.perf_counter()
+                out = [attention_tensor(a, sel) for a in atts]
+                t3 = time.perf_counter()
+            fn.variant.phases.setdefault("forward_hooked", []).append(t1 - t0)
+            fn.variant.phases.setdefault("results", []).append(t2 - t1)
+            fn.variant.phases.setdefault("select", []).append(t3 - t2)
+            return out
+        fn.variant = None  # set below, once the Variant exists
         return fn
 
     def check_bare(out, batch):
@@ -117,7 +140,7 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
     variants = [
         Variant("fwd_fp32", "bare forward fp32 (reference)", bare, check_bare, "model"),
     ]
-    native, how = bf16_status()
+    native, how = bf16_status(device)
     variants.append(Variant("fwd_bf16", "bare forward bf16 autocast", bare_bf16, check_bare, "model",
                             note=f"bf16 {how}"))
     variants += [
@@ -128,12 +151,16 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
         Variant("hs_cls_bf16", "Headscope capture, CLS rows, bf16 autocast", headscope(sel_cls, amp=True),
                 _per_image_check(cls_shape), "headscope", note="informative (server precision=bf16)"),
     ]
+    for v in variants:
+        if hasattr(v.fn, "variant"):
+            v.fn.variant = v
     if not with_peers:
         return variants
 
     sd = peers.timm_state_dict(models_dir)
     try:
         ext = peers.build_timm_extract(sd)
+        ext.model.to(device)
     except ImportError as e:
         checks.note(f"timm AttentionExtract skipped: {e}")
         ext = None
@@ -141,18 +168,18 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
         def timm_cls(x):
             with torch.inference_mode():
                 m = peers.timm_maps(ext, x)
-                return list(m[:, :, :, 0:1, :].contiguous().unbind(0))
+                return list(m[:, :, :, 0:1, :].contiguous().cpu().unbind(0))
 
         def timm_full(x):
             with torch.inference_mode():
-                return list(peers.timm_maps(ext, x).unbind(0))
+                return list(peers.timm_maps(ext, x).cpu().unbind(0))
 
         variants += [
             Variant("timm_cls", "timm AttentionExtract, CLS rows", timm_cls, _per_image_check(cls_shape), "peer"),
             Variant("timm_full", "timm AttentionExtract, full maps", timm_full, _per_image_check(full_shape), "peer"),
         ]
     try:
-        hf = peers.build_hf(sd)
+        hf = peers.build_hf(sd).to(device)
     except ImportError as e:
         checks.note(f"Hugging Face transformers peer skipped (not installed: {e}); pip install transformers")
         hf = None
@@ -160,11 +187,11 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
         def hf_cls(x):
             with torch.inference_mode():
                 m = peers.hf_maps(hf, x)
-                return list(m[:, :, :, 0:1, :].contiguous().unbind(0))
+                return list(m[:, :, :, 0:1, :].contiguous().cpu().unbind(0))
 
         def hf_full(x):
             with torch.inference_mode():
-                return list(peers.hf_maps(hf, x).unbind(0))
+                return list(peers.hf_maps(hf, x).cpu().unbind(0))
 
         variants += [
             Variant("hf_cls", "HF Dinov2Model eager, CLS rows", hf_cls, _per_image_check(cls_shape), "peer"),
@@ -173,7 +200,7 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
     return variants
 
 
-def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> None:
+def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> list[Variant]:
     """Run every variant once on ``x``: shapes, and the same maps from Headscope and the peers.
 
     Headscope vs timm (same model, same position table): must agree within 1e-4. Headscope vs
@@ -182,6 +209,7 @@ def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> Non
     """
     by_key = {v.key: v for v in variants}
     outs = {}
+    keep = []
     B = x.shape[0]
     for v in variants:
         try:
@@ -189,10 +217,16 @@ def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> Non
             if v.check is not None:
                 v.check(out, B)
             outs[v.key] = out
+            keep.append(v)
         except BenchFailure as e:
             checks.fail(f"{v.key}: {e}")
+        except Exception as e:
+            if "bf16" in v.key:  # "where supported"
+                checks.note(f"{v.label} skipped: {type(e).__name__}: {str(e)[:120]}")
+            else:
+                checks.fail(f"{v.key}: {type(e).__name__}: {e}")
     if "hs_full" not in outs or "hs_cls" not in outs:
-        return
+        return keep
     ref = torch.stack(outs["hs_full"])  # B, L, H, N, N
     cls = torch.stack(outs["hs_cls"])
     d = (cls - ref[:, :, :, 0:1]).abs().max().item()
@@ -214,3 +248,4 @@ def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> Non
                 checks.note(f"{by_key[key].label}: max |difference| to Headscope {d:.2e} (> {tol:g}; "
                             f"position-table resampling differs)")
     del outs
+    return keep

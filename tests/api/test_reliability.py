@@ -29,7 +29,9 @@ def test_load_past_capacity():
         assert lv["late"] == 0, lv  # accepted requests met their deadline
         assert lv["retry_after_missing"] == 0
         if lv["busy"]:
-            assert lv["busy_p99_ms"] < 250, lv  # refused at once
+            # Refused at once: well before an accepted request of the same burst is answered
+            # (absolute figures swing with whatever else shares the two cores).
+            assert lv["busy_p99_ms"] < min(1000, 0.5 * lv["ok_p50_ms"]), lv
     assert res["levels"][0]["busy"] == 0  # under capacity nothing is refused
     assert total_busy > 0, "the ramp never went past capacity"
     assert res["health_ms"]["p99"] < 100, res["health_ms"]
