@@ -111,19 +111,26 @@ class ImageAttention:
         """
         p = self.probs[layer]
         if p is not None:
-            if heads is not None:
-                p = p[heads]
-            if rows is not None:
-                p = p[:, rows]
+            p = _take(_take(p, heads, 0), rows, 1)
             return p.float()
         q, k = self.q[layer], self.k[layer]
-        if heads is not None:
-            q, k = q[heads], k[heads]
-        if rows is not None:
-            q = q[:, rows]
+        q, k = _take(q, heads, 0), _take(k, heads, 0)
+        q = _take(q, rows, 1)
         # Same order of operations as timm's unfused branch: scale q, then q k^T, then softmax.
         q = q.float() * self.scale[layer]
         return (q @ k.float().transpose(-2, -1)).softmax(dim=-1)  # H, R, N
+
+
+def _take(t: torch.Tensor, idx: list[int] | None, dim: int) -> torch.Tensor:
+    """``t`` indexed along ``dim``: itself for all indices in order, a view for a contiguous run."""
+    if idx is None:
+        return t
+    n = t.shape[dim]
+    if len(idx) == n and idx == list(range(n)):
+        return t
+    if idx == list(range(idx[0], idx[0] + len(idx))):
+        return t.narrow(dim, idx[0], len(idx))
+    return t.index_select(dim, torch.tensor(idx, dtype=torch.long, device=t.device))
 
 
 class AttentionCapture:

@@ -219,11 +219,10 @@ class AttentionService:
         return await self._encode(image_id, upload, cap, p, sel, timing, cached)
 
     async def _encode(self, image_id, upload, cap, p, sel, timing, cached) -> Answer:
-        # Small answers (CLS rows) encode faster inline than a thread hop costs.
-        rows = cap.layout.count if sel.rows is None else len(sel.rows)
-        if rows * len(sel.layers) * len(sel.heads) <= 4096 and not p.stats:
-            return self._answer(image_id, upload, cap, p, sel, timing, cached)
-        return await run_in_threadpool(self._answer, image_id, upload, cap, p, sel, timing, cached)
+        # Every torch op runs on the worker thread. A second thread that runs parallel torch ops
+        # (event loop, AnyIO pool) gets its own OpenMP team, and from then on every forward is
+        # ~16 % slower on a 2-core machine (bench/: lock-step A/B, 0.82-0.84x).
+        return await self.worker.run_in_worker(self._answer, image_id, upload, cap, p, sel, timing, cached)
 
     async def stats(self, image_id: str, model_id: str | None, mass: float, is_disconnected=None) -> dict | None:
         """Per-head statistics of a cached image (computed once per mass fraction)."""
@@ -234,7 +233,7 @@ class AttentionService:
             if upload is None:
                 return None
             cap, _ = await self._capture(image_id, upload.data, lm, None, is_disconnected)
-        stats = await run_in_threadpool(cap.head_stats, mass)
+        stats = await self.worker.run_in_worker(cap.head_stats, mass)
         return {"model": lm.id, "image_id": image_id, **stats, "tokens": cap.layout.as_dict()}
 
     def upload_of(self, image_id: str) -> Upload | None:

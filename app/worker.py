@@ -147,7 +147,10 @@ class Worker:
         job = await self._queue.get()
         batch = [job]
         end = time.monotonic() + self.max_wait
-        while len(batch) < self.max_batch_size:
+        # Wait for company only while more requests are admitted (decoding or queued) than the
+        # batch holds: a lone request (concurrency 1) or the last of a burst starts at once.
+        want = min(self.max_batch_size, self.admitted) if self.admitted > 0 else self.max_batch_size
+        while len(batch) < want:
             timeout = end - time.monotonic()
             if timeout <= 0:
                 break
