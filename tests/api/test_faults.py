@@ -46,7 +46,12 @@ def test_an_exception_mid_batch_fails_only_that_request(live_server):
 def test_out_of_memory_splits_the_batch(live_server):
     base = live_server.url
     splits = metric(base, "headscope_oom_splits_total")
+    # Keep the worker busy so the four queue up together and form one batch.
+    blocker = threading.Thread(target=post, args=(base, images(1, 12)[0]), kwargs={"headers": {FAULT: "sleep:0.8"}})
+    blocker.start()
+    time.sleep(0.3)
     rs = concurrently(base, images(4, 3), [None, "oom", None, "oom-always"])
+    blocker.join()
     assert [r.status_code for r in rs] == [200, 200, 200, 503]
     assert_error(rs[3], 503, "out_of_memory")
     assert metric(base, "headscope_oom_splits_total") > splits
