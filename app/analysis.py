@@ -62,8 +62,11 @@ def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
     """
     if sel.aggregate == "rollout":
         return rollout(att, sel)
-    maps = [att.rows(layer, sel.heads, sel.rows) for layer in sel.layers]  # each H, Q, N
-    out = torch.stack(maps)  # L, H, Q, N
+    heads = len(sel.heads) if sel.heads is not None else att.num_heads
+    queries = len(sel.rows) if sel.rows is not None else att.num_tokens
+    out = torch.empty(len(sel.layers), heads, queries, att.num_tokens)  # L, H, Q, N
+    for i, layer in enumerate(sel.layers):
+        att.rows(layer, sel.heads, sel.rows, out=out[i])
     if sel.aggregate == "mean":
         out = out.mean(dim=1, keepdim=True)
     elif sel.aggregate == "max":

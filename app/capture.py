@@ -9,6 +9,12 @@ Two ways to get ``softmax(Q K^T / sqrt(d))`` out of a block, chosen per attentio
 * ``probs``: for classes that add something between q k^T and the softmax (EVA's RoPE is applied
   after ``k_norm``; BEiT adds a relative position bias), fused attention is switched off for the
   duration of the capture and a hook on ``attn_drop`` (identity at eval) keeps the softmax output.
+  Callers that want every row of every map (``capturing(materialise=True)``, used for
+  ``query=all`` and rollout) get this branch for plain ``Attention`` too: one unfused forward
+  costs less than a fused one plus recomputing all N x N maps.
+
+On the host, a batch of one keeps the forward's own tensors (no copies); larger batches are
+copied apart per image so that each capture can be cached and freed on its own.
 
 Either way a capture that did not fire once per block raises :class:`CaptureError`: a model that
 silently returns no maps is the classic bug this module exists to prevent.
@@ -82,7 +88,8 @@ class ImageAttention:
 
     Rows of the attention matrix are recomputed on demand from ``q``/``k`` (``qk`` layers) or
     sliced from ``probs`` (``probs`` layers). Shapes: ``q``, ``k``: ``[H, N, d]``;
-    ``probs``: ``[H, N, N]``; ``token_norms``: ``[L, N]`` (block output norms);
+    ``probs``: ``[H, N, N]``; ``last_norms``: ``[N]`` (token norms of the last block's output, for
+    artifact tokens);
     ``head_out``: ``[L, N, H*d_v]`` (the per-head outputs concatenated, before ``proj``).
     """
 
@@ -93,32 +100,37 @@ class ImageAttention:
     k: list[torch.Tensor | None]
     scale: list[float]
     probs: list[torch.Tensor | None]
-    token_norms: torch.Tensor
+    last_norms: torch.Tensor
     head_out: list[torch.Tensor] = field(default_factory=list)
 
     def nbytes(self) -> int:
+        """Bytes this capture keeps alive (storages counted once: q and k may be views of qkv)."""
         tensors = [t for t in (*self.q, *self.k, *self.probs, *self.head_out) if t is not None]
-        tensors.append(self.token_norms)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors.append(self.last_norms)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
 
-    def rows(self, layer: int, heads: list[int] | None = None, rows: list[int] | None = None) -> torch.Tensor:
+    def rows(self, layer: int, heads: list[int] | None = None, rows: list[int] | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
         """Softmax attention of one layer, ``[heads, rows, N]`` in float32.
 
         Args:
             layer: block index (0-based, non-negative).
             heads: head indices, or None for all.
             rows: query token indices, or None for all N rows.
+            out: optional float32 ``[heads, rows, N]`` tensor to write into (no allocation).
         """
         p = self.probs[layer]
         if p is not None:
             p = _take(_take(p, heads, 0), rows, 1)
-            return p.float()
+            return out.copy_(p) if out is not None else p.float()
         q, k = self.q[layer], self.k[layer]
         q, k = _take(q, heads, 0), _take(k, heads, 0)
         q = _take(q, rows, 1)
         # Same order of operations as timm's unfused branch: scale q, then q k^T, then softmax.
         q = q.float() * self.scale[layer]
-        return (q @ k.float().transpose(-2, -1)).softmax(dim=-1)  # H, R, N
+        logits = torch.matmul(q, k.float().transpose(-2, -1), out=out)  # H, R, N
+        return torch.softmax(logits, dim=-1, out=logits)
 
 
 def _take(t: torch.Tensor, idx: list[int] | None, dim: int) -> torch.Tensor:
@@ -155,17 +167,26 @@ class AttentionCapture:
         self._q: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self._k: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self._p: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        self._norms: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._norms: list[torch.Tensor] = []
         self._heads: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._kinds = [kind for _, kind in self.layers]
 
     @contextmanager
-    def capturing(self) -> Iterator["AttentionCapture"]:
-        """Install the hooks (and switch fused attention off where needed) for the block."""
+    def capturing(self, materialise: bool = False) -> Iterator["AttentionCapture"]:
+        """Install the hooks (and switch fused attention off where needed) for the block.
+
+        Args:
+            materialise: keep every layer's full softmax matrix from the unfused branch instead
+                of q and k. For callers that want every row: the unfused forward costs less
+                than recomputing all N x N maps after a fused one (bench/: +3 ms vs +8 ms per
+                image for ViT-S/14 at 224 on 2 CPU cores).
+        """
         self._reset()
+        self._kinds = ["probs" if materialise else kind for _, kind in self.layers]
         blocks = self.model.blocks
         with ExitStack() as stack:
             for i, (attn, kind) in enumerate(self.layers):
-                if kind == "qk":
+                if kind == "qk" and not materialise:
                     stack.callback(attn.q_norm.register_forward_hook(self._store(self._q[i])).remove)
                     stack.callback(attn.k_norm.register_forward_hook(self._store(self._k[i])).remove)
                 else:
@@ -174,7 +195,8 @@ class AttentionCapture:
                     stack.callback(setattr, attn, "fused_attn", was_fused)
                     stack.callback(attn.attn_drop.register_forward_pre_hook(self._store_input(self._p[i])).remove)
                 stack.callback(attn.proj.register_forward_pre_hook(self._store_input(self._heads[i])).remove)
-                stack.callback(blocks[i].register_forward_hook(self._store_norm(self._norms[i])).remove)
+            # Only the last block's token norms are used (artifact tokens); one hook, not L.
+            stack.callback(blocks[-1].register_forward_hook(self._store_norm(self._norms)).remove)
             yield self
 
     @staticmethod
@@ -198,38 +220,48 @@ class AttentionCapture:
     def results(self) -> list[ImageAttention]:
         """Split the last capture into per-image host tensors; raise if anything is missing."""
         L = len(self.layers)
-        for i, (_, kind) in enumerate(self.layers):
+        for i, kind in enumerate(self._kinds):
             got = (len(self._q[i]), len(self._k[i])) if kind == "qk" else (len(self._p[i]),) * 2
-            if got != (1, 1) or len(self._norms[i]) != 1 or len(self._heads[i]) != 1:
+            if got != (1, 1) or len(self._heads[i]) != 1 or (i == L - 1 and len(self._norms) != 1):
                 raise CaptureError(
                     f"attention capture of layer {i} fired {got[0]} time(s), expected once per "
                     f"forward; was the model called inside capturing() exactly once?"
                 )
-        B, N = self._norms[0][0].shape  # batch, tokens
+        B, N, _ = self._heads[0][0].shape  # batch, tokens, heads * head dim
         H = self.num_heads
+        # On the host a lone image keeps the forward's own tensors (q and k are views of qkv):
+        # nothing else holds them. Batch-mates are copied apart so each can be freed alone.
+        own = B > 1
+
+        def host(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+            if t.device.type != "cpu":
+                return t.to("cpu", dtype).contiguous()
+            t = t if dtype is None else t.to(dtype)
+            return t.clone(memory_format=torch.contiguous_format) if own else t
+
         out = []
         for b in range(B):
             q, k, p = [], [], []
-            for i, (attn, kind) in enumerate(self.layers):
+            for i, kind in enumerate(self._kinds):
                 if kind == "qk":
                     qi, ki = self._q[i][0][b], self._k[i][0][b]  # H, N, d
                     if qi.shape[:2] != (H, N) or ki.shape[:2] != (H, N):
                         raise CaptureError(f"layer {i}: q/k of shape {tuple(qi.shape)}, expected ({H}, {N}, d)")
-                    q.append(qi.to("cpu", copy=True).contiguous())
-                    k.append(ki.to("cpu", copy=True).contiguous())
+                    q.append(host(qi))
+                    k.append(host(ki))
                     p.append(None)
                 else:
                     pi = self._p[i][0][b]  # H, N, N
                     if pi.shape != (H, N, N):
                         raise CaptureError(f"layer {i}: attention of shape {tuple(pi.shape)}, expected ({H}, {N}, {N})")
-                    p.append(pi.to("cpu", torch.float32, copy=True).contiguous())
+                    p.append(host(pi, torch.float32))
                     q.append(None)
                     k.append(None)
             out.append(ImageAttention(
                 num_layers=L, num_heads=H, num_tokens=N, q=q, k=k,
                 scale=[float(a.scale) for a, _ in self.layers], probs=p,
-                token_norms=torch.stack([n[0][b] for n in self._norms]).to("cpu", torch.float32),
-                head_out=[h[0][b].to("cpu", copy=True).contiguous() for h in self._heads],
+                last_norms=self._norms[0][b].to("cpu", torch.float32, copy=True),
+                head_out=[host(h[0][b]) for h in self._heads],
             ))
         self._reset()
         return out

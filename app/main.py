@@ -14,6 +14,7 @@ from fastapi.templating import Jinja2Templates
 from . import errors
 from .config import Settings, get_settings
 from .device import resolve_device
+from .malloc import tune_malloc
 from .metrics import Metrics
 from .registry import Registry
 from .service import AttentionService
@@ -118,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         st = app.state
+        tune_malloc()
         if settings.threads > 0:
             torch.set_num_threads(settings.threads)
         device = resolve_device(settings.device)

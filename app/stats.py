@@ -141,7 +141,7 @@ def head_stats(att: ImageAttention, layout: TokenLayout, input_size, mass: float
     L, H, N = att.num_layers, att.num_heads, att.num_tokens
     npf = layout.num_prefix
     cls = layout.prefix.index("cls") if "cls" in layout.prefix else None
-    last_norms = att.token_norms[-1]
+    last_norms = att.last_norms
     artifacts, thr = artifact_tokens(last_norms, npf)
     out = {k: [] for k in ("entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass",
                            "similarity", "cls_cosine", "mass_patches")}

@@ -1,8 +1,8 @@
 """The inference worker: one queue, dynamic batches, one thread that owns the device.
 
 Requests are decoded in the handlers and arrive here as ready tensors. The loop collects jobs
-until ``max_batch_size`` or ``max_wait_ms`` (LitServe's loop), groups them by model and input
-shape, and runs each group in a single-thread executor so the event loop never blocks. Failures
+until ``max_batch_size`` or ``max_wait_ms`` (LitServe's loop), groups them by model, input
+shape and capture strategy, and runs each group in a single-thread executor so the event loop never blocks. Failures
 stay with the request that caused them: a batch that raises is rerun one job at a time, and an
 out-of-memory batch is split in halves until it fits (a single job that still does not fit gets
 503).
@@ -43,6 +43,7 @@ class Job:
     pixels: torch.Tensor  # 3, H, W
     deadline: float  # time.monotonic()
     fault: str | None = None
+    materialise: bool = False  # keep full softmax maps from the unfused branch (every row wanted)
     future: asyncio.Future | None = None
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0
@@ -50,7 +51,7 @@ class Job:
 
     @property
     def key(self) -> tuple:
-        return (self.lm.id, tuple(self.pixels.shape))
+        return (self.lm.id, tuple(self.pixels.shape), self.materialise)
 
 
 class Worker:
@@ -258,7 +259,7 @@ class Worker:
         else:
             x = x.to(self.device)
         with lm.lock, torch.inference_mode(), autocast(self.device.type, self.amp_dtype):
-            with lm.capture.capturing():
+            with lm.capture.capturing(materialise=jobs[0].materialise):
                 lm.model.forward_features(x)
             results = lm.capture.results()
         end = time.monotonic()

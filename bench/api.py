@@ -243,7 +243,7 @@ class ApiBench:
                 except BenchFailure as e:
                     self.failures.append(str(e))
                     continue
-                except Exception as e:  # httpx timeouts, dropped connections: broken, not slow
+                except Exception as e:  # timeouts, dropped connections: broken, not slow
                     self.failures.append(f"{kind}: {type(e).__name__}: {e}")
                     continue
                 lat.append(time.perf_counter() - t0)
@@ -271,8 +271,8 @@ class ApiBench:
     def raw_get_latency(self, n: int) -> list[float]:
         """Sequential cached GETs over one raw HTTP/1.1 keep-alive socket (seconds each).
 
-        The same request as ``get_patch`` without httpx: what the server and the loopback cost,
-        without the load generator's own per-request overhead (~2-3 ms on a 2-core VM).
+        The same request as ``get_patch`` without a client library: what the server and the
+        loopback cost, without the load generator's own per-request overhead.
         """
         if not self.recent_ids:
             return []
@@ -317,12 +317,21 @@ def block_size(c: int) -> int:
     return max(3 * c, 6)
 
 
-async def _run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[], list[float]],
-               ref_rounds: list[list[float]], verbose: bool, warmup_requests: int) -> None:
-    import httpx
+def make_client(kind: str, url: str, connections: int):
+    """The load client: ``lean`` (http.client threads, see bench/client.py) or ``httpx``."""
+    if kind == "httpx":
+        import httpx
 
-    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4)
-    async with httpx.AsyncClient(base_url=bench.server.url, timeout=180, limits=limits) as client:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx.AsyncClient(base_url=url, timeout=180, limits=limits)
+    from .client import LeanClient
+
+    return LeanClient(url, max_connections=connections)
+
+
+async def _run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[], list[float]],
+               ref_rounds: list[list[float]], verbose: bool, warmup_requests: int, client_kind: str) -> None:
+    async with make_client(client_kind, bench.server.url, max(levels) + 4) as client:
         # warm-up: every kind at batch sizes the server will form
         for kind in KINDS:
             await bench.block(client, kind, min(4, max(levels)), warmup_requests, record=False)
@@ -337,14 +346,14 @@ async def _run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[]
 
 
 def run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[], list[float]],
-        verbose: bool = True, warmup_requests: int = 8) -> tuple[dict[str, Any], list[float]]:
+        verbose: bool = True, warmup_requests: int = 8, client: str = "lean") -> tuple[dict[str, Any], list[float]]:
     """Returns per ``kind@c`` results and the reference forward times (seconds, all rounds).
 
     ``ratio`` pairs each block with the reference timed in the same round: block img/s over
     1 / (median reference time of that round), summarised over rounds.
     """
     ref_rounds: list[list[float]] = []
-    asyncio.run(_run(bench, levels, rounds, ref, ref_rounds, verbose, warmup_requests))
+    asyncio.run(_run(bench, levels, rounds, ref, ref_rounds, verbose, warmup_requests, client))
     ref_ips = [1 / float(np.median(r)) for r in ref_rounds]
     out: dict[str, Any] = {}
     try:
@@ -371,7 +380,7 @@ def run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[], list[
         }
     if raw:
         out["get_patch_raw@1"] = {
-            "kind": "get_patch_raw", "label": "API GET cached, raw HTTP/1.1 socket (no httpx)",
+            "kind": "get_patch_raw", "label": "API GET cached, raw HTTP/1.1 socket (no client library)",
             "concurrency": 1, "requests": len(raw), "ips": 1000 / float(np.mean(raw)), "block_ips": {},
             "ratio": {}, "server_compute_ms_per_image": None,
             "latency_ms": {**summary(raw), "p50": float(np.percentile(raw, 50)), "p95": float(np.percentile(raw, 95)),

@@ -114,12 +114,17 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
             return model.forward_features(x)
 
     def headscope(sel, amp=False):
-        """What the worker and the service do: hooked forward, results(), attention_tensor()."""
+        """What the worker and the service do: hooked forward, results(), attention_tensor().
+
+        A selection of every row is captured as the service does for ``query=all``: with the
+        maps materialised by the unfused forward (``wants_every_row``).
+        """
+        materialise = sel.rows is None
         def fn(x):
             with torch.inference_mode():
                 ctx = torch.autocast(dev_type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
                 t0 = time.perf_counter()
-                with ctx, cap.capturing():
+                with ctx, cap.capturing(materialise=materialise):
                     model.forward_features(x)
                 t1 = time.perf_counter()
                 atts = cap.results()

@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup", type=int, default=None, help="untimed calls per variant first (default 2; smoke 1)")
     add("--concurrency", type=_ints, default=None, help="API concurrency levels (default 1,4,16; smoke 1,4)")
     add("--api-rounds", type=int, default=None, help="API rounds (default 4; smoke 1)")
+    add("--client", choices=("lean", "httpx"), default="lean",
+        help="API load client: lean = http.client keep-alive threads (default), httpx = httpx.AsyncClient")
     add("--smoke", action="store_true", help="quick CI run (< 60 s): few iterations, concurrency 1 and 4")
     add("--no-api", action="store_true", help="skip the end-to-end API part")
     add("--no-peers", action="store_true", help="skip timm AttentionExtract and HF transformers")
@@ -111,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import torch
+
+    from app.malloc import tune_malloc
+
+    tune_malloc()  # as the server does at start-up, so the in-process rows see the same allocator
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -270,11 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                 sampler = ServerSampler(server.pid, ROOT / "bench" / "results" / "server-pyspy.txt")
             try:
                 api_res, ref_times = api.run(bench, args.concurrency, args.api_rounds, ref, verbose,
-                                             warmup_requests=4 if args.smoke else 8)
+                                             warmup_requests=4 if args.smoke else 8, client=args.client)
             finally:
                 if sampler is not None:
                     results["profile_server"] = sampler.stop()
             results["api"] = api_res
+            results["api_client"] = args.client
             results["api_ref"] = throughput_stats(ref_times, 1)
             results["memory"]["server_peak_rss_mib"] = server.peak_rss_mib()
             results["memory"]["server_cache_limit"] = "HEADSCOPE_CACHE_BYTES default (1 GiB)"

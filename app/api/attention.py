@@ -16,6 +16,7 @@ from ..errors import ApiError, JSONBody, to_api_error
 from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse, StatsResponse
 from ..service import Answer, Upload, safe_filename
 from .deps import ServiceDep, SettingsDep
+from .responses import PartsResponse
 
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
@@ -59,7 +60,7 @@ def _params(fields: dict) -> AttentionParams:
 
 
 def _response(answer: Answer) -> Response:
-    return Response(answer.body, media_type=answer.media_type, headers=answer.headers)
+    return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
 
 
 async def _run(request: Request, coro, endpoint: str):

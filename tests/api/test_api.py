@@ -279,3 +279,26 @@ def test_stats_carry_the_token_layout(base_url, cat):
     image_id = post(base_url, cat, layers="-1").json()["image_id"]
     s = httpx.get(f"{base_url}{API}/{image_id}/stats").json()
     assert s["tokens"]["grid"] == [16, 24] and s["tokens"]["count"] == 385
+
+
+def test_every_row_answers_come_from_the_unfused_capture_and_match_the_engine(base_url, cat, local_model):
+    # Same pixels, new bytes: not in the server's cache, so this POST computes (materialised).
+    fresh = png(Image.open(io.BytesIO(cat)), compress_level=1)
+    r = post(base_url, fresh, format="safetensors", query="all")
+    assert r.status_code == 200, r.text
+    meta = json.loads(r.headers["x-headscope-meta"])
+    assert meta["cached"] is False and meta["shape"] == [12, 6, 385, 385]
+    maps = st_load(r.content)["attention"]
+    ref, _ = reference(local_model, cat)  # fused forward + q/k recompute, in this process
+    for layer in range(12):
+        # The two branches round the hidden states differently (fused kernel vs explicit
+        # softmax), by a few 1e-6 after a few layers.
+        np.testing.assert_allclose(maps[layer], ref.rows(layer).numpy(), atol=1e-5, rtol=1e-4)
+    # Follow-ups are sliced from the materialised maps.
+    b = httpx.get(f"{base_url}{API}/{meta['image_id']}", params={"query": "patch:3,5", "layers": "2"}).json()
+    assert b["cached"] is True
+    np.testing.assert_allclose(np.array(b["attention"], np.float32)[0, :, 0], maps[2, :, 1 + 3 * 24 + 5], atol=0)
+    h = httpx.get(f"{base_url}{API}/{meta['image_id']}", params={"dtype": "float16", "query": "all", "layers": "4"})
+    half = np.array(h.json()["attention"], np.float32)[0]
+    np.testing.assert_allclose(half, maps[4], atol=1e-3, rtol=1e-3)
+    assert np.abs(half - maps[4]).max() > 0  # really rounded to float16

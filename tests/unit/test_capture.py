@@ -162,3 +162,61 @@ def test_unsupported_families_are_refused_with_the_supported_list(name, kwargs):
     model = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
     with pytest.raises(UnsupportedModelError, match="supported families: vit, deit"):
         AttentionCapture(model)
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("vit_small_patch14_dinov2", dict(TINY, img_size=56)),
+    ("beit_base_patch16_224", dict(TINY, img_size=64)),
+])
+def test_lone_image_keeps_forward_tensors_and_batch_mates_own_theirs(name, kwargs):
+    model = make(name, kwargs)
+    cap = AttentionCapture(model)
+    size = model.patch_embed.img_size
+    x = torch.randn(2, 3, *size)
+    with torch.inference_mode():
+        with cap.capturing():
+            model.forward_features(x[:1])
+        lone = cap.results()[0]
+        before = [lone.rows(layer).clone() for layer in range(lone.num_layers)]
+        with cap.capturing():
+            model.forward_features(x)
+        pair = cap.results()
+        # Later forwards must not write into an earlier capture that the cache may still hold.
+        with cap.capturing():
+            model.forward_features(torch.randn(1, 3, *size))
+        cap.results()
+    for layer in range(lone.num_layers):
+        torch.testing.assert_close(lone.rows(layer), before[layer], atol=0, rtol=0)
+        torch.testing.assert_close(lone.rows(layer), pair[0].rows(layer), atol=2e-6, rtol=1e-5)
+    ptrs = lambda a: {t.untyped_storage().data_ptr()
+                      for t in (*a.q, *a.k, *a.probs, *a.head_out) if t is not None}
+    assert not ptrs(pair[0]) & ptrs(pair[1]), "batch-mates must not share storage"
+    # Size accounting counts what is kept alive: a storage once, however many views use it.
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in (*lone.q, *lone.k, *lone.probs, *lone.head_out, lone.last_norms) if t is not None}
+    assert lone.nbytes() == sum(held.values()) > 0
+
+
+@pytest.mark.parametrize("name,kwargs,hw,prefix,kind", [f for f in FAMILIES if f[4] == "qk"], ids=[f[0] for f in FAMILIES if f[4] == "qk"])
+def test_materialised_capture_matches_independent_recomputation(name, kwargs, hw, prefix, kind):
+    model = make(name, kwargs)
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, *hw)
+    ref = reference_attention(model, x)
+    cap = AttentionCapture(model)
+    with torch.no_grad():
+        plain = model.forward_features(x)
+        with cap.capturing(materialise=True):
+            out = model.forward_features(x)
+    res = cap.results()
+    assert all(a.fused_attn for a, _ in cap.layers), "fused attention must be restored"
+    torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)  # unfused branch, same model
+    for b in range(2):
+        assert all(p is not None for p in res[b].probs) and all(q is None for q in res[b].q)
+        for layer, r in enumerate(ref):
+            torch.testing.assert_close(res[b].rows(layer), r[b], atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(res[b].rows(layer, [1], [0]), r[b][[1]][:, [0]], atol=2e-6, rtol=1e-5)
+    # The next capture goes back to q/k.
+    with torch.no_grad(), cap.capturing():
+        model.forward_features(x)
+    assert all(p is None for p in cap.results()[0].probs)
