@@ -52,6 +52,11 @@ def parse_indices(spec: str | None, n: int, what: str) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+def asks_every_row(spec: str | None) -> bool:
+    """Whether a query spec is ``all`` (known before the image's token layout is)."""
+    return (spec or "cls").strip().lower() == "all"
+
+
 def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
     """Resolve a query spec to token (row) indices; ``None`` means every row.
 
@@ -63,7 +68,7 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
     n = layout.count
     if len(spec) > MAX_SPEC:
         raise SelectionError("query: specification too long")
-    if spec == "all":
+    if asks_every_row(spec):
         return None
     if spec == "cls":
         if "cls" not in layout.prefix:

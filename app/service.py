@@ -22,7 +22,7 @@ from .config import Settings
 from .encoders import Part, encode
 from .registry import LoadedModel, Registry, TokenLayout
 from .schemas import AttentionParams
-from .selection import Selection, parse_indices, parse_query
+from .selection import Selection, asks_every_row, parse_indices, parse_query
 from .worker import Job, Worker
 
 
@@ -91,7 +91,7 @@ def wants_every_row(p: AttentionParams) -> bool:
     Such captures keep the full softmax maps from the unfused forward rather than q and k: one
     pass that builds the maps costs less than a fused pass plus recomputing all of them.
     """
-    return (p.query or "").strip().lower() == "all" or p.aggregate == "rollout"
+    return asks_every_row(p.query) or p.aggregate == "rollout"
 
 
 class AttentionService:

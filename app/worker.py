@@ -2,10 +2,10 @@
 
 Requests are decoded in the handlers and arrive here as ready tensors. The loop collects jobs
 until ``max_batch_size`` or ``max_wait_ms`` (LitServe's loop), groups them by model, input
-shape and capture strategy, and runs each group in a single-thread executor so the event loop never blocks. Failures
-stay with the request that caused them: a batch that raises is rerun one job at a time, and an
-out-of-memory batch is split in halves until it fits (a single job that still does not fit gets
-503).
+shape and capture strategy, and runs each group in a single-thread executor so the event loop
+never blocks. Failures stay with the request that caused them: a batch that raises is rerun one
+job at a time, and an out-of-memory batch is split in halves until it fits (a single job that
+still does not fit gets 503).
 """
 from __future__ import annotations
 
