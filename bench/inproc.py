@@ -13,6 +13,7 @@ from app.registry import LoadedModel
 from app.selection import Selection
 
 from . import peers
+from .ceiling import MatmulsOnly
 from .common import BenchFailure, Variant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,6 +146,9 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
     variants = [
         Variant("fwd_fp32", "bare forward fp32 (reference)", bare, check_bare, "model"),
     ]
+    mm = MatmulsOnly(model, N)
+    variants.append(Variant("fwd_matmuls", "matrix products alone (fp32 ceiling)", mm, None, "ceiling",
+                            note=f"{mm.flops_per_image() / 1e9:.1f} GFLOP/img, random inputs"))
     native, how = bf16_status(device)
     variants.append(Variant("fwd_bf16", "bare forward bf16 autocast", bare_bf16, check_bare, "model",
                             note=f"bf16 {how}"))
