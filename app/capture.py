@@ -162,6 +162,19 @@ class AttentionCapture:
         self.num_heads = self.layers[0][0].num_heads
         self._reset()
 
+    def materialise_pays(self, num_tokens: int) -> bool:
+        """Whether ``capturing(materialise=True)`` is worth it for ``num_tokens`` tokens.
+
+        In compute it always is (a fused forward plus recomputing every map does the same
+        softmax work and more); in memory the full maps grow with N^2 while q/k grow with N. A
+        ``qk`` layer keeps about 4*N*D floats (q and k are views of qkv, which keeps v, plus the
+        head outputs); its maps are H*N*N. The unfused branch is taken while the maps are at
+        most twice that, i.e. up to N = 8 * head_dim tokens (512 for 64-dim heads: 224 px
+        squares yes, a 640x200 picture with 817 tokens no: 192 MB of maps against 60 MB for ViT-S).
+        """
+        dims = [getattr(attn, "head_dim", None) for attn, kind in self.layers if kind == "qk"]
+        return all(d is not None and num_tokens <= 8 * d for d in dims)
+
     def _reset(self) -> None:
         n = len(self.layers)
         self._q: list[list[torch.Tensor]] = [[] for _ in range(n)]

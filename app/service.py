@@ -89,7 +89,8 @@ def wants_every_row(p: AttentionParams) -> bool:
     """Whether an answer needs every row of every selected map (``query=all``, rollout).
 
     Such captures keep the full softmax maps from the unfused forward rather than q and k: one
-    pass that builds the maps costs less than a fused pass plus recomputing all of them.
+    pass that builds the maps costs less than a fused pass plus recomputing all of them. Large
+    inputs still keep q and k (:meth:`AttentionCapture.materialise_pays`): N^2 maps outgrow them.
     """
     return asks_every_row(p.query) or p.aggregate == "rollout"
 
@@ -127,6 +128,7 @@ class AttentionService:
         self.worker.admit()
         try:
             prep = await run_in_threadpool(self._prepare, data, lm)
+            materialise = materialise and lm.capture.materialise_pays(lm.layout(prep.input_size).count)
             job = Job(lm=lm, pixels=prep.pixels, deadline=deadline, fault=fault, materialise=materialise)
             return await self._wait(job, deadline, is_disconnected, prep, image_id, lm)
         finally:

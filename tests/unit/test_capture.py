@@ -215,3 +215,21 @@ def test_capture_after_a_materialised_one_goes_back_to_q_and_k():
         with cap.capturing():
             model.forward_features(x)
     assert all(p is None for p in cap.results()[0].probs)
+
+
+@pytest.mark.parametrize("hw", [(64, 64), (128, 128), (192, 192)])
+def test_materialise_only_while_the_maps_stay_at_most_about_twice_the_qk_capture(hw):
+    model = make("vit_small_patch16_224", dict(TINY, img_size=64))  # head_dim 16: up to 128 tokens
+    cap = AttentionCapture(model)
+    x = torch.randn(1, 3, *hw)
+    N = 1 + (hw[0] // 16) * (hw[1] // 16)
+    sizes = {}
+    with torch.no_grad():
+        for materialise in (False, True):
+            with cap.capturing(materialise=materialise):
+                model.forward_features(x)
+            sizes[materialise] = cap.results()[0].nbytes()
+    ratio = sizes[True] / sizes[False]
+    # maps H*N^2 (+ head outputs N*D) against qkv 3*N*D + head outputs N*D, per layer
+    assert cap.materialise_pays(N) == (N <= 8 * 16)
+    assert (ratio <= 2.25) == cap.materialise_pays(N), (N, ratio)
