@@ -27,7 +27,7 @@ def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
     The answer for layer ``l`` is ``R_l`` restricted to the query rows.
 
     Returns:
-        ``[layers, 1, queries, N]`` float32.
+        ``[layers, 1, queries, N]`` float32, on the host.
     """
     start = sel.rollout_start % att.num_layers if sel.rollout_start < 0 else sel.rollout_start
     if not 0 <= start < att.num_layers:
@@ -35,7 +35,7 @@ def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
     if min(sel.layers) < start:
         raise SelectionError(f"rollout: layers before rollout_start={start} have no rollout; select layers >= {start}")
     N = att.num_tokens
-    eye = torch.eye(N)
+    eye = torch.eye(N, device=att.device)
     R = eye
     wanted = set(sel.layers)
     out: dict[int, torch.Tensor] = {}
@@ -51,20 +51,21 @@ def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
         R = A @ R
         if layer in wanted:
             out[layer] = R if sel.rows is None else R[sel.rows]
-    return torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1)
+    return torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1).cpu()
 
 
 def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
-    """The requested attention as ``[layers, heads, queries, tokens]`` float32.
+    """The requested attention as ``[layers, heads, queries, tokens]`` float32, on the host.
 
     With ``aggregate`` = ``mean`` or ``max`` the heads axis has length 1 (the fused selected
-    heads); with ``rollout`` see :func:`rollout`.
+    heads); with ``rollout`` see :func:`rollout`. The rows are computed where the capture is
+    kept and leave that device in one copy, after head fusion.
     """
     if sel.aggregate == "rollout":
         return rollout(att, sel)
     heads = len(sel.heads) if sel.heads is not None else att.num_heads
     queries = len(sel.rows) if sel.rows is not None else att.num_tokens
-    out = torch.empty(len(sel.layers), heads, queries, att.num_tokens)  # L, H, Q, N
+    out = torch.empty(len(sel.layers), heads, queries, att.num_tokens, device=att.device)  # L, H, Q, N
     for i, layer in enumerate(sel.layers):
         att.rows(layer, sel.heads, sel.rows, out=out[i])
     if sel.aggregate == "mean":
@@ -73,7 +74,7 @@ def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
         out = out.amax(dim=1, keepdim=True)
     elif sel.aggregate != "none":
         raise SelectionError(f"aggregate {sel.aggregate!r}: use none, mean, max or rollout")
-    return out
+    return out.cpu()
 
 
 def drop_and_renormalise(attn: torch.Tensor, tokens: list[int]) -> torch.Tensor:

@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Mapping
 
 
 class ByteLRU:
-    """Least-recently-used mapping whose values are charged by a size function.
+    """Least-recently-used mapping charged by the bytes its values keep alive.
+
+    Values may share buffers: the captures of one batch are views of that forward's tensors.
+    Such buffers are passed as ``shared={buffer_key: nbytes}`` and charged once, while at least
+    one cached value uses them; the total is then what the cache really keeps alive, and
+    evicting a value frees its shared buffers only with the last value that uses them.
 
     Args:
         max_bytes: evict least-recently-used entries until the total fits this.
@@ -16,7 +21,8 @@ class ByteLRU:
 
     def __init__(self, max_bytes: int, on_change: Callable[[int, int], None] | None = None):
         self.max_bytes = max_bytes
-        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._data: OrderedDict[Hashable, tuple[Any, int, tuple[Hashable, ...]]] = OrderedDict()
+        self._shared: dict[Hashable, list[int]] = {}  # buffer key -> [nbytes, values using it]
         self._bytes = 0
         self._lock = threading.Lock()
         self._on_change = on_change
@@ -36,21 +42,53 @@ class ByteLRU:
             self._data.move_to_end(key)
             return item[0]
 
-    def put(self, key: Hashable, value: Any, size: int) -> bool:
-        """Store ``value``; returns False (and stores nothing) if it alone exceeds the limit."""
+    def put(self, key: Hashable, value: Any, size: int,
+            shared: Mapping[Hashable, int] | None = None) -> bool:
+        """Store ``value``; returns False (and stores nothing) if it alone exceeds the limit.
+
+        Args:
+            size: bytes only this value holds.
+            shared: buffers it may share with other values, ``{key: nbytes}``.
+        """
+        shared = dict(shared or {})
         with self._lock:
             if key in self._data:
-                self._bytes -= self._data.pop(key)[1]
-            if size > self.max_bytes:
+                self._drop(key)
+            if size + sum(shared.values()) > self.max_bytes:
                 self._changed()
                 return False
-            self._data[key] = (value, size)
+            self._data[key] = (value, size, tuple(shared))
             self._bytes += size
+            for buf, n in shared.items():
+                ref = self._shared.get(buf)
+                if ref is None:
+                    self._shared[buf] = [n, 1]
+                    self._bytes += n
+                else:
+                    ref[1] += 1
             while self._bytes > self.max_bytes:
-                _, (_, s) = self._data.popitem(last=False)
-                self._bytes -= s
+                self._drop(next(iter(self._data)))
             self._changed()
             return True
+
+    def evict_where(self, predicate: Callable[[Any], bool]) -> int:
+        """Drop every value for which ``predicate`` holds; returns the bytes that freed."""
+        with self._lock:
+            before = self._bytes
+            for key in [k for k, (v, _, _) in self._data.items() if predicate(v)]:
+                self._drop(key)
+            self._changed()
+            return before - self._bytes
+
+    def _drop(self, key: Hashable) -> None:
+        _, size, shared = self._data.pop(key)
+        self._bytes -= size
+        for buf in shared:
+            ref = self._shared[buf]
+            ref[1] -= 1
+            if ref[1] == 0:
+                del self._shared[buf]
+                self._bytes -= ref[0]
 
     def _changed(self) -> None:
         if self._on_change:

@@ -13,8 +13,10 @@ Two ways to get ``softmax(Q K^T / sqrt(d))`` out of a block, chosen per attentio
   ``query=all`` and rollout) get this branch for plain ``Attention`` too: one unfused forward
   costs less than a fused one plus recomputing all N x N maps.
 
-On the host, a batch of one keeps the forward's own tensors (no copies); larger batches are
-copied apart per image so that each capture can be cached and freed on its own.
+A capture stays where the forward ran and keeps the forward's own tensors (no copies, no
+device-to-host transfer): each image's q, k and head outputs are views of the batch's tensors.
+Only the rows an answer asks for leave the device. Batch-mates therefore share buffers, which
+:meth:`ImageAttention.storages` names so that a cache can charge each buffer once.
 
 Either way a capture that did not fire once per block raises :class:`CaptureError`: a model that
 silently returns no maps is the classic bug this module exists to prevent.
@@ -84,7 +86,7 @@ def attention_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
 
 @dataclass
 class ImageAttention:
-    """Everything captured for one image, on the host, for every layer.
+    """Everything captured for one image, for every layer, where the forward ran.
 
     Rows of the attention matrix are recomputed on demand from ``q``/``k`` (``qk`` layers) or
     sliced from ``probs`` (``probs`` layers). Shapes: ``q``, ``k``: ``[H, N, d]``;
@@ -100,25 +102,39 @@ class ImageAttention:
     k: list[torch.Tensor | None]
     scale: list[float]
     probs: list[torch.Tensor | None]
-    last_norms: torch.Tensor
+    last_norms: torch.Tensor  # on the host
     head_out: list[torch.Tensor] = field(default_factory=list)
 
-    def nbytes(self) -> int:
-        """Bytes this capture keeps alive (storages counted once: q and k may be views of qkv)."""
+    @property
+    def device(self) -> torch.device:
+        """Where the maps are kept (and computed): the device of the forward, or the host."""
+        return self.head_out[0].device
+
+    def storages(self) -> dict[tuple[str, int], int]:
+        """Buffers this capture keeps alive, ``{(device, address): nbytes}``, each once.
+
+        q and k are views of the forward's qkv tensor, and batch-mates are views of the same
+        batch tensors: a cache charges each buffer once, however many captures use it.
+        """
         tensors = [t for t in (*self.q, *self.k, *self.probs, *self.head_out) if t is not None]
         tensors.append(self.last_norms)
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-        return sum(storages.values())
+        return {(str(t.device), t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+                for t in tensors}
+
+    def nbytes(self) -> int:
+        """Bytes this capture keeps alive, batch-mates' share included (see :meth:`storages`)."""
+        return sum(self.storages().values())
 
     def rows(self, layer: int, heads: list[int] | None = None, rows: list[int] | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
-        """Softmax attention of one layer, ``[heads, rows, N]`` in float32.
+        """Softmax attention of one layer, ``[heads, rows, N]`` in float32, on :attr:`device`.
 
         Args:
             layer: block index (0-based, non-negative).
             heads: head indices, or None for all.
             rows: query token indices, or None for all N rows.
-            out: optional float32 ``[heads, rows, N]`` tensor to write into (no allocation).
+            out: optional float32 ``[heads, rows, N]`` tensor on :attr:`device` to write into
+                (no allocation).
         """
         p = self.probs[layer]
         if p is not None:
@@ -230,8 +246,13 @@ class AttentionCapture:
             sink.append(output.detach().float().norm(dim=-1))  # B, N
         return hook
 
-    def results(self) -> list[ImageAttention]:
-        """Split the last capture into per-image host tensors; raise if anything is missing."""
+    def results(self, to: torch.device | str | None = None) -> list[ImageAttention]:
+        """Split the last capture into per-image captures; raise if anything is missing.
+
+        Args:
+            to: a device to move the captures to (e.g. ``"cpu"`` to keep a GPU's memory for
+                the forward); None keeps them where the forward ran, as views of its tensors.
+        """
         L = len(self.layers)
         for i, kind in enumerate(self._kinds):
             got = (len(self._q[i]), len(self._k[i])) if kind == "qk" else (len(self._p[i]),) * 2
@@ -242,16 +263,17 @@ class AttentionCapture:
                 )
         B, N, _ = self._heads[0][0].shape  # batch, tokens, heads * head dim
         H = self.num_heads
-        # On the host a lone image keeps the forward's own tensors (q and k are views of qkv):
-        # nothing else holds them. Batch-mates are copied apart so each can be freed alone.
-        own = B > 1
+        move = to is not None and torch.device(to) != self._heads[0][0].device
 
-        def host(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-            if t.device.type != "cpu":
-                return t.to("cpu", dtype).contiguous()
-            t = t if dtype is None else t.to(dtype)
-            return t.clone(memory_format=torch.contiguous_format) if own else t
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            # Views of the forward's tensors: nothing else holds them once the forward is
+            # done, and copying apart would cost more than the hooks (1.4 ms/img on 2 CPU
+            # cores at B=8; on a GPU, a kernel launch per tensor and image).
+            return t.to(to).contiguous() if move else t
 
+        # Maps from a reduced-precision forward become float32 once per layer, not per image.
+        probs = {i: self._p[i][0].float() for i, kind in enumerate(self._kinds) if kind == "probs"}
+        norms = self._norms[0].to("cpu", torch.float32)  # B, N: a few KB, always on the host
         out = []
         for b in range(B):
             q, k, p = [], [], []
@@ -260,21 +282,21 @@ class AttentionCapture:
                     qi, ki = self._q[i][0][b], self._k[i][0][b]  # H, N, d
                     if qi.shape[:2] != (H, N) or ki.shape[:2] != (H, N):
                         raise CaptureError(f"layer {i}: q/k of shape {tuple(qi.shape)}, expected ({H}, {N}, d)")
-                    q.append(host(qi))
-                    k.append(host(ki))
+                    q.append(keep(qi))
+                    k.append(keep(ki))
                     p.append(None)
                 else:
-                    pi = self._p[i][0][b]  # H, N, N
+                    pi = probs[i][b]  # H, N, N
                     if pi.shape != (H, N, N):
                         raise CaptureError(f"layer {i}: attention of shape {tuple(pi.shape)}, expected ({H}, {N}, {N})")
-                    p.append(host(pi, torch.float32))
+                    p.append(keep(pi))
                     q.append(None)
                     k.append(None)
             out.append(ImageAttention(
                 num_layers=L, num_heads=H, num_tokens=N, q=q, k=k,
                 scale=[float(a.scale) for a, _ in self.layers], probs=p,
-                last_norms=self._norms[0][b].to("cpu", torch.float32, copy=True),
-                head_out=[host(h[0][b]) for h in self._heads],
+                last_norms=norms[b].clone(),
+                head_out=[keep(h[0][b]) for h in self._heads],
             ))
         self._reset()
         return out

@@ -50,7 +50,15 @@ class Settings(BaseSettings):
     resize: Literal["aspect", "square"] = "aspect"
 
     # results cache
-    cache_bytes: int = 1024 * 1024 * 1024
+    cache_bytes: int = Field(
+        1024 * 1024 * 1024,
+        description="uploads and captures kept for follow-up queries; captures kept on a GPU count here too",
+    )
+    capture_store: Literal["device", "host"] = Field(
+        "device",
+        description="where captures are kept: 'device' (where the forward ran, no transfer; "
+        "evicted first when the GPU runs out of memory) or 'host' (copied to host memory)",
+    )
 
     # security
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -125,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         device = resolve_device(settings.device)
         st.registry = Registry([settings.model, *settings.extra_models], settings.models_dir, device)
         st.worker = Worker(device, settings.precision, settings.max_batch_size, settings.max_wait_ms,
-                           settings.max_queue, Metrics())
+                           settings.max_queue, Metrics(), settings.capture_store)
         st.service = AttentionService(settings, st.registry, st.worker)
         await st.worker.start()
 

@@ -107,6 +107,15 @@ class AttentionService:
             m.cache_entries.set(entries)
 
         self.cache = ByteLRU(settings.cache_bytes, on_change)
+        worker.on_oom.append(self.free_device_memory)
+
+    def free_device_memory(self) -> int:
+        """Evict the cached captures kept in accelerator memory; returns the bytes freed.
+
+        The worker calls this when a forward runs out of device memory: the forward of a new
+        request matters more than a follow-up query on an old one.
+        """
+        return self.cache.evict_where(lambda v: isinstance(v, Capture) and v.att.device.type != "cpu")
 
     # -- pieces ---------------------------------------------------------------------------
     def _prepare(self, data: bytes, lm: LoadedModel) -> images.Prepared:
@@ -153,7 +162,8 @@ class AttentionService:
                 fut.cancel()
             raise
         cap = Capture(lm.id, att, lm.layout(prep.input_size), prep.input_size, prep.image_size)
-        self.cache.put(("att", image_id, lm.id), cap, att.nbytes() + 4096)
+        # Batch-mates share the forward's buffers: the cache charges each buffer once.
+        self.cache.put(("att", image_id, lm.id), cap, 4096, shared=att.storages())
         timing = {"queue": (job.started - job.enqueued) * 1000, "compute": (job.finished - job.started) * 1000}
         return cap, timing
 

@@ -147,7 +147,7 @@ def head_stats(att: ImageAttention, layout: TokenLayout, input_size, mass: float
                            "similarity", "cls_cosine", "mass_patches")}
     rank_num, rank_eff = [], []
     for layer in range(L):
-        A = att.rows(layer)  # H, N, N
+        A = att.rows(layer).cpu()  # H, N, N
         out["entropy"].append(normalized_entropy(A).mean(-1).tolist())
         out["distance_px"].append(mean_attention_distance(A, layout).tolist())
         out["prefix_mass"].append(A[:, :, :npf].sum(-1).mean(-1).tolist() if npf else [0.0] * H)
@@ -158,7 +158,7 @@ def head_stats(att: ImageAttention, layout: TokenLayout, input_size, mass: float
             out["entropy_cls"].append(normalized_entropy(row).tolist())
             out["cls_cosine"].append(cosine_similarity(row).tolist())
             out["mass_patches"].append(mass_threshold_count(row[:, npf:], mass).tolist())
-        n, e = ranks(att.head_out[layer].float())
+        n, e = ranks(att.head_out[layer].cpu().float())
         rank_num.append(n)
         rank_eff.append(e)
     if cls is None:

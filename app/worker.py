@@ -14,6 +14,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -63,11 +64,18 @@ class Worker:
         max_batch_size: most images in one forward pass.
         max_wait_ms: how long the first job of a batch waits for company.
         max_queue: jobs waiting beyond this are refused at once.
+        capture_store: ``device`` keeps captures where the forward ran (views of its tensors,
+            no transfer); ``host`` moves them to host memory.
     """
 
     def __init__(self, device: torch.device, precision: str = "auto", max_batch_size: int = 8,
-                 max_wait_ms: float = 5.0, max_queue: int = 32, metrics: Metrics | None = None):
+                 max_wait_ms: float = 5.0, max_queue: int = 32, metrics: Metrics | None = None,
+                 capture_store: str = "device"):
         self.device = device
+        self.capture_to = "cpu" if capture_store == "host" else None
+        # Called on out-of-memory before the retry; each frees what it can (cached captures
+        # kept in device memory) and returns the bytes it freed.
+        self.on_oom: list[Callable[[], int]] = []
         self.amp_dtype = autocast_dtype(device.type, precision)
         self.max_batch_size = max(1, max_batch_size)
         self.max_wait = max_wait_ms / 1000.0
@@ -213,19 +221,23 @@ class Worker:
                 self.inflight = 0
 
     # -- compute (worker thread) ------------------------------------------------------------
-    def _run(self, jobs: list[Job]) -> list[ImageAttention | BaseException]:
+    def _run(self, jobs: list[Job], freed: bool = False) -> list[ImageAttention | BaseException]:
         try:
             return self._forward(jobs)
         except Exception as e:
             if is_oom(e):
+                evicted = 0 if freed else sum(free() for free in self.on_oom)
                 release_memory(self.device)
+                if evicted:
+                    log.warning("out of memory at batch %d; evicted %d cached bytes, retrying", len(jobs), evicted)
+                    return self._run(jobs, freed=True)
                 if len(jobs) == 1:
                     self.metrics.errors.labels("oom").inc()
                     return [OutOfMemory("the image does not fit in device memory; try a smaller image")]
                 self.metrics.oom_splits.inc()
                 half = len(jobs) // 2
                 log.warning("out of memory at batch %d; splitting", len(jobs))
-                return self._run(jobs[:half]) + self._run(jobs[half:])
+                return self._run(jobs[:half], freed) + self._run(jobs[half:], freed)
             if len(jobs) == 1:
                 self.metrics.errors.labels(type(e).__name__).inc()
                 log.error("compute failed: %s: %s", type(e).__name__, e)
@@ -261,7 +273,7 @@ class Worker:
         with lm.lock, torch.inference_mode(), autocast(self.device.type, self.amp_dtype):
             with lm.capture.capturing(materialise=jobs[0].materialise):
                 lm.model.forward_features(x)
-            results = lm.capture.results()
+            results = lm.capture.results(to=self.capture_to)
         end = time.monotonic()
         for j in jobs:
             j.finished = end

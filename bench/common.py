@@ -166,7 +166,7 @@ def run_interleaved(variants: list[Variant], make_input: Callable[[], Any], batc
             sync()
             t0 = time.perf_counter()
             out = v.fn(x)
-            sync()  # CUDA: the kernels have finished (results() already waits for its copies)
+            sync()  # CUDA: the kernels have finished (the answers' .cpu() already waited)
             dt = time.perf_counter() - t0
             v.faults.append(minor_faults() - f0)
             v.times.append(dt)

@@ -93,8 +93,9 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
     """Everything timed in-process, each returning the same output kind per group.
 
     Every variant that produces maps delivers them as float32 host tensors, one per image:
-    Headscope's ``results()`` moves q/k to the host, the peers' maps are moved with ``.cpu()``
-    (a no-op on CPU), since that is what an API or an analysis script needs.
+    Headscope computes the requested rows where the capture is kept (the forward's device) and
+    moves only those; the peers' maps are moved with ``.cpu()`` (a no-op on CPU), since that is
+    what an API or an analysis script needs.
     """
     dev_type = torch.device(device).type
     model, cap = lm.model, lm.capture

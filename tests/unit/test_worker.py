@@ -58,6 +58,18 @@ def test_oom_splits_the_batch_and_retries(lm):
     assert w.metrics.oom_splits._value.get() >= 1
 
 
+def test_oom_first_evicts_what_the_cache_keeps_on_the_device_then_retries_once(lm):
+    w = Worker(torch.device("cpu"), max_batch_size=4, max_wait_ms=50)
+    freed = []
+    w.on_oom.append(lambda: freed.append(1) or 1000)
+    out = run(w, jobs_for(lm, ["oom-always"]))
+    assert isinstance(out[0], OutOfMemory) and freed == [1]  # one eviction, one retry, no loop
+    nothing = Worker(torch.device("cpu"), max_batch_size=4, max_wait_ms=50)
+    nothing.on_oom.append(lambda: freed.append(2) or 0)  # nothing to free: split at once
+    out = run(nothing, jobs_for(lm, [None, "oom", None]))
+    assert all(not isinstance(r, Exception) for r in out) and nothing.metrics.oom_splits._value.get() >= 1
+
+
 def test_full_queue_refuses_at_once(lm):
     async def go():
         w = Worker(torch.device("cpu"), max_queue=2, max_batch_size=1)
@@ -97,3 +109,46 @@ def test_byte_lru_evicts_least_recent():
     c.put("c", 3, 40)
     assert c.get("b") is None and c.get("a") == 1 and c.nbytes == 80
     assert not c.put("huge", 0, 101) and c.get("huge") is None
+
+
+def test_byte_lru_charges_a_shared_buffer_once_and_frees_it_with_its_last_user():
+    c = ByteLRU(250)
+    c.put("a", 1, 10, shared={"batch": 100})
+    c.put("b", 2, 10, shared={"batch": 100})  # a batch-mate: same buffer
+    assert c.nbytes == 120
+    c.put("c", 3, 10, shared={"other": 100})
+    assert c.nbytes == 230
+    # 280 > 250: evicting a frees only its own 10 bytes (b still uses the batch), so b goes too
+    c.put("d", 4, 50)
+    assert c.get("a") is None and c.get("b") is None and c.nbytes == 160 and len(c) == 2
+    c.put("c", 3, 10, shared={"other": 100})  # replacing a value does not charge twice
+    assert c.nbytes == 160
+    assert c.evict_where(lambda v: v == 3) == 110 and c.nbytes == 50 and len(c) == 1
+    assert not c.put("e", 5, 10, shared={"x": 250}) and c.nbytes == 50
+
+
+def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm, tmp_path):
+    from app.config import Settings
+    from app.service import AttentionService, Capture
+
+    w = Worker(torch.device("cpu"))
+    svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w)
+    assert w.on_oom == [svc.free_device_memory]
+    with torch.inference_mode():
+        with lm.capture.capturing():
+            lm.model.forward_features(torch.randn(2, 3, *lm.input_size))
+        host = lm.capture.results()
+        with lm.capture.capturing():
+            lm.model.forward_features(torch.randn(1, 3, *lm.input_size))
+        device = lm.capture.results(to="meta")  # stands in for a GPU
+    layout = lm.layout(lm.input_size)
+    for i, att in enumerate(host):
+        svc.cache.put(("att", str(i), lm.id), Capture(lm.id, att, layout, lm.input_size, lm.input_size),
+                      4096, shared=att.storages())
+    alive = {(t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+             for att in host for t in (*att.q, *att.k, *att.head_out, att.last_norms)}
+    assert svc.cache.nbytes == 2 * 4096 + sum(alive.values())
+    assert svc.free_device_memory() == 0 and len(svc.cache) == 2  # host captures stay
+    svc.cache.put(("att", "gpu", lm.id), Capture(lm.id, device[0], layout, lm.input_size, lm.input_size),
+                  4096, shared=device[0].storages())
+    assert svc.free_device_memory() > 0 and len(svc.cache) == 2
