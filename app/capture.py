@@ -122,7 +122,8 @@ class ImageAttention:
                 for t in tensors}
 
     def nbytes(self) -> int:
-        """Bytes this capture keeps alive, batch-mates' share included (see :meth:`storages`)."""
+        """Bytes of the buffers this capture keeps alive, whole: a buffer shared with batch-mates
+        counts in full here; a cache charges it once through :meth:`storages`."""
         return sum(self.storages().values())
 
     def rows(self, layer: int, heads: list[int] | None = None, rows: list[int] | None = None,
