@@ -1,4 +1,5 @@
 """``headscope serve | fetch | extract``."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,13 +17,17 @@ def _serve(args) -> int:
     import uvicorn
 
     from .config import Settings
-    from .main import create_app
+    from .web.main import create_app
 
-    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "model": args.model,
-                                   "device": args.device}.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {"host": args.host, "port": args.port, "model": args.model, "device": args.device}.items()
+        if v is not None
+    }
     settings = Settings(**overrides)
     if args.fetch_first and settings.model == "dinov2-s14-focus":
-        from . import embedded
+        from .zoo import embedded
+
         embedded.fetch(settings.models_dir)
     app = create_app(settings)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
@@ -30,15 +35,21 @@ def _serve(args) -> int:
     stop_signals = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+    )
     return 0
 
 
 def _fetch(args) -> int:
-    from . import embedded
     from .config import Settings
-    from .registry import ModelLoadError, Registry, UnknownModelError
+    from .zoo import embedded
+    from .zoo.errors import ModelLoadError, UnknownModelError
+    from .zoo.registry import Registry
 
     settings = Settings()
     target = args.model or embedded.MODEL_ID
@@ -69,15 +80,16 @@ def _collect(paths: list[str]) -> list[Path]:
 
 def _extract(args) -> int:
     """Batch extraction to one safetensors file: a tensor per image, metadata in the header."""
-    import torch
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from . import analysis, images
     from .config import Settings
-    from .device import autocast, autocast_dtype, resolve_device
-    from .registry import Registry
-    from .selection import Selection, parse_indices, parse_query
+    from .engine import analysis
+    from .engine.device import autocast_dtype, resolve_device
+    from .engine.forward import forward_capture
+    from .engine.selection import Selection, parse_indices, parse_query
+    from .serving import images
+    from .zoo.registry import Registry
 
     settings = Settings()
     device = resolve_device(args.device or settings.device)
@@ -94,20 +106,29 @@ def _extract(args) -> int:
         except images.ImageError as e:
             failed.append(f"{f}: {e}")
             continue
-        prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std,
-                              settings.resize, settings.max_aspect, lm.dynamic)
-        with torch.inference_mode(), autocast(device.type, amp), lm.capture.capturing():
-            lm.model.forward_features(prep.pixels[None].to(device))
-        att = lm.capture.results()[0]
+        prep = images.prepare(
+            img, lm.input_size, lm.patch_size, lm.mean, lm.std, settings.resize, settings.max_aspect, lm.dynamic
+        )
+        att = forward_capture(lm, prep.pixels[None].to(device), amp_dtype=amp)[0]
         layout = lm.layout(prep.input_size)
-        sel = Selection(parse_indices(args.layers, att.num_layers, "layers"),
-                        parse_indices(args.heads, att.num_heads, "heads"),
-                        parse_query(args.query, layout), args.aggregate)
+        sel = Selection(
+            parse_indices(args.layers, att.num_layers, "layers"),
+            parse_indices(args.heads, att.num_heads, "heads"),
+            parse_query(args.query, layout),
+            args.aggregate,
+        )
         key = f"{i:05d}"
         tensors[key] = analysis.attention_tensor(att, sel).contiguous()
-        meta[key] = {"file": str(f), "image_size": list(prep.image_size), "input_size": list(prep.input_size),
-                     "tokens": layout.as_dict(), "layers": sel.layers, "heads": sel.heads,
-                     "query": sel.rows if sel.rows is not None else "all", "aggregate": sel.aggregate}
+        meta[key] = {
+            "file": str(f),
+            "image_size": list(prep.image_size),
+            "input_size": list(prep.input_size),
+            "tokens": layout.as_dict(),
+            "layers": sel.layers,
+            "heads": sel.heads,
+            "query": sel.rows if sel.rows is not None else "all",
+            "aggregate": sel.aggregate,
+        }
     if not tensors:
         print("headscope extract: no image could be read:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1
@@ -130,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="default model id (env HEADSCOPE_MODEL)")
     s.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (env HEADSCOPE_DEVICE)")
     s.add_argument("--log-level", default=os.environ.get("HEADSCOPE_LOG_LEVEL", "info"))
-    s.add_argument("--no-fetch", dest="fetch_first", action="store_false",
-                   help="do not convert the embedded model before starting")
+    s.add_argument(
+        "--no-fetch", dest="fetch_first", action="store_false", help="do not convert the embedded model before starting"
+    )
     s.set_defaults(func=_serve)
 
     f = sub.add_parser("fetch", help="download and convert a model's weights (default: the embedded model)")

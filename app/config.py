@@ -1,4 +1,5 @@
 """Settings: one pydantic-settings class, every field settable as ``HEADSCOPE_<NAME>``."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -73,6 +74,7 @@ class Settings(BaseSettings):
             v = v.strip()
             if v.startswith("["):
                 import json
+
                 return json.loads(v)
             return [x.strip() for x in v.split(",") if x.strip()]
         return v

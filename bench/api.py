@@ -14,6 +14,7 @@ content-hash cache never answers one. Rounds interleave levels and kinds; each r
 times the bare fp32 forward in this process while the server is idle, the reference for the
 API ratios. The server's mean batch size per block is read from ``/metrics``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,10 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +67,11 @@ class ServerProcess:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         self.pid = self.proc.pid
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -149,7 +155,7 @@ def parse_server_timing(h: str | None) -> dict[str, float]:
 
 def safetensors_shape(body: bytes) -> list[int]:
     (n,) = struct.unpack("<Q", body[:8])
-    header = json.loads(body[8:8 + n])
+    header = json.loads(body[8 : 8 + n])
     t = header["attention"]
     size = int(np.prod(t["shape"])) * {"F32": 4, "F16": 2}[t["dtype"]]
     if len(body) != 8 + n + size:
@@ -221,7 +227,7 @@ class ApiBench:
         if kind == "get_patch":
             # The last few posted images only: a block of 48 full-map captures (24 MiB each) is
             # more than the server's 1 GiB cache holds, and an evicted id would answer 404.
-            ids = list(self.recent_ids[-min(n, 8):])
+            ids = list(self.recent_ids[-min(n, 8) :])
             if not ids:
                 raise BenchFailure("no cached image ids for the GET block")
             makers = [lambda i=i: self._get(client, ids[i % len(ids)], i, i == 0) for i in range(n)]
@@ -283,8 +289,10 @@ class ApiBench:
         with socket.create_connection(("127.0.0.1", self.server.port), timeout=30) as s:
             for i in range(n):
                 iid = self.recent_ids[-1 - (i % min(len(self.recent_ids), 8))]
-                req = (f"GET /api/v1/attention/{iid}?query=patch:{i % gh},{(i * 7) % gw} HTTP/1.1\r\n"
-                       f"Host: 127.0.0.1\r\n\r\n").encode()
+                req = (
+                    f"GET /api/v1/attention/{iid}?query=patch:{i % gh},{(i * 7) % gw} HTTP/1.1\r\n"
+                    f"Host: 127.0.0.1\r\n\r\n"
+                ).encode()
                 t0 = time.perf_counter()
                 s.sendall(req)
                 buf = b""
@@ -331,15 +339,23 @@ def make_client(kind: str, url: str, connections: int):
     return LeanClient(url, max_connections=connections)
 
 
-async def _run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[], list[float]],
-               ref_rounds: list[list[float]], verbose: bool, warmup_requests: int, client_kind: str) -> None:
+async def _run(
+    bench: ApiBench,
+    levels: list[int],
+    rounds: int,
+    ref: Callable[[], list[float]],
+    ref_rounds: list[list[float]],
+    verbose: bool,
+    warmup_requests: int,
+    client_kind: str,
+) -> None:
     async with make_client(client_kind, bench.server.url, max(levels) + 4) as client:
         # warm-up: every kind at batch sizes the server will form
         for kind in KINDS:
             await bench.block(client, kind, min(4, max(levels)), warmup_requests, record=False)
         for r in range(rounds):
             ref_rounds.append(ref())
-            lv = levels[r % len(levels):] + levels[:r % len(levels)]
+            lv = levels[r % len(levels) :] + levels[: r % len(levels)]
             for c in lv:
                 for kind in KINDS:  # GET last: it reads the ids the POSTs just cached
                     await bench.block(client, kind, c, block_size(c), record=True)
@@ -347,8 +363,15 @@ async def _run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[]
         progress("", verbose)
 
 
-def run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[], list[float]],
-        verbose: bool = True, warmup_requests: int = 8, client: str = "lean") -> tuple[dict[str, Any], list[float]]:
+def run(
+    bench: ApiBench,
+    levels: list[int],
+    rounds: int,
+    ref: Callable[[], list[float]],
+    verbose: bool = True,
+    warmup_requests: int = 8,
+    client: str = "lean",
+) -> tuple[dict[str, Any], list[float]]:
     """Returns per ``kind@c`` results and the reference forward times (seconds, all rounds).
 
     ``ratio`` pairs each block with the reference timed in the same round: block img/s over
@@ -367,26 +390,50 @@ def run(bench: ApiBench, levels: list[int], rounds: int, ref: Callable[[], list[
         lat_ms = [x * 1000 for x in s.latencies]
         comp = s.timing.get("compute", [])
         out[f"{kind}@{c}"] = {
-            "kind": kind, "label": KIND_LABELS[kind], "concurrency": c, "requests": s.requests,
+            "kind": kind,
+            "label": KIND_LABELS[kind],
+            "concurrency": c,
+            "requests": s.requests,
             "ips": s.requests / s.wall if s.wall else 0.0,
             "block_ips": summary(s.block_ips),
             "ratio": summary([b / r for b, r in zip(s.block_ips, ref_ips)]) if len(s.block_ips) == len(ref_ips) else {},
-            "server_compute_ms_per_image": (float(np.median(comp)) / float(np.mean(s.batches))
-                                            if comp and s.batches else None),
-            "latency_ms": {**summary(lat_ms), **({"p50": float(np.percentile(lat_ms, 50)),
-                                                 "p95": float(np.percentile(lat_ms, 95)),
-                                                 "p99": float(np.percentile(lat_ms, 99))} if lat_ms else {})},
+            "server_compute_ms_per_image": (
+                float(np.median(comp)) / float(np.mean(s.batches)) if comp and s.batches else None
+            ),
+            "latency_ms": {
+                **summary(lat_ms),
+                **(
+                    {
+                        "p50": float(np.percentile(lat_ms, 50)),
+                        "p95": float(np.percentile(lat_ms, 95)),
+                        "p99": float(np.percentile(lat_ms, 99)),
+                    }
+                    if lat_ms
+                    else {}
+                ),
+            },
             "server_timing_ms_median": {k: float(np.median(v)) for k, v in s.timing.items()},
             "mean_batch": float(np.mean(s.batches)) if s.batches else None,
             "response_bytes_median": float(np.median(s.bytes)) if s.bytes else None,
         }
     if raw:
         out["get_patch_raw@1"] = {
-            "kind": "get_patch_raw", "label": "API GET cached, raw HTTP/1.1 socket (no client library)",
-            "concurrency": 1, "requests": len(raw), "ips": 1000 / float(np.mean(raw)), "block_ips": {},
-            "ratio": {}, "server_compute_ms_per_image": None,
-            "latency_ms": {**summary(raw), "p50": float(np.percentile(raw, 50)), "p95": float(np.percentile(raw, 95)),
-                           "p99": float(np.percentile(raw, 99))},
-            "server_timing_ms_median": {}, "mean_batch": None, "response_bytes_median": None,
+            "kind": "get_patch_raw",
+            "label": "API GET cached, raw HTTP/1.1 socket (no client library)",
+            "concurrency": 1,
+            "requests": len(raw),
+            "ips": 1000 / float(np.mean(raw)),
+            "block_ips": {},
+            "ratio": {},
+            "server_compute_ms_per_image": None,
+            "latency_ms": {
+                **summary(raw),
+                "p50": float(np.percentile(raw, 50)),
+                "p95": float(np.percentile(raw, 95)),
+                "p99": float(np.percentile(raw, 99)),
+            },
+            "server_timing_ms_median": {},
+            "mean_batch": None,
+            "response_bytes_median": None,
         }
     return out, [t for r in ref_rounds for t in r]

@@ -7,6 +7,7 @@ gives an optimistic bound on how fast any fp32 forward can run on this machine. 
 to the bare forward says how much room is left; its ratio to a peer's says how far ahead of that
 peer an exact fp32 capture could possibly be.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,7 @@ class MatmulsOnly:
 
     def flops_per_image(self) -> float:
         """Multiply-adds x 2 of one image's products."""
-        (B, plan), = self._plans.items() if self._plans else ((1, self._plan(1)),)
+        ((B, plan),) = self._plans.items() if self._plans else ((1, self._plan(1)),)
         return sum(2 * a.numel() * b.shape[-1] for a, b, _ in plan) / B
 
     def _plan(self, B: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -58,10 +59,14 @@ class MatmulsOnly:
             H = blk.attn.num_heads
             d = blk.attn.head_dim if hasattr(blk.attn, "head_dim") else D // H
             if (H, d) not in attn_bufs:
-                attn_bufs[H, d] = (rand(B * H, N, d), rand(B * H, d, N), rand(B * H, N, d),
-                                   torch.empty(B * H, N, N, device=dev))
+                attn_bufs[H, d] = (
+                    rand(B * H, N, d),
+                    rand(B * H, d, N),
+                    rand(B * H, N, d),
+                    torch.empty(B * H, N, N, device=dev),
+                )
             q, kT, v, probs = attn_bufs[H, d]
-            plan.append((q, kT, probs))                                      # B*H, N, N
+            plan.append((q, kT, probs))  # B*H, N, N
             plan.append((probs, v, torch.empty(B * H, N, d, device=dev)))  # B*H, N, d
         self._plans = {B: plan}  # one batch size at a time: the buffers are large at B=8
         return plan

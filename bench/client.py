@@ -5,6 +5,7 @@ possible on a machine whose two cores it shares with the server. httpx's async c
 about 48 ms of CPU reading one 18 MiB safetensors answer (measured here); ``http.client`` reads
 it with ``recv_into`` in about 4 ms. ``--client httpx`` keeps the old client for comparison.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,12 @@ def multipart(files: dict[str, tuple[str, bytes, str]], data: dict[str, str] | N
     for name, value in (data or {}).items():
         parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
     for name, (filename, content, ctype) in files.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-                     f'Content-Type: {ctype}\r\n\r\n'.encode() + content + b"\r\n")
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+            f"Content-Type: {ctype}\r\n\r\n".encode()
+            + content
+            + b"\r\n"
+        )
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
@@ -73,7 +78,9 @@ class LeanClient:
         raise AssertionError("unreachable")
 
     async def _run(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> Response:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self._request, method, path, body, headers or {})
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, self._request, method, path, body, headers or {}
+        )
 
     async def get(self, path: str, params: dict | None = None) -> Response:
         return await self._run("GET", path + ("?" + urlencode(params) if params else ""))
@@ -82,7 +89,7 @@ class LeanClient:
         body, ctype = multipart(files, data)
         return await self._run("POST", path, body, {"Content-Type": ctype})
 
-    async def __aenter__(self) -> "LeanClient":
+    async def __aenter__(self) -> LeanClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

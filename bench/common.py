@@ -1,14 +1,16 @@
 """Timing helpers shared by the benchmark parts: interleaved runs, robust statistics, load."""
+
 from __future__ import annotations
 
 import gc
 import os
 import resource
-import sys
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class BenchFailure(RuntimeError):
@@ -31,8 +33,14 @@ def summary(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {"n": 0}
     return {
-        "n": len(xs), "median": statistics.median(xs), "p10": quantile(xs, 0.10), "p90": quantile(xs, 0.90),
-        "q1": quantile(xs, 0.25), "q3": quantile(xs, 0.75), "min": min(xs), "max": max(xs),
+        "n": len(xs),
+        "median": statistics.median(xs),
+        "p10": quantile(xs, 0.10),
+        "p90": quantile(xs, 0.90),
+        "q1": quantile(xs, 0.25),
+        "q3": quantile(xs, 0.75),
+        "min": min(xs),
+        "max": max(xs),
     }
 
 
@@ -140,8 +148,15 @@ class Variant:
         self.phases.clear()
 
 
-def run_interleaved(variants: list[Variant], make_input: Callable[[], Any], batch: int, iters: int,
-                    warmup: int, verbose: bool = True, sync: Callable[[], None] = lambda: None) -> None:
+def run_interleaved(
+    variants: list[Variant],
+    make_input: Callable[[], Any],
+    batch: int,
+    iters: int,
+    warmup: int,
+    verbose: bool = True,
+    sync: Callable[[], None] = lambda: None,
+) -> None:
     """Warm up every variant, then ``iters`` rounds calling each once, in rotating order.
 
     The order rotates every round so that no variant always runs right after the same

@@ -7,13 +7,14 @@ dict with ``array.tolist()``, what a hand-written endpoint would do. A safetenso
 small header plus a view of the array's own buffer (no copy); the bytes are copied only by the
 socket write, which the API part measures.
 """
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 
-from app.encoders import encode
+from app.serving.encoders import encode
 
 from .common import BenchFailure, Variant
 
@@ -21,13 +22,26 @@ from .common import BenchFailure, Variant
 def meta_for(shape: tuple[int, ...], n_tokens: int) -> dict:
     L, H, Q, N = shape
     return {
-        "model": "dinov2-s14-focus", "image_id": "0" * 24, "filename": "bench.png",
-        "image_size": [224, 224], "input_size": [224, 224],
-        "tokens": {"count": n_tokens, "num_prefix": 1, "prefix": [{"index": 0, "kind": "cls"}],
-                   "grid": [16, 16], "patch_size": [14, 14]},
-        "layers": list(range(L)), "heads": list(range(H)),
-        "query": [0] if Q == 1 else list(range(Q)), "aggregate": "none", "dtype": "float32",
-        "shape": list(shape), "cached": False, "dropped": [],
+        "model": "dinov2-s14-focus",
+        "image_id": "0" * 24,
+        "filename": "bench.png",
+        "image_size": [224, 224],
+        "input_size": [224, 224],
+        "tokens": {
+            "count": n_tokens,
+            "num_prefix": 1,
+            "prefix": [{"index": 0, "kind": "cls"}],
+            "grid": [16, 16],
+            "patch_size": [14, 14],
+        },
+        "layers": list(range(L)),
+        "heads": list(range(H)),
+        "query": [0] if Q == 1 else list(range(Q)),
+        "aggregate": "none",
+        "dtype": "float32",
+        "shape": list(shape),
+        "cached": False,
+        "dropped": [],
         "timing_ms": {"queue": 0.0, "compute": 0.0, "encode": 0.0},
     }
 
@@ -50,10 +64,22 @@ def build_variants(cls: np.ndarray, full: np.ndarray, stdlib_full_iters: int) ->
 
         what = "CLS rows" if name == "cls" else "all maps"
         out += [
-            Variant(f"enc_{name}_orjson", f"JSON {what} (orjson, numpy)", orj, _check_json(arr), "encode",
-                    note=f"{mb:.2f} MiB float32"),
-            Variant(f"enc_{name}_stdlib", f"JSON {what} (stdlib json)", std, _check_json(arr), "encode",
-                    max_iters=stdlib_full_iters if name == "full" else None),
+            Variant(
+                f"enc_{name}_orjson",
+                f"JSON {what} (orjson, numpy)",
+                orj,
+                _check_json(arr),
+                "encode",
+                note=f"{mb:.2f} MiB float32",
+            ),
+            Variant(
+                f"enc_{name}_stdlib",
+                f"JSON {what} (stdlib json)",
+                std,
+                _check_json(arr),
+                "encode",
+                max_iters=stdlib_full_iters if name == "full" else None,
+            ),
             Variant(f"enc_{name}_safetensors", f"safetensors {what}", st, _check_st(arr), "encode"),
         ]
     return out
@@ -66,6 +92,7 @@ def _check_json(arr: np.ndarray):
         got = np.asarray(orjson.loads(body)["attention"], dtype=np.float32)
         if got.shape != arr.shape or not np.array_equal(got, arr):
             raise BenchFailure(f"JSON round trip changed the array (shape {got.shape})")
+
     return check
 
 
@@ -76,4 +103,5 @@ def _check_st(arr: np.ndarray):
         got = load(b"".join(parts))["attention"]
         if got.shape != arr.shape or not np.array_equal(got, arr):
             raise BenchFailure("safetensors round trip changed the array")
+
     return check

@@ -1,4 +1,5 @@
 """In-process variants: bare forward, Headscope's capture, the peers; and the cross-checks."""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,9 +9,9 @@ from typing import Any
 
 import torch
 
-from app.analysis import attention_tensor
-from app.registry import LoadedModel
-from app.selection import Selection
+from app.engine.analysis import attention_tensor
+from app.engine.selection import Selection
+from app.zoo.loaded import LoadedModel
 
 from . import peers
 from .ceiling import MatmulsOnly
@@ -85,11 +86,13 @@ def _per_image_check(shape_of):
             sums = t.sum(-1)
             if not torch.isfinite(t).all() or (sums - 1).abs().max() > 1e-3:
                 raise BenchFailure(f"rows do not sum to 1 (max error {(sums - 1).abs().max().item():.2e})")
+
     return check
 
 
-def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir: Path,
-                   device: str = "cpu") -> list[Variant]:
+def build_variants(
+    lm: LoadedModel, with_peers: bool, checks: Checks, models_dir: Path, device: str = "cpu"
+) -> list[Variant]:
     """Everything timed in-process, each returning the same output kind per group.
 
     Every variant that produces maps delivers them as float32 host tensors, one per image:
@@ -119,9 +122,10 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
         """What the worker and the service do: hooked forward, results(), attention_tensor().
 
         A selection of every row is captured as the service does for ``query=all``: with the
-        maps materialised by the unfused forward (``wants_every_row``).
+        maps materialised by the unfused forward (``needs_every_row``).
         """
         materialise = sel.rows is None
+
         def fn(x):
             with torch.inference_mode():
                 ctx = torch.autocast(dev_type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
@@ -137,6 +141,7 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
             fn.variant.phases.setdefault("results", []).append(t2 - t1)
             fn.variant.phases.setdefault("select", []).append(t3 - t2)
             return out
+
         fn.variant = None  # set below, once the Variant exists
         return fn
 
@@ -148,18 +153,43 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
         Variant("fwd_fp32", "bare forward fp32 (reference)", bare, check_bare, "model"),
     ]
     mm = MatmulsOnly(model, N)
-    variants.append(Variant("fwd_matmuls", "matrix products alone (fp32 ceiling)", mm, None, "ceiling",
-                            note=f"{mm.flops_per_image() / 1e9:.1f} GFLOP/img, random inputs"))
+    variants.append(
+        Variant(
+            "fwd_matmuls",
+            "matrix products alone (fp32 ceiling)",
+            mm,
+            None,
+            "ceiling",
+            note=f"{mm.flops_per_image() / 1e9:.1f} GFLOP/img, random inputs",
+        )
+    )
     native, how = bf16_status(device)
-    variants.append(Variant("fwd_bf16", "bare forward bf16 autocast", bare_bf16, check_bare, "model",
-                            note=f"bf16 {how}"))
+    variants.append(
+        Variant("fwd_bf16", "bare forward bf16 autocast", bare_bf16, check_bare, "model", note=f"bf16 {how}")
+    )
     variants += [
-        Variant("hs_cls", "Headscope capture, CLS rows (all L,H)", headscope(sel_cls),
-                _per_image_check(cls_shape), "headscope"),
-        Variant("hs_full", "Headscope capture, full maps (all L,H)", headscope(sel_all),
-                _per_image_check(full_shape), "headscope"),
-        Variant("hs_cls_bf16", "Headscope capture, CLS rows, bf16 autocast", headscope(sel_cls, amp=True),
-                _per_image_check(cls_shape), "headscope", note="informative (server precision=bf16)"),
+        Variant(
+            "hs_cls",
+            "Headscope capture, CLS rows (all L,H)",
+            headscope(sel_cls),
+            _per_image_check(cls_shape),
+            "headscope",
+        ),
+        Variant(
+            "hs_full",
+            "Headscope capture, full maps (all L,H)",
+            headscope(sel_all),
+            _per_image_check(full_shape),
+            "headscope",
+        ),
+        Variant(
+            "hs_cls_bf16",
+            "Headscope capture, CLS rows, bf16 autocast",
+            headscope(sel_cls, amp=True),
+            _per_image_check(cls_shape),
+            "headscope",
+            note="informative (server precision=bf16)",
+        ),
     ]
     for v in variants:
         if hasattr(v.fn, "variant"):
@@ -175,6 +205,7 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
         checks.note(f"timm AttentionExtract skipped: {e}")
         ext = None
     if ext is not None:
+
         def timm_cls(x):
             with torch.inference_mode():
                 m = peers.timm_maps(ext, x)
@@ -194,6 +225,7 @@ def build_variants(lm: LoadedModel, with_peers: bool, checks: Checks, models_dir
         checks.note(f"Hugging Face transformers peer skipped (not installed: {e}); pip install transformers")
         hf = None
     if hf is not None:
+
         def hf_cls(x):
             with torch.inference_mode():
                 m = peers.hf_maps(hf, x)
@@ -255,7 +287,9 @@ def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> lis
             if d > hard:
                 checks.fail(f"{by_key[key].label}: maps differ from Headscope's by {d:.2e} (> {hard:g})")
             elif d > tol:
-                checks.note(f"{by_key[key].label}: max |difference| to Headscope {d:.2e} (> {tol:g}; "
-                            f"position-table resampling differs)")
+                checks.note(
+                    f"{by_key[key].label}: max |difference| to Headscope {d:.2e} (> {tol:g}; "
+                    f"position-table resampling differs)"
+                )
     del outs
     return keep

@@ -9,6 +9,7 @@
   our timm state dict mapped back to HF names (qkv split into q/k/v, ``ls1.gamma`` ->
   ``layer_scale1.lambda1``, ...).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,15 +30,15 @@ def timm_state_dict(models_dir: Path) -> dict[str, torch.Tensor]:
 
 # -- timm AttentionExtract ------------------------------------------------------------------------
 
+
 def build_timm_extract(sd: dict[str, torch.Tensor], grid: tuple[int, int] = (37, 37)):
     """A fresh timm model with our weights, unfused attention, wrapped in ``AttentionExtract``."""
     import timm
     from timm.utils import AttentionExtract
 
-    from app.registry import install_exact_pos_embed
+    from app.zoo.pos_embed import install_exact_pos_embed
 
-    model = timm.create_model(ARCH, pretrained=False, num_classes=0, img_size=grid[0] * 14,
-                              dynamic_img_size=True)
+    model = timm.create_model(ARCH, pretrained=False, num_classes=0, img_size=grid[0] * 14, dynamic_img_size=True)
     model.load_state_dict(sd)
     model.eval().requires_grad_(False)
     install_exact_pos_embed(model, grid)
@@ -59,13 +60,22 @@ def timm_maps(extract, x: torch.Tensor) -> torch.Tensor:
 
 # -- Hugging Face Dinov2Model ---------------------------------------------------------------------
 
+
 def hf_config():
     from transformers import Dinov2Config
 
     return Dinov2Config(
-        hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
-        patch_size=14, image_size=518, layerscale_value=1.0, layer_norm_eps=1e-6, hidden_act="gelu",
-        qkv_bias=True, attn_implementation="eager",
+        hidden_size=384,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        intermediate_size=1536,
+        patch_size=14,
+        image_size=518,
+        layerscale_value=1.0,
+        layer_norm_eps=1e-6,
+        hidden_act="gelu",
+        qkv_bias=True,
+        attn_implementation="eager",
     )
 
 
@@ -133,11 +143,13 @@ def versions() -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         import timm
+
         out["timm"] = timm.__version__
     except ImportError:
         out["timm"] = None
     try:
         import transformers
+
         out["transformers"] = transformers.__version__
     except ImportError:
         out["transformers"] = None

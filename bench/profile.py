@@ -6,6 +6,7 @@
   folded into self and inclusive time per function and per thread, and the functions of
   ``app/`` are listed separately.
 """
+
 from __future__ import annotations
 
 import collections
@@ -13,14 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import Any
 
 
-def torch_ops(fns: dict[str, Callable[[], Any]], calls: int = 3, top: int = 12,
-              cuda: bool = False) -> dict[str, list[dict]]:
+def torch_ops(
+    fns: dict[str, Callable[[], Any]], calls: int = 3, top: int = 12, cuda: bool = False
+) -> dict[str, list[dict]]:
     """Top operators by self CPU time for each function (``calls`` profiled calls after one warm-up).
 
     With ``cuda`` the CUDA activity is recorded too (the CPU column then shows launch and copy
@@ -37,9 +38,15 @@ def torch_ops(fns: dict[str, Callable[[], Any]], calls: int = 3, top: int = 12,
                 fn()
         rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
         total = sum(e.self_cpu_time_total for e in prof.key_averages()) or 1
-        out[name] = [{"op": e.key, "calls_per_run": e.count / calls,
-                      "self_ms_per_run": e.self_cpu_time_total / 1000 / calls,
-                      "share": e.self_cpu_time_total / total} for e in rows]
+        out[name] = [
+            {
+                "op": e.key,
+                "calls_per_run": e.count / calls,
+                "self_ms_per_run": e.self_cpu_time_total / 1000 / calls,
+                "share": e.self_cpu_time_total / total,
+            }
+            for e in rows
+        ]
     return out
 
 
@@ -62,9 +69,23 @@ class ServerSampler:
         self.proc = None
         if self.available:
             self.proc = subprocess.Popen(
-                [self.exe, "record", "-p", str(pid), "-r", str(rate), "-f", "raw", "-o", str(out),
-                 "--threads", "--nonblocking"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                [
+                    self.exe,
+                    "record",
+                    "-p",
+                    str(pid),
+                    "-r",
+                    str(rate),
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(out),
+                    "--threads",
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
 
     def stop(self) -> dict[str, Any] | None:
         if self.proc is None:
@@ -119,8 +140,13 @@ def fold(path: Path, top: int = 25) -> dict[str, Any]:
             if _is_app(f):
                 app_incl[s] += n
     share = lambda c: [{"fn": k, "share": v / total} for k, v in c.most_common(top)]  # noqa: E731
-    return {"samples": total, "threads": share(threads), "self": share(self_c), "inclusive": share(incl),
-            "app_inclusive": share(app_incl)}
+    return {
+        "samples": total,
+        "threads": share(threads),
+        "self": share(self_c),
+        "inclusive": share(incl),
+        "app_inclusive": share(app_incl),
+    }
 
 
 def _short(frame: str, line_no: bool = True) -> str:
@@ -138,8 +164,10 @@ def format_fold(res: dict[str, Any] | None, top: int = 12) -> str:
         return "  py-spy: not available (pip install py-spy)"
     if "error" in res:
         return f"  py-spy: {res['error']}"
-    lines = [f"  py-spy on the server during the API part ({res['samples']} samples)", "    threads: " +
-             ", ".join(f"{t['fn']} {t['share']:.0%}" for t in res["threads"][:5])]
+    lines = [
+        f"  py-spy on the server during the API part ({res['samples']} samples)",
+        "    threads: " + ", ".join(f"{t['fn']} {t['share']:.0%}" for t in res["threads"][:5]),
+    ]
     lines.append("    self time:")
     lines += [f"      {r['share']:6.1%}  {r['fn']}" for r in res["self"][:top]]
     lines.append("    inclusive, app/ functions:")

@@ -1,4 +1,5 @@
 """The printed table and the target verdicts, from the results dict (also used by docs)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,12 +33,22 @@ def targets(results: dict) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(name, value, thr, ok, unit="x", detail=""):
-        out.append({"name": name, "value": value, "threshold": thr, "unit": unit,
-                    "pass": None if value is None else ok, "detail": detail})
+        out.append(
+            {
+                "name": name,
+                "value": value,
+                "threshold": thr,
+                "unit": unit,
+                "pass": None if value is None else ok,
+                "detail": detail,
+            }
+        )
 
     for b in results.get("inproc", {}):
-        for key, thr, what in (("hs_cls", CAPTURE_CLS_MIN, "capture CLS rows, all layers+heads"),
-                               ("hs_full", CAPTURE_FULL_MIN, "capture full maps")):
+        for key, thr, what in (
+            ("hs_cls", CAPTURE_CLS_MIN, "capture CLS rows, all layers+heads"),
+            ("hs_full", CAPTURE_FULL_MIN, "capture full maps"),
+        ):
             r = _ratio(results, b, key)
             add(f"{what} (B={b}) >= {thr:.2f}x bare fp32", r, thr, r is not None and r >= thr)
         for kind in ("cls", "full"):
@@ -55,14 +66,21 @@ def targets(results: dict) -> list[dict[str, Any]]:
                     # no exact fp32 forward beats its own matrix products: the most any capture
                     # could reach against this peer on this machine
                     detail += f"; ceiling {ceiling / peer_vals[best]:.2f}x (matrix products alone vs {best})"
-                add(f"{'CLS rows' if kind == 'cls' else 'full maps'} vs faster peer (B={b}) >= {PEER_MIN:.1f}x",
-                    r, PEER_MIN, r >= PEER_MIN, detail=detail)
+                add(
+                    f"{'CLS rows' if kind == 'cls' else 'full maps'} vs faster peer (B={b}) >= {PEER_MIN:.1f}x",
+                    r,
+                    PEER_MIN,
+                    r >= PEER_MIN,
+                    detail=detail,
+                )
     api = results.get("api")
     ref = results.get("api_ref", {}).get("ips", {}).get("median")
     if api is not None:
         c = TARGET_CONCURRENCY
-        for kind, thr, what in (("post_json", API_JSON_MIN, "API JSON CLS rows"),
-                                ("post_st", API_ST_MIN, "API safetensors full maps")):
+        for kind, thr, what in (
+            ("post_json", API_JSON_MIN, "API JSON CLS rows"),
+            ("post_st", API_ST_MIN, "API safetensors full maps"),
+        ):
             row = api.get(f"{kind}@{c}")
             r = (row.get("ratio", {}).get("median") or (row["ips"] / ref if ref else None)) if row else None
             add(f"{what} (c={c}) >= {thr:.2f}x bare fp32", r, thr, r is not None and r >= thr)
@@ -70,9 +88,15 @@ def targets(results: dict) -> list[dict[str, Any]]:
         p50 = get1["latency_ms"].get("p50") if get1 else None
         raw = api.get("get_patch_raw@1")
         client = results.get("api_client", "httpx")
-        add(f"cached GET query=patch p50 (c={get1['concurrency'] if get1 else 1}, {client} client) < {GET_P50_MAX_MS:.0f} ms",
-            p50, GET_P50_MAX_MS, p50 is not None and p50 < GET_P50_MAX_MS, unit="ms",
-            detail=f"raw socket p50 {raw['latency_ms']['p50']:.2f} ms" if raw else "")
+        add(
+            f"cached GET query=patch p50 (c={get1['concurrency'] if get1 else 1}, {client} client)"
+            f" < {GET_P50_MAX_MS:.0f} ms",
+            p50,
+            GET_P50_MAX_MS,
+            p50 is not None and p50 < GET_P50_MAX_MS,
+            unit="ms",
+            detail=f"raw socket p50 {raw['latency_ms']['p50']:.2f} ms" if raw else "",
+        )
     return out
 
 
@@ -91,8 +115,8 @@ def table(results: dict) -> str:
     lines = [
         f"Headscope benchmark  {m['date']}  commit {m.get('git_commit')}"
         + (" (app/ modified)" if m.get("app_dirty") else ""),
-        (f"device {m['device']} ({m['gpu']}); " if m.get("gpu") else "") +
-        f"{m['cpu']}, {m['cores']} cores, {m.get('mem_gib')} GiB; torch {m['torch']}, {m['threads']} threads; "
+        (f"device {m['device']} ({m['gpu']}); " if m.get("gpu") else "")
+        + f"{m['cpu']}, {m['cores']} cores, {m.get('mem_gib')} GiB; torch {m['torch']}, {m['threads']} threads; "
         f"timm {m.get('timm')}, transformers {m.get('transformers')}; bf16 {m.get('bf16')}",
         "input 224x224 (257 tokens); img/s = median over interleaved rounds [p10-p90]; "
         "ratio = img/s over the bare fp32 forward's img/s in the same rounds (paired), median [p10-p90]",
@@ -100,25 +124,30 @@ def table(results: dict) -> str:
     load = results.get("load") or {}
     if load:
         contended = load["foreign_cores"] + load.get("steal_cores", 0.0) > 0.25
-        lines.append(f"machine load during the run: other processes used {load['foreign_cores']:.2f} of "
-                     f"{m['cores']} cores, hypervisor steal {load.get('steal_cores', 0.0):.2f} cores on average"
-                     + ("  (CONTENDED: absolute figures are pessimistic, paired ratios less so)" if contended else ""))
+        lines.append(
+            f"machine load during the run: other processes used {load['foreign_cores']:.2f} of "
+            f"{m['cores']} cores, hypervisor steal {load.get('steal_cores', 0.0):.2f} cores on average"
+            + ("  (CONTENDED: absolute figures are pessimistic, paired ratios less so)" if contended else "")
+        )
     W = 50
-    hdr = (f"{'':<{W}} {'B':>4} {'img/s':>7} {'[p10-p90]':>15} {'ms p50':>8} {'ratio':>7} {'[p10-p90]':>13}")
+    hdr = f"{'':<{W}} {'B':>4} {'img/s':>7} {'[p10-p90]':>15} {'ms p50':>8} {'ratio':>7} {'[p10-p90]':>13}"
     for b, rows in results.get("inproc", {}).items():
         lines += ["", f"In-process, batch {b} (ratio: paired per round with the bare fp32 forward)", hdr]
-        for key, r in rows.items():
+        for _key, r in rows.items():
             ips = r["ips"]
             ra = r.get("ratio", {})
             note = f"  {r['note']}" if r.get("note") else ""
-            lines.append(f"  {r['label']:<{W - 2}} {b:>4} {ips['median']:>7.2f} "
-                         f"{_span(ips):>15} {r['ms_per_call']['median']:>8.1f} "
-                         f"{_fmt(ra.get('median')):>6}x {_span(ra):>13}{note}")
+            lines.append(
+                f"  {r['label']:<{W - 2}} {b:>4} {ips['median']:>7.2f} "
+                f"{_span(ips):>15} {r['ms_per_call']['median']:>8.1f} "
+                f"{_fmt(ra.get('median')):>6}x {_span(ra):>13}{note}"
+            )
         ph = results.get("phases", {}).get(b, {})
         fwd = ph.get("fwd_fp32", {}).get("forward", {}).get("median")
         if fwd and any(k.startswith("hs_") for k in ph):
-            lines.append(f"  Headscope per image, ms (median): hooked forward [vs bare {fwd:.1f}] "
-                         f"+ results() + selection")
+            lines.append(
+                f"  Headscope per image, ms (median): hooked forward [vs bare {fwd:.1f}] + results() + selection"
+            )
             for key, parts in ph.items():
                 if not key.startswith("hs_"):
                     continue
@@ -127,25 +156,33 @@ def table(results: dict) -> str:
     enc = results.get("encoding")
     if enc:
         ref = _ref_ips(results, "1") or next((_ref_ips(results, b) for b in results.get("inproc", {})), None)
-        lines += ["", "Encoding one image's answer (ratio: encodings/s vs bare fp32 forwards/s at B=1)",
-                  f"{'':<{W}} {'MiB':>7} {'ms p50':>8} {'[p10-p90]':>17} {'ratio':>8}"]
-        for key, r in enc.items():
+        lines += [
+            "",
+            "Encoding one image's answer (ratio: encodings/s vs bare fp32 forwards/s at B=1)",
+            f"{'':<{W}} {'MiB':>7} {'ms p50':>8} {'[p10-p90]':>17} {'ratio':>8}",
+        ]
+        for _key, r in enc.items():
             ms = r["ms_per_call"]
             ratio = (1000 / ms["median"]) / ref if ref else None
-            lines.append(f"  {r['label']:<{W - 2}} {r['bytes'] / 2**20:>7.2f} {ms['median']:>8.2f} "
-                         f"{'[' + format(ms['p10'], '.2f') + '-' + format(ms['p90'], '.2f') + ']':>17} "
-                         f"{_fmt(ratio, '.1f'):>7}x")
+            lines.append(
+                f"  {r['label']:<{W - 2}} {r['bytes'] / 2**20:>7.2f} {ms['median']:>8.2f} "
+                f"{'[' + format(ms['p10'], '.2f') + '-' + format(ms['p90'], '.2f') + ']':>17} "
+                f"{_fmt(ratio, '.1f'):>7}x"
+            )
     api = results.get("api")
     if api:
         ref = results["api_ref"]["ips"]["median"]
         ref_ms = results["api_ref"]["ms_per_call"]["median"]
-        lines += ["", f"End-to-end API, real server, {results.get('api_client', 'httpx')} client (ratio: paired per round "
-                      f"with the bare fp32 forward at B=1 timed in this process between the blocks, "
-                      f"{ref:.2f} img/s = {ref_ms:.1f} ms)",
-                  f"{'':<{W}} {'c':>4} {'img/s':>7} {'ratio':>7} {'[p10-p90]':>11} {'p50 ms':>8} "
-                  f"{'p95':>7} {'p99':>7} "
-                  f"{'batch':>5} {'srv queue/compute/encode ms':>28} {'compute/img':>11}"]
-        for key, r in api.items():
+        lines += [
+            "",
+            f"End-to-end API, real server, {results.get('api_client', 'httpx')} client (ratio: paired per round "
+            f"with the bare fp32 forward at B=1 timed in this process between the blocks, "
+            f"{ref:.2f} img/s = {ref_ms:.1f} ms)",
+            f"{'':<{W}} {'c':>4} {'img/s':>7} {'ratio':>7} {'[p10-p90]':>11} {'p50 ms':>8} "
+            f"{'p95':>7} {'p99':>7} "
+            f"{'batch':>5} {'srv queue/compute/encode ms':>28} {'compute/img':>11}",
+        ]
+        for _key, r in api.items():
             lat = r["latency_ms"]
             st = r["server_timing_ms_median"]
             srv = " / ".join(format(st.get(k, 0.0), ".1f") for k in ("queue", "compute", "encode"))
@@ -153,20 +190,30 @@ def table(results: dict) -> str:
             unit_label = unit_label.replace("raw HTTP/1.1 socket (no client library)", "raw socket")
             ratio = r.get("ratio", {}).get("median") or r["ips"] / ref
             cpi = r.get("server_compute_ms_per_image")
-            lines.append(f"  {unit_label:<{W - 2}} {r['concurrency']:>4} {r['ips']:>7.2f} "
-                         f"{ratio:>6.2f}x {_span(r.get('ratio', {})):>11} "
-                         f"{lat.get('p50', 0):>8.1f} {lat.get('p95', 0):>7.1f} "
-                         f"{lat.get('p99', 0):>7.1f} {_fmt(r['mean_batch'], '.1f'):>5} {srv:>28} "
-                         f"{_fmt(cpi, '.1f'):>11}")
-        lines.append(f"  (compute/img: the server's forward + capture per image, to compare with the {ref_ms:.1f} ms "
-                     f"bare forward here)")
+            lines.append(
+                f"  {unit_label:<{W - 2}} {r['concurrency']:>4} {r['ips']:>7.2f} "
+                f"{ratio:>6.2f}x {_span(r.get('ratio', {})):>11} "
+                f"{lat.get('p50', 0):>8.1f} {lat.get('p95', 0):>7.1f} "
+                f"{lat.get('p99', 0):>7.1f} {_fmt(r['mean_batch'], '.1f'):>5} {srv:>28} "
+                f"{_fmt(cpi, '.1f'):>11}"
+            )
+        lines.append(
+            f"  (compute/img: the server's forward + capture per image, to compare with the {ref_ms:.1f} ms "
+            f"bare forward here)"
+        )
     mem = results.get("memory", {})
     bmax = max(map(int, results.get("inproc", {"1": 0})), default=1)
-    lines += ["", "Peak resident memory: bench process "
-              f"{_fmt(mem.get('bench_peak_rss_mib'), '.0f')} MiB (models + peers + batch {bmax} maps)"
-              + (f"; server {_fmt(mem.get('server_peak_rss_mib'), '.0f')} MiB (results cache limit 1 GiB)"
-                 if mem.get("server_peak_rss_mib") else "")
-              + f"; capture held per image {results.get('capture_bytes_per_image', 0) / 2**20:.1f} MiB"]
+    lines += [
+        "",
+        "Peak resident memory: bench process "
+        f"{_fmt(mem.get('bench_peak_rss_mib'), '.0f')} MiB (models + peers + batch {bmax} maps)"
+        + (
+            f"; server {_fmt(mem.get('server_peak_rss_mib'), '.0f')} MiB (results cache limit 1 GiB)"
+            if mem.get("server_peak_rss_mib")
+            else ""
+        )
+        + f"; capture held per image {results.get('capture_bytes_per_image', 0) / 2**20:.1f} MiB",
+    ]
     vals = results.get("checks", {}).get("values", {})
     if vals:
         lines.append("Max |difference| of maps to Headscope's: " + ", ".join(f"{k} {v:.1e}" for k, v in vals.items()))

@@ -4,6 +4,7 @@ Exit status: 0 when every check passed (shapes, values, HTTP answers), 1 when so
 broken; with ``--strict`` also 1 when a performance target is missed. Targets are printed
 as PASS/MISS either way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,31 +30,46 @@ def _ints(s: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add = p.add_argument
     add("--batch-sizes", type=_ints, default=None, help="in-process batch sizes (default 1,8; smoke 1)")
     add("--device", default="cpu", help="cpu (default) or cuda[:N]: model, peers and server")
-    add("--threads", type=int, default=0,
-        help="torch intra-op threads here and in the server (0 = torch default)")
-    add("--iters", type=int, default=None,
-        help="timed rounds per batch size (default: 40 at B=1, 96/B (min 8) above; smoke 4)")
+    add("--threads", type=int, default=0, help="torch intra-op threads here and in the server (0 = torch default)")
+    add(
+        "--iters",
+        type=int,
+        default=None,
+        help="timed rounds per batch size (default: 40 at B=1, 96/B (min 8) above; smoke 4)",
+    )
     add("--warmup", type=int, default=None, help="untimed calls per variant first (default 2; smoke 1)")
     add("--concurrency", type=_ints, default=None, help="API concurrency levels (default 1,4,16; smoke 1,4)")
     add("--api-rounds", type=int, default=None, help="API rounds (default 4; smoke 1)")
-    add("--client", choices=("lean", "httpx"), default="lean",
-        help="API load client: lean = http.client keep-alive threads (default), httpx = httpx.AsyncClient")
+    add(
+        "--client",
+        choices=("lean", "httpx"),
+        default="lean",
+        help="API load client: lean = http.client keep-alive threads (default), httpx = httpx.AsyncClient",
+    )
     add("--smoke", action="store_true", help="quick CI run (< 60 s): few iterations, concurrency 1 and 4")
     add("--no-api", action="store_true", help="skip the end-to-end API part")
     add("--no-peers", action="store_true", help="skip timm AttentionExtract and HF transformers")
     add("--no-encoding", action="store_true", help="skip the encoding part")
     add("--strict", action="store_true", help="exit 1 when a performance target is missed")
-    add("--profile", action="store_true",
-        help="also profile: torch.profiler in-process, py-spy on the server (if installed)")
-    add("--server-env", action="append", default=[], metavar="KEY=VALUE",
-        help="extra environment for the server (repeatable), e.g. HEADSCOPE_MAX_WAIT_MS=0")
-    add("--out", type=Path, default=DEFAULT_OUT,
-        help=f"JSON results (default {DEFAULT_OUT.relative_to(ROOT)})")
+    add(
+        "--profile",
+        action="store_true",
+        help="also profile: torch.profiler in-process, py-spy on the server (if installed)",
+    )
+    add(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the server (repeatable), e.g. HEADSCOPE_MAX_WAIT_MS=0",
+    )
+    add("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT.relative_to(ROOT)})")
     add("--models-dir", type=Path, default=ROOT / "models")
     add("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
@@ -90,16 +106,29 @@ def machine_info(threads: int) -> dict[str, Any]:
     except (OSError, StopIteration):
         mem = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "app"], cwd=ROOT, capture_output=True,
-                                    text=True, timeout=5).stdout.strip())
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "app"], cwd=ROOT, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     return {
-        "cpu": model_name, "cores": os.cpu_count(), "mem_gib": round(mem, 1) if mem else None,
-        "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "threads_arg": threads, "git_commit": commit, "app_dirty": dirty,
+        "cpu": model_name,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem, 1) if mem else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "threads_arg": threads,
+        "git_commit": commit,
+        "app_dirty": dirty,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -114,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
     import torch
 
-    from app.malloc import tune_malloc
+    from app.serving.malloc import tune_malloc
 
     tune_malloc()  # as the server does at start-up, so the in-process rows see the same allocator
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from app.registry import load_embedded
+    from app.engine.forward import forward_capture
+    from app.zoo.loaders import load_embedded
 
     from . import encoding, inproc, peers, report
     from .common import BenchFailure, LoadMonitor, peak_rss_mib, run_interleaved, summary, throughput_stats
@@ -129,12 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     monitor = LoadMonitor()
     info = machine_info(args.threads)
     info.update(peers.versions())
-    print(f"Headscope bench{' (smoke)' if args.smoke else ''}: {info['cpu']}, {info['cores']} cores, "
-          f"torch {info['torch']}, {info['threads']} threads, input 224x224")
+    print(
+        f"Headscope bench{' (smoke)' if args.smoke else ''}: {info['cpu']}, {info['cores']} cores, "
+        f"torch {info['torch']}, {info['threads']} threads, input 224x224"
+    )
 
     checks = inproc.Checks()
-    results: dict[str, Any] = {"meta": info, "args": {k: (str(v) if isinstance(v, Path) else v)
-                                                      for k, v in vars(args).items()}}
+    results: dict[str, Any] = {
+        "meta": info,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -162,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             v.clear()
         x = inproc.sample_pixels(lm, B, device)
         it = iters_for(B, args)
-        print(f"  in-process, batch {B}: {len(variants)} variants x {it} interleaved rounds "
-              f"(+{args.warmup} warm-up)", flush=True)
+        print(
+            f"  in-process, batch {B}: {len(variants)} variants x {it} interleaved rounds (+{args.warmup} warm-up)",
+            flush=True,
+        )
         try:
             run_interleaved(variants, lambda: x, B, it, args.warmup, verbose, sync)
         except Exception as e:  # a variant crashing mid-run is a failure, not a traceback
@@ -175,13 +211,19 @@ def main(argv: list[str] | None = None) -> int:
             checks.fail("the bare fp32 forward did not run; no reference")
             break
         results["inproc"][str(B)] = {
-            v.key: {"label": v.label, "group": v.group, "note": v.note, **throughput_stats(v.times, B, ref_times),
-                    "minor_faults_per_call": summary([float(f) for f in v.faults])["median"]}
+            v.key: {
+                "label": v.label,
+                "group": v.group,
+                "note": v.note,
+                **throughput_stats(v.times, B, ref_times),
+                "minor_faults_per_call": summary([float(f) for f in v.faults])["median"],
+            }
             for v in variants
         }
         results["phases"][str(B)] = {
             v.key: {ph: summary([t * 1000 / B for t in ts]) for ph, ts in v.phases.items()}
-            for v in variants if v.phases
+            for v in variants
+            if v.phases
         }
         results["phases"][str(B)]["fwd_fp32"] = {"forward": summary([t * 1000 / B for t in ref_times])}
         # a capture that goes wrong after warm-up: check the last output once more
@@ -199,20 +241,18 @@ def main(argv: list[str] | None = None) -> int:
         x1 = inproc.sample_pixels(lm, 1, device)
         keep = {"fwd_fp32", "hs_cls", "hs_full", "timm_full", "hf_full"}
         print("  profiling (torch.profiler) ...", flush=True)
-        results["profile_ops"] = profile.torch_ops({v.label: (lambda v=v: v.fn(x1)) for v in variants
-                                                    if v.key in keep}, cuda=device.type == "cuda")
+        results["profile_ops"] = profile.torch_ops(
+            {v.label: (lambda v=v: v.fn(x1)) for v in variants if v.key in keep}, cuda=device.type == "cuda"
+        )
 
     # capture memory per image (what the results cache holds)
-    with torch.inference_mode():
-        with lm.capture.capturing():
-            lm.model.forward_features(inproc.sample_pixels(lm, 1, device))
-        att = lm.capture.results()[0]
+    att = forward_capture(lm, inproc.sample_pixels(lm, 1, device))[0]
     results["capture_bytes_per_image"] = att.nbytes()
 
     # -- encoding ---------------------------------------------------------------------------------
     if not args.no_encoding:
-        from app.analysis import attention_tensor
-        from app.selection import Selection
+        from app.engine.analysis import attention_tensor
+        from app.engine.selection import Selection
 
         cls_arr = attention_tensor(att, Selection(list(range(L)), list(range(H)), [0])).numpy()
         full_arr = attention_tensor(att, Selection(list(range(L)), list(range(H)), None)).numpy()
@@ -232,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         enc = [v for v in enc if v.key in sizes]
         print(f"  encoding: {len(enc)} variants", flush=True)
         run_interleaved(enc, lambda: None, 1, 3 if args.smoke else 15, 1, verbose)
-        results["encoding"] = {v.key: {"label": v.label, "note": v.note, "bytes": sizes[v.key],
-                                       **throughput_stats(v.times, 1)} for v in enc}
+        results["encoding"] = {
+            v.key: {"label": v.label, "note": v.note, "bytes": sizes[v.key], **throughput_stats(v.times, 1)}
+            for v in enc
+        }
         del enc
     del att
     gc.collect()
@@ -252,8 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             server = api.ServerProcess(env, ROOT / "bench" / "results")
             monitor.track(server.pid)
-            print(f" ready in {server.startup_s:.1f}s (pid {server.pid}); levels {args.concurrency}, "
-                  f"{args.api_rounds} round(s)", flush=True)
+            print(
+                f" ready in {server.startup_s:.1f}s (pid {server.pid}); levels {args.concurrency}, "
+                f"{args.api_rounds} round(s)",
+                flush=True,
+            )
             bench = api.ApiBench(server, L, H, N, (224 // lm.patch_size[0], 224 // lm.patch_size[1]))
             x1 = inproc.sample_pixels(lm, 1, device)
             ref_iters = 2 if args.smoke else 5
@@ -274,10 +319,18 @@ def main(argv: list[str] | None = None) -> int:
             sampler = None
             if args.profile:
                 from .profile import ServerSampler
+
                 sampler = ServerSampler(server.pid, ROOT / "bench" / "results" / "server-pyspy.txt")
             try:
-                api_res, ref_times = api.run(bench, args.concurrency, args.api_rounds, ref, verbose,
-                                             warmup_requests=4 if args.smoke else 8, client=args.client)
+                api_res, ref_times = api.run(
+                    bench,
+                    args.concurrency,
+                    args.api_rounds,
+                    ref,
+                    verbose,
+                    warmup_requests=4 if args.smoke else 8,
+                    client=args.client,
+                )
             finally:
                 if sampler is not None:
                     results["profile_server"] = sampler.stop()

@@ -9,6 +9,7 @@ accepted requests meet their deadline, the excess gets 429 with Retry-After at o
 5xx, and /healthz stays fast. ``soak`` sends mixed sizes and formats and checks memory, the cache
 bound, file descriptors and temp files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,6 @@ import io
 import json
 import os
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -66,8 +66,10 @@ async def load(url: str, levels: list[int], per_level: int, deadline_s: float, m
     end = time.monotonic() + max_seconds
     result = {"levels": [], "health_ms": {}}
     limits = httpx.Limits(max_connections=max(levels) + 8, max_keepalive_connections=max(levels) + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=deadline_s + 30, limits=limits) as client, \
-            httpx.AsyncClient(base_url=url, timeout=10) as health_client:
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=deadline_s + 30, limits=limits) as client,
+        httpx.AsyncClient(base_url=url, timeout=10) as health_client,
+    ):
         health: list[float] = []
         stop = asyncio.Event()
         poller = asyncio.create_task(_poll_health(health_client, stop, health))
@@ -76,8 +78,17 @@ async def load(url: str, levels: list[int], per_level: int, deadline_s: float, m
             if time.monotonic() > end:
                 break
             sem = asyncio.Semaphore(conc)
-            stats = {"concurrency": conc, "ok": 0, "busy": 0, "err5xx": 0, "other": 0,
-                     "ok_ms": [], "busy_ms": [], "retry_after_missing": 0, "late": 0}
+            stats = {
+                "concurrency": conc,
+                "ok": 0,
+                "busy": 0,
+                "err5xx": 0,
+                "other": 0,
+                "ok_ms": [],
+                "busy_ms": [],
+                "retry_after_missing": 0,
+                "late": 0,
+            }
 
             # Made before the clock starts: encoding inside the loop would delay reading answers.
             datas = {seq + i: make_image(seq + i) for i in range(per_level)}
@@ -106,15 +117,21 @@ async def load(url: str, levels: list[int], per_level: int, deadline_s: float, m
             seq += per_level
             ok_ms, busy_ms = stats.pop("ok_ms"), stats.pop("busy_ms")
             stats.update(
-                wall_s=round(wall, 2), ok_per_s=round(stats["ok"] / wall, 2),
-                ok_p50_ms=round(pct(ok_ms, 50), 1), ok_p99_ms=round(pct(ok_ms, 99), 1),
+                wall_s=round(wall, 2),
+                ok_per_s=round(stats["ok"] / wall, 2),
+                ok_p50_ms=round(pct(ok_ms, 50), 1),
+                ok_p99_ms=round(pct(ok_ms, 99), 1),
                 busy_p99_ms=round(pct(busy_ms, 99), 1) if busy_ms else None,
             )
             result["levels"].append(stats)
         stop.set()
         await poller
-    result["health_ms"] = {"n": len(health), "p50": round(pct(health, 50) * 1000, 2),
-                           "p99": round(pct(health, 99) * 1000, 2), "max": round(max(health) * 1000, 2) if health else None}
+    result["health_ms"] = {
+        "n": len(health),
+        "p50": round(pct(health, 50) * 1000, 2),
+        "p99": round(pct(health, 99) * 1000, 2),
+        "max": round(max(health) * 1000, 2) if health else None,
+    }
     return result
 
 
@@ -133,12 +150,19 @@ def _metric(text: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def soak(url: str, pid: int, requests: int, cache_bytes: int, tmpdir: Path, max_seconds: float,
-               concurrency: int = 4) -> dict:
+async def soak(
+    url: str, pid: int, requests: int, cache_bytes: int, tmpdir: Path, max_seconds: float, concurrency: int = 4
+) -> dict:
     """Mixed sizes and formats; samples RSS, fds and the cache size along the way."""
     sizes = [(224, 224), (451, 300), (300, 451), (640, 200), (96, 96)]
-    kinds = [dict(), dict(format="safetensors", query="all", layers="-1"), dict(format="npy", layers="0,11"),
-             dict(query="patch:3,3"), dict(aggregate="rollout"), dict(stats="true", layers="-1")]
+    kinds = [
+        dict(),
+        dict(format="safetensors", query="all", layers="-1"),
+        dict(format="npy", layers="0,11"),
+        dict(query="patch:3,3"),
+        dict(aggregate="rollout"),
+        dict(stats="true", layers="-1"),
+    ]
     end = time.monotonic() + max_seconds
     samples: list[tuple[int, dict]] = []
     codes: dict[int, int] = {}
@@ -146,6 +170,7 @@ async def soak(url: str, pid: int, requests: int, cache_bytes: int, tmpdir: Path
     sem = asyncio.Semaphore(concurrency)
     done = 0
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
         async def one(i: int) -> None:
             nonlocal done, cache_seen
             async with sem:
@@ -170,13 +195,16 @@ async def soak(url: str, pid: int, requests: int, cache_bytes: int, tmpdir: Path
     # torch keeps its compiler cache folder in TMPDIR; anything else left there is ours.
     leftovers = [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor")] if tmpdir.exists() else []
     return {
-        "requests": done, "codes": codes,
+        "requests": done,
+        "codes": codes,
         "rss_mb_after_warmup": round(rss[0] / 2**20, 1) if rss else None,
         "rss_mb_end": round(rss[-1] / 2**20, 1) if rss else None,
         "rss_growth": round(rss[-1] / rss[0] - 1, 4) if len(rss) > 1 else 0.0,
         "rss_growth_max": round(max(rss) / rss[0] - 1, 4) if rss else 0.0,
-        "fds_first": fds[0] if fds else None, "fds_last": fds[-1] if fds else None,
-        "cache_bytes_max": cache_seen, "cache_limit": cache_bytes,
+        "fds_first": fds[0] if fds else None,
+        "fds_last": fds[-1] if fds else None,
+        "cache_bytes_max": cache_seen,
+        "cache_limit": cache_bytes,
         "temp_files_left": leftovers,
     }
 
@@ -198,12 +226,17 @@ def main() -> int:
     p.add_argument("--cache-mb", type=int, default=64)
     p.add_argument("--out", help="write the result as JSON here")
     a = p.parse_args()
-    env = {"HEADSCOPE_REQUEST_TIMEOUT_S": str(a.timeout_s), "HEADSCOPE_MAX_QUEUE": str(a.max_queue),
-           "HEADSCOPE_CACHE_BYTES": str(a.cache_mb * 2**20)}
+    env = {
+        "HEADSCOPE_REQUEST_TIMEOUT_S": str(a.timeout_s),
+        "HEADSCOPE_MAX_QUEUE": str(a.max_queue),
+        "HEADSCOPE_CACHE_BYTES": str(a.cache_mb * 2**20),
+    }
     srv, tmpdir = start_server(env)
     try:
         if a.mode == "load":
-            res = asyncio.run(load(srv.url, [int(x) for x in a.levels.split(",")], a.per_level, a.timeout_s, a.max_seconds))
+            res = asyncio.run(
+                load(srv.url, [int(x) for x in a.levels.split(",")], a.per_level, a.timeout_s, a.max_seconds)
+            )
         else:
             res = asyncio.run(soak(srv.url, srv.proc.pid, a.requests, a.cache_mb * 2**20, tmpdir, a.max_seconds))
     finally:

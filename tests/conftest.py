@@ -1,10 +1,12 @@
 """Shared fixtures: real uvicorn servers on free loopback ports, sample images."""
+
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from server import ARTIFACTS, ROOT, SAMPLES, Server  # noqa: F401
-
 
 
 @pytest.fixture(scope="session")

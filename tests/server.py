@@ -1,4 +1,5 @@
 """A real `headscope serve` process on a free loopback port (tests, load and soak scripts)."""
+
 from __future__ import annotations
 
 import os
@@ -30,12 +31,15 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"server-{self.port}.log"
-        full_env = {**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models"), "PYTHONUNBUFFERED": "1",
-                    **(env or {})}
+        full_env = {**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models"), "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + timeout
         path = "/readyz" if wait_ready else "/healthz"
         while time.monotonic() < deadline:

@@ -1,4 +1,5 @@
 """The REST API against a real uvicorn server on loopback."""
+
 from __future__ import annotations
 
 import io
@@ -9,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from safetensors.numpy import load as st_load
 
@@ -25,8 +25,13 @@ def png(img: Image.Image, fmt="PNG", **kw) -> bytes:
 
 
 def post(base, data: bytes, name="img.png", timeout=60, headers=None, **fields):
-    return httpx.post(base + API, files={"image": (name, data, "application/octet-stream")},
-                      data={k: str(v) for k, v in fields.items()}, timeout=timeout, headers=headers)
+    return httpx.post(
+        base + API,
+        files={"image": (name, data, "application/octet-stream")},
+        data={k: str(v) for k, v in fields.items()},
+        timeout=timeout,
+        headers=headers,
+    )
 
 
 def assert_error(r: httpx.Response, status: int, code: str | None = None):
@@ -45,18 +50,19 @@ def cat(samples):
 
 @pytest.fixture(scope="module")
 def local_model():
-    from app.registry import load_embedded
+    from app.zoo.loaders import load_embedded
+
     return load_embedded(ROOT / "models")
 
 
 def reference(lm, data: bytes):
     """The same image through the engine in this process, for comparison with the server."""
-    from app import images
+    from app.engine.forward import forward_capture
+    from app.serving import images
+
     img = images.decode(data, 40_000_000)
     prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std)
-    with torch.inference_mode(), lm.capture.capturing():
-        lm.model.forward_features(prep.pixels[None])
-    return lm.capture.results()[0], prep
+    return forward_capture(lm, prep.pixels[None])[0], prep
 
 
 def test_health_ready_models(base_url):
@@ -74,8 +80,13 @@ def test_default_post_returns_cls_rows_of_every_layer_and_head(base_url, cat, lo
     assert r.status_code == 200, r.text
     b = r.json()
     assert b["shape"] == [12, 6, 1, 385] and np.array(b["attention"]).shape == (12, 6, 1, 385)
-    assert b["tokens"] == {"count": 385, "num_prefix": 1, "prefix": [{"index": 0, "kind": "cls"}],
-                           "grid": [16, 24], "patch_size": [14, 14]}
+    assert b["tokens"] == {
+        "count": 385,
+        "num_prefix": 1,
+        "prefix": [{"index": 0, "kind": "cls"}],
+        "grid": [16, 24],
+        "patch_size": [14, 14],
+    }
     assert b["image_size"] == [300, 451] and b["input_size"] == [224, 336]
     assert b["layers"] == list(range(12)) and b["heads"] == list(range(6)) and b["query"] == [0]
     assert re.fullmatch(r"[0-9a-f]{24}", b["image_id"]) and b["filename"] == "cat.png"
@@ -99,7 +110,9 @@ def test_selection_variants(base_url, cat, local_model):
     np.testing.assert_allclose(np.array(b["attention"], np.float32)[0], ref.rows(5).numpy(), atol=1e-6)
     b = post(base_url, cat, layers="3", query="0,17,200", aggregate="mean").json()
     assert b["shape"] == [1, 1, 3, 385] and b["heads"] == ["mean"]
-    np.testing.assert_allclose(np.array(b["attention"])[0, 0], ref.rows(3, None, [0, 17, 200]).mean(0).numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        np.array(b["attention"])[0, 0], ref.rows(3, None, [0, 17, 200]).mean(0).numpy(), atol=1e-6
+    )
     b = post(base_url, cat, aggregate="rollout", layers="all").json()
     assert b["shape"] == [12, 1, 1, 385]
     np.testing.assert_allclose(np.array(b["attention"]).sum(-1), 1.0, atol=1e-5)
@@ -111,7 +124,7 @@ def test_binary_formats_carry_metadata(base_url, cat):
     tensors = st_load(r.content)
     assert tensors["attention"].shape == (2, 6, 385, 385) and tensors["attention"].dtype == np.float16
     header_len = int.from_bytes(r.content[:8], "little")
-    meta = json.loads(json.loads(r.content[8:8 + header_len])["__metadata__"]["headscope"])
+    meta = json.loads(json.loads(r.content[8 : 8 + header_len])["__metadata__"]["headscope"])
     assert meta["tokens"]["grid"] == [16, 24] and meta["layers"] == [0, 1] and meta["dtype"] == "float16"
     r = post(base_url, cat, format="npy", layers="-1")
     arr = np.load(io.BytesIO(r.content), allow_pickle=False)
@@ -135,20 +148,23 @@ def test_cached_follow_up_and_picture(base_url, cat):
     assert_error(httpx.get(f"{base_url}{API}/{image_id}", params={"bogus": "1"}), 422)
 
 
-@pytest.mark.parametrize("fields,status,code", [
-    ({"layers": "12"}, 422, "bad_selection"),
-    ({"layers": "x"}, 422, "bad_selection"),
-    ({"heads": "6"}, 422, "bad_selection"),
-    ({"query": "patch:16,0"}, 422, "bad_selection"),
-    ({"query": "9999"}, 422, "bad_selection"),
-    ({"aggregate": "median"}, 422, "invalid_parameter"),
-    ({"format": "xml"}, 422, "invalid_parameter"),
-    ({"dtype": "int8"}, 422, "invalid_parameter"),
-    ({"model": "nope"}, 404, "unknown_model"),
-    ({"model": "timm:vit_base_patch16_224"}, 404, "unknown_model"),  # not configured: never loaded on request
-    ({"discard_ratio": "1.5"}, 422, "invalid_parameter"),
-    ({"colour": "red"}, 422, "unknown_field"),
-])
+@pytest.mark.parametrize(
+    "fields,status,code",
+    [
+        ({"layers": "12"}, 422, "bad_selection"),
+        ({"layers": "x"}, 422, "bad_selection"),
+        ({"heads": "6"}, 422, "bad_selection"),
+        ({"query": "patch:16,0"}, 422, "bad_selection"),
+        ({"query": "9999"}, 422, "bad_selection"),
+        ({"aggregate": "median"}, 422, "invalid_parameter"),
+        ({"format": "xml"}, 422, "invalid_parameter"),
+        ({"dtype": "int8"}, 422, "invalid_parameter"),
+        ({"model": "nope"}, 404, "unknown_model"),
+        ({"model": "timm:vit_base_patch16_224"}, 404, "unknown_model"),  # not configured: never loaded on request
+        ({"discard_ratio": "1.5"}, 422, "invalid_parameter"),
+        ({"colour": "red"}, 422, "unknown_field"),
+    ],
+)
 def test_bad_parameters(base_url, cat, fields, status, code):
     assert_error(post(base_url, cat, **fields), status, code)
 
@@ -163,7 +179,13 @@ def test_bad_uploads(base_url, cat):
     assert_error(post(base_url, png(Image.new("1", (10_000, 10_000)))), 413, "image_too_large")
     assert_error(post(base_url, b"\0" * (21 * 1024 * 1024)), 413, "upload_too_large")
     assert_error(httpx.post(base_url + API, files=[("image", ("a.png", cat)), ("image", ("b.png", cat))]), 400)
-    assert_error(httpx.post(base_url + API, content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"}), 422, "missing_image")
+    assert_error(
+        httpx.post(
+            base_url + API, content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"}
+        ),
+        422,
+        "missing_image",
+    )
     # Path parts in the filename are dropped; the name is only ever displayed.
     b = post(base_url, cat, "../../etc/passwd").json()
     assert b["filename"] == "passwd"
@@ -172,21 +194,28 @@ def test_bad_uploads(base_url, cat):
 
 def test_upload_cap_is_checked_while_reading(base_url):
     def chunks():
-        yield b"--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"x.png\"\r\n\r\n"
+        yield b'--b\r\nContent-Disposition: form-data; name="image"; filename="x.png"\r\n\r\n'
         for _ in range(30):
             yield b"\0" * (1024 * 1024)
-    r = httpx.post(base_url + API, content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"}, timeout=30)
+
+    r = httpx.post(
+        base_url + API, content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"}, timeout=30
+    )
     assert_error(r, 413, "upload_too_large")
 
 
-@pytest.mark.parametrize("make", [
-    lambda: Image.new("L", (300, 200), 90),
-    lambda: Image.new("RGBA", (200, 300), (10, 200, 30, 128)),
-    lambda: Image.new("P", (120, 120), 3),
-    lambda: Image.new("I;16", (100, 150), 30000),
-    lambda: Image.new("RGB", (3, 2), (255, 0, 0)),
-    lambda: Image.new("RGB", (2000, 100), (0, 0, 255)),
-], ids=["grey", "rgba", "palette", "16bit", "tiny", "very-wide"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Image.new("L", (300, 200), 90),
+        lambda: Image.new("RGBA", (200, 300), (10, 200, 30, 128)),
+        lambda: Image.new("P", (120, 120), 3),
+        lambda: Image.new("I;16", (100, 150), 30000),
+        lambda: Image.new("RGB", (3, 2), (255, 0, 0)),
+        lambda: Image.new("RGB", (2000, 100), (0, 0, 255)),
+    ],
+    ids=["grey", "rgba", "palette", "16bit", "tiny", "very-wide"],
+)
 def test_odd_but_valid_images(base_url, make):
     r = post(base_url, png(make()), layers="-1")
     assert r.status_code == 200, r.text
@@ -216,6 +245,7 @@ def test_concurrent_clients_get_their_own_answers_and_batches_form(base_url, sam
         m = re.search(rf'headscope_batch_size_bucket{{le="{le}"}} (\S+)', text)
         total = re.search(r"headscope_batch_size_count (\S+)", text)
         return float(total.group(1)) - float(m.group(1)) if m else 0.0
+
     assert batches(after, "1.0") > batches(before, "1.0"), "no batch larger than 1 formed"
     assert "headscope_queue_depth" in after and "headscope_request_seconds_bucket" in after
 

@@ -1,7 +1,7 @@
 """Faults injected into a real server: only the culprit fails, the server keeps serving."""
+
 from __future__ import annotations
 
-import io
 import re
 import shutil
 import signal
@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from PIL import Image
+from test_api import assert_error, png, post
 
 from server import ROOT
-from test_api import API, assert_error, png, post
 
 FAULT = "X-Headscope-Fault"
 
@@ -64,8 +64,14 @@ def test_fault_header_is_ignored_unless_enabled(server_factory):
 
 
 def test_deadline_full_queue_and_disconnect(server_factory):
-    srv = server_factory({"HEADSCOPE_ENABLE_FAULT_INJECTION": "1", "HEADSCOPE_REQUEST_TIMEOUT_S": "1.5",
-                          "HEADSCOPE_MAX_QUEUE": "2", "HEADSCOPE_MAX_BATCH_SIZE": "1"})
+    srv = server_factory(
+        {
+            "HEADSCOPE_ENABLE_FAULT_INJECTION": "1",
+            "HEADSCOPE_REQUEST_TIMEOUT_S": "1.5",
+            "HEADSCOPE_MAX_QUEUE": "2",
+            "HEADSCOPE_MAX_BATCH_SIZE": "1",
+        }
+    )
     base = srv.url
     datas = images(8, 6)
     # A hung compute: the deadline answers 504, and the worker recovers afterwards.
@@ -116,7 +122,10 @@ def test_model_load_failure(server_factory, tmp_path, damage):
         (dst / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json" + b"\0" * 100)
         env = {"HEADSCOPE_MODELS_DIR": str(tmp_path / "models")}
     else:
-        env = {"HEADSCOPE_MODELS_DIR": str(tmp_path / "models"), "HEADSCOPE_MODEL": "local:vit_small_patch14_dinov2@/nonexistent/w.safetensors"}
+        env = {
+            "HEADSCOPE_MODELS_DIR": str(tmp_path / "models"),
+            "HEADSCOPE_MODEL": "local:vit_small_patch14_dinov2@/nonexistent/w.safetensors",
+        }
     srv = server_factory(env, wait_ready=False)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -1,11 +1,10 @@
 """Short load and soak runs (the long ones: HEADSCOPE_SLOW=1, or scripts/load.py)."""
+
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
-
-import pytest
 
 from server import ROOT
 

@@ -1,9 +1,9 @@
 """CORS, headers, and no client-chosen model sources."""
+
 from __future__ import annotations
 
 import httpx
 import pytest
-
 from test_api import API, assert_error, post
 
 
@@ -37,10 +37,16 @@ def test_page_headers(base_url):
     assert r.headers["x-content-type-options"] == "nosniff" and r.headers["x-frame-options"] == "DENY"
 
 
-@pytest.mark.parametrize("model", [
-    "local:vit_small_patch16_224@/etc/passwd", "https://example.com/model.safetensors",
-    "timm:vit_base_patch16_224", "random:test_vit", "../models/dinov2-s14-focus",
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "local:vit_small_patch16_224@/etc/passwd",
+        "https://example.com/model.safetensors",
+        "timm:vit_base_patch16_224",
+        "random:test_vit",
+        "../models/dinov2-s14-focus",
+    ],
+)
 def test_models_come_only_from_server_configuration(base_url, cat_bytes, model):
     assert_error(post(base_url, cat_bytes, model=model), 404, "unknown_model")
     assert_error(httpx.get(f"{base_url}{API}/{'a' * 24}", params={"model": model}), 404, "unknown_model")

@@ -3,6 +3,7 @@
 The guards fail a test on a console error, an uncaught page error, a JavaScript dialog
 (``alert`` from an injected script) or any request to a host other than the test server.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,14 @@ import pytest
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 VIEWPORT = {"width": 1280, "height": 900}
 
 
@@ -45,8 +52,9 @@ class Guard:
     allow_http_errors: bool = False
 
     def unexpected_console_errors(self) -> list[str]:
-        return [m for m in self.console_errors
-                if not (self.allow_http_errors and m.startswith("Failed to load resource"))]
+        return [
+            m for m in self.console_errors if not (self.allow_http_errors and m.startswith("Failed to load resource"))
+        ]
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ and compare mode.
 Every test gets a fresh page whose guard (tests/browser/conftest.py) fails it on a console
 error, an uncaught exception, a dialog or a request to another host.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-
 from test_page import OVERLAY, api_rows, assert_close, canvas_png, image_id, open_page, upload, wait_view
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -45,12 +45,15 @@ def wait_analytics(page) -> None:
 
 def plot_data(page, testid: str) -> list[dict]:
     """The traces of the Plotly chart at (or inside) the element with this data-testid."""
-    return page.evaluate("""id => {
+    return page.evaluate(
+        """id => {
         let el = document.querySelector(`[data-testid=${id}]`);
         if (!el.classList.contains('js-plotly-plot')) el = el.querySelector('.js-plotly-plot');
         return el.data.map(t => ({name: t.name ?? null, type: t.type, x: t.x ?? null, y: t.y ?? null,
                                   z: t.z ?? null, customdata: t.customdata ?? null}));
-    }""", testid)
+    }""",
+        testid,
+    )
 
 
 def eventually(check, timeout: float = 15.0):
@@ -77,12 +80,15 @@ def assert_matrix(got, want, rel=1e-5, abs_=1e-6) -> None:
 def click_plot(page, testid: str, x: float, y: float) -> None:
     """Click the chart at data coordinates (x, y); Plotly picks the point from the hover."""
     page.evaluate("id => document.querySelector(`[data-testid=${id}]`).scrollIntoView({block: 'center'})", testid)
-    pos = page.evaluate("""([id, x, y]) => {
+    pos = page.evaluate(
+        """([id, x, y]) => {
         let el = document.querySelector(`[data-testid=${id}]`);
         if (!el.classList.contains('js-plotly-plot')) el = el.querySelector('.js-plotly-plot');
         const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, r = el.getBoundingClientRect();
         return {x: r.left + xa._offset + xa.l2p(x), y: r.top + ya._offset + ya.l2p(y)};
-    }""", [testid, x, y])
+    }""",
+        [testid, x, y],
+    )
     page.mouse.move(pos["x"] - 3, pos["y"] - 3)
     page.mouse.move(pos["x"], pos["y"])
     page.mouse.click(pos["x"], pos["y"])
@@ -103,7 +109,9 @@ def mass_count(weights: list[float], fraction: float) -> int:
 
 def count_pixels(page, selector: str, test: str) -> int:
     """How many pixels of a canvas satisfy the JS expression ``test`` over r, g, b."""
-    return page.eval_on_selector(selector, f"""c => {{
+    return page.eval_on_selector(
+        selector,
+        f"""c => {{
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0;
         for (let i = 0; i < d.length; i += 4) {{
@@ -111,7 +119,8 @@ def count_pixels(page, selector: str, test: str) -> int:
             if ({test}) n++;
         }}
         return n;
-    }}""")
+    }}""",
+    )
 
 
 WHITE = "r > 235 && g > 235 && b > 235"
@@ -328,10 +337,14 @@ def test_rollout_strip_follows_its_options(page, base_url, samples):
     page.select_option("[data-testid=rollout-start]", "4")
     page.select_option("[data-testid=head-fusion]", "max")
     page.fill("[data-testid=discard-ratio]", "0.5")
-    page.wait_for_selector("[data-testid=rollout-strip][data-start='4'][data-fusion='max'][data-discard='0.5']"
-                           "[data-count='8'][data-loaded='1']")
+    page.wait_for_selector(
+        "[data-testid=rollout-strip][data-start='4'][data-fusion='max'][data-discard='0.5']"
+        "[data-count='8'][data-loaded='1']"
+    )
     assert strip.locator("canvas").count() == 12 - 4
-    assert [strip.locator(".tile").nth(i).get_attribute("data-layer") for i in range(8)] == [str(i) for i in range(4, 12)]
+    assert [strip.locator(".tile").nth(i).get_attribute("data-layer") for i in range(8)] == [
+        str(i) for i in range(4, 12)
+    ]
 
     # One GET for the whole strip: layers 4..11 with the options.
     want = {"layers": ["4-11"], "rollout_start": ["4"], "head_fusion": ["max"], "discard_ratio": ["0.5"]}
@@ -372,10 +385,13 @@ def test_compare_mode_shows_two_views(page, base_url, samples):
         return page.eval_on_selector(f"[data-testid=compare-{name}]", "c => ({...c.dataset})")
 
     def wait_side(name: str, **want) -> dict:
-        page.wait_for_function("""([name, want]) => {
+        page.wait_for_function(
+            """([name, want]) => {
             const c = document.querySelector(`[data-testid=compare-${name}]`);
             return c && c.dataset.pending === '0' && Object.entries(want).every(([k, v]) => c.dataset[k] === v);
-        }""", arg=[name, {k: str(x) for k, x in want.items()}])
+        }""",
+            arg=[name, {k: str(x) for k, x in want.items()}],
+        )
         return side(name)
 
     page.check("[data-testid=compare-toggle]")

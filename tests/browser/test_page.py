@@ -3,6 +3,7 @@
 Every test gets a fresh page whose guard (tests/browser/conftest.py) fails it on a console
 error, an uncaught exception, a dialog or a request to another host.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,7 +66,9 @@ def canvas_png(page) -> str:
 
 
 def pixel_stats(page) -> dict:
-    return page.eval_on_selector(OVERLAY, """c => {
+    return page.eval_on_selector(
+        OVERLAY,
+        """c => {
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0, s = 0, s2 = 0; const colours = new Set();
         for (let i = 0; i < d.length; i += 4 * 7) {
@@ -74,13 +77,15 @@ def pixel_stats(page) -> dict:
         }
         return {mean: s / n, std: Math.sqrt(s2 / n - (s / n) ** 2), colours: colours.size,
                 w: c.width, h: c.height, cssW: c.clientWidth, cssH: c.clientHeight};
-    }""")
+    }""",
+    )
 
 
 def click_cell(page, r: int, c: int, grid: tuple[int, int], **kw) -> None:
     box = page.locator(OVERLAY).bounding_box()
-    page.locator(OVERLAY).click(position={"x": (c + 0.5) * box["width"] / grid[1],
-                                          "y": (r + 0.5) * box["height"] / grid[0]}, **kw)
+    page.locator(OVERLAY).click(
+        position={"x": (c + 0.5) * box["width"] / grid[1], "y": (r + 0.5) * box["height"] / grid[0]}, **kw
+    )
 
 
 def api_rows(base_url, iid, **params) -> list:
@@ -140,8 +145,10 @@ def test_upload_shows_overlay_heads_model_view_and_charts(page, base_url, sample
     assert page.locator("[data-testid=chart-entropy] .hm").count() == 1
 
     # The rollout tiles arrive from the server.
-    page.wait_for_function("() => !document.querySelector('[data-testid=head-grid] .tile[data-head=rollout]')"
-                           ".classList.contains('pending')")
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=head-grid] .tile[data-head=rollout]')"
+        ".classList.contains('pending')"
+    )
     page.wait_for_timeout(200)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "page-cat.png"), full_page=True)
@@ -234,11 +241,14 @@ def test_clicking_a_patch_queries_it_and_marks_it(page, base_url, samples):
     ans = api_rows(base_url, v0["image"], layers="11", heads="0", query="patch:5,7")
     lo, hi = patch_range(ans["attention"][0][0][0], 1)
     assert_close(v["max"], hi)
-    page.wait_for_function("v => document.querySelector('[data-testid=prefix-list] [data-kind=cls]')"
-                           ".dataset.value !== v", arg=cls_value)
+    page.wait_for_function(
+        "v => document.querySelector('[data-testid=prefix-list] [data-kind=cls]').dataset.value !== v", arg=cls_value
+    )
 
     # The marker (pink inside black) is drawn on the edge of the chosen cell.
-    marked = page.eval_on_selector(OVERLAY, """c => {
+    marked = page.eval_on_selector(
+        OVERLAY,
+        """c => {
         const ctx = c.getContext('2d');
         const x0 = Math.round(7 * c.width / 24), x1 = Math.round(8 * c.width / 24);
         const y0 = Math.round(5 * c.height / 16);
@@ -249,7 +259,8 @@ def test_clicking_a_patch_queries_it_and_marks_it(page, base_url, samples):
                 if (d[i] > 200 && d[i + 1] < 110 && d[i + 2] > 70 && d[i + 2] < 150) hits++;
         }
         return hits;
-    }""")
+    }""",
+    )
     assert marked > 5
 
     # The URL follows; Escape goes back to the CLS row.
@@ -341,8 +352,10 @@ def test_shared_url_of_an_evicted_image_says_so(page, base_url, guard):
 def test_not_an_image_shows_a_clear_error(page, base_url, guard, samples):
     guard.allow_http_errors = True
     open_page(page, base_url)
-    page.set_input_files("[data-testid=image-input]",
-                         files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"just some text\n"}])
+    page.set_input_files(
+        "[data-testid=image-input]",
+        files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"just some text\n"}],
+    )
     err = page.locator(ERROR)
     err.wait_for(state="visible")
     assert err.get_attribute("data-code") == "not_an_image"
@@ -357,8 +370,10 @@ def test_not_an_image_shows_a_clear_error(page, base_url, guard, samples):
 def test_hostile_filename_is_shown_as_text(page, base_url, samples):
     name = "<img src=x onerror=alert(1)>"
     open_page(page, base_url)
-    page.set_input_files("[data-testid=image-input]",
-                         files=[{"name": name, "mimeType": "image/png", "buffer": samples["cat"].read_bytes()}])
+    page.set_input_files(
+        "[data-testid=image-input]",
+        files=[{"name": name, "mimeType": "image/png", "buffer": samples["cat"].read_bytes()}],
+    )
     wait_view(page, image=image_id(samples["cat"].read_bytes()))
     page.wait_for_function("n => document.querySelector('[data-testid=filename]').textContent === n", arg=name)
     assert page.locator("[data-testid=filename]").inner_text() == name
@@ -388,16 +403,18 @@ def test_progress_and_server_errors_are_shown(page, base_url, guard):
 
     page.route("**/api/v1/attention", add_fault)
     data = fresh_png(1)
-    page.set_input_files("[data-testid=image-input]",
-                         files=[{"name": "slow.png", "mimeType": "image/png", "buffer": data}])
+    page.set_input_files(
+        "[data-testid=image-input]", files=[{"name": "slow.png", "mimeType": "image/png", "buffer": data}]
+    )
     page.wait_for_selector(f"{STATUS}[data-state=busy]")
     assert "Computing" in page.locator(STATUS).inner_text()
     assert page.locator(f"{STATUS} .spinner").is_visible()
     wait_view(page, image=image_id(data))
 
     fault["value"] = "raise"
-    page.set_input_files("[data-testid=image-input]",
-                         files=[{"name": "broken.png", "mimeType": "image/png", "buffer": fresh_png(2)}])
+    page.set_input_files(
+        "[data-testid=image-input]", files=[{"name": "broken.png", "mimeType": "image/png", "buffer": fresh_png(2)}]
+    )
     err = page.locator(ERROR)
     err.wait_for(state="visible")
     assert err.get_attribute("data-code") == "compute_failed"
@@ -415,9 +432,9 @@ def test_busy_and_too_large_answers_are_explained(page, base_url, guard, samples
     }
     for code, (status, headers) in answers.items():
         body = {"error": {"code": code, "message": f"{code} from the server", "request_id": "test"}}
+
         def answer(route, status=status, headers=headers, body=body):
-            route.fulfill(status=status, headers={"Content-Type": "application/json", **headers},
-                          body=json.dumps(body))
+            route.fulfill(status=status, headers={"Content-Type": "application/json", **headers}, body=json.dumps(body))
 
         page.route("**/api/v1/attention", lambda route: answer(route))
         page.set_input_files("[data-testid=image-input]", str(samples["cat"]))
@@ -452,7 +469,7 @@ def test_downloads_png_and_tensors(page, base_url, samples):
     assert q["format"] == ["safetensors"] and q["query"] == ["cls"] and q["layers"] == ["all"]
     body = httpx.get(base_url + href, timeout=30).content
     (n,) = struct.unpack("<Q", body[:8])
-    header = json.loads(body[8:8 + n])
+    header = json.loads(body[8 : 8 + n])
     assert header["attention"]["shape"] == [12, 6, 1, 385]
     assert header["attention"]["dtype"] == "F32"
     assert json.loads(header["__metadata__"]["headscope"])["image_id"] == v["image"]

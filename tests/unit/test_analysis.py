@@ -1,13 +1,14 @@
 """Head fusion and rollout against direct computations on the full maps."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-from app.analysis import attention_tensor
-from app.capture import AttentionCapture
-from app.selection import Selection, SelectionError
 from test_capture import make
+
+from app.engine.analysis import attention_tensor
+from app.engine.capture import AttentionCapture
+from app.engine.selection import Selection, SelectionError
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """The benchmark's fp32 ceiling times exactly the model's matrix products."""
+
 import timm
 import torch
 

@@ -1,4 +1,5 @@
 """Capture equals an independent recomputation from each block's own weights, for every family."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,8 @@ import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from app.capture import AttentionCapture, CaptureError, UnsupportedModelError
-from app.registry import prefix_kinds
+from app.engine.capture import AttentionCapture, CaptureError, UnsupportedModelError
+from app.zoo.loaders import prefix_kinds
 
 TINY = dict(depth=2, embed_dim=64, num_heads=4)
 
@@ -48,8 +49,9 @@ def reference_attention(model, x) -> list[torch.Tensor]:
     k are rebuilt from the qkv weights exactly as each family's math defines them.
     """
     inputs = []
-    handles = [b.register_forward_pre_hook(lambda m, a, kw: inputs.append((a, kw)), with_kwargs=True)
-               for b in model.blocks]
+    handles = [
+        b.register_forward_pre_hook(lambda m, a, kw: inputs.append((a, kw)), with_kwargs=True) for b in model.blocks
+    ]
     with torch.no_grad():
         model.forward_features(x)
     for h in handles:
@@ -159,12 +161,15 @@ def test_hooks_are_removed_after_capture():
         assert not blk.attn.proj._forward_pre_hooks and not blk.attn.attn_drop._forward_pre_hooks
 
 
-@pytest.mark.parametrize("name,kwargs", [
-    ("swin_tiny_patch4_window7_224", {}),
-    ("xcit_nano_12_p16_224", {}),
-    ("cait_xxs24_224", {}),
-    ("mvitv2_tiny", {}),
-])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("swin_tiny_patch4_window7_224", {}),
+        ("xcit_nano_12_p16_224", {}),
+        ("cait_xxs24_224", {}),
+        ("mvitv2_tiny", {}),
+    ],
+)
 def test_unsupported_families_are_refused_with_the_supported_list(name, kwargs):
     model = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
     with pytest.raises(UnsupportedModelError, match="supported families: vit, deit"):
@@ -188,10 +193,13 @@ class _CopiesOver(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("name,kwargs", [
-    ("vit_small_patch14_dinov2", dict(TINY, img_size=56)),
-    ("beit_base_patch16_224", dict(TINY, img_size=64)),
-])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("vit_small_patch14_dinov2", dict(TINY, img_size=56)),
+        ("beit_base_patch16_224", dict(TINY, img_size=64)),
+    ],
+)
 def test_captures_are_views_of_the_forward_and_later_forwards_leave_them_alone(name, kwargs):
     model = make(name, kwargs)
     cap = AttentionCapture(model)
@@ -220,8 +228,11 @@ def test_captures_are_views_of_the_forward_and_later_forwards_leave_them_alone(n
     shared = lambda a: {k for k in a.storages() if k[1] != a.last_norms.untyped_storage().data_ptr()}
     assert shared(pair[0]) == shared(pair[1]) and shared(pair[0])
     # Size accounting counts what is kept alive: a storage once, however many views use it.
-    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in (*lone.q, *lone.k, *lone.probs, *lone.head_out, lone.last_norms) if t is not None}
+    held = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in (*lone.q, *lone.k, *lone.probs, *lone.head_out, lone.last_norms)
+        if t is not None
+    }
     assert lone.nbytes() == sum(held.values()) > 0
 
 

@@ -1,4 +1,5 @@
 """The command line and the model registry (local checkpoints, ids, offline errors)."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,21 @@ import timm
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.registry import ModelLoadError, Registry, UnknownModelError, public_id
+from app.zoo.errors import ModelLoadError, UnknownModelError
+from app.zoo.ids import ModelSpec
+from app.zoo.registry import Registry
 from server import ROOT, SAMPLES
 
 
 def cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**__import__("os").environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models")})
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**__import__("os").environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models")},
+    )
 
 
 def test_extract_many_files_into_one_safetensors(tmp_path):
@@ -65,10 +74,18 @@ def test_local_checkpoint(tmp_path, suffix):
 
 
 def test_public_ids():
-    assert public_id("local:vit_base_patch16_224@/secret/dir/w.safetensors") == (
-        "local:vit_base_patch16_224@w.safetensors", "local:vit_base_patch16_224@/secret/dir/w.safetensors")
-    assert public_id("mine=timm:vit_base_patch16_224") == ("mine", "timm:vit_base_patch16_224")
-    assert public_id("timm:eva02_base_patch14_224") == ("timm:eva02_base_patch14_224",) * 2
+    spec = ModelSpec.parse("local:vit_base_patch16_224@/secret/dir/w.safetensors")
+    assert (spec.id, spec.source, spec.arch, str(spec.path)) == (
+        "local:vit_base_patch16_224@w.safetensors",
+        "local",
+        "vit_base_patch16_224",
+        "/secret/dir/w.safetensors",
+    )
+    assert ModelSpec.parse("mine=timm:vit_base_patch16_224") == ModelSpec("mine", "timm-hub", "vit_base_patch16_224")
+    assert ModelSpec.parse("timm:eva02_base_patch14_224").id == "timm:eva02_base_patch14_224"
+    assert ModelSpec.parse("dinov2-s14-focus").source == "embedded"
+    with pytest.raises(UnknownModelError):
+        ModelSpec.parse("local:vit_base_patch16_224")  # no weights file
 
 
 def test_random_model_of_a_supported_family_loads(tmp_path):

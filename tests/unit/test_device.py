@@ -1,10 +1,11 @@
 """Device and precision choices (the GPU paths, tested without a GPU)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from app.device import autocast_dtype, is_oom, resolve_device
+from app.engine.device import autocast_dtype, is_oom, resolve_device
 
 
 def test_auto_picks_cpu_here_and_cpu_is_fp32():
@@ -42,9 +43,10 @@ def test_oom_detection():
 
 def test_bf16_autocast_capture_stays_close_to_fp32():
     """The reduced-precision path (as on a GPU) runs on CPU too; its error is bounded."""
-    from app.capture import AttentionCapture
-    from app.device import autocast
     from test_capture import make
+
+    from app.engine.capture import AttentionCapture
+    from app.engine.device import autocast
 
     model = make("vit_small_patch16_224", dict(depth=2, embed_dim=64, num_heads=4, img_size=64))
     cap = AttentionCapture(model)

@@ -1,4 +1,5 @@
 """The embedded default model equals the original ONNX graph, Softmax by Softmax."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from app import embedded, images, registry
+from app.engine.forward import forward_capture
+from app.serving import images
+from app.zoo import embedded, loaders
 from server import ROOT, SAMPLES
 
 MODELS = ROOT / "models"
@@ -17,7 +20,7 @@ MODELS = ROOT / "models"
 
 @pytest.fixture(scope="module")
 def lm():
-    return registry.load_embedded(MODELS)
+    return loaders.load_embedded(MODELS)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,7 @@ def test_manifest_and_weights_outside_git(lm):
     assert manifest["input_size"] == [224, 224] and manifest["patch_size"] == [14, 14]
     assert (lm.num_layers, lm.num_heads, lm.prefix) == (12, 6, ["cls"])
     import subprocess
+
     tracked = subprocess.run(["git", "ls-files", "models"], cwd=ROOT, capture_output=True, text=True).stdout
     assert ".safetensors" not in tracked and ".whl" not in tracked
 
@@ -55,9 +59,7 @@ def test_fetch_is_offline_after_first_download(monkeypatch):
 
 
 def _capture(lm, x):
-    with torch.inference_mode(), lm.capture.capturing():
-        lm.model.forward_features(x)
-    return lm.capture.results()
+    return forward_capture(lm, x)
 
 
 def test_every_layer_and_head_equals_the_onnx_softmax(lm, onnx_session):

@@ -1,13 +1,16 @@
 """Decoding and resizing: formats, modes, bombs, sizes."""
+
 from __future__ import annotations
 
 import io
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
-from app.images import ImageError, decode, plan_size, prepare, to_rgb
+from app.serving.images import ImageError, decode, plan_size, prepare, to_rgb
 
 LIMIT = 40_000_000
 
@@ -58,12 +61,15 @@ def test_transparency_goes_over_white():
     assert np.asarray(to_rgb(img))[0, 0].tolist() == [255, 255, 255]
 
 
-@pytest.mark.parametrize("data,status,code", [
-    (b"", 422, "empty_file"),
-    (b"hello, this is text", 415, "not_an_image"),
-    (encode(Image.new("RGB", (64, 64)), "PNG")[:60], 422, "corrupt_image"),
-    (encode(Image.new("RGB", (8, 8)), "ICO"), 415, "unsupported_format"),
-])
+@pytest.mark.parametrize(
+    "data,status,code",
+    [
+        (b"", 422, "empty_file"),
+        (b"hello, this is text", 415, "not_an_image"),
+        (encode(Image.new("RGB", (64, 64)), "PNG")[:60], 422, "corrupt_image"),
+        (encode(Image.new("RGB", (8, 8)), "ICO"), 415, "unsupported_format"),
+    ],
+)
 def test_bad_input_raises_with_status(data, status, code):
     with pytest.raises(ImageError) as e:
         decode(data, LIMIT)
@@ -77,13 +83,16 @@ def test_decompression_bomb_is_an_error():
     assert e.value.status == 413
 
 
-@pytest.mark.parametrize("w,h,want", [
-    (224, 224, (224, 224)),        # unchanged
-    (451, 300, (224, 336)),        # shorter side 224, longer follows, multiple of 14
-    (300, 451, (336, 224)),
-    (10, 5, (224, 448)),           # tiny: upscaled
-    (5000, 100, (224, 672)),       # very wide: clamped to 3:1
-])
+@pytest.mark.parametrize(
+    "w,h,want",
+    [
+        (224, 224, (224, 224)),  # unchanged
+        (451, 300, (224, 336)),  # shorter side 224, longer follows, multiple of 14
+        (300, 451, (336, 224)),
+        (10, 5, (224, 448)),  # tiny: upscaled
+        (5000, 100, (224, 672)),  # very wide: clamped to 3:1
+    ],
+)
 def test_plan_size_keeps_aspect(w, h, want):
     assert plan_size(w, h, (224, 224), (14, 14)) == want
 
@@ -100,12 +109,13 @@ def test_prepare_normalises():
     assert p.pixels[:, 0, 0].tolist() == pytest.approx([1.0, -1.0, 128 / 255 * 2 - 1], abs=1e-6)
 
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.binary(max_size=2048) | st.builds(lambda b, cut: encode(Image.new("RGB", (17, 9)), "PNG")[:cut] + b,
-                                            st.binary(max_size=64), st.integers(0, 200)))
+@given(
+    st.binary(max_size=2048)
+    | st.builds(
+        lambda b, cut: encode(Image.new("RGB", (17, 9)), "PNG")[:cut] + b, st.binary(max_size=64), st.integers(0, 200)
+    )
+)
 def test_decoder_fuzz_only_raises_image_errors(data):
     try:
         img = decode(data, LIMIT)

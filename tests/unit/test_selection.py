@@ -1,19 +1,31 @@
 """The layers/heads/query grammar."""
+
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from app.registry import TokenLayout
-from app.selection import SelectionError, parse_indices, parse_query
+from app.engine.layout import TokenLayout
+from app.engine.selection import SelectionError, parse_indices, parse_query
 
 LAYOUT = TokenLayout(["cls", "reg"], (3, 4), (14, 14))  # N = 2 + 12
 
 
-@pytest.mark.parametrize("spec,want", [
-    ("all", list(range(12))), (None, list(range(12))), ("", list(range(12))), ("0,5,11", [0, 5, 11]), ("-1", [11]),
-    ("0-3", [0, 1, 2, 3]), ("-3--1", [9, 10, 11]), (" 2 , 2,1 ", [2, 1]), ("ALL", list(range(12))),
-])
+@pytest.mark.parametrize(
+    "spec,want",
+    [
+        ("all", list(range(12))),
+        (None, list(range(12))),
+        ("", list(range(12))),
+        ("0,5,11", [0, 5, 11]),
+        ("-1", [11]),
+        ("0-3", [0, 1, 2, 3]),
+        ("-3--1", [9, 10, 11]),
+        (" 2 , 2,1 ", [2, 1]),
+        ("ALL", list(range(12))),
+    ],
+)
 def test_indices(spec, want):
     assert parse_indices(spec, 12, "layers") == want
 
@@ -24,11 +36,19 @@ def test_bad_indices(spec):
         parse_indices(spec, 12, "layers")
 
 
-@pytest.mark.parametrize("spec,want", [
-    ("cls", [0]), ("all", None), ("0,13", [0, 13]),
-    ("-1", [13]), ("patch:0,0", [2]), ("patch:2,3", [13]), ("patch:-1,-1", [13]),
-    ("patch:0,1;1,0", [3, 6]),
-])
+@pytest.mark.parametrize(
+    "spec,want",
+    [
+        ("cls", [0]),
+        ("all", None),
+        ("0,13", [0, 13]),
+        ("-1", [13]),
+        ("patch:0,0", [2]),
+        ("patch:2,3", [13]),
+        ("patch:-1,-1", [13]),
+        ("patch:0,1;1,0", [3, 6]),
+    ],
+)
 def test_query(spec, want):
     assert parse_query(spec, LAYOUT) == want
 

@@ -1,4 +1,5 @@
 """Each statistic pinned on hand-made attention with known answers."""
+
 from __future__ import annotations
 
 import math
@@ -6,9 +7,17 @@ import math
 import pytest
 import torch
 
-from app.registry import TokenLayout
-from app.stats import (artifact_tokens, cosine_similarity, js_similarity, mass_threshold_count,
-                       mass_threshold_mask, mean_attention_distance, normalized_entropy, ranks)
+from app.engine.layout import TokenLayout
+from app.engine.stats import (
+    artifact_tokens,
+    cosine_similarity,
+    js_similarity,
+    mass_threshold_count,
+    mass_threshold_mask,
+    mean_attention_distance,
+    normalized_entropy,
+    ranks,
+)
 
 LAYOUT = TokenLayout(["cls"], (3, 3), (16, 16))  # N = 10
 

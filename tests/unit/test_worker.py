@@ -1,4 +1,5 @@
 """The worker's batching and failure isolation, on a tiny model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,9 +8,12 @@ import time
 import pytest
 import torch
 
-from app.cache import ByteLRU
-from app.registry import Registry
-from app.worker import InjectedFault, Job, OutOfMemory, QueueFullError, Worker
+from app.serving.admission import Admission, QueueFullError
+from app.serving.cache import ByteLRU, CaptureKey
+from app.serving.faults import InjectedFault
+from app.serving.metrics import Metrics
+from app.serving.worker import Job, OutOfMemory, Worker
+from app.zoo.registry import Registry
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +33,7 @@ def run(worker, jobs):
         out = await asyncio.gather(*futs, return_exceptions=True)
         await worker.stop(1)
         return out
+
     return asyncio.run(go())
 
 
@@ -37,10 +42,13 @@ def test_batches_form_and_match_single_runs(lm):
     jobs = jobs_for(lm, [None] * 6)
     out = run(w, jobs)
     assert w.max_batch_seen == 4 and w.batches_run == 2
-    single = run(Worker(torch.device("cpu"), max_batch_size=1), [Job(lm=lm, pixels=j.pixels, deadline=time.monotonic() + 30) for j in jobs])
+    single = run(
+        Worker(torch.device("cpu"), max_batch_size=1),
+        [Job(lm=lm, pixels=j.pixels, deadline=time.monotonic() + 30) for j in jobs],
+    )
     for a, b in zip(out, single):
-        for layer in range(a.num_layers):
-            torch.testing.assert_close(a.rows(layer), b.rows(layer), atol=1e-6, rtol=0)
+        for layer in range(a.att.num_layers):
+            torch.testing.assert_close(a.att.rows(layer), b.att.rows(layer), atol=1e-6, rtol=0)
 
 
 def test_an_error_fails_only_its_request(lm):
@@ -61,28 +69,25 @@ def test_oom_splits_the_batch_and_retries(lm):
 def test_oom_first_evicts_what_the_cache_keeps_on_the_device_then_retries_once(lm):
     w = Worker(torch.device("cpu"), max_batch_size=4, max_wait_ms=50)
     freed = []
-    w.on_oom.append(lambda: freed.append(1) or 1000)
+    w.on_out_of_memory(lambda: freed.append(1) or 1000)
     out = run(w, jobs_for(lm, ["oom-always"]))
     assert isinstance(out[0], OutOfMemory) and freed == [1]  # one eviction, one retry, no loop
     nothing = Worker(torch.device("cpu"), max_batch_size=4, max_wait_ms=50)
-    nothing.on_oom.append(lambda: freed.append(2) or 0)  # nothing to free: split at once
+    nothing.on_out_of_memory(lambda: freed.append(2) or 0)  # nothing to free: split at once
     out = run(nothing, jobs_for(lm, [None, "oom", None]))
     assert all(not isinstance(r, Exception) for r in out) and nothing.metrics.oom_splits._value.get() >= 1
 
 
-def test_full_queue_refuses_at_once(lm):
-    async def go():
-        w = Worker(torch.device("cpu"), max_queue=2, max_batch_size=1)
-        await w.start()
-        jobs = jobs_for(lm, ["sleep:0.5", None, None, None])
-        futs = [w.submit(jobs[0])]
-        await asyncio.sleep(0.1)  # the first is computing
-        futs += [w.submit(j) for j in jobs[1:3]]
-        with pytest.raises(QueueFullError):
-            w.submit(jobs[3])
-        await asyncio.gather(*futs)
-        await w.stop(1)
-    asyncio.run(go())
+def test_admission_refuses_at_once_when_every_slot_is_taken_and_frees_slots_on_error():
+    adm = Admission(2, Metrics())
+    with adm.slot(), adm.slot():
+        assert adm.full
+        with pytest.raises(QueueFullError), adm.slot():
+            pass
+    with pytest.raises(ValueError), adm.slot():
+        raise ValueError("the request failed")
+    assert adm.in_use == 0 and not adm.full
+    assert adm.metrics.rejections.labels("queue_full")._value.get() == 1
 
 
 def test_cancelled_jobs_are_not_computed(lm):
@@ -98,6 +103,7 @@ def test_cancelled_jobs_are_not_computed(lm):
         await asyncio.sleep(0.05)
         await w.stop(1)
         return w.jobs_computed
+
     assert asyncio.run(go()) == 1
 
 
@@ -129,11 +135,10 @@ def test_byte_lru_charges_a_shared_buffer_once_and_frees_it_with_its_last_user()
 
 def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm, tmp_path):
     from app.config import Settings
-    from app.service import AttentionService, Capture
+    from app.serving.service import AttentionService, Capture
 
     w = Worker(torch.device("cpu"))
-    svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w)
-    assert w.on_oom == [svc.free_device_memory]
+    svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w, metrics=w.metrics)
     with torch.inference_mode():
         with lm.capture.capturing():
             lm.model.forward_features(torch.randn(2, 3, *lm.input_size))
@@ -143,12 +148,23 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
         device = lm.capture.results(to="meta")  # stands in for a GPU
     layout = lm.layout(lm.input_size)
     for i, att in enumerate(host):
-        svc.cache.put(("att", str(i), lm.id), Capture(lm.id, att, layout, lm.input_size, lm.input_size),
-                      4096, shared=att.storages())
-    alive = {(t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
-             for att in host for t in (*att.q, *att.k, *att.head_out, att.last_norms)}
+        svc.cache.put(
+            CaptureKey(str(i), lm.id),
+            Capture(lm.id, att, layout, lm.input_size, lm.input_size),
+            4096,
+            shared=att.storages(),
+        )
+    alive = {
+        (t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+        for att in host
+        for t in (*att.q, *att.k, *att.head_out, att.last_norms)
+    }
     assert svc.cache.nbytes == 2 * 4096 + sum(alive.values())
     assert svc.free_device_memory() == 0 and len(svc.cache) == 2  # host captures stay
-    svc.cache.put(("att", "gpu", lm.id), Capture(lm.id, device[0], layout, lm.input_size, lm.input_size),
-                  4096, shared=device[0].storages())
+    svc.cache.put(
+        CaptureKey("gpu", lm.id),
+        Capture(lm.id, device[0], layout, lm.input_size, lm.input_size),
+        4096,
+        shared=device[0].storages(),
+    )
     assert svc.free_device_memory() > 0 and len(svc.cache) == 2

@@ -1,0 +1,89 @@
+"""From captured attention to the tensor a request asked for: slices, head fusion, rollout."""
+
+from __future__ import annotations
+
+import torch
+
+from .capture import ImageAttention
+from .selection import Selection, SelectionError
+
+
+def fuse_heads(attn: torch.Tensor, how: str) -> torch.Tensor:
+    """Fuse the head axis (dim 0) of ``[H, ...]`` by ``mean``, ``max`` or ``min``."""
+    if how == "mean":
+        return attn.mean(dim=0)
+    if how == "max":
+        return attn.amax(dim=0)
+    if how == "min":
+        return attn.amin(dim=0)
+    raise SelectionError(f"head fusion {how!r}: use mean, max or min")
+
+
+def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema, 2020), one map per selected layer.
+
+    For layers ``l = start .. max(layers)``: ``A_l`` = the selected heads fused by
+    ``sel.head_fusion``; optionally the smallest ``discard_ratio`` fraction of each row set to 0;
+    then ``Â_l = rownorm(0.5 * A_l + 0.5 * I)`` and ``R_l = Â_l @ R_{l-1}`` with ``R_{start-1} = I``.
+    The answer for layer ``l`` is ``R_l`` restricted to the query rows.
+
+    Returns:
+        ``[layers, 1, queries, N]`` float32, on the host.
+    """
+    start = sel.rollout_start % att.num_layers if sel.rollout_start < 0 else sel.rollout_start
+    if not 0 <= start < att.num_layers:
+        raise SelectionError(f"rollout_start {sel.rollout_start} is out of range for {att.num_layers} layers")
+    if min(sel.layers) < start:
+        raise SelectionError(f"rollout: layers before rollout_start={start} have no rollout; select layers >= {start}")
+    N = att.num_tokens
+    eye = torch.eye(N, device=att.device)
+    R = eye
+    wanted = set(sel.layers)
+    out: dict[int, torch.Tensor] = {}
+    for layer in range(start, max(sel.layers) + 1):
+        A = fuse_heads(att.rows(layer, sel.heads), sel.head_fusion)  # N, N
+        if sel.discard_ratio > 0:
+            k = int(N * sel.discard_ratio)
+            if k > 0:
+                low = A.topk(k, dim=-1, largest=False).indices
+                A = A.scatter(-1, low, 0.0)
+        A = 0.5 * A + 0.5 * eye
+        A = A / A.sum(dim=-1, keepdim=True)
+        R = A @ R
+        if layer in wanted:
+            out[layer] = R if sel.rows is None else R[sel.rows]
+    return torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1).cpu()
+
+
+def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
+    """The requested attention as ``[layers, heads, queries, tokens]`` float32, on the host.
+
+    With ``aggregate`` = ``mean`` or ``max`` the heads axis has length 1 (the fused selected
+    heads); with ``rollout`` see :func:`rollout`. The rows are computed where the capture is
+    kept and leave that device in one copy, after head fusion.
+    """
+    if sel.aggregate == "rollout":
+        return rollout(att, sel)
+    heads = len(sel.heads) if sel.heads is not None else att.num_heads
+    queries = len(sel.rows) if sel.rows is not None else att.num_tokens
+    out = torch.empty(len(sel.layers), heads, queries, att.num_tokens, device=att.device)  # L, H, Q, N
+    for i, layer in enumerate(sel.layers):
+        att.rows(layer, sel.heads, sel.rows, out=out[i])
+    if sel.aggregate == "mean":
+        out = out.mean(dim=1, keepdim=True)
+    elif sel.aggregate == "max":
+        out = out.amax(dim=1, keepdim=True)
+    elif sel.aggregate != "none":
+        raise SelectionError(f"aggregate {sel.aggregate!r}: use none, mean, max or rollout")
+    return out.cpu()
+
+
+def drop_and_renormalise(attn: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """Zero the given key tokens in ``[..., N]`` rows and renormalise each row to sum 1.
+
+    Used to look past attention sinks: prefix tokens and high-norm artifact tokens soak up much
+    of the mass, which flattens the colour scale of everything else.
+    """
+    out = attn.clone()
+    out[..., tokens] = 0
+    return out / out.sum(-1, keepdim=True).clamp_min(1e-12)

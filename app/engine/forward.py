@@ -1,0 +1,37 @@
+"""One forward pass with the capture hooks installed: the only place the model is called for maps."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .capture import ImageAttention
+from .device import autocast
+
+if TYPE_CHECKING:
+    from ..zoo.loaded import LoadedModel
+
+
+def forward_capture(
+    lm: LoadedModel,
+    pixels: torch.Tensor,
+    *,
+    materialise: bool = False,
+    amp_dtype: torch.dtype | None = None,
+    to: torch.device | str | None = None,
+) -> list[ImageAttention]:
+    """Run ``lm``'s backbone on a batch with its attention captured; one result per image.
+
+    Args:
+        lm: the loaded model (its capture hooks and module).
+        pixels: ``[B, 3, H, W]`` normalised images, already on the model's device.
+        materialise: keep full softmax maps from the unfused branch (callers that need every
+            row; see :meth:`AttentionCapture.capturing`).
+        amp_dtype: autocast dtype, or None for plain fp32.
+        to: move the captures there (None keeps them where the forward ran).
+    """
+    with torch.inference_mode(), autocast(pixels.device.type, amp_dtype):
+        with lm.capture.capturing(materialise=materialise):
+            lm.model.forward_features(pixels)
+        return lm.capture.results(to=to)

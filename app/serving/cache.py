@@ -1,0 +1,112 @@
+"""A byte-bounded LRU cache for uploads and their captured attention, and its key types."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ImageKey:
+    """An upload, by content hash."""
+
+    image_id: str
+
+
+@dataclass(frozen=True)
+class CaptureKey:
+    """The capture of an image under a model."""
+
+    image_id: str
+    model_id: str
+
+
+class ByteLRU:
+    """Least-recently-used mapping charged by the bytes its values keep alive.
+
+    Values may share buffers: the captures of one batch are views of that forward's tensors.
+    Such buffers are passed as ``shared={buffer_key: nbytes}`` and charged once, while at least
+    one cached value uses them; the total is then what the cache really keeps alive, and
+    evicting a value frees its shared buffers only with the last value that uses them.
+
+    Args:
+        max_bytes: evict least-recently-used entries until the total fits this.
+        on_change: called with (bytes, entries) after every change (metrics).
+    """
+
+    def __init__(self, max_bytes: int, on_change: Callable[[int, int], None] | None = None):
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[Hashable, tuple[Any, int, tuple[Hashable, ...]]] = OrderedDict()
+        self._shared: dict[Hashable, list[int]] = {}  # buffer key -> [nbytes, values using it]
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._on_change = on_change
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                return None
+            self._data.move_to_end(key)
+            return item[0]
+
+    def put(self, key: Hashable, value: Any, size: int, shared: Mapping[Hashable, int] | None = None) -> bool:
+        """Store ``value``; returns False (and stores nothing) if it alone exceeds the limit.
+
+        Args:
+            size: bytes only this value holds.
+            shared: buffers it may share with other values, ``{key: nbytes}``.
+        """
+        shared = dict(shared or {})
+        with self._lock:
+            if key in self._data:
+                self._drop(key)
+            if size + sum(shared.values()) > self.max_bytes:
+                self._changed()
+                return False
+            self._data[key] = (value, size, tuple(shared))
+            self._bytes += size
+            for buf, n in shared.items():
+                ref = self._shared.get(buf)
+                if ref is None:
+                    self._shared[buf] = [n, 1]
+                    self._bytes += n
+                else:
+                    ref[1] += 1
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._data)))
+            self._changed()
+            return True
+
+    def evict_where(self, predicate: Callable[[Any], bool]) -> int:
+        """Drop every value for which ``predicate`` holds; returns the bytes that freed."""
+        with self._lock:
+            before = self._bytes
+            for key in [k for k, (v, _, _) in self._data.items() if predicate(v)]:
+                self._drop(key)
+            self._changed()
+            return before - self._bytes
+
+    def _drop(self, key: Hashable) -> None:
+        _, size, shared = self._data.pop(key)
+        self._bytes -= size
+        for buf in shared:
+            ref = self._shared[buf]
+            ref[1] -= 1
+            if ref[1] == 0:
+                del self._shared[buf]
+                self._bytes -= ref[0]
+
+    def _changed(self) -> None:
+        if self._on_change:
+            self._on_change(self._bytes, len(self._data))

@@ -1,0 +1,54 @@
+"""What a request for attention asks for: the same fields as POST form fields or GET query."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.selection import MAX_SPEC, needs_every_row
+
+
+class AttentionParams(BaseModel):
+    """What to return for an image; the same fields as form fields (POST) or query (GET)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str | None = Field(
+        None, description="model id (default: the server's default model)", examples=["dinov2-s14-focus"]
+    )
+    layers: str = Field(
+        "all",
+        max_length=MAX_SPEC,
+        description="'all', indices '0,5,-1' or ranges '0-3'",
+        examples=["all", "0,5,11", "-1", "0-3"],
+    )
+    heads: str = Field(
+        "all", max_length=MAX_SPEC, description="'all' or indices/ranges like layers", examples=["all", "0,2"]
+    )
+    query: str = Field(
+        "cls",
+        max_length=MAX_SPEC,
+        description="'cls' (row of the first prefix token), 'all' (every row), "
+        "token indices '0,17,200' or a grid cell 'patch:R,C'",
+        examples=["cls", "all", "0,17,200", "patch:3,5"],
+    )
+    aggregate: Literal["none", "mean", "max", "rollout"] = Field(
+        "none", description="fuse heads (mean/max) or attention rollout over layers"
+    )
+    format: Literal["json", "safetensors", "npy"] = "json"
+    dtype: Literal["float32", "float16"] = "float32"
+    rollout_start: int = Field(0, ge=-1000, le=1000, description="rollout: first layer of the product")
+    head_fusion: Literal["mean", "max", "min"] = Field("mean", description="rollout: how heads are fused")
+    discard_ratio: float = Field(
+        0.0, ge=0.0, lt=1.0, description="rollout: share of each row's smallest weights set to 0"
+    )
+    drop: Literal["none", "prefix", "artifacts", "prefix,artifacts"] = Field(
+        "none", description="zero these key tokens and renormalise rows (attention sinks)"
+    )
+    stats: bool = Field(False, description="also return per-head statistics (JSON only)")
+
+    @property
+    def needs_every_row(self) -> bool:
+        """Whether the answer needs every row of every selected map (``query=all``, rollout)."""
+        return needs_every_row(self.query, self.aggregate)

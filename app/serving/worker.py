@@ -1,0 +1,270 @@
+"""The inference worker: one queue, dynamic batches, one thread that owns the device.
+
+Requests are decoded in the handlers and arrive here as ready tensors. The loop collects jobs
+until ``max_batch_size`` or ``max_wait_ms`` (LitServe's loop), groups them by model, input
+shape and capture strategy, and runs each group in a single-thread executor so the event loop
+never blocks. Failures stay with the request that caused them: a batch that raises is rerun one
+job at a time, and an out-of-memory batch is split in halves until it fits (a single job that
+still does not fit gets 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..engine.capture import ImageAttention
+from ..engine.device import autocast_dtype, is_oom, release_memory
+from ..engine.forward import forward_capture
+from ..zoo.loaded import LoadedModel
+from . import faults
+from .admission import Admission
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class OutOfMemory(RuntimeError):
+    """A single image does not fit on the device (answered 503)."""
+
+
+@dataclass
+class Computed:
+    """What a job gives back: the capture and where its time went."""
+
+    att: ImageAttention
+    queue_ms: float
+    compute_ms: float
+
+
+@dataclass
+class Job:
+    lm: LoadedModel
+    pixels: torch.Tensor  # 3, H, W
+    deadline: float  # time.monotonic()
+    fault: str | None = None
+    materialise: bool = False  # keep full softmax maps from the unfused branch (every row wanted)
+    future: asyncio.Future | None = None
+    enqueued: float = field(default_factory=time.monotonic)
+    started: float = 0.0
+
+    @property
+    def key(self) -> tuple:
+        return (self.lm.id, tuple(self.pixels.shape), self.materialise)
+
+    def done(self, att: ImageAttention, finished: float) -> Computed:
+        return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
+
+
+class Worker:
+    """Owns the device; turns queued :class:`Job` s into :class:`ImageAttention` results.
+
+    Args:
+        device: where the models run.
+        precision: ``auto``/``fp32``/``fp16``/``bf16`` (see :func:`app.device.autocast_dtype`).
+        max_batch_size: most images in one forward pass.
+        max_wait_ms: how long the first job of a batch waits for company.
+        admission: the server's admission; how many requests hold a slot decides whether a
+            batch waits for company.
+        metrics: where batch sizes, compute times and errors are counted.
+        capture_store: ``device`` keeps captures where the forward ran (views of its tensors,
+            no transfer); ``host`` moves them to host memory.
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        precision: str = "auto",
+        max_batch_size: int = 8,
+        max_wait_ms: float = 5.0,
+        admission: Admission | None = None,
+        metrics: Metrics | None = None,
+        capture_store: str = "device",
+    ):
+        self.device = device
+        self.capture_to = "cpu" if capture_store == "host" else None
+        self._free_memory: Callable[[], int] | None = None
+        self.amp_dtype = autocast_dtype(device.type, precision)
+        self.max_batch_size = max(1, max_batch_size)
+        self.max_wait = max_wait_ms / 1000.0
+        self.metrics = metrics or Metrics()
+        self.admission = admission or Admission(32, self.metrics)
+        self._queue: asyncio.Queue[Job] | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headscope-worker")
+        self.inflight = 0
+        self.batches_run = 0
+        self.max_batch_seen = 0
+        self.jobs_computed = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def on_out_of_memory(self, free: Callable[[], int]) -> None:
+        """Call ``free`` when a forward runs out of device memory, before the retry; it frees
+        what it can (cached captures kept in device memory) and returns the bytes it freed."""
+        self._free_memory = free
+
+    async def start(self) -> None:
+        # Admission bounds what can be queued; the queue itself needs no second bound.
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._loop(), name="headscope-worker")
+
+    async def stop(self, grace_s: float = 20.0) -> None:
+        """Finish queued and running jobs within ``grace_s``, then stop."""
+        if self._task is None:
+            return
+        end = time.monotonic() + grace_s
+        while (self._queue.qsize() or self.inflight) and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        self._task = None
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run_in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` on the worker thread (model loading, slicing, encoding) and await it.
+
+        Every torch op runs on this one thread: a second thread that runs parallel torch ops
+        gets its own OpenMP team, and from then on every forward is ~16 % slower on a 2-core
+        machine (bench/: lock-step A/B, 0.82-0.84x).
+        """
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize() if self._queue else 0
+
+    # -- submission ------------------------------------------------------------------------
+    def submit(self, job: Job) -> asyncio.Future:
+        """Queue a job; its future resolves to a :class:`Computed` or an exception."""
+        job.future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(job)
+        self.metrics.queue_depth.set(self._queue.qsize())
+        return job.future
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _collect(self) -> list[Job]:
+        job = await self._queue.get()
+        batch = [job]
+        end = time.monotonic() + self.max_wait
+        # Wait for company only while more requests are admitted (decoding or queued) than the
+        # batch holds: a lone request (concurrency 1) or the last of a burst starts at once.
+        admitted = self.admission.in_use
+        want = min(self.max_batch_size, admitted) if admitted > 0 else self.max_batch_size
+        while len(batch) < want:
+            timeout = end - time.monotonic()
+            if timeout <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), timeout))
+            except asyncio.TimeoutError:
+                break
+        while len(batch) < self.max_batch_size and not self._queue.empty():
+            batch.append(self._queue.get_nowait())  # already waiting: no reason to leave them
+        self.metrics.queue_depth.set(self._queue.qsize())
+        return batch
+
+    def _live(self, jobs: list[Job]) -> list[Job]:
+        now = time.monotonic()
+        live = []
+        for j in jobs:
+            if j.future.done():  # cancelled: deadline hit or client gone
+                self.metrics.rejections.labels("cancelled_before_compute").inc()
+            elif now > j.deadline:
+                self.metrics.rejections.labels("deadline_before_compute").inc()
+                j.future.set_exception(asyncio.TimeoutError())
+            else:
+                live.append(j)
+        return live
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            self.inflight = len(batch)
+            try:
+                groups: dict[tuple, list[Job]] = {}
+                for j in batch:
+                    groups.setdefault(j.key, []).append(j)
+                for group in groups.values():
+                    for i in range(0, len(group), self.max_batch_size):
+                        live = self._live(group[i : i + self.max_batch_size])
+                        if not live:
+                            continue
+                        results = await loop.run_in_executor(self._executor, self._run, live)
+                        for j, r in zip(live, results):
+                            if j.future.done():
+                                continue
+                            if isinstance(r, BaseException):
+                                j.future.set_exception(r)
+                            else:
+                                j.future.set_result(r)
+            except asyncio.CancelledError:
+                for j in batch:
+                    if not j.future.done():
+                        j.future.cancel()
+                raise
+            except Exception:  # never let the loop die
+                log.exception("worker loop error")
+                for j in batch:
+                    if not j.future.done():
+                        j.future.set_exception(RuntimeError("worker error"))
+            finally:
+                self.inflight = 0
+
+    # -- compute (worker thread) ------------------------------------------------------------
+    def _run(self, jobs: list[Job], freed: bool = False) -> list[Computed | BaseException]:
+        try:
+            return self._forward(jobs)
+        except Exception as e:
+            if is_oom(e):
+                evicted = 0 if freed or self._free_memory is None else self._free_memory()
+                release_memory(self.device)
+                if evicted:
+                    log.warning("out of memory at batch %d; evicted %d cached bytes, retrying", len(jobs), evicted)
+                    return self._run(jobs, freed=True)
+                if len(jobs) == 1:
+                    self.metrics.errors.labels("oom").inc()
+                    return [OutOfMemory("the image does not fit in device memory; try a smaller image")]
+                self.metrics.oom_splits.inc()
+                half = len(jobs) // 2
+                log.warning("out of memory at batch %d; splitting", len(jobs))
+                return self._run(jobs[:half], freed) + self._run(jobs[half:], freed)
+            if len(jobs) == 1:
+                self.metrics.errors.labels(type(e).__name__).inc()
+                log.error("compute failed: %s: %s", type(e).__name__, e)
+                return [e]
+            # Isolate the culprit: rerun one at a time so batch-mates still get answers.
+            return [r for j in jobs for r in self._run([j])]
+
+    def _forward(self, jobs: list[Job]) -> list[Computed]:
+        lm = jobs[0].lm
+        start = time.monotonic()
+        for j in jobs:
+            j.started = start
+        faults.inject([j.fault for j in jobs])
+        x = torch.stack([j.pixels for j in jobs])  # B, 3, H, W
+        if self.device.type == "cuda":
+            x = x.pin_memory().to(self.device, non_blocking=True)
+        else:
+            x = x.to(self.device)
+        with lm.lock:
+            results = forward_capture(
+                lm, x, materialise=jobs[0].materialise, amp_dtype=self.amp_dtype, to=self.capture_to
+            )
+        end = time.monotonic()
+        self.metrics.batch_size.observe(len(jobs))
+        self.metrics.compute_seconds.observe(end - start)
+        self.batches_run += 1
+        self.jobs_computed += len(jobs)
+        self.max_batch_seen = max(self.max_batch_seen, len(jobs))
+        return [j.done(att, end) for j, att in zip(jobs, results)]

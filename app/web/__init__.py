@@ -1,0 +1,1 @@
+"""HTTP: ``create_app`` (main.py), middleware, errors, schemas and the thin routers in ``api/``."""

@@ -1,0 +1,1 @@
+"""Thin routers: parse HTTP, call the service, shape the answer."""

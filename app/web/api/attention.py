@@ -1,0 +1,232 @@
+"""POST /api/v1/attention, GET /api/v1/attention/{image_id}, GET /api/v1/images/{image_id}."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException
+
+from ...serving import images
+from ...serving.service import Answer, Upload, safe_filename
+from ..deps import AdmitDep, MetricsDep, ServiceDep, SettingsDep
+from ..errors import ApiError, JSONBody, to_api_error
+from ..responses import PartsResponse
+from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse, StatsResponse
+
+# Each text field of the form is small; the file is bounded by the body limit.
+MAX_FIELD_BYTES = 64 * 1024
+
+router = APIRouter(prefix="/api/v1", tags=["attention"])
+
+_FORM_FIELDS = set(AttentionParams.model_fields)
+_PARAM_SCHEMA = {
+    name: {
+        "type": "string",
+        "description": f.description or "",
+        **({"default": f.default} if f.default is not None else {}),
+    }
+    for name, f in AttentionParams.model_fields.items()
+}
+_OPENAPI_POST = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["image"],
+                    "properties": {
+                        "image": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "PNG, JPEG, WebP, GIF, BMP or TIFF",
+                        },
+                        **_PARAM_SCHEMA,
+                    },
+                },
+                "encoding": {"image": {"contentType": "image/*"}},
+            }
+        },
+    },
+    "responses": {
+        "200": {
+            "content": {
+                "application/json": {
+                    "example": {
+                        "model": "dinov2-s14-focus",
+                        "image_id": "3f2c…",
+                        "shape": [12, 6, 1, 257],
+                        "layers": [0, 1, "…"],
+                        "heads": [0, 1, 2, 3, 4, 5],
+                        "query": [0],
+                        "tokens": {
+                            "count": 257,
+                            "num_prefix": 1,
+                            "prefix": [{"index": 0, "kind": "cls"}],
+                            "grid": [16, 16],
+                            "patch_size": [14, 14],
+                        },
+                        "attention": [[[[0.0021, 0.0009, "…"]]]],
+                    }
+                },
+                "application/octet-stream": {
+                    "schema": {"type": "string", "format": "binary"},
+                    "description": "format=safetensors or npy",
+                },
+            }
+        }
+    },
+}
+
+
+def _params(fields: dict) -> AttentionParams:
+    try:
+        return AttentionParams(**fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise ApiError(422, "invalid_parameter", f"{loc}: {err.get('msg')}") from None
+
+
+def _response(answer: Answer) -> Response:
+    return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
+
+
+async def _run(metrics, coro, endpoint: str):
+    """Await a service call, mapping errors and a vanished client; record metrics."""
+    t0 = time.perf_counter()
+    status = 200
+    try:
+        return await coro
+    except Exception as e:
+        mapped = to_api_error(e, retry_after=1)
+        status = mapped.status if mapped else 500
+        if mapped is None:
+            raise
+        raise mapped from None
+    finally:
+        metrics.requests.labels(endpoint, str(status)).inc()
+        metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
+
+
+@router.post(
+    "/attention",
+    summary="Attention maps for an uploaded image",
+    response_model=AttentionResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=_OPENAPI_POST,
+)
+async def post_attention(
+    request: Request, service: ServiceDep, settings: SettingsDep, metrics: MetricsDep, _: AdmitDep
+) -> Response:
+    """Upload an image (multipart field `image`) and get the softmax attention of the selected
+    layers, heads and query rows: `[layers, heads, queries, tokens]`. The answer's `image_id`
+    lets later GETs ask for other slices without uploading again."""
+    registry = service.registry
+    if not request.app.state.ready and registry.error(registry.default):
+        raise ApiError(503, "model_unavailable", "the default model failed to load; see /readyz")
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        raise ApiError(415, "not_multipart", "send multipart/form-data with the file in the field 'image'")
+    try:
+        async with request.form(max_files=1, max_fields=len(_FORM_FIELDS), max_part_size=MAX_FIELD_BYTES) as form:
+            unknown = sorted(set(form.keys()) - _FORM_FIELDS - {"image"})
+            if unknown:
+                raise ApiError(
+                    422, "unknown_field", f"unknown form field(s): {', '.join(unknown)[:200]}; the file goes in 'image'"
+                )
+            file = form.get("image")
+            if file is None:
+                raise ApiError(422, "missing_image", "no file in the form field 'image'")
+            if not isinstance(file, UploadFile):
+                raise ApiError(422, "missing_image", "the field 'image' must be a file, not text")
+            fields = {k: v for k, v in form.items() if k != "image"}
+            if any(not isinstance(v, str) for v in fields.values()):
+                raise ApiError(422, "invalid_parameter", "parameters must be text fields")
+            data = await file.read()
+            filename = safe_filename(file.filename)
+    except MultiPartException as e:
+        raise ApiError(400, "bad_multipart", f"malformed multipart body: {e.message}") from None
+    if len(data) > settings.max_upload_bytes:
+        raise ApiError(413, "upload_too_large", f"upload over the {settings.max_upload_bytes:,}-byte limit")
+    params = _params(fields)
+    fault = request.headers.get("x-headscope-fault") if settings.enable_fault_injection else None
+    answer = await _run(
+        metrics,
+        service.post(Upload(data, filename), params, fault=fault, is_disconnected=request.is_disconnected),
+        "post",
+    )
+    return _response(answer)
+
+
+@router.get(
+    "/attention/{image_id}/stats",
+    summary="Per-head statistics of an image already sent",
+    response_model=StatsResponse,
+    responses=ERROR_RESPONSES,
+)
+async def get_stats(
+    request: Request,
+    service: ServiceDep,
+    metrics: MetricsDep,
+    _: AdmitDep,
+    image_id: str,
+    model: Annotated[str | None, Query(description="model id")] = None,
+    mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = 0.6,
+):
+    """Entropy, mean attention distance, attention to prefix and artifact tokens, head
+    similarity, rank of the head outputs and mass-threshold sizes for every layer and head."""
+    _check_id(image_id)
+    body = await _run(metrics, service.stats(image_id, model, mass, request.is_disconnected), "stats")
+    if body is None:
+        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
+    return JSONBody(body)
+
+
+def _check_id(image_id: str) -> None:
+    if not (8 <= len(image_id) <= 64 and all(c in "0123456789abcdef" for c in image_id)):
+        raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
+
+
+@router.get(
+    "/attention/{image_id}",
+    summary="More slices of an image already sent",
+    response_model=AttentionResponse,
+    responses=ERROR_RESPONSES,
+)
+async def get_attention(
+    request: Request,
+    service: ServiceDep,
+    metrics: MetricsDep,
+    _: AdmitDep,
+    image_id: str,
+    params: Annotated[AttentionParams, Query()],
+) -> Response:
+    """The same selection as the POST, answered from the server's cache (LRU by bytes). 404 once
+    the image has been evicted: upload it again."""
+    _check_id(image_id)
+    answer = await _run(metrics, service.attention(image_id, params, is_disconnected=request.is_disconnected), "get")
+    if answer is None:
+        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
+    return _response(answer)
+
+
+@router.get(
+    "/images/{image_id}",
+    summary="The uploaded picture as PNG (for the page)",
+    responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[404]},
+)
+async def get_image(image_id: str, service: ServiceDep, settings: SettingsDep) -> Response:
+    _check_id(image_id)
+    upload = service.upload_of(image_id)
+    if upload is None:
+        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached")
+    img = await run_in_threadpool(images.decode, upload.data, settings.max_image_pixels)
+    png = await run_in_threadpool(images.display_png, img)
+    return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})

