@@ -16,6 +16,7 @@ import {
   fmtBytes, initStaticControls, renderAnalysisControls, renderControls, renderError, renderStatus,
 } from "./controls.js";
 import { renderPrefixList, renderReadout, renderViewer } from "./viewer.js";
+import { bindViews, renderViews } from "./views.js";
 import {
   apiQuery, defaultQuery, dims, headChoices, parseQuery, readUrl, state, syncUrl,
 } from "./state.js";
@@ -36,6 +37,7 @@ let slowTimer = 0;
 // ---------------------------------------------------------------- render
 function render() {
   if (store) store.rolloutOpts = { ...state.rollout };
+  renderViews();
   renderControls();
   renderAnalysisControls(store);
   renderStatus(summary);
@@ -47,7 +49,7 @@ function render() {
   renderHeadGrid($("head-grid"), thumbView(), pick);
   clearTimeout(slowTimer);
   slowTimer = setTimeout(renderSlow, 40);
-  if (state.imageId) syncUrl();
+  if (state.imageId || state.view !== "viewer") syncUrl();
   need();
 }
 
@@ -284,6 +286,7 @@ async function downloadPng() {
 
 // ---------------------------------------------------------------- events
 function bind() {
+  bindViews(render);
   $("image-input").addEventListener("change", (e) => {
     const f = e.target.files && e.target.files[0];
     if (f) uploadFile(f);
@@ -416,6 +419,7 @@ async function start() {
   initStaticControls();
   bind();
   const want = readUrl();
+  if (want.view) state.view = want.view;
   state.model = want.model || document.body.dataset.defaultModel;
   render();
   try {

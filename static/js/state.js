@@ -7,6 +7,7 @@
 export const AGGREGATES = ["mean", "max", "rollout"];
 
 export const state = {
+  view: "viewer",      // the shown view: a [data-view-panel] of the page (see views.js)
   models: [],          // from /api/v1/models
   model: null,         // model id
   imageId: null,
@@ -125,6 +126,7 @@ export function syncUrl() {
   const p = new URLSearchParams();
   if (state.imageId) p.set("image", state.imageId);
   if (state.model) p.set("model", state.model);
+  if (state.view && state.view !== "viewer") p.set("view", state.view);
   if (state.imageId) {
     p.set("layer", String(state.layer));
     p.set("head", state.head);
@@ -145,5 +147,6 @@ export function readUrl() {
     layer: p.has("layer") ? Number(p.get("layer")) : null,
     head: p.get("head"),
     q: p.get("q"),
+    view: p.get("view"),
   };
 }
