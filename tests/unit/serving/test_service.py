@@ -1,0 +1,45 @@
+"""The request path (AttentionService) on a tiny model: cache accounting, device memory on OOM."""
+
+from __future__ import annotations
+
+import torch
+
+from app.serving.cache import CaptureKey
+from app.serving.worker import Worker
+
+
+def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm, tmp_path):
+    from app.config import Settings
+    from app.serving.service import AttentionService, Capture
+
+    w = Worker(torch.device("cpu"))
+    svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w, metrics=w.metrics)
+    with torch.inference_mode():
+        with lm.capture.capturing():
+            lm.model.forward_features(torch.randn(2, 3, *lm.input_size))
+        host = lm.capture.results()
+        with lm.capture.capturing():
+            lm.model.forward_features(torch.randn(1, 3, *lm.input_size))
+        device = lm.capture.results(to="meta")  # stands in for a GPU
+    layout = lm.layout(lm.input_size)
+    for i, att in enumerate(host):
+        svc.cache.put(
+            CaptureKey(str(i), lm.id),
+            Capture(lm.id, att, layout, lm.input_size, lm.input_size),
+            4096,
+            shared=att.storages(),
+        )
+    alive = {
+        (t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+        for att in host
+        for t in (*att.q, *att.k, *att.head_out, att.last_norms)
+    }
+    assert svc.cache.nbytes == 2 * 4096 + sum(alive.values())
+    assert svc.free_device_memory() == 0 and len(svc.cache) == 2  # host captures stay
+    svc.cache.put(
+        CaptureKey("gpu", lm.id),
+        Capture(lm.id, device[0], layout, lm.input_size, lm.input_size),
+        4096,
+        shared=device[0].storages(),
+    )
+    assert svc.free_device_memory() > 0 and len(svc.cache) == 2
