@@ -46,8 +46,9 @@ RUN python3 -m venv /opt/venv \
 
 WORKDIR /opt/headscope
 
-# 1. Dependencies only (the slow, big layer): the list comes from pyproject.toml, so this
-#    layer is rebuilt only when pyproject.toml changes, not on a code change.
+# 1. Dependencies only (the slow, big layer): the list comes from pyproject.toml (the runtime
+#    dependencies and the build backend), so this layer is rebuilt only when pyproject.toml
+#    changes, not on a code change.
 #    The optional secret `ca` is a CA bundle for a TLS-inspecting proxy; it is mounted
 #    for this step only and never written into a layer.
 COPY pyproject.toml ./
@@ -55,34 +56,36 @@ RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then \
         export PIP_CERT=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca REQUESTS_CA_BUNDLE=/run/secrets/ca; \
     fi \
- && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+ && python3 -c "import tomllib; t = tomllib.load(open('pyproject.toml', 'rb')); print('\n'.join(t['project']['dependencies'] + t['build-system']['requires']))" \
         > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm -f /tmp/requirements.txt
 
-# 2. The package (editable: static/ and templates/ are read from the source tree next to
-#    app/), then the default model, fetched and converted at build time.
-COPY README.* ./
+# 2. The default model, fetched and converted at build time by the source tree's own command
+#    line (it needs only the dependencies above), into the models folder the server reads.
+ENV HEADSCOPE_MODELS_DIR=/opt/headscope/models
 COPY app/ app/
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then \
         export PIP_CERT=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca REQUESTS_CA_BUNDLE=/run/secrets/ca; \
     fi \
- && pip install --no-deps --no-build-isolation -e . \
- && headscope fetch \
- && rm -rf models/_downloads \
- && chmod -R a+rX /opt/headscope
+ && python3 -m app.cli fetch \
+ && rm -rf models/_downloads
 
-# 3. Web assets last: changing them rebuilds nothing above.
+# 3. The package, installed the way a user installs it: a wheel built here, with static/ and
+#    templates/ inside it as package data (app/paths.py finds them there). A change to static/
+#    or templates/ rebuilds only this quick layer; a change under app/ also step 2.
+COPY README.* ./
 COPY static/ static/
 COPY templates/ templates/
+RUN pip install --no-deps --no-build-isolation . \
+ && rm -rf build ./*.egg-info \
+ && chmod -R a+rX /opt/headscope
 
 ENV HEADSCOPE_HOST=0.0.0.0 \
     HEADSCOPE_PORT=8000 \
     HEADSCOPE_DEVICE=auto \
-    HF_HOME=/data/hf \
-    MALLOC_MMAP_THRESHOLD_=33554432 \
-    MALLOC_TRIM_THRESHOLD_=2147483647
+    HF_HOME=/data/hf
 
 USER 10001:10001
 EXPOSE 8000

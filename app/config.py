@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import paths
 
 
 class Settings(BaseSettings):
@@ -33,9 +33,16 @@ class Settings(BaseSettings):
         "auto", description="auto = bf16/fp16 autocast on CUDA, fp32 elsewhere"
     )
     threads: int = Field(0, description="torch intra-op threads on CPU (0 = torch default)")
-    models_dir: Path = ROOT / "models"
-    static_dir: Path = ROOT / "static"
-    templates_dir: Path = ROOT / "templates"
+    models_dir: Path = Field(
+        default_factory=paths.default_models_dir,
+        description="downloaded and converted models: models/ in a checkout, else the user's cache directory",
+    )
+    static_dir: Path = Field(
+        default_factory=lambda: paths.asset_dir("static"), description="the page's static files (shipped in the wheel)"
+    )
+    templates_dir: Path = Field(
+        default_factory=lambda: paths.asset_dir("templates"), description="the page's Jinja2 templates (in the wheel)"
+    )
 
     # worker
     max_batch_size: int = 8

@@ -26,16 +26,45 @@ def free_port() -> int:
 class Server:
     """A real `headscope serve` process on 127.0.0.1."""
 
-    def __init__(self, env: dict[str, str] | None = None, wait_ready: bool = True, timeout: float = 120):
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+        timeout: float = 120,
+        command: list[str] | None = None,
+        cwd: Path = ROOT,
+        models_dir: Path | None = ROOT / "models",
+    ):
+        """Start the server and wait until it answers.
+
+        Args:
+            env: extra environment variables for the server.
+            wait_ready: wait for /readyz (the model loaded), else only for /healthz.
+            timeout: seconds to wait for it.
+            command: the program that serves (default: this checkout's ``python -m app.cli``);
+                ``serve --port N --log-level warning`` is appended.
+            cwd: where it runs.
+            models_dir: ``HEADSCOPE_MODELS_DIR``; None leaves it unset (the app picks its default).
+        """
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"server-{self.port}.log"
-        full_env = {**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models"), "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {k: v for k, v in os.environ.items() if k != "HEADSCOPE_MODELS_DIR"}
+        if models_dir is not None:
+            full_env["HEADSCOPE_MODELS_DIR"] = str(models_dir)
+        full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT,
+            [
+                *(command or [sys.executable, "-m", "app.cli"]),
+                "serve",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=cwd,
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

