@@ -87,6 +87,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="What every attention head of a Vision Transformer looks at. Post an image, "
         "get per-layer, per-head softmax attention back as JSON, safetensors or npy.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from api/docs.py: local bundles, no inline script
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.ready = False
@@ -94,13 +96,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
 
-    from .api import attention, health, models, pages
+    from .api import attention, docs, health, models, pages
 
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(attention.router)
     app.include_router(pages.router)
+    app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")
+    app.mount(docs.ASSETS_URL, StaticFiles(directory=str(docs.assets_dir())), name="docs-assets")
 
     if settings.cors_origins:
         # An explicit allow-list only: never "*" with credentials, never a reflected origin.

@@ -270,7 +270,7 @@ def test_docs_and_openapi(base_url):
         assert p in paths
     body = paths["/api/v1/attention"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert {"image", "layers", "heads", "query", "aggregate", "format", "dtype"} <= set(body["properties"])
-    assert "Swagger" in httpx.get(base_url + "/docs").text or "swagger" in httpx.get(base_url + "/docs").text
+    # /docs itself is rendered in Chromium by tests/browser/test_docs.py.
 
 
 def test_unknown_route_has_the_same_error_shape(base_url):

@@ -1,0 +1,59 @@
+"""/docs (Swagger UI) and /redoc render offline under the page's CSP, in real Chromium.
+
+The guard (tests/browser/conftest.py) fails a test on any request to another host, a console
+error (a CSP violation is one) or an uncaught exception.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.browser
+
+HTTP_METHODS = {"get", "post", "put", "patch", "delete", "head", "options"}
+# ReDoc's side menu always shows Redocly's logo from their CDN; the CSP (img-src 'self') blocks it
+# before any request leaves the browser, and Chromium reports the block on the console.
+REDOC_LOGO_BLOCKED = "Loading the image 'https://cdn.redoc.ly/redoc/logo-mini.svg' violates"
+
+
+def operations(base_url: str) -> list[tuple[str, str, str]]:
+    """(METHOD, path, summary) of every operation in the OpenAPI spec."""
+    spec = httpx.get(base_url + "/openapi.json", timeout=120).json()
+    return [
+        (method.upper(), path, op.get("summary", ""))
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if method in HTTP_METHODS
+    ]
+
+
+def test_swagger_ui_shows_every_operation_with_no_outside_request(page, base_url, guard):
+    ops = operations(base_url)
+    assert ("POST", "/api/v1/attention") in {(m, p) for m, p, _ in ops}
+    resp = page.goto(base_url + "/docs")
+    assert resp is not None and "script-src 'self'" in resp.headers["content-security-policy"]
+    page.wait_for_selector(".opblock-summary")
+    shown = page.eval_on_selector_all(
+        ".opblock-summary",
+        """els => els.map(e => [
+            e.querySelector('.opblock-summary-method').textContent.trim(),
+            e.querySelector('.opblock-summary-path').dataset.path,
+        ])""",
+    )
+    assert sorted(map(tuple, shown)) == sorted((m, p) for m, p, _ in ops)
+    # The UI works, not just renders: open the upload operation and see its form fields.
+    page.locator('.opblock-post .opblock-summary-path[data-path="/api/v1/attention"]').click()
+    page.get_by_text("Try it out").first.wait_for()
+    assert page.locator(".opblock-post .parameters-container, .opblock-post .opblock-section-request-body").count()
+    assert page.title().startswith("Headscope")
+
+
+def test_redoc_shows_every_operation_with_no_outside_request(page, base_url, guard):
+    ops = operations(base_url)
+    resp = page.goto(base_url + "/redoc")
+    assert resp is not None and "script-src 'self'" in resp.headers["content-security-policy"]
+    page.wait_for_selector("h2")
+    headings = set(page.locator("h2").all_inner_texts())
+    assert {summary for _, _, summary in ops} <= headings, {summary for _, _, summary in ops} - headings
+    guard.console_errors[:] = [m for m in guard.console_errors if not m.startswith(REDOC_LOGO_BLOCKED)]
