@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -57,8 +58,11 @@ def _attention_kind(attn: nn.Module) -> str | None:
     return None
 
 
-def attention_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
+def attention_layers(model: nn.Module) -> list[tuple[Any, str]]:
     """Return ``(attention_module, kind)`` for every block, or raise for unsupported models.
+
+    The modules are typed ``Any``: their attributes (``q_norm``, ``fused_attn``, ``scale``...)
+    differ between timm's attention classes and are checked at run time instead.
 
     Args:
         model: a timm model.
@@ -69,7 +73,7 @@ def attention_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
             f"{type(model).__name__} has no transformer 'blocks' with global self-attention; "
             f"supported families: {SUPPORTED_FAMILIES}"
         )
-    out = []
+    out: list[tuple[Any, str]] = []
     for i, blk in enumerate(blocks):
         attn = getattr(blk, "attn", None)
         kind = _attention_kind(attn) if attn is not None else None
@@ -143,6 +147,7 @@ class ImageAttention:
             p = _take(_take(p, heads, 0), rows, 1)
             return out.copy_(p) if out is not None else p.float()
         q, k = self.q[layer], self.k[layer]
+        assert q is not None and k is not None  # a layer keeps either its probs or its q and k
         q, k = _take(q, heads, 0), _take(k, heads, 0)
         q = _take(q, rows, 1)
         # Same order of operations as timm's unfused branch: scale q, then q k^T, then softmax.
@@ -177,7 +182,7 @@ class AttentionCapture:
     def __init__(self, model: nn.Module):
         self.model = model
         self.layers = attention_layers(model)
-        self.num_heads = self.layers[0][0].num_heads
+        self.num_heads: int = self.layers[0][0].num_heads
         self._reset()
 
     def materialise_pays(self, num_tokens: int) -> bool:
@@ -214,7 +219,7 @@ class AttentionCapture:
         """
         self._reset()
         self._kinds = ["probs" if materialise else kind for _, kind in self.layers]
-        blocks = self.model.blocks
+        blocks: nn.Sequential = self.model.blocks  # type: ignore[assignment]  # every supported family
         with ExitStack() as stack:
             for i, (attn, kind) in enumerate(self.layers):
                 if kind == "qk" and not materialise:
@@ -281,7 +286,9 @@ class AttentionCapture:
         norms = self._norms[0].to("cpu", torch.float32)  # B, N: a few KB, always on the host
         out = []
         for b in range(B):
-            q, k, p = [], [], []
+            q: list[torch.Tensor | None] = []
+            k: list[torch.Tensor | None] = []
+            p: list[torch.Tensor | None] = []
             for i, kind in enumerate(self._kinds):
                 if kind == "qk":
                     qi, ki = self._q[i][0][b], self._k[i][0][b]  # H, N, d

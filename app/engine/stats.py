@@ -7,6 +7,7 @@ and says its formula; :func:`head_stats` puts them together for one captured ima
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -144,7 +145,7 @@ def head_stats(att: ImageAttention, layout: TokenLayout, input_size, mass: float
     cls = layout.cls_index
     last_norms = att.last_norms
     artifacts, thr = artifact_tokens(last_norms, npf)
-    out = {
+    out: dict[str, Any] = {
         k: []
         for k in (
             "entropy",

@@ -28,7 +28,7 @@ _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 
 def _raw(array: np.ndarray) -> memoryview:
     """The C-order bytes of ``array`` as a flat view (a copy only if it is not C-contiguous)."""
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+    return memoryview(np.ascontiguousarray(array)).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+ only
 
 
 def safetensors_header(array: np.ndarray, name: str, metadata: dict[str, str]) -> bytes:

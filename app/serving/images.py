@@ -40,7 +40,7 @@ def decode(data: bytes, max_pixels: int) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img: Image.Image = Image.open(io.BytesIO(data))
             fmt = img.format
             if fmt not in ALLOWED_FORMATS:
                 raise ImageError(
@@ -117,7 +117,7 @@ def plan_size(
     ``square``: the model's native input size.
     """
     if mode == "square" or not dynamic:
-        return tuple(input_size)
+        return input_size[0], input_size[1]
     s = min(input_size)
     ph, pw = patch
     scale = s / min(width, height)
@@ -136,8 +136,8 @@ class Prepared:
 def prepare(img: Image.Image, input_size, patch, mean, std, mode="aspect", max_aspect=3.0, dynamic=True) -> Prepared:
     """Resize (bicubic; untouched when already the right size) and normalise an RGB picture."""
     H, W = plan_size(img.width, img.height, input_size, patch, mode, max_aspect, dynamic)
-    resized = img if (img.height, img.width) == (H, W) else img.resize((W, H), Image.BICUBIC)
-    a = np.asarray(resized, dtype=np.float32) / 255.0  # H, W, 3
+    resized = img if (img.height, img.width) == (H, W) else img.resize((W, H), Image.Resampling.BICUBIC)
+    a: np.ndarray = np.asarray(resized, dtype=np.float32) / 255.0  # H, W, 3
     a = (a - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     pixels = torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
     return Prepared(pixels, (H, W), (img.height, img.width))
@@ -147,7 +147,7 @@ def display_png(img: Image.Image, max_side: int = 1600) -> bytes:
     """The picture as PNG for the page, at most ``max_side`` pixels on its longer side."""
     if max(img.size) > max_side:
         img = img.copy()
-        img.thumbnail((max_side, max_side), Image.BICUBIC)
+        img.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
     buf = io.BytesIO()
     img.save(buf, "PNG", compress_level=3)
     return buf.getvalue()

@@ -51,7 +51,7 @@ class Job:
     deadline: float  # time.monotonic()
     fault: str | None = None
     materialise: bool = False  # keep full softmax maps from the unfused branch (every row wanted)
-    future: asyncio.Future | None = None
+    future: asyncio.Future = field(init=False, repr=False)  # set by Worker.submit
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0
 
@@ -96,7 +96,8 @@ class Worker:
         self.max_wait = max_wait_ms / 1000.0
         self.metrics = metrics or Metrics()
         self.admission = admission or Admission(32, self.metrics)
-        self._queue: asyncio.Queue[Job] | None = None
+        # Bound to the running loop at first use (start() makes a fresh one for each run).
+        self._queue: asyncio.Queue[Job] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headscope-worker")
         self.inflight = 0
@@ -141,7 +142,7 @@ class Worker:
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize() if self._queue else 0
+        return self._queue.qsize()
 
     # -- submission ------------------------------------------------------------------------
     def submit(self, job: Job) -> asyncio.Future:
@@ -224,7 +225,7 @@ class Worker:
     # -- compute (worker thread) ------------------------------------------------------------
     def _run(self, jobs: list[Job], freed: bool = False) -> list[Computed | BaseException]:
         try:
-            return self._forward(jobs)
+            return [*self._forward(jobs)]
         except Exception as e:
             if is_oom(e):
                 evicted = 0 if freed or self._free_memory is None else self._free_memory()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -107,7 +107,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-ERROR_RESPONSES = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorBody, "description": d}
     for s, d in {
         400: "malformed multipart body",

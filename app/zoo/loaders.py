@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -68,7 +69,7 @@ def _finish(
     model.eval().requires_grad_(False)
     capture = AttentionCapture(model)  # raises UnsupportedModelError early
     cfg = resolve_model_data_config(model)
-    ps = model.patch_embed.patch_size
+    ps: Any = model.patch_embed.patch_size  # type: ignore[union-attr]  # int or (h, w)
     ps = (ps, ps) if isinstance(ps, int) else tuple(ps)
     return LoadedModel(
         id=spec.id,

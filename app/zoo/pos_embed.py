@@ -48,4 +48,4 @@ def install_exact_pos_embed(model: nn.Module, grid: tuple[int, int]) -> None:
             x = torch.cat(to_cat + [x], dim=1) + pos_embed
         return self.pos_drop(x)
 
-    model._pos_embed = MethodType(_pos_embed, model)
+    model._pos_embed = MethodType(_pos_embed, model)  # type: ignore[assignment]  # patched method
