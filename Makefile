@@ -1,24 +1,44 @@
-# The two commands a fresh machine needs:
-#   make serve   set up and start the app on the embedded default model (http://127.0.0.1:8000)
-#   make test    set up and run the whole test suite
+# The commands a fresh machine needs:
+#   make serve   set up the app (no test tools) and serve the embedded default model at
+#                http://127.0.0.1:8000 (another port: make serve PORT=9000)
+#   make test    set up the app with the test and lint tools, run the whole test suite
+#   make lint    ruff (lint, format check) and mypy on app/
+#   make extract ARGS="static/samples --out attn.safetensors"   the CLI from the venv
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_FLAGS ?= -q --disable-pip-version-check
+# Empty: the app's defaults (HEADSCOPE_HOST / HEADSCOPE_PORT, else 127.0.0.1:8000).
+HOST ?=
+PORT ?=
+ARGS ?=
 
-.PHONY: setup serve test test-fast browser-deps bench bench-smoke load docker-test fetch clean
+.PHONY: setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
+	docker-test fetch extract clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[test]'
+
+# The app alone (what `make serve` needs); the test and lint tools are a separate stamp.
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install $(PIP_FLAGS) -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev]'
 	touch $@
 
 setup: $(VENV)/.installed
+
+setup-dev: $(VENV)/.installed-dev
 
 fetch: setup
 	$(VENV)/bin/headscope fetch
 
 serve: fetch
-	$(VENV)/bin/headscope serve
+	$(VENV)/bin/headscope serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
+
+extract: fetch
+	$(VENV)/bin/headscope extract $(ARGS)
 
 # Debian's chromium drives the browser tests (Playwright's own browser download needs internet).
 browser-deps:
@@ -27,11 +47,24 @@ browser-deps:
 		else echo "note: /usr/bin/chromium missing (apt install chromium); browser tests will be skipped"; fi; \
 	fi
 
-test: fetch browser-deps
+test: setup-dev fetch browser-deps
 	$(PY) -m pytest
 
-test-fast: fetch
+test-fast: setup-dev fetch
 	$(PY) -m pytest -m "not browser"
+
+lint: setup-dev
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+format: setup-dev
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+# sdist and wheel into dist/ (the wheel carries static/ and templates/).
+build: setup-dev
+	$(PY) -m build --outdir dist .
 
 bench: fetch
 	$(PY) -m bench.run
@@ -43,4 +76,4 @@ docker-test:
 	bash tests/docker/run.sh
 
 clean:
-	rm -rf $(VENV) test-artifacts .pytest_cache
+	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist ./*.egg-info
