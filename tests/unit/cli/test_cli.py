@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 
 import torch
 from safetensors.torch import load_file
 
-from server import ROOT, SAMPLES
+from server import ROOT, SAMPLES, free_port
 
 
 def cli(*args, timeout=180):
@@ -49,3 +51,40 @@ def test_fetch_timm_offline_says_what_to_do():
 def test_fetch_default_is_a_no_op_when_converted():
     r = cli("fetch")
     assert r.returncode == 0 and "dinov2-s14-focus: ready" in r.stdout
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line():
+    port = free_port()
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):  # until the other process listens (at most about a minute)
+            if other.poll() is not None or _listening(port):
+                break
+            time.sleep(0.1)
+        assert _listening(port), "the other process never listened"
+        r = cli("serve", "--port", str(port), "--no-fetch")
+        assert r.returncode == 1
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, r.stderr
+        assert f"port {port} on 127.0.0.1 is already in use" in lines[0] and f"--port {port + 1}" in lines[0]
+        assert "Errno" not in r.stderr and "Traceback" not in r.stderr
+    finally:
+        other.terminate()
+        other.wait(30)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_extract_of_a_missing_path_fails_before_loading_the_model(tmp_path):
+    # The model id cannot load: had extract loaded it first, the error would name the model.
+    r = cli("extract", str(tmp_path / "nope.png"), "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"headscope extract: no such file or folder: {tmp_path / 'nope.png'}"
+    assert not (tmp_path / "o.safetensors").exists()
