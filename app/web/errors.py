@@ -1,7 +1,9 @@
 """One error body everywhere: ``{"error": {"code", "message", "request_id"}}``.
 
 Every exception that can reach a client is mapped here to a status and a short code; anything
-unexpected becomes a 500 with a request id and no traceback (the log has the details).
+unexpected becomes a 500 with a request id and no traceback (the log has the details). Every
+error answer is logged on one line with its request id (the one ``middleware.RequestId`` gave
+the request, also sent back as ``X-Request-ID``): 4xx at INFO, 5xx at WARNING.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from ..engine.capture import CaptureError, UnsupportedModelError
 from ..engine.selection import SelectionError
@@ -45,11 +48,25 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.headers = status, code, message, headers
 
 
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 def error_response(
     status: int, code: str, message: str, headers: dict | None = None, request_id: str | None = None
 ) -> JSONBody:
-    body = {"error": {"code": code, "message": message, "request_id": request_id or uuid.uuid4().hex[:12]}}
+    body = {"error": {"code": code, "message": message, "request_id": request_id or new_request_id()}}
     return JSONBody(body, status_code=status, headers=headers)
+
+
+def logged_error_response(scope: Scope, status: int, code: str, message: str, headers: dict | None = None) -> JSONBody:
+    """The error answer for the request in ``scope``, logged on one line with its request id."""
+    rid = scope.get("state", {}).get("request_id") or new_request_id()
+    level = logging.WARNING if status >= 500 else logging.INFO
+    log.log(
+        level, "%s %s -> %d %s: %s [request_id=%s]", scope.get("method"), scope.get("path"), status, code, message, rid
+    )
+    return error_response(status, code, message, headers, request_id=rid)
 
 
 def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
@@ -101,9 +118,10 @@ def install(app: FastAPI) -> None:
     async def _known(request: Request, exc: Exception):
         mapped = to_api_error(exc)
         assert mapped is not None
-        return error_response(mapped.status, mapped.code, mapped.message, mapped.headers)
+        return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
 
-    for kind in (ApiError, *KNOWN_ERRORS):
+    kinds: tuple[type[Exception], ...] = (ApiError, *KNOWN_ERRORS)
+    for kind in kinds:
         app.add_exception_handler(kind, _known)
 
     @app.exception_handler(RequestValidationError)
@@ -112,20 +130,22 @@ def install(app: FastAPI) -> None:
         for err in exc.errors()[:5]:
             loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
             parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-        return error_response(422, "invalid_request", "; ".join(parts) or "invalid request")
+        return logged_error_response(request.scope, 422, "invalid_request", "; ".join(parts) or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "too_large"}.get(
             exc.status_code, "http_error"
         )
-        return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+        return logged_error_response(
+            request.scope, exc.status_code, code, str(exc.detail), getattr(exc, "headers", None)
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         mapped = to_api_error(exc)
         if mapped is not None:
-            return error_response(mapped.status, mapped.code, mapped.message, mapped.headers)
-        rid = uuid.uuid4().hex[:12]
+            return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
+        rid = getattr(request.state, "request_id", None) or new_request_id()
         log.error("unhandled error %s on %s %s", rid, request.method, request.url.path, exc_info=exc)
         return error_response(500, "internal", "internal error; the server log has details", request_id=rid)

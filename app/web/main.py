@@ -23,7 +23,7 @@ from ..serving.service import AttentionService
 from ..serving.worker import Worker
 from ..zoo.registry import Registry
 from . import errors
-from .middleware import BodyLimit, SecurityHeaders
+from .middleware import BodyLimit, RequestId, SecurityHeaders
 
 # Room for the multipart framing and the text fields around the file.
 FORM_OVERHEAD_BYTES = 64 * 1024
@@ -117,4 +117,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(SecurityHeaders)
     app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FORM_OVERHEAD_BYTES)
+    app.add_middleware(RequestId)  # outermost: BodyLimit's 413 carries the id too
     return app

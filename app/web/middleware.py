@@ -1,8 +1,14 @@
-"""ASGI middleware: the request body limit (checked while the body streams) and security headers."""
+"""ASGI middleware: request ids, the request body limit (checked while the body streams), security headers."""
 
 from __future__ import annotations
 
+import re
+
 from . import errors
+
+REQUEST_ID_HEADER = b"x-request-id"
+# A client's own id is kept when it is a short plain token (it goes into log lines as is).
+_CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 
 CSP = (
     "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
@@ -26,7 +32,7 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
+            return await self._refuse(scope, send)
         seen = 0
         started = False
 
@@ -49,10 +55,12 @@ class BodyLimit:
             await self.app(scope, counted_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(scope, send)
 
-    async def _refuse(self, send):
-        resp = errors.error_response(413, "upload_too_large", f"request body over the {self.limit:,}-byte limit")
+    async def _refuse(self, scope, send):
+        resp = errors.logged_error_response(
+            scope, 413, "upload_too_large", f"request body over the {self.limit:,}-byte limit"
+        )
         await send(
             {
                 "type": "http.response.start",
@@ -69,6 +77,32 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+class RequestId:
+    """Give every request an id and send it back as ``X-Request-ID``.
+
+    The client's own ``X-Request-ID`` is kept when it is a short token, else a new id is made. It
+    sits in the scope's state, where the error handlers read it: an error body's ``request_id``
+    and the server's log line for that answer carry the same id.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER, b"")
+        rid = given.decode() if _CLIENT_REQUEST_ID.fullmatch(given) else errors.new_request_id()
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def with_id(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, rid.encode())]
+            await send(message)
+
+        await self.app(scope, receive, with_id)
 
 
 class SecurityHeaders:
