@@ -1,0 +1,48 @@
+"""Settings and where the app keeps things: every setting documented, models never in site-packages."""
+
+from __future__ import annotations
+
+import re
+
+import platformdirs
+import pytest
+
+from app import paths
+from app.config import Settings
+from server import ROOT
+
+# Read by the command line, not a Settings field (it configures logging before Settings exist).
+CLI_ONLY = {"LOG_LEVEL"}
+
+
+def test_every_setting_is_documented_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"`HEADSCOPE_([A-Z0-9_]+)`", section))
+    fields = {name.upper() for name in Settings.model_fields}
+    assert not fields - documented, f"settings missing from the README's Settings section: {fields - documented}"
+    assert not documented - fields - CLI_ONLY, f"the README documents settings that do not exist: {documented - fields}"
+
+
+def test_models_dir_order(monkeypatch, tmp_path):
+    monkeypatch.delenv("HEADSCOPE_MODELS_DIR", raising=False)
+    assert Settings().models_dir == ROOT / "models"  # running from this checkout
+    monkeypatch.setenv("HEADSCOPE_MODELS_DIR", str(tmp_path / "mine"))
+    assert Settings().models_dir == tmp_path / "mine"
+    monkeypatch.delenv("HEADSCOPE_MODELS_DIR")
+    monkeypatch.setattr(paths, "is_checkout", lambda: False)  # as from an installed wheel
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # platformdirs' Linux cache root
+    assert Settings().models_dir == platformdirs.user_cache_path("headscope", appauthor=False) / "models"
+
+
+def test_assets_come_from_the_package_then_the_checkout_never_the_cwd(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "static").mkdir()
+    assert paths.asset_dir("static") == ROOT / "static"  # this checkout (no app/static here)
+    pkg = tmp_path / "pkg"
+    (pkg / "static").mkdir(parents=True)
+    monkeypatch.setattr(paths, "PACKAGE_DIR", pkg)
+    assert paths.asset_dir("static") == pkg / "static"  # an installed wheel's copy wins
+    monkeypatch.setattr(paths, "CHECKOUT_DIR", tmp_path / "none")
+    with pytest.raises(FileNotFoundError, match="reinstall headscope"):
+        paths.asset_dir("templates")
