@@ -5,9 +5,16 @@ from __future__ import annotations
 import re
 
 import httpx
-from test_api import API, assert_error, post
+import numpy as np
+from PIL import Image
+from test_api import API, assert_error, png, post
 
 TIMEOUT = 120  # seconds: generous, the machine may be loaded
+
+
+def fresh_png() -> bytes:
+    rng = np.random.default_rng()
+    return png(Image.fromarray(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)))
 
 
 def _log_line(server, rid: str) -> str:
@@ -26,9 +33,11 @@ def test_each_error_answer_is_logged_with_its_request_id(live_server, samples):
         (post(base, cat, timeout=TIMEOUT, layers="99"), 422, "bad_selection"),
         (post(base, cat, timeout=TIMEOUT, model="timm:not_offered"), 404, "unknown_model"),
         (httpx.post(base + API, content=b"x" * (21 * 1024 * 1024), timeout=TIMEOUT), 413, "upload_too_large"),
-        (post(base, cat, timeout=TIMEOUT, headers={"X-Headscope-Fault": "raise"}), 500, "compute_failed"),
+        # A picture no other test sends: a cached one would not reach the worker and its fault.
+        (post(base, fresh_png(), timeout=TIMEOUT, headers={"X-Headscope-Fault": "raise"}), 500, "compute_failed"),
     ]
     for r, status, code in answers:
+        assert r.status_code == status, (status, r.status_code, r.text[:300])
         assert_error(r, status, code)
         rid = r.json()["error"]["request_id"]
         assert r.headers["x-request-id"] == rid
