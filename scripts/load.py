@@ -151,7 +151,14 @@ def _metric(text: str, name: str) -> float:
 
 
 async def soak(
-    url: str, pid: int, requests: int, cache_bytes: int, tmpdir: Path, max_seconds: float, concurrency: int = 4
+    url: str,
+    pid: int,
+    requests: int,
+    cache_bytes: int,
+    tmpdir: Path,
+    max_seconds: float,
+    concurrency: int = 4,
+    client_timeout_s: float = 120,
 ) -> dict:
     """Mixed sizes and formats; samples RSS, fds and the cache size along the way."""
     sizes = [(224, 224), (451, 300), (300, 451), (640, 200), (96, 96)]
@@ -169,7 +176,7 @@ async def soak(
     cache_seen = 0.0
     sem = asyncio.Semaphore(concurrency)
     done = 0
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=client_timeout_s) as client:
 
         async def one(i: int) -> None:
             nonlocal done, cache_seen

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from server import ARTIFACTS, ROOT, SAMPLES, Server  # noqa: F401
+from server import ARTIFACTS, ROOT, SAMPLES, Pace, Server, measure_pace  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +22,15 @@ def live_server():
 @pytest.fixture(scope="session")
 def base_url(live_server) -> str:
     return live_server.url
+
+
+@pytest.fixture(scope="session")
+def pace(live_server) -> Pace:
+    """This machine's speed at the start of the session (see server.Pace), kept in test-artifacts/."""
+    p = measure_pace(live_server.url)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "pace.json").write_text(json.dumps({"forward_s": p.forward_s, "slowdown": p.slowdown}) + "\n")
+    return p
 
 
 @pytest.fixture

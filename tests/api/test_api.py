@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from safetensors.numpy import load as st_load
 
-from server import ROOT
+from server import HTTP_TIMEOUT, ROOT
 
 API = "/api/v1/attention"
 
@@ -24,7 +24,7 @@ def png(img: Image.Image, fmt="PNG", **kw) -> bytes:
     return buf.getvalue()
 
 
-def post(base, data: bytes, name="img.png", timeout=60, headers=None, **fields):
+def post(base, data: bytes, name="img.png", timeout=HTTP_TIMEOUT, headers=None, **fields):
     return httpx.post(
         base + API,
         files={"image": (name, data, "application/octet-stream")},
@@ -66,9 +66,9 @@ def reference(lm, data: bytes):
 
 
 def test_health_ready_models(base_url):
-    assert httpx.get(base_url + "/healthz").json() == {"status": "ok"}
-    assert httpx.get(base_url + "/readyz").status_code == 200
-    body = httpx.get(base_url + "/api/v1/models").json()
+    assert httpx.get(base_url + "/healthz", timeout=HTTP_TIMEOUT).json() == {"status": "ok"}
+    assert httpx.get(base_url + "/readyz", timeout=HTTP_TIMEOUT).status_code == 200
+    body = httpx.get(base_url + "/api/v1/models", timeout=HTTP_TIMEOUT).json()
     m = body["models"][0]
     assert body["default"] == m["id"] == "dinov2-s14-focus"
     assert (m["layers"], m["heads"], m["patch_size"], m["input_size"]) == (12, 6, [14, 14], [224, 224])
@@ -135,17 +135,19 @@ def test_binary_formats_carry_metadata(base_url, cat):
 
 def test_cached_follow_up_and_picture(base_url, cat):
     image_id = post(base_url, cat).json()["image_id"]
-    r = httpx.get(f"{base_url}{API}/{image_id}", params={"query": "patch:0,0", "layers": "-1"})
+    r = httpx.get(f"{base_url}{API}/{image_id}", params={"query": "patch:0,0", "layers": "-1"}, timeout=HTTP_TIMEOUT)
     b = r.json()
     assert r.status_code == 200 and b["cached"] is True and b["query"] == [1] and b["shape"] == [1, 6, 1, 385]
-    r = httpx.get(f"{base_url}{API}/{image_id}", params={"format": "npy", "heads": "0"})
+    r = httpx.get(f"{base_url}{API}/{image_id}", params={"format": "npy", "heads": "0"}, timeout=HTTP_TIMEOUT)
     assert np.load(io.BytesIO(r.content)).shape == (12, 1, 1, 385)
-    pic = httpx.get(f"{base_url}/api/v1/images/{image_id}")
+    pic = httpx.get(f"{base_url}/api/v1/images/{image_id}", timeout=HTTP_TIMEOUT)
     assert pic.headers["content-type"] == "image/png" and Image.open(io.BytesIO(pic.content)).size == (451, 300)
-    assert_error(httpx.get(f"{base_url}{API}/{'0' * 24}"), 404, "image_not_found")
-    assert_error(httpx.get(f"{base_url}{API}/not-hex!"), 422)
-    assert_error(httpx.get(f"{base_url}{API}/{image_id}", params={"layers": "99"}), 422, "bad_selection")
-    assert_error(httpx.get(f"{base_url}{API}/{image_id}", params={"bogus": "1"}), 422)
+    assert_error(httpx.get(f"{base_url}{API}/{'0' * 24}", timeout=HTTP_TIMEOUT), 404, "image_not_found")
+    assert_error(httpx.get(f"{base_url}{API}/not-hex!", timeout=HTTP_TIMEOUT), 422)
+    assert_error(
+        httpx.get(f"{base_url}{API}/{image_id}", params={"layers": "99"}, timeout=HTTP_TIMEOUT), 422, "bad_selection"
+    )
+    assert_error(httpx.get(f"{base_url}{API}/{image_id}", params={"bogus": "1"}, timeout=HTTP_TIMEOUT), 422)
 
 
 @pytest.mark.parametrize(
@@ -170,18 +172,24 @@ def test_bad_parameters(base_url, cat, fields, status, code):
 
 
 def test_bad_uploads(base_url, cat):
-    assert_error(httpx.post(base_url + API, data={"layers": "all"}), 415, "not_multipart")
-    assert_error(httpx.post(base_url + API, files={"file": ("a.png", cat)}), 422, "unknown_field")
-    assert_error(httpx.post(base_url + API, files={"image": ("a.png", b"")}), 422, "empty_file")
+    assert_error(httpx.post(base_url + API, data={"layers": "all"}, timeout=HTTP_TIMEOUT), 415, "not_multipart")
+    assert_error(httpx.post(base_url + API, files={"file": ("a.png", cat)}, timeout=HTTP_TIMEOUT), 422, "unknown_field")
+    assert_error(httpx.post(base_url + API, files={"image": ("a.png", b"")}, timeout=HTTP_TIMEOUT), 422, "empty_file")
     assert_error(post(base_url, b"just some text\n", "notes.txt"), 415, "not_an_image")
     assert_error(post(base_url, cat[: len(cat) // 3]), 422, "corrupt_image")
     assert_error(post(base_url, png(Image.new("RGB", (8, 8)), "ICO")), 415, "unsupported_format")
     assert_error(post(base_url, png(Image.new("1", (10_000, 10_000)))), 413, "image_too_large")
     assert_error(post(base_url, b"\0" * (21 * 1024 * 1024)), 413, "upload_too_large")
-    assert_error(httpx.post(base_url + API, files=[("image", ("a.png", cat)), ("image", ("b.png", cat))]), 400)
+    assert_error(
+        httpx.post(base_url + API, files=[("image", ("a.png", cat)), ("image", ("b.png", cat))], timeout=HTTP_TIMEOUT),
+        400,
+    )
     assert_error(
         httpx.post(
-            base_url + API, content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"}
+            base_url + API,
+            content=b"--x\r\nbroken",
+            headers={"content-type": "multipart/form-data; boundary=x"},
+            timeout=HTTP_TIMEOUT,
         ),
         422,
         "missing_image",
@@ -189,7 +197,7 @@ def test_bad_uploads(base_url, cat):
     # Path parts in the filename are dropped; the name is only ever displayed.
     b = post(base_url, cat, "../../etc/passwd").json()
     assert b["filename"] == "passwd"
-    assert httpx.get(base_url + "/healthz").status_code == 200  # still serving
+    assert httpx.get(base_url + "/healthz", timeout=HTTP_TIMEOUT).status_code == 200  # still serving
 
 
 def test_upload_cap_is_checked_while_reading(base_url):
@@ -230,10 +238,10 @@ def test_concurrent_clients_get_their_own_answers_and_batches_form(base_url, sam
     for i, p in enumerate(sorted(samples.values()) * 4):  # 16 different images (crops) at once
         im = Image.open(p).convert("RGB")
         imgs.append(png(im.crop((i, i, im.width - i, im.height - i)).resize((224, 224))))
-    before = httpx.get(base_url + "/metrics").text
+    before = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
     with ThreadPoolExecutor(16) as ex:
         together = list(ex.map(lambda d: post(base_url, d, layers="-1,0", query="0,5").json(), imgs))
-    after = httpx.get(base_url + "/metrics").text
+    after = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
     singles = []
     for d in imgs:  # one at a time: the server caches by content, so ask through GET for a fresh compute
         singles.append(post(base_url, d, layers="-1,0", query="0,5").json())
@@ -264,7 +272,7 @@ def test_a_batched_answer_equals_a_fresh_single_compute(server_factory, samples)
 
 
 def test_docs_and_openapi(base_url):
-    spec = httpx.get(base_url + "/openapi.json").json()
+    spec = httpx.get(base_url + "/openapi.json", timeout=HTTP_TIMEOUT).json()
     paths = spec["paths"]
     for p in ("/api/v1/attention", "/api/v1/attention/{image_id}", "/api/v1/models", "/healthz", "/readyz", "/metrics"):
         assert p in paths
@@ -274,14 +282,14 @@ def test_docs_and_openapi(base_url):
 
 
 def test_unknown_route_has_the_same_error_shape(base_url):
-    assert_error(httpx.get(base_url + "/api/v1/nothing"), 404)
-    assert_error(httpx.delete(base_url + "/api/v1/models"), 405)
+    assert_error(httpx.get(base_url + "/api/v1/nothing", timeout=HTTP_TIMEOUT), 404)
+    assert_error(httpx.delete(base_url + "/api/v1/models", timeout=HTTP_TIMEOUT), 405)
 
 
 def test_stats_endpoint_and_drop(base_url, cat):
     b = post(base_url, cat, layers="-1").json()
     image_id = b["image_id"]
-    r = httpx.get(f"{base_url}{API}/{image_id}/stats")
+    r = httpx.get(f"{base_url}{API}/{image_id}/stats", timeout=HTTP_TIMEOUT)
     assert r.status_code == 200, r.text
     s = r.json()
     assert (s["layers"], s["heads"]) == (12, 6)
@@ -298,16 +306,16 @@ def test_stats_endpoint_and_drop(base_url, cat):
     b2 = post(base_url, cat, layers="-1", stats="true").json()
     assert b2["stats"]["entropy"] == s["entropy"]
     # Dropping the prefix token renormalises rows over the patches.
-    d = httpx.get(f"{base_url}{API}/{image_id}", params={"drop": "prefix", "layers": "-1"}).json()
+    d = httpx.get(f"{base_url}{API}/{image_id}", params={"drop": "prefix", "layers": "-1"}, timeout=HTTP_TIMEOUT).json()
     a = np.array(d["attention"])
     assert d["dropped"] == [0] and np.allclose(a[..., 0], 0) and np.allclose(a.sum(-1), 1, atol=1e-5)
-    assert_error(httpx.get(f"{base_url}{API}/{image_id}/stats", params={"mass": "2"}), 422)
-    assert_error(httpx.get(f"{base_url}{API}/{'a' * 24}/stats"), 404, "image_not_found")
+    assert_error(httpx.get(f"{base_url}{API}/{image_id}/stats", params={"mass": "2"}, timeout=HTTP_TIMEOUT), 422)
+    assert_error(httpx.get(f"{base_url}{API}/{'a' * 24}/stats", timeout=HTTP_TIMEOUT), 404, "image_not_found")
 
 
 def test_stats_carry_the_token_layout(base_url, cat):
     image_id = post(base_url, cat, layers="-1").json()["image_id"]
-    s = httpx.get(f"{base_url}{API}/{image_id}/stats").json()
+    s = httpx.get(f"{base_url}{API}/{image_id}/stats", timeout=HTTP_TIMEOUT).json()
     assert s["tokens"]["grid"] == [16, 24] and s["tokens"]["count"] == 385
 
 
@@ -325,10 +333,16 @@ def test_every_row_answers_come_from_the_unfused_capture_and_match_the_engine(ba
         # softmax), by a few 1e-6 after a few layers.
         np.testing.assert_allclose(maps[layer], ref.rows(layer).numpy(), atol=1e-5, rtol=1e-4)
     # Follow-ups are sliced from the materialised maps.
-    b = httpx.get(f"{base_url}{API}/{meta['image_id']}", params={"query": "patch:3,5", "layers": "2"}).json()
+    b = httpx.get(
+        f"{base_url}{API}/{meta['image_id']}", params={"query": "patch:3,5", "layers": "2"}, timeout=HTTP_TIMEOUT
+    ).json()
     assert b["cached"] is True
     np.testing.assert_allclose(np.array(b["attention"], np.float32)[0, :, 0], maps[2, :, 1 + 3 * 24 + 5], atol=0)
-    h = httpx.get(f"{base_url}{API}/{meta['image_id']}", params={"dtype": "float16", "query": "all", "layers": "4"})
+    h = httpx.get(
+        f"{base_url}{API}/{meta['image_id']}",
+        params={"dtype": "float16", "query": "all", "layers": "4"},
+        timeout=HTTP_TIMEOUT,
+    )
     half = np.array(h.json()["attention"], np.float32)[0]
     np.testing.assert_allclose(half, maps[4], atol=1e-3, rtol=1e-3)
     assert np.abs(half - maps[4]).max() > 0  # really rounded to float16

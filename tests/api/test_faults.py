@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from test_api import assert_error, png, post
 
-from server import ROOT
+from server import HTTP_TIMEOUT, ROOT
 
 FAULT = "X-Headscope-Fault"
 
@@ -24,9 +24,14 @@ def images(n: int, seed: int = 0) -> list[bytes]:
 
 
 def metric(base: str, name: str, labels: str = "") -> float:
-    text = httpx.get(base + "/metrics").text
+    text = httpx.get(base + "/metrics", timeout=HTTP_TIMEOUT).text
     m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def sleep(seconds: float) -> str:
+    """The fault that makes the worker sleep ``seconds`` inside a compute."""
+    return f"sleep:{seconds:.3f}"
 
 
 def concurrently(base, datas, faults, **fields):
@@ -43,13 +48,15 @@ def test_an_exception_mid_batch_fails_only_that_request(live_server):
     assert post(base, images(1, 2)[0]).status_code == 200
 
 
-def test_out_of_memory_splits_the_batch(live_server):
+def test_out_of_memory_splits_the_batch(live_server, pace):
     base = live_server.url
     splits = metric(base, "headscope_oom_splits_total")
     # Keep the worker busy so the four queue up together and form one batch.
-    blocker = threading.Thread(target=post, args=(base, images(1, 12)[0]), kwargs={"headers": {FAULT: "sleep:0.8"}})
+    blocker = threading.Thread(
+        target=post, args=(base, images(1, 12)[0]), kwargs={"headers": {FAULT: sleep(pace.s(0.8))}}
+    )
     blocker.start()
-    time.sleep(0.3)
+    time.sleep(pace.s(0.3))
     rs = concurrently(base, images(4, 3), [None, "oom", None, "oom-always"])
     blocker.join()
     assert [r.status_code for r in rs] == [200, 200, 200, 503]
@@ -63,29 +70,32 @@ def test_fault_header_is_ignored_unless_enabled(server_factory):
     assert post(srv.url, images(1, 5)[0], headers={FAULT: "raise"}).status_code == 200
 
 
-def test_deadline_full_queue_and_disconnect(server_factory):
+def test_deadline_full_queue_and_disconnect(server_factory, pace):
+    # Durations for the quiet development machine, scaled by this machine's pace now.
+    deadline = pace.s(1.5)
     srv = server_factory(
         {
             "HEADSCOPE_ENABLE_FAULT_INJECTION": "1",
-            "HEADSCOPE_REQUEST_TIMEOUT_S": "1.5",
+            "HEADSCOPE_REQUEST_TIMEOUT_S": f"{deadline:.3f}",
             "HEADSCOPE_MAX_QUEUE": "2",
             "HEADSCOPE_MAX_BATCH_SIZE": "1",
         }
     )
     base = srv.url
     datas = images(8, 6)
-    # A hung compute: the deadline answers 504, and the worker recovers afterwards.
+    # A hung compute: the deadline answers 504 before the compute ends; the worker recovers.
+    hang = 2 * deadline
     t0 = time.monotonic()
-    r = post(base, datas[0], headers={FAULT: "sleep:3"})
+    r = post(base, datas[0], headers={FAULT: sleep(hang)})
     assert_error(r, 504, "timeout")
-    assert time.monotonic() - t0 < 2.5
-    time.sleep(2)
+    assert time.monotonic() - t0 < hang
+    time.sleep(max(0.0, t0 + hang - time.monotonic()) + pace.s(0.5))  # the hung compute is over
     assert post(base, datas[1]).status_code == 200
 
     # Full queue: while one request computes, two wait, the rest get 429 at once.
-    slow = threading.Thread(target=post, args=(base, datas[2]), kwargs={"headers": {FAULT: "sleep:0.8"}})
+    slow = threading.Thread(target=post, args=(base, datas[2]), kwargs={"headers": {FAULT: sleep(pace.s(0.8))}})
     slow.start()
-    time.sleep(0.3)
+    time.sleep(pace.s(0.3))
     with ThreadPoolExecutor(5) as ex:
         t0 = time.monotonic()
         futs = [ex.submit(lambda d: (post(base, d), time.monotonic() - t0), d) for d in datas[3:8]]
@@ -94,20 +104,20 @@ def test_deadline_full_queue_and_disconnect(server_factory):
     refused = [(r, dt) for r, dt in results if r.status_code == 429]
     assert len(refused) >= 2, [r.status_code for r, _ in results]
     assert all(r.headers.get("retry-after") for r, _ in refused)
-    assert all(dt < 0.5 for _, dt in refused), "429 must come at once, not after a wait"
+    assert all(dt < pace.s(0.5) for _, dt in refused), "429 must come at once, not after a wait"
     assert all(r.status_code in (200, 429) for r, _ in results)
 
     # A client that goes away while queued: its request is never computed.
-    time.sleep(1.6)
+    time.sleep(pace.s(1.6))
     computed = metric(base, "headscope_batch_size_count")
     cancelled = metric(base, "headscope_rejections_total", '{reason="cancelled_before_compute"}')
-    blocker = threading.Thread(target=post, args=(base, images(1, 9)[0]), kwargs={"headers": {FAULT: "sleep:1"}})
+    blocker = threading.Thread(target=post, args=(base, images(1, 9)[0]), kwargs={"headers": {FAULT: sleep(pace.s(1))}})
     blocker.start()
-    time.sleep(0.2)
+    time.sleep(pace.s(0.2))
     with pytest.raises(httpx.TimeoutException):
-        post(base, images(1, 10)[0], timeout=0.4)
+        post(base, images(1, 10)[0], timeout=pace.s(0.4))  # leaves while the blocker computes
     blocker.join()
-    time.sleep(0.3)
+    time.sleep(pace.s(0.3))
     assert metric(base, "headscope_batch_size_count") == computed + 1
     assert metric(base, "headscope_rejections_total", '{reason="cancelled_before_compute"}') == cancelled + 1
 
@@ -129,11 +139,11 @@ def test_model_load_failure(server_factory, tmp_path, damage):
     srv = server_factory(env, wait_ready=False)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        r = httpx.get(srv.url + "/readyz")
+        r = httpx.get(srv.url + "/readyz", timeout=HTTP_TIMEOUT)
         if r.json().get("status") == "failed":
             break
         time.sleep(0.2)
-    assert httpx.get(srv.url + "/healthz").status_code == 200
+    assert httpx.get(srv.url + "/healthz", timeout=HTTP_TIMEOUT).status_code == 200
     assert r.status_code == 503 and r.json()["reason"]
     assert "/nonexistent" not in r.text and str(tmp_path) not in r.text
     assert_error(post(srv.url, images(1)[0]), 503, "model_unavailable")
@@ -152,25 +162,28 @@ def test_pickle_checkpoint_that_runs_code_is_refused(server_factory, tmp_path):
     ckpt.write_bytes(pickle.dumps({"pos_embed": Evil()}))
     srv = server_factory({"HEADSCOPE_MODEL": f"local:vit_small_patch16_224@{ckpt}"}, wait_ready=False)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and httpx.get(srv.url + "/readyz").json()["status"] == "loading":
+    while (
+        time.monotonic() < deadline
+        and httpx.get(srv.url + "/readyz", timeout=HTTP_TIMEOUT).json()["status"] == "loading"
+    ):
         time.sleep(0.2)
-    r = httpx.get(srv.url + "/readyz")
+    r = httpx.get(srv.url + "/readyz", timeout=HTTP_TIMEOUT)
     assert r.status_code == 503 and "cannot read weights" in r.json()["reason"]
     assert not marker.exists(), "the pickle ran code"
 
 
-def test_sigterm_drains_in_flight_requests(server_factory):
+def test_sigterm_drains_in_flight_requests(server_factory, pace):
     srv = server_factory({"HEADSCOPE_ENABLE_FAULT_INJECTION": "1", "HEADSCOPE_MAX_BATCH_SIZE": "2"})
     datas = images(4, 11)
     with ThreadPoolExecutor(4) as ex:
-        futs = [ex.submit(post, srv.url, d, headers={FAULT: "sleep:0.5"}) for d in datas]
-        time.sleep(0.4)
+        futs = [ex.submit(post, srv.url, d, headers={FAULT: sleep(pace.s(0.5))}) for d in datas]
+        time.sleep(pace.s(0.4))
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        time.sleep(pace.s(0.2))
         with pytest.raises(httpx.HTTPError):
             httpx.get(srv.url + "/readyz", timeout=1)  # no longer accepting: readiness dropped
         codes = [f.result().status_code for f in futs]
     assert codes == [200] * 4
-    assert srv.proc.wait(30) == 0
-    assert time.monotonic() - t0 < 15
+    assert srv.proc.wait(pace.s(30)) == 0
+    assert time.monotonic() - t0 < pace.s(15)

@@ -6,15 +6,19 @@ import httpx
 import pytest
 from test_api import API, assert_error, post
 
+from server import HTTP_TIMEOUT
+
 
 def preflight(base: str, origin: str) -> httpx.Response:
-    return httpx.options(base + API, headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+    return httpx.options(
+        base + API, headers={"Origin": origin, "Access-Control-Request-Method": "POST"}, timeout=HTTP_TIMEOUT
+    )
 
 
 def test_no_cors_by_default(base_url):
     r = preflight(base_url, "https://evil.example")
     assert "access-control-allow-origin" not in r.headers
-    r = httpx.get(base_url + "/api/v1/models", headers={"Origin": "https://evil.example"})
+    r = httpx.get(base_url + "/api/v1/models", headers={"Origin": "https://evil.example"}, timeout=HTTP_TIMEOUT)
     assert "access-control-allow-origin" not in r.headers
 
 
@@ -25,12 +29,12 @@ def test_cors_allow_list_never_reflects_others(server_factory):
     assert ok.headers.get("access-control-allow-credentials") != "true"
     bad = preflight(srv.url, "https://evil.example")
     assert bad.headers.get("access-control-allow-origin") not in ("https://evil.example", "*")
-    r = httpx.get(srv.url + "/api/v1/models", headers={"Origin": "https://evil.example"})
+    r = httpx.get(srv.url + "/api/v1/models", headers={"Origin": "https://evil.example"}, timeout=HTTP_TIMEOUT)
     assert r.headers.get("access-control-allow-origin") is None
 
 
 def test_page_headers(base_url):
-    r = httpx.get(base_url + "/")
+    r = httpx.get(base_url + "/", timeout=HTTP_TIMEOUT)
     assert r.status_code == 200
     csp = r.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
@@ -49,7 +53,9 @@ def test_page_headers(base_url):
 )
 def test_models_come_only_from_server_configuration(base_url, cat_bytes, model):
     assert_error(post(base_url, cat_bytes, model=model), 404, "unknown_model")
-    assert_error(httpx.get(f"{base_url}{API}/{'a' * 24}", params={"model": model}), 404, "unknown_model")
+    assert_error(
+        httpx.get(f"{base_url}{API}/{'a' * 24}", params={"model": model}, timeout=HTTP_TIMEOUT), 404, "unknown_model"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,7 @@ def guard(base_url) -> Guard:
 
 
 @pytest.fixture
-def page(browser, base_url, guard, request):
+def page(browser, base_url, guard, request, pace):
     context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
     host = urlsplit(base_url).hostname
 
@@ -84,7 +84,7 @@ def page(browser, base_url, guard, request):
         d.dismiss()
 
     pg.on("dialog", on_dialog)
-    pg.set_default_timeout(30_000)
+    pg.set_default_timeout(pace.s(30) * 1000)  # 30 s on the quiet development machine
     yield pg
     try:
         rep = getattr(request.node, "rep_call", None)
