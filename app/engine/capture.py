@@ -58,6 +58,11 @@ def _attention_kind(attn: nn.Module) -> str | None:
     return None
 
 
+# Full maps (H*N*N floats) are kept while they are at most twice what a q/k capture keeps
+# (about 4*N*D = 4*N*H*head_dim floats), i.e. while N <= 8 * head_dim: see materialise_pays().
+MATERIALISE_TOKENS_PER_HEAD_DIM = 8
+
+
 def attention_layers(model: nn.Module) -> list[tuple[Any, str]]:
     """Return ``(attention_module, kind)`` for every block, or raise for unsupported models.
 
@@ -196,7 +201,7 @@ class AttentionCapture:
         squares yes, a 640x200 picture with 817 tokens no: 192 MB of maps against 60 MB for ViT-S).
         """
         dims = [getattr(attn, "head_dim", None) for attn, kind in self.layers if kind == "qk"]
-        return all(d is not None and num_tokens <= 8 * d for d in dims)
+        return all(d is not None and num_tokens <= MATERIALISE_TOKENS_PER_HEAD_DIM * d for d in dims)
 
     def _reset(self) -> None:
         n = len(self.layers)

@@ -28,7 +28,7 @@ from ..zoo.loaded import LoadedModel
 from ..zoo.registry import Registry
 from . import images
 from .cache import ByteLRU, CaptureKey, ImageKey
-from .encoders import Part, encode
+from .encoders import MEDIA_TYPES, Part, encode
 from .metrics import Metrics
 from .params import AttentionParams
 from .worker import Job, Worker
@@ -100,8 +100,12 @@ class Answer:
     meta: dict[str, Any]
 
 
+IMAGE_ID_HEX_CHARS = 24  # 96 bits of the upload's sha256: collisions are out of reach
+MAX_FILENAME_CHARS = 200  # an upload's name is shown, never used as a path
+
+
 def image_id_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:24]
+    return hashlib.sha256(data).hexdigest()[:IMAGE_ID_HEX_CHARS]
 
 
 def safe_filename(name: str | None) -> str | None:
@@ -109,7 +113,7 @@ def safe_filename(name: str | None) -> str | None:
     if not name:
         return None
     name = name.replace("\\", "/").rsplit("/", 1)[-1]
-    name = "".join(ch for ch in name if ch.isprintable())[:200]
+    name = "".join(ch for ch in name if ch.isprintable())[:MAX_FILENAME_CHARS]
     return name or None
 
 
@@ -280,7 +284,7 @@ class AttentionService:
         body, headers = encode(array, meta, p.format)
         timing["encode"] = (time.perf_counter() - t0) * 1000
         headers["Server-Timing"] = ", ".join(f"{k};dur={v:.2f}" for k, v in timing.items())
-        return Answer(body, headers, "application/json" if p.format == "json" else "application/octet-stream", meta)
+        return Answer(body, headers, MEDIA_TYPES[p.format], meta)
 
     # -- entry points ---------------------------------------------------------------------
     async def attention(

@@ -12,6 +12,8 @@ from ..deps import RegistryDep, SettingsDep, TemplatesDep
 
 router = APIRouter(include_in_schema=False)
 
+VENDOR_MAX_AGE_S = 24 * 3600  # the Plotly bundle changes only with the installed plotly package
+
 
 @lru_cache
 def plotly_js() -> Path:
@@ -37,4 +39,6 @@ async def index(request: Request, templates: TemplatesDep, registry: RegistryDep
 
 @router.get("/vendor/plotly.min.js")
 async def plotly_bundle():
-    return FileResponse(plotly_js(), media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"})
+    return FileResponse(
+        plotly_js(), media_type="text/javascript", headers={"Cache-Control": f"public, max-age={VENDOR_MAX_AGE_S}"}
+    )
