@@ -63,10 +63,13 @@ def logged_error_response(scope: Scope, status: int, code: str, message: str, he
     """The error answer for the request in ``scope``, logged on one line with its request id."""
     rid = scope.get("state", {}).get("request_id") or new_request_id()
     level = logging.WARNING if status >= 500 else logging.INFO
-    log.log(
-        level, "%s %s -> %d %s: %s [request_id=%s]", scope.get("method"), scope.get("path"), status, code, message, rid
-    )
+    path, text = _one_line(str(scope.get("path"))), _one_line(message)  # both may echo client input
+    log.log(level, "%s %s -> %d %s: %s [request_id=%s]", scope.get("method"), path, status, code, text, rid)
     return error_response(status, code, message, headers, request_id=rid)
+
+
+def _one_line(text: str) -> str:
+    return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:

@@ -52,3 +52,10 @@ def test_a_clients_request_id_is_kept_and_an_unsafe_one_replaced(base_url):
     r = httpx.get(base_url + "/api/v1/nothing", headers={"X-Request-ID": "evil\tline [x]"}, timeout=TIMEOUT)
     assert re.fullmatch(r"[0-9a-f]{12}", r.json()["error"]["request_id"])
     assert httpx.get(base_url + "/healthz", timeout=TIMEOUT).headers["x-request-id"]
+
+
+def test_a_path_cannot_forge_log_lines(live_server):
+    r = httpx.get(live_server.url + "/api/v1/nothing%0AFORGED%20line", timeout=TIMEOUT)
+    assert r.status_code == 404
+    assert "/api/v1/nothing FORGED line" in _log_line(live_server, r.json()["error"]["request_id"])
+    assert not any(line.startswith("FORGED") for line in live_server.log().splitlines())
