@@ -31,16 +31,24 @@ def is_checkout() -> bool:
 def asset_dir(name: str) -> Path:
     """The folder of web assets ``name`` (``static`` or ``templates``).
 
-    Raises:
-        FileNotFoundError: neither the installed package nor a checkout has it.
+    The installed package's copy, else the checkout's; when neither exists, the package's path
+    (the commands that need no page, ``fetch`` and ``extract``, still run; ``serve`` refuses to
+    start with :func:`check_asset_dirs`'s message).
     """
     for candidate in (PACKAGE_DIR / name, CHECKOUT_DIR / name):
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError(
-        f"the web assets folder {name!r} is missing: neither {PACKAGE_DIR / name} (installed wheel) "
-        f"nor {CHECKOUT_DIR / name} (checkout) exists; reinstall headscope"
-    )
+    return PACKAGE_DIR / name
+
+
+def check_asset_dirs(*dirs: Path) -> None:
+    """Raise FileNotFoundError, saying what to do, for the first of ``dirs`` that is missing."""
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(
+                f"the web assets folder {d} is missing (neither the installed package nor a checkout "
+                f"has {d.name}/); reinstall headscope, or set HEADSCOPE_{d.name.upper()}_DIR"
+            )
 
 
 def default_models_dir() -> Path:

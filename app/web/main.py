@@ -12,6 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from .. import paths
 from ..config import Settings, get_settings
 from ..engine.device import resolve_device
 from ..engine.forward import forward_capture
@@ -40,6 +41,7 @@ def _load_default(registry: Registry) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    paths.check_asset_dirs(settings.static_dir, settings.templates_dir)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -44,5 +44,13 @@ def test_assets_come_from_the_package_then_the_checkout_never_the_cwd(monkeypatc
     monkeypatch.setattr(paths, "PACKAGE_DIR", pkg)
     assert paths.asset_dir("static") == pkg / "static"  # an installed wheel's copy wins
     monkeypatch.setattr(paths, "CHECKOUT_DIR", tmp_path / "none")
+    assert paths.asset_dir("templates") == pkg / "templates"  # missing: Settings still build (fetch)
     with pytest.raises(FileNotFoundError, match="reinstall headscope"):
-        paths.asset_dir("templates")
+        paths.check_asset_dirs(paths.asset_dir("static"), paths.asset_dir("templates"))
+
+
+def test_serve_refuses_to_start_without_its_web_assets(tmp_path):
+    from app.web.main import create_app
+
+    with pytest.raises(FileNotFoundError, match="HEADSCOPE_TEMPLATES_DIR"):
+        create_app(Settings(templates_dir=tmp_path / "templates", models_dir=tmp_path))
