@@ -173,7 +173,14 @@ def test_pickle_checkpoint_that_runs_code_is_refused(server_factory, tmp_path):
 
 
 def test_sigterm_drains_in_flight_requests(server_factory, pace):
-    srv = server_factory({"HEADSCOPE_ENABLE_FAULT_INJECTION": "1", "HEADSCOPE_MAX_BATCH_SIZE": "2"})
+    # The grace period scales with the sleeps it must wait for (20 s, the default, when quiet).
+    srv = server_factory(
+        {
+            "HEADSCOPE_ENABLE_FAULT_INJECTION": "1",
+            "HEADSCOPE_MAX_BATCH_SIZE": "2",
+            "HEADSCOPE_SHUTDOWN_GRACE_S": f"{pace.s(20):.1f}",
+        }
+    )
     datas = images(4, 11)
     with ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(post, srv.url, d, headers={FAULT: sleep(pace.s(0.5))}) for d in datas]
