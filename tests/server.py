@@ -39,7 +39,7 @@ class Pace:
 
     @property
     def slowdown(self) -> float:
-        # Capped: past MAX_SLOWDOWN the scaled waits would outgrow pytest's per-test timeout (300 s)
+        # Capped: past MAX_SLOWDOWN the scaled waits would outgrow pytest's per-test timeout (900 s)
         # and the machine is too overloaded for any test about time to mean something.
         return min(MAX_SLOWDOWN, max(1.0, self.forward_s / QUIET_FORWARD_S))
 

@@ -123,7 +123,7 @@ def test_deadline_full_queue_and_disconnect(server_factory, pace):
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
-def test_model_load_failure(server_factory, tmp_path, damage):
+def test_model_load_failure(server_factory, tmp_path, damage, pace):
     src = ROOT / "models" / "dinov2-s14-focus"
     dst = tmp_path / "models" / "dinov2-s14-focus"
     dst.mkdir(parents=True)
@@ -137,7 +137,7 @@ def test_model_load_failure(server_factory, tmp_path, damage):
             "HEADSCOPE_MODEL": "local:vit_small_patch14_dinov2@/nonexistent/w.safetensors",
         }
     srv = server_factory(env, wait_ready=False)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + pace.s(60)  # the load fails in seconds on a quiet machine
     while time.monotonic() < deadline:
         r = httpx.get(srv.url + "/readyz", timeout=HTTP_TIMEOUT)
         if r.json().get("status") == "failed":
@@ -149,7 +149,7 @@ def test_model_load_failure(server_factory, tmp_path, damage):
     assert_error(post(srv.url, images(1)[0]), 503, "model_unavailable")
 
 
-def test_pickle_checkpoint_that_runs_code_is_refused(server_factory, tmp_path):
+def test_pickle_checkpoint_that_runs_code_is_refused(server_factory, tmp_path, pace):
     import pickle
 
     marker = tmp_path / "pwned"
@@ -161,7 +161,7 @@ def test_pickle_checkpoint_that_runs_code_is_refused(server_factory, tmp_path):
     ckpt = tmp_path / "evil.pth"
     ckpt.write_bytes(pickle.dumps({"pos_embed": Evil()}))
     srv = server_factory({"HEADSCOPE_MODEL": f"local:vit_small_patch16_224@{ckpt}"}, wait_ready=False)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + pace.s(60)  # the load fails in seconds on a quiet machine
     while (
         time.monotonic() < deadline
         and httpx.get(srv.url + "/readyz", timeout=HTTP_TIMEOUT).json()["status"] == "loading"
