@@ -102,7 +102,7 @@ def explain_head(att: ImageAttention, attn: nn.Module, layer: int, head: int, qu
     attn_output = F.linear(x, w, b)  # D
 
     def host(t: torch.Tensor) -> torch.Tensor:
-        return t.detach().to("cpu", torch.float32)
+        return t.detach().to("cpu", torch.float32).contiguous()
 
     return HeadComputation(
         layer=layer,
