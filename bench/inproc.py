@@ -24,7 +24,7 @@ INPUT = (224, 224)
 
 def sample_pixels(lm: LoadedModel, n: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """``n`` preprocessed 224x224 sample pictures (cycled, nudged so they differ): ``[n, 3, H, W]``."""
-    from app import images
+    from app.serving import images
 
     files = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")) if SAMPLES.is_dir() else []
     out = []
