@@ -237,6 +237,7 @@ def server_factory_module():
         assert "Traceback" not in srv.log()
 
 
+@pytest.mark.timeout(900)  # a 518 px model's first forward on a shared 2-core machine
 @pytest.mark.parametrize("model", list(FAMILY_MODELS))
 def test_explain_for_every_family(family_server, samples, model):
     want = FAMILY_MODELS[model]
