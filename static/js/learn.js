@@ -381,7 +381,8 @@ function renderAnswer(ans) {
   setText("learn-softmax-shape", `a = softmax(scores / T): 1 × ${N}, sums to 1`);
   setText("learn-softmax-text", `softmax makes the ${N} scores positive and sum to 1: a_j = e^(s_j/T) / Σ_i e^(s_i/T). `
     + "Slide the temperature: below 1 the head looks at fewer tokens, above 1 at more; T = 1 is the model.");
-  drawWeights($("learn-weights"), state.image, tokens, weights, q, hover);
+  const wr = drawWeights($("learn-weights"), state.image, tokens, weights, q, hover);
+  setText("learn-weights-range", `${state.colormap}: the patches' smallest weight ${fmt(wr.min)} … largest ${fmt(wr.max)}`);
   setText("learn-entropy", `entropy ${ent.toFixed(3)} nats = ${(ent / Math.log(N)).toFixed(3)} of the uniform row's `
     + `log ${N} · about ${Math.exp(ent).toFixed(1)} tokens' worth of attention`);
   $("learn-top").replaceChildren(...top.map((j) => {
