@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -244,7 +244,7 @@ class AttentionCapture:
     def __init__(self, model: nn.Module):
         self.model = model
         self.layers = attention_layers(model)
-        self.num_heads = self.layers[0][0].num_heads
+        self.num_heads = int(cast(int, self.layers[0][0].num_heads))
         self._reset()
 
     def materialise_pays(self, num_tokens: int) -> bool:
@@ -364,12 +364,10 @@ class AttentionCapture:
         H = self.num_heads
         move = to is not None and torch.device(to) != self._heads[0][0].device
 
-        def keep(t: torch.Tensor | None) -> torch.Tensor | None:
+        def keep(t: torch.Tensor) -> torch.Tensor:
             # Views of the forward's tensors: nothing else holds them once the forward is
             # done, and copying apart would cost more than the hooks (1.4 ms/img on 2 CPU
             # cores at B=8; on a GPU, a kernel launch per tensor and image).
-            if t is None:
-                return None
             return t.to(to).contiguous() if move else t
 
         # Per layer, the batch's q, k, v [B, H, N, d], mask (None or [B or 1, H or 1, N, N])
@@ -406,7 +404,7 @@ class AttentionCapture:
                     num_tokens=N,
                     q=[mine(q, b) for q, *_ in layers],
                     k=[mine(k, b) for _, k, *_ in layers],
-                    scale=[float(a.scale) for a, _ in self.layers],
+                    scale=[float(cast(float, a.scale)) for a, _ in self.layers],
                     probs=[mine(p, b) for *_, p in layers],
                     last_norms=norms[b].clone(),
                     head_out=[keep(h[0][b]) for h in self._heads],
@@ -421,7 +419,10 @@ class AttentionCapture:
 def head_dim(attn: nn.Module) -> int:
     """Channels per head of an attention module (BEiT's keeps no ``head_dim`` attribute)."""
     d = getattr(attn, "head_dim", None)
-    return int(d) if d is not None else attn.proj.in_features // attn.num_heads
+    if d is not None:
+        return int(d)
+    proj = cast(nn.Linear, attn.proj)
+    return proj.in_features // int(cast(int, attn.num_heads))
 
 
 @dataclass
@@ -488,7 +489,8 @@ class _SdpaTap(TorchFunctionMode):
             return func(*args, **kwargs)
         # timm's unfused branch, written out (fused_attn=False runs the same operations).
         attn = (q * self.scale) @ k.transpose(-2, -1)  # B, H, N, N
-        bias = _as_additive(mask, *attn.shape[:3], layer=None)
+        B, H, N, _ = attn.shape
+        bias = _as_additive(mask, B, H, N, layer=None)
         if bias is not None:
             attn = attn + bias
         attn = attn.softmax(dim=-1)

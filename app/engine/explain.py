@@ -17,6 +17,7 @@ operations as the served rows (:meth:`ImageAttention.logits`), so ``softmax(scor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -58,8 +59,8 @@ class HeadComputation:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor by its answer name (``bias`` only where the model adds one)."""
-        names = ("q", "k", "v", "dot", "scores", "attention", "head_output")
-        names += ("proj_input", "head_contributions", "proj_bias", "attn_output")
+        names: tuple[str, ...] = ("q", "k", "v", "dot", "scores", "attention", "head_output", "proj_input")
+        names += ("head_contributions", "proj_bias", "attn_output")
         out = {n: getattr(self, n) for n in names}
         if self.bias is not None:
             out["bias"] = self.bias
@@ -93,10 +94,10 @@ def explain_head(att: ImageAttention, attn: nn.Module, layer: int, head: int, qu
     bias_row = bias[head, query].float() if bias is not None else None  # N
 
     x = att.head_out[layer][query].float()  # H*d: what the model fed W_O for this token
-    w = attn.proj.weight.detach().to(x.device, torch.float32)  # D, H*d
+    proj = cast(nn.Linear, attn.proj)
+    w = proj.weight.detach().to(x.device, torch.float32)  # D, H*d
     D = w.shape[0]
-    b = attn.proj.bias
-    b = b.detach().to(x.device, torch.float32) if b is not None else torch.zeros(D, device=x.device)
+    b = proj.bias.detach().to(x.device, torch.float32) if proj.bias is not None else torch.zeros(D, device=x.device)
     # Head h's share: W_O[:, h*d:(h+1)*d] @ x_h; the shares plus the bias are W_O x + b.
     # One small GEMV per head: each stays below ATen's parallel grain, so no OpenMP team is woken
     # for it (a broadcast multiply or einsum over all heads took 1-40 ms instead of 0.1 ms on a

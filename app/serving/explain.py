@@ -108,11 +108,11 @@ def _answer(image_id: str, filename: str | None, lm: LoadedModel, found: Found, 
     else:
         from safetensors.numpy import save
 
+        # The metadata travels in the file only: with key_tokens it grows with N, too long for a header.
         meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
         body = save(tensors, metadata={"headscope": meta_json})
         headers = {
-            "Content-Disposition": f'attachment; filename="explain-{image_id}-L{layer}-H{head}-T{query}.safetensors"',
-            "X-Headscope-Meta": meta_json,
+            "Content-Disposition": f'attachment; filename="explain-{image_id}-L{layer}-H{head}-T{query}.safetensors"'
         }
         media = "application/octet-stream"
     timing["encode"] = (time.perf_counter() - t0) * 1000

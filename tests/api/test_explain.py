@@ -108,7 +108,7 @@ def test_explain_safetensors_holds_the_same_tensors(base_url, cat_id):
     tensors = st_load(r.content)
     for name in ("q", "k", "v", "scores", "attention", "head_output", "head_contributions", "attn_output"):
         np.testing.assert_array_equal(tensors[name], np.asarray(js[name], np.float32))
-    assert "bias" not in tensors
+    assert "bias" not in tensors and "x-headscope-meta" not in r.headers  # in the file, not a header
     header_len = int.from_bytes(r.content[:8], "little")
     meta = json.loads(json.loads(r.content[8 : 8 + header_len])["__metadata__"]["headscope"])
     assert (meta["layer"], meta["head"], meta["query"], meta["head_dim"]) == (4, 1, 40, 64)

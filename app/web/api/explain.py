@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -16,22 +16,24 @@ from .attention import _check_id, _run
 
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **cast(dict[int | str, dict[str, Any]], ERROR_RESPONSES),
+    200: {
+        "content": {
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "format=safetensors: every tensor by its JSON name, the rest in __metadata__",
+            }
+        }
+    },
+}
+
 
 @router.get(
     "/attention/{image_id}/explain",
     summary="Inside a head: one head's whole computation for one query token",
     response_model=ExplainResponse,
-    responses={
-        **ERROR_RESPONSES,
-        200: {
-            "content": {
-                "application/octet-stream": {
-                    "schema": {"type": "string", "format": "binary"},
-                    "description": "format=safetensors: every tensor by its JSON name, the rest in __metadata__",
-                }
-            }
-        },
-    },
+    responses=_RESPONSES,
 )
 async def get_explain(
     request: Request,
