@@ -286,3 +286,29 @@ def test_materialise_only_while_the_maps_stay_at_most_about_twice_the_qk_capture
     # the maps H*N^2 come on top of qkv 3*N*D + head outputs N*D, per layer
     assert cap.materialise_pays(N) == (N <= 8 * 16)
     assert (extra <= 2.05) == cap.materialise_pays(N), (N, extra)
+
+
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [("eva02_tiny_patch14_224", dict(depth=2, img_size=56)), ("beit_base_patch16_224", dict(TINY, img_size=64))],
+)
+def test_a_forward_that_fails_inside_attention_leaves_no_mode_or_hook_behind(name, kwargs):
+    model = make(name, kwargs)
+    cap = AttentionCapture(model)
+    size = model.patch_embed.img_size
+
+    def boom(module, args):
+        raise RuntimeError("out of memory, say")
+
+    # fails after the attention module of block 1 entered its SDPA recorder, before it left it
+    handle = model.blocks[1].attn.proj.register_forward_pre_hook(boom)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="out of memory"), cap.capturing():
+        model.forward_features(torch.randn(1, 3, *size))
+    handle.remove()
+    assert torch._C._len_torch_function_stack() == 0
+    for blk in model.blocks:
+        assert not blk.attn._forward_hooks and not blk.attn._forward_pre_hooks
+    # and the next capture works
+    with torch.no_grad(), cap.capturing():
+        model.forward_features(torch.randn(1, 3, *size))
+    assert len(cap.results()) == 1
