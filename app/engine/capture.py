@@ -72,8 +72,17 @@ def _attention_kind(attn: nn.Module) -> str | None:
     return None
 
 
-def attention_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
+# Full maps (H*N*N floats) are kept while they add at most twice what every capture keeps
+# (about 4*N*D = 4*N*H*head_dim floats: q, k, v and the head outputs), i.e. while
+# N <= 8 * head_dim: see materialise_pays().
+MATERIALISE_TOKENS_PER_HEAD_DIM = 8
+
+
+def attention_layers(model: nn.Module) -> list[tuple[Any, str]]:
     """Return ``(attention_module, kind)`` for every block, or raise for unsupported models.
+
+    The modules are typed ``Any``: their attributes (``q_norm``, ``fused_attn``, ``scale``...)
+    differ between timm's attention classes and are checked at run time instead.
 
     Args:
         model: a timm model.
@@ -84,7 +93,7 @@ def attention_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
             f"{type(model).__name__} has no transformer 'blocks' with global self-attention; "
             f"supported families: {SUPPORTED_FAMILIES}"
         )
-    out = []
+    out: list[tuple[Any, str]] = []
     for i, blk in enumerate(blocks):
         attn = getattr(blk, "attn", None)
         kind = _attention_kind(attn) if attn is not None else None
@@ -244,7 +253,7 @@ class AttentionCapture:
     def __init__(self, model: nn.Module):
         self.model = model
         self.layers = attention_layers(model)
-        self.num_heads = int(cast(int, self.layers[0][0].num_heads))
+        self.num_heads: int = self.layers[0][0].num_heads
         self._reset()
 
     def materialise_pays(self, num_tokens: int) -> bool:
@@ -257,7 +266,7 @@ class AttentionCapture:
         N = 8 * head_dim tokens (512 for 64-dim heads: 224 px squares yes, a 640x200 picture
         with 817 tokens no: 192 MB of maps on top of 60 MB for ViT-S).
         """
-        return all(num_tokens <= 8 * head_dim(attn) for attn, _ in self.layers)
+        return all(num_tokens <= MATERIALISE_TOKENS_PER_HEAD_DIM * head_dim(attn) for attn, _ in self.layers)
 
     def _reset(self) -> None:
         n = len(self.layers)
@@ -282,7 +291,7 @@ class AttentionCapture:
         """
         self._reset()
         self._materialise = materialise
-        blocks = self.model.blocks
+        blocks: nn.Sequential = self.model.blocks  # type: ignore[assignment]  # every supported family
         with ExitStack() as stack:
             for i, (attn, kind) in enumerate(self.layers):
                 was_fused = attn.fused_attn
@@ -404,7 +413,7 @@ class AttentionCapture:
                     num_tokens=N,
                     q=[mine(q, b) for q, *_ in layers],
                     k=[mine(k, b) for _, k, *_ in layers],
-                    scale=[float(cast(float, a.scale)) for a, _ in self.layers],
+                    scale=[float(a.scale) for a, _ in self.layers],
                     probs=[mine(p, b) for *_, p in layers],
                     last_norms=norms[b].clone(),
                     head_out=[keep(h[0][b]) for h in self._heads],

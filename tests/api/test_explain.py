@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
+from server import HTTP_TIMEOUT as TIMEOUT
+
 API = "/api/v1/attention"
-TIMEOUT = 120
 
 
 def post(base, data: bytes, **fields) -> httpx.Response:
@@ -237,7 +238,6 @@ def server_factory_module():
         assert "Traceback" not in srv.log()
 
 
-@pytest.mark.timeout(900)  # a 518 px model's first forward on a shared 2-core machine
 @pytest.mark.parametrize("model", list(FAMILY_MODELS))
 def test_explain_for_every_family(family_server, samples, model):
     want = FAMILY_MODELS[model]

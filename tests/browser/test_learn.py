@@ -235,7 +235,6 @@ def family_server():
     assert "Traceback" not in srv.log()
 
 
-@pytest.mark.timeout(900)  # four random models, one at 518 px, on a shared 2-core machine
 @pytest.mark.parametrize("model", list(FAMILY_MODELS))
 def test_learn_view_says_what_differs_for_every_family(page, family_server, samples, model):
     open_page(page, f"{family_server.url}/?view=learn&model={model}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -17,7 +17,7 @@ from .attention import _check_id, _run
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    **cast(dict[int | str, dict[str, Any]], ERROR_RESPONSES),
+    **ERROR_RESPONSES,
     200: {
         "content": {
             "application/octet-stream": {
