@@ -7,7 +7,10 @@ sending its next request when the previous answer arrived):
   and heads) -> ``[12, 6, 1, 257]``;
 * ``post_st``: the same with ``format=safetensors&query=all`` (every map) -> ``[12, 6, 257, 257]``;
 * ``get_patch``: ``GET /api/v1/attention/{image_id}?query=patch:R,C`` for images posted just
-  before (answered from the server's cache, no forward pass).
+  before (answered from the server's cache, no forward pass);
+* ``explain``: ``GET /api/v1/attention/{image_id}/explain?layer=L&head=H&query=patch:R,C`` for
+  the same images: one head's whole computation (q, k, v, scores, softmax, head output, every
+  head's share of W_O) from the cached capture, JSON.
 
 Every POST carries a distinct picture (a few pixels changed per request) so the server's
 content-hash cache never answers one. Rounds interleave levels and kinds; each round also
@@ -39,11 +42,13 @@ import numpy as np
 from .common import BenchFailure, progress, summary, vm_hwm_mib
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("post_json", "post_st", "get_patch")
+KINDS = ("post_json", "post_st", "get_patch", "explain")
+FOLLOW_UPS = ("get_patch", "explain")  # answered from the cache: they read the ids the POSTs cached
 KIND_LABELS = {
     "post_json": "API POST JSON, CLS rows (default params)",
     "post_st": "API POST safetensors, query=all (full maps)",
     "get_patch": "API GET cached, query=patch:R,C",
+    "explain": "API GET cached explain, one head",
 }
 
 
@@ -222,15 +227,38 @@ class ApiBench:
                 raise BenchFailure(f"get_patch: shape {body['shape']}, cached {body['cached']}")
         return r
 
+    async def _explain(self, client, iid: str, k: int, validate: bool):
+        gh, gw = self.grid
+        params = {"layer": k % self.L, "head": (k * 5) % self.H, "query": f"patch:{(k * 3) % gh},{(k * 11) % gw}"}
+        r = await client.get(f"/api/v1/attention/{iid}/explain", params=params)
+        if r.status_code != 200:
+            raise BenchFailure(f"explain: HTTP {r.status_code}: {r.text[:200]}")
+        st = parse_server_timing(r.headers.get("server-timing"))
+        if st.get("compute", 0.0) != 0.0:
+            raise BenchFailure("explain was not answered from the cache (compute > 0); cache too small?")
+        if validate:
+            import orjson
+
+            b = orjson.loads(r.content)
+            k_, v_ = np.asarray(b["k"], np.float32), np.asarray(b["v"], np.float32)
+            if k_.shape != v_.shape or k_.shape[0] != self.N or not b["cached"]:
+                raise BenchFailure(f"explain: k {k_.shape}, v {v_.shape}, cached {b['cached']}")
+            s = np.asarray(b["scores"], np.float64)
+            p = np.exp(s - s.max())
+            if abs(p / p.sum() - np.asarray(b["attention"])).max() > 1e-5:
+                raise BenchFailure("explain: attention is not softmax(scores)")
+        return r
+
     # -- one block: n requests from c concurrent clients -----------------------------------
     async def block(self, client, kind: str, c: int, n: int, record: bool) -> None:
-        if kind == "get_patch":
+        if kind in FOLLOW_UPS:
             # The last few posted images only: a block of 48 full-map captures (24 MiB each) is
             # more than the server's 1 GiB cache holds, and an evicted id would answer 404.
             ids = list(self.recent_ids[-min(n, 8) :])
             if not ids:
-                raise BenchFailure("no cached image ids for the GET block")
-            makers = [lambda i=i: self._get(client, ids[i % len(ids)], i, i == 0) for i in range(n)]
+                raise BenchFailure(f"no cached image ids for the {kind} block")
+            ask = self._get if kind == "get_patch" else self._explain
+            makers = [lambda i=i: ask(client, ids[i % len(ids)], i, i == 0) for i in range(n)]
         else:
             pngs = self.pictures.make(n)
             makers = [lambda i=i: self._post(client, pngs[i], kind, i == 0) for i in range(n)]
@@ -273,7 +301,7 @@ class ApiBench:
         for t in timing:
             for k, v in t.items():
                 s.timing.setdefault(k, []).append(v)
-        if kind != "get_patch" and b1[1] > b0[1]:
+        if kind not in FOLLOW_UPS and b1[1] > b0[1]:
             s.batches.append((b1[0] - b0[0]) / (b1[1] - b0[1]))
 
     def raw_get_latency(self, n: int) -> list[float]:
@@ -357,7 +385,7 @@ async def _run(
             ref_rounds.append(ref())
             lv = levels[r % len(levels) :] + levels[: r % len(levels)]
             for c in lv:
-                for kind in KINDS:  # GET last: it reads the ids the POSTs just cached
+                for kind in KINDS:  # GETs last: they read the ids the POSTs just cached
                     await bench.block(client, kind, c, block_size(c), record=True)
                     progress(f"API round {r + 1}/{rounds}: c={c} {kind}", verbose)
         progress("", verbose)

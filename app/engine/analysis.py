@@ -22,9 +22,10 @@ def fuse_heads(attn: torch.Tensor, how: str) -> torch.Tensor:
 def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema, 2020), one map per selected layer.
 
-    For layers ``l = start .. max(layers)``: ``A_l`` = the selected heads fused by
-    ``sel.head_fusion``; optionally the smallest ``discard_ratio`` fraction of each row set to 0;
-    then ``Â_l = rownorm(0.5 * A_l + 0.5 * I)`` and ``R_l = Â_l @ R_{l-1}`` with ``R_{start-1} = I``.
+    For layers ``l = start .. max(layers)``: ``A_l`` = the selected heads, each row
+    ``softmax(scores / sel.temperature)``, fused by ``sel.head_fusion``; optionally the smallest
+    ``discard_ratio`` fraction of each row set to 0; then ``Â_l = rownorm(0.5 * A_l + 0.5 * I)``
+    and ``R_l = Â_l @ R_{l-1}`` with ``R_{start-1} = I``.
     The answer for layer ``l`` is ``R_l`` restricted to the query rows.
 
     Returns:
@@ -41,7 +42,7 @@ def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
     wanted = set(sel.layers)
     out: dict[int, torch.Tensor] = {}
     for layer in range(start, max(sel.layers) + 1):
-        A = fuse_heads(att.rows(layer, sel.heads), sel.head_fusion)  # N, N
+        A = fuse_heads(att.rows(layer, sel.heads, temperature=sel.temperature), sel.head_fusion)  # N, N
         if sel.discard_ratio > 0:
             k = int(N * sel.discard_ratio)
             if k > 0:
@@ -68,7 +69,7 @@ def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
     queries = len(sel.rows) if sel.rows is not None else att.num_tokens
     out = torch.empty(len(sel.layers), heads, queries, att.num_tokens, device=att.device)  # L, H, Q, N
     for i, layer in enumerate(sel.layers):
-        att.rows(layer, sel.heads, sel.rows, out=out[i])
+        att.rows(layer, sel.heads, sel.rows, out=out[i], temperature=sel.temperature)
     if sel.aggregate == "mean":
         out = out.mean(dim=1, keepdim=True)
     elif sel.aggregate == "max":

@@ -1,17 +1,28 @@
 """Attention capture for timm ViT blocks.
 
-Two ways to get ``softmax(Q K^T / sqrt(d))`` out of a block, chosen per attention class:
+Two ways to get each head's q, k and v out of a block, chosen per attention class; every layer
+keeps them, so any row, at any softmax temperature, and one head's whole computation
+(:mod:`app.engine.explain`) can be recomputed later without another forward pass:
 
 * ``qk``: for timm's plain ``Attention`` (vit, deit, dinov2, flexivit, siglip) the forward stays
   fused; forward hooks on ``q_norm``/``k_norm`` (identity modules unless the model uses QK-norm)
-  keep q and k, and the rows a query asks for are recomputed from them exactly as the unfused
+  keep q and k, and one on ``qkv`` keeps v as a view of the same tensor (free: q and k already
+  keep it alive). The rows a query asks for are recomputed from q and k exactly as the unfused
   branch would. No N x N matrix exists unless a caller asks for every row.
-* ``probs``: for classes that add something between q k^T and the softmax (EVA's RoPE is applied
-  after ``k_norm``; BEiT adds a relative position bias), fused attention is switched off for the
-  duration of the capture and a hook on ``attn_drop`` (identity at eval) keeps the softmax output.
-  Callers that want every row of every map (``capturing(materialise=True)``, used for
-  ``query=all`` and rollout) get this branch for plain ``Attention`` too: one unfused forward
-  costs less than a fused one plus recomputing all N x N maps.
+* ``sdpa``: for classes that change q and k after the last module that sees them or add a bias
+  before the softmax (EVA applies RoPE after ``k_norm``; BEiT computes qkv with ``F.linear`` and
+  adds a relative position bias), the forward stays fused too: while the attention module runs, a
+  ``TorchFunctionMode`` records the arguments of its ``scaled_dot_product_attention`` call, i.e.
+  q and k after RoPE, v, and the additive mask (BEiT's relative position bias), exactly as the
+  model hands them to the kernel.
+
+Callers that want every row of every map (``capturing(materialise=True)``, used for ``query=all``
+and rollout) also keep every softmax matrix ("probs"): plain ``Attention`` runs its unfused
+branch for the capture and a hook on ``attn_drop`` keeps the softmax output; for ``sdpa`` layers
+the recorded call is answered with the same unfused math (q * scale @ k^T + mask, softmax, @ v)
+instead of the fused kernel. One unfused forward costs less than a fused one plus recomputing
+all N x N maps. The maps serve temperature 1 only; any other temperature is recomputed from q
+and k.
 
 A capture stays where the forward ran and keeps the forward's own tensors (no copies, no
 device-to-host transfer): each image's q, k and head outputs are views of the batch's tensors.
@@ -24,13 +35,16 @@ silently returns no maps is the classic bug this module exists to prevent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 SUPPORTED_FAMILIES = (
     "vit, deit (incl. distilled), dinov2 (with and without registers), flexivit, siglip, "
@@ -54,12 +68,13 @@ def _attention_kind(attn: nn.Module) -> str | None:
     name = type(attn).__name__
     module = type(attn).__module__
     if name == "EvaAttention" or (name == "Attention" and module.endswith(".beit")):
-        return "probs"
+        return "sdpa"
     return None
 
 
-# Full maps (H*N*N floats) are kept while they are at most twice what a q/k capture keeps
-# (about 4*N*D = 4*N*H*head_dim floats), i.e. while N <= 8 * head_dim: see materialise_pays().
+# Full maps (H*N*N floats) are kept while they add at most twice what every capture keeps
+# (about 4*N*D = 4*N*H*head_dim floats: q, k, v and the head outputs), i.e. while
+# N <= 8 * head_dim: see materialise_pays().
 MATERIALISE_TOKENS_PER_HEAD_DIM = 8
 
 
@@ -88,7 +103,7 @@ def attention_layers(model: nn.Module) -> list[tuple[Any, str]]:
                 f"global softmax self-attention Headscope can capture (windowed, channel, "
                 f"class-only or pooled attention); supported families: {SUPPORTED_FAMILIES}"
             )
-        if not hasattr(attn, "attn_drop"):
+        if not hasattr(attn, "attn_drop") or not hasattr(attn, "fused_attn"):
             raise UnsupportedModelError(f"block {i}: attention has no attn_drop to hook")
         out.append((attn, kind))
     return out
@@ -98,11 +113,14 @@ def attention_layers(model: nn.Module) -> list[tuple[Any, str]]:
 class ImageAttention:
     """Everything captured for one image, for every layer, where the forward ran.
 
-    Rows of the attention matrix are recomputed on demand from ``q``/``k`` (``qk`` layers) or
-    sliced from ``probs`` (``probs`` layers). Shapes: ``q``, ``k``: ``[H, N, d]``;
-    ``probs``: ``[H, N, N]``; ``last_norms``: ``[N]`` (token norms of the last block's output, for
-    artifact tokens);
-    ``head_out``: ``[L, N, H*d_v]`` (the per-head outputs concatenated, before ``proj``).
+    Rows of the attention matrix are recomputed on demand from ``q``/``k`` (and ``bias``), or
+    sliced from ``probs`` where a materialised capture kept them (temperature 1 only). Shapes:
+    ``q``, ``k``, ``v``: ``[H, N, d]`` per layer, exactly as the model uses them (after QK-norm
+    and RoPE); ``bias``: ``[H, N, N]`` (often a broadcast view) or None, what the model adds to
+    ``q * scale @ k^T`` before the softmax (BEiT's relative position bias); ``probs``:
+    ``[H, N, N]`` or None; ``last_norms``: ``[N]`` (token norms of the last block's output, for
+    artifact tokens); ``head_out``: ``[L, N, H*d_v]`` (the input of ``proj``: the per-head
+    outputs concatenated, after the module's inner norm where it has one).
     """
 
     num_layers: int
@@ -114,6 +132,8 @@ class ImageAttention:
     probs: list[torch.Tensor | None]
     last_norms: torch.Tensor  # on the host
     head_out: list[torch.Tensor] = field(default_factory=list)
+    v: list[torch.Tensor | None] = field(default_factory=list)
+    bias: list[torch.Tensor | None] = field(default_factory=list)
 
     @property
     def device(self) -> torch.device:
@@ -126,7 +146,8 @@ class ImageAttention:
         q and k are views of the forward's qkv tensor, and batch-mates are views of the same
         batch tensors: a cache charges each buffer once, however many captures use it.
         """
-        tensors = [t for t in (*self.q, *self.k, *self.probs, *self.head_out) if t is not None]
+        kept = (*self.q, *self.k, *self.v, *self.bias, *self.probs, *self.head_out)
+        tensors = [t for t in kept if t is not None]
         tensors.append(self.last_norms)
         return {(str(t.device), t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
 
@@ -135,8 +156,40 @@ class ImageAttention:
         counts in full here; a cache charges it once through :meth:`storages`."""
         return sum(self.storages().values())
 
-    def rows(
+    def logits(
         self, layer: int, heads: list[int] | None = None, rows: list[int] | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Pre-softmax scores of one layer, ``[heads, rows, N]`` in float32, on :attr:`device`.
+
+        ``q * scale @ k^T`` in the order of operations of timm's unfused branch, plus the
+        additive bias the model uses (BEiT's relative position bias), if any.
+
+        Args:
+            layer: block index (0-based, non-negative).
+            heads: head indices, or None for all.
+            rows: query token indices, or None for all N rows.
+            out: optional float32 ``[heads, rows, N]`` tensor on :attr:`device` to write into.
+        """
+        q, k = self.q[layer], self.k[layer]
+        if q is None or k is None:
+            raise CaptureError(f"layer {layer}: the capture kept no q and k")
+        q, k = _take(q, heads, 0), _take(k, heads, 0)
+        q = _take(q, rows, 1)
+        # Same order of operations as timm's unfused branch: scale q, then q k^T, then the bias.
+        q = q.float() * self.scale[layer]
+        logits = torch.matmul(q, k.float().transpose(-2, -1), out=out)  # H, R, N
+        bias = self.bias[layer] if self.bias else None
+        if bias is not None:
+            logits.add_(_take(_take(bias, heads, 0), rows, 1))
+        return logits
+
+    def rows(
+        self,
+        layer: int,
+        heads: list[int] | None = None,
+        rows: list[int] | None = None,
+        out: torch.Tensor | None = None,
+        temperature: float = 1.0,
     ) -> torch.Tensor:
         """Softmax attention of one layer, ``[heads, rows, N]`` in float32, on :attr:`device`.
 
@@ -146,19 +199,32 @@ class ImageAttention:
             rows: query token indices, or None for all N rows.
             out: optional float32 ``[heads, rows, N]`` tensor on :attr:`device` to write into
                 (no allocation).
+            temperature: ``softmax(scores / temperature)``; 1 is the model itself.
         """
         p = self.probs[layer]
-        if p is not None:
+        if p is not None and temperature == 1.0:
             p = _take(_take(p, heads, 0), rows, 1)
             return out.copy_(p) if out is not None else p.float()
-        q, k = self.q[layer], self.k[layer]
-        assert q is not None and k is not None  # a layer keeps either its probs or its q and k
-        q, k = _take(q, heads, 0), _take(k, heads, 0)
-        q = _take(q, rows, 1)
-        # Same order of operations as timm's unfused branch: scale q, then q k^T, then softmax.
-        q = q.float() * self.scale[layer]
-        logits = torch.matmul(q, k.float().transpose(-2, -1), out=out)  # H, R, N
+        logits = self.logits(layer, heads, rows, out)
+        if temperature != 1.0:
+            temper_(logits, temperature)
         return torch.softmax(logits, dim=-1, out=logits)
+
+
+# The largest float32: 1/T for a tiny T saturates here instead of overflowing to inf.
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def temper_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits`` becomes ``(logits - rowmax) / temperature`` in place, whose softmax is
+    ``softmax(logits / temperature)``.
+
+    Subtracting the row's maximum first keeps every finite ``temperature > 0`` finite: for a
+    tiny T the scores go to 0 (the maximum) or -inf, so the row becomes one-hot (ties share),
+    and for a huge T they go to 0 and the row becomes uniform, instead of inf - inf = NaN.
+    """
+    logits.sub_(logits.amax(dim=-1, keepdim=True))
+    return logits.mul_(min(1.0 / temperature, _FLOAT32_MAX))
 
 
 def _take(t: torch.Tensor, idx: list[int] | None, dim: int) -> torch.Tensor:
@@ -194,47 +260,57 @@ class AttentionCapture:
         """Whether ``capturing(materialise=True)`` is worth it for ``num_tokens`` tokens.
 
         In compute it always is (a fused forward plus recomputing every map does the same
-        softmax work and more); in memory the full maps grow with N^2 while q/k grow with N. A
-        ``qk`` layer keeps about 4*N*D floats (q and k are views of qkv, which keeps v, plus the
-        head outputs); its maps are H*N*N. The unfused branch is taken while the maps are at
-        most twice that, i.e. up to N = 8 * head_dim tokens (512 for 64-dim heads: 224 px
-        squares yes, a 640x200 picture with 817 tokens no: 192 MB of maps against 60 MB for ViT-S).
+        softmax work and more); in memory the full maps grow with N^2 while q/k/v grow with N.
+        Every layer keeps about 4*N*D floats (q, k and v, views of qkv, plus the head outputs);
+        the maps add H*N*N. They are kept while they add at most twice that, i.e. up to
+        N = 8 * head_dim tokens (512 for 64-dim heads: 224 px squares yes, a 640x200 picture
+        with 817 tokens no: 192 MB of maps on top of 60 MB for ViT-S).
         """
-        dims = [getattr(attn, "head_dim", None) for attn, kind in self.layers if kind == "qk"]
-        return all(d is not None and num_tokens <= MATERIALISE_TOKENS_PER_HEAD_DIM * d for d in dims)
+        return all(num_tokens <= MATERIALISE_TOKENS_PER_HEAD_DIM * head_dim(attn) for attn, _ in self.layers)
 
     def _reset(self) -> None:
         n = len(self.layers)
         self._q: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self._k: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._v: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._sdpa: list[list[_SdpaCall]] = [[] for _ in range(n)]
         self._p: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self._norms: list[torch.Tensor] = []
         self._heads: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        self._kinds = [kind for _, kind in self.layers]
+        self._materialise = False
 
     @contextmanager
     def capturing(self, materialise: bool = False) -> Iterator[AttentionCapture]:
-        """Install the hooks (and switch fused attention off where needed) for the block.
+        """Install the hooks (and switch fused attention off or on where needed) for the block.
 
         Args:
-            materialise: keep every layer's full softmax matrix from the unfused branch instead
-                of q and k. For callers that want every row: the unfused forward costs less
-                than recomputing all N x N maps after a fused one (bench/: +3 ms vs +8 ms per
-                image for ViT-S/14 at 224 on 2 CPU cores).
+            materialise: also keep every layer's full softmax matrix (from the unfused
+                branch, or the same math for ``sdpa`` layers). For callers that want every
+                row: the unfused forward costs less than recomputing all N x N maps after a
+                fused one (bench/: +3 ms vs +8 ms per image for ViT-S/14 at 224 on 2 CPU cores).
         """
         self._reset()
-        self._kinds = ["probs" if materialise else kind for _, kind in self.layers]
+        self._materialise = materialise
         blocks: nn.Sequential = self.model.blocks  # type: ignore[assignment]  # every supported family
         with ExitStack() as stack:
             for i, (attn, kind) in enumerate(self.layers):
-                if kind == "qk" and not materialise:
+                was_fused = attn.fused_attn
+                stack.callback(setattr, attn, "fused_attn", was_fused)
+                if kind == "qk":
+                    # q and k as the model uses them, and v as a view of the same qkv tensor.
                     stack.callback(attn.q_norm.register_forward_hook(self._store(self._q[i])).remove)
                     stack.callback(attn.k_norm.register_forward_hook(self._store(self._k[i])).remove)
+                    stack.callback(attn.qkv.register_forward_hook(self._store_v(self._v[i], attn.num_heads)).remove)
+                    if materialise:
+                        attn.fused_attn = False
+                        stack.callback(attn.attn_drop.register_forward_pre_hook(self._store_input(self._p[i])).remove)
                 else:
-                    was_fused = attn.fused_attn
-                    attn.fused_attn = False
-                    stack.callback(setattr, attn, "fused_attn", was_fused)
-                    stack.callback(attn.attn_drop.register_forward_pre_hook(self._store_input(self._p[i])).remove)
+                    # The fused call is what records q, k, v and the mask.
+                    attn.fused_attn = True
+                    tap = _SdpaTap(self._sdpa[i], float(attn.scale), materialise)
+                    stack.callback(attn.register_forward_pre_hook(tap.enter).remove)
+                    stack.callback(attn.register_forward_hook(tap.exit).remove)
+                    stack.callback(tap.close)  # if the forward raised inside the module
                 stack.callback(attn.proj.register_forward_pre_hook(self._store_input(self._heads[i])).remove)
             # Only the last block's token norms are used (artifact tokens); one hook, not L.
             stack.callback(blocks[-1].register_forward_hook(self._store_norm(self._norms)).remove)
@@ -244,6 +320,15 @@ class AttentionCapture:
     def _store(sink: list):
         def hook(module, args, output):
             sink.append(output.detach())
+
+        return hook
+
+    @staticmethod
+    def _store_v(sink: list, num_heads: int):
+        def hook(module, args, output):
+            B, N, _ = output.shape  # batch, tokens, 3 * heads * head dim
+            # timm's own reshape: [B, N, 3, H, d], v is the third; a view, not a copy.
+            sink.append(output.detach().reshape(B, N, 3, num_heads, -1)[:, :, 2].transpose(1, 2))  # B, H, N, d
 
         return hook
 
@@ -269,11 +354,19 @@ class AttentionCapture:
                 the forward); None keeps them where the forward ran, as views of its tensors.
         """
         L = len(self.layers)
-        for i, kind in enumerate(self._kinds):
-            got = (len(self._q[i]), len(self._k[i])) if kind == "qk" else (len(self._p[i]),) * 2
-            if got != (1, 1) or len(self._heads[i]) != 1 or (i == L - 1 and len(self._norms) != 1):
+        kinds = [kind for _, kind in self.layers]
+        for i, kind in enumerate(kinds):
+            if kind == "qk":
+                got = [len(self._q[i]), len(self._k[i]), len(self._v[i])] + (
+                    [len(self._p[i])] if self._materialise else []
+                )
+            else:
+                got = [len(self._sdpa[i])]
+            got += [len(self._heads[i])] + ([len(self._norms)] if i == L - 1 else [])
+            if any(n != 1 for n in got):
+                fired = next(n for n in got if n != 1)
                 raise CaptureError(
-                    f"attention capture of layer {i} fired {got[0]} time(s), expected once per "
+                    f"attention capture of layer {i} fired {fired} time(s), expected once per "
                     f"forward; was the model called inside capturing() exactly once?"
                 )
         B, N, _ = self._heads[0][0].shape  # batch, tokens, heads * head dim
@@ -286,41 +379,149 @@ class AttentionCapture:
             # cores at B=8; on a GPU, a kernel launch per tensor and image).
             return t.to(to).contiguous() if move else t
 
-        # Maps from a reduced-precision forward become float32 once per layer, not per image.
-        probs = {i: self._p[i][0].float() for i, kind in enumerate(self._kinds) if kind == "probs"}
+        # Per layer, the batch's q, k, v [B, H, N, d], mask (None or [B or 1, H or 1, N, N])
+        # and maps [B, H, N, N] or None.
+        layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        for i, kind in enumerate(kinds):
+            if kind == "qk":
+                q, k, v, mask = self._q[i][0], self._k[i][0], self._v[i][0], None
+                p = self._p[i][0] if self._materialise else None
+            else:
+                call = self._sdpa[i][0]
+                q, k, v, mask, p = call.q, call.k, call.v, call.mask, call.probs
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                if t.dim() != 4 or t.shape[:3] != (B, H, N):
+                    raise CaptureError(f"layer {i}: {name} of shape {tuple(t.shape)}, expected ({B}, {H}, {N}, d)")
+            if p is not None:
+                # Maps from a reduced-precision forward become float32 once per layer, not per image.
+                p = p.float()
+                if p.shape != (B, H, N, N):
+                    raise CaptureError(f"layer {i}: attention of shape {tuple(p.shape)}, expected ({B}, {H}, {N}, {N})")
+            layers.append((q, k, v, _as_additive(mask, B, H, N, i), p))
         norms = self._norms[0].to("cpu", torch.float32)  # B, N: a few KB, always on the host
+
+        def mine(t: torch.Tensor | None, b: int) -> torch.Tensor | None:
+            # A mask shared by the batch ([1, ...]) stays one buffer for every image.
+            return None if t is None else keep(t[b] if t.shape[0] == B else t[0])
+
         out = []
         for b in range(B):
-            q: list[torch.Tensor | None] = []
-            k: list[torch.Tensor | None] = []
-            p: list[torch.Tensor | None] = []
-            for i, kind in enumerate(self._kinds):
-                if kind == "qk":
-                    qi, ki = self._q[i][0][b], self._k[i][0][b]  # H, N, d
-                    if qi.shape[:2] != (H, N) or ki.shape[:2] != (H, N):
-                        raise CaptureError(f"layer {i}: q/k of shape {tuple(qi.shape)}, expected ({H}, {N}, d)")
-                    q.append(keep(qi))
-                    k.append(keep(ki))
-                    p.append(None)
-                else:
-                    pi = probs[i][b]  # H, N, N
-                    if pi.shape != (H, N, N):
-                        raise CaptureError(f"layer {i}: attention of shape {tuple(pi.shape)}, expected ({H}, {N}, {N})")
-                    p.append(keep(pi))
-                    q.append(None)
-                    k.append(None)
             out.append(
                 ImageAttention(
                     num_layers=L,
                     num_heads=H,
                     num_tokens=N,
-                    q=q,
-                    k=k,
+                    q=[mine(q, b) for q, *_ in layers],
+                    k=[mine(k, b) for _, k, *_ in layers],
                     scale=[float(a.scale) for a, _ in self.layers],
-                    probs=p,
+                    probs=[mine(p, b) for *_, p in layers],
                     last_norms=norms[b].clone(),
                     head_out=[keep(h[0][b]) for h in self._heads],
+                    v=[mine(v, b) for _, _, v, *_ in layers],
+                    bias=[_expand_heads(mine(m, b), H) for *_, m, _ in layers],
                 )
             )
         self._reset()
         return out
+
+
+def head_dim(attn: nn.Module) -> int:
+    """Channels per head of an attention module (BEiT's keeps no ``head_dim`` attribute)."""
+    d = getattr(attn, "head_dim", None)
+    if d is not None:
+        return int(d)
+    proj = cast(nn.Linear, attn.proj)
+    return proj.in_features // int(cast(int, attn.num_heads))
+
+
+@dataclass
+class _SdpaCall:
+    """What one ``scaled_dot_product_attention`` call of an attention module was given."""
+
+    q: torch.Tensor  # B, H, N, d
+    k: torch.Tensor  # B, H, N, d
+    v: torch.Tensor  # B, H, N, d
+    mask: torch.Tensor | None  # additive or boolean, broadcastable to B, H, N, N
+    probs: torch.Tensor | None = None  # B, H, N, N when materialised
+
+
+def _sdpa_arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+class _SdpaTap(TorchFunctionMode):
+    """Records the arguments of the ``scaled_dot_product_attention`` calls made while active.
+
+    Entered by a forward pre-hook on one attention module and left by its forward hook, so it
+    sees that module's call only. With ``materialise`` the call is answered with timm's
+    unfused math (``q * scale @ k^T + mask``, softmax, ``@ v``) and the softmax is kept.
+
+    Args:
+        sink: where each call's :class:`_SdpaCall` goes.
+        scale: the module's scale (what its unfused branch multiplies q by).
+        materialise: keep the softmax matrix.
+    """
+
+    def __init__(self, sink: list, scale: float, materialise: bool):
+        super().__init__()
+        self.sink, self.scale, self.materialise = sink, scale, materialise
+        self.active = False
+
+    def enter(self, module: nn.Module, args: tuple) -> None:
+        self.__enter__()
+        self.active = True
+
+    def exit(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.active:
+            self.active = False
+            self.__exit__(None, None, None)
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v = (_sdpa_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
+        mask = _sdpa_arg(args, kwargs, 3, "attn_mask")
+        scale = kwargs.get("scale")
+        if _sdpa_arg(args, kwargs, 5, "is_causal", False) or _sdpa_arg(args, kwargs, 4, "dropout_p", 0.0):
+            raise CaptureError("causal or dropout attention is not softmax self-attention Headscope can capture")
+        if scale is not None and not math.isclose(scale, self.scale, rel_tol=1e-6):
+            raise CaptureError(f"attention called with scale {scale}, the module's is {self.scale}")
+        if scale is None and not math.isclose(q.shape[-1] ** -0.5, self.scale, rel_tol=1e-6):
+            raise CaptureError(f"attention of head dim {q.shape[-1]} uses the default scale, not {self.scale}")
+        call = _SdpaCall(q.detach(), k.detach(), v.detach(), None if mask is None else mask.detach())
+        self.sink.append(call)
+        if not self.materialise:
+            return func(*args, **kwargs)
+        # timm's unfused branch, written out (fused_attn=False runs the same operations).
+        attn = (q * self.scale) @ k.transpose(-2, -1)  # B, H, N, N
+        B, H, N, _ = attn.shape
+        bias = _as_additive(mask, B, H, N, layer=None)
+        if bias is not None:
+            attn = attn + bias
+        attn = attn.softmax(dim=-1)
+        call.probs = attn.detach()
+        return attn @ v
+
+
+def _as_additive(mask: torch.Tensor | None, B: int, H: int, N: int, layer: int | None) -> torch.Tensor | None:
+    """An attention mask as an additive float ``[B or 1, H or 1, N, N]`` view (or None)."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:  # True = takes part (SDPA's convention)
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    ok = mask.dim() == 4 and mask.shape[0] in (1, B) and mask.shape[1] in (1, H) and mask.shape[2:] == (N, N)
+    if not ok:
+        where = f"layer {layer}: " if layer is not None else ""
+        raise CaptureError(f"{where}attention mask of shape {tuple(mask.shape)} does not fit ({B}, {H}, {N}, {N})")
+    return mask
+
+
+def _expand_heads(bias: torch.Tensor | None, H: int) -> torch.Tensor | None:
+    """A per-image ``[H or 1, N, N]`` bias as ``[H, N, N]`` (a broadcast view, no copy)."""
+    return None if bias is None else bias.expand(H, *bias.shape[1:])

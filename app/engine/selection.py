@@ -112,3 +112,4 @@ class Selection:
     rollout_start: int = 0
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
+    temperature: float = 1.0

@@ -47,6 +47,13 @@ class AttentionParams(BaseModel):
         "none", description="zero these key tokens and renormalise rows (attention sinks)"
     )
     stats: bool = Field(False, description="also return per-head statistics (JSON only)")
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="softmax temperature: every map is softmax(scores / T); 1 is the model itself",
+        examples=[1.0, 0.5, 2.0],
+    )
 
     @property
     def needs_every_row(self) -> bool:

@@ -246,6 +246,7 @@ class AttentionService:
             rollout_start=p.rollout_start,
             head_fusion=p.head_fusion,
             discard_ratio=p.discard_ratio,
+            temperature=p.temperature,
         )
 
     def _answer(self, image_id: str, filename: str | None, found: Found, p: AttentionParams) -> Answer:
@@ -274,6 +275,7 @@ class AttentionService:
             "shape": list(array.shape),
             "cached": found.cached,
             "dropped": dropped,
+            "temperature": p.temperature,
         }
         if p.stats and p.format == "json":
             meta["stats"] = cap.head_stats()

@@ -98,11 +98,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
 
-    from .api import attention, docs, health, models, pages
+    from .api import attention, docs, explain, health, models, pages
 
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(attention.router)
+    app.include_router(explain.router)
     app.include_router(pages.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")

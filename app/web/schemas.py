@@ -68,12 +68,62 @@ class AttentionMeta(BaseModel):
     shape: list[int] = Field(description="[layers, heads, queries, tokens]")
     cached: bool = Field(description="answered from the server's cache without a forward pass")
     dropped: list[int] = Field(default_factory=list, description="key tokens zeroed by `drop`")
+    temperature: float = Field(1.0, description="softmax temperature of the maps: softmax(scores / T); 1 = the model")
     timing_ms: Timing
 
 
 class AttentionResponse(AttentionMeta):
     attention: list = Field(description="nested lists of shape `shape`; rows sum to 1")
     stats: dict | None = None
+
+
+class ExplainSteps(BaseModel):
+    """What the model's attention does beyond plain softmax(q k^T / sqrt(d)) v."""
+
+    rope: bool = Field(description="q and k are rotated by position (RoPE) after the projections")
+    relative_bias: bool = Field(description="a learned bias per relative position is added to the scores")
+    qk_norm: bool = Field(description="q and k are normalised per head")
+    inner_norm: bool = Field(description="a norm (or gate) sits between the concatenated heads and W_O")
+    absolute_pos: bool = Field(description="position embeddings are added to the tokens before the first block")
+
+
+class ExplainResponse(BaseModel):
+    """One head's computation for one query token; vectors as lists, shapes in the descriptions."""
+
+    model: str
+    image_id: str
+    filename: str | None = None
+    image_size: list[int]
+    input_size: list[int]
+    tokens: Tokens
+    cached: bool = Field(description="answered from the server's cache without a forward pass")
+    layer: int
+    head: int
+    query: int = Field(description="token index of the query")
+    num_layers: int
+    num_heads: int = Field(description="H")
+    head_dim: int = Field(description="d")
+    embed_dim: int = Field(description="D")
+    scale: float = Field(description="the factor on q.k (1/sqrt(d))")
+    key_tokens: list[int] = Field(description="the key tokens this row covers, in the order of k, v and the rows")
+    steps: ExplainSteps
+    shapes: dict[str, list[int]] = Field(description="shapes of X, W_Q^h, W_K^h, W_V^h (D x d), Q_h, K_h, V_h, W_O")
+    q: list[float] = Field(description="[d] the query's q for this head, after any QK-norm and RoPE")
+    k: list[list[float]] = Field(description="[N][d] every key token's k, same rule")
+    v: list[list[float]] = Field(description="[N][d] every key token's v")
+    dot: list[float] = Field(description="[N] q . k_j before the scale")
+    bias: list[float] | None = Field(description="[N] what the model adds to the scores (BEiT), else null")
+    scores: list[float] = Field(description="[N] pre-softmax logits: scale * q . k_j + bias_j")
+    attention: list[float] = Field(description="[N] softmax(scores): the row the attention endpoint serves")
+    head_output: list[float] = Field(description="[d] sum_j attention_j v_j")
+    proj_input: list[float] = Field(description="[H*d] the heads' outputs concatenated: what W_O multiplies")
+    head_contributions: list[list[float]] = Field(description="[H][D] W_O[:, slice of head h] @ proj_input_h")
+    proj_bias: list[float] = Field(description="[D] the output projection's bias (zeros if it has none)")
+    attn_output: list[float] = Field(
+        description="[D] the output projection's result: sum_h head_contributions + proj_bias, before layer "
+        "scale and the residual add"
+    )
+    timing_ms: Timing
 
 
 class ModelInfo(BaseModel):

@@ -92,6 +92,12 @@ export async function getStats(imageId, params, signal) {
   return (await request(`/api/v1/attention/${encodeURIComponent(imageId)}/stats?${qs}`, { signal })).json();
 }
 
+/** GET /api/v1/attention/{id}/explain: one head's whole computation for one query token. */
+export async function getExplain(imageId, params, signal) {
+  const qs = new URLSearchParams(params);
+  return (await request(`/api/v1/attention/${encodeURIComponent(imageId)}/explain?${qs}`, { signal })).json();
+}
+
 /** The uploaded picture (decoded, EXIF-rotated PNG) as a ready <img>. */
 export async function loadImage(imageId) {
   const resp = await request(`/api/v1/images/${encodeURIComponent(imageId)}`);

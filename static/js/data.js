@@ -5,6 +5,8 @@
 //          (attention rollout of that row for layers start..L-1; before start it is the identity)
 // stats:   the answer of GET /api/v1/attention/{id}/stats (per-head statistics), once loaded
 // mean/max over heads are computed here from the per-head rows, on first use.
+// temperature: rows and rollouts are those of softmax(scores / T); changing T drops them (the
+//          server answers the new ones from its cache); the statistics stay the model's (T = 1).
 
 import { getAttention, getStats } from "./api.js";
 
@@ -38,6 +40,20 @@ export class AttentionStore {
     this.fused = new Map();
     this.loading = new Map(); // key -> promise
     this.failed = new Map();  // key -> error (not retried automatically)
+    this.temperature = 1;
+  }
+
+  /** Show maps at softmax temperature t from now on: rows of another temperature are dropped. */
+  setTemperature(t) {
+    if (t === this.temperature) return;
+    this.temperature = t;
+    for (const m of [this.rows, this.rollout, this.fused]) m.clear();
+    for (const k of [...this.failed.keys()]) if (k !== "stats") this.failed.delete(k);
+  }
+
+  /** The temperature parameter of a request, when it is not the model's own. */
+  temperatureParam() {
+    return this.temperature === 1 ? {} : { temperature: this.temperature };
   }
 
   putRows(query, data) {
@@ -104,11 +120,12 @@ export class AttentionStore {
   /** Fetch the per-head rows of a query (GET, all layers and heads); one request per key. */
   loadRows(query, apiQuery) {
     if (this.rows.has(query)) return Promise.resolve();
+    const t = this.temperature;
     return this.once(`rows|${query}`, async () => {
       const ans = await getAttention(this.imageId, {
-        model: this.model, layers: "all", heads: "all", query: apiQuery,
+        model: this.model, layers: "all", heads: "all", query: apiQuery, ...this.temperatureParam(),
       });
-      this.putRows(query, ans.data);
+      if (t === this.temperature) this.putRows(query, ans.data); // else the slider moved on
     });
   }
 
@@ -120,13 +137,14 @@ export class AttentionStore {
     const opts = { ...this.rolloutOpts };
     const key = rolloutKey(query, opts);
     if (this.rollout.has(key)) return Promise.resolve();
+    const t = this.temperature;
     return this.once(`rollout|${key}`, async () => {
       const ans = await getAttention(this.imageId, {
         model: this.model, layers: `${opts.start}-${this.L - 1}`, query: apiQuery, aggregate: "rollout",
-        rollout_start: opts.start, head_fusion: opts.fusion, discard_ratio: opts.discard,
+        rollout_start: opts.start, head_fusion: opts.fusion, discard_ratio: opts.discard, ...this.temperatureParam(),
       });
       if (ans.data.length !== (this.L - opts.start) * this.N) throw new Error("rollout answer of unexpected size");
-      this.rollout.set(key, { start: opts.start, token, data: ans.data });
+      if (t === this.temperature) this.rollout.set(key, { start: opts.start, token, data: ans.data });
     });
   }
 

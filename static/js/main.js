@@ -17,6 +17,7 @@ import {
 } from "./controls.js";
 import { renderPrefixList, renderReadout, renderViewer } from "./viewer.js";
 import { bindViews, renderViews } from "./views.js";
+import { bindLearn, needLearn, renderLearn } from "./learn.js"; // #15 Inside a head
 import {
   apiQuery, defaultQuery, dims, headChoices, parseQuery, readUrl, state, syncUrl,
 } from "./state.js";
@@ -37,6 +38,7 @@ let slowTimer = 0;
 // ---------------------------------------------------------------- render
 function render() {
   if (store) store.rolloutOpts = { ...state.rollout };
+  if (store) store.setTemperature(state.temperature); // #15 maps at softmax(scores / T)
   renderViews();
   renderControls();
   renderAnalysisControls(store);
@@ -47,6 +49,8 @@ function render() {
   renderRolloutStrip($("rollout-strip"), thumbView(), (l) => pick(l, "rollout"));
   renderCompare({ store });
   renderHeadGrid($("head-grid"), thumbView(), pick);
+  renderLearn(); // #15
+  needLearn(render, showError); // #15
   clearTimeout(slowTimer);
   slowTimer = setTimeout(renderSlow, 40);
   if (state.imageId || state.view !== "viewer") syncUrl();
@@ -77,7 +81,7 @@ function thumbView() {
     smooth: state.smooth, marker: q && q.kind === "patch" ? q : null,
     rowOf: (layer, head) => shownRow(store, state.query, layer, head, tokens, state.drop),
     key: [state.imageId, store.model, state.query, state.colormap, state.opacity, state.smooth,
-      state.drop, artifactTokens(store).join(","), rolloutKey("", state.rollout)].join("|"),
+      state.drop, artifactTokens(store).join(","), rolloutKey("", state.rollout), state.temperature].join("|"),
   };
 }
 
@@ -287,6 +291,7 @@ async function downloadPng() {
 // ---------------------------------------------------------------- events
 function bind() {
   bindViews(render);
+  bindLearn(render, setQuery); // #15
   $("image-input").addEventListener("change", (e) => {
     const f = e.target.files && e.target.files[0];
     if (f) uploadFile(f);
@@ -420,6 +425,7 @@ async function start() {
   bind();
   const want = readUrl();
   if (want.view) state.view = want.view;
+  state.temperature = want.temperature; // #15
   state.model = want.model || document.body.dataset.defaultModel;
   render();
   try {

@@ -34,7 +34,14 @@ export const state = {
   rollout: { start: 0, fusion: "mean", discard: 0 },
   compare: { on: false, mode: "heads", a: null, b: null }, // sides: {image, layer, head}
   session: [],            // images opened in this session: [{id, filename, sample}]
+  temperature: 1,         // softmax temperature of every map: softmax(scores / T) (learn.js sets it)
 };
+
+/** A temperature from the URL: a finite number > 0, else 1. */
+export function readTemperature(text) {
+  const t = Number(text);
+  return text && Number.isFinite(t) && t > 0 ? t : 1;
+}
 
 export const DROPS = ["none", "prefix", "artifacts", "both"];
 export const FUSIONS = ["mean", "max", "min"];
@@ -132,6 +139,7 @@ export function syncUrl() {
     p.set("head", state.head);
     p.set("q", state.query);
   }
+  if (state.temperature !== 1) p.set("t", String(state.temperature));
   const qs = p.toString();
   const url = `${location.pathname}${qs ? `?${qs}` : ""}`;
   if (url !== `${location.pathname}${location.search}`) history.replaceState(null, "", url);
@@ -148,5 +156,6 @@ export function readUrl() {
     head: p.get("head"),
     q: p.get("q"),
     view: p.get("view"),
+    temperature: readTemperature(p.get("t")),
   };
 }

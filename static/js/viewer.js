@@ -47,6 +47,7 @@ export function renderViewer(store) {
     opacity: String(state.opacity), grid: state.showGrid ? "1" : "0",
     drop: state.drop, dropped: dropped.join(","), patchSum: String(patchSum(row, tokens)),
     artifacts: rings.join(","),
+    temperature: String(state.temperature), // #15
     rollout: state.head === "rollout" ? `${state.rollout.start},${state.rollout.fusion},${state.rollout.discard}` : "",
   });
   if (state.mask) {
@@ -63,7 +64,9 @@ export function renderViewer(store) {
   $("cb-min").textContent = fmt(range.min);
   $("cb-max").textContent = fmt(range.max);
   $("view-title").textContent = `Layer ${state.layer} · ${headLabel(state.head)} · query ${queryLabel(state.query)}`;
-  $("explain").textContent = explanation(q, row) + extras(dropped, range.maskCount, rings);
+  $("explain").textContent = explanation(q, row) + extras(dropped, range.maskCount, rings)
+    + (state.temperature === 1 ? "" : ` Softmax temperature T = ${state.temperature}: every map is `
+      + "softmax(QKᵀ/(√d·T)), sharper below 1, flatter above (set it here or in Inside a head)."); // #15
 }
 
 /** What the drop, mask and ring options add to the picture, in words. */
