@@ -27,14 +27,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
+if TYPE_CHECKING:
+    from .windows import WindowCapture
+
 SUPPORTED_FAMILIES = (
     "vit, deit (incl. distilled), dinov2 (with and without registers), flexivit, siglip, "
-    "eva/eva02 (RoPE), beit (relative position bias)"
+    "eva/eva02 (RoPE), beit (relative position bias), swin and swinv2 (windowed, one grid per stage)"
 )
 
 
@@ -85,8 +88,8 @@ def attention_layers(model: nn.Module) -> list[tuple[Any, str]]:
         if kind is None:
             raise UnsupportedModelError(
                 f"block {i} of {type(model).__name__} uses {type(attn).__name__}, which is not "
-                f"global softmax self-attention Headscope can capture (windowed, channel, "
-                f"class-only or pooled attention); supported families: {SUPPORTED_FAMILIES}"
+                f"global softmax self-attention Headscope can capture (channel, class-only or "
+                f"pooled attention); supported families: {SUPPORTED_FAMILIES}"
             )
         if not hasattr(attn, "attn_drop"):
             raise UnsupportedModelError(f"block {i}: attention has no attn_drop to hook")
@@ -119,6 +122,14 @@ class ImageAttention:
     def device(self) -> torch.device:
         """Where the maps are kept (and computed): the device of the forward, or the host."""
         return self.head_out[0].device
+
+    def heads_at(self, layer: int) -> int:
+        """Heads of ``layer`` (the same for every layer here; windowed models differ per stage)."""
+        return self.num_heads
+
+    def tokens_at(self, layer: int) -> int:
+        """Tokens of ``layer``'s maps (the same for every layer here)."""
+        return self.num_tokens
 
     def storages(self) -> dict[tuple[str, int], int]:
         """Buffers this capture keeps alive, ``{(device, address): nbytes}``, each once.
@@ -324,3 +335,14 @@ class AttentionCapture:
             )
         self._reset()
         return out
+
+
+def capture_for(model: nn.Module) -> AttentionCapture | WindowCapture:
+    """The capture that fits ``model``: windows for Swin v1/v2, else global attention blocks.
+
+    Raises:
+        UnsupportedModelError: neither fits; the message lists the supported families.
+    """
+    from .windows import WindowCapture, is_windowed
+
+    return WindowCapture(model) if is_windowed(model) else AttentionCapture(model)
