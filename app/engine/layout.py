@@ -127,9 +127,7 @@ class WindowedLayout:
         for s in stages:
             grid = (-(-gh // s.scale), -(-gw // s.scale))
             cell = (patch_size[0] * s.scale, patch_size[1] * s.scale)
-            out.append(
-                Stage(s.index, s.first_layer, s.last_layer, s.heads, s.scale, s.window, s.shifts, grid, cell)
-            )
+            out.append(Stage(s.index, s.first_layer, s.last_layer, s.heads, s.scale, s.window, s.shifts, grid, cell))
         return cls(out, tuple(patch_size))  # type: ignore[arg-type]
 
     @property

@@ -58,7 +58,9 @@ def is_windowed(model: nn.Module) -> bool:
     if not isinstance(stages, nn.Sequential) or len(stages) == 0:
         return False
     blocks = getattr(stages[0], "blocks", None)
-    return blocks is not None and len(blocks) > 0 and _window_attention_kind(getattr(blocks[0], "attn", None)) is not None
+    if blocks is None or len(blocks) == 0:
+        return False
+    return _window_attention_kind(getattr(blocks[0], "attn", None)) is not None
 
 
 def window_blocks(model: nn.Module) -> tuple[list[nn.Module], list[Stage], str]:
