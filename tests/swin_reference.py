@@ -132,3 +132,20 @@ def reference_maps(model, x, version: str, queries=None) -> list[torch.Tensor]:
                     dense[:, :, row_of[cell[qs], None], cell[None, real]] = p[:, :, qs][:, :, :, real]
             maps.append(dense)
     return maps
+
+
+def write_checkpoint(path, arch: str = "swin_tiny_patch4_window7_224", seed: int = 7) -> None:
+    """A classifier checkpoint of random weights, as a user would save one (head included).
+
+    The relative position bias tables are drawn at std 2 (timm's init: 0.02), so that the windows
+    of a random model show structure on the page instead of near-uniform attention.
+    """
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = timm.create_model(arch, pretrained=False)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("relative_position_bias_table"):
+                p.normal_(0, 2.0)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))

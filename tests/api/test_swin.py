@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load as st_load
-from safetensors.torch import save_file
-from swin_reference import reference_maps
+from swin_reference import reference_maps, write_checkpoint
 
 from server import ROOT, Server
 
@@ -31,13 +30,9 @@ TIMEOUT = 180
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A classifier checkpoint of random weights, as a user would save one (head included)."""
-    import timm
-
-    torch.manual_seed(7)
-    model = timm.create_model(ARCH, pretrained=False)  # 1000-class head, kept by the file
+    """A classifier checkpoint of random weights (1000-class head included), as a user saves one."""
     path = tmp_path_factory.mktemp("swin") / "swin-random.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    write_checkpoint(path, ARCH)
     return path
 
 
