@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -41,7 +42,7 @@ from .layout import Stage
 WINDOWED_MODULES = ("swin_transformer", "swin_transformer_v2")
 
 
-def _window_attention_kind(attn: nn.Module) -> str | None:
+def _window_attention_kind(attn: Any) -> str | None:
     """``v1`` / ``v2`` for timm's own Swin ``WindowAttention`` classes, else None (no subclasses)."""
     from timm.models import swin_transformer, swin_transformer_v2
 
@@ -52,7 +53,7 @@ def _window_attention_kind(attn: nn.Module) -> str | None:
     return None
 
 
-def is_windowed(model: nn.Module) -> bool:
+def is_windowed(model: Any) -> bool:
     """Whether ``model`` is a timm Swin v1/v2 whose windows this module can capture."""
     stages = getattr(model, "layers", None)
     if not isinstance(stages, nn.Sequential) or len(stages) == 0:
@@ -63,7 +64,7 @@ def is_windowed(model: nn.Module) -> bool:
     return _window_attention_kind(getattr(blocks[0], "attn", None)) is not None
 
 
-def window_blocks(model: nn.Module) -> tuple[list[nn.Module], list[Stage], str]:
+def window_blocks(model: Any) -> tuple[list[Any], list[Stage], str]:
     """Every Swin block in order, the stages (grids at the model's own input size) and the version.
 
     Args:
@@ -81,14 +82,16 @@ def window_blocks(model: nn.Module) -> tuple[list[nn.Module], list[Stage], str]:
     ps = model.patch_embed.patch_size
     ps = (ps, ps) if isinstance(ps, int) else tuple(ps)
     grid0 = tuple(model.patch_embed.grid_size)
-    blocks: list[nn.Module] = []
+    blocks: list[Any] = []
     stages: list[Stage] = []
     kinds = set()
     scale = 1
     for si, stage in enumerate(model.layers):
         if not isinstance(stage.downsample, nn.Identity):
             scale *= 2
-        shifts, windows, heads = [], set(), set()
+        shifts: list[tuple[int, int]] = []
+        windows: set[tuple[int, int]] = set()
+        heads: set[int] = set()
         for blk in stage.blocks:
             kind = _window_attention_kind(getattr(blk, "attn", None))
             if kind is None or not hasattr(blk, "shift_size") or not hasattr(blk.attn, "attn_drop"):
@@ -97,9 +100,9 @@ def window_blocks(model: nn.Module) -> tuple[list[nn.Module], list[Stage], str]:
                     f"Headscope cannot capture; supported families: {SUPPORTED_FAMILIES}"
                 )
             kinds.add(kind)
-            windows.add(tuple(blk.window_size))
+            windows.add((int(blk.window_size[0]), int(blk.window_size[1])))
             heads.add(blk.attn.num_heads)
-            shifts.append(tuple(int(s) for s in blk.shift_size))
+            shifts.append((int(blk.shift_size[0]), int(blk.shift_size[1])))
             blocks.append(blk)
         if len(windows) != 1 or len(heads) != 1:
             raise UnsupportedModelError(f"stage {si}: blocks with different windows or head counts")
@@ -267,7 +270,7 @@ class WindowCapture:
     """
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        self.model: Any = model
         self.blocks, self.stages, self.version = window_blocks(model)
         self.layers = [(blk.attn, "window") for blk in self.blocks]
         self.num_heads = max(s.heads for s in self.stages)
