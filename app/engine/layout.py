@@ -50,6 +50,13 @@ class TokenLayout:
         }
 
 
+# Windowed stages with more cells than this get no dense answers (query=all, rollout): the N x N
+# maps of a Swin-T stage 0 at 3:1 (56 x 168 = 9408 cells) take 354 MB per head and layer (2.1 GB
+# for its 3 heads x 2 layers), almost all zeros; rollout would multiply such matrices. Swin-T at
+# 224 x 224: stages 1-3 (784, 196, 49 cells) have them, stage 0 (3136) does not.
+MAX_DENSE_CELLS = 2048
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage of a windowed model (Swin) at one input size.
@@ -106,6 +113,7 @@ class Stage:
             "window": list(self.window),
             "windows": list(self.windows),
             "shifts": [list(s) for s in self.shifts],
+            "dense": self.grid[0] * self.grid[1] <= MAX_DENSE_CELLS,
         }
 
 

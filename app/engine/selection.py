@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .layout import Stage, TokenLayout, WindowedLayout
+from .layout import MAX_DENSE_CELLS, Stage, TokenLayout, WindowedLayout
 
 
 class SelectionError(ValueError):
@@ -180,6 +180,17 @@ def resolve_windowed(
             )
     heads = parse_indices(heads_spec, stage.heads, "heads")
     q = (query_spec or "cls").strip().lower()
+    cells = stage.grid[0] * stage.grid[1]
+    if cells > MAX_DENSE_CELLS and (q == "all" or aggregate == "rollout"):
+        what = "rollout would multiply" if aggregate == "rollout" else "query=all would return"
+        small = [s.index for s in layout.stages if s.grid[0] * s.grid[1] <= MAX_DENSE_CELLS]
+        raise SelectionError(
+            f"{what} {cells} x {cells} maps for stage {stage.index} ({stage.grid[0]} x {stage.grid[1]} cells), "
+            f"almost all zeros (a row has at most {stage.window[0] * stage.window[1]} cells of its window); "
+            f"Headscope answers that for stages of at most {MAX_DENSE_CELLS} cells"
+            + (f" (stages {', '.join(map(str, small))} here)" if small else "")
+            + "; ask for cells 'patch:R,C;R,C' of this stage"
+        )
     if q == "cls":
         raise SelectionError(
             "query: Swin has no CLS token (no prefix tokens at all: every token is a cell of the "

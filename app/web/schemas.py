@@ -53,6 +53,7 @@ class StageInfo(BaseModel):
     window: list[int] = Field(description="(rows, cols) of a window, in cells")
     windows: list[int] = Field(description="windows per column and per row (padding completes the last ones)")
     shifts: list[list[int]] = Field(description="cyclic shift (rows, cols) of each layer of the stage")
+    dense: bool = Field(description="whether query=all and rollout are answered (stages of at most 2048 cells)")
 
 
 class PrefixToken(BaseModel):

@@ -185,6 +185,11 @@ function renderDownloads(H) {
   }
   setLink($("download-tensors"), attentionUrl(state.imageId, { ...base, query: q }),
     `${stem}-${q.replace(/[^a-z0-9]+/gi, "_")}.safetensors`);
+  if (stage && !stage.dense) { // swin: N x N maps of a big stage are not answered (almost all zeros)
+    setLink($("download-full"), null);
+    $("download-full").textContent = `the full attention (not for stage ${stage.index}: ${N} cells, ask for rows)`;
+    return;
+  }
   setLink($("download-full"), attentionUrl(state.imageId, { ...base, query: "all" }), `${stem}-all.safetensors`);
   $("download-full").textContent = `the full attention, all ${N} rows (${fmtBytes(L * H * N * N * 4)})`;
 }

@@ -179,6 +179,8 @@ def test_stage_rules_are_422s_that_say_what_to_ask(swin_server, samples):
     msg = error(get(url, image_id, model=V1, layers="4-9", query="0", aggregate="rollout"), "layers_span_stages")
     assert "rollout_start=4" in msg
     assert "last stage" in error(get(url, image_id, model=V1, layers="2", query="0", drop="artifacts"), "bad_selection")
+    msg = error(get(url, image_id, model=V1, layers="0", query="all"), "bad_selection")  # 4704 x 4704 maps
+    assert "at most 2048 cells (stages 1, 2, 3 here)" in msg
     # What does work: head fusion, drop on the last stage, every row of a stage, npy.
     b = get(url, image_id, model=V1, layers="10-11", query="patch:0,0;6,10", aggregate="mean").json()
     assert b["shape"] == [2, 1, 2, 77] and b["heads"] == ["mean"]

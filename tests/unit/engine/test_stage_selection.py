@@ -74,3 +74,13 @@ def test_rollout_stays_within_the_stage():
     assert resolve_windowed("10-11", "all", "0", lay, "rollout", -2)[0].index == 3  # -2 is layer 10
     with pytest.raises(StageSpanError, match="use rollout_start=4"):
         resolve_windowed("4-9", "all", "0", lay, "rollout", 0)
+
+
+def test_dense_answers_are_bounded_on_big_stages():
+    lay = WindowedLayout.at(SPECS, (4, 4), (224, 336))  # stage 0: 56 x 84 = 4704 cells
+    with pytest.raises(SelectionError, match=r"4704 x 4704 maps for stage 0 .*stages 1, 2, 3 here"):
+        resolve_windowed("0-1", "all", "all", lay)
+    with pytest.raises(SelectionError, match="rollout would multiply"):
+        resolve_windowed("0-1", "all", "0", lay, "rollout", 0)
+    assert resolve_windowed("0-1", "all", "patch:0,0;55,83", lay)[3] == [0, 4703]  # rows are fine
+    assert resolve_windowed("4-9", "all", "all", lay)[3] is None  # 14 x 21 cells
