@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .capture import ImageAttention
 from .selection import Selection, SelectionError
+
+if TYPE_CHECKING:
+    from .windows import WindowedAttention
 
 
 def fuse_heads(attn: torch.Tensor, how: str) -> torch.Tensor:
@@ -19,7 +24,7 @@ def fuse_heads(attn: torch.Tensor, how: str) -> torch.Tensor:
     raise SelectionError(f"head fusion {how!r}: use mean, max or min")
 
 
-def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
+def rollout(att: ImageAttention | WindowedAttention, sel: Selection) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema, 2020), one map per selected layer.
 
     For layers ``l = start .. max(layers)``: ``A_l`` = the selected heads, each row
@@ -36,7 +41,7 @@ def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
         raise SelectionError(f"rollout_start {sel.rollout_start} is out of range for {att.num_layers} layers")
     if min(sel.layers) < start:
         raise SelectionError(f"rollout: layers before rollout_start={start} have no rollout; select layers >= {start}")
-    N = att.num_tokens
+    N = att.tokens_at(start)  # windowed models: the selection keeps the rollout in one stage
     eye = torch.eye(N, device=att.device)
     R = eye
     wanted = set(sel.layers)
@@ -56,7 +61,7 @@ def rollout(att: ImageAttention, sel: Selection) -> torch.Tensor:
     return torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1).cpu()
 
 
-def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
+def attention_tensor(att: ImageAttention | WindowedAttention, sel: Selection) -> torch.Tensor:
     """The requested attention as ``[layers, heads, queries, tokens]`` float32, on the host.
 
     With ``aggregate`` = ``mean`` or ``max`` the heads axis has length 1 (the fused selected
@@ -65,9 +70,11 @@ def attention_tensor(att: ImageAttention, sel: Selection) -> torch.Tensor:
     """
     if sel.aggregate == "rollout":
         return rollout(att, sel)
-    heads = len(sel.heads) if sel.heads is not None else att.num_heads
-    queries = len(sel.rows) if sel.rows is not None else att.num_tokens
-    out = torch.empty(len(sel.layers), heads, queries, att.num_tokens, device=att.device)  # L, H, Q, N
+    first = sel.layers[0]  # windowed models: every selected layer is of one stage (one grid)
+    n = att.tokens_at(first)
+    heads = len(sel.heads) if sel.heads is not None else att.heads_at(first)
+    queries = len(sel.rows) if sel.rows is not None else n
+    out = torch.empty(len(sel.layers), heads, queries, n, device=att.device)  # L, H, Q, N
     for i, layer in enumerate(sel.layers):
         att.rows(layer, sel.heads, sel.rows, out=out[i], temperature=sel.temperature)
     if sel.aggregate == "mean":

@@ -39,16 +39,19 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+if TYPE_CHECKING:
+    from .windows import WindowCapture
+
 SUPPORTED_FAMILIES = (
     "vit, deit (incl. distilled), dinov2 (with and without registers), flexivit, siglip, "
-    "eva/eva02 (RoPE), beit (relative position bias)"
+    "eva/eva02 (RoPE), beit (relative position bias), swin and swinv2 (windowed, one grid per stage)"
 )
 
 
@@ -100,8 +103,8 @@ def attention_layers(model: nn.Module) -> list[tuple[Any, str]]:
         if kind is None:
             raise UnsupportedModelError(
                 f"block {i} of {type(model).__name__} uses {type(attn).__name__}, which is not "
-                f"global softmax self-attention Headscope can capture (windowed, channel, "
-                f"class-only or pooled attention); supported families: {SUPPORTED_FAMILIES}"
+                f"global softmax self-attention Headscope can capture (channel, class-only or "
+                f"pooled attention); supported families: {SUPPORTED_FAMILIES}"
             )
         if not hasattr(attn, "attn_drop") or not hasattr(attn, "fused_attn"):
             raise UnsupportedModelError(f"block {i}: attention has no attn_drop to hook")
@@ -139,6 +142,14 @@ class ImageAttention:
     def device(self) -> torch.device:
         """Where the maps are kept (and computed): the device of the forward, or the host."""
         return self.head_out[0].device
+
+    def heads_at(self, layer: int) -> int:
+        """Heads of ``layer`` (the same for every layer here; windowed models differ per stage)."""
+        return self.num_heads
+
+    def tokens_at(self, layer: int) -> int:
+        """Tokens of ``layer``'s maps (the same for every layer here)."""
+        return self.num_tokens
 
     def storages(self) -> dict[tuple[str, int], int]:
         """Buffers this capture keeps alive, ``{(device, address): nbytes}``, each once.
@@ -525,3 +536,14 @@ def _as_additive(mask: torch.Tensor | None, B: int, H: int, N: int, layer: int |
 def _expand_heads(bias: torch.Tensor | None, H: int) -> torch.Tensor | None:
     """A per-image ``[H or 1, N, N]`` bias as ``[H, N, N]`` (a broadcast view, no copy)."""
     return None if bias is None else bias.expand(H, *bias.shape[1:])
+
+
+def capture_for(model: nn.Module) -> AttentionCapture | WindowCapture:
+    """The capture that fits ``model``: windows for Swin v1/v2, else global attention blocks.
+
+    Raises:
+        UnsupportedModelError: neither fits; the message lists the supported families.
+    """
+    from .windows import WindowCapture, is_windowed
+
+    return WindowCapture(model) if is_windowed(model) else AttentionCapture(model)

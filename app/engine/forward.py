@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from .capture import ImageAttention
 from .device import autocast
+from .windows import WindowedAttention
 
 if TYPE_CHECKING:
     from ..zoo.loaded import LoadedModel
@@ -20,7 +22,7 @@ def forward_capture(
     materialise: bool = False,
     amp_dtype: torch.dtype | None = None,
     to: torch.device | str | None = None,
-) -> list[ImageAttention]:
+) -> Sequence[ImageAttention | WindowedAttention]:
     """Run ``lm``'s backbone on a batch with its attention captured; one result per image.
 
     Args:

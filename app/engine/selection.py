@@ -12,11 +12,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .layout import TokenLayout
+from .layout import MAX_DENSE_CELLS, Stage, TokenLayout, WindowedLayout
 
 
 class SelectionError(ValueError):
-    """A malformed or out-of-range selection (answered as 422)."""
+    """A malformed or out-of-range selection (answered as 422 with :attr:`code`)."""
+
+    code = "bad_selection"
+
+
+class StageSpanError(SelectionError):
+    """A windowed model's request whose layers (or rollout) reach over more than one stage."""
+
+    code = "layers_span_stages"
 
 
 _ITEM = re.compile(r"^(-?\d{1,6})(?:-(-?\d{1,6}))?$")
@@ -113,3 +121,80 @@ class Selection:
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     temperature: float = 1.0
+    stage: Stage | None = None  # windowed models: the one stage of the layers; rows are its cells
+
+
+def _spans(layers: list[int]) -> str:
+    """``0-1, 4`` for [0, 1, 4]: a short spelling of layer indices."""
+    out: list[str] = []
+    for v in sorted(layers):
+        if out and out[-1].split("-")[-1] == str(v - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{v}"
+        else:
+            out.append(str(v))
+    return ", ".join(out)
+
+
+def resolve_windowed(
+    layers_spec: str | None,
+    heads_spec: str | None,
+    query_spec: str | None,
+    layout: WindowedLayout,
+    aggregate: str = "none",
+    rollout_start: int = 0,
+) -> tuple[Stage, list[int], list[int], list[int] | None]:
+    """Resolve a request against a windowed model (Swin): ``(stage, layers, heads, rows)``.
+
+    A request's layers belong to one stage: stages have different grids (and head counts), so
+    one answer tensor ``[layers, heads, queries, cells]`` cannot hold two. ``heads`` count in the
+    stage's heads; ``patch:R,C`` names a cell of the stage's grid and token ``t`` is cell ``t``,
+    row-major (there are no prefix tokens). Rollout runs within the stage.
+
+    Args:
+        layers_spec, heads_spec, query_spec: as for :func:`parse_indices` / :func:`parse_query`.
+        layout: the image's stages.
+        aggregate: ``rollout`` checks ``rollout_start`` against the stage.
+        rollout_start: the first layer of a rollout (negative counts from the end).
+
+    Raises:
+        StageSpanError: layers (or the rollout) of more than one stage; the message says which
+            layers form each stage.
+        SelectionError: anything else malformed or out of range.
+    """
+    L = layout.num_layers
+    layers = parse_indices(layers_spec, L, "layers")
+    stages = {layout.stage_of(i).index for i in layers}
+    if len(stages) > 1:
+        raise StageSpanError(
+            f"layers: {_spans(layers)} reach over stages {', '.join(map(str, sorted(stages)))}, whose grids "
+            f"differ; ask for the layers of one stage per request: {layout.describe()}"
+        )
+    stage = layout.stage_of(layers[0])
+    if aggregate == "rollout":
+        start = rollout_start % L if -L <= rollout_start < 0 else rollout_start
+        if not (stage.first_layer <= start <= stage.last_layer):
+            a, b = stage.first_layer, stage.last_layer
+            raise StageSpanError(
+                f"rollout: a windowed model's rollout runs within one stage (the stages' grids differ); "
+                f"rollout_start={rollout_start} is not a layer of stage {stage.index} ({a}-{b}) of the "
+                f"selected layers: use rollout_start={a}. {layout.describe()}"
+            )
+    heads = parse_indices(heads_spec, stage.heads, "heads")
+    q = (query_spec or "cls").strip().lower()
+    cells = stage.grid[0] * stage.grid[1]
+    if cells > MAX_DENSE_CELLS and (q == "all" or aggregate == "rollout"):
+        what = "rollout would multiply" if aggregate == "rollout" else "query=all would return"
+        small = [s.index for s in layout.stages if s.grid[0] * s.grid[1] <= MAX_DENSE_CELLS]
+        raise SelectionError(
+            f"{what} {cells} x {cells} maps for stage {stage.index} ({stage.grid[0]} x {stage.grid[1]} cells), "
+            f"almost all zeros (a row has at most {stage.window[0] * stage.window[1]} cells of its window); "
+            f"Headscope answers that for stages of at most {MAX_DENSE_CELLS} cells"
+            + (f" (stages {', '.join(map(str, small))} here)" if small else "")
+            + "; ask for cells 'patch:R,C;R,C' of this stage"
+        )
+    if q == "cls":
+        raise SelectionError(
+            "query: Swin has no CLS token (no prefix tokens at all: every token is a cell of the "
+            "stage's grid); ask for cells 'patch:R,C' of the stage grid, cell indices or 'all'"
+        )
+    return stage, layers, heads, parse_query(query_spec, stage.tokens())

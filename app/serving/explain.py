@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..engine.capture import ImageAttention
 from ..engine.explain import explain_head, inner_steps
+from ..engine.layout import TokenLayout
 from ..engine.selection import MAX_SPEC, SelectionError, parse_query
 from ..zoo.loaded import LoadedModel
 from .service import Answer, AttentionService, Disconnected, Found
@@ -46,6 +48,8 @@ def _index(i: int, n: int, what: str) -> int:
 def resolve(p: ExplainParams, found: Found) -> tuple[int, int, int]:
     """(layer, head, query token) of a request, each in range."""
     att, layout = found.cap.att, found.cap.layout
+    if not isinstance(layout, TokenLayout) or not isinstance(att, ImageAttention):
+        raise SelectionError("explain: windowed models (Swin) are not explained yet; their rows are served")
     layer = _index(p.layer, att.num_layers, "layer")
     head = _index(p.head, att.num_heads, "head")
     if p.query is None or not p.query.strip():
@@ -62,8 +66,10 @@ def _answer(image_id: str, filename: str | None, lm: LoadedModel, found: Found, 
     cap = found.cap
     layer, head, query = resolve(p, found)
     attn = lm.capture.layers[layer][0]
-    hc = explain_head(cap.att, attn, layer, head, query)
-    N, H, d = cap.att.num_tokens, cap.att.num_heads, hc.head_dim
+    att = cap.att
+    assert isinstance(att, ImageAttention)  # resolve() refused the rest
+    hc = explain_head(att, attn, layer, head, query)
+    N, H, d = att.num_tokens, att.num_heads, hc.head_dim
     D = int(hc.attn_output.shape[0])
     meta: dict[str, Any] = {
         "model": cap.model_id,

@@ -22,8 +22,9 @@ from starlette.concurrency import run_in_threadpool
 from ..config import Settings
 from ..engine import analysis
 from ..engine.capture import ImageAttention
-from ..engine.layout import TokenLayout
-from ..engine.selection import Selection, parse_indices, parse_query
+from ..engine.layout import Stage, TokenLayout, WindowedLayout
+from ..engine.selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
+from ..engine.windows import WindowedAttention
 from ..zoo.loaded import LoadedModel
 from ..zoo.registry import Registry
 from . import images
@@ -57,24 +58,54 @@ class Capture:
     """An image's capture under one model, with what it takes to read it."""
 
     model_id: str
-    att: ImageAttention
-    layout: TokenLayout
+    att: ImageAttention | WindowedAttention
+    layout: TokenLayout | WindowedLayout  # windowed models (Swin): one grid per stage
     input_size: tuple[int, int]
     image_size: tuple[int, int]
     stats: dict = field(default_factory=dict)  # mass fraction -> head_stats(), computed once
 
     def head_stats(self, mass: float = 0.6) -> dict:
         if mass not in self.stats:
-            from ..engine.stats import head_stats
+            if isinstance(self.att, WindowedAttention):
+                from ..engine.window_stats import window_head_stats
 
-            self.stats[mass] = head_stats(self.att, self.layout, self.input_size, mass)
+                self.stats[mass] = window_head_stats(self.att, self.input_size, mass)
+            else:
+                from ..engine.stats import head_stats
+
+                assert isinstance(self.layout, TokenLayout)
+                self.stats[mass] = head_stats(self.att, self.layout, self.input_size, mass)
         return self.stats[mass]
 
-    def drop_columns(self, drop: str) -> list[int]:
-        """Token indices a ``drop`` option removes from maps (prefix and/or artifact tokens)."""
+    def tokens(self, stage: Stage | None = None) -> dict[str, Any]:
+        """The token layout of an answer: the image's, or the stage's for a windowed model."""
+        if stage is None:
+            assert isinstance(self.layout, TokenLayout)
+            return self.layout.as_dict()
+        return {**stage.tokens().as_dict(), "stage": stage.index, "window": list(stage.window)}
+
+    def drop_columns(self, drop: str, stage: Stage | None = None) -> list[int]:
+        """Token indices a ``drop`` option removes from maps (prefix and/or artifact tokens).
+
+        Args:
+            stage: a windowed model's stage of the answer: no prefix tokens, and artifact tokens
+                only on the last stage's grid, where they are found.
+        """
         from ..engine.stats import artifact_tokens
 
         parts = {p.strip() for p in drop.split(",")} - {"none", ""}
+        if stage is not None:
+            assert isinstance(self.layout, WindowedLayout)
+            last = self.layout.stages[-1]
+            if "artifacts" not in parts:
+                return []
+            if stage.index != last.index:
+                raise SelectionError(
+                    f"drop=artifacts: high-norm tokens are found on the last stage's grid (stage {last.index}, "
+                    f"layers {last.first_layer}-{last.last_layer}); stage {stage.index} has another grid"
+                )
+            return artifact_tokens(self.att.last_norms, 0)[0]
+        assert isinstance(self.layout, TokenLayout)
         cols: list[int] = []
         if "prefix" in parts:
             cols += list(range(self.layout.num_prefix))
@@ -185,7 +216,7 @@ class AttentionService:
         deadline = time.monotonic() + self.settings.request_timeout_s
         prep = await run_in_threadpool(self._prepare, upload.data, lm)
         layout = lm.layout(prep.input_size)
-        materialise = every_row and lm.capture.materialise_pays(layout.count)
+        materialise = every_row and isinstance(layout, TokenLayout) and lm.capture.materialise_pays(layout.count)
         job = Job(lm=lm, pixels=prep.pixels, deadline=deadline, fault=fault, materialise=materialise)
         fut = self.worker.submit(job)
         try:
@@ -238,6 +269,21 @@ class AttentionService:
 
     def selection(self, p: AttentionParams, cap: Capture) -> Selection:
         att = cap.att
+        if isinstance(cap.layout, WindowedLayout):
+            stage, layers, heads, rows = resolve_windowed(
+                p.layers, p.heads, p.query, cap.layout, p.aggregate, p.rollout_start
+            )
+            return Selection(
+                layers=layers,
+                heads=heads,
+                rows=rows,
+                aggregate=p.aggregate,
+                rollout_start=p.rollout_start,
+                head_fusion=p.head_fusion,
+                discard_ratio=p.discard_ratio,
+                temperature=p.temperature,
+                stage=stage,
+            )
         return Selection(
             layers=parse_indices(p.layers, att.num_layers, "layers"),
             heads=parse_indices(p.heads, att.num_heads, "heads"),
@@ -253,23 +299,24 @@ class AttentionService:
         t0 = time.perf_counter()
         cap = found.cap
         sel = self.selection(p, cap)
+        dropped = cap.drop_columns(p.drop, sel.stage)
         tensor = analysis.attention_tensor(cap.att, sel)
-        dropped = cap.drop_columns(p.drop)
         if dropped:
             tensor = analysis.drop_and_renormalise(tensor, dropped)
         # torch converts to float16 with SIMD; numpy's astype is ~60x slower on 18 MiB of maps.
         array = (tensor.to(torch.float16) if p.dtype == "float16" else tensor.float()).numpy()
         heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
+        tokens = cap.tokens(sel.stage)
         meta: dict[str, Any] = {
             "model": cap.model_id,
             "image_id": image_id,
             "filename": filename,
             "image_size": list(cap.image_size),
             "input_size": list(cap.input_size),
-            "tokens": cap.layout.as_dict(),
+            "tokens": tokens,
             "layers": sel.layers,
             "heads": heads,
-            "query": sel.rows if sel.rows is not None else list(range(cap.layout.count)),
+            "query": sel.rows if sel.rows is not None else list(range(tokens["count"])),
             "aggregate": sel.aggregate,
             "dtype": p.dtype,
             "shape": list(array.shape),
@@ -277,6 +324,8 @@ class AttentionService:
             "dropped": dropped,
             "temperature": p.temperature,
         }
+        if isinstance(cap.layout, WindowedLayout):
+            meta["stages"] = cap.layout.as_dict()
         if p.stats and p.format == "json":
             meta["stats"] = cap.head_stats()
         # "encode" in the body covers slicing and conversion; serialising the body itself is
@@ -337,4 +386,9 @@ class AttentionService:
         if found is None:
             return None
         stats = await self.worker.run_in_worker(found.cap.head_stats, mass)
-        return {"model": lm.id, "image_id": image_id, **stats, "tokens": found.cap.layout.as_dict()}
+        cap = found.cap
+        if isinstance(cap.layout, WindowedLayout):  # the first stage's grid, and every stage's
+            extra = {"tokens": cap.tokens(cap.layout.stages[0]), "stages": cap.layout.as_dict()}
+        else:
+            extra = {"tokens": cap.tokens()}
+        return {"model": lm.id, "image_id": image_id, **stats, **extra}

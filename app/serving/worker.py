@@ -23,6 +23,7 @@ import torch
 from ..engine.capture import ImageAttention
 from ..engine.device import autocast_dtype, is_oom, release_memory
 from ..engine.forward import forward_capture
+from ..engine.windows import WindowedAttention
 from ..zoo.loaded import LoadedModel
 from . import faults
 from .admission import Admission
@@ -39,7 +40,7 @@ class OutOfMemory(RuntimeError):
 class Computed:
     """What a job gives back: the capture and where its time went."""
 
-    att: ImageAttention
+    att: ImageAttention | WindowedAttention
     queue_ms: float
     compute_ms: float
 
@@ -59,7 +60,7 @@ class Job:
     def key(self) -> tuple:
         return (self.lm.id, tuple(self.pixels.shape), self.materialise)
 
-    def done(self, att: ImageAttention, finished: float) -> Computed:
+    def done(self, att: ImageAttention | WindowedAttention, finished: float) -> Computed:
         return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
 
 

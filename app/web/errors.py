@@ -79,7 +79,7 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
     if isinstance(exc, ImageError):
         return ApiError(exc.status, exc.code, str(exc))
     if isinstance(exc, SelectionError):
-        return ApiError(422, "bad_selection", str(exc))
+        return ApiError(422, exc.code, str(exc))
     if isinstance(exc, UnknownModelError):
         return ApiError(404, "unknown_model", str(exc))
     if isinstance(exc, UnsupportedModelError):

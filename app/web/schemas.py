@@ -22,8 +22,8 @@ class StatsResponse(BaseModel):
     entropy: list[list[float]] = Field(description="mean over query rows of H(row)/log N")
     entropy_cls: list[list[float]] | None = Field(description="H(CLS row)/log N")
     distance_px: list[list[float]] = Field(description="mean attention distance in input pixels")
-    prefix_mass: list[list[float]] = Field(description="mean attention mass on prefix tokens")
-    artifact_mass: list[list[float]] = Field(description="mean attention mass on high-norm artifact tokens")
+    prefix_mass: list[list[float]] | None = Field(description="mean attention mass on prefix tokens")
+    artifact_mass: list[list[float]] | None = Field(description="mean attention mass on high-norm artifact tokens")
     similarity: list[list[list[float]]] = Field(description="[L][H][H] 1 - JS/log 2 between heads")
     cls_cosine: list[list[list[float]]] | None = Field(description="[L][H][H] cosine of CLS rows")
     mass_patches: list[list[int]] | None = Field(description="patches holding mass_fraction of the CLS row")
@@ -32,6 +32,28 @@ class StatsResponse(BaseModel):
     artifacts: dict = Field(description="high-norm tokens of the last layer: tokens, threshold, norms")
     token_norms_last: list[float]
     input_size: list[int]
+    heads_per_layer: list[int] | None = Field(
+        None, description="windowed models: heads of each layer's stage (the [L][H] lists are ragged)"
+    )
+    stages: list[StageInfo] | None = Field(None, description="windowed models: every stage at this input")
+    entropy_over: str | None = Field(None, description="windowed models: 'window' (entropy over the W*W keys)")
+    unavailable: dict[str, str] | None = Field(
+        None, description="windowed models: statistics that have no meaning there (null fields), with the reason"
+    )
+
+
+class StageInfo(BaseModel):
+    """One stage of a windowed model (Swin): its layers, heads, grid and windows."""
+
+    index: int
+    layers: list[int] = Field(description="first and last layer of the stage (layers are numbered across stages)")
+    heads: int
+    grid: list[int] = Field(description="(rows, cols) of the stage's grid")
+    cell_size: list[int] = Field(description="(height, width) of a cell in input pixels")
+    window: list[int] = Field(description="(rows, cols) of a window, in cells")
+    windows: list[int] = Field(description="windows per column and per row (padding completes the last ones)")
+    shifts: list[list[int]] = Field(description="cyclic shift (rows, cols) of each layer of the stage")
+    dense: bool = Field(description="whether query=all and rollout are answered (stages of at most 2048 cells)")
 
 
 class PrefixToken(BaseModel):
@@ -43,8 +65,12 @@ class Tokens(BaseModel):
     count: int = Field(description="N = prefix tokens + patches")
     num_prefix: int
     prefix: list[PrefixToken]
-    grid: list[int] = Field(description="patch grid (rows, cols)")
-    patch_size: list[int] = Field(description="(height, width) of a patch in input pixels")
+    grid: list[int] = Field(description="patch grid (rows, cols); windowed models: the stage's grid")
+    patch_size: list[int] = Field(
+        description="(height, width) of a patch in input pixels; windowed models: of a cell of the stage"
+    )
+    stage: int | None = Field(None, description="windowed models: the stage of the answer's layers")
+    window: list[int] | None = Field(None, description="windowed models: (rows, cols) of the stage's windows")
 
 
 class Timing(BaseModel):
@@ -70,6 +96,9 @@ class AttentionMeta(BaseModel):
     dropped: list[int] = Field(default_factory=list, description="key tokens zeroed by `drop`")
     temperature: float = Field(1.0, description="softmax temperature of the maps: softmax(scores / T); 1 = the model")
     timing_ms: Timing
+    stages: list[StageInfo] | None = Field(
+        None, description="windowed models (Swin): every stage of the image; `tokens` is the answer's stage"
+    )
 
 
 class AttentionResponse(AttentionMeta):
@@ -140,6 +169,10 @@ class ModelInfo(BaseModel):
     input_size: list[int] | None = None
     prefix_tokens: list[PrefixToken] | None = None
     dynamic_size: bool | None = None
+    windowed: bool | None = Field(
+        None, description="windowed attention (Swin): one grid per stage; known from the name before loading"
+    )
+    stages: list[StageInfo] | None = Field(None, description="windowed models, once loaded: stages at input_size")
 
 
 class ModelsResponse(BaseModel):

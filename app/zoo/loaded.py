@@ -9,7 +9,8 @@ from typing import Any
 import torch.nn as nn
 
 from ..engine.capture import AttentionCapture
-from ..engine.layout import TokenLayout
+from ..engine.layout import Stage, TokenLayout, WindowedLayout
+from ..engine.windows import WindowCapture
 
 
 @dataclass
@@ -20,7 +21,7 @@ class LoadedModel:
     source: str
     arch: str
     model: nn.Module
-    capture: AttentionCapture
+    capture: AttentionCapture | WindowCapture
     patch_size: tuple[int, int]
     input_size: tuple[int, int]  # (height, width) of the model's native square input
     mean: tuple[float, float, float]
@@ -28,12 +29,16 @@ class LoadedModel:
     prefix: list[str]
     dynamic: bool  # accepts any grid (aspect-preserving resize); else square resize only
     num_layers: int
-    num_heads: int
+    num_heads: int  # windowed models: the most heads of any stage (each stage has its own)
     description: str = ""
+    stages: list[Stage] | None = None  # windowed models (Swin): the stages at input_size
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def layout(self, input_hw: tuple[int, int]) -> TokenLayout:
-        """The token layout of an input of ``input_hw`` = (height, width) pixels."""
+    def layout(self, input_hw: tuple[int, int]) -> TokenLayout | WindowedLayout:
+        """The token layout of an input of ``input_hw`` = (height, width) pixels (one grid per
+        stage for a windowed model)."""
+        if self.stages is not None:
+            return WindowedLayout.at(self.stages, self.patch_size, input_hw)
         ph, pw = self.patch_size
         return TokenLayout(list(self.prefix), (input_hw[0] // ph, input_hw[1] // pw), self.patch_size)
 
@@ -49,4 +54,6 @@ class LoadedModel:
             input_size=list(self.input_size),
             prefix_tokens=[{"index": i, "kind": k} for i, k in enumerate(self.prefix)],
             dynamic_size=self.dynamic,
+            windowed=self.stages is not None,
+            stages=[s.as_dict() for s in self.stages] if self.stages is not None else None,
         )

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..engine.capture import AttentionCapture, UnsupportedModelError
+from ..engine.capture import UnsupportedModelError, capture_for
+from ..engine.windows import WINDOWED_MODULES, WindowCapture
 from . import embedded
 from .errors import ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
@@ -47,6 +48,14 @@ def _create(arch: str, pretrained: bool, **kwargs) -> tuple[nn.Module, bool]:
         return timm.create_model(arch, pretrained=pretrained, **kwargs), False
 
 
+def windowed_arch(arch: str) -> bool:
+    """Whether a timm architecture name is a windowed (Swin v1/v2) model, known before building it."""
+    from timm.models import get_arch_name, is_model, is_model_in_modules
+
+    name = get_arch_name(arch)
+    return is_model(name) and is_model_in_modules(name, list(WINDOWED_MODULES))
+
+
 def _check_arch(arch: str) -> None:
     import timm
 
@@ -67,7 +76,7 @@ def _finish(
     from timm.data import resolve_model_data_config
 
     model.eval().requires_grad_(False)
-    capture = AttentionCapture(model)  # raises UnsupportedModelError early
+    capture = capture_for(model)  # raises UnsupportedModelError early
     cfg = resolve_model_data_config(model)
     ps: Any = model.patch_embed.patch_size  # type: ignore[union-attr]  # int or (h, w)
     ps = (ps, ps) if isinstance(ps, int) else tuple(ps)
@@ -86,6 +95,7 @@ def _finish(
         num_layers=len(capture.layers),
         num_heads=capture.num_heads,
         description=description,
+        stages=capture.stages if isinstance(capture, WindowCapture) else None,
     )
 
 

@@ -12,7 +12,7 @@ import torch
 from .errors import UnknownModelError
 from .ids import ModelSpec
 from .loaded import LoadedModel
-from .loaders import build
+from .loaders import build, windowed_arch
 
 log = logging.getLogger(__name__)
 
@@ -81,5 +81,9 @@ class Registry:
             }
             if lm is not None:
                 row.update(lm.info())
+            else:
+                # Known from the name alone, so that a page can ask a windowed model the right way
+                # before its first load.
+                row["windowed"] = spec.source != "embedded" and windowed_arch(spec.arch)
             out.append(row)
         return out

@@ -10,6 +10,7 @@ import {
 } from "./charts.js";
 import { plotlyScale } from "./colormaps.js";
 import { normEntropy, prefixMass } from "./data.js";
+import { keyCount } from "./windows.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -38,12 +39,16 @@ function ints(n) {
   return Array.from({ length: n }, (_, i) => i);
 }
 
-/** Per-head values of the current query row, [L][H], from the rows in the page. */
+/** Per-head values of the current query row, [L][H], from the rows in the page (windowed models:
+ * each layer has its stage's heads, the rest null; fn gets the layer's tokens too). */
 function fromRows(store, query, fn) {
   const out = [];
   for (let l = 0; l < store.L; l++) {
     const r = [];
-    for (let h = 0; h < store.H; h++) r.push(fn(store.row(query, l, String(h))));
+    for (let h = 0; h < store.H; h++) {
+      const row = store.row(query, l, String(h));
+      r.push(row ? fn(row, store.tokensAt ? store.tokensAt(l) : null) : null);
+    }
     out.push(r);
   }
   return out;
@@ -78,8 +83,9 @@ export function renderAnalytics(els, view, onPick) {
   const ek = view.entropyKind;
   if (ek === "query") {
     if (store.rows.has(view.query)) {
-      layerHeadHeatmap(els.entropy, `q|${id}|${view.query}`, fromRows(store, view.query, normEntropy), {
-        ...common, title: "H / log N", zmin: 0, zmax: 1,
+      const ent = (row, t) => normEntropy(row, keyCount(t));
+      layerHeadHeatmap(els.entropy, `q|${id}|${view.query}`, fromRows(store, view.query, ent), {
+        ...common, title: store.windowed ? "H / log W²" : "H / log N", zmin: 0, zmax: 1,
         hover: "layer %{y}, head %{x}<br>entropy of this row %{z:.3f}<extra></extra>",
       }, onPick);
     }
@@ -89,7 +95,7 @@ export function renderAnalytics(els, view, onPick) {
     note(els.entropy, "This model has no CLS token.");
   } else {
     layerHeadHeatmap(els.entropy, `${ek}|${id}`, ek === "cls" ? st.entropy_cls : st.entropy, {
-      ...common, title: "H / log N", zmin: 0, zmax: 1,
+      ...common, title: st.entropy_over === "window" ? "H / log W²" : "H / log N", zmin: 0, zmax: 1,
       hover: `layer %{y}, head %{x}<br>entropy ${ek === "cls" ? "of the CLS row" : "(mean over rows)"} %{z:.3f}<extra></extra>`,
     }, onPick);
   }
@@ -120,8 +126,12 @@ function renderStatus(els, view) {
       const st = store.stats;
       const [ih, iw] = st.input_size;
       s = "ready";
-      text = `Statistics over all ${store.N} query rows of every head · distances in pixels of the `
-        + `${iw} × ${ih} model input · rank of the concatenated head outputs (at most ${st.rank.max}).`;
+      text = st.entropy_over === "window"
+        ? `Swin: statistics over every cell of each stage's grid · entropy over each query's window (log W²) · `
+          + `distances in pixels of the ${iw} × ${ih} model input · no prefix tokens, no CLS token, no rollout `
+          + "(its stages have different grids)."
+        : `Statistics over all ${store.N} query rows of every head · distances in pixels of the `
+          + `${iw} × ${ih} model input · rank of the concatenated head outputs (at most ${st.rank.max}).`;
     } else if (store.isLoading("stats")) {
       s = "loading";
       text = "Computing the statistics of every layer and head…";
@@ -141,6 +151,12 @@ function renderSinks(el, view, st, id, common, waiting, onPick) {
   const { store, tokens } = view;
   const sk = view.sinkKind;
   const hint = $("sinks-hint");
+  if (store.windowed) { // swin: no prefix tokens; high-norm tokens only on the last stage's grid
+    hint.textContent = "Attention sinks are prefix tokens and high-norm patches.";
+    note(el, st && st.unavailable ? `${st.unavailable.prefix_mass} ${st.unavailable.artifact_mass}`
+      : "Swin has no prefix tokens, and its high-norm tokens are cells of the last stage only.", "none");
+    return;
+  }
   if (sk === "artifacts") {
     if (!st) {
       note(el, waiting, "loading");
@@ -185,14 +201,14 @@ function renderScatter(el, view, st, id, onPick) {
   const H = st.heads;
   const layers = ints(L);
   const traces = ints(H).map((h) => ({
-    type: "scatter", mode: "markers", name: `h${h}`, x: layers, y: layers.map((l) => st.distance_px[l][h]),
+    type: "scatter", mode: "markers", name: `h${h}`, x: layers, y: layers.map((l) => st.distance_px[l][h] ?? null),
     customdata: layers.map(() => h),
     marker: { color: HEAD_COLOURS[h % HEAD_COLOURS.length], size: 8, opacity: 0.9, line: { width: 0 } },
     hovertemplate: `layer %{x}, head ${h}<br>%{y:.1f} px<extra></extra>`,
   }));
   traces.push({
     type: "scatter", mode: "lines", name: "mean", x: layers,
-    y: layers.map((l) => st.distance_px[l].reduce((a, b) => a + b, 0) / H),
+    y: layers.map((l) => st.distance_px[l].reduce((a, b) => a + b, 0) / st.distance_px[l].length),
     line: { color: "rgba(203,213,225,0.55)", width: 1.5, dash: "dot" }, hoverinfo: "skip",
   });
   const h = headIndex(view.head);
@@ -229,7 +245,7 @@ function renderSimilarity(el, view, st, id, onPick) {
     note(el, "This model has no CLS token: choose the JS similarity.");
     return;
   }
-  const H = st.heads;
+  const H = z.length; // windowed models: the heads of this layer's stage
   const x = ints(H);
   const h = headIndex(view.head);
   const shapes = h === null ? [] : [{ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: H - 0.5, y0: h - 0.5, y1: h + 0.5,
@@ -262,6 +278,11 @@ function renderRank(el, view, st, id, onPick) {
     { type: "scatter", mode: "lines+markers", name: "effective rank", x: layers, y: effective,
       line: { color: "#fbbf24", width: 2 }, marker: { size: 6 }, hovertemplate: "layer %{x}<br>effective rank %{y:.1f}<extra></extra>" },
   ];
+  if (st.rank.max_per_layer) { // windowed models: min(cells, width) differs per stage
+    traces.push({ type: "scatter", mode: "lines", name: "most possible", x: layers, y: st.rank.max_per_layer,
+      line: { color: "rgba(203,213,225,0.6)", width: 1, dash: "dash", shape: "hvh" },
+      hovertemplate: "layer %{x}<br>at most %{y}<extra></extra>" });
+  }
   const layout = base({
     margin: { l: 52, r: 12, t: 30, b: 40 }, height: 330,
     showlegend: true, legend: { orientation: "h", x: 0, y: 1.01, yanchor: "bottom", font: { size: 10.5 } },

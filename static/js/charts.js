@@ -81,6 +81,8 @@ export function selectionBox(layer, head) {
  */
 export function layerHeadHeatmap(el, key, z, opts, onPick) {
   const { L, H, layer, head, colormap, title, zmin, zmax, hover } = opts;
+  // Windowed models (Swin) have fewer heads in early stages: their rows end early; pad with gaps.
+  z = z.map((r) => (r.length < H ? [...r, ...Array(H - r.length).fill(null)] : r));
   const x = Array.from({ length: H }, (_, i) => i);
   const y = Array.from({ length: L }, (_, i) => i);
   const h = typeof head === "string" && /^\d+$/.test(head) ? Number(head) : null;

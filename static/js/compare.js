@@ -4,7 +4,9 @@
 // session). Images other than the shown one get their own AttentionStore, fetched on demand.
 
 import { ApiError, getAttention, loadImage, postImage } from "./api.js";
-import { AttentionStore, rowKeyOfAnswer } from "./data.js";
+import { rowKeyOfAnswer } from "./data.js";
+import { makeStore } from "./swin-store.js";
+import { firstFields, isWindowed, stageCell } from "./windows.js";
 import { paintColorbar } from "./colormaps.js";
 import { cellAt, drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
@@ -134,11 +136,13 @@ async function openOther(id, onError) {
   const key = `${model}|${id}`;
   if (others.has(key) || loading.has(key) || failed.has(key)) return;
   const p = (async () => {
-    const ans = await getAttention(id, { model, layers: "all", heads: "all", query: hasCls() ? "cls" : "0" });
+    const ans = await getAttention(id, {
+      model, layers: "all", heads: "all", query: hasCls() ? "cls" : "0", ...firstFields({ windowed: isWindowed(state.meta) }),
+    });
     const image = await loadImage(id);
     const meta = { ...ans };
     delete meta.data;
-    const store = new AttentionStore(meta);
+    const store = makeStore(meta);
     store.putRows(rowKeyOfAnswer(ans), ans.data);
     const entry = state.session.find((s) => s.id === id);
     others.set(key, { store, image, tokens: meta.tokens, filename: (entry && entry.filename) || ans.filename || "image" });
@@ -167,11 +171,12 @@ async function openSample(url, onError) {
     const name = url.split("/").pop();
     const ans = await postImage(new File([blob], name, { type: blob.type || "image/png" }), {
       model: state.model, layers: "all", heads: "all", query: hasCls() ? "cls" : "0",
+      ...firstFields({ windowed: isWindowed(state.meta) }),
     });
     const image = await loadImage(ans.image_id);
     const meta = { ...ans };
     delete meta.data;
-    const store = new AttentionStore(meta);
+    const store = makeStore(meta);
     store.putRows(rowKeyOfAnswer(ans), ans.data);
     rememberImage(ans.image_id, name, url);
     others.set(`${ans.model}|${ans.image_id}`, { store, image, tokens: meta.tokens, filename: name });
@@ -258,8 +263,11 @@ function renderSide(name, main) {
   $(`compare-${name}-image`).value = side.image;
   setOptions($(`compare-${name}-layer`), Array.from({ length: L }, (_, i) => [String(i), `layer ${i}`]));
   $(`compare-${name}-layer`).value = String(side.layer);
-  setOptions($(`compare-${name}-head`), headChoices().map((h) => [h, /^\d+$/.test(h) ? `head ${h}` : h]));
-  $(`compare-${name}-head`).value = side.head;
+  // Windowed models (Swin): the heads of the side's layer, and its stage's grid for the drawing.
+  const choices = headChoices(side.layer);
+  const head = choices.includes(side.head) ? side.head : choices[0];
+  setOptions($(`compare-${name}-head`), choices.map((h) => [h, /^\d+$/.test(h) ? `head ${h}` : h]));
+  $(`compare-${name}-head`).value = head;
 
   const ctx = contextOf(side, main);
   const title = fig.querySelector(".compare-title");
@@ -271,35 +279,37 @@ function renderSide(name, main) {
   }
   ctx.store.rolloutOpts = { ...state.rollout };
   const q = mapQuery(state.query, state.meta.tokens, ctx.tokens);
-  const row = shownRow(ctx.store, q, side.layer, side.head, ctx.tokens, state.drop);
+  const tokens = ctx.store.tokensAt ? ctx.store.tokensAt(side.layer) : ctx.tokens;
+  const row = shownRow(ctx.store, q, side.layer, head, tokens, state.drop);
   canvas.dataset.pending = row ? "0" : "1";
   fig.classList.toggle("pending", !row);
   if (!row) {
     title.textContent = "Loading the attention…";
     return;
   }
-  const pq = parse(q, ctx.tokens);
+  const p0 = parse(q, ctx.tokens);
+  const pq = ctx.store.windowed && p0 && p0.kind === "patch" ? stageCell(ctx.store.meta, p0, side.layer) : p0;
   const row2 = $("compare-row");
   const maxW = Math.max(160, Math.floor((row2.clientWidth - 16) / 2));
   const maxH = Math.max(240, Math.round(window.innerHeight * 0.5));
   const { w, h } = fit(ctx.image.naturalWidth, ctx.image.naturalHeight, maxW, maxH);
   const dpr = sizeCanvas(canvas, w, h);
   const range = drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, {
-    image: ctx.image, row, tokens: ctx.tokens, colormap: state.colormap, opacity: state.opacity, grid: state.showGrid,
+    image: ctx.image, row, tokens, colormap: state.colormap, opacity: state.opacity, grid: state.showGrid,
     smooth: state.smooth, marker: pq && pq.kind === "patch" ? pq : null, px: dpr,
     mask: state.mask ? state.massFraction : null, rings: artifactTokens(ctx.store),
   });
   Object.assign(canvas.dataset, {
-    image: ctx.store.imageId, model: ctx.store.model, layer: String(side.layer), head: side.head, query: q,
-    min: String(range.min), max: String(range.max), dropped: droppedTokens(ctx.store, ctx.tokens, state.drop).join(","),
-    patchSum: String(patchSum(row, ctx.tokens)),
+    image: ctx.store.imageId, model: ctx.store.model, layer: String(side.layer), head, query: q,
+    min: String(range.min), max: String(range.max), dropped: droppedTokens(ctx.store, tokens, state.drop).join(","),
+    patchSum: String(patchSum(row, tokens)),
   });
   if (state.mask) canvas.dataset.maskPatches = String(range.maskCount);
   else delete canvas.dataset.maskPatches;
   paintColorbar(fig.querySelector(".compare-cb canvas"), state.colormap);
   fig.querySelector(".cb-min").textContent = fmt(range.min);
   fig.querySelector(".cb-max").textContent = fmt(range.max);
-  title.textContent = `${ctx.filename} · layer ${side.layer} · ${headLabel(side.head)} · query ${queryLabel(state.query)}`;
+  title.textContent = `${ctx.filename} · layer ${side.layer} · ${headLabel(head)} · query ${queryLabel(state.query)}`;
 }
 
 /** main: {store}. Shows or hides the compare panel and draws both sides. */

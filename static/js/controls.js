@@ -4,7 +4,8 @@ import { attentionUrl } from "./api.js";
 import { ENTROPY_KINDS, SIM_KINDS, SINK_KINDS } from "./analytics.js";
 import { COLORMAPS } from "./colormaps.js";
 import { artifactTokens } from "./sinks.js";
-import { apiQuery, dims, hasCls, headChoices, headLabel, parseQuery, prefixLabel, state } from "./state.js";
+import { apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, state, tokensAt } from "./state.js";
+import { isWindowed, stageOf, stageQuery } from "./windows.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -55,10 +56,16 @@ export function renderControls() {
   layer.max = String(Math.max(0, L - 1));
   layer.value = String(state.layer);
   layer.disabled = !loaded;
-  $("layer-out").textContent = loaded ? `${state.layer} of ${L - 1}` : "–";
+  // Windowed models (Swin): the slider also says the stage, and shifted blocks.
+  const stage = loaded && stageOf(state.meta, state.layer);
+  const shift = stage && tokensAt(state.layer).shift.some((v) => v > 0) ? ", shifted windows" : "";
+  $("layer-out").textContent = loaded ? `${state.layer} of ${L - 1}${stage ? ` · stage ${stage.index}${shift}` : ""}` : "–";
+  $("layer-out").dataset.stage = stage ? String(stage.index) : "";
 
   const head = $("head");
-  setOptions(head, loaded ? headChoices().map((h) => [h, headLabel(h) + (h === "rollout" ? " (layers 0…l)" : "")]) : []);
+  const heads = loaded ? headChoices().map((h) => [h, headLabel(h) + (h === "rollout" ? " (layers 0…l)" : "")]) : [];
+  if (stage) heads.push(["rollout", "rollout: not for Swin (its stages have different grids)", true]);
+  setOptions(head, heads);
   head.value = state.head;
   head.disabled = !loaded;
 
@@ -74,7 +81,10 @@ export function renderControls() {
   const q = parseQuery(state.query);
   qm.value = q && q.kind === "patch" ? "patch" : state.query;
   qm.disabled = !loaded;
-  $("query-text").textContent = q ? `token ${q.token}${q.kind === "patch" ? ` = patch row ${q.r}, column ${q.c}` : ""}` : "";
+  const cell = stage && markerAt(state.query, state.layer);
+  $("query-text").textContent = cell
+    ? `cell (${q.r}, ${q.c}) of stage 0; on stage ${stage.index}: cell (${cell.r}, ${cell.c}) = token ${cell.token}`
+    : q ? `token ${q.token}${q.kind === "patch" ? ` = patch row ${q.r}, column ${q.c}` : ""}` : "";
 
   $("hover-toggle").checked = state.hover;
   $("opacity").value = String(state.opacity);
@@ -98,7 +108,8 @@ export function renderAnalysisControls(store) {
   $("mass-out").textContent = `${Math.round(state.massFraction * 100)}%`;
   const drop = $("drop-tokens");
   drop.value = state.drop;
-  drop.disabled = !loaded;
+  const windowed = loaded && isWindowed(state.meta); // swin: no prefix; artifacts on the last stage only
+  drop.disabled = !loaded || windowed;
   const np = loaded ? state.meta.tokens.num_prefix : 0;
   const nArt = artifactTokens(store).length;
   for (const o of drop.options) {
@@ -107,8 +118,9 @@ export function renderAnalysisControls(store) {
       o.textContent = store && store.stats ? `artifact tokens (${nArt})` : "artifact tokens";
     }
   }
-  drop.title = "Zero the attention to these key tokens and renormalise each row"
-    + (store && store.stats && !nArt ? "; this image has no high-norm artifact tokens" : "");
+  drop.title = windowed ? "Swin has no prefix tokens, and its high-norm tokens are cells of the last stage only"
+    : "Zero the attention to these key tokens and renormalise each row"
+      + (store && store.stats && !nArt ? "; this image has no high-norm artifact tokens" : "");
   const cls = !loaded || hasCls();
   const ek = $("entropy-kind");
   ek.querySelector("option[value=cls]").disabled = !cls;
@@ -133,7 +145,10 @@ function renderImageInfo() {
   }
   const t = m.tokens;
   $("image-size").textContent = `${m.image_size[1]} × ${m.image_size[0]} px → model input ${m.input_size[1]} × ${m.input_size[0]}`;
-  $("token-info").textContent = `${t.count} = ${t.num_prefix} prefix + ${t.grid[0]} × ${t.grid[1]} patches of ${t.patch_size[1]} × ${t.patch_size[0]}`;
+  $("token-info").textContent = isWindowed(m)
+    ? `no prefix; one grid per stage: ${m.stages.map((s) => `${s.grid[0]} × ${s.grid[1]}`).join(", ")} cells `
+      + `of ${m.stages.map((s) => s.cell_size[0]).join("/")} px, in ${m.stages.map((s) => s.window.join("×")).join("/")} windows`
+    : `${t.count} = ${t.num_prefix} prefix + ${t.grid[0]} × ${t.grid[1]} patches of ${t.patch_size[1]} × ${t.patch_size[0]}`;
 }
 
 function setLink(a, href, name) {
@@ -158,11 +173,23 @@ function renderDownloads(H) {
     return;
   }
   const base = { model: state.meta.model, layers: "all", heads: "all", format: "safetensors" };
-  const q = apiQuery(state.query);
-  const stem = `headscope-${state.imageId.slice(0, 8)}`;
+  let q = apiQuery(state.query);
+  let stem = `headscope-${state.imageId.slice(0, 8)}`;
+  let { L, N } = dims();
+  const stage = stageOf(state.meta, state.layer);
+  if (stage) { // swin: one stage per request; the query's cell on that stage's grid
+    base.layers = `${stage.layers[0]}-${stage.layers[1]}`;
+    q = stageQuery(state.meta, q, stage);
+    stem += `-stage${stage.index}`;
+    L = stage.layers[1] - stage.layers[0] + 1;
+  }
   setLink($("download-tensors"), attentionUrl(state.imageId, { ...base, query: q }),
     `${stem}-${q.replace(/[^a-z0-9]+/gi, "_")}.safetensors`);
-  const { L, N } = dims();
+  if (stage && !stage.dense) { // swin: N x N maps of a big stage are not answered (almost all zeros)
+    setLink($("download-full"), null);
+    $("download-full").textContent = `the full attention (not for stage ${stage.index}: ${N} cells, ask for rows)`;
+    return;
+  }
   setLink($("download-full"), attentionUrl(state.imageId, { ...base, query: "all" }), `${stem}-all.safetensors`);
   $("download-full").textContent = `the full attention, all ${N} rows (${fmtBytes(L * H * N * N * 4)})`;
 }

@@ -187,8 +187,10 @@ export class AttentionStore {
 /**
  * Entropy of a row divided by log N (0 = all mass on one token, 1 = uniform). The row is
  * renormalised first, so a max over heads (which does not sum to 1) gets a meaningful value.
+ * keys: how many tokens the row could attend to, when fewer than its length (a Swin window's
+ * cells): the entropy is then divided by log keys.
  */
-export function normEntropy(row) {
+export function normEntropy(row, keys = null) {
   let s = 0;
   for (let i = 0; i < row.length; i++) s += row[i] > 0 ? row[i] : 0;
   if (!(s > 0) || row.length < 2) return 0;
@@ -197,7 +199,7 @@ export function normEntropy(row) {
     const p = row[i] / s;
     if (p > 0) h -= p * Math.log(p);
   }
-  return h / Math.log(row.length);
+  return h / Math.log(keys && keys > 1 ? keys : row.length);
 }
 
 /** Sum of a row over the prefix tokens (indices 0..numPrefix-1). */

@@ -5,6 +5,7 @@
 import { drawComposite, fit, sizeCanvas } from "./overlay.js";
 import { normEntropy } from "./data.js";
 import { headLabel } from "./state.js";
+import { keyCount } from "./windows.js";
 
 let thumbCache = { image: null, side: 0, canvas: null };
 
@@ -44,9 +45,11 @@ export function drawTile(tile, view, layer, head, w, h) {
   const canvas = tile.querySelector("canvas");
   const dpr = sizeCanvas(canvas, w, h);
   const row = view.rowOf(layer, head);
+  // Windowed models (Swin): each layer has its stage's grid and the query's cell on it.
+  const { tokens, marker } = view.layerOf ? view.layerOf(layer) : view;
   drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, {
-    image: thumbSource(view.image, 320), row, tokens: view.tokens, colormap: view.colormap,
-    opacity: Math.max(view.opacity, 0.35), smooth: view.smooth, marker: view.marker, px: dpr * 0.6,
+    image: thumbSource(view.image, 320), row, tokens, colormap: view.colormap,
+    opacity: Math.max(view.opacity, 0.35), smooth: view.smooth, marker, px: dpr * 0.6,
   });
   tile.classList.toggle("pending", !row);
   return row;
@@ -70,7 +73,7 @@ export function renderHeadGrid(container, view, onPick) {
     container.dataset.key = "";
     return;
   }
-  const drawKey = `${view.key}|${view.layer}|${view.store.has(view.query, "rollout")}`;
+  const drawKey = `${view.key}|${view.layer}|${view.store.has(view.query, "0")}|${view.store.has(view.query, "rollout")}`;
   if (container.dataset.key !== drawKey) {
     const tiles = view.heads.map((head) => makeTile(view.layer, head, true));
     container.replaceChildren(...tiles);
@@ -84,7 +87,7 @@ export function renderHeadGrid(container, view, onPick) {
       const label = document.createElement("b");
       label.textContent = headLabel(t.dataset.head, true);
       const ent = document.createElement("span");
-      ent.textContent = row ? `H ${normEntropy(row).toFixed(2)}` : "loading…";
+      ent.textContent = row ? `H ${normEntropy(row, keyCount(view.tokens)).toFixed(2)}` : "loading…";
       cap.replaceChildren(label, ent);
       t.addEventListener("click", () => onPick(Number(t.dataset.layer), t.dataset.head));
     }
@@ -100,12 +103,13 @@ export function renderModelView(container, view, onPick) {
     container.dataset.key = "";
     return;
   }
-  const drawKey = `${view.key}|${view.store.has(view.query, "rollout")}`;
+  const drawKey = `${view.key}|${view.store.has(view.query, "0")}|${view.store.has(view.query, "rollout")}`;
   if (container.dataset.key !== drawKey) {
-    const cols = view.heads.length;
+    const heads = view.allHeads || view.heads; // windowed: every stage's heads, blank where a stage has fewer
+    const cols = heads.length;
     container.style.setProperty("--cols", String(cols));
     const cells = [document.createElement("span")];
-    for (const head of view.heads) {
+    for (const head of heads) {
       const s = document.createElement("span");
       s.className = "mv-col";
       s.textContent = headLabel(head, true);
@@ -119,7 +123,12 @@ export function renderModelView(container, view, onPick) {
       lab.className = "mv-row";
       lab.textContent = `L${l}`;
       cells.push(lab);
-      for (const head of view.heads) {
+      const here = view.headsOf ? view.headsOf(l) : null;
+      for (const head of heads) {
+        if (here && !here.includes(head)) {
+          cells.push(Object.assign(document.createElement("span"), { className: "mv-none" }));
+          continue;
+        }
         const t = makeTile(l, head, false);
         drawTile(t, view, l, head, w, h);
         t.addEventListener("click", () => onPick(l, head));

@@ -2,7 +2,7 @@
 // view needs, the events of every control, and render() which brings every view up to date.
 
 import { ApiError, describeError, getAttention, getModels, loadImage, postImage } from "./api.js";
-import { AttentionStore, rolloutKey, rowKeyOfAnswer } from "./data.js";
+import { rolloutKey, rowKeyOfAnswer } from "./data.js";
 import { cellAt, compositeBlob } from "./overlay.js";
 import { renderRow, resizeCharts } from "./charts.js";
 import { analyticsEls, renderAnalytics } from "./analytics.js";
@@ -19,8 +19,10 @@ import { renderPrefixList, renderReadout, renderViewer } from "./viewer.js";
 import { bindViews, renderViews } from "./views.js";
 import { bindLearn, needLearn, renderLearn } from "./learn.js"; // #15 Inside a head
 import {
-  apiQuery, defaultQuery, dims, headChoices, parseQuery, readUrl, state, syncUrl,
+  apiQuery, defaultQuery, dims, headChoices, markerAt, parseQuery, readUrl, state, syncUrl, tokensAt,
 } from "./state.js";
+import { makeStore } from "./swin-store.js"; // swin: per-stage rows for windowed models
+import { firstFields, isWindowed, shapeSummary } from "./windows.js"; // swin
 
 const $ = (id) => document.getElementById(id);
 const analytics = analyticsEls();
@@ -68,17 +70,21 @@ function renderSlow() {
   renderAnalytics(analytics, view && {
     ...view, entropyKind: state.entropyKind, sinkKind: state.sinkKind, simKind: state.simKind,
   }, pick);
-  renderRow(charts.row, view && { ...view, queryToken: q.token });
+  renderRow(charts.row, view && { ...view, queryToken: view.marker ? view.marker.token : q.token }); // swin: the layer's cell
 }
 
 function thumbView() {
   if (!store || !state.image) return null;
-  const q = parseQuery(state.query);
-  const tokens = state.meta.tokens;
+  // swin: a windowed model's layers have their stage's grid and heads (tokensAt, markerAt, headChoices)
+  const tokens = tokensAt(state.layer);
+  const windowed = isWindowed(state.meta);
   return {
     store, image: state.image, tokens, query: state.query, layer: state.layer,
     head: state.head, heads: headChoices(), colormap: state.colormap, opacity: state.opacity,
-    smooth: state.smooth, marker: q && q.kind === "patch" ? q : null,
+    smooth: state.smooth, marker: markerAt(state.query, state.layer),
+    layerOf: (layer) => ({ tokens: tokensAt(layer), marker: markerAt(state.query, layer) }),
+    headsOf: windowed ? (layer) => headChoices(layer) : null,
+    allHeads: windowed ? [...Array.from({ length: store.H }, (_, i) => String(i)), "mean", "max"] : null,
     rowOf: (layer, head) => shownRow(store, state.query, layer, head, tokens, state.drop),
     key: [state.imageId, store.model, state.query, state.colormap, state.opacity, state.smooth,
       state.drop, artifactTokens(store).join(","), rolloutKey("", state.rollout), state.temperature].join("|"),
@@ -123,6 +129,7 @@ function pick(layer, head) {
   const { L } = dims();
   state.layer = Math.max(0, Math.min(L - 1, layer));
   if (headChoices().includes(head)) state.head = head;
+  else if (!headChoices().includes(state.head)) state.head = String(dims().H - 1); // swin: fewer heads here
   render();
 }
 
@@ -189,7 +196,7 @@ async function adopt(ans, my, want = {}, sample = null) {
   state.filename = ans.filename || state.filename;
   state.model = ans.model;
   state.image = image;
-  store = new AttentionStore(meta);
+  store = makeStore(meta); // swin
   store.rolloutOpts = { ...state.rollout };
   store.putRows(rowKeyOfAnswer(ans), ans.data);
   rememberImage(ans.image_id, state.filename, sample);
@@ -203,7 +210,7 @@ async function adopt(ans, my, want = {}, sample = null) {
   state.rollout = { ...state.rollout, start: Math.min(state.rollout.start, L - 1) };
   followImage(oldId);
   const t = ans.timing_ms;
-  summary = `${state.filename || "image"} · ${L} layers × ${H} heads · ${N} tokens · `
+  summary = `${state.filename || "image"} · ${shapeSummary(meta) || `${L} layers × ${H} heads · ${N} tokens`} · ` // swin
     + (ans.cached ? "from the server's cache" : `computed in ${Math.round(t.queue + t.compute)} ms`);
   clearError();
   state.busy = null;
@@ -226,7 +233,7 @@ async function uploadFile(file, sample = null) {
   state.busy = `Computing attention for “${state.filename}”…`;
   render();
   try {
-    const fields = { model: state.model, layers: "all", heads: "all", query: firstQuery() };
+    const fields = { model: state.model, layers: "all", heads: "all", query: firstQuery(), ...firstFields(modelInfo(state.model)) }; // swin
     const ans = await postImage(file, fields, upload.signal);
     if (my !== gen) return;
     await adopt(ans, my, store ? { layer: state.layer, head: state.head } : {}, sample);
@@ -246,7 +253,9 @@ async function openById(imageId, want, what) {
   state.busy = what;
   render();
   try {
-    const ans = await getAttention(imageId, { model: state.model, layers: "all", heads: "all", query: firstQuery() });
+    const ans = await getAttention(imageId, {
+      model: state.model, layers: "all", heads: "all", query: firstQuery(), ...firstFields(modelInfo(state.model)), // swin
+    });
     if (my !== gen) return;
     await adopt(ans, my, want);
   } catch (e) {
@@ -270,12 +279,12 @@ async function useSample(url) {
 
 async function downloadPng() {
   if (!store || !state.image) return;
-  const row = shownRow(store, state.query, state.layer, state.head, state.meta.tokens, state.drop);
+  const tokens = tokensAt(state.layer); // swin: the layer's grid
+  const row = shownRow(store, state.query, state.layer, state.head, tokens, state.drop);
   if (!row) return;
-  const q = parseQuery(state.query);
   const blob = await compositeBlob({
-    image: state.image, row, tokens: state.meta.tokens, colormap: state.colormap, opacity: state.opacity,
-    grid: state.showGrid, smooth: state.smooth, marker: q.kind === "patch" ? q : null,
+    image: state.image, row, tokens, colormap: state.colormap, opacity: state.opacity,
+    grid: state.showGrid, smooth: state.smooth, marker: markerAt(state.query, state.layer),
     mask: state.mask ? state.massFraction : null, rings: artifactTokens(store),
   });
   const stem = (state.filename || "image").replace(/\.[a-z0-9]+$/i, "").replace(/[^a-z0-9_-]+/gi, "_").slice(0, 60);

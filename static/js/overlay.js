@@ -4,6 +4,7 @@
 
 import { lut } from "./colormaps.js";
 import { drawMaskOutline, massMask } from "./mask.js";
+import { drawWindows } from "./windows.js";
 
 const scratch = document.createElement("canvas");
 
@@ -83,19 +84,23 @@ export function drawComposite(ctx, w, h, opts) {
   if (image) ctx.drawImage(image, 0, 0, w, h);
   let range = null;
   const [R, C] = tokens.grid;
+  // The grid's extent on the canvas: the picture, or more where a windowed model's patch merging
+  // padded an odd grid (its last cells reach past the picture's edge and are clipped).
+  const ew = w * (tokens.extent ? tokens.extent[1] : 1);
+  const eh = h * (tokens.extent ? tokens.extent[0] : 1);
   if (row) {
     const { values, min, max } = patchValues(row, tokens);
     range = { min, max };
     const map = paintGrid(values, R, C, min, max, colormap);
     ctx.globalAlpha = opacity;
     ctx.imageSmoothingEnabled = smooth;
-    ctx.drawImage(map, 0, 0, C, R, 0, 0, w, h);
+    ctx.drawImage(map, 0, 0, C, R, 0, 0, ew, eh);
     ctx.globalAlpha = 1;
     ctx.imageSmoothingEnabled = true;
     if (mask) {
       const m = massMask(values, mask);
       range.maskCount = m.count;
-      drawMaskOutline(ctx, m.mask, R, C, w, h, px);
+      drawMaskOutline(ctx, m.mask, R, C, ew, eh, px);
     }
   }
   if (grid) {
@@ -103,23 +108,24 @@ export function drawComposite(ctx, w, h, opts) {
     ctx.lineWidth = px;
     ctx.beginPath();
     for (let c = 1; c < C; c++) {
-      const x = Math.round((c * w) / C) + 0.5 * (px % 2);
+      const x = Math.round((c * ew) / C) + 0.5 * (px % 2);
       ctx.moveTo(x, 0);
       ctx.lineTo(x, h);
     }
     for (let r = 1; r < R; r++) {
-      const y = Math.round((r * h) / R) + 0.5 * (px % 2);
+      const y = Math.round((r * eh) / R) + 0.5 * (px % 2);
       ctx.moveTo(0, y);
       ctx.lineTo(w, y);
     }
     ctx.stroke();
   }
-  if (rings && rings.length) drawRings(ctx, rings, tokens, w, h, px);
+  if (tokens.window) drawWindows(ctx, tokens, marker, ew, eh, px);
+  if (rings && rings.length) drawRings(ctx, rings, tokens, ew, eh, px);
   if (marker) {
-    const x0 = (marker.c * w) / C;
-    const y0 = (marker.r * h) / R;
-    const cw = w / C;
-    const ch = h / R;
+    const x0 = (marker.c * ew) / C;
+    const y0 = (marker.r * eh) / R;
+    const cw = ew / C;
+    const ch = eh / R;
     ctx.lineWidth = 3 * px;
     ctx.strokeStyle = "rgba(0,0,0,0.85)";
     ctx.strokeRect(x0, y0, cw, ch);
@@ -156,7 +162,8 @@ export function cellAt(canvas, ev, tokens) {
   const y = (ev.clientY - rect.top) / rect.height;
   if (!(x >= 0 && x < 1 && y >= 0 && y < 1)) return null;
   const [R, C] = tokens.grid;
-  return { r: Math.min(R - 1, Math.floor(y * R)), c: Math.min(C - 1, Math.floor(x * C)) };
+  const [ey, ex] = tokens.extent || [1, 1];
+  return { r: Math.min(R - 1, Math.floor((y * R) / ey)), c: Math.min(C - 1, Math.floor((x * C) / ex)) };
 }
 
 /** A PNG Blob of image + overlay at the picture's own resolution. */

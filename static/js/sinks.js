@@ -15,8 +15,10 @@ export function droppedTokens(store, tokens, drop) {
   return out.sort((a, b) => a - b);
 }
 
-/** Artifact token indices of the store's image ([] before the stats arrive). */
+/** Artifact token indices of the store's image ([] before the stats arrive, and for windowed models,
+ * whose high-norm tokens are cells of the last stage's grid only). */
 export function artifactTokens(store) {
+  if (store && store.windowed) return [];
   const a = store && store.stats && store.stats.artifacts;
   return a && Array.isArray(a.tokens) ? a.tokens.map(Number).filter((t) => Number.isInteger(t)) : [];
 }

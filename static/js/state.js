@@ -3,6 +3,10 @@
 // head:  "0".."H-1" | "mean" | "max" | "rollout"
 // query: "cls" | "patch:R,C" | "tok:I" (a prefix token other than CLS)
 // drop:  "none" | "prefix" | "artifacts" | "both" (key tokens zeroed, rows renormalised)
+// Windowed models (Swin, meta.stages): layers have their stage's grid and heads; "patch:R,C" is a
+// cell of stage 0 and each layer shows the stage's cell under it (see windows.js).
+
+import { headsAt, isWindowed, layerTokens, numLayers, stageCell } from "./windows.js";
 
 export const AGGREGATES = ["mean", "max", "rollout"];
 
@@ -46,17 +50,33 @@ export function readTemperature(text) {
 export const DROPS = ["none", "prefix", "artifacts", "both"];
 export const FUSIONS = ["mean", "max", "min"];
 
-/** Layers and heads of the loaded answer (0 before an image). */
+/** Layers and heads of the loaded answer (0 before an image); windowed: heads and tokens of the shown layer. */
 export function dims() {
   const m = state.meta;
   if (!m) return { L: 0, H: 0, N: 0 };
+  if (isWindowed(m)) return { L: numLayers(m), H: headsAt(m, state.layer), N: tokensAt(state.layer).count };
   return { L: m.layers.length, H: m.heads.length, N: m.tokens.count };
 }
 
-/** The list of selectable "heads": indices then the aggregates. */
-export function headChoices() {
+/** The list of selectable "heads": indices then the aggregates (windowed: of `layer`'s stage, no rollout). */
+export function headChoices(layer = state.layer) {
+  const m = state.meta;
+  if (m && isWindowed(m)) {
+    return [...Array.from({ length: headsAt(m, layer) }, (_, i) => String(i)), "mean", "max"];
+  }
   const { H } = dims();
   return [...Array.from({ length: H }, (_, i) => String(i)), ...AGGREGATES];
+}
+
+/** The token layout of a layer's maps: the answer's, or its stage's grid for a windowed model. */
+export function tokensAt(layer) {
+  return layerTokens(state.meta, layer);
+}
+
+/** The cell of a patch query on a layer's grid ({kind, r, c, token}); null for other queries. */
+export function markerAt(q, layer) {
+  const p = parseQuery(q);
+  return p && p.kind === "patch" ? stageCell(state.meta, p, layer) : null;
 }
 
 export function hasCls() {

@@ -5,7 +5,8 @@ import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { paintColorbar } from "./colormaps.js";
 import { normEntropy } from "./data.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
-import { dims, headLabel, parseQuery, prefixLabel, queryLabel, state } from "./state.js";
+import { dims, headLabel, markerAt, parseQuery, prefixLabel, queryLabel, state, tokensAt } from "./state.js";
+import { keyCount, stageCell, windowNote } from "./windows.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -21,7 +22,7 @@ export function renderViewer(store) {
     $("view-title").textContent = "Attention map";
     return;
   }
-  const tokens = state.meta.tokens;
+  const tokens = tokensAt(state.layer); // windowed models: the layer's stage grid
   const row = shownRow(store, state.query, state.layer, state.head, tokens, state.drop);
   canvas.dataset.pending = row ? "0" : "1";
   if (!row) return;
@@ -35,14 +36,17 @@ export function renderViewer(store) {
   const { w, h } = fit(state.image.naturalWidth, state.image.naturalHeight, maxW, maxH);
   const dpr = sizeCanvas(canvas, w, h);
   const q = parseQuery(state.query);
+  const marker = markerAt(state.query, state.layer);
   const range = drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, {
     image: state.image, row, tokens, colormap: state.colormap, opacity: state.opacity,
-    grid: state.showGrid, smooth: state.smooth, marker: q && q.kind === "patch" ? q : null, px: dpr,
+    grid: state.showGrid, smooth: state.smooth, marker, px: dpr,
     mask: state.mask ? state.massFraction : null, rings,
   });
   Object.assign(canvas.dataset, {
     image: state.imageId, model: store.model, layer: String(state.layer), head: state.head,
-    query: state.query, token: String(q.token), marked: q.kind === "patch" ? `${q.r},${q.c}` : "",
+    query: state.query, token: String(marker ? marker.token : q.token), marked: marker ? `${marker.r},${marker.c}` : "",
+    cells: tokens.grid.join(","), stage: tokens.window ? String(tokens.stage) : "",
+    window: tokens.window ? tokens.window.join(",") : "", shift: tokens.window ? tokens.shift.join(",") : "",
     min: String(range.min), max: String(range.max), colormap: state.colormap,
     opacity: String(state.opacity), grid: state.showGrid ? "1" : "0",
     drop: state.drop, dropped: dropped.join(","), patchSum: String(patchSum(row, tokens)),
@@ -63,8 +67,10 @@ export function renderViewer(store) {
   paintColorbar($("colorbar"), state.colormap);
   $("cb-min").textContent = fmt(range.min);
   $("cb-max").textContent = fmt(range.max);
-  $("view-title").textContent = `Layer ${state.layer} · ${headLabel(state.head)} · query ${queryLabel(state.query)}`;
-  $("explain").textContent = explanation(q, row) + extras(dropped, range.maskCount, rings)
+  const stage = tokens.window ? ` (stage ${tokens.stage})` : "";
+  $("view-title").textContent = `Layer ${state.layer}${stage} · ${headLabel(state.head)} · query ${queryLabel(state.query)}`;
+  $("explain").textContent = explanation(q, row, tokens, marker) + windowNote(state.meta, state.layer, marker)
+    + extras(dropped, range.maskCount, rings)
     + (state.temperature === 1 ? "" : ` Softmax temperature T = ${state.temperature}: every map is `
       + "softmax(QKᵀ/(√d·T)), sharper below 1, flatter above (set it here or in Inside a head)."); // #15
 }
@@ -87,12 +93,13 @@ function extras(dropped, maskCount, rings) {
   return out;
 }
 
-function explanation(q, row) {
+function explanation(q, row, tokens, marker) {
   const { H } = dims();
-  const who = `row q = ${queryLabel(state.query)} (token ${q.token})`;
+  const who = `row q = ${queryLabel(state.query)} (token ${marker ? marker.token : q.token})`;
   const l = state.layer;
+  const over = tokens.window ? "over the window's cells" : "of the row";
   const tail = ` Colours run from the map's minimum to its maximum over the patches (colour bar); `
-    + `normalised entropy of the row ${normEntropy(row).toFixed(3)}.`;
+    + `normalised entropy ${over} ${normEntropy(row, keyCount(tokens)).toFixed(3)}.`;
   if (state.head === "mean") {
     return `Mean over the ${H} heads of ${who} of softmax(QKᵀ/√d) for layer ${l}.${tail}`;
   }
@@ -110,6 +117,11 @@ function explanation(q, row) {
       + `${start}…${l} of ½·A + ½·I (rows renormalised), with A the ${fusion} of the heads${cut}; `
       + `it follows attention through the residual stream.${tail}`;
   }
+  if (tokens.window) {
+    return `${who} of the windowed softmax for layer ${l}, head ${state.head}: how much cell q attends to each cell `
+      + "of its window (the row sums to 1 over the window, less where the window hangs over the padded edge "
+      + `of the grid: the rest went to the padding).${tail}`;
+  }
   return `${who} of softmax(QKᵀ/√d) for layer ${l}, head ${state.head}: how much token q attends to each `
     + `patch (the row sums to 1 over all tokens, prefix tokens included).${tail}`;
 }
@@ -121,10 +133,12 @@ export function renderReadout(store, cell) {
     el.textContent = "";
     return;
   }
-  const t = state.meta.tokens;
-  const token = t.num_prefix + cell.r * t.grid[1] + cell.c;
+  const t = tokensAt(state.layer);
+  const at = stageCell(state.meta, cell, state.layer); // windowed: the stage's cell under the pointer
+  const token = t.num_prefix + at.r * t.grid[1] + at.c;
   const row = shownRow(store, state.query, state.layer, state.head, t, state.drop);
-  el.textContent = `patch (${cell.r}, ${cell.c}) · token ${token} · ${row ? fmt(row[token]) : "…"}`;
+  const what = t.window ? `cell (${at.r}, ${at.c}) of stage ${t.stage}` : `patch (${cell.r}, ${cell.c})`;
+  el.textContent = `${what} · token ${token} · ${row ? fmt(row[token]) : "…"}`;
 }
 
 /** Prefix tokens (CLS, registers, distillation) with the current row's value at their index. */
@@ -137,7 +151,7 @@ export function renderPrefixList(store, onPick) {
     renderArtifactList(null, onPick);
     return;
   }
-  const t = state.meta.tokens;
+  const t = tokensAt(state.layer);
   const row = shownRow(store, state.query, state.layer, state.head, t, state.drop);
   renderArtifactList(store, onPick, row);
   if (t.num_prefix === 0) {
@@ -216,6 +230,11 @@ function renderArtifactList(store, onPick, row = null) {
     return;
   }
   const st = store.stats;
+  if (store.windowed) {
+    list.replaceChildren();
+    note.textContent = "Not shown for Swin: high-norm tokens are found on the last stage's grid only.";
+    return;
+  }
   if (!st) {
     list.replaceChildren();
     note.textContent = store.isLoading("stats") ? "Looking for high-norm tokens…" : "";

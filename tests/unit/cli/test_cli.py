@@ -94,3 +94,19 @@ def test_extract_of_a_missing_path_fails_before_loading_the_model(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == f"headscope extract: no such file or folder: {tmp_path / 'nope.png'}"
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_extract_swin_asks_for_one_stage(tmp_path):
+    out = tmp_path / "swin.safetensors"
+    model = ["--model", "random:swin_tiny_patch4_window7_224"]
+    r = cli("extract", str(SAMPLES / "cat.png"), "--out", str(out), *model, "--query", "patch:1,1")
+    assert r.returncode == 2 and "stage 0 = layers 0-1" in r.stderr and "Traceback" not in r.stderr
+    r = cli("extract", str(SAMPLES / "cat.png"), "--out", str(out), *model, "--layers", "2-3", "--query", "patch:27,0")
+    assert r.returncode == 0, r.stderr
+    (t,) = load_file(str(out)).values()
+    assert t.shape == (2, 6, 1, 28 * 42) and ((t > 0).sum(-1) <= 49).all()
+    with open(out, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        meta = json.loads(json.loads(f.read(n))["__metadata__"]["images"])
+    (m,) = meta.values()
+    assert m["tokens"]["grid"] == [28, 42] and m["tokens"]["stage"] == 1 and m["query"] == [27 * 42]

@@ -168,7 +168,6 @@ def test_hooks_are_removed_after_capture():
 @pytest.mark.parametrize(
     "name,kwargs",
     [
-        ("swin_tiny_patch4_window7_224", {}),
         ("xcit_nano_12_p16_224", {}),
         ("cait_xxs24_224", {}),
         ("mvitv2_tiny", {}),

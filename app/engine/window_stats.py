@@ -1,0 +1,100 @@
+"""Per-head statistics of windowed attention (Swin), computed on the windows themselves.
+
+What carries over from :mod:`app.engine.stats` and how:
+
+* entropy: of each query's softmax over the keys of its window (the ``W*W`` keys the softmax ran
+  over, padding included), divided by ``log(W*W)``; mean over the query cells of the grid;
+* mean attention distance: in input pixels between cell centres of the stage's grid, named in the
+  image's own grid (in shifted blocks the keys of a wrapped window sit across the image, but the
+  mask gives them ``exp(-100)``); padding keys have no place in the image and are left out, the
+  row renormalised over the others, as prefix tokens are for a ViT;
+* head similarity ``1 - JS / log 2`` of the window rows, mean over query cells;
+* rank of the concatenated head outputs per cell.
+
+What does not carry over is ``None``, with the reason in ``unavailable``: there are no prefix
+tokens and no CLS token; the high-norm "artifact" tokens are found on the last stage's grid, so
+mass on them means nothing for the other stages' grids; rollout multiplies maps of one grid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .stats import artifact_tokens, js_similarity, normalized_entropy, ranks
+from .windows import WindowedAttention
+
+UNAVAILABLE = {
+    "prefix_mass": "Swin has no prefix tokens: every token is a cell of its stage's grid.",
+    "entropy_cls": "Swin has no CLS token.",
+    "cls_cosine": "Swin has no CLS token.",
+    "mass_patches": "Swin has no CLS token (the DINO mass masks threshold the CLS row).",
+    "artifact_mass": "High-norm tokens are found on the last stage's grid; the other stages have other grids.",
+    "rollout": "Rollout multiplies maps of one grid; Swin's stages have different grids, so it runs "
+    "only within one stage (API: layers and rollout_start of one stage).",
+}
+
+
+def cell_centres(grid: tuple[int, int], cell: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """``[N, 2]`` (y, x) centres of a grid's cells in input pixels, row-major."""
+    ys = (torch.arange(grid[0], dtype=torch.float32, device=device) + 0.5) * cell[0]
+    xs = (torch.arange(grid[1], dtype=torch.float32, device=device) + 0.5) * cell[1]
+    return torch.stack(torch.meshgrid(ys, xs, indexing="ij"), -1).reshape(-1, 2)
+
+
+def window_distance(att: WindowedAttention, layer: int, rows: torch.Tensor) -> torch.Tensor:
+    """Mean attention distance in input pixels per head, ``[H]``, from window rows ``[H, N, A]``."""
+    s = att.stage_of(layer)
+    ix = att.index(layer)
+    c = cell_centres(s.grid, s.cell_size, rows.device)  # N, 2
+    keys = ix.cells[ix.window]  # N, A: the key cells of each query's window, -1 for padding
+    real = keys >= 0
+    d = (c[:, None, :] - c[keys.clamp_min(0)]).norm(dim=-1) * real  # N, A
+    a = rows * real  # H, N, A
+    return ((a * d).sum(-1) / a.sum(-1).clamp_min(1e-12)).mean(-1)
+
+
+def window_head_stats(att: WindowedAttention, input_size, mass: float = 0.6) -> dict:
+    """All per-head statistics of one image under a Swin model, JSON-ready.
+
+    ``[L][H_l]`` lists: each layer has its stage's heads (``heads_per_layer``). Fields that have
+    no meaning for windows are ``None`` and named in ``unavailable`` with the reason.
+    """
+    L = att.num_layers
+    out: dict[str, list] = {"entropy": [], "distance_px": [], "similarity": []}
+    rank_num, rank_eff, rank_max = [], [], []
+    for layer in range(L):
+        rows = att.window_rows(layer)  # H, N, A
+        out["entropy"].append(normalized_entropy(rows).mean(-1).tolist())
+        out["distance_px"].append(window_distance(att, layer, rows).tolist())
+        out["similarity"].append(js_similarity(rows.cpu()).tolist())
+        heads = att.head_out_cells(layer).cpu().float()  # N, H*d
+        n, e = ranks(heads)
+        rank_num.append(n)
+        rank_eff.append(e)
+        rank_max.append(min(heads.shape))
+    last = att.stages[-1]
+    artifacts, thr = artifact_tokens(att.last_norms, 0)
+    return {
+        "layers": L,
+        "heads": att.num_heads,
+        "heads_per_layer": [att.heads_at(layer) for layer in range(L)],
+        **out,
+        "entropy_cls": None,
+        "prefix_mass": None,
+        "artifact_mass": None,
+        "cls_cosine": None,
+        "mass_patches": None,
+        "mass_fraction": mass,
+        "rank": {"numerical": rank_num, "effective": rank_eff, "max": max(rank_max), "max_per_layer": rank_max},
+        "artifacts": {
+            "tokens": artifacts,
+            "threshold": thr,
+            "layer": L - 1,
+            "stage": last.index,
+            "norms": att.last_norms[artifacts].tolist(),
+        },
+        "token_norms_last": att.last_norms.tolist(),
+        "input_size": list(input_size),
+        "entropy_over": "window",
+        "unavailable": dict(UNAVAILABLE),
+    }

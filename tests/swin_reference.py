@@ -1,0 +1,151 @@
+"""An independent windowing of Swin v1/v2 blocks, for the exactness tests (unit and API).
+
+It partitions, rolls, looks up the relative position bias and builds the region mask itself:
+nothing of it is taken from timm's Swin code. It reads only each block's weights (qkv, bias
+table or continuous-position-bias MLP, logit scale) and each block's real input, recorded with
+plain pre-hooks on the blocks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import timm
+import torch
+import torch.nn.functional as F
+
+
+def make(name: str, kwargs: dict, dynamic: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = timm.create_model(name, pretrained=False, num_classes=0, dynamic_img_size=dynamic, **kwargs)
+    # Random inits leave biases at 0, bias tables near 0 and logit scales equal: make each matter.
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("relative_position_bias_table"):
+                p.normal_(0, 1.0)
+            elif n.endswith("logit_scale"):
+                p.add_(torch.randn_like(p))
+                p.view(-1)[0] = 5.0  # above log(100): the clamp must apply
+            elif p.ndim == 1 and "bias" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+    return m.eval()
+
+
+def swin_blocks(model):
+    return [blk for stage in model.layers for blk in stage.blocks]
+
+
+def bias_v1(attn, wh: int, ww: int) -> torch.Tensor:
+    """``[H, A, A]`` learned relative position bias, looked up from the table by hand."""
+    ys, xs = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")
+    ys, xs = ys.flatten(), xs.flatten()
+    dy = ys[:, None] - ys[None, :] + wh - 1  # A, A offsets, shifted to start at 0
+    dx = xs[:, None] - xs[None, :] + ww - 1
+    return attn.relative_position_bias_table[dy * (2 * ww - 1) + dx].permute(2, 0, 1)
+
+
+def bias_v2(attn, wh: int, ww: int) -> torch.Tensor:
+    """``[H, A, A]`` continuous position bias: the block's MLP of log-spaced offsets, 16 * sigmoid."""
+    ph, pw = attn.pretrained_window_size
+    nh, nw = (ph - 1, pw - 1) if ph > 0 else (wh - 1, ww - 1)
+    ys, xs = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")
+    ys, xs = ys.flatten().float(), xs.flatten().float()
+    dy = (ys[:, None] - ys[None, :]) / max(nh, 1) * 8
+    dx = (xs[:, None] - xs[None, :]) / max(nw, 1) * 8
+    coords = torch.stack([dy, dx], -1)  # A, A, 2
+    coords = torch.sign(coords) * torch.log2(coords.abs() + 1.0) / math.log2(8)
+    return 16 * torch.sigmoid(attn.cpb_mlp(coords).permute(2, 0, 1))
+
+
+def reference_maps(model, x, version: str, queries=None) -> list[torch.Tensor]:
+    """Per block, ``[B, H, N, N]`` dense maps over the stage grid, from an independent windowing.
+
+    Args:
+        queries: optional ``layer -> [cell, ...]``: keep only those query rows, ``[B, H, Q, N]``
+            (big grids: stage 0 of Swin-T at 224 x 336 px has 4704 cells).
+    """
+    blocks = swin_blocks(model)
+    inputs = []
+    handles = [b.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in blocks]
+    with torch.no_grad():
+        model.forward_features(x)
+    for h in handles:
+        h.remove()
+    maps = []
+    with torch.no_grad():
+        for layer, (blk, xin) in enumerate(zip(blocks, inputs)):
+            a = blk.attn
+            B, gh, gw, C = xin.shape
+            wh, ww = blk.window_size
+            sh, sw = blk.shift_size
+            nh = a.num_heads
+            feats = blk.norm1(xin) if version == "v1" else xin  # v2 normalises after attention
+            if version == "v1":
+                qkv = a.qkv(feats)
+            else:
+                qkv = F.linear(feats, a.qkv.weight, torch.cat([a.q_bias, torch.zeros_like(a.q_bias), a.v_bias]))
+            q, k = qkv.reshape(B, gh, gw, 3, nh, -1).unbind(3)[:2]  # B, gh, gw, H, d
+            zero = a.qkv.bias if version == "v1" else torch.cat([a.q_bias, torch.zeros_like(a.q_bias), a.v_bias])
+            if zero is None:
+                zero = torch.zeros(3 * nh * q.shape[-1])
+            q0, k0 = zero.reshape(3, nh, -1)[:2]
+            Hp, Wp = -(-gh // wh) * wh, -(-gw // ww) * ww
+            bias = bias_v1(a, wh, ww) if version == "v1" else bias_v2(a, wh, ww)
+
+            # Regions of the rolled, padded grid that the roll brought together (shifted blocks).
+            def region(i: int, size: int, w: int, s: int) -> int:
+                if not s:
+                    return 0
+                return 0 if i < size - w else (1 if i < size - s else 2)
+
+            # Cell N stands for padding: a zero token, whose q/k are the projection of 0.
+            qf = torch.cat([q.reshape(B, gh * gw, nh, -1), q0.expand(B, 1, nh, -1)], 1)  # B, N + 1, H, d
+            kf = torch.cat([k.reshape(B, gh * gw, nh, -1), k0.expand(B, 1, nh, -1)], 1)
+            n = gh * gw
+            wanted = torch.arange(n) if queries is None else torch.tensor(queries[layer])
+            row_of = torch.full((n,), -1)
+            row_of[wanted] = torch.arange(len(wanted))
+            dense = torch.zeros(B, nh, len(wanted), n)  # the wanted rows of the stage's maps
+            for wi in range(Hp // wh):
+                for wj in range(Wp // ww):
+                    cells, regions = [], []
+                    for di in range(wh):
+                        for dj in range(ww):
+                            i, j = wi * wh + di, wj * ww + dj
+                            regions.append(region(i, Hp, wh, sh) * 3 + region(j, Wp, ww, sw))
+                            # Rolled by -shift: rolled cell (i, j) is image cell (i + sh, j + sw) mod grid.
+                            cells.append(((i + sh) % gh) * gw + (j + sw) % gw if i < gh and j < gw else -1)
+                    cell = torch.tensor(cells)
+                    take = torch.where(cell >= 0, cell, gh * gw)
+                    Q, K = qf[:, take].transpose(1, 2), kf[:, take].transpose(1, 2)  # B, H, A, d
+                    if version == "v1":
+                        s = (Q * a.scale) @ K.transpose(-2, -1)
+                    else:
+                        scale = torch.clamp(a.logit_scale, max=math.log(100.0)).exp()  # H, 1, 1
+                        s = (F.normalize(Q, dim=-1) @ F.normalize(K, dim=-1).transpose(-2, -1)) * scale
+                    s = s + bias
+                    reg = torch.tensor(regions)
+                    s = s + (reg[:, None] != reg[None, :]) * -100.0  # cells the roll brought together
+                    p = s.softmax(-1)
+                    real = (cell >= 0).nonzero().flatten()  # padding cells leave the grid's rows and columns
+                    qs = real[row_of[cell[real]] >= 0]  # the window's places that hold wanted rows
+                    dense[:, :, row_of[cell[qs], None], cell[None, real]] = p[:, :, qs][:, :, :, real]
+            maps.append(dense)
+    return maps
+
+
+def write_checkpoint(path, arch: str = "swin_tiny_patch4_window7_224", seed: int = 7) -> None:
+    """A classifier checkpoint of random weights, as a user would save one (head included).
+
+    The relative position bias tables are drawn at std 2 (timm's init: 0.02), so that the windows
+    of a random model show structure on the page instead of near-uniform attention.
+    """
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = timm.create_model(arch, pretrained=False)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("relative_position_bias_table"):
+                p.normal_(0, 2.0)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
