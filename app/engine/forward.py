@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .ablation import Ablation, head_masks, heads_masked
 from .capture import ImageAttention
 from .device import autocast
 from .windows import WindowedAttention
@@ -22,6 +23,7 @@ def forward_capture(
     materialise: bool = False,
     amp_dtype: torch.dtype | None = None,
     to: torch.device | str | None = None,
+    ablate: Ablation = (),
 ) -> Sequence[ImageAttention | WindowedAttention]:
     """Run ``lm``'s backbone on a batch with its attention captured; one result per image.
 
@@ -32,8 +34,12 @@ def forward_capture(
             row; see :meth:`AttentionCapture.capturing`).
         amp_dtype: autocast dtype, or None for plain fp32.
         to: move the captures there (None keeps them where the forward ran).
+        ablate: ``(layer, head)`` pairs whose outputs are zeroed in this forward (see
+            :mod:`app.engine.ablation`); the maps of later layers are those of the ablated model.
     """
+    masks = head_masks(ablate, lm.num_heads, pixels.device)
     with torch.inference_mode(), autocast(pixels.device.type, amp_dtype):
-        with lm.capture.capturing(materialise=materialise):
+        # The masks first: the capture's hook on attn.proj then sees the masked head outputs.
+        with heads_masked(lm.model, masks), lm.capture.capturing(materialise=materialise):
             lm.model.forward_features(pixels)  # type: ignore[operator]  # timm's, not nn.Module's
         return lm.capture.results(to=to)

@@ -18,10 +18,40 @@ class ImageKey:
 
 @dataclass(frozen=True)
 class CaptureKey:
-    """The capture of an image under a model."""
+    """The capture of an image under a model, with heads removed (``ablate``: sorted
+    ``(layer, head)`` pairs, empty for the model as it is)."""
 
     image_id: str
     model_id: str
+    ablate: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class OutputKey:
+    """The model's own output for an image with heads removed (``ablate`` as in CaptureKey)."""
+
+    image_id: str
+    model_id: str
+    ablate: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class ImportanceKey:
+    """Head importance of an image (``method``: ablation or gradient)."""
+
+    image_id: str
+    model_id: str
+    method: str
+
+
+@dataclass(frozen=True)
+class PruningKey:
+    """The pruning curve of an image: heads removed in ``method``'s order, ``points`` steps."""
+
+    image_id: str
+    model_id: str
+    method: str
+    points: int
 
 
 class ByteLRU:

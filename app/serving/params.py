@@ -54,6 +54,13 @@ class AttentionParams(BaseModel):
         description="softmax temperature: every map is softmax(scores / T); 1 is the model itself",
         examples=[1.0, 0.5, 2.0],
     )
+    ablate: str = Field(
+        "",
+        max_length=MAX_SPEC,
+        description="remove heads before the maps are captured: layer:head pairs '0:1,11:5' "
+        "(each head's output is zeroed before W_O in its block; later layers' maps change)",
+        examples=["", "0:1", "3:0,3:1,11:5"],
+    )
 
     @property
     def needs_every_row(self) -> bool:

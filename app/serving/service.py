@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..config import Settings
 from ..engine import analysis
+from ..engine.ablation import Ablation, parse_ablate
 from ..engine.capture import ImageAttention
 from ..engine.layout import Stage, TokenLayout, WindowedLayout
 from ..engine.selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
@@ -211,13 +212,14 @@ class AttentionService:
         every_row: bool,
         fault: str | None,
         is_disconnected: Disconnected | None,
+        ablate: Ablation = (),
     ) -> Found:
         """Decode, queue, wait for the worker; the capture goes into the cache."""
         deadline = time.monotonic() + self.settings.request_timeout_s
         prep = await run_in_threadpool(self._prepare, upload.data, lm)
         layout = lm.layout(prep.input_size)
         materialise = every_row and isinstance(layout, TokenLayout) and lm.capture.materialise_pays(layout.count)
-        job = Job(lm=lm, pixels=prep.pixels, deadline=deadline, fault=fault, materialise=materialise)
+        job = Job(lm=lm, pixels=prep.pixels, deadline=deadline, fault=fault, materialise=materialise, ablate=ablate)
         fut = self.worker.submit(job)
         try:
             while True:
@@ -237,7 +239,8 @@ class AttentionService:
             raise
         cap = Capture(lm.id, computed.att, layout, prep.input_size, prep.image_size)
         # Batch-mates share the forward's buffers: the cache charges each buffer once.
-        self.cache.put(CaptureKey(image_id, lm.id), cap, ENTRY_OVERHEAD_BYTES, shared=computed.att.storages())
+        key = CaptureKey(image_id, lm.id, ablate)
+        self.cache.put(key, cap, ENTRY_OVERHEAD_BYTES, shared=computed.att.storages())
         return Found(cap, False, {"queue": computed.queue_ms, "compute": computed.compute_ms})
 
     async def capture(
@@ -249,6 +252,7 @@ class AttentionService:
         every_row: bool = False,
         fault: str | None = None,
         is_disconnected: Disconnected | None = None,
+        ablate: Ablation = (),
     ) -> Found | None:
         """The capture of an image: from the cache, else computed from ``upload`` or the cached
         upload; None when neither is there any more.
@@ -257,15 +261,16 @@ class AttentionService:
             upload: the image's bytes, when the request brought them.
             every_row: the answer will need every row (``query=all``, rollout): a capture
                 computed now keeps full maps when that pays (see ``materialise_pays``).
+            ablate: heads removed for this capture (cached per image and ablation set).
         """
-        cap = self.cache.get(CaptureKey(image_id, lm.id))
+        cap = self.cache.get(CaptureKey(image_id, lm.id, ablate))
         if cap is not None:
             self.metrics.cache_hits.inc()
             return Found(cap, True, {"queue": 0.0, "compute": 0.0})
         upload = upload or self.upload_of(image_id)
         if upload is None:
             return None
-        return await self._compute(image_id, upload, lm, every_row, fault, is_disconnected)
+        return await self._compute(image_id, upload, lm, every_row, fault, is_disconnected, ablate)
 
     def selection(self, p: AttentionParams, cap: Capture) -> Selection:
         att = cap.att
@@ -295,7 +300,9 @@ class AttentionService:
             temperature=p.temperature,
         )
 
-    def _answer(self, image_id: str, filename: str | None, found: Found, p: AttentionParams) -> Answer:
+    def _answer(
+        self, image_id: str, filename: str | None, found: Found, p: AttentionParams, ablate: Ablation = ()
+    ) -> Answer:
         t0 = time.perf_counter()
         cap = found.cap
         sel = self.selection(p, cap)
@@ -323,6 +330,7 @@ class AttentionService:
             "cached": found.cached,
             "dropped": dropped,
             "temperature": p.temperature,
+            "ablated": [list(pair) for pair in ablate],
         }
         if isinstance(cap.layout, WindowedLayout):
             meta["stages"] = cap.layout.as_dict()
@@ -353,14 +361,21 @@ class AttentionService:
             upload: the image, when the request brought it (POST); GETs find it in the cache.
         """
         lm = await self.model(p.model)
+        ablate = parse_ablate(p.ablate, lm.num_layers, lm.num_heads)
         found = await self.capture(
-            image_id, lm, upload=upload, every_row=p.needs_every_row, fault=fault, is_disconnected=is_disconnected
+            image_id,
+            lm,
+            upload=upload,
+            every_row=p.needs_every_row,
+            fault=fault,
+            is_disconnected=is_disconnected,
+            ablate=ablate,
         )
         if found is None:
             return None
         upload = upload or self.upload_of(image_id)
         filename = upload.filename if upload else None
-        return await self.worker.run_in_worker(self._answer, image_id, filename, found, p)
+        return await self.worker.run_in_worker(self._answer, image_id, filename, found, p, ablate)
 
     async def post(
         self,
@@ -378,11 +393,18 @@ class AttentionService:
         return answer
 
     async def stats(
-        self, image_id: str, model_id: str | None, mass: float, is_disconnected: Disconnected | None = None
+        self,
+        image_id: str,
+        model_id: str | None,
+        mass: float,
+        is_disconnected: Disconnected | None = None,
+        ablate: str = "",
     ) -> dict | None:
-        """Per-head statistics of a known image (computed once per mass fraction)."""
+        """Per-head statistics of a known image (computed once per mass fraction), of the model
+        with the ``ablate`` heads removed."""
         lm = await self.model(model_id)
-        found = await self.capture(image_id, lm, is_disconnected=is_disconnected)
+        pairs = parse_ablate(ablate, lm.num_layers, lm.num_heads)
+        found = await self.capture(image_id, lm, is_disconnected=is_disconnected, ablate=pairs)
         if found is None:
             return None
         stats = await self.worker.run_in_worker(found.cap.head_stats, mass)
@@ -391,4 +413,4 @@ class AttentionService:
             extra = {"tokens": cap.tokens(cap.layout.stages[0]), "stages": cap.layout.as_dict()}
         else:
             extra = {"tokens": cap.tokens()}
-        return {"model": lm.id, "image_id": image_id, **stats, **extra}
+        return {"model": lm.id, "image_id": image_id, **stats, **extra, "ablated": [list(pair) for pair in pairs]}

@@ -52,13 +52,14 @@ class Job:
     deadline: float  # time.monotonic()
     fault: str | None = None
     materialise: bool = False  # keep full softmax maps from the unfused branch (every row wanted)
+    ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) pairs removed for this forward
     future: asyncio.Future = field(init=False, repr=False)  # set by Worker.submit
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0
 
     @property
     def key(self) -> tuple:
-        return (self.lm.id, tuple(self.pixels.shape), self.materialise)
+        return (self.lm.id, tuple(self.pixels.shape), self.materialise, self.ablate)
 
     def done(self, att: ImageAttention | WindowedAttention, finished: float) -> Computed:
         return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
@@ -261,7 +262,12 @@ class Worker:
             x = x.to(self.device)
         with lm.lock:
             results = forward_capture(
-                lm, x, materialise=jobs[0].materialise, amp_dtype=self.amp_dtype, to=self.capture_to
+                lm,
+                x,
+                materialise=jobs[0].materialise,
+                amp_dtype=self.amp_dtype,
+                to=self.capture_to,
+                ablate=jobs[0].ablate,
             )
         end = time.monotonic()
         self.metrics.batch_size.observe(len(jobs))

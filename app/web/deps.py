@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from fastapi.templating import Jinja2Templates
 
 from ..config import Settings
+from ..serving.ablation import AblationService
 from ..serving.admission import Admission
 from ..serving.metrics import Metrics
 from ..serving.service import AttentionService
@@ -17,6 +18,10 @@ from ..zoo.registry import Registry
 
 def get_service(request: Request) -> AttentionService:
     return request.app.state.service
+
+
+def get_ablation(request: Request) -> AblationService:
+    return request.app.state.ablation
 
 
 def get_settings_dep(request: Request) -> Settings:
@@ -50,6 +55,7 @@ async def admitted(request: Request) -> AsyncIterator[None]:
 
 
 ServiceDep = Annotated[AttentionService, Depends(get_service)]
+AblationDep = Annotated[AblationService, Depends(get_ablation)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]

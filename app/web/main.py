@@ -16,6 +16,7 @@ from .. import paths
 from ..config import Settings, get_settings
 from ..engine.device import resolve_device
 from ..engine.forward import forward_capture
+from ..serving.ablation import AblationService
 from ..serving.admission import Admission
 from ..serving.images import plan_size
 from ..serving.malloc import tune_malloc
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.capture_store,
         )
         st.service = AttentionService(settings, st.registry, st.worker, st.metrics)
+        st.ablation = AblationService(st.service)
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
 
@@ -98,12 +100,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
 
-    from .api import attention, docs, explain, health, models, pages
+    from .api import ablation, attention, docs, explain, health, models, pages
 
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(attention.router)
     app.include_router(explain.router)
+    app.include_router(ablation.router)
     app.include_router(pages.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")

@@ -40,6 +40,7 @@ class StatsResponse(BaseModel):
     unavailable: dict[str, str] | None = Field(
         None, description="windowed models: statistics that have no meaning there (null fields), with the reason"
     )
+    ablated: list[list[int]] = Field(default_factory=list, description="[layer, head] pairs removed (`ablate`)")
 
 
 class StageInfo(BaseModel):
@@ -95,6 +96,9 @@ class AttentionMeta(BaseModel):
     cached: bool = Field(description="answered from the server's cache without a forward pass")
     dropped: list[int] = Field(default_factory=list, description="key tokens zeroed by `drop`")
     temperature: float = Field(1.0, description="softmax temperature of the maps: softmax(scores / T); 1 = the model")
+    ablated: list[list[int]] = Field(
+        default_factory=list, description="[layer, head] pairs removed (`ablate`) before the maps were captured"
+    )
     timing_ms: Timing
     stages: list[StageInfo] | None = Field(
         None, description="windowed models (Swin): every stage of the image; `tokens` is the answer's stage"
@@ -173,11 +177,120 @@ class ModelInfo(BaseModel):
         None, description="windowed attention (Swin): one grid per stage; known from the name before loading"
     )
     stages: list[StageInfo] | None = Field(None, description="windowed models, once loaded: stages at input_size")
+    output: Literal["saliency", "classes", "embedding"] | None = Field(
+        None, description="what GET /api/v1/attention/{image_id}/output returns for this model"
+    )
 
 
 class ModelsResponse(BaseModel):
     default: str
     models: list[ModelInfo]
+
+
+# -- model output, ablation, importance (issue 16) -----------------------------------------------
+
+
+class ClassScore(BaseModel):
+    index: int
+    label: str = Field(description="ImageNet class name (first synonym) when the head has ImageNet's classes")
+    description: str | None = Field(None, description="timm's full ImageNet description")
+    probability: float
+
+
+class ClassesOutput(BaseModel):
+    top5: list[ClassScore]
+    probabilities: list[float] = Field(description="the full probability vector")
+
+
+class EmbeddingOutput(BaseModel):
+    norm: float = Field(description="L2 norm of the pooled embedding")
+    dim: int
+    embedding: list[float]
+
+
+class OutputChange(BaseModel):
+    """How the ablated output differs from the unablated one (fields by kind)."""
+
+    metric: str
+    mean_abs_diff: float | None = Field(None, description="saliency: mean |difference| over pixels")
+    max_abs_diff: float | None = None
+    top1_logprob_drop: float | None = Field(None, description="classes: drop of the top class's log-probability")
+    kl: float | None = Field(None, description="classes: KL(unablated || ablated) in nats")
+    top1_before: ClassScore | None = None
+    top1_after: ClassScore | None = None
+    top1_before_probability_after: float | None = None
+    top1_changed: bool | None = None
+    relative_l2: float | None = Field(None, description="embedding: |e' - e| / |e|")
+    norm_before: float | None = None
+    norm_after: float | None = None
+
+
+class OutputResponse(BaseModel):
+    model: str
+    image_id: str
+    kind: Literal["saliency", "classes", "embedding"]
+    output: list[list[float]] | ClassesOutput | EmbeddingOutput = Field(
+        description="saliency: [h][w] at the model's input size, 0..1; classes: top-5 and all "
+        "probabilities; embedding: the pooled embedding and its norm"
+    )
+    ablated: list[list[int]] = Field(description="[layer, head] pairs removed")
+    ablate: str = Field(description="the same pairs as text")
+    change: OutputChange | None = Field(description="with `ablate`: the change against the unablated output")
+    metric: str
+    metric_text: str
+    input_size: list[int]
+    image_size: list[int]
+    note: str | None = Field(None, description="why the model's output is missing or reduced, if it is")
+    timing_ms: dict[str, float]
+
+
+class ImportanceResponse(BaseModel):
+    model: str
+    image_id: str
+    method: Literal["ablation", "gradient"]
+    metric: str = Field(description="what importance[l][h] measures")
+    metric_text: str
+    kind: Literal["saliency", "classes", "embedding"]
+    layers: int
+    heads: int
+    importance: list[list[float]] = Field(description="[L][H]")
+    kl: list[list[float]] | None = Field(None, description="classes, method=ablation: KL divergence per head")
+    loss: str | None = Field(None, description="method=gradient: the loss differentiated")
+    loss_value: float | None = None
+    input_size: list[int]
+    cached: bool
+    timing_ms: dict[str, float]
+
+
+class PruningResponse(BaseModel):
+    model: str
+    image_id: str
+    kind: Literal["saliency", "classes", "embedding"]
+    method: Literal["ablation", "gradient"] = Field(description="the importance that orders the heads")
+    metric: str
+    metric_text: str
+    order: list[list[int]] = Field(description="[layer, head] from least to most important")
+    removed: list[int] = Field(description="heads removed at each point (the first `removed[i]` of `order`)")
+    change: list[float] = Field(description="output change at each point")
+    kl: list[float] | None = None
+    top1: list[int] | None = Field(None, description="classes: the top class at each point")
+    top1_kept: list[bool] | None = None
+    heads_total: int
+    cached: bool
+    timing_ms: dict[str, float]
+
+
+class ProgressResponse(BaseModel):
+    state: Literal["idle", "running", "done"] = Field(
+        description="idle: not started (the GET starts it); running; done: cached, the GET answers at once"
+    )
+    task: Literal["importance", "pruning"]
+    stage: str | None = None
+    done: float
+    total: float | None
+    fraction: float
+    elapsed_s: float | None = None
+    eta_s: float | None = None
 
 
 class ErrorDetail(BaseModel):

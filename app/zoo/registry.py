@@ -55,7 +55,7 @@ class Registry:
                 except Exception as e:
                     self._errors[mid] = str(e)
                     raise
-                lm.model.to(self.device)
+                lm.to(self.device)  # the backbone and its decoder, if any
                 self._loaded[mid] = lm
                 self._errors.pop(mid, None)
                 log.info("loaded %s (%s) on %s", mid, lm.arch, self.device)

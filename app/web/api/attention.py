@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 
+from ...engine.selection import MAX_SPEC
 from ...serving import images
 from ...serving.service import Answer, Upload, safe_filename
 from ..deps import AdmitDep, MetricsDep, ServiceDep, SettingsDep
@@ -179,11 +180,14 @@ async def get_stats(
     image_id: str,
     model: Annotated[str | None, Query(description="model id")] = None,
     mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = 0.6,
+    ablate: Annotated[
+        str, Query(max_length=MAX_SPEC, description="heads removed first: layer:head pairs '0:1,11:5'")
+    ] = "",
 ):
     """Entropy, mean attention distance, attention to prefix and artifact tokens, head
     similarity, rank of the head outputs and mass-threshold sizes for every layer and head."""
     _check_id(image_id)
-    body = await _run(metrics, service.stats(image_id, model, mass, request.is_disconnected), "stats")
+    body = await _run(metrics, service.stats(image_id, model, mass, request.is_disconnected, ablate), "stats")
     if body is None:
         raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
     return JSONBody(body)

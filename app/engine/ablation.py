@@ -1,0 +1,156 @@
+"""Head ablation: switch attention heads off for a forward pass.
+
+Removing head ``h`` of block ``l`` means: in block ``l`` only, that head's output
+``o_h = softmax(q_h k_h^T / sqrt(d)) v_h`` is set to zero before the heads are concatenated
+and projected by ``W_O``; everything after it is recomputed (the block's residual, its MLP,
+later blocks, the final norm and the model's own output). Block ``l``'s attention maps are
+unchanged; later blocks' maps change.
+
+The mask is a forward pre-hook on the module that first reads the concatenated head outputs:
+``attn.norm`` where the family normalises them before the projection (timm's ``scale_norm``,
+EVA's ``scale_attn_inner``), else ``attn.proj``. It multiplies head slices by 0 (or by any
+multiplier: the gradient method differentiates through it), so the zeros are exact and the
+unmasked heads pass through bit for bit.
+
+Grammar of ``ablate``: comma-separated ``L:H`` pairs (``0:1,11:5``); negative indices count
+from the end as in ``layers``; an empty string or ``none`` removes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+
+import torch
+import torch.nn as nn
+
+from .capture import attention_layers
+from .selection import MAX_SPEC, SelectionError
+
+Ablation = tuple[tuple[int, int], ...]  # sorted (layer, head) pairs: a cache key
+
+_PAIR = re.compile(r"^(-?\d{1,6}):(-?\d{1,6})$")
+
+
+class AblationError(SelectionError):
+    """A malformed, out-of-range or repeated ``ablate`` entry (answered as 422)."""
+
+
+def parse_ablate(spec: str | None, num_layers: int, num_heads: int) -> Ablation:
+    """Resolve ``ablate`` against a model; returns sorted, non-negative ``(layer, head)`` pairs.
+
+    Args:
+        spec: e.g. ``"0:1,11:5"``; empty or ``none`` for no ablation.
+        num_layers: blocks of the model.
+        num_heads: heads per block.
+
+    Raises:
+        AblationError: bad syntax, an index out of range, or a head listed twice.
+    """
+    spec = (spec or "").strip().lower()
+    if len(spec) > MAX_SPEC:
+        raise AblationError("ablate: specification too long")
+    if spec in ("", "none"):
+        return ()
+    seen: dict[tuple[int, int], str] = {}
+    for raw in spec.replace(" ", "").split(","):
+        m = _PAIR.match(raw)
+        if not m:
+            raise AblationError(f"ablate: cannot read {raw[:40]!r}; write layer:head pairs like 0:1,11:5")
+        layer, head = int(m.group(1)), int(m.group(2))
+        if not -num_layers <= layer < num_layers:
+            raise AblationError(
+                f"ablate: layer {layer} in {raw!r} is out of range for {num_layers} layers "
+                f"(valid: {-num_layers}..{num_layers - 1})"
+            )
+        if not -num_heads <= head < num_heads:
+            raise AblationError(
+                f"ablate: head {head} in {raw!r} is out of range for {num_heads} heads "
+                f"(valid: {-num_heads}..{num_heads - 1})"
+            )
+        key = (layer % num_layers, head % num_heads)
+        if key in seen:
+            raise AblationError(f"ablate: head {key[0]}:{key[1]} is listed twice ({seen[key]!r} and {raw!r})")
+        seen[key] = raw
+    return tuple(sorted(seen))
+
+
+def ablate_text(ablate: Iterable[tuple[int, int]]) -> str:
+    """The canonical spelling of an ablation set (``parse_ablate`` reads it back)."""
+    return ",".join(f"{layer}:{head}" for layer, head in ablate)
+
+
+def mask_point(attn: nn.Module) -> nn.Module:
+    """The module whose input is the concatenated head outputs ``[B, N, H * d_v]``."""
+    norm = getattr(attn, "norm", None)
+    if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity):
+        return norm
+    return attn.proj
+
+
+def head_masks(
+    ablate: Iterable[tuple[int, int]], num_heads: int, device: torch.device | str | None = None
+) -> dict[int, torch.Tensor]:
+    """``{layer: [H] multipliers}`` with 0 for every removed head (layers without one are left out)."""
+    masks: dict[int, torch.Tensor] = {}
+    for layer, head in ablate:
+        m = masks.setdefault(layer, torch.ones(num_heads, device=device))
+        m[head] = 0.0
+    return masks
+
+
+def batch_masks(
+    ablations: list[Ablation], num_heads: int, device: torch.device | str | None = None
+) -> dict[int, torch.Tensor]:
+    """Per-image masks for a batch where image ``b`` removes ``ablations[b]``: ``{layer: [B, H]}``."""
+    layers = sorted({layer for a in ablations for layer, _ in a})
+    masks = {layer: torch.ones(len(ablations), num_heads, device=device) for layer in layers}
+    for b, a in enumerate(ablations):
+        for layer, head in a:
+            masks[layer][b, head] = 0.0
+    return masks
+
+
+def apply_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Multiply each head's slice of concatenated head outputs by its mask value.
+
+    Args:
+        x: ``[B, N, H * d_v]``, the heads' outputs concatenated head-major.
+        mask: ``[H]`` or ``[B, H]``.
+    """
+    H = mask.shape[-1]
+    m = mask.to(x.dtype).reshape(-1, 1, H, 1)  # 1 or B, 1, H, 1
+    return (x.unflatten(-1, (H, -1)) * m).flatten(-2)  # B, N, H * d_v
+
+
+def _mask_hook(mask: torch.Tensor):
+    def hook(module, args):
+        return (apply_mask(args[0], mask), *args[1:])
+
+    return hook
+
+
+@contextmanager
+def heads_masked(model: nn.Module, masks: Mapping[int, torch.Tensor]) -> Iterator[None]:
+    """Multiply head outputs by ``masks`` for the duration of the block.
+
+    Args:
+        model: a timm model of a supported family.
+        masks: ``{layer: multipliers}``, each ``[H]`` (every image alike) or ``[B, H]`` (per
+            image). 0 removes a head; any other value scales it (the gradient method uses
+            ones that require grad).
+
+    Enter this before :meth:`AttentionCapture.capturing`: hooks run in the order they were
+    registered, so the capture then sees the masked head outputs.
+    """
+    if not masks:
+        yield
+        return
+    layers = attention_layers(model)
+    with ExitStack() as stack:
+        for layer, mask in masks.items():
+            attn = layers[layer][0]
+            handle = mask_point(attn).register_forward_pre_hook(_mask_hook(mask))
+            stack.callback(handle.remove)
+        yield

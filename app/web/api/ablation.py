@@ -1,0 +1,173 @@
+"""GET …/output (the model's own output, with heads removed), …/importance and …/pruning (with
+their …/progress)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from ...engine.selection import MAX_SPEC
+from ...serving.ablation import DEFAULT_POINTS
+from ..deps import AblationDep, AdmitDep, MetricsDep
+from ..errors import ApiError, JSONBody
+from ..responses import PartsResponse
+from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
+from .attention import _check_id, _run
+
+router = APIRouter(prefix="/api/v1", tags=["ablation"])
+
+ModelQ = Annotated[str | None, Query(description="model id (default: the server's default model)")]
+AblateQ = Annotated[
+    str,
+    Query(
+        max_length=MAX_SPEC,
+        description="heads to remove: layer:head pairs, e.g. '0:1,11:5' (each head's output is zeroed "
+        "before W_O in its block; everything after it is recomputed)",
+    ),
+]
+MethodQ = Annotated[
+    Literal["ablation", "gradient"],
+    Query(
+        description="ablation: exact output change with each head removed alone; gradient: "
+        "|d loss / d m_h| at m = 1 (Michel et al. 2019), one forward and backward pass"
+    ),
+]
+PointsQ = Annotated[int, Query(ge=2, le=1025, description="points of the curve (at most heads + 1 are used)")]
+
+_OUTPUT_CONTENT = {
+    "application/json": {},
+    "application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"},
+        "description": "format=safetensors (tensors `output` and, with ablate, `baseline`) or npy (`output`); "
+        "metadata in the X-Headscope-Meta header",
+    },
+}
+
+
+def _gone(image_id: str) -> ApiError:
+    return ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
+
+
+@router.get(
+    "/attention/{image_id}/output",
+    summary="The model's own output, with heads removed",
+    response_model=OutputResponse,
+    responses={**ERROR_RESPONSES, 200: {"content": _OUTPUT_CONTENT}},
+)
+async def get_output(
+    request: Request,
+    ablation: AblationDep,
+    metrics: MetricsDep,
+    _: AdmitDep,
+    image_id: str,
+    model: ModelQ = None,
+    ablate: AblateQ = "",
+    format: Annotated[Literal["json", "npy", "safetensors"], Query(description="answer format")] = "json",
+) -> Response:
+    """What the model predicts for an image already sent: `saliency` (the default model: where
+    people look, `[h][w]` at the model's input size, 0..1), `classes` (a classifier: top 5 with
+    ImageNet names and the full probability vector) or `embedding` (neither: the pooled
+    embedding and its norm). With `ablate`, the output of the model with those heads removed,
+    and its `change` against the unablated output."""
+    _check_id(image_id)
+    coro = ablation.output(image_id, model, ablate, format, request.is_disconnected)
+    answer = await _run(metrics, coro, "output")
+    if answer is None:
+        raise _gone(image_id)
+    return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
+
+
+@router.get(
+    "/attention/{image_id}/importance",
+    summary="How much each head matters for the model's output",
+    response_model=ImportanceResponse,
+    responses=ERROR_RESPONSES,
+)
+async def get_importance(
+    request: Request,
+    ablation: AblationDep,
+    metrics: MetricsDep,
+    _: AdmitDep,
+    image_id: str,
+    model: ModelQ = None,
+    method: MethodQ = "ablation",
+):
+    """`importance[l][h]` for every layer and head. `ablation` (exact): the output change when
+    that head alone is removed (saliency: mean |difference|; classes: the drop of the unablated
+    top class's log-probability, with `kl` beside; embedding: relative L2 change). `gradient`:
+    Michel et al.'s |d loss / d m_h| at m = 1 (`loss` says which loss). Computed once per image
+    and cached; takes seconds: `…/importance/progress` reports how far it is."""
+    _check_id(image_id)
+    body = await _run(metrics, ablation.importance(image_id, model, method, request.is_disconnected), "importance")
+    if body is None:
+        raise _gone(image_id)
+    return JSONBody(body)
+
+
+@router.get(
+    "/attention/{image_id}/importance/progress",
+    summary="How far the importance computation is",
+    response_model=ProgressResponse,
+    responses={404: ERROR_RESPONSES[404], 422: ERROR_RESPONSES[422]},
+)
+async def get_importance_progress(
+    ablation: AblationDep, image_id: str, model: ModelQ = None, method: MethodQ = "ablation"
+):
+    """Poll this while `GET …/importance` runs: `state` (`idle`, `running`, `done`), `done` of
+    `total` units of work, `fraction`, `eta_s`. Takes no worker time and no admission slot."""
+    _check_id(image_id)
+    body = ablation.progress("importance", image_id, model, method)
+    if body is None:
+        raise _gone(image_id)
+    return JSONBody(body)
+
+
+@router.get(
+    "/attention/{image_id}/pruning",
+    summary="Output change as heads are removed, least important first",
+    response_model=PruningResponse,
+    responses=ERROR_RESPONSES,
+)
+async def get_pruning(
+    request: Request,
+    ablation: AblationDep,
+    metrics: MetricsDep,
+    _: AdmitDep,
+    image_id: str,
+    model: ModelQ = None,
+    method: MethodQ = "ablation",
+    points: PointsQ = DEFAULT_POINTS,
+):
+    """The pruning curve (Michel et al., fig. 2, for one image): heads ordered by `method`'s
+    importance, least important first; `change[i]` is the output change with the first
+    `removed[i]` of `order` removed together. Computes the importance first if needed."""
+    _check_id(image_id)
+    coro = ablation.pruning(image_id, model, method, points, request.is_disconnected)
+    body = await _run(metrics, coro, "pruning")
+    if body is None:
+        raise _gone(image_id)
+    return JSONBody(body)
+
+
+@router.get(
+    "/attention/{image_id}/pruning/progress",
+    summary="How far the pruning curve is",
+    response_model=ProgressResponse,
+    responses={404: ERROR_RESPONSES[404], 422: ERROR_RESPONSES[422]},
+)
+async def get_pruning_progress(
+    ablation: AblationDep,
+    image_id: str,
+    model: ModelQ = None,
+    method: MethodQ = "ablation",
+    points: PointsQ = DEFAULT_POINTS,
+):
+    """As `…/importance/progress`, for `GET …/pruning` (while its importance is computed first,
+    `stage` says so)."""
+    _check_id(image_id)
+    body = ablation.progress("pruning", image_id, model, method, points)
+    if body is None:
+        raise _gone(image_id)
+    return JSONBody(body)

@@ -1,0 +1,142 @@
+"""Long tasks: one per key, progress, a bound on how many run, cancelled when every client left,
+kept running (and cached by their owner) when a request merely timed out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.serving.admission import QueueFullError
+from app.serving.tasks import ClientLeft, Progress, Tasks
+
+
+def far() -> float:
+    return time.monotonic() + 30
+
+
+def test_progress_reports_fraction_and_eta():
+    p = Progress("importance", total=10)
+    assert p.as_dict()["eta_s"] is None and p.as_dict()["fraction"] == 0
+    p.advance(4, "block 2")
+    d = p.as_dict()
+    assert (d["state"], d["stage"], d["done"], d["total"], d["fraction"]) == ("running", "block 2", 4, 10, 0.4)
+    assert d["eta_s"] is not None and d["eta_s"] >= 0
+    p.advance(100)
+    assert p.as_dict()["fraction"] == 1.0
+
+
+def test_same_key_runs_once_and_every_waiter_gets_the_result():
+    async def main():
+        tasks = Tasks(limit=2)
+        started = []
+        gate = asyncio.Event()
+
+        async def work(progress):
+            started.append(progress)
+            progress.total = 2
+            progress.advance(1, "half")
+            await gate.wait()
+            progress.advance(1, "done")
+            return {"value": 42}
+
+        a = asyncio.create_task(tasks.run("k", "importance", work, far()))
+        b = asyncio.create_task(tasks.run("k", "importance", work, far()))
+        await asyncio.sleep(0.05)
+        assert len(started) == 1 and tasks.progress("k").stage == "half"
+        gate.set()
+        assert await a == await b == {"value": 42}
+        await asyncio.sleep(0)
+        assert len(tasks) == 0 and tasks.progress("k") is None
+
+    asyncio.run(main())
+
+
+def test_at_most_limit_tasks_at_once():
+    async def main():
+        tasks = Tasks(limit=1)
+        gate = asyncio.Event()
+
+        async def work(progress):
+            await gate.wait()
+            return 1
+
+        a = asyncio.create_task(tasks.run("a", "importance", work, far()))
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError):
+            await tasks.run("b", "importance", work, far())
+        gate.set()
+        assert await a == 1
+
+    asyncio.run(main())
+
+
+def test_a_timed_out_request_leaves_the_task_running():
+    async def main():
+        tasks = Tasks()
+        finished = asyncio.Event()
+
+        async def work(progress):
+            await asyncio.sleep(0.3)
+            finished.set()
+            return "late"
+
+        with pytest.raises(asyncio.TimeoutError):
+            await tasks.run("k", "importance", work, time.monotonic() + 0.05)
+        assert tasks.progress("k") is not None  # still running
+        await asyncio.wait_for(finished.wait(), 5)
+        assert finished.is_set()
+
+    asyncio.run(main())
+
+
+def test_the_task_is_cancelled_once_every_client_has_gone():
+    async def main():
+        tasks = Tasks()
+        cancelled = asyncio.Event()
+        gone = {"a": False, "b": False}
+
+        async def work(progress):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        def client(name):
+            async def is_disconnected():
+                return gone[name]
+
+            return asyncio.create_task(tasks.run("k", "importance", work, far(), is_disconnected))
+
+        a, b = client("a"), client("b")
+        await asyncio.sleep(0.05)
+        gone["a"] = True
+        with pytest.raises(ClientLeft):
+            await a
+        await asyncio.sleep(0.15)
+        assert not cancelled.is_set(), "b still waits: the task goes on"
+        gone["b"] = True
+        with pytest.raises(ClientLeft):
+            await b
+        await asyncio.wait_for(cancelled.wait(), 5)
+        await asyncio.sleep(0)
+        assert len(tasks) == 0
+
+    asyncio.run(main())
+
+
+def test_a_failing_task_fails_its_waiters_and_frees_the_key():
+    async def main():
+        tasks = Tasks()
+
+        async def work(progress):
+            raise ValueError("boom")
+
+        with pytest.raises(ValueError, match="boom"):
+            await tasks.run("k", "importance", work, far())
+        await asyncio.sleep(0)
+        assert len(tasks) == 0
+
+    asyncio.run(main())
