@@ -133,8 +133,9 @@ class AblationService:
         lm: LoadedModel,
         ablations: list[Ablation],
         is_disconnected: Disconnected | None = None,
-    ) -> list[Output] | None:
-        """The outputs of an image under each ablation set (cached); None once the image is gone."""
+    ) -> tuple[list[Output], bool] | None:
+        """The outputs of an image under each ablation set (cached), and whether all came from
+        the cache; None once the image is gone."""
         found: dict[Ablation, Output] = {}
         for a in dict.fromkeys(ablations):
             hit = self.svc.cache.get(OutputKey(image_id, lm.id, a))
@@ -150,7 +151,7 @@ class AblationService:
                 out = Output(t, prep.input_size, prep.image_size)
                 found[a] = out
                 self.svc.cache.put(OutputKey(image_id, lm.id, a), out, t.nbytes + OUTPUT_OVERHEAD_BYTES)
-        return [found[a] for a in ablations]
+        return [found[a] for a in ablations], not missing
 
     async def output(
         self,
@@ -167,11 +168,19 @@ class AblationService:
         res = await self.outputs(image_id, lm, [(), pairs], is_disconnected)
         if res is None:
             return None
-        base, out = res
-        return await self.worker.run_in_worker(self._output_answer, image_id, lm, pairs, base, out, fmt, t0)
+        (base, out), cached = res
+        return await self.worker.run_in_worker(self._output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
 
     def _output_answer(
-        self, image_id: str, lm: LoadedModel, pairs: Ablation, base: Output, out: Output, fmt: str, t0: float
+        self,
+        image_id: str,
+        lm: LoadedModel,
+        pairs: Ablation,
+        base: Output,
+        out: Output,
+        fmt: str,
+        t0: float,
+        cached: bool,
     ) -> OutputAnswer:
         kind = lm.output_kind
         meta: dict[str, Any] = {
@@ -186,6 +195,7 @@ class AblationService:
             "image_size": list(out.image_size),
             "note": lm.output_note or None,
             "change": describe_change(lm, base.tensor, out.tensor) if pairs else None,
+            "cached": cached,
         }
         if fmt == "json":
             meta["output"] = describe(lm, out.tensor)

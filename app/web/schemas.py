@@ -241,6 +241,7 @@ class OutputResponse(BaseModel):
     input_size: list[int]
     image_size: list[int]
     note: str | None = Field(None, description="why the model's output is missing or reduced, if it is")
+    cached: bool = Field(description="both outputs (ablated and unablated) came from the server's cache")
     timing_ms: dict[str, float]
 
 
