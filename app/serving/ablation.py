@@ -233,14 +233,29 @@ class AblationService:
         return PruningKey(image_id, lm.id, method, points)
 
     async def importance(
-        self, image_id: str, model_id: str | None, method: str = "ablation", is_disconnected: Disconnected | None = None
+        self,
+        image_id: str,
+        model_id: str | None,
+        method: str = "ablation",
+        is_disconnected: Disconnected | None = None,
+        wait: float | None = None,
     ) -> dict | None:
-        """``GET …/importance``: every head's importance; None once the image is gone."""
+        """``GET …/importance``: every head's importance; None once the image is gone.
+
+        Args:
+            wait: answer ``{"pending": progress}`` after this many seconds instead of a timeout
+                (the computation goes on; the route answers 202).
+        """
         lm = await self.svc.model(model_id)
-        return await self._importance(image_id, lm, method, is_disconnected)
+        return await self._importance(image_id, lm, method, is_disconnected, wait)
 
     async def _importance(
-        self, image_id: str, lm: LoadedModel, method: str, is_disconnected: Disconnected | None
+        self,
+        image_id: str,
+        lm: LoadedModel,
+        method: str,
+        is_disconnected: Disconnected | None,
+        wait: float | None = None,
     ) -> dict | None:
         key = ImportanceKey(image_id, lm.id, method)
         hit = self.svc.cache.get(key)
@@ -254,15 +269,23 @@ class AblationService:
             self.svc.cache.put(key, res, RESULT_BYTES)
             return res
 
-        return await self._wait(key, "importance", work, is_disconnected)
+        return await self._wait(key, "importance", work, is_disconnected, wait)
 
-    async def _wait(self, key, name: str, work, is_disconnected: Disconnected | None) -> dict | None:
+    async def _wait(
+        self, key, name: str, work, is_disconnected: Disconnected | None, wait: float | None = None
+    ) -> dict | None:
+        deadline = self._deadline() if wait is None else min(self._deadline(), time.monotonic() + wait)
         try:
-            res = await self.tasks.run(key, name, work, self._deadline(), is_disconnected)
+            res = await self.tasks.run(key, name, work, deadline, is_disconnected)
         except ClientLeft as e:
             raise ClientGone(str(e)) from None
         except ImageEvicted:
             return None
+        except asyncio.TimeoutError:
+            progress = self.tasks.progress(key)
+            if wait is None or progress is None:
+                raise
+            return {"pending": progress.as_dict()}
         return {**res, "cached": False}
 
     async def _importance_task(self, image_id: str, lm: LoadedModel, method: str, progress: Progress) -> dict:
@@ -333,8 +356,10 @@ class AblationService:
         method: str = "ablation",
         points: int = DEFAULT_POINTS,
         is_disconnected: Disconnected | None = None,
+        wait: float | None = None,
     ) -> dict | None:
-        """``GET …/pruning``: the output change as heads are removed, least important first."""
+        """``GET …/pruning``: the output change as heads are removed, least important first
+        (``wait`` as for :meth:`importance`)."""
         lm = await self.svc.model(model_id)
         key = PruningKey(image_id, lm.id, method, points)
         hit = self.svc.cache.get(key)
@@ -342,16 +367,22 @@ class AblationService:
             return {**hit, "cached": True}
         if self.svc.upload_of(image_id) is None:
             return None
-        ranking = await self._importance(image_id, lm, method, is_disconnected)
-        if ranking is None:
-            return None
+        t_wait = time.monotonic()
+        ranking = await self._importance(image_id, lm, method, is_disconnected, wait)
+        if ranking is None or "pending" in ranking:
+            if ranking is not None:
+                p = ranking["pending"]
+                ranking["pending"] = {**p, "task": "pruning", "stage": f"importance: {p['stage']}", "fraction": 0.0}
+            return ranking
+        if wait is not None:
+            wait = max(0.0, wait - (time.monotonic() - t_wait))
 
         async def work(progress: Progress) -> dict:
             res = await self._pruning_task(image_id, lm, ranking, points, progress)
             self.svc.cache.put(key, res, RESULT_BYTES)
             return res
 
-        return await self._wait(key, "pruning", work, is_disconnected)
+        return await self._wait(key, "pruning", work, is_disconnected, wait)
 
     async def _pruning_task(
         self, image_id: str, lm: LoadedModel, ranking: dict, points: int, progress: Progress

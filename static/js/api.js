@@ -143,3 +143,31 @@ export function describeError(err) {
   }
   return { title: titles[err.code] || `Request failed (${err.status || "network"}).`, message };
 }
+
+// ---------------------------------------------------------------- model output, ablation, importance (#16)
+
+function query(params) {
+  const qs = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined && v !== "") qs.set(k, String(v));
+  return qs.toString();
+}
+
+/** GET /api/v1/attention/{id}/output: the model's own output with the `ablate` heads removed. */
+export async function getOutput(imageId, params, signal) {
+  return (await request(`/api/v1/attention/${encodeURIComponent(imageId)}/output?${query(params)}`, { signal })).json();
+}
+
+/**
+ * GET /api/v1/attention/{id}/{what}, what = "importance" | "pruning" (takes seconds). With
+ * params.wait: {done: true, body} (the final JSON) or {done: false, body} (202: the progress;
+ * the computation goes on, ask again).
+ */
+export async function getLong(imageId, what, params, signal) {
+  const resp = await request(`/api/v1/attention/${encodeURIComponent(imageId)}/${what}?${query(params)}`, { signal });
+  return { done: resp.status === 200, body: await resp.json() };
+}
+
+/** GET /api/v1/attention/{id}/{what}/progress: {state: idle|running|done, fraction, eta_s, stage}. */
+export async function getProgress(imageId, what, params, signal) {
+  return (await request(`/api/v1/attention/${encodeURIComponent(imageId)}/${what}/progress?${query(params)}`, { signal })).json();
+}

@@ -18,6 +18,7 @@ import {
 import { renderPrefixList, renderReadout, renderViewer } from "./viewer.js";
 import { bindViews, renderViews } from "./views.js";
 import { bindLearn, needLearn, renderLearn } from "./learn.js"; // #15 Inside a head
+import { bindAblation, renderAblation } from "./ablation.js"; // ablation view (#16)
 import {
   apiQuery, defaultQuery, dims, headChoices, markerAt, parseQuery, readUrl, state, syncUrl, tokensAt,
 } from "./state.js";
@@ -53,6 +54,7 @@ function render() {
   renderHeadGrid($("head-grid"), thumbView(), pick);
   renderLearn(); // #15
   needLearn(render, showError); // #15
+  renderAblation(); // ablation view (#16)
   clearTimeout(slowTimer);
   slowTimer = setTimeout(renderSlow, 40);
   if (state.imageId || state.view !== "viewer") syncUrl();
@@ -301,6 +303,7 @@ async function downloadPng() {
 function bind() {
   bindViews(render);
   bindLearn(render, setQuery); // #15
+  bindAblation(render, showError); // ablation view (#16)
   $("image-input").addEventListener("change", (e) => {
     const f = e.target.files && e.target.files[0];
     if (f) uploadFile(f);

@@ -39,6 +39,7 @@ export const state = {
   compare: { on: false, mode: "heads", a: null, b: null }, // sides: {image, layer, head}
   session: [],            // images opened in this session: [{id, filename, sample}]
   temperature: 1,         // softmax temperature of every map: softmax(scores / T) (learn.js sets it)
+  ablation: { off: [], method: "ablation" }, // ablation view (#16): heads off ("l:h"), importance method
 };
 
 /** A temperature from the URL: a finite number > 0, else 1. */

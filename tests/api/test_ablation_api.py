@@ -226,12 +226,32 @@ def test_progress_is_reported_and_uploads_interleave_with_a_sweep(base_url, samp
     assert np.asarray(result["body"]["importance"]).shape == (12, 6)
 
 
+def test_wait_answers_202_with_the_progress_and_the_computation_goes_on(base_url, samples):
+    image_id = post(base_url, samples["astronaut"].read_bytes(), "astronaut.png", layers="0")["image_id"]
+    r = get(base_url, f"{API}/{image_id}/importance", method="gradient", wait=0)
+    if r.status_code == 202:  # (a very fast machine could finish the gradient within the call)
+        p = r.json()
+        assert p["state"] == "running" and p["task"] == "importance" and r.headers["retry-after"] == "1"
+        while get(base_url, f"{API}/{image_id}/importance/progress", method="gradient").json()["state"] == "running":
+            time.sleep(0.2)
+    r = get(base_url, f"{API}/{image_id}/importance", method="gradient", wait=0)
+    assert r.status_code == 200 and r.json()["method"] == "gradient"
+    assert get(base_url, f"{API}/{image_id}/importance/progress", method="gradient").json()["state"] == "done"
+    r = get(base_url, f"{API}/{image_id}/pruning", method="gradient", wait=0, points=4)
+    assert r.status_code in (200, 202)
+    if r.status_code == 202:
+        assert r.json()["task"] == "pruning"
+    body = long_get(base_url, image_id, "pruning", method="gradient", points=4)
+    assert body["method"] == "gradient" and len(body["removed"]) == 4
+
+
 def test_unknown_images_and_bad_parameters(base_url, cat_id):
     unknown = "0123456789abcdef01234567"
     for path in ("output", "importance", "importance/progress", "pruning", "pruning/progress"):
         assert_error(get(base_url, f"{API}/{unknown}/{path}"), 404, "image_not_found")
     assert_error(get(base_url, f"{API}/{cat_id}/importance", method="magic"), 422)
     assert_error(get(base_url, f"{API}/{cat_id}/pruning", points=1), 422)
+    assert_error(get(base_url, f"{API}/{cat_id}/importance", wait=-1), 422)
     assert_error(get(base_url, f"{API}/{cat_id}/output", format="xml"), 422)
     assert_error(get(base_url, f"{API}/not-hex/output"), 422, "invalid_image_id")
     assert_error(get(base_url, f"{API}/{cat_id}/output", model="nope"), 404, "unknown_model")

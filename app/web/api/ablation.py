@@ -35,6 +35,16 @@ MethodQ = Annotated[
     ),
 ]
 PointsQ = Annotated[int, Query(ge=2, le=1025, description="points of the curve (at most heads + 1 are used)")]
+WaitQ = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        le=3600,
+        description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
+        "(the computation goes on; ask again). Without it the request waits up to the server's request timeout "
+        "and then answers 504 (the computation goes on too).",
+    ),
+]
 
 _OUTPUT_CONTENT = {
     "application/json": {},
@@ -48,6 +58,15 @@ _OUTPUT_CONTENT = {
 
 def _gone(image_id: str) -> ApiError:
     return ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
+
+
+def _long_answer(image_id: str, body: dict | None) -> JSONBody:
+    """The final JSON, or 202 with the progress when ``wait`` ran out first."""
+    if body is None:
+        raise _gone(image_id)
+    if "pending" in body:
+        return JSONBody(body["pending"], status_code=202, headers={"Retry-After": "1"})
+    return JSONBody(body)
 
 
 @router.get(
@@ -83,7 +102,7 @@ async def get_output(
     "/attention/{image_id}/importance",
     summary="How much each head matters for the model's output",
     response_model=ImportanceResponse,
-    responses=ERROR_RESPONSES,
+    responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
 async def get_importance(
     request: Request,
@@ -93,6 +112,7 @@ async def get_importance(
     image_id: str,
     model: ModelQ = None,
     method: MethodQ = "ablation",
+    wait: WaitQ = None,
 ):
     """`importance[l][h]` for every layer and head. `ablation` (exact): the output change when
     that head alone is removed (saliency: mean |difference|; classes: the drop of the unablated
@@ -100,10 +120,8 @@ async def get_importance(
     Michel et al.'s |d loss / d m_h| at m = 1 (`loss` says which loss). Computed once per image
     and cached; takes seconds: `…/importance/progress` reports how far it is."""
     _check_id(image_id)
-    body = await _run(metrics, ablation.importance(image_id, model, method, request.is_disconnected), "importance")
-    if body is None:
-        raise _gone(image_id)
-    return JSONBody(body)
+    coro = ablation.importance(image_id, model, method, request.is_disconnected, wait)
+    return _long_answer(image_id, await _run(metrics, coro, "importance"))
 
 
 @router.get(
@@ -128,7 +146,7 @@ async def get_importance_progress(
     "/attention/{image_id}/pruning",
     summary="Output change as heads are removed, least important first",
     response_model=PruningResponse,
-    responses=ERROR_RESPONSES,
+    responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
 async def get_pruning(
     request: Request,
@@ -139,16 +157,14 @@ async def get_pruning(
     model: ModelQ = None,
     method: MethodQ = "ablation",
     points: PointsQ = DEFAULT_POINTS,
+    wait: WaitQ = None,
 ):
     """The pruning curve (Michel et al., fig. 2, for one image): heads ordered by `method`'s
     importance, least important first; `change[i]` is the output change with the first
     `removed[i]` of `order` removed together. Computes the importance first if needed."""
     _check_id(image_id)
-    coro = ablation.pruning(image_id, model, method, points, request.is_disconnected)
-    body = await _run(metrics, coro, "pruning")
-    if body is None:
-        raise _gone(image_id)
-    return JSONBody(body)
+    coro = ablation.pruning(image_id, model, method, points, request.is_disconnected, wait)
+    return _long_answer(image_id, await _run(metrics, coro, "pruning"))
 
 
 @router.get(

@@ -1,0 +1,141 @@
+"""The Ablation view in real Chromium against a real server: the model's output beside the
+picture, head toggles that change it (with the difference map), importance with progress, and
+the pruning curve.
+
+Every test gets a fresh page whose guard (tests/browser/conftest.py) fails it on a console
+error, an uncaught exception, a dialog or a request to another host.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from test_analytics import assert_matrix, click_plot, plot_data
+from test_page import image_id, open_page, upload
+
+pytestmark = pytest.mark.browser
+
+VIEW = "[data-testid=ablation-view]"
+OUTPUT = "[data-testid=model-output]"
+DIFF = "[data-testid=output-difference]"
+PROGRESS = "[data-testid=importance-progress]"
+SLOW_MS = 240_000  # every forward here competes with the rest of the suite on a loaded machine
+
+
+def toggle(layer: int, head: int) -> str:
+    return f"[data-testid=ablate-head][data-layer='{layer}'][data-head='{head}']"
+
+
+def wait_output(page, ablate: str) -> None:
+    """Wait until the model-output figure shows the output of this ablation set."""
+    page.wait_for_function(
+        """a => { const e = document.querySelector('[data-testid=model-output]');
+                  return e.dataset.state === 'ready' && e.dataset.ablate === a; }""",
+        arg=ablate,
+    )
+
+
+def output_png(page, testid: str = "model-output") -> str:
+    return page.eval_on_selector(f"[data-testid={testid}] canvas", "c => c.toDataURL()")
+
+
+def api(base_url, iid, what, **params) -> dict:
+    r = httpx.get(f"{base_url}/api/v1/attention/{iid}/{what}", params=params, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_toggles_change_the_models_output_and_show_the_difference(page, base_url, samples):
+    page.set_default_timeout(SLOW_MS)
+    open_page(page, base_url)
+    upload(page, samples["cat"])
+    iid = image_id(samples["cat"].read_bytes())
+    assert page.is_hidden(VIEW)
+    page.click("[data-testid=ablation-tab]")
+    page.wait_for_selector(VIEW, state="visible")
+    assert "view=ablation" in page.url
+    assert page.get_attribute("[data-testid=ablation-tab]", "aria-selected") == "true"
+    wait_output(page, "")
+    assert page.get_attribute(OUTPUT, "data-kind") == "saliency"
+    assert page.is_visible("[data-testid=ablation-picture]")
+    assert page.is_hidden(DIFF)
+    base_png = output_png(page)
+    assert page.locator("[data-testid=ablate-head]").count() == 12 * 6
+
+    page.click(toggle(11, 0))
+    assert page.get_attribute(toggle(11, 0), "aria-pressed") == "true"
+    wait_output(page, "11:0")
+    assert output_png(page) != base_png
+    page.wait_for_selector(DIFF, state="visible")
+    want = api(base_url, iid, "output", ablate="11:0")["change"]["mean_abs_diff"]
+    assert f"mean |Δ| {want:.4f}" in page.inner_text(DIFF)
+    assert "1 of 72 heads off" in page.inner_text("[data-testid=ablate-count]")
+
+    page.click(toggle(3, 2))
+    wait_output(page, "3:2,11:0")
+    two = output_png(page)
+    assert two not in (base_png,)
+    page.click(toggle(11, 0))  # back on
+    wait_output(page, "3:2")
+    assert page.get_attribute(toggle(11, 0), "aria-pressed") == "false"
+    page.click("[data-testid=ablate-reset]")
+    wait_output(page, "")
+    assert output_png(page) == base_png
+    assert page.is_hidden(DIFF)
+    assert page.locator("[data-testid=ablate-head][aria-pressed=true]").count() == 0
+
+
+@pytest.mark.timeout(1500)  # a sweep, a pruning curve and a gradient pass: minutes on a loaded 2-core machine
+def test_importance_shows_with_progress_then_the_pruning_curve(page, base_url, samples):
+    page.set_default_timeout(SLOW_MS)
+    open_page(page, base_url, "?view=ablation")
+    assert page.is_visible(VIEW)
+    upload(page, samples["coffee"])
+    iid = image_id(samples["coffee"].read_bytes())
+    wait_output(page, "")
+    # Record every state the progress bar goes through (a MutationObserver sees each one).
+    page.evaluate(
+        """() => {
+            window.__progress = [];
+            const el = document.querySelector('[data-testid=importance-progress]');
+            const note = () => window.__progress.push(
+                [el.dataset.state, el.getAttribute('aria-valuenow'), el.hidden, el.textContent.trim()]);
+            new MutationObserver(note).observe(el, {attributes: true, childList: true, subtree: true});
+        }"""
+    )
+    page.click("[data-testid=importance-run]")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=importance-heatmap] svg.main-svg')", timeout=600_000
+    )
+    page.wait_for_function("() => document.querySelector('[data-testid=pruning-curve] svg.main-svg')", timeout=600_000)
+    page.wait_for_selector(f"{PROGRESS}[data-state=done]")
+    seen = page.evaluate("() => window.__progress")
+    running = [s for s in seen if s[0] == "running"]
+    assert running and all(not s[2] for s in running), seen  # shown while it ran
+    assert any("Head importance" in s[3] for s in running) and any("Pruning curve" in s[3] for s in running)
+    assert "computed in" in page.inner_text(PROGRESS)
+
+    imp = api(base_url, iid, "importance")
+    z = [t for t in plot_data(page, "importance-heatmap") if t["type"] == "heatmap"][0]["z"]
+    assert_matrix(z, imp["importance"])
+    curve = api(base_url, iid, "pruning")
+    line = plot_data(page, "pruning-curve")[0]
+    assert line["x"] == curve["removed"]
+    assert_matrix(line["y"], curve["change"])
+
+    # the toggles are tinted by importance; a click on the heat map switches that head off
+    assert page.eval_on_selector(toggle(8, 2), "b => b.style.getPropertyValue('--cell')")
+    click_plot(page, "importance-heatmap", 4, 9)
+    page.wait_for_selector(f"{toggle(9, 4)}[aria-pressed=true]")
+    wait_output(page, "9:4")
+
+    # the gradient method on demand, from the same control
+    page.select_option("[data-testid=importance-method]", "gradient")
+    page.wait_for_function(
+        """() => { const el = document.querySelector('[data-testid=importance-heatmap]');
+                   return el.classList.contains('js-plotly-plot') && (el.dataset.key || '').includes('gradient'); }""",
+        timeout=600_000,
+    )
+    grad = api(base_url, iid, "importance", method="gradient")
+    z = [t for t in plot_data(page, "importance-heatmap") if t["type"] == "heatmap"][0]["z"]
+    assert_matrix(z, grad["importance"])
