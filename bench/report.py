@@ -74,6 +74,19 @@ def targets(results: dict) -> list[dict[str, Any]]:
                     r >= PEER_MIN,
                     detail=detail,
                 )
+    abl = results.get("ablation")
+    if abl:
+        from .ablation import SWEEP_TARGET
+
+        r = abl["sweep_vs_whole"]["median"]
+        add(
+            f"importance sweep <= {SWEEP_TARGET:.2f}x L x H whole-model forwards",
+            r,
+            SWEEP_TARGET,
+            r <= SWEEP_TARGET,
+            detail=f"backbone only {abl['sweep_vs_whole_backbone']['median']:.2f}x; "
+            f"gradient vs sweep Spearman {abl['gradient_spearman_mean']:.2f}",
+        )
     api = results.get("api")
     ref = results.get("api_ref", {}).get("ips", {}).get("median")
     if api is not None:
@@ -214,6 +227,10 @@ def table(results: dict) -> str:
             f"  (compute/img: the server's forward + capture per image, to compare with the {ref_ms:.1f} ms "
             f"bare forward here)"
         )
+    if results.get("ablation"):
+        from .ablation import table as ablation_table
+
+        lines += ablation_table(results["ablation"])
     mem = results.get("memory", {})
     bmax = max(map(int, results.get("inproc", {"1": 0})), default=1)
     lines += [

@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--no-api", action="store_true", help="skip the end-to-end API part")
     add("--no-peers", action="store_true", help="skip timm AttentionExtract and HF transformers")
     add("--no-encoding", action="store_true", help="skip the encoding part")
+    add("--no-ablation", action="store_true", help="skip the head-importance rows (exact sweep, gradient)")
     add("--strict", action="store_true", help="exit 1 when a performance target is missed")
     add(
         "--profile",
@@ -280,6 +281,19 @@ def main(argv: list[str] | None = None) -> int:
     del att
     gc.collect()
     results["memory"] = {"bench_peak_rss_mib_after_inproc": peak_rss_mib()}
+
+    # -- head importance: the exact sweep against L x H whole-model forwards ------------------------
+    if not args.no_ablation:
+        from . import ablation
+
+        print("  head importance: exact sweep, L x H whole forwards, gradient ...", flush=True)
+        try:
+            results["ablation"] = ablation.run(
+                lm, device, 1 if args.smoke else 5, 0 if args.smoke else 1, checks, verbose, not args.smoke
+            )
+        except BenchFailure as e:
+            checks.fail(f"ablation: {e}")
+        gc.collect()
 
     # -- 4: the API -------------------------------------------------------------------------------
     if not args.no_api:

@@ -137,6 +137,23 @@ def _resume_at(lm: LoadedModel, layer: int, block_input: torch.Tensor, mixed: to
         yield
 
 
+def sweep_features(
+    lm: LoadedModel, base: Baseline, layer: int, amp_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """The final features with each head of block ``layer`` removed alone: ``[H, N, D]``.
+
+    Recomputes from block ``layer``'s output projection on; the blocks before it are skipped.
+    """
+    H = lm.num_heads
+    dev = base.pixels.device
+    keep = 1.0 - torch.eye(H, device=dev)  # row h removes head h
+    with torch.inference_mode(), autocast(dev.type, amp_dtype):
+        x = base.block_inputs[layer].expand(H, -1, -1)  # H, N, D
+        mixed = apply_mask(base.mixed[layer].expand(H, -1, -1), keep)  # H, N, H * d_v
+        with _resume_at(lm, layer, x, mixed):
+            return lm.model.forward_features(base.pixels)  # H, N, D
+
+
 def sweep_block(
     lm: LoadedModel, base: Baseline, layer: int, amp_dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
@@ -146,15 +163,9 @@ def sweep_block(
         ``{"change": [H]}`` (the kind's metric, see :mod:`app.engine.output`), plus ``"kl"``
         ``[H]`` for classifiers; on the host, float32.
     """
-    H = lm.num_heads
     dev = base.pixels.device
-    keep = 1.0 - torch.eye(H, device=dev)  # row h removes head h
     with torch.inference_mode(), autocast(dev.type, amp_dtype):
-        x = base.block_inputs[layer].expand(H, -1, -1)  # H, N, D
-        mixed = apply_mask(base.mixed[layer].expand(H, -1, -1), keep)  # H, N, H * d_v
-        with _resume_at(lm, layer, x, mixed):
-            feats = lm.model.forward_features(base.pixels)  # H, N, D
-        out = head_output(lm, feats, base.input_hw)
+        out = head_output(lm, sweep_features(lm, base, layer, amp_dtype), base.input_hw)
         res = {"change": change(lm.output_kind, base.output, out).float().cpu()}
         if lm.output_kind == "classes":
             res["kl"] = kl_divergence(base.output, out).float().cpu()
