@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -81,12 +82,12 @@ def ablate_text(ablate: Iterable[tuple[int, int]]) -> str:
     return ",".join(f"{layer}:{head}" for layer, head in ablate)
 
 
-def mask_point(attn: nn.Module) -> nn.Module:
+def mask_point(attn: Any) -> nn.Module:
     """The module whose input is the concatenated head outputs ``[B, N, H * d_v]``."""
     norm = getattr(attn, "norm", None)
     if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity):
         return norm
-    return attn.proj
+    return cast(nn.Module, attn.proj)
 
 
 def head_masks(

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from .ablation import Ablation, apply_mask, batch_masks, heads_masked, mask_point
 from .capture import CaptureError
 from .device import autocast
-from .output import change, head_output, kl_divergence
+from .output import change, head_output, kl_divergence, timm_model
 
 if TYPE_CHECKING:
     from ..zoo.loaded import LoadedModel
@@ -70,7 +70,7 @@ class Baseline:
 
 
 def _blocks(lm: LoadedModel) -> list[nn.Module]:
-    return list(lm.model.blocks)
+    return list(timm_model(lm).blocks)
 
 
 def baseline(lm: LoadedModel, pixels: torch.Tensor, amp_dtype: torch.dtype | None = None) -> Baseline:
@@ -93,14 +93,14 @@ def baseline(lm: LoadedModel, pixels: torch.Tensor, amp_dtype: torch.dtype | Non
             h2 = mask_point(attn).register_forward_pre_hook(lambda m, a, sink=mixed[i]: sink.append(a[0]))
             stack.callback(h1.remove)
             stack.callback(h2.remove)
-        feats = lm.model.forward_features(pixels)
+        feats = timm_model(lm).forward_features(pixels)
         out = head_output(lm, feats, hw)
     if any(len(x) != 1 for x in (*inputs, *mixed)):
         raise CaptureError("the sweep's baseline hooks did not fire once per block")
     return Baseline(pixels, hw, out, [x[0] for x in inputs], [x[0] for x in mixed])
 
 
-def _attention_tail(attn: nn.Module, mixed: torch.Tensor):
+def _attention_tail(attn: Any, mixed: torch.Tensor):
     """A stand-in for ``attn.forward`` that starts from given head outputs (at the mask point)
     and runs the rest of the module: [norm, gate,] output projection, dropout."""
     point = mask_point(attn)
@@ -137,9 +137,7 @@ def _resume_at(lm: LoadedModel, layer: int, block_input: torch.Tensor, mixed: to
         yield
 
 
-def sweep_features(
-    lm: LoadedModel, base: Baseline, layer: int, amp_dtype: torch.dtype | None = None
-) -> torch.Tensor:
+def sweep_features(lm: LoadedModel, base: Baseline, layer: int, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The final features with each head of block ``layer`` removed alone: ``[H, N, D]``.
 
     Recomputes from block ``layer``'s output projection on; the blocks before it are skipped.
@@ -151,7 +149,7 @@ def sweep_features(
         x = base.block_inputs[layer].expand(H, -1, -1)  # H, N, D
         mixed = apply_mask(base.mixed[layer].expand(H, -1, -1), keep)  # H, N, H * d_v
         with _resume_at(lm, layer, x, mixed):
-            return lm.model.forward_features(base.pixels)  # H, N, D
+            return timm_model(lm).forward_features(base.pixels)  # H, N, D
 
 
 def sweep_block(
@@ -196,7 +194,7 @@ def gradient_importance(
     gates = torch.ones(L, H, device=pixels.device, requires_grad=True)
     with torch.enable_grad(), autocast(pixels.device.type, amp_dtype):
         with heads_masked(lm.model, {layer: gates[layer] for layer in range(L)}):
-            out = head_output(lm, lm.model.forward_features(pixels), hw)
+            out = head_output(lm, timm_model(lm).forward_features(pixels), hw)
         loss = surrogate_loss(lm.output_kind, out)
         (grad,) = torch.autograd.grad(loss, gates)
     return grad.abs().float().cpu(), float(loss.detach())
@@ -218,7 +216,7 @@ def masked_outputs(
     x = pixels.expand(len(ablations), -1, -1, -1)
     masks = batch_masks(ablations, lm.num_heads, pixels.device)
     with torch.inference_mode(), autocast(pixels.device.type, amp_dtype), heads_masked(lm.model, masks):
-        return head_output(lm, lm.model.forward_features(x), hw)
+        return head_output(lm, timm_model(lm).forward_features(x), hw)
 
 
 def pruning_steps(total: int, points: int) -> list[int]:

@@ -36,6 +36,12 @@ METRIC_TEXT = {
 }
 
 
+def timm_model(lm: LoadedModel) -> Any:
+    """``lm.model`` as what it is, a timm model: ``forward_features``, ``forward_head``,
+    ``blocks`` and ``embed_dim`` are timm's, unknown to ``nn.Module``'s type."""
+    return lm.model
+
+
 def head_output(lm: LoadedModel, feats: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
     """The model's output from its final features, in float32.
 
@@ -51,8 +57,9 @@ def head_output(lm: LoadedModel, feats: torch.Tensor, input_hw: tuple[int, int])
     if kind == "saliency":
         ph, pw = lm.patch_size
         grid = (input_hw[0] // ph, input_hw[1] // pw)
+        assert lm.decoder is not None
         return lm.decoder(feats[:, len(lm.prefix) :], grid, input_hw).float()  # B, H, W
-    out = lm.model.forward_head(feats).float()  # B, C (logits) or B, D (pooled embedding)
+    out = timm_model(lm).forward_head(feats).float()  # B, C (logits) or B, D (pooled embedding)
     return torch.log_softmax(out, dim=-1) if kind == "classes" else out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -149,7 +149,7 @@ def load_embedded(models_dir: Path, spec: ModelSpec | None = None) -> LoadedMode
             f"{d.name}: weights do not fit {manifest['arch']}: missing {missing[:4]}, unexpected {unexpected[:4]}"
         )
     install_exact_pos_embed(model, grid)
-    decoder, note = load_decoder(models_dir, model.embed_dim)
+    decoder, note = load_decoder(models_dir, cast(int, model.embed_dim))  # timm ViT attribute
     spec = spec or ModelSpec(embedded.MODEL_ID, "embedded", embedded.MODEL_ID)
     lm = _finish(
         spec,
