@@ -38,22 +38,49 @@ class AblationError(SelectionError):
     """A malformed, out-of-range or repeated ``ablate`` entry (answered as 422)."""
 
 
-def parse_ablate(spec: str | None, num_layers: int, num_heads: int) -> Ablation:
+class AblationUnsupportedError(SelectionError):
+    """Head ablation (``ablate``, importance, pruning) asked of a windowed model (answered as 422)."""
+
+    code = "ablation_unsupported"
+
+
+WINDOWED = (
+    "windowed models (Swin) have no head ablation yet: heads differ per stage and the sweep's "
+    "reuse of each block's input does not carry over patch merging; GET …/output without ablate "
+    "and every attention map are served"
+)
+
+
+def refuse_windowed(windowed: bool, what: str) -> None:
+    """Raise :class:`AblationUnsupportedError` for a windowed model.
+
+    Args:
+        windowed: whether the model is windowed (``LoadedModel.stages is not None``).
+        what: what was asked (``ablate``, ``importance``...), for the message.
+    """
+    if windowed:
+        raise AblationUnsupportedError(f"{what}: {WINDOWED}")
+
+
+def parse_ablate(spec: str | None, num_layers: int, num_heads: int, *, windowed: bool = False) -> Ablation:
     """Resolve ``ablate`` against a model; returns sorted, non-negative ``(layer, head)`` pairs.
 
     Args:
         spec: e.g. ``"0:1,11:5"``; empty or ``none`` for no ablation.
         num_layers: blocks of the model.
         num_heads: heads per block.
+        windowed: the model is windowed (Swin): any head is refused.
 
     Raises:
         AblationError: bad syntax, an index out of range, or a head listed twice.
+        AblationUnsupportedError: heads asked of a windowed model.
     """
     spec = (spec or "").strip().lower()
     if len(spec) > MAX_SPEC:
         raise AblationError("ablate: specification too long")
     if spec in ("", "none"):
         return ()
+    refuse_windowed(windowed, "ablate")
     seen: dict[tuple[int, int], str] = {}
     for raw in spec.replace(" ", "").split(","):
         m = _PAIR.match(raw)

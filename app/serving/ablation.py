@@ -27,7 +27,7 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from ..engine import importance as imp
-from ..engine.ablation import Ablation, ablate_text, parse_ablate
+from ..engine.ablation import Ablation, ablate_text, parse_ablate, refuse_windowed
 from ..engine.device import is_oom
 from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_change, kl_divergence
 from .cache import ImportanceKey, OutputKey, PruningKey
@@ -164,7 +164,7 @@ class AblationService:
         """``GET …/output``: the model's output with the ``ablate`` heads removed."""
         t0 = time.perf_counter()
         lm = await self.svc.model(model_id)
-        pairs = parse_ablate(ablate, lm.num_layers, lm.num_heads)
+        pairs = parse_ablate(ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
         res = await self.outputs(image_id, lm, [(), pairs], is_disconnected)
         if res is None:
             return None
@@ -247,6 +247,7 @@ class AblationService:
                 (the computation goes on; the route answers 202).
         """
         lm = await self.svc.model(model_id)
+        refuse_windowed(lm.stages is not None, "importance")
         return await self._importance(image_id, lm, method, is_disconnected, wait)
 
     async def _importance(
@@ -361,6 +362,7 @@ class AblationService:
         """``GET …/pruning``: the output change as heads are removed, least important first
         (``wait`` as for :meth:`importance`)."""
         lm = await self.svc.model(model_id)
+        refuse_windowed(lm.stages is not None, "pruning")
         key = PruningKey(image_id, lm.id, method, points)
         hit = self.svc.cache.get(key)
         if hit is not None:
@@ -438,6 +440,7 @@ class AblationService:
         idle = {"state": "idle", "task": what, "done": 0, "total": None, "fraction": 0.0}
         if lm is None:
             return idle if self.svc.upload_of(image_id) is not None else None
+        refuse_windowed(lm.stages is not None, what)
         key = self._key(what, image_id, lm, method, points)
         if self.svc.cache.get(key) is not None:
             return {"state": "done", "task": what, "done": 1, "total": 1, "fraction": 1.0}

@@ -361,7 +361,7 @@ class AttentionService:
             upload: the image, when the request brought it (POST); GETs find it in the cache.
         """
         lm = await self.model(p.model)
-        ablate = parse_ablate(p.ablate, lm.num_layers, lm.num_heads)
+        ablate = parse_ablate(p.ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
         found = await self.capture(
             image_id,
             lm,
@@ -403,7 +403,7 @@ class AttentionService:
         """Per-head statistics of a known image (computed once per mass fraction), of the model
         with the ``ablate`` heads removed."""
         lm = await self.model(model_id)
-        pairs = parse_ablate(ablate, lm.num_layers, lm.num_heads)
+        pairs = parse_ablate(ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
         found = await self.capture(image_id, lm, is_disconnected=is_disconnected, ablate=pairs)
         if found is None:
             return None

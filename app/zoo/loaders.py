@@ -196,7 +196,9 @@ def load_local(spec: ModelSpec) -> LoadedModel:
     _check_arch(spec.arch)
     sd = load_state_file(spec.path)
     head_keys = [k for k in sd if k.startswith("head.")]
-    num_classes = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    # The classifier's weight: ``head`` in ViTs, ``head.fc`` in Swin's ClassifierHead.
+    weight = next((sd[k] for k in ("head.weight", "head.fc.weight") if k in sd), None)
+    num_classes = weight.shape[0] if weight is not None else 0
     model, dynamic = _create(spec.arch, pretrained=False, num_classes=num_classes)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.startswith("head.")]

@@ -1,0 +1,141 @@
+"""Model output and head ablation for windowed models (Swin), and ablation with temperature.
+
+Windowed models answer their own output (a classifier's classes) but no head ablation: every
+endpoint that would remove heads answers 422 ``ablation_unsupported`` in the one error shape
+(README, "Model output, ablation and head importance"). Temperature composes with ``ablate``:
+the forward of the ablated model runs as the model does (T = 1), and the maps it captures are
+shown at T like any other.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from swin_reference import write_checkpoint
+
+from server import ROOT, Server
+
+API = "/api/v1/attention"
+ARCH = "swin_tiny_patch4_window7_224"
+T = 600  # generous: these tests must pass on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("swin-ablate") / "swin-clf.safetensors"
+    write_checkpoint(path, ARCH)
+    return path
+
+
+@pytest.fixture(scope="module")
+def swin(checkpoint):
+    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([f"local:{ARCH}@{checkpoint}"])})
+    yield srv.url, f"local:{ARCH}@{checkpoint.name}"
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+
+
+def post(base, data: bytes, **fields) -> dict:
+    r = httpx.post(
+        base + API,
+        files={"image": ("img.png", data, "application/octet-stream")},
+        data={k: str(v) for k, v in fields.items()},
+        timeout=T,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def get(base, path: str, **params) -> httpx.Response:
+    return httpx.get(base + path, params=params, timeout=T)
+
+
+def assert_422(r: httpx.Response, code: str) -> str:
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
+    assert body["error"]["code"] == code, body
+    assert "Traceback" not in r.text and ".py" not in r.text
+    return body["error"]["message"]
+
+
+def test_a_windowed_classifier_shows_its_classes_exactly(swin, checkpoint, samples):
+    from app.serving import images
+    from app.zoo.ids import ModelSpec
+    from app.zoo.loaders import build
+
+    url, model = swin
+    data = samples["cat"].read_bytes()
+    image_id = post(url, data, model=model, layers="0", query="0")["image_id"]
+    info = {m["id"]: m for m in httpx.get(url + "/api/v1/models", timeout=T).json()["models"]}
+    assert info[model]["output"] == "classes" and info[model]["windowed"] is True
+
+    r = get(url, f"{API}/{image_id}/output", model=model)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["kind"] == "classes" and body["ablated"] == [] and body["change"] is None
+    probs = np.asarray(body["output"]["probabilities"])
+    # Independent: the checkpoint's own timm model, its whole forward on the same pixels.
+    lm = build(ModelSpec.parse(f"local:{ARCH}@{checkpoint}"), ROOT / "models")
+    prep = images.prepare(images.decode(data, 40_000_000), lm.input_size, lm.patch_size, lm.mean, lm.std)
+    with torch.inference_mode():
+        want = torch.softmax(lm.model(prep.pixels[None]).float(), -1)[0].numpy()
+    np.testing.assert_allclose(probs, want, atol=1e-5)
+    assert [c["index"] for c in body["output"]["top5"]] == list(np.argsort(-want)[:5])
+
+
+def test_windowed_models_refuse_head_ablation_with_one_clear_422(swin, samples):
+    url, model = swin
+    data = samples["astronaut"].read_bytes()
+    image_id = post(url, data, model=model, layers="0", query="0")["image_id"]
+    asks = [
+        get(url, f"{API}/{image_id}", model=model, layers="0", query="0", ablate="0:0"),
+        get(url, f"{API}/{image_id}/stats", model=model, ablate="0:0"),
+        get(url, f"{API}/{image_id}/output", model=model, ablate="0:0"),
+        get(url, f"{API}/{image_id}/importance", model=model),
+        get(url, f"{API}/{image_id}/importance", model=model, method="gradient"),
+        get(url, f"{API}/{image_id}/pruning", model=model),
+        get(url, f"{API}/{image_id}/importance/progress", model=model),
+        get(url, f"{API}/{image_id}/pruning/progress", model=model),
+        httpx.post(
+            url + API,
+            files={"image": ("img.png", data, "application/octet-stream")},
+            data={"model": model, "layers": "0", "query": "0", "ablate": "1:2"},
+            timeout=T,
+        ),
+    ]
+    for r in asks:
+        msg = assert_422(r, "ablation_unsupported")
+        assert "windowed" in msg and "Swin" in msg
+    # "no ablation" spelled out is no ablation: answered as usual.
+    r = get(url, f"{API}/{image_id}", model=model, layers="0", query="0", ablate="none")
+    assert r.status_code == 200 and r.json()["ablated"] == []
+    assert get(url, f"{API}/{image_id}/output", model=model, ablate="").status_code == 200
+
+
+def test_temperature_applies_to_the_ablated_models_maps(base_url, samples):
+    """ablate + temperature: the maps of the model with the head removed (its forward at T = 1),
+    each row then softmax(scores / T), exactly as without ablation."""
+    data = samples["coffee"].read_bytes()
+    image_id = post(base_url, data, layers="0", query="cls")["image_id"]
+
+    def maps(**params) -> tuple[np.ndarray, dict]:
+        r = get(base_url, f"{API}/{image_id}", layers="3,11", heads="all", query="cls", **params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        return np.asarray(body["attention"], np.float64), body
+
+    ablated_t1, b1 = maps(ablate="2:1")
+    ablated_t2, b2 = maps(ablate="2:1", temperature="2")
+    plain_t2, _ = maps(temperature="2")
+    assert b2["ablated"] == [[2, 1]] and b2["temperature"] == 2 and b1["temperature"] == 1
+    # softmax(s / T) = p^(1/T) / sum p^(1/T): from the ablated T = 1 rows, independently of the server.
+    want = ablated_t1 ** (1 / 2)
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(ablated_t2, want, atol=2e-6)
+    # and not the unablated model's tempered maps: the head removed in block 2 changes later blocks
+    assert np.abs(ablated_t2 - plain_t2).max() > 1e-4
