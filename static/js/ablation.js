@@ -16,6 +16,7 @@ import {
   renderDifference, renderImportance, renderModelOutput, renderPicture, renderProgress, renderPruning, renderToggles,
 } from "./ablation_view.js";
 import { dims, state } from "./state.js";
+import { isWindowed } from "./windows.js";
 
 const $ = (id) => document.getElementById(id);
 const POLL_MS = 250;
@@ -47,8 +48,10 @@ function storeFor(imageId, model) {
   return store;
 }
 
-/** The heads switched off, as valid sorted [layer, head] pairs of the shown model. */
+/** The heads switched off, as valid sorted [layer, head] pairs of the shown model (none for a
+ * windowed model: the server has no head ablation for those). */
 function offPairs() {
+  if (isWindowed(state.meta)) return [];
   const { L, H } = dims();
   const pairs = [];
   for (const k of state.ablation.off) {
@@ -141,6 +144,7 @@ function fetchLong(s, what, method) {
 /** Start fetching what the view lacks: the unablated output, the current one, importance, curve. */
 function need(s) {
   fetchOutput(s, "");
+  if (isWindowed(state.meta)) return; // the output only: no heads to remove, no importance
   const text = ablateText(offPairs());
   if (text) fetchOutput(s, text);
   for (const m of s.asked) {
@@ -189,6 +193,11 @@ export function renderAblation() {
   $("ablation-empty").hidden = ready;
   $("ablation-body").hidden = !ready;
   if (!ready) return;
+  // Windowed models (Swin): the output alone; the heads and importance are hidden, with a note.
+  const windowed = isWindowed(state.meta);
+  $("ablation-windowed").hidden = !windowed;
+  $("ablation-heads").hidden = windowed;
+  $("importance-panel").hidden = windowed;
   const { L, H } = dims();
   const pairs = offPairs();
   const text = ablateText(pairs);
@@ -199,6 +208,10 @@ export function renderAblation() {
   renderPicture($("ablation-picture"), { image: state.image });
   renderModelOutput($("model-output"), { kind: base && base.kind, answer: current, base, image: state.image, loading });
   renderDifference($("output-difference"), text && current && current.ablate ? { answer: current, base, image: state.image } : null);
+  if (windowed) {
+    need(s);
+    return;
+  }
   const imp = s.importance.get(method);
   renderToggles($("ablate-grid"), { L, H, off: new Set(pairs.map(([l, h]) => `${l}:${h}`)), importance: imp ? imp.importance : null }, toggle);
   $("ablate-count").textContent = pairs.length
