@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..engine.ablation import Ablation, parse_ablate
 from ..engine.capture import ImageAttention
 from ..engine.explain import explain_head, inner_steps
 from ..engine.layout import TokenLayout
@@ -37,6 +38,11 @@ class ExplainParams(BaseModel):
         examples=["cls", "0", "patch:3,5"],
     )
     format: Literal["json", "safetensors"] = "json"
+    ablate: str = Field(
+        "",
+        max_length=MAX_SPEC,
+        description="explain the model with these heads removed: layer:head pairs '0:1,11:5' (see GET …/output)",
+    )
 
 
 def _index(i: int, n: int, what: str) -> int:
@@ -61,7 +67,9 @@ def resolve(p: ExplainParams, found: Found) -> tuple[int, int, int]:
     return layer, head, rows[0]
 
 
-def _answer(image_id: str, filename: str | None, lm: LoadedModel, found: Found, p: ExplainParams) -> Answer:
+def _answer(
+    image_id: str, filename: str | None, lm: LoadedModel, found: Found, p: ExplainParams, ablate: Ablation = ()
+) -> Answer:
     t0 = time.perf_counter()
     cap = found.cap
     layer, head, query = resolve(p, found)
@@ -79,6 +87,7 @@ def _answer(image_id: str, filename: str | None, lm: LoadedModel, found: Found, 
         "input_size": list(cap.input_size),
         "tokens": cap.layout.as_dict(),
         "cached": found.cached,
+        "ablated": [list(pair) for pair in ablate],
         "layer": layer,
         "head": head,
         "query": query,
@@ -131,9 +140,11 @@ async def explain(
 ) -> Answer | None:
     """One head's computation for an image the server has; None once it is evicted."""
     lm = await service.model(p.model)
-    found = await service.capture(image_id, lm, is_disconnected=is_disconnected)
+    # With heads removed, the capture of the ablated model (cached per ablation set like the maps').
+    ablate = parse_ablate(p.ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
+    found = await service.capture(image_id, lm, is_disconnected=is_disconnected, ablate=ablate)
     if found is None:
         return None
     upload = service.upload_of(image_id)
     filename = upload.filename if upload else None
-    return await service.worker.run_in_worker(_answer, image_id, filename, lm, found, p)
+    return await service.worker.run_in_worker(_answer, image_id, filename, lm, found, p, ablate)

@@ -130,6 +130,7 @@ class ExplainResponse(BaseModel):
     input_size: list[int]
     tokens: Tokens
     cached: bool = Field(description="answered from the server's cache without a forward pass")
+    ablated: list[list[int]] = Field(default_factory=list, description="[layer, head] pairs removed (`ablate`)")
     layer: int
     head: int
     query: int = Field(description="token index of the query")

@@ -140,6 +140,37 @@ def test_attention_with_ablate_changes_only_later_layers_and_is_cached_per_set(b
     assert st.json()["entropy"][2] == plain_st["entropy"][2] and st.json()["entropy"][11] != plain_st["entropy"][11]
 
 
+def test_explain_takes_ablate_and_shows_the_removed_head_zeroed_before_w_o(base_url, cat_id):
+    """…/explain of the ablated model: later layers' rows are the ablated maps' rows; in the
+    ablated block the head still computes o_h, and W_O receives zeros in its place."""
+    spec = "3:0,3:4"
+
+    def explain(**params) -> dict:
+        r = get(base_url, f"{API}/{cat_id}/explain", **params)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    later = explain(layer=6, head=2, ablate=spec)
+    assert later["ablated"] == [[3, 0], [3, 4]]
+    row = get(base_url, f"{API}/{cat_id}", layers="6", heads="2", query="cls", ablate=spec).json()
+    np.testing.assert_allclose(later["attention"], np.asarray(row["attention"])[0, 0, 0], atol=1e-6)
+    plain = explain(layer=6, head=2)
+    assert plain["ablated"] == [] and np.abs(np.subtract(later["attention"], plain["attention"])).max() > 1e-4
+
+    own = explain(layer=3, head=4, ablate=spec)
+    d = own["head_dim"]
+    x = np.asarray(own["proj_input"])
+    assert not x[0:d].any() and not x[4 * d : 5 * d].any() and x[d : 2 * d].any()
+    contrib = np.asarray(own["head_contributions"])
+    assert not contrib[0].any() and not contrib[4].any()
+    np.testing.assert_allclose(contrib.sum(0) + np.asarray(own["proj_bias"]), own["attn_output"], atol=1e-4)
+    # block 3's own attention is untouched by removing its heads: o_h is what the head computed
+    unablated = explain(layer=3, head=4)
+    np.testing.assert_allclose(own["attention"], unablated["attention"], atol=1e-6)
+    np.testing.assert_allclose(own["head_output"], unablated["head_output"], atol=1e-5)
+    assert np.abs(own["head_output"]).max() > 0
+
+
 @pytest.mark.parametrize("spec", BAD_ABLATE)
 def test_bad_ablate_is_422_on_every_endpoint_that_takes_it(base_url, cat_id, samples, spec):
     r = httpx.post(
@@ -149,7 +180,7 @@ def test_bad_ablate_is_422_on_every_endpoint_that_takes_it(base_url, cat_id, sam
         timeout=T,
     )
     assert_error(r, 422, "bad_ablate")
-    for path in (f"{API}/{cat_id}", f"{API}/{cat_id}/stats", f"{API}/{cat_id}/output"):
+    for path in (f"{API}/{cat_id}", f"{API}/{cat_id}/stats", f"{API}/{cat_id}/output", f"{API}/{cat_id}/explain"):
         assert_error(get(base_url, path, ablate=spec), 422, "bad_ablate")
     assert get(base_url, f"{API}/{cat_id}/output", ablate="0:1").status_code == 200
 
