@@ -64,6 +64,23 @@ function offPairs() {
 
 const ablateText = (pairs) => pairs.map(([l, h]) => `${l}:${h}`).join(",");
 
+/** The `ablate` of the maps view: the heads switched off here ("" for the model itself). */
+export function mapsAblate() {
+  return state.meta ? ablateText(offPairs()) : "";
+}
+
+/** The maps view's note while heads are off: which, and a way to switch them all back on. */
+export function renderMapsAblated() {
+  const el = $("maps-ablated");
+  if (!el) return;
+  const pairs = state.meta ? offPairs() : [];
+  el.hidden = !pairs.length;
+  if (!pairs.length) return;
+  const list = pairs.length <= 6 ? ` (${pairs.map(([l, h]) => `layer ${l} head ${h}`).join(", ")})` : "";
+  $("maps-ablated-text").textContent = `Maps of the model with ${pairs.length} head${pairs.length > 1 ? "s" : ""} `
+    + `off${list}, switched off in the Ablation view: layers after the first one removed change.`;
+}
+
 // ---------------------------------------------------------------- fetching
 function fetchOutput(s, text) {
   const key = `output|${text}`;
@@ -234,10 +251,12 @@ export function renderAblation() {
 export function bindAblation(change, error) {
   onChange = change;
   onError = error;
-  $("ablate-reset").addEventListener("click", () => {
-    state.ablation.off = [];
-    onChange();
-  });
+  for (const id of ["ablate-reset", "maps-ablated-reset"]) {
+    $(id).addEventListener("click", () => {
+      state.ablation.off = [];
+      onChange();
+    });
+  }
   $("importance-method").addEventListener("change", (e) => {
     state.ablation.method = e.target.value;
     if (store && store.asked.size) store.asked.add(state.ablation.method);

@@ -7,6 +7,8 @@
 // mean/max over heads are computed here from the per-head rows, on first use.
 // temperature: rows and rollouts are those of softmax(scores / T); changing T drops them (the
 //          server answers the new ones from its cache); the statistics stay the model's (T = 1).
+// ablate:  heads switched off in the Ablation view ("3:0,3:1", #16): rows, rollouts and statistics
+//          are those of the model with those heads removed; changing the set drops them all.
 
 import { getAttention, getStats } from "./api.js";
 
@@ -41,6 +43,21 @@ export class AttentionStore {
     this.loading = new Map(); // key -> promise
     this.failed = new Map();  // key -> error (not retried automatically)
     this.temperature = 1;
+    this.ablate = "";
+  }
+
+  /** Show the maps of the model with the heads of `text` removed ("" for the model itself). */
+  setAblate(text) {
+    if (text === this.ablate) return;
+    this.ablate = text;
+    for (const m of [this.rows, this.rollout, this.fused]) m.clear();
+    this.stats = null;
+    this.failed.clear();
+  }
+
+  /** The ablate parameter of a request, when heads are removed. */
+  ablateParam() {
+    return this.ablate ? { ablate: this.ablate } : {};
   }
 
   /** Show maps at softmax temperature t from now on: rows of another temperature are dropped. */
@@ -121,11 +138,12 @@ export class AttentionStore {
   loadRows(query, apiQuery) {
     if (this.rows.has(query)) return Promise.resolve();
     const t = this.temperature;
+    const a = this.ablate;
     return this.once(`rows|${query}`, async () => {
       const ans = await getAttention(this.imageId, {
-        model: this.model, layers: "all", heads: "all", query: apiQuery, ...this.temperatureParam(),
+        model: this.model, layers: "all", heads: "all", query: apiQuery, ...this.temperatureParam(), ...this.ablateParam(),
       });
-      if (t === this.temperature) this.putRows(query, ans.data); // else the slider moved on
+      if (t === this.temperature && a === this.ablate) this.putRows(query, ans.data); // else the slider moved on
     });
   }
 
@@ -138,23 +156,26 @@ export class AttentionStore {
     const key = rolloutKey(query, opts);
     if (this.rollout.has(key)) return Promise.resolve();
     const t = this.temperature;
+    const a = this.ablate;
     return this.once(`rollout|${key}`, async () => {
       const ans = await getAttention(this.imageId, {
         model: this.model, layers: `${opts.start}-${this.L - 1}`, query: apiQuery, aggregate: "rollout",
         rollout_start: opts.start, head_fusion: opts.fusion, discard_ratio: opts.discard, ...this.temperatureParam(),
+        ...this.ablateParam(),
       });
       if (ans.data.length !== (this.L - opts.start) * this.N) throw new Error("rollout answer of unexpected size");
-      if (t === this.temperature) this.rollout.set(key, { start: opts.start, token, data: ans.data });
+      if (t === this.temperature && a === this.ablate) this.rollout.set(key, { start: opts.start, token, data: ans.data });
     });
   }
 
   /** Per-head statistics of the image (GET …/stats), once. */
   loadStats() {
     if (this.stats) return Promise.resolve();
+    const a = this.ablate;
     return this.once("stats", async () => {
-      const st = await getStats(this.imageId, { model: this.model });
+      const st = await getStats(this.imageId, { model: this.model, ...this.ablateParam() });
       if (st.layers !== this.L || st.heads !== this.H) throw new Error("statistics of unexpected size");
-      this.stats = st;
+      if (a === this.ablate) this.stats = st;
     });
   }
 

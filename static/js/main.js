@@ -18,7 +18,7 @@ import {
 import { renderPrefixList, renderReadout, renderViewer } from "./viewer.js";
 import { bindViews, renderViews } from "./views.js";
 import { bindLearn, needLearn, renderLearn } from "./learn.js"; // #15 Inside a head
-import { bindAblation, renderAblation } from "./ablation.js"; // ablation view (#16)
+import { bindAblation, mapsAblate, renderAblation, renderMapsAblated } from "./ablation.js"; // ablation view (#16)
 import {
   apiQuery, defaultQuery, dims, headChoices, markerAt, parseQuery, readUrl, state, syncUrl, tokensAt,
 } from "./state.js";
@@ -42,6 +42,9 @@ let slowTimer = 0;
 function render() {
   if (store) store.rolloutOpts = { ...state.rollout };
   if (store) store.setTemperature(state.temperature); // #15 maps at softmax(scores / T)
+  // #16 maps of the model with the Ablation view's heads off; asked for once another view shows
+  // them, so that a click on a head in the Ablation view costs one forward (its output), not two.
+  if (store && state.view !== "ablation") store.setAblate(mapsAblate());
   renderViews();
   renderControls();
   renderAnalysisControls(store);
@@ -55,6 +58,7 @@ function render() {
   renderLearn(); // #15
   needLearn(render, showError); // #15
   renderAblation(); // ablation view (#16)
+  renderMapsAblated(); // #16: the maps view says when heads are off
   clearTimeout(slowTimer);
   slowTimer = setTimeout(renderSlow, 40);
   if (state.imageId || state.view !== "viewer") syncUrl();
@@ -89,7 +93,8 @@ function thumbView() {
     allHeads: windowed ? [...Array.from({ length: store.H }, (_, i) => String(i)), "mean", "max"] : null,
     rowOf: (layer, head) => shownRow(store, state.query, layer, head, tokens, state.drop),
     key: [state.imageId, store.model, state.query, state.colormap, state.opacity, state.smooth,
-      state.drop, artifactTokens(store).join(","), rolloutKey("", state.rollout), state.temperature].join("|"),
+      state.drop, artifactTokens(store).join(","), rolloutKey("", state.rollout), state.temperature,
+      store.ablate].join("|"),
   };
 }
 

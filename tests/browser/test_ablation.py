@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from test_analytics import assert_matrix, click_plot, plot_data
-from test_page import image_id, open_page, upload
+from test_page import canvas_png, image_id, open_page, upload, wait_view
 
 pytestmark = pytest.mark.browser
 
@@ -139,3 +139,42 @@ def test_importance_shows_with_progress_then_the_pruning_curve(page, base_url, s
     grad = api(base_url, iid, "importance", method="gradient")
     z = [t for t in plot_data(page, "importance-heatmap") if t["type"] == "heatmap"][0]["z"]
     assert_matrix(z, grad["importance"])
+
+
+def test_the_maps_view_shows_the_model_with_the_heads_switched_off(page, base_url, samples):
+    page.set_default_timeout(SLOW_MS)
+    open_page(page, base_url)
+    upload(page, samples["astronaut"])
+    page.fill("[data-testid=layer]", "11")
+    wait_view(page, layer="11")
+    page.wait_for_function("() => document.querySelector('[data-testid=overlay]').dataset.pending === '0'")
+    before = canvas_png(page)
+    assert page.is_hidden("[data-testid=maps-ablated]")
+
+    page.click("[data-testid=ablation-tab]")
+    wait_output(page, "")
+    page.click(toggle(2, 1))
+    wait_output(page, "2:1")
+
+    # The maps' rows are asked again of the ablated model (GET …?ablate=2:1) once the maps show.
+    # (statistics too: GET …/stats?ablate=2:1)
+    def rows_ablated(r) -> bool:
+        return "/api/v1/attention/" in r.url and "layers=all" in r.url and "ablate=2%3A1" in r.url
+
+    with page.expect_response(rows_ablated) as resp:
+        page.click("[data-testid=viewer-tab]")
+    assert resp.value.status == 200
+    page.wait_for_selector("[data-testid=maps-ablated]", state="visible")
+    assert "1 head off (layer 2 head 1)" in page.inner_text("[data-testid=maps-ablated]")
+    wait_view(page, layer="11")
+    page.wait_for_function(
+        "b => document.querySelector('[data-testid=overlay]').toDataURL('image/png') !== b", arg=before
+    )
+
+    page.click("[data-testid=maps-ablated-reset]")
+    page.wait_for_selector("[data-testid=maps-ablated]", state="hidden")
+    page.wait_for_function(
+        "b => document.querySelector('[data-testid=overlay]').toDataURL('image/png') === b", arg=before
+    )
+    page.click("[data-testid=ablation-tab]")
+    assert page.locator("[data-testid=ablate-head][aria-pressed=true]").count() == 0
