@@ -44,7 +44,7 @@ def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[
 
     def bare(x):
         with torch.inference_mode():
-            return model.forward_features(x)
+            return model.forward_features(x1)
 
     def check_stats(out, batch):
         ent = torch.tensor(out["entropy"]) if isinstance(out, dict) else out.entropy

@@ -116,6 +116,8 @@ class Surveyor:
     def prepare(self, item: Item) -> Prepared:
         """Read, decode and resize one picture as the server does; raises ImageError/OSError."""
         data = Path(item.path).read_bytes()
+        if not data:
+            raise images.ImageError("the file is empty", code="empty_file")
         img = images.decode(data, self.settings.max_image_pixels)
         lm, s = self.lm, self.settings
         prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, s.resize, s.max_aspect, lm.dynamic)

@@ -402,13 +402,15 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         + "".join(f"<div><b>{html.escape(v)}</b>{html.escape(k)}</div>" for k, v in facts)
         + "</div>"
     )
+    # Script content is not HTML-decoded: raw JSON, with "</" broken so it cannot end the tag.
+    meta_json = json.dumps(meta).replace("</", "<\\/")
     return (
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"
         f"<title>{html.escape(title)}</title><style>{CSS}</style>"
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head>"
         f"<body><main>{head_html}{''.join(sections)}{fail_html}"
-        f"<script type='application/json' id='survey-meta'>{html.escape(json.dumps(meta))}</script>"
+        f"<script type='application/json' id='survey-meta'>{meta_json}</script>"
         "</main></body></html>\n"
     )
 
