@@ -12,7 +12,9 @@ Actors: one per GPU with ``num_gpus=1`` where the cluster has GPUs; otherwise on
 each with all of its node's CPUs (torch runs its own threads inside). ``--actors`` overrides.
 
 Without ``--address`` (or ``RAY_ADDRESS``) a local Ray is started for the run, small (this
-machine's CPUs, a 256 MiB object store, no dashboard, warnings only) and shut down at the end.
+machine's CPUs, a 256 MiB object store, no dashboard, errors only) and shut down at the end;
+its workers import the driver's code through ``PYTHONPATH``. Joining a cluster, the driver
+ships its ``app`` package to the workers (``runtime_env`` ``py_modules``).
 """
 
 from __future__ import annotations
@@ -90,11 +92,13 @@ def _init(address: str | None) -> bool:
     """Join the cluster at ``address`` / ``RAY_ADDRESS``, or start a small local one; True if started."""
     import ray
 
-    quiet = dict(logging_level=logging.WARNING, log_to_driver=False)
+    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
     if ray.is_initialized():
         return False
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, **quiet)  # address None: ray.init reads RAY_ADDRESS
+        # The driver ships its own ``app`` package to the workers, so every node runs the code
+        # that wrote the output's metadata; the workers need the dependencies installed.
+        ray.init(address=address, runtime_env={"py_modules": [str(CODE_ROOT / "app")]}, **quiet)
         return False
     path = os.pathsep.join(p for p in (str(CODE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(
@@ -147,7 +151,7 @@ class RayEngine:
         import ray.data
 
         self.started = _init(self.address)
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # the survey's own bar counts pictures
         ctx.print_on_execution_start = False

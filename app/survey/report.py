@@ -373,10 +373,11 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         .aggregate([("image", "count")])
         .sort_by([("image_count", "descending")])
     )
-    top_grids = ", ".join(
+    grid_list = [
         f"{r}x{c} ({n})"
         for r, c, n in zip(*(grid_counts.column(k).to_pylist() for k in ("grid_rows", "grid_cols", "image_count")))
-    )
+    ]
+    top_grids = ", ".join(grid_list[:6]) + (f" and {len(grid_list) - 6} more" if len(grid_list) > 6 else "")
     n_fail = failures.num_rows if failures is not None else 0
     facts = [
         ("images", f"{n_images:,}"),
@@ -396,7 +397,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         f"<h1>{html.escape(title)}</h1>"
         f'<p class="sub">model <b>{html.escape(str(model))}</b>'
         + (f" · precision {html.escape(str(meta.get('precision')))}" if meta.get("precision") else "")
-        + f" · grids (rows x cols, images): {html.escape(top_grids[:300])}"
+        + f" · patch grids (rows x cols: images): {html.escape(top_grids)}"
         + f" · generated {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>"
         + '<div class="card facts">'
         + "".join(f"<div><b>{html.escape(v)}</b>{html.escape(k)}</div>" for k, v in facts)
