@@ -22,9 +22,13 @@ import pyarrow as pa
 import torch
 
 from ..config import Settings
+from ..engine.capture import ImageAttention
 from ..engine.device import autocast_dtype, is_oom, release_memory, resolve_device
 from ..engine.forward import forward_capture
+from ..engine.layout import TokenLayout
 from ..engine.stats import compute_stats
+from ..engine.window_stats import window_head_stats
+from ..engine.windows import WindowedAttention
 from ..serving import images
 from ..zoo.loaded import LoadedModel
 from ..zoo.registry import Registry
@@ -163,7 +167,8 @@ class Surveyor:
             x = torch.stack([p.pixels for p in batch]).to(self.device)  # B, 3, H, W
             # Every row of every map is needed: keep the unfused forward's maps where that pays
             # (as the server does for query=all) instead of recomputing them from q and k.
-            materialise = self.lm.capture.materialise_pays(self.lm.layout(batch[0].input_size).count)
+            layout = self.lm.layout(batch[0].input_size)
+            materialise = isinstance(layout, TokenLayout) and self.lm.capture.materialise_pays(layout.count)
             with self.lm.lock:
                 atts = forward_capture(self.lm, x, materialise=materialise, amp_dtype=self.amp)
             for p, att in zip(batch, atts):
@@ -185,9 +190,12 @@ class Surveyor:
             log.warning("%s: %s: %s", batch[0].item.image, type(e).__name__, e)
             failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
 
-    def _rows(self, p: Prepared, att) -> pa.Table:
+    def _rows(self, p: Prepared, att: ImageAttention | WindowedAttention) -> pa.Table:
         """The ``L * H`` rows of one picture."""
+        if isinstance(att, WindowedAttention):
+            return self._window_rows(p, att)
         layout = self.lm.layout(p.input_size)
+        assert isinstance(layout, TokenLayout)
         st = compute_stats(att, layout, MASS, similarity=self.similarity, with_ranks=self.ranks)
         L, H = att.num_layers, att.num_heads
         n = L * H
@@ -235,5 +243,64 @@ class Surveyor:
             "prefix_tokens": const(layout.num_prefix, pa.int16()),
             "artifact_tokens": const(len(st.artifacts), pa.int32()),
             "artifact_threshold": const(st.artifact_threshold, pa.float32()),
+            "stage": pa.nulls(n, pa.int16()),
+        }
+        return pa.table(list(cols.values()), schema=schema.ROWS)
+
+    def _window_rows(self, p: Prepared, att: WindowedAttention) -> pa.Table:
+        """The rows of one picture under a windowed model (Swin): ``sum_l H_l`` rows.
+
+        The values are :func:`~app.engine.window_stats.window_head_stats`'s, which the stats
+        endpoint answers for Swin: entropy over each query's window, distance between the cells
+        of the layer's stage grid; the columns that mean nothing for windows (no prefix, no CLS,
+        artifact tokens only on the last stage's grid) are null. ``grid_rows``, ``grid_cols``
+        and ``tokens`` are those of the row's stage, named in ``stage``.
+        """
+        st = window_head_stats(att, p.input_size, MASS)
+        heads = st["heads_per_layer"]
+        layers = np.repeat(np.arange(len(heads)), heads)
+        n = len(layers)
+        stages = [att.stage_of(int(layer)) for layer in layers]
+
+        def flat(v: list[list[float]]) -> pa.Array:
+            return pa.array(np.concatenate([np.asarray(x, np.float32) for x in v]), pa.float32())
+
+        def per_layer(v: list, dtype) -> pa.Array:
+            return pa.array(np.repeat(np.asarray(v), heads), dtype)
+
+        def const(v, dtype) -> pa.Array:
+            return pa.array(np.full(n, v), dtype)
+
+        similarity = (
+            pa.array([row for layer in st["similarity"] for row in layer], pa.list_(pa.float32()))
+            if self.similarity
+            else pa.nulls(n, pa.list_(pa.float32()))
+        )
+        rank = st["rank"]
+        cols = {
+            "image": pa.array([p.item.image] * n, pa.string()),
+            "layer": pa.array(layers, pa.int16()),
+            "head": pa.array(np.concatenate([np.arange(h) for h in heads]), pa.int16()),
+            "entropy": flat(st["entropy"]),
+            "entropy_cls": pa.nulls(n, pa.float32()),
+            "distance_px": flat(st["distance_px"]),
+            "prefix_mass": pa.nulls(n, pa.float32()),
+            "artifact_mass": pa.nulls(n, pa.float32()),
+            "mass_patches": pa.nulls(n, pa.int32()),
+            "cls_cosine": pa.nulls(n, pa.list_(pa.float32())),
+            "similarity": similarity,
+            "rank_numerical": per_layer(rank["numerical"], pa.int32()) if self.ranks else pa.nulls(n, pa.int32()),
+            "rank_effective": per_layer(rank["effective"], pa.float64()) if self.ranks else pa.nulls(n, pa.float64()),
+            "image_height": const(p.image_size[0], pa.int32()),
+            "image_width": const(p.image_size[1], pa.int32()),
+            "input_height": const(p.input_size[0], pa.int32()),
+            "input_width": const(p.input_size[1], pa.int32()),
+            "grid_rows": pa.array([s.grid[0] for s in stages], pa.int16()),
+            "grid_cols": pa.array([s.grid[1] for s in stages], pa.int16()),
+            "tokens": pa.array([s.grid[0] * s.grid[1] for s in stages], pa.int32()),
+            "prefix_tokens": const(0, pa.int16()),
+            "artifact_tokens": const(len(st["artifacts"]["tokens"]), pa.int32()),
+            "artifact_threshold": const(st["artifacts"]["threshold"], pa.float32()),
+            "stage": pa.array([s.index for s in stages], pa.int16()),
         }
         return pa.table(list(cols.values()), schema=schema.ROWS)

@@ -92,13 +92,17 @@ def _init(address: str | None) -> bool:
     """Join the cluster at ``address`` / ``RAY_ADDRESS``, or start a small local one; True if started."""
     import ray
 
-    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
     if ray.is_initialized():
         return False
     if address or os.environ.get("RAY_ADDRESS"):
         # The driver ships its own ``app`` package to the workers, so every node runs the code
         # that wrote the output's metadata; the workers need the dependencies installed.
-        ray.init(address=address, runtime_env={"py_modules": [str(CODE_ROOT / "app")]}, **quiet)
+        ray.init(
+            address=address,
+            runtime_env={"py_modules": [str(CODE_ROOT / "app")]},
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
         return False
     path = os.pathsep.join(p for p in (str(CODE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(
@@ -106,7 +110,8 @@ def _init(address: str | None) -> bool:
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
         include_dashboard=False,
         runtime_env={"env_vars": {"PYTHONPATH": path}},
-        **quiet,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
     )
     return True
 
@@ -183,8 +188,8 @@ class RayEngine:
         if not self.started:
             settings = {k: v for k, v in settings.items() if k != "models_dir"}  # each node has its own
         blocks = max(1, min(len(items) // max(1, batch_size * 4), 1000))
-        ds = ray.data.from_items([{"image": it.image, "path": it.path} for it in items], override_num_blocks=blocks)
-        ds = ds.map_batches(
+        paths = ray.data.from_items([{"image": it.image, "path": it.path} for it in items], override_num_blocks=blocks)
+        ds = paths.map_batches(
             SurveyActor,
             fn_constructor_kwargs=dict(
                 model=model,
@@ -199,7 +204,8 @@ class RayEngine:
             compute=ray.data.ActorPoolStrategy(size=self.count),
             **self.per_actor,
         )
-        for out in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            out = batch if isinstance(batch, pa.Table) else pa.table(batch)
             for rows, fails in zip(out.column("rows").to_pylist(), out.column("failures").to_pylist()):
                 emit(Result(_from_ipc(rows), _from_ipc(fails)))
 

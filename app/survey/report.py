@@ -42,6 +42,7 @@ COLUMNS = [
     "artifact_tokens",
     "grid_rows",
     "grid_cols",
+    "stage",
 ]
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"scale": 2}}
 
@@ -84,7 +85,10 @@ def _head_aggregates(t: pa.Table) -> dict[str, Any]:
 
 
 def _similarity(t: pa.Table, L: int, H: int) -> tuple[np.ndarray | None, str]:
-    """Mean head-by-head similarity per layer ``[L, H, H]`` and what it is."""
+    """Mean head-by-head similarity per layer ``[L, H, H]`` and what it is.
+
+    Layers with fewer heads than ``H`` (Swin's early stages) leave the rest NaN.
+    """
     for col, what in (
         ("similarity", "1 - JS/log 2 of the heads' attention rows (the stats endpoint's similarity)"),
         ("cls_cosine", "cosine similarity of the heads' CLS rows (survey without --similarity)"),
@@ -96,14 +100,27 @@ def _similarity(t: pa.Table, L: int, H: int) -> tuple[np.ndarray | None, str]:
         if not pc.any(ok).as_py():
             continue
         sub = t.filter(ok)
-        vals = _np(pc.list_flatten(sub.column(col))).reshape(sub.num_rows, H)
-        layer, head = _np(sub.column("layer")).astype(int), _np(sub.column("head")).astype(int)
-        acc = np.zeros((L, H, H))
-        n = np.zeros((L, H, 1))
-        np.add.at(acc, (layer, head), vals)
-        np.add.at(n, (layer, head), 1)
-        return acc / np.maximum(n, 1), what
+        acc = np.full((L, H, H), np.nan)
+        for lyr in np.unique(_np(sub.column("layer")).astype(int)):
+            part = sub.filter(pc.equal(sub.column("layer"), lyr))
+            vals = _np(pc.list_flatten(part.column(col)))
+            h_l = len(vals) // part.num_rows  # this layer's heads: each row lists one value per head
+            vals = vals.reshape(part.num_rows, h_l)
+            head = _np(part.column("head")).astype(int)
+            s = np.zeros((h_l, h_l))
+            n = np.zeros((h_l, 1))
+            np.add.at(s, head, vals)
+            np.add.at(n, head, 1)
+            acc[lyr, :h_l, :h_l] = s / np.maximum(n, 1)
+        return acc, what
     return None, ""
+
+
+def _grid(layer: np.ndarray, head: np.ndarray, v: np.ndarray, L: int, H: int) -> np.ndarray:
+    """Per-head values ``[L, H]`` from parallel arrays; NaN where a layer has fewer heads."""
+    out = np.full((L, H), np.nan)
+    out[layer, head] = v
+    return out
 
 
 def _fig_html(fig, div_id: str) -> str:
@@ -134,6 +151,8 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     n_images = len(pc.unique(t.column("image")))
     agg = _head_aggregates(t)
     layer, head = agg["layer"].astype(int), agg["head"].astype(int)
+    heads_per_layer = np.bincount(layer, minlength=L)
+    windowed = "stage" in t.column_names and pc.any(pc.invert(pc.is_null(t.column("stage")))).as_py()
     model = meta.get("model", "?")
     title = title or f"Headscope survey: {model}, {n_images:,} images"
     colors = [f"hsl({int(360 * h / H)},65%,45%)" for h in range(H)]
@@ -168,7 +187,10 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         "<h2>Mean attention distance against depth</h2>"
         '<p class="note">One dot per head: the mean over images of its mean attention distance (for each patch '
         "query, the attention-weighted distance to the patch keys, in input pixels; Dosovitskiy et al. 2021, "
-        "fig. 7). Bars: standard deviation over images.</p>" + _fig_html(fig, "fig-distance")
+        "fig. 7). Bars: standard deviation over images."
+        + (" Swin: between the cells of each layer's stage grid, within the query's window." if windowed else "")
+        + "</p>"
+        + _fig_html(fig, "fig-distance")
     )
 
     # -- 2. entropy per head as distributions ----------------------------------------------
@@ -200,59 +222,83 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
                 row=r,
                 col=1,
             )
-    fig.update_yaxes(title_text="entropy / log N", range=[0, 1.02])
+    fig.update_yaxes(title_text="entropy / log W²" if windowed else "entropy / log N", range=[0, 1.02])
     fig.update_layout(height=620, margin=dict(t=30, r=10), template="plotly_white", showlegend=False)
     sections.append(
         "<h2>Entropy per head</h2>"
         '<p class="note">Distribution over images of each head\'s normalised attention entropy (1 = uniform '
-        "over all tokens, 0 = one token). Boxes: quartiles; whiskers: 5th and 95th percentiles; dashed: mean. "
-        "Top: mean over all query rows; bottom: the CLS token's row.</p>" + _fig_html(fig, "fig-entropy")
+        + (
+            "over the W x W keys of the query's window, as Swin's softmax runs, 0 = one key). "
+            if windowed
+            else "over all tokens, 0 = one token). "
+        )
+        + "Boxes: quartiles; whiskers: 5th and 95th percentiles; dashed: mean. "
+        + (
+            "Mean over all query cells (Swin has no CLS token)."
+            if windowed
+            else "Top: mean over all query rows; bottom: the CLS token's row."
+        )
+        + "</p>"
+        + _fig_html(fig, "fig-entropy")
     )
 
     # -- 3. prefix and artifact mass per layer ---------------------------------------------
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("attention on prefix tokens", "attention on artifact tokens"))
-    for c, col in enumerate(("prefix_mass", "artifact_mass"), start=1):
-        v = agg[f"{col}_mean"]
-        fig.add_trace(
-            go.Scatter(
-                x=layer,
-                y=v,
-                mode="markers",
-                marker=dict(size=7, color=[colors[h] for h in head], opacity=0.8),
-                text=[f"head {h}" for h in head],
-                hovertemplate="layer %{x} %{text}: %{y:.3f}<extra></extra>",
-                showlegend=False,
-            ),
-            row=1,
-            col=c,
-        )
-        per_layer = np.array([v[layer == lyr].mean() for lyr in range(L)])
-        fig.add_trace(
-            go.Scatter(
-                x=np.arange(L),
-                y=per_layer,
-                mode="lines",
-                line=dict(color="#1d2433", width=2),
-                name="mean over heads",
-                showlegend=c == 1,
-                hovertemplate="layer %{x}: mean %{y:.3f}<extra></extra>",
-            ),
-            row=1,
-            col=c,
-        )
-    fig.update_xaxes(title_text="layer", dtick=1)
-    fig.update_yaxes(title_text="mean share of attention", rangemode="tozero")
-    fig.update_layout(height=400, margin=dict(t=30, r=10), template="plotly_white", legend=dict(y=1.12, x=0))
     img_rows = t.filter(pc.and_(pc.equal(t.column("layer"), 0), pc.equal(t.column("head"), 0)))
     arts = _np(img_rows.column("artifact_tokens")) if "artifact_tokens" in t.column_names else np.zeros(0)
     with_art = float((arts > 0).mean()) if arts.size else 0.0
-    sections.append(
-        "<h2>Prefix and artifact mass per layer</h2>"
-        '<p class="note">Mean over query rows and images of the attention each head gives to the prefix tokens '
-        "(CLS, registers) and to high-norm artifact tokens of the last layer (robust z-score of the token norm "
-        f"above 6; Darcet et al. 2024). {with_art:.0%} of the images have at least one artifact token "
-        f"(mean {arts.mean() if arts.size else 0:.2f} per image).</p>" + _fig_html(fig, "fig-mass")
+    art_note = (
+        f"{with_art:.0%} of the images have at least one artifact token "
+        f"(mean {arts.mean() if arts.size else 0:.2f} per image)."
     )
+    masses = [c for c in ("prefix_mass", "artifact_mass") if not np.isnan(agg[f"{c}_mean"]).all()]
+    if masses:
+        titles = {"prefix_mass": "attention on prefix tokens", "artifact_mass": "attention on artifact tokens"}
+        fig = make_subplots(rows=1, cols=len(masses), subplot_titles=[titles[c] for c in masses])
+        for c, col in enumerate(masses, start=1):
+            v = agg[f"{col}_mean"]
+            fig.add_trace(
+                go.Scatter(
+                    x=layer,
+                    y=v,
+                    mode="markers",
+                    marker=dict(size=7, color=[colors[h] for h in head], opacity=0.8),
+                    text=[f"head {h}" for h in head],
+                    hovertemplate="layer %{x} %{text}: %{y:.3f}<extra></extra>",
+                    showlegend=False,
+                ),
+                row=1,
+                col=c,
+            )
+            per_layer = np.array([np.nanmean(v[layer == lyr]) for lyr in range(L)])
+            fig.add_trace(
+                go.Scatter(
+                    x=np.arange(L),
+                    y=per_layer,
+                    mode="lines",
+                    line=dict(color="#1d2433", width=2),
+                    name="mean over heads",
+                    showlegend=c == 1,
+                    hovertemplate="layer %{x}: mean %{y:.3f}<extra></extra>",
+                ),
+                row=1,
+                col=c,
+            )
+        fig.update_xaxes(title_text="layer", dtick=1)
+        fig.update_yaxes(title_text="mean share of attention", rangemode="tozero")
+        fig.update_layout(height=400, margin=dict(t=30, r=10), template="plotly_white", legend=dict(y=1.12, x=0))
+        sections.append(
+            "<h2>Prefix and artifact mass per layer</h2>"
+            '<p class="note">Mean over query rows and images of the attention each head gives to the prefix '
+            "tokens (CLS, registers) and to high-norm artifact tokens of the last layer (robust z-score of the "
+            f"token norm above 6; Darcet et al. 2024). {art_note}</p>" + _fig_html(fig, "fig-mass")
+        )
+    else:
+        sections.append(
+            "<h2>Prefix and artifact mass per layer</h2>"
+            '<p class="note">Not measured for this model: it has no prefix tokens, and its high-norm tokens '
+            "(robust z-score of the last layer's token norm above 6) sit on the last stage's grid, which the "
+            f"other stages' attention does not address. {art_note}</p>"
+        )
 
     # -- 4. a map of the heads -------------------------------------------------------------
     fig = go.Figure(
@@ -331,21 +377,26 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     # -- 6. most similar / most specialised heads ------------------------------------------
     sim, what = _similarity(t, L, H)
     if sim is not None and H > 1:
-        iu = np.triu_indices(H, 1)
         pairs = sorted(
             (
-                (float(sim[lyr][iu][k]), lyr, int(iu[0][k]), int(iu[1][k]))
+                (float(sim[lyr, i, j]), lyr, i, j)
                 for lyr in range(L)
-                for k in range(len(iu[0]))
+                for i in range(heads_per_layer[lyr])
+                for j in range(i + 1, heads_per_layer[lyr])
             ),
             reverse=True,
         )[:10]
-        off = sim.copy()
+        off = np.nan_to_num(sim, nan=-np.inf)
         off[:, np.arange(H), np.arange(H)] = -np.inf
         closest = off.max(-1)  # L, H: similarity to the closest other head of the layer
-        ent = agg["entropy_mean"].reshape(L, H)
-        dist = agg["distance_px_mean"].reshape(L, H)
-        spec = sorted((float(closest[lyr, h]), lyr, h) for lyr in range(L) for h in range(H))[:10]
+        ent = _grid(layer, head, agg["entropy_mean"], L, H)
+        dist = _grid(layer, head, agg["distance_px_mean"], L, H)
+        spec = sorted(
+            (float(closest[lyr, h]), lyr, h)
+            for lyr in range(L)
+            if heads_per_layer[lyr] > 1
+            for h in range(heads_per_layer[lyr])
+        )[:10]
         sections.append(
             "<h2>Most similar and most specialised heads</h2>"
             f'<p class="note">Similarity: {html.escape(what)}, averaged over images; 1 = identical. '
@@ -382,11 +433,15 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     facts = [
         ("images", f"{n_images:,}"),
         ("could not be read", f"{n_fail:,}"),
-        ("layers x heads", f"{L} x {H}"),
+        (
+            ("layers x heads", f"{L} x {H}")
+            if heads_per_layer.min() == H
+            else ("layers, heads per layer", f"{L}, {heads_per_layer.min()}-{H}")
+        ),
         ("rows", f"{t.num_rows:,}"),
     ]
     fail_html = ""
-    if n_fail:
+    if failures is not None and n_fail:
         shown = failures.slice(0, 20).to_pylist()
         fail_html = (
             "<h2>Pictures that could not be read</h2>"

@@ -19,6 +19,15 @@ concatenated head outputs). Per image (repeated on its rows): ``image_height``,
 ``image_width`` (the picture), ``input_height``, ``input_width`` (what the model saw),
 ``grid_rows``, ``grid_cols``, ``tokens``, ``prefix_tokens``, ``artifact_tokens`` (how many
 high-norm tokens the last layer has) and ``artifact_threshold``.
+
+Windowed models (Swin) have the values the stats endpoint gives them
+(:mod:`app.engine.window_stats`): each layer has its stage's heads (rows per picture: the sum of
+the layers' head counts), ``entropy`` is over each query's window (/ log of its W*W keys),
+``distance_px`` is between cells of the stage's grid, ``stage`` names the row's stage and
+``grid_rows``, ``grid_cols``, ``tokens`` are that stage's grid; ``entropy_cls``,
+``prefix_mass``, ``artifact_mass``, ``mass_patches`` and ``cls_cosine`` are null (no CLS, no
+prefix tokens; artifact tokens exist only on the last stage's grid). ``stage`` is null for a
+plain ViT.
 """
 
 from __future__ import annotations
@@ -36,8 +45,8 @@ ROWS = pa.schema(
         pa.field("entropy", pa.float32(), nullable=False),
         pa.field("entropy_cls", pa.float32()),
         pa.field("distance_px", pa.float32(), nullable=False),
-        pa.field("prefix_mass", pa.float32(), nullable=False),
-        pa.field("artifact_mass", pa.float32(), nullable=False),
+        pa.field("prefix_mass", pa.float32()),
+        pa.field("artifact_mass", pa.float32()),
         pa.field("mass_patches", pa.int32()),
         pa.field("cls_cosine", pa.list_(pa.float32())),
         pa.field("similarity", pa.list_(pa.float32())),
@@ -53,6 +62,7 @@ ROWS = pa.schema(
         pa.field("prefix_tokens", pa.int16(), nullable=False),
         pa.field("artifact_tokens", pa.int32(), nullable=False),
         pa.field("artifact_threshold", pa.float32(), nullable=False),
+        pa.field("stage", pa.int16()),
     ]
 )
 
@@ -87,5 +97,5 @@ def empty_failures() -> pa.Table:
 
 def failures_table(records: list[tuple[str, str, str]]) -> pa.Table:
     """``(image, error, message)`` records as a :data:`FAILURES` table."""
-    cols = list(zip(*records)) if records else [[], [], []]
-    return pa.table([pa.array(list(c), pa.string()) for c in cols], schema=FAILURES)
+    cols: list[list[str]] = [[r[i] for r in records] for i in range(3)]
+    return pa.table([pa.array(c, pa.string()) for c in cols], schema=FAILURES)
