@@ -3,6 +3,8 @@ the real server's ``GET …/stats`` for every picture; and ``headscope report`` 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +16,7 @@ import pyarrow.compute as pc
 import pytest
 
 from app.survey.output import read_failures, read_table
-from server import ROOT
+from server import ROOT, Server
 
 API = "/api/v1/attention"
 STATS = ["entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass"]
@@ -90,6 +92,10 @@ def test_local_survey_gives_the_stats_endpoints_values(local_rows, source, base_
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is not installed (the optional extra: pip install -e '.[ray]'; make test installs it)",
+)
 def test_the_ray_engine_writes_the_same_table(local_rows, source, tmp_path):
     """A local Ray (started and shut down by the command) runs the same rows: values within 1e-5."""
     local, _ = local_rows
@@ -128,3 +134,55 @@ def test_report_and_resume_on_the_command_line(local_rows, source, tmp_path):
     assert "Mean attention distance against depth" in html and "dinov2-s14-focus" in html
     r = cli("report", str(tmp_path / "nothing.parquet"), "--out", str(page))
     assert r.returncode == 2 and "no such survey" in r.stderr
+
+
+SWIN = "random:swin_tiny_patch4_window7_224"
+
+
+@pytest.mark.timeout(900)
+def test_a_swin_survey_gives_the_stats_endpoints_window_values(samples, tmp_path):
+    """Swin-T (random weights): every stage's heads, the endpoint's window statistics, a report."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("cat", "rocket"):  # two aspect ratios: two input sizes, two sets of stage grids
+        shutil.copy(samples[name], src / samples[name].name)
+    out = tmp_path / "swin.parquet"
+    r = cli("survey", str(src), "--out", str(out), "--model", SWIN, "--similarity", "--ranks", "--quiet")
+    # Swin-T: 3, 6, 12 and 24 heads in stages of 2, 2, 6 and 2 layers: 138 rows a picture.
+    assert r.returncode == 0 and "surveyed 2 image(s) (276 rows)" in r.stdout, r.stdout + r.stderr
+    rows = read_table(out).sort_by(KEY)
+    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([SWIN])})
+    try:
+        for name in ("cat.png", "rocket.jpg"):
+            b = httpx.post(
+                srv.url + API,
+                files={"image": (name, (src / name).read_bytes())},
+                data={"model": SWIN, "layers": "10-11", "query": "0"},
+                timeout=180,
+            )
+            assert b.status_code == 200, b.text
+            s = httpx.get(f"{srv.url}{API}/{b.json()['image_id']}/stats", params={"model": SWIN}, timeout=180).json()
+            mine = rows.filter(pc.equal(rows.column("image"), name))
+            assert np.bincount(mine.column("layer").to_numpy()).tolist() == s["heads_per_layer"]
+            for col in ("entropy", "distance_px"):
+                np.testing.assert_allclose(
+                    mine.column(col).to_numpy(), np.concatenate(s[col]), rtol=1e-5, atol=2e-6, err_msg=col
+                )
+            np.testing.assert_allclose(
+                np.concatenate([np.ravel(v) for v in mine.column("similarity").to_pylist()]),
+                np.concatenate([np.ravel(v) for v in s["similarity"]]),
+                atol=1e-5,
+            )
+            first = mine.filter(pc.equal(mine.column("head"), 0))
+            np.testing.assert_allclose(first.column("rank_effective").to_numpy(), s["rank"]["effective"], rtol=1e-5)
+            for col in ("entropy_cls", "prefix_mass", "artifact_mass", "mass_patches"):
+                assert s[col] is None and mine.column(col).null_count == mine.num_rows, col
+            grids = {st["index"]: st["grid"] for st in s["stages"]}
+            for row in mine.to_pylist():
+                assert [row["grid_rows"], row["grid_cols"]] == grids[row["stage"]], row
+    finally:
+        assert srv.stop() == 0
+    page = tmp_path / "swin.html"
+    r = cli("report", str(out), "--out", str(page))
+    assert r.returncode == 0, r.stderr
+    assert "Not measured for this model" in page.read_text()
