@@ -27,6 +27,11 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev]'
 	touch $@
 
+# Ray Data for the survey's Ray engine (heavy: only the tests need it, not lint or serve).
+$(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,ray]'
+	touch $@
+
 setup: $(VENV)/.installed
 
 setup-dev: $(VENV)/.installed-dev
@@ -47,10 +52,10 @@ browser-deps:
 		else echo "note: /usr/bin/chromium missing (apt install chromium); browser tests will be skipped"; fi; \
 	fi
 
-test: setup-dev fetch browser-deps
+test: setup-dev $(VENV)/.installed-ray fetch browser-deps
 	$(PY) -m pytest
 
-test-fast: setup-dev fetch
+test-fast: setup-dev $(VENV)/.installed-ray fetch
 	$(PY) -m pytest -m "not browser"
 
 lint: setup-dev

@@ -1,4 +1,4 @@
-"""``headscope serve | fetch | extract``."""
+"""``headscope serve | fetch | extract | survey | report``."""
 
 from __future__ import annotations
 
@@ -181,6 +181,62 @@ def _extract(args) -> int:
     return 0
 
 
+def _survey(args) -> int:
+    """Per-head statistics of every picture of SOURCE into a Parquet dataset (app/survey/)."""
+    from .serving.malloc import tune_malloc
+    from .survey.output import OutputError
+    from .survey.ray_engine import RayMissing
+    from .survey.run import survey
+    from .survey.sources import SourceError
+    from .zoo.errors import ModelLoadError, UnknownModelError
+
+    tune_malloc()  # as the server does: large maps reuse freed memory instead of fresh pages
+    try:
+        s = survey(
+            args.source,
+            args.out,
+            engine=args.engine,
+            address=args.address,
+            model=args.model,
+            device=args.device,
+            batch_size=args.batch_size,
+            limit=args.limit,
+            resume=args.resume,
+            similarity=args.similarity,
+            ranks=args.ranks,
+            actors=args.actors,
+            progress=not args.quiet,
+        )
+    except (OutputError, SourceError, RayMissing, ModelLoadError, UnknownModelError) as e:
+        print(f"headscope survey: {e}", file=sys.stderr)
+        return 2
+    print(
+        ("interrupted: " if s.interrupted else "")
+        + f"surveyed {s.surveyed} image(s) ({s.rows} rows) in {s.seconds:.1f} s, "
+        f"{s.images_per_s:.2f} img/s; {s.failed} could not be read"
+        + (f" (see {Path(args.out) / '_failures'})" if s.failed else "")
+        + (f"; {s.skipped} already in {args.out}" if s.skipped else "")
+    )
+    if s.interrupted:
+        print(f"the rows computed so far are in {args.out}; run again with --resume to continue", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _report(args) -> int:
+    from .survey.report import ReportError, write_report
+
+    if not Path(args.survey).exists():
+        raise FileNotFoundError(f"no such survey: {args.survey}")
+    try:
+        path = write_report(args.survey, args.out, title=args.title)
+    except ReportError as e:
+        print(f"headscope report: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="headscope", description="What every attention head of a ViT looks at.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -211,6 +267,37 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--query", default="cls")
     e.add_argument("--aggregate", default="none", choices=["none", "mean", "max", "rollout"])
     e.set_defaults(func=_extract)
+
+    v = sub.add_parser(
+        "survey",
+        help="per-head statistics of every picture of a folder into Parquet (locally or on Ray)",
+        description="One row per (image, layer, head) with the stats endpoint's statistics, written to a "
+        "Parquet dataset folder in parts; pictures that cannot be read go to OUT/_failures.",
+    )
+    v.add_argument("source", metavar="SOURCE", help="a folder (recursive), a text file of image paths, or an image")
+    v.add_argument("--out", required=True, help="output Parquet dataset folder, e.g. survey.parquet")
+    v.add_argument("--engine", choices=["local", "ray"], default="local", help="local (default) or ray (Ray Data)")
+    v.add_argument("--address", help="Ray cluster to join (else RAY_ADDRESS, else a local Ray for the run)")
+    v.add_argument("--model", help="model id (default HEADSCOPE_MODEL)")
+    v.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (local; ray: the actors' device)")
+    v.add_argument("--batch-size", type=int, default=8, help="pictures per forward pass (default 8)")
+    v.add_argument("--limit", type=int, help="survey at most N pictures in this run")
+    v.add_argument("--resume", action="store_true", help="continue OUT, skipping pictures already in it")
+    v.add_argument(
+        "--similarity", action="store_true", help="also the head-pair similarity column (1 - JS/log 2; slower)"
+    )
+    v.add_argument(
+        "--ranks", action="store_true", help="also the per-layer rank columns of the head outputs (slower on a CPU)"
+    )
+    v.add_argument("--actors", type=int, help="Ray actors (default: one per GPU, else one per node)")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(func=_survey)
+
+    r = sub.add_parser("report", help="one self-contained HTML page of charts from a survey")
+    r.add_argument("survey", metavar="SURVEY", help="the survey's Parquet folder (or one .parquet file)")
+    r.add_argument("--out", required=True, help="the HTML file to write")
+    r.add_argument("--title", help="page title (default: the survey's model and size)")
+    r.set_defaults(func=_report)
     return p
 
 

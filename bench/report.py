@@ -13,6 +13,8 @@ GET_P50_MAX_MS = 5.0
 EXPLAIN_P50_MAX_MS = 15.0
 PEER_MIN = 1.10
 TARGET_CONCURRENCY = 4
+STATS_MAX = 0.30  # statistics of one 224 px image, in forwards (time ratio)
+SURVEY_MIN = 0.85  # survey marginal throughput at batch 8, over the bare forward's
 
 
 def _ref_ips(results: dict, batch: str) -> float | None:
@@ -86,6 +88,23 @@ def targets(results: dict) -> list[dict[str, Any]]:
             r <= SWEEP_TARGET,
             detail=f"backbone only {abl['sweep_vs_whole_backbone']['median']:.2f}x; "
             f"gradient vs sweep Spearman {abl['gradient_spearman_mean']:.2f}",
+        )
+    st = results.get("stats", {}).get("stats_all", {}).get("ratio", {}).get("median")
+    if results.get("stats"):
+        t = 1 / st if st else None
+        add(
+            f"statistics of one 224 px image < {STATS_MAX:.2f}x a forward (time)",
+            t,
+            STATS_MAX,
+            t is not None and t < STATS_MAX,
+        )
+    sv = results.get("survey", {}).get("survey_local", {}).get("ratio", {}).get("median")
+    if results.get("survey"):
+        add(
+            f"survey marginal throughput (B=8) >= {SURVEY_MIN:.2f}x bare fp32",
+            sv,
+            SURVEY_MIN,
+            sv is not None and sv >= SURVEY_MIN,
         )
     api = results.get("api")
     ref = results.get("api_ref", {}).get("ips", {}).get("median")
@@ -179,6 +198,30 @@ def table(results: dict) -> str:
                     continue
                 f, rs, se = (parts.get(k, {}).get("median", 0.0) for k in ("forward_hooked", "results", "select"))
                 lines.append(f"    {rows[key]['label']:<{W - 4}} {f:7.1f} [{f - fwd:+5.1f}] + {rs:5.1f} + {se:5.1f}")
+    if results.get("stats") or results.get("survey"):
+        lines += [
+            "",
+            "Statistics and survey (stats: time per image over the bare forward's, paired, B=1; "
+            "survey: img/s over the bare forward's, paired, B=8)",
+            f"{'':<{W}} {'B':>4} {'ms/img':>8} {'[p10-p90]':>17} {'ratio':>7} {'[p10-p90]':>13}",
+        ]
+        for part, unit in (("stats", "time"), ("survey", "img/s")):
+            for _key, r in results.get(part, {}).items():
+                ms = [
+                    t / r["batch"]
+                    for t in (r["ms_per_call"]["median"], r["ms_per_call"]["p10"], r["ms_per_call"]["p90"])
+                ]
+                ra = r.get("ratio", {})
+                if unit == "time" and ra.get("median"):
+                    med, lo, hi = 1 / ra["median"], 1 / ra["p90"], 1 / ra["p10"]
+                else:
+                    med, lo, hi = ra.get("median"), ra.get("p10"), ra.get("p90")
+                note = f"  {r['note']}" if r.get("note") else ""
+                span = f"[{lo:.2f}-{hi:.2f}]" if lo is not None else ""
+                lines.append(
+                    f"  {r['label']:<{W - 2}} {r['batch']:>4} {ms[0]:>8.1f} {f'[{ms[1]:.1f}-{ms[2]:.1f}]':>17} "
+                    f"{_fmt(med):>6}x {span:>13}{note}"
+                )
     enc = results.get("encoding")
     if enc:
         ref = _ref_ips(results, "1") or next((_ref_ips(results, b) for b in results.get("inproc", {})), None)

@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--no-peers", action="store_true", help="skip timm AttentionExtract and HF transformers")
     add("--no-encoding", action="store_true", help="skip the encoding part")
     add("--no-ablation", action="store_true", help="skip the head-importance rows (exact sweep, gradient)")
+    add("--no-survey", action="store_true", help="skip the statistics and survey part")
     add("--strict", action="store_true", help="exit 1 when a performance target is missed")
     add(
         "--profile",
@@ -245,6 +246,35 @@ def main(argv: list[str] | None = None) -> int:
         results["profile_ops"] = profile.torch_ops(
             {v.label: (lambda v=v: v.fn(x1)) for v in variants if v.key in keep}, cuda=device.type == "cuda"
         )
+
+    # -- statistics and the survey's marginal throughput ------------------------------------------
+    if not args.no_survey:
+        from . import survey as survey_bench
+
+        results["stats"], results["survey"] = {}, {}
+        parts = [("stats", 1, survey_bench.stats_variants(lm, device), 4 if args.smoke else 30)]
+        sb = survey_bench.SurveyBench(lm, device)
+        parts.append(("survey", survey_bench.SURVEY_BATCH, sb.variants(), 3 if args.smoke else 12))
+        try:
+            for part, B, vs, it in parts:
+                for v in vs:
+                    if v.check is not None:
+                        try:
+                            v.check(v.fn(None), B)
+                        except BenchFailure as e:
+                            checks.fail(f"{v.key}: {e}")
+                print(f"  {part}: {len(vs)} variants x {it} interleaved rounds (+{args.warmup} warm-up)", flush=True)
+                run_interleaved(vs, lambda: None, B, it, args.warmup, verbose, sync)
+                ref_times = vs[0].times
+                results[part] = {
+                    v.key: {"label": v.label, "note": v.note, **throughput_stats(v.times, B, ref_times)} for v in vs
+                }
+        except Exception as e:
+            checks.fail(f"statistics/survey part: {type(e).__name__}: {e}")
+            traceback.print_exc()
+        finally:
+            sb.close()
+        gc.collect()
 
     # capture memory per image (what the results cache holds)
     att = forward_capture(lm, inproc.sample_pixels(lm, 1, device))[0]

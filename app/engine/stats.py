@@ -1,12 +1,31 @@
 """Per-head statistics: what each head does, in numbers.
 
 Every function takes attention rows ``A`` (each row a probability distribution over N tokens)
-and says its formula; :func:`head_stats` puts them together for one captured image.
+and says its formula; :func:`compute_stats` puts them together for one captured image, all
+layers and heads at once, where the capture is kept (the forward's device), and
+:func:`head_stats` turns that into the JSON of ``GET /api/v1/attention/{id}/stats``. The survey
+(:mod:`app.survey`) writes the same tensors into Parquet rows.
+
+Speed (the stats of a 224 px image are meant to cost well under a third of a forward):
+
+* the maps of a chunk of layers (all 12 of a 224 px image; fewer for large pictures, bounded by
+  :data:`CHUNK_BYTES`) are computed in one batched product from q and k, as
+  :meth:`ImageAttention.rows` does per layer, and never leave the device; only ``[L, H]``
+  results do;
+* the entropy of a softmax row needs no logarithm per entry: with shifted logits
+  ``z' = z - max z``, ``H = -log p_max - sum_j p_j z'_j`` (``log p_j = z'_j - log sum e^z'`` and
+  ``p_max = 1 / sum e^z'``); only layers captured as maps (EVA, BEiT, ``query=all``) use
+  ``-sum p log p``;
+* head similarity uses ``JS(P, Q) = H(M) - (H(P) + H(Q)) / 2``: one entropy per head pair,
+  the pairs ``(i, i + d)`` of every layer in one step per offset ``d``;
+* the singular values of the head outputs come from the eigenvalues of their float64 Gram
+  matrix (``s_i = sqrt(eig(X X^T))``, the smaller side), one batched call over layers.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +34,12 @@ from .capture import ImageAttention
 from .layout import TokenLayout
 
 EPS = 1e-12
+# Bytes of float32 maps one chunk of layers may hold (maps, their logits and the head-pair
+# sums): all 12 layers of a 224 px image with ViT-S (6 heads); 3 layers of a 769-token one.
+CHUNK_BYTES = 128 * 2**20
+# Largest single tensor: under glibc's mmap threshold as the server sets it (serving/malloc.py),
+# so freed buffers are reused instead of faulted in afresh every time.
+TENSOR_BYTES = 32 * 2**20
 
 
 def normalized_entropy(rows: torch.Tensor) -> torch.Tensor:
@@ -36,7 +61,13 @@ def patch_centres(layout: TokenLayout) -> torch.Tensor:
     return torch.stack(torch.meshgrid(ys, xs, indexing="ij"), -1).reshape(-1, 2)
 
 
-def mean_attention_distance(attn: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+def patch_distances(layout: TokenLayout) -> torch.Tensor:
+    """``[P, P]`` Euclidean distances between patch centres, in input pixels."""
+    c = patch_centres(layout)
+    return torch.cdist(c, c)
+
+
+def mean_attention_distance(attn: torch.Tensor, layout: TokenLayout, dist: torch.Tensor | None = None) -> torch.Tensor:
     """Mean attention distance in pixels (Dosovitskiy et al., 2021, fig. 7).
 
     For each patch query ``q``: ``d_q = sum_k A[q,k] * ||c_q - c_k|| / sum_k A[q,k]`` over patch
@@ -46,60 +77,105 @@ def mean_attention_distance(attn: torch.Tensor, layout: TokenLayout) -> torch.Te
     Args:
         attn: ``[..., N, N]`` full attention maps.
         layout: token layout (prefix count, grid, patch size).
+        dist: :func:`patch_distances` of ``layout`` on ``attn``'s device, if already at hand.
 
     Returns:
         ``[...]`` distances in input pixels; a diagonal map gives 0.
     """
     npf = layout.num_prefix
-    c = patch_centres(layout)
-    dist = torch.cdist(c, c)  # P, P
+    if dist is None:
+        dist = patch_distances(layout).to(attn.device)
     a = attn[..., npf:, npf:]  # patch queries x patch keys
     mass = a.sum(-1).clamp_min(EPS)
     return ((a * dist).sum(-1) / mass).mean(-1)
 
 
-def js_similarity(attn: torch.Tensor) -> torch.Tensor:
+def js_similarity(attn: torch.Tensor, entropies: torch.Tensor | None = None) -> torch.Tensor:
     """Head similarity ``1 - JS(A_i, A_j) / log 2``, averaged over query rows.
 
-    ``JS(P, Q) = KL(P || M)/2 + KL(Q || M)/2`` with ``M = (P + Q)/2`` per row. 1 for identical
-    heads, 0 for heads that attend to disjoint tokens.
+    ``JS(P, Q) = KL(P || M)/2 + KL(Q || M)/2 = H(M) - (H(P) + H(Q))/2`` with ``M = (P + Q)/2``
+    per row. 1 for identical heads, 0 for heads that attend to disjoint tokens. Any leading
+    axes (e.g. layers) are kept.
 
     Args:
-        attn: ``[H, R, N]`` rows of each head.
+        attn: ``[..., H, R, N]`` rows of each head.
+        entropies: ``[..., H, R]`` entropies of those rows in nats, if already computed.
 
     Returns:
-        ``[H, H]`` symmetric, ones on the diagonal.
+        ``[..., H, H]`` symmetric, ones on the diagonal.
     """
-    H = attn.shape[0]
-    out = torch.ones(H, H)
-    logp = attn.clamp_min(EPS).log()
-    for i in range(H):
-        for j in range(i + 1, H):
-            m = 0.5 * (attn[i] + attn[j])
-            logm = m.clamp_min(EPS).log()
-            js = 0.5 * (attn[i] * (logp[i] - logm)).sum(-1) + 0.5 * (attn[j] * (logp[j] - logm)).sum(-1)
-            out[i, j] = out[j, i] = 1 - (js.clamp_min(0) / math.log(2)).mean()
+    H = attn.shape[-3]
+    if entropies is None:
+        entropies = _plogp_sum(attn).neg_()
+    out = torch.ones(*attn.shape[:-3], H, H, device=attn.device, dtype=attn.dtype)
+    # Pairs (i, i + d) for one offset d at a time: views of the maps added, no gathered copies;
+    # every pair of every layer in H - 1 vectorised steps.
+    for d in range(1, H):
+        s = attn[..., : H - d, :, :] + attn[..., d:, :, :]  # ..., H-d, R, N:  s = P + Q, rows sum to 2
+        # H(M) = -sum m log m with m = s/2: = -(sum s log s)/2 + log 2.
+        hm = _plogp_sum(s).mul_(-0.5).add_(math.log(2))  # ..., H-d, R
+        js = hm - 0.5 * (entropies[..., : H - d, :] + entropies[..., d:, :])
+        sim = 1 - (js.clamp_min(0) / math.log(2)).mean(-1)  # ..., H-d
+        i = torch.arange(H - d, device=attn.device)
+        out[..., i, i + d] = sim
+        out[..., i + d, i] = sim
     return out
 
 
-def cosine_similarity(rows: torch.Tensor) -> torch.Tensor:
-    """``[H, H]`` cosine similarity of each head's row (e.g. the CLS row ``[H, N]``)."""
-    v = rows / rows.norm(dim=-1, keepdim=True).clamp_min(EPS)
-    return v @ v.T
+def _plogp_sum(p: torch.Tensor) -> torch.Tensor:
+    """``sum_j p_j log p_j`` over the last axis, with ``0 log 0 = 0``.
 
-
-def ranks(head_out: torch.Tensor) -> tuple[int, float]:
-    """Numerical and effective rank of the concatenated head outputs ``[N, H*d_v]``.
-
-    Numerical rank: singular values above ``max(N, D) * eps * s_max`` (``torch.linalg.matrix_rank``).
-    Effective rank (Roy & Vetterli, 2007): ``exp(-sum_i p_i log p_i)`` with ``p_i = s_i / sum s``.
-    Duplicated heads lower both.
+    ``log 0 = -inf`` and ``0 * -inf = NaN``, which ``nansum`` leaves out: three passes over the
+    maps (no clamp; ``torch.special.entr``/``xlogy`` have no vectorised CPU kernel and are
+    2-7x slower here).
     """
-    s = torch.linalg.svdvals(head_out.double())
-    tol = max(head_out.shape) * torch.finfo(torch.float32).eps * s.max()
-    p = s / s.sum().clamp_min(EPS)
-    eff = torch.exp(-(p * p.clamp_min(EPS).log()).sum())
-    return int((s > tol).sum()), float(eff)
+    return torch.log(p).mul_(p).nansum(-1)
+
+
+def cosine_similarity(rows: torch.Tensor) -> torch.Tensor:
+    """``[..., H, H]`` cosine similarity of each head's row (e.g. the CLS rows ``[..., H, N]``)."""
+    v = rows / rows.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    return v @ v.mT
+
+
+def singular_values(x: torch.Tensor) -> torch.Tensor:
+    """Singular values of ``[..., M, D]`` matrices in float64, ascending, from the Gram matrix.
+
+    ``s_i = sqrt(eig(X X^T))`` (or ``X^T X``, whichever is smaller): one symmetric eigenvalue
+    problem of the smaller side, several times cheaper than an SVD of ``X``. Float32 entries
+    multiply exactly in float64, so the Gram matrix is exact to float64 rounding; its
+    eigenvalues are accurate to ``max(M, D) * eps64 * s_max^2``, so every singular value above
+    ``1.5e-8 * s_max`` (far below the numerical-rank threshold of :func:`ranks`, ``max(M, D) *
+    eps32 * s_max``) comes out as an SVD would give it. Eigenvalues under that noise floor are
+    set to 0: they are zero singular values that rounding made tiny positive or negative.
+    """
+    x = x.double()
+    m, d = x.shape[-2:]
+    gram = x @ x.mT if m <= d else x.mT @ x
+    lam = torch.linalg.eigvalsh(gram)  # ..., min(M, D), ascending
+    floor = max(m, d) * torch.finfo(torch.float64).eps * lam[..., -1:].clamp_min(0)
+    return torch.where(lam > floor, lam, 0).sqrt()
+
+
+def ranks(head_out: torch.Tensor) -> tuple[Any, Any]:
+    """Numerical and effective rank of the concatenated head outputs ``[..., N, H*d_v]``.
+
+    Numerical rank: singular values above ``max(N, D) * eps32 * s_max`` (as
+    ``torch.linalg.matrix_rank`` counts for float32 data). Effective rank (Roy & Vetterli,
+    2007): ``exp(-sum_i p_i log p_i)`` with ``p_i = s_i / sum s``. Duplicated heads lower both.
+
+    Returns:
+        ``(numerical, effective)``: Python ``int`` and ``float`` for one matrix, ``[...]`` int64
+        and float64 tensors for a batch.
+    """
+    s = singular_values(head_out)
+    tol = max(head_out.shape[-2:]) * torch.finfo(torch.float32).eps * s[..., -1:]
+    p = s / s.sum(-1, keepdim=True).clamp_min(EPS)
+    eff = torch.exp(-(p * p.clamp_min(EPS).log()).sum(-1))
+    num = (s > tol).sum(-1)
+    if head_out.dim() == 2:
+        return int(num), float(eff)
+    return num, eff
 
 
 def mass_threshold_count(rows: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -138,53 +214,159 @@ def artifact_tokens(norms: torch.Tensor, num_prefix: int, z: float = 6.0) -> tup
     return idx.tolist(), thr
 
 
+@dataclass
+class HeadStats:
+    """Statistics of one image, on the host; ``[L, H]`` float32 unless said.
+
+    ``entropy_cls``, ``cls_cosine`` and ``mass_patches`` are None for models without a CLS
+    token; ``similarity`` and the ranks are None when not asked for.
+    """
+
+    entropy: torch.Tensor  # mean over query rows of the normalised row entropy
+    distance_px: torch.Tensor  # mean attention distance over patch queries, input pixels
+    prefix_mass: torch.Tensor  # mean over query rows of the mass on prefix tokens
+    artifact_mass: torch.Tensor  # mean over query rows of the mass on artifact tokens
+    entropy_cls: torch.Tensor | None  # normalised entropy of the CLS row
+    cls_cosine: torch.Tensor | None  # [L, H, H] cosine similarity of the heads' CLS rows
+    mass_patches: torch.Tensor | None  # [L, H] int64: patches holding `mass` of the CLS row
+    similarity: torch.Tensor | None  # [L, H, H] 1 - JS / log 2, mean over query rows
+    rank_numerical: torch.Tensor | None  # [L] int64
+    rank_effective: torch.Tensor | None  # [L] float64
+    artifacts: list[int]  # high-norm tokens of the last layer's output
+    artifact_threshold: float
+    mass: float
+
+
+def _chunk_maps(att: ImageAttention, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Maps ``[C, H, N, N]`` of layers ``lo..hi-1`` and, for ``qk`` layers, their logits shifted
+    by the row maximum (None where the capture kept maps)."""
+    if any(att.probs[i] is not None for i in range(lo, hi)):
+        return torch.stack([att.rows(i) for i in range(lo, hi)]), None
+    # Same operations as ImageAttention.rows(), batched over the chunk's layers: scale q, q k^T,
+    # softmax. Shifting by the row maximum first leaves the softmax bit for bit unchanged (it
+    # subtracts the maximum itself).
+    scale = torch.tensor(att.scale[lo:hi], dtype=torch.float32, device=att.device).view(-1, 1, 1, 1)
+    q = torch.stack(att.q[lo:hi]).float() * scale  # type: ignore[arg-type]  # C, H, N, d
+    # k stacked transposed: a contiguous right operand is ~3x faster in MKL's batched GEMM here.
+    kt = torch.stack([k.mT for k in att.k[lo:hi]]).float()  # type: ignore[union-attr]  # C, H, d, N
+    z = q @ kt  # C, H, N, N
+    z.sub_(z.amax(-1, keepdim=True))
+    return torch.softmax(z, -1), z
+
+
+def _row_entropy(p: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+    """Entropies in nats of the rows of ``p`` ``[..., N]`` (see the module docstring)."""
+    if z is None:
+        return _plogp_sum(p).neg_()
+    # -log p_max - sum_j p_j z'_j: both terms >= 0, no cancellation.
+    return (p * z).sum(-1).neg_().sub_(p.amax(-1).log())
+
+
+def compute_stats(
+    att: ImageAttention,
+    layout: TokenLayout,
+    mass: float = 0.6,
+    *,
+    similarity: bool = True,
+    with_ranks: bool = True,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> HeadStats:
+    """All per-head statistics of one image, every layer and head at once.
+
+    Args:
+        att: the capture (qk or maps, on any device).
+        layout: its token layout.
+        mass: the fraction of the CLS row's mass for ``mass_patches``.
+        similarity: compute the head-pair similarity (the costliest part after the ranks).
+        with_ranks: compute the ranks of the head outputs.
+        chunk_bytes: bound on the float32 maps held at once (layers are taken in chunks).
+    """
+    L, H, N = att.num_layers, att.num_heads, att.num_tokens
+    npf, cls = layout.num_prefix, layout.cls_index
+    dev = att.device
+    artifacts, thr = artifact_tokens(att.last_norms, npf)
+    art_idx = torch.tensor(artifacts, dtype=torch.long, device=dev)
+    dist = patch_distances(layout).to(dev)
+    log_n = math.log(N) if N > 1 else 1.0
+    per_layer = (2 * H + (H - 1 if similarity else 0)) * N * N * 4  # maps + logits + one offset's pair sums
+    step = max(1, min(L, chunk_bytes // per_layer, TENSOR_BYTES // (H * N * N * 4)))
+
+    parts: dict[str, list[torch.Tensor]] = {}
+
+    def put(name: str, t: torch.Tensor) -> None:
+        parts.setdefault(name, []).append(t)
+
+    for lo in range(0, L, step):  # one chunk (all layers) up to CHUNK_BYTES of maps
+        hi = min(L, lo + step)
+        p, z = _chunk_maps(att, lo, hi)  # C, H, N, N
+        ent = _row_entropy(p, z)  # C, H, N  (nats)
+        del z
+        put("entropy", ent.mean(-1) / log_n if N > 1 else torch.zeros_like(ent[..., 0]))
+        put("distance_px", mean_attention_distance(p, layout, dist))
+        put("prefix_mass", p[..., :npf].sum(-1).mean(-1) if npf else p.new_zeros(p.shape[:2]))
+        put("artifact_mass", p.index_select(-1, art_idx).sum(-1).mean(-1) if artifacts else p.new_zeros(p.shape[:2]))
+        if cls is not None:
+            row = p[:, :, cls]  # C, H, N
+            put("entropy_cls", ent[:, :, cls] / log_n if N > 1 else torch.zeros_like(ent[:, :, cls]))
+            put("cls_cosine", cosine_similarity(row))
+            put("mass_patches", mass_threshold_count(row[..., npf:], mass))
+        if similarity:
+            put("similarity", js_similarity(p, ent))
+        del p, ent
+    out = {k: torch.cat(v).cpu() for k, v in parts.items()}
+    rank_num = rank_eff = None
+    if with_ranks:
+        x = torch.stack(att.head_out)  # L, N, H*d_v
+        if x.device.type == "mps":  # no float64 there
+            x = x.cpu()
+        rank_num, rank_eff = (t.cpu() for t in ranks(x.float()))
+    return HeadStats(
+        entropy=out["entropy"],
+        distance_px=out["distance_px"],
+        prefix_mass=out["prefix_mass"],
+        artifact_mass=out["artifact_mass"],
+        entropy_cls=out.get("entropy_cls"),
+        cls_cosine=out.get("cls_cosine"),
+        mass_patches=out.get("mass_patches"),
+        similarity=out.get("similarity"),
+        rank_numerical=rank_num,
+        rank_effective=rank_eff,
+        artifacts=artifacts,
+        artifact_threshold=thr,
+        mass=mass,
+    )
+
+
 def head_stats(att: ImageAttention, layout: TokenLayout, input_size, mass: float = 0.6) -> dict:
     """All per-head statistics of one image, as JSON-ready lists (``[L][H]`` unless said)."""
-    L, H, N = att.num_layers, att.num_heads, att.num_tokens
-    npf = layout.num_prefix
-    cls = layout.cls_index
-    last_norms = att.last_norms
-    artifacts, thr = artifact_tokens(last_norms, npf)
-    out: dict[str, Any] = {
-        k: []
-        for k in (
-            "entropy",
-            "entropy_cls",
-            "distance_px",
-            "prefix_mass",
-            "artifact_mass",
-            "similarity",
-            "cls_cosine",
-            "mass_patches",
-        )
-    }
-    rank_num, rank_eff = [], []
-    for layer in range(L):
-        A = att.rows(layer).cpu()  # H, N, N
-        out["entropy"].append(normalized_entropy(A).mean(-1).tolist())
-        out["distance_px"].append(mean_attention_distance(A, layout).tolist())
-        out["prefix_mass"].append(A[:, :, :npf].sum(-1).mean(-1).tolist() if npf else [0.0] * H)
-        out["artifact_mass"].append(A[:, :, artifacts].sum(-1).mean(-1).tolist() if artifacts else [0.0] * H)
-        out["similarity"].append(js_similarity(A).tolist())
-        if cls is not None:
-            row = A[:, cls]  # H, N
-            out["entropy_cls"].append(normalized_entropy(row).tolist())
-            out["cls_cosine"].append(cosine_similarity(row).tolist())
-            out["mass_patches"].append(mass_threshold_count(row[:, npf:], mass).tolist())
-        n, e = ranks(att.head_out[layer].cpu().float())
-        rank_num.append(n)
-        rank_eff.append(e)
-    if cls is None:
-        for k in ("entropy_cls", "cls_cosine", "mass_patches"):
-            out[k] = None
+    st = compute_stats(att, layout, mass)
+    L, N = att.num_layers, att.num_tokens
     D = att.head_out[0].shape[-1]
+    last_norms = att.last_norms
+    assert st.rank_numerical is not None and st.rank_effective is not None
+
+    def listed(t: torch.Tensor | None) -> list | None:
+        return None if t is None else t.tolist()
+
     return {
         "layers": L,
-        "heads": H,
-        **out,
+        "heads": att.num_heads,
+        "entropy": st.entropy.tolist(),
+        "entropy_cls": listed(st.entropy_cls),
+        "distance_px": st.distance_px.tolist(),
+        "prefix_mass": st.prefix_mass.tolist(),
+        "artifact_mass": st.artifact_mass.tolist(),
+        "similarity": listed(st.similarity),
+        "cls_cosine": listed(st.cls_cosine),
+        "mass_patches": listed(st.mass_patches),
         "mass_fraction": mass,
-        "rank": {"numerical": rank_num, "effective": rank_eff, "max": min(N, D)},
-        "artifacts": {"tokens": artifacts, "threshold": thr, "layer": L - 1, "norms": last_norms[artifacts].tolist()},
+        "rank": {"numerical": st.rank_numerical.tolist(), "effective": st.rank_effective.tolist(), "max": min(N, D)},
+        "artifacts": {
+            "tokens": st.artifacts,
+            "threshold": st.artifact_threshold,
+            "layer": L - 1,
+            "norms": last_norms[st.artifacts].tolist(),
+        },
         "token_norms_last": last_norms.tolist(),
         "input_size": list(input_size),
     }

@@ -407,7 +407,8 @@ class AttentionService:
         found = await self.capture(image_id, lm, is_disconnected=is_disconnected, ablate=pairs)
         if found is None:
             return None
-        stats = await self.worker.run_in_worker(found.cap.head_stats, mass)
+        # Uploads go first: the statistics of a picture already captured can wait for them.
+        stats = await self.worker.run_after_forwards(found.cap.head_stats, mass)
         cap = found.cap
         if isinstance(cap.layout, WindowedLayout):  # the first stage's grid, and every stage's
             extra = {"tokens": cap.tokens(cap.layout.stages[0]), "stages": cap.layout.as_dict()}

@@ -100,6 +100,9 @@ class Worker:
         self.admission = admission or Admission(32, self.metrics)
         # Bound to the running loop at first use (start() makes a fresh one for each run).
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
+        # Set while no forward is queued or running: work that may wait (statistics) waits for it.
+        self._forwards_idle = asyncio.Event()
+        self._forwards_idle.set()
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headscope-worker")
         self.inflight = 0
@@ -116,6 +119,8 @@ class Worker:
     async def start(self) -> None:
         # Admission bounds what can be queued; the queue itself needs no second bound.
         self._queue = asyncio.Queue()
+        self._forwards_idle = asyncio.Event()
+        self._forwards_idle.set()
         self._task = asyncio.create_task(self._loop(), name="headscope-worker")
 
     async def stop(self, grace_s: float = 20.0) -> None:
@@ -142,6 +147,20 @@ class Worker:
         """
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def run_after_forwards(self, fn: Callable[..., Any], *args: Any, max_defer_s: float = 5.0) -> Any:
+        """:meth:`run_in_worker`, once the forwards queued before and while it waits have run.
+
+        For work that can wait (the statistics of an image already captured): uploads queued
+        behind it would otherwise wait for it on the one worker thread. Deferred at most
+        ``max_defer_s`` seconds, so a steady stream of uploads cannot starve it.
+        """
+        if not self._forwards_idle.is_set():
+            try:
+                await asyncio.wait_for(self._forwards_idle.wait(), max_defer_s)
+            except asyncio.TimeoutError:
+                pass
+        return await self.run_in_worker(fn, *args)
+
     @property
     def depth(self) -> int:
         return self._queue.qsize()
@@ -150,6 +169,7 @@ class Worker:
     def submit(self, job: Job) -> asyncio.Future:
         """Queue a job; its future resolves to a :class:`Computed` or an exception."""
         job.future = asyncio.get_running_loop().create_future()
+        self._forwards_idle.clear()
         self._queue.put_nowait(job)
         self.metrics.queue_depth.set(self._queue.qsize())
         return job.future
@@ -223,6 +243,8 @@ class Worker:
                         j.future.set_exception(RuntimeError("worker error"))
             finally:
                 self.inflight = 0
+                if self._queue.empty():
+                    self._forwards_idle.set()
 
     # -- compute (worker thread) ------------------------------------------------------------
     def _run(self, jobs: list[Job], freed: bool = False) -> list[Computed | BaseException]:

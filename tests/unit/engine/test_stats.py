@@ -80,3 +80,173 @@ def test_artifact_tokens_are_norm_outliers():
     norms[7] = 80.0
     idx, thr = artifact_tokens(norms, num_prefix=1)
     assert idx == [7] and 10 < thr < 80  # the CLS token (index 0) is not a patch: never flagged
+
+
+# -- the vectorised statistics against a straightforward reference ----------------------------
+# The reference is the per-layer, per-head-pair loop the engine used before it was vectorised:
+# every map from ImageAttention.rows(), -sum p log p entropies, a JS loop over head pairs, and a
+# float64 SVD per layer for the ranks.
+
+
+def _ref_entropy(rows: torch.Tensor) -> torch.Tensor:
+    n = rows.shape[-1]
+    return -(rows * rows.clamp_min(1e-12).log()).sum(-1) / math.log(n)
+
+
+def _ref_distance(A: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    npf = layout.num_prefix
+    gh, gw = layout.grid
+    ph, pw = layout.patch_size
+    c = torch.tensor([[(r + 0.5) * ph, (q + 0.5) * pw] for r in range(gh) for q in range(gw)])
+    dist = torch.cdist(c, c)
+    a = A[:, npf:, npf:]
+    return ((a * dist).sum(-1) / a.sum(-1).clamp_min(1e-12)).mean(-1)
+
+
+def _ref_js(A: torch.Tensor) -> torch.Tensor:
+    H = A.shape[0]
+    out = torch.ones(H, H)
+    logp = A.clamp_min(1e-12).log()
+    for i in range(H):
+        for j in range(i + 1, H):
+            m = 0.5 * (A[i] + A[j])
+            logm = m.clamp_min(1e-12).log()
+            js = 0.5 * (A[i] * (logp[i] - logm)).sum(-1) + 0.5 * (A[j] * (logp[j] - logm)).sum(-1)
+            out[i, j] = out[j, i] = 1 - (js.clamp_min(0) / math.log(2)).mean()
+    return out
+
+
+def _ref_ranks(x: torch.Tensor) -> tuple[int, float]:
+    s = torch.linalg.svdvals(x.double())
+    tol = max(x.shape) * torch.finfo(torch.float32).eps * s.max()
+    p = s / s.sum()
+    return int((s > tol).sum()), float(torch.exp(-(p * p.clamp_min(1e-12).log()).sum()))
+
+
+def reference_stats(att, layout: TokenLayout, mass: float) -> dict:
+    npf, cls = layout.num_prefix, layout.cls_index
+    norms = att.last_norms[npf:]
+    med = norms.median()
+    mad = (norms - med).abs().median().clamp_min(1e-6)
+    arts = ((norms > med + 6 * 1.4826 * mad).nonzero().flatten() + npf).tolist()
+    out: dict[str, list] = {k: [] for k in ("entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass")}
+    out.update(similarity=[], cls_cosine=[], mass_patches=[], rank_num=[], rank_eff=[])
+    for layer in range(att.num_layers):
+        A = att.rows(layer).cpu()  # H, N, N
+        out["entropy"].append(_ref_entropy(A).mean(-1))
+        out["distance_px"].append(_ref_distance(A, layout))
+        out["prefix_mass"].append(A[:, :, :npf].sum(-1).mean(-1) if npf else torch.zeros(A.shape[0]))
+        out["artifact_mass"].append(A[:, :, arts].sum(-1).mean(-1) if arts else torch.zeros(A.shape[0]))
+        out["similarity"].append(_ref_js(A))
+        if cls is not None:
+            row = A[:, cls]
+            out["entropy_cls"].append(_ref_entropy(row))
+            v = row / row.norm(dim=-1, keepdim=True)
+            out["cls_cosine"].append(v @ v.T)
+            srt = row[:, npf:].sort(-1, descending=True).values
+            frac = srt.cumsum(-1) / srt.sum(-1, keepdim=True)
+            out["mass_patches"].append((frac < mass - 1e-7).sum(-1) + 1)
+        n, e = _ref_ranks(att.head_out[layer].cpu().float())
+        out["rank_num"].append(n)
+        out["rank_eff"].append(e)
+    res = {k: torch.stack(v) if v and isinstance(v[0], torch.Tensor) else v for k, v in out.items()}
+    res["artifacts"] = arts
+    return res
+
+
+TINY_FAMILIES = [
+    ("test_vit", dict(), (64, 96)),  # qk capture, CLS
+    ("vit_small_patch14_reg4_dinov2", dict(depth=2, embed_dim=64, num_heads=4, img_size=56), (56, 70)),  # registers
+    ("vit_base_patch16_siglip_224", dict(depth=2, embed_dim=64, num_heads=4, img_size=64), (64, 64)),  # no CLS
+    ("eva02_tiny_patch14_224", dict(depth=2, img_size=56), (56, 56)),  # maps captured (RoPE)
+]
+
+
+def _capture(name, kwargs, hw, materialise=False, seed=0):
+    import timm
+
+    from app.engine.capture import AttentionCapture
+    from app.zoo.loaders import prefix_kinds
+
+    torch.manual_seed(seed)
+    try:
+        model = timm.create_model(name, pretrained=False, num_classes=0, dynamic_img_size=True, **kwargs).eval()
+    except TypeError:
+        model = timm.create_model(name, pretrained=False, num_classes=0, **kwargs).eval()
+    cap = AttentionCapture(model)
+    x = torch.randn(2, 3, *hw)
+    with torch.inference_mode(), cap.capturing(materialise=materialise):
+        model.forward_features(x)
+    ps = model.patch_embed.patch_size
+    ps = (ps, ps) if isinstance(ps, int) else tuple(ps)
+    layout = TokenLayout(prefix_kinds(model), (hw[0] // ps[0], hw[1] // ps[1]), ps)
+    return cap.results(), layout
+
+
+@pytest.mark.parametrize("materialise", [False, True], ids=["qk", "maps"])
+@pytest.mark.parametrize("name,kwargs,hw", TINY_FAMILIES, ids=[f[0] for f in TINY_FAMILIES])
+def test_vectorised_stats_equal_the_reference(name, kwargs, hw, materialise):
+    from app.engine.stats import compute_stats, head_stats
+
+    atts, layout = _capture(name, kwargs, hw, materialise)
+    for att in atts:  # batch-mates: views of one batch's tensors
+        ref = reference_stats(att, layout, 0.6)
+        got = compute_stats(att, layout, 0.6)
+        for k in ("entropy", "distance_px", "prefix_mass", "artifact_mass", "similarity"):
+            torch.testing.assert_close(getattr(got, k), ref[k], atol=2e-6, rtol=1e-5, msg=k)
+        if layout.cls_index is None:
+            assert got.entropy_cls is None and got.cls_cosine is None and got.mass_patches is None
+        else:
+            torch.testing.assert_close(got.entropy_cls, ref["entropy_cls"], atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(got.cls_cosine, ref["cls_cosine"], atol=2e-6, rtol=1e-5)
+            assert torch.equal(got.mass_patches, ref["mass_patches"])
+        assert got.rank_numerical.tolist() == ref["rank_num"]
+        torch.testing.assert_close(
+            got.rank_effective, torch.tensor(ref["rank_eff"], dtype=torch.float64), rtol=1e-9, atol=0
+        )
+        assert got.artifacts == ref["artifacts"]
+        # The JSON answer carries the same numbers.
+        js = head_stats(att, layout, hw)
+        assert js["entropy"] == got.entropy.tolist() and js["rank"]["numerical"] == ref["rank_num"]
+
+
+def test_chunked_layers_give_the_same_stats():
+    from app.engine.stats import compute_stats
+
+    atts, layout = _capture("vit_small_patch16_224", dict(depth=5, embed_dim=64, num_heads=4, img_size=64), (64, 80))
+    whole = compute_stats(atts[0], layout)
+    N = atts[0].num_tokens
+    per_layer = compute_stats(atts[0], layout, chunk_bytes=(2 * 4 + 3) * N * N * 4)  # one layer a chunk
+    for k in ("entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass", "similarity", "cls_cosine"):
+        torch.testing.assert_close(getattr(per_layer, k), getattr(whole, k), atol=1e-6, rtol=1e-6, msg=k)
+
+
+def test_only_what_is_asked_for_is_computed():
+    from app.engine.stats import compute_stats
+
+    atts, layout = _capture("test_vit", {}, (64, 64))
+    st = compute_stats(atts[0], layout, similarity=False, with_ranks=False)
+    assert st.similarity is None and st.rank_numerical is None and st.rank_effective is None
+    assert st.entropy.shape == (atts[0].num_layers, atts[0].num_heads)
+
+
+def test_gram_singular_values_match_an_svd_down_to_tiny_ones():
+    from app.engine.stats import singular_values
+
+    torch.manual_seed(1)
+    # Singular values spread over 9 decades, as real head outputs have (layer 0 of the default
+    # model holds values a 1e-6 fraction of the largest).
+    u, _ = torch.linalg.qr(torch.randn(200, 120, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(120, 120, dtype=torch.float64))
+    s = torch.logspace(0, -9, 120, dtype=torch.float64)
+    x = (u * s) @ v.T
+    got = singular_values(x).flip(-1)
+    ref = torch.linalg.svdvals(x)
+    # Relative error ~ eps64 * (s_max / s)^2: 1e-8 at the numerical-rank threshold of a float32
+    # matrix of this size (200 * eps32 = 2.4e-5 of the largest); values under the noise floor
+    # (sqrt(200 * eps64) = 2e-7 of the largest) come out as 0.
+    above = ref > 1e-5
+    torch.testing.assert_close(got[above], ref[above], rtol=1e-7, atol=0)
+    mid = (ref > 1e-6) & ~above
+    torch.testing.assert_close(got[mid], ref[mid], rtol=1e-5, atol=0)
+    assert (got[ref < 1e-7] == 0).all()

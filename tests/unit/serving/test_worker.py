@@ -83,3 +83,41 @@ def test_cancelled_jobs_are_not_computed(lm):
         return w.jobs_computed
 
     assert asyncio.run(go()) == 1
+
+
+def test_statistics_wait_for_the_uploads_queued_before_them(lm):
+    """run_after_forwards: forwards queued (or arriving) while it waits run first; run_in_worker
+    would have slipped in right after the running forward."""
+
+    async def go(defer: bool):
+        w = Worker(torch.device("cpu"), max_batch_size=1)
+        await w.start()
+        order: list[str] = []
+        jobs = jobs_for(lm, ["sleep:0.3", None, None])
+        futs = []
+        for i, j in enumerate(jobs):
+            f = w.submit(j)
+            f.add_done_callback(lambda _f, i=i: order.append(f"forward {i}"))
+            futs.append(f)
+        await asyncio.sleep(0.05)  # forward 0 is running; 1 and 2 are queued
+        run = w.run_after_forwards if defer else w.run_in_worker
+        await asyncio.gather(run(lambda: order.append("stats")), *futs)
+        await w.stop(1)
+        return order
+
+    assert asyncio.run(go(True)) == ["forward 0", "forward 1", "forward 2", "stats"]
+    assert asyncio.run(go(False)).index("stats") < 3  # FIFO on the worker thread: ahead of a queued upload
+
+
+def test_deferred_statistics_are_not_starved(lm):
+    async def go():
+        w = Worker(torch.device("cpu"), max_batch_size=1)
+        await w.start()
+        futs = [w.submit(j) for j in jobs_for(lm, ["sleep:0.5"] * 4)]  # two seconds of forwards
+        await w.run_after_forwards(lambda: None, max_defer_s=0.2)
+        done = sum(f.done() for f in futs)
+        await asyncio.gather(*futs)
+        await w.stop(1)
+        return done
+
+    assert asyncio.run(go()) < 4  # it ran while uploads were still queued

@@ -1,0 +1,482 @@
+"""``headscope report``: one self-contained HTML page of charts from a survey.
+
+Plotly's JavaScript is inlined from the installed ``plotly`` package and the charts carry their
+data: the page loads nothing from anywhere (open it offline, mail it, attach it to a paper's
+supplement). Aggregates are computed with pyarrow (means, standard deviations and t-digest
+quantiles per head), so the page stays small however many pictures the survey holds.
+
+Charts: mean attention distance against depth, one dot per head (the ViT paper's fig. 7);
+entropy per head as distributions (all query rows, and the CLS row); prefix and artifact mass
+per layer; a map of the heads (entropy against distance); the rank of the head outputs per
+layer; and tables of the most similar head pairs and the most specialised heads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .output import read_failures, read_table, survey_meta
+
+QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
+COLUMNS = [
+    "image",
+    "layer",
+    "head",
+    "entropy",
+    "entropy_cls",
+    "distance_px",
+    "prefix_mass",
+    "artifact_mass",
+    "cls_cosine",
+    "similarity",
+    "rank_numerical",
+    "rank_effective",
+    "artifact_tokens",
+    "grid_rows",
+    "grid_cols",
+    "stage",
+]
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"scale": 2}}
+
+CSS = """
+body{font:15px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#1d2433;background:#f6f7f9}
+main{max-width:1180px;margin:0 auto;padding:24px}
+h1{font-size:24px;margin:0 0 4px} h2{font-size:19px;margin:28px 0 4px}
+.sub{color:#5b6478;margin:0 0 16px}
+.card{background:#fff;border:1px solid #e1e4ea;border-radius:8px;padding:12px 16px;margin:12px 0}
+.facts{display:flex;flex-wrap:wrap;gap:8px 28px} .facts b{display:block;font-size:20px}
+p.note{color:#5b6478;font-size:13px;margin:4px 0}
+table{border-collapse:collapse;font-size:14px;width:100%}
+th,td{text-align:right;padding:3px 8px;border-bottom:1px solid #eef0f4}
+th:first-child,td:first-child{text-align:left} .two{display:grid;grid-template-columns:1fr 1fr;gap:16px}
+@media (max-width:900px){.two{grid-template-columns:1fr}}
+"""
+
+
+class ReportError(ValueError):
+    """The survey has no rows to report on."""
+
+
+def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(col.to_numpy(zero_copy_only=False))
+
+
+def _head_aggregates(t: pa.Table) -> dict[str, Any]:
+    """Per (layer, head): means, standard deviations and quantiles over images."""
+    aggs: list[tuple] = [("image", "count")]
+    for c in ("entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass"):
+        aggs += [(c, "mean"), (c, "stddev")]
+    for c in ("entropy", "entropy_cls"):
+        aggs.append((c, "tdigest", pc.TDigestOptions(q=QUANTILES)))
+    g = t.group_by(["layer", "head"]).aggregate(aggs).sort_by([("layer", "ascending"), ("head", "ascending")])
+    out = {name: _np(g.column(name)) for name in g.column_names if not name.endswith("_tdigest")}
+    for c in ("entropy", "entropy_cls"):
+        q = g.column(f"{c}_tdigest").to_pylist()
+        out[f"{c}_q"] = np.array([v if v else [np.nan] * len(QUANTILES) for v in q], dtype=float)
+    return out
+
+
+def _similarity(t: pa.Table, L: int, H: int) -> tuple[np.ndarray | None, str]:
+    """Mean head-by-head similarity per layer ``[L, H, H]`` and what it is.
+
+    Layers with fewer heads than ``H`` (Swin's early stages) leave the rest NaN.
+    """
+    for col, what in (
+        ("similarity", "1 - JS/log 2 of the heads' attention rows (the stats endpoint's similarity)"),
+        ("cls_cosine", "cosine similarity of the heads' CLS rows (survey without --similarity)"),
+    ):
+        if col not in t.column_names:
+            continue
+        c = t.column(col)
+        ok = pc.invert(pc.is_null(c))
+        if not pc.any(ok).as_py():
+            continue
+        sub = t.filter(ok)
+        acc = np.full((L, H, H), np.nan)
+        for lyr in np.unique(_np(sub.column("layer")).astype(int)):
+            part = sub.filter(pc.equal(sub.column("layer"), lyr))
+            vals = _np(pc.list_flatten(part.column(col)))
+            h_l = len(vals) // part.num_rows  # this layer's heads: each row lists one value per head
+            vals = vals.reshape(part.num_rows, h_l)
+            head = _np(part.column("head")).astype(int)
+            s = np.zeros((h_l, h_l))
+            n = np.zeros((h_l, 1))
+            np.add.at(s, head, vals)
+            np.add.at(n, head, 1)
+            acc[lyr, :h_l, :h_l] = s / np.maximum(n, 1)
+        return acc, what
+    return None, ""
+
+
+def _grid(layer: np.ndarray, head: np.ndarray, v: np.ndarray, L: int, H: int) -> np.ndarray:
+    """Per-head values ``[L, H]`` from parallel arrays; NaN where a layer has fewer heads."""
+    out = np.full((L, H), np.nan)
+    out[layer, head] = v
+    return out
+
+
+def _fig_html(fig, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def build_report(survey: Path | str, title: str | None = None) -> str:
+    """The report's HTML for the survey at ``survey`` (a dataset folder or one Parquet file)."""
+    import plotly.graph_objects as go
+    from plotly.offline import get_plotlyjs
+    from plotly.subplots import make_subplots
+
+    survey = Path(survey)
+    t = read_table(survey)
+    t = t.select([c for c in COLUMNS if c in t.column_names])
+    if t.num_rows == 0:
+        raise ReportError(f"{survey} holds no survey rows")
+    meta = survey_meta(survey) if survey.is_dir() else {}
+    failures = read_failures(survey) if survey.is_dir() else None
+    L = int(pc.max(t.column("layer")).as_py()) + 1
+    H = int(pc.max(t.column("head")).as_py()) + 1
+    n_images = len(pc.unique(t.column("image")))
+    agg = _head_aggregates(t)
+    layer, head = agg["layer"].astype(int), agg["head"].astype(int)
+    heads_per_layer = np.bincount(layer, minlength=L)
+    windowed = "stage" in t.column_names and pc.any(pc.invert(pc.is_null(t.column("stage")))).as_py()
+    model = meta.get("model", "?")
+    title = title or f"Headscope survey: {model}, {n_images:,} images"
+    colors = [f"hsl({int(360 * h / H)},65%,45%)" for h in range(H)]
+    sections: list[str] = []
+
+    # -- 1. mean attention distance against depth ------------------------------------------
+    fig = go.Figure()
+    for h in range(H):
+        m = head == h
+        fig.add_trace(
+            go.Scatter(
+                x=layer[m] + (h - (H - 1) / 2) * 0.06,
+                y=agg["distance_px_mean"][m],
+                error_y=dict(type="data", array=agg["distance_px_stddev"][m], thickness=1, width=0, color=colors[h]),
+                mode="markers",
+                marker=dict(size=9, color=colors[h], line=dict(width=0.5, color="#fff")),
+                name=f"head {h}",
+                customdata=np.stack([layer[m], agg["distance_px_stddev"][m], agg["image_count"][m]], -1),
+                hovertemplate="layer %{customdata[0]} head " + str(h) + "<br>%{y:.1f} px ± %{customdata[1]:.1f} "
+                "(sd over %{customdata[2]} images)<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        xaxis=dict(title="network depth (layer)", dtick=1),
+        yaxis=dict(title="mean attention distance (input pixels)", rangemode="tozero"),
+        height=460,
+        margin=dict(t=20, r=10),
+        legend=dict(orientation="h", y=-0.18),
+        template="plotly_white",
+    )
+    sections.append(
+        "<h2>Mean attention distance against depth</h2>"
+        '<p class="note">One dot per head: the mean over images of its mean attention distance (for each patch '
+        "query, the attention-weighted distance to the patch keys, in input pixels; Dosovitskiy et al. 2021, "
+        "fig. 7). Bars: standard deviation over images."
+        + (" Swin: between the cells of each layer's stage grid, within the query's window." if windowed else "")
+        + "</p>"
+        + _fig_html(fig, "fig-distance")
+    )
+
+    # -- 2. entropy per head as distributions ----------------------------------------------
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=("all query rows", "CLS row")
+    )
+    names = [f"L{lh[0]}H{lh[1]}" for lh in zip(layer, head)]
+    for r, col in enumerate(("entropy", "entropy_cls"), start=1):
+        q = agg[f"{col}_q"]
+        if np.isnan(q).all():
+            continue
+        for lyr in range(L):
+            m = layer == lyr
+            fig.add_trace(
+                go.Box(
+                    x=[names[i] for i in np.flatnonzero(m)],
+                    lowerfence=q[m, 0],
+                    q1=q[m, 1],
+                    median=q[m, 2],
+                    q3=q[m, 3],
+                    upperfence=q[m, 4],
+                    mean=agg[f"{col}_mean"][m],
+                    marker_color=f"hsl({int(220 - 200 * lyr / max(1, L - 1))},55%,45%)",
+                    name=f"layer {lyr}",
+                    legendgroup=f"layer {lyr}",
+                    showlegend=r == 1,
+                    boxmean=True,
+                ),
+                row=r,
+                col=1,
+            )
+    fig.update_yaxes(title_text="entropy / log W²" if windowed else "entropy / log N", range=[0, 1.02])
+    fig.update_layout(height=620, margin=dict(t=30, r=10), template="plotly_white", showlegend=False)
+    sections.append(
+        "<h2>Entropy per head</h2>"
+        '<p class="note">Distribution over images of each head\'s normalised attention entropy (1 = uniform '
+        + (
+            "over the W x W keys of the query's window, as Swin's softmax runs, 0 = one key). "
+            if windowed
+            else "over all tokens, 0 = one token). "
+        )
+        + "Boxes: quartiles; whiskers: 5th and 95th percentiles; dashed: mean. "
+        + (
+            "Mean over all query cells (Swin has no CLS token)."
+            if windowed
+            else "Top: mean over all query rows; bottom: the CLS token's row."
+        )
+        + "</p>"
+        + _fig_html(fig, "fig-entropy")
+    )
+
+    # -- 3. prefix and artifact mass per layer ---------------------------------------------
+    img_rows = t.filter(pc.and_(pc.equal(t.column("layer"), 0), pc.equal(t.column("head"), 0)))
+    arts = _np(img_rows.column("artifact_tokens")) if "artifact_tokens" in t.column_names else np.zeros(0)
+    with_art = float((arts > 0).mean()) if arts.size else 0.0
+    art_note = (
+        f"{with_art:.0%} of the images have at least one artifact token "
+        f"(mean {arts.mean() if arts.size else 0:.2f} per image)."
+    )
+    masses = [c for c in ("prefix_mass", "artifact_mass") if not np.isnan(agg[f"{c}_mean"]).all()]
+    if masses:
+        titles = {"prefix_mass": "attention on prefix tokens", "artifact_mass": "attention on artifact tokens"}
+        fig = make_subplots(rows=1, cols=len(masses), subplot_titles=[titles[c] for c in masses])
+        for c, col in enumerate(masses, start=1):
+            v = agg[f"{col}_mean"]
+            fig.add_trace(
+                go.Scatter(
+                    x=layer,
+                    y=v,
+                    mode="markers",
+                    marker=dict(size=7, color=[colors[h] for h in head], opacity=0.8),
+                    text=[f"head {h}" for h in head],
+                    hovertemplate="layer %{x} %{text}: %{y:.3f}<extra></extra>",
+                    showlegend=False,
+                ),
+                row=1,
+                col=c,
+            )
+            per_layer = np.array([np.nanmean(v[layer == lyr]) for lyr in range(L)])
+            fig.add_trace(
+                go.Scatter(
+                    x=np.arange(L),
+                    y=per_layer,
+                    mode="lines",
+                    line=dict(color="#1d2433", width=2),
+                    name="mean over heads",
+                    showlegend=c == 1,
+                    hovertemplate="layer %{x}: mean %{y:.3f}<extra></extra>",
+                ),
+                row=1,
+                col=c,
+            )
+        fig.update_xaxes(title_text="layer", dtick=1)
+        fig.update_yaxes(title_text="mean share of attention", rangemode="tozero")
+        fig.update_layout(height=400, margin=dict(t=30, r=10), template="plotly_white", legend=dict(y=1.12, x=0))
+        sections.append(
+            "<h2>Prefix and artifact mass per layer</h2>"
+            '<p class="note">Mean over query rows and images of the attention each head gives to the prefix '
+            "tokens (CLS, registers) and to high-norm artifact tokens of the last layer (robust z-score of the "
+            f"token norm above 6; Darcet et al. 2024). {art_note}</p>" + _fig_html(fig, "fig-mass")
+        )
+    else:
+        sections.append(
+            "<h2>Prefix and artifact mass per layer</h2>"
+            '<p class="note">Not measured for this model: it has no prefix tokens, and its high-norm tokens '
+            "(robust z-score of the last layer's token norm above 6) sit on the last stage's grid, which the "
+            f"other stages' attention does not address. {art_note}</p>"
+        )
+
+    # -- 4. a map of the heads -------------------------------------------------------------
+    fig = go.Figure(
+        go.Scatter(
+            x=agg["entropy_mean"],
+            y=agg["distance_px_mean"],
+            mode="markers+text",
+            text=names,
+            textposition="top center",
+            textfont=dict(size=9, color="#5b6478"),
+            marker=dict(
+                size=10,
+                color=layer,
+                colorscale="Viridis",
+                colorbar=dict(title="layer"),
+                line=dict(width=0.5, color="#fff"),
+            ),
+            hovertemplate="%{text}<br>entropy %{x:.3f}<br>distance %{y:.1f} px<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        xaxis_title="mean entropy / log N",
+        yaxis_title="mean attention distance (px)",
+        height=480,
+        margin=dict(t=20, r=10),
+        template="plotly_white",
+    )
+    sections.append(
+        "<h2>The heads at a glance</h2>"
+        '<p class="note">Each head by its mean entropy and mean attention distance: focused local heads sit '
+        "bottom left, broad global heads top right.</p>" + _fig_html(fig, "fig-heads")
+    )
+
+    # -- 5. ranks --------------------------------------------------------------------------
+    if "rank_effective" in t.column_names and pc.any(pc.invert(pc.is_null(t.column("rank_effective")))).as_py():
+        h0 = t.filter(pc.equal(t.column("head"), 0))
+        g = (
+            h0.group_by("layer")
+            .aggregate([("rank_effective", "mean"), ("rank_effective", "stddev"), ("rank_numerical", "mean")])
+            .sort_by("layer")
+        )
+        fig = go.Figure()
+        fig.add_trace(
+            go.Scatter(
+                x=_np(g.column("layer")),
+                y=_np(g.column("rank_effective_mean")),
+                error_y=dict(type="data", array=_np(g.column("rank_effective_stddev"))),
+                mode="lines+markers",
+                name="effective rank",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=_np(g.column("layer")),
+                y=_np(g.column("rank_numerical_mean")),
+                mode="lines+markers",
+                name="numerical rank",
+                line=dict(dash="dot"),
+            )
+        )
+        fig.update_layout(
+            xaxis=dict(title="layer", dtick=1),
+            yaxis=dict(title="rank of the concatenated head outputs", rangemode="tozero"),
+            height=380,
+            margin=dict(t=20, r=10),
+            template="plotly_white",
+            legend=dict(orientation="h", y=1.1),
+        )
+        sections.append(
+            "<h2>Rank of the head outputs</h2>"
+            '<p class="note">Per layer, mean over images (bars: standard deviation) of the effective rank (Roy & '
+            "Vetterli 2007) and the numerical rank of the heads' outputs concatenated, tokens x (heads x head "
+            "dim). Heads that duplicate each other lower both.</p>" + _fig_html(fig, "fig-rank")
+        )
+
+    # -- 6. most similar / most specialised heads ------------------------------------------
+    sim, what = _similarity(t, L, H)
+    if sim is not None and H > 1:
+        pairs = sorted(
+            (
+                (float(sim[lyr, i, j]), lyr, i, j)
+                for lyr in range(L)
+                for i in range(heads_per_layer[lyr])
+                for j in range(i + 1, heads_per_layer[lyr])
+            ),
+            reverse=True,
+        )[:10]
+        off = np.nan_to_num(sim, nan=-np.inf)
+        off[:, np.arange(H), np.arange(H)] = -np.inf
+        closest = off.max(-1)  # L, H: similarity to the closest other head of the layer
+        ent = _grid(layer, head, agg["entropy_mean"], L, H)
+        dist = _grid(layer, head, agg["distance_px_mean"], L, H)
+        spec = sorted(
+            (float(closest[lyr, h]), lyr, h)
+            for lyr in range(L)
+            if heads_per_layer[lyr] > 1
+            for h in range(heads_per_layer[lyr])
+        )[:10]
+        sections.append(
+            "<h2>Most similar and most specialised heads</h2>"
+            f'<p class="note">Similarity: {html.escape(what)}, averaged over images; 1 = identical. '
+            "A head is specialised when even the closest other head of its layer is unlike it.</p>"
+            '<div class="two"><div class="card"><b>Most similar pairs</b>'
+            + _table(
+                ["layer", "heads", "similarity"],
+                [[lyr, f"{i} & {j}", f"{s:.3f}"] for s, lyr, i, j in pairs],
+            )
+            + '</div><div class="card"><b>Most specialised heads</b>'
+            + _table(
+                ["head", "closest other head", "entropy", "distance px"],
+                [
+                    [f"layer {lyr} head {h}", f"{s:.3f}", f"{ent[lyr, h]:.3f}", f"{dist[lyr, h]:.1f}"]
+                    for s, lyr, h in spec
+                ],
+            )
+            + "</div></div>"
+        )
+
+    # -- the page --------------------------------------------------------------------------
+    grids = t.filter(pc.and_(pc.equal(t.column("layer"), 0), pc.equal(t.column("head"), 0)))
+    grid_counts = (
+        grids.group_by(["grid_rows", "grid_cols"])
+        .aggregate([("image", "count")])
+        .sort_by([("image_count", "descending")])
+    )
+    grid_list = [
+        f"{r}x{c} ({n})"
+        for r, c, n in zip(*(grid_counts.column(k).to_pylist() for k in ("grid_rows", "grid_cols", "image_count")))
+    ]
+    top_grids = ", ".join(grid_list[:6]) + (f" and {len(grid_list) - 6} more" if len(grid_list) > 6 else "")
+    n_fail = failures.num_rows if failures is not None else 0
+    facts = [
+        ("images", f"{n_images:,}"),
+        ("could not be read", f"{n_fail:,}"),
+        (
+            ("layers x heads", f"{L} x {H}")
+            if heads_per_layer.min() == H
+            else ("layers, heads per layer", f"{L}, {heads_per_layer.min()}-{H}")
+        ),
+        ("rows", f"{t.num_rows:,}"),
+    ]
+    fail_html = ""
+    if failures is not None and n_fail:
+        shown = failures.slice(0, 20).to_pylist()
+        fail_html = (
+            "<h2>Pictures that could not be read</h2>"
+            + _table(["image", "error", "message"], [[r["image"], r["error"], r["message"]] for r in shown])
+            + (f'<p class="note">… and {n_fail - 20:,} more (in the _failures table).</p>' if n_fail > 20 else "")
+        )
+    head_html = (
+        f"<h1>{html.escape(title)}</h1>"
+        f'<p class="sub">model <b>{html.escape(str(model))}</b>'
+        + (f" · precision {html.escape(str(meta.get('precision')))}" if meta.get("precision") else "")
+        + f" · patch grids (rows x cols: images): {html.escape(top_grids)}"
+        + f" · generated {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>"
+        + '<div class="card facts">'
+        + "".join(f"<div><b>{html.escape(v)}</b>{html.escape(k)}</div>" for k, v in facts)
+        + "</div>"
+    )
+    # Script content is not HTML-decoded: raw JSON, with "</" broken so it cannot end the tag.
+    meta_json = json.dumps(meta).replace("</", "<\\/")
+    return (
+        "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+        f"<title>{html.escape(title)}</title><style>{CSS}</style>"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script></head>"
+        f"<body><main>{head_html}{''.join(sections)}{fail_html}"
+        f"<script type='application/json' id='survey-meta'>{meta_json}</script>"
+        "</main></body></html>\n"
+    )
+
+
+def write_report(survey: Path | str, out: Path | str, title: str | None = None) -> Path:
+    """Write the report of ``survey`` to ``out`` (atomically); returns the path."""
+    page = build_report(survey, title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out

@@ -1,0 +1,199 @@
+"""``headscope survey``: list the pictures, skip what is done, run an engine, write, report progress."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..engine.device import autocast_dtype
+from ..zoo.ids import ModelSpec
+from .compute import MASS, Result
+from .output import SurveyOutput, check_target
+from .sources import list_images
+
+# Settings the workers take from the driver (decoding, resize, precision, where models live).
+SHARED_SETTINGS = ("model", "models_dir", "max_image_pixels", "max_aspect", "resize", "precision")
+
+
+@dataclass
+class Summary:
+    """What one run did."""
+
+    listed: int  # pictures in SOURCE
+    skipped: int  # already in the output (--resume)
+    surveyed: int  # pictures with rows written by this run
+    failed: int  # pictures recorded as failures by this run
+    rows: int
+    seconds: float
+    interrupted: bool = False
+
+    @property
+    def images_per_s(self) -> float:
+        return (self.surveyed + self.failed) / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_meta(model_id: str, device_type: str, settings: Settings, similarity: bool, ranks: bool) -> dict[str, Any]:
+    """What decides a run's values: written into every part, compared on ``--resume``."""
+    amp = autocast_dtype(device_type, settings.precision)
+    return {
+        "model": model_id,
+        "resize": settings.resize,
+        "max_aspect": settings.max_aspect,
+        "precision": str(amp).removeprefix("torch.") if amp is not None else "fp32",
+        "mass": MASS,
+        "similarity": similarity,
+        "ranks": ranks,
+    }
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM behaves as Ctrl-C for the run (so the buffer is written before leaving)."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def survey(
+    source: Path | str,
+    out: Path | str,
+    *,
+    engine: str = "local",
+    address: str | None = None,
+    model: str | None = None,
+    device: str | None = None,
+    batch_size: int = 8,
+    limit: int | None = None,
+    resume: bool = False,
+    similarity: bool = False,
+    ranks: bool = False,
+    actors: int | None = None,
+    progress: bool = True,
+    part_images: int = 256,
+    settings: Settings | None = None,
+) -> Summary:
+    """Survey every picture of ``source`` into the Parquet dataset folder ``out``.
+
+    Args:
+        source: a folder (recursive), a text file of image paths, or one image.
+        out: the output folder (see :mod:`app.survey.output`).
+        engine: ``local`` (this process) or ``ray`` (Ray Data; see :mod:`app.survey.ray_engine`).
+        address: the Ray cluster to join (else ``RAY_ADDRESS``, else a local Ray).
+        model: model id (default ``HEADSCOPE_MODEL``).
+        device: ``auto``/``cpu``/``cuda``... (local: ``HEADSCOPE_DEVICE``; ray: each actor's GPU or CPU).
+        batch_size: pictures per forward pass.
+        limit: survey at most this many pictures in this run (after skipping those done).
+        resume: continue an output folder, skipping pictures already in it.
+        similarity: also compute the head-pair similarity column.
+        ranks: also compute the per-layer rank columns.
+        actors: Ray actors (default one per GPU, else one per node).
+        progress: show a progress bar (pictures/s) on stderr.
+        part_images: pictures per written part.
+        settings: decoding and model settings (default: from the environment).
+    """
+    if engine not in ("local", "ray"):
+        raise ValueError(f"engine {engine!r}: use local or ray")
+    if batch_size < 1:
+        raise ValueError("--batch-size must be at least 1")
+    if limit is not None and limit < 0:
+        raise ValueError("--limit must be 0 or more")
+    settings = settings or Settings()
+    model_id = ModelSpec.parse(model or settings.model).id
+    t0 = time.monotonic()
+    items = list_images(source)
+    check_target(out, resume)
+
+    surveyor = ray_engine = None
+    if engine == "local":
+        from .compute import Surveyor
+
+        surveyor = Surveyor(model, device, batch_size, similarity, settings, ranks)
+        device_type = surveyor.device.type
+    else:
+        from .ray_engine import RayEngine
+
+        ray_engine = RayEngine(address, actors, device)
+        device_type = ray_engine.start()
+    try:
+        meta = run_meta(model_id, device_type, settings, similarity, ranks)
+        output = SurveyOutput(out, meta, resume=resume, part_images=part_images)
+    except BaseException:
+        if ray_engine is not None:
+            ray_engine.stop()
+        raise
+    done = output.done() if resume else set()
+    todo = [it for it in items if it.image not in done]
+    skipped = len(items) - len(todo)
+    if limit is not None:
+        todo = todo[:limit]
+
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=len(todo),
+        unit="img",
+        desc=f"survey ({engine})",
+        disable=not progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        smoothing=0.05,
+    )
+    counts = {"failed": 0}
+
+    def emit(res: Result) -> None:
+        output.add(res.rows, res.failures, res.images)
+        counts["failed"] += res.failures.num_rows
+        bar.update(res.images)
+        if counts["failed"]:
+            bar.set_postfix(failed=counts["failed"], refresh=False)
+
+    interrupted = False
+    try:
+        with _sigterm_interrupts():
+            if not todo:
+                pass
+            elif engine == "local":
+                from .local import run_local
+
+                assert surveyor is not None
+                run_local(todo, surveyor, emit)
+            else:
+                assert ray_engine is not None
+                shared = settings.model_dump(include=set(SHARED_SETTINGS))
+                shared["models_dir"] = str(shared["models_dir"])
+                ray_engine.run(
+                    todo, emit, model=model, batch_size=batch_size, similarity=similarity, ranks=ranks, settings=shared
+                )
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        output.close()  # whatever was computed is written, also on Ctrl-C / SIGTERM
+        bar.close()
+        if ray_engine is not None:
+            ray_engine.stop()
+    return Summary(
+        listed=len(items),
+        skipped=skipped,
+        surveyed=output.images_written,
+        failed=output.failures_written,
+        rows=output.rows_written,
+        seconds=time.monotonic() - t0,
+        interrupted=interrupted,
+    )

@@ -1,0 +1,101 @@
+"""The survey's tables: one row per (image, layer, head), and one per picture that failed.
+
+Statistics columns have the same names, definitions and float32 values as
+``GET /api/v1/attention/{id}/stats`` gives for the same image (see :mod:`app.engine.stats`):
+
+==================  =========================================================================
+``entropy``         mean over query rows of the row entropy / log N (1 = uniform)
+``entropy_cls``     entropy of the CLS row / log N (null for models without a CLS token)
+``distance_px``     mean attention distance in input pixels (ViT paper, fig. 7)
+``prefix_mass``     mean over query rows of the attention on prefix tokens (CLS, registers)
+``artifact_mass``   mean over query rows of the attention on high-norm artifact tokens
+``mass_patches``    patches holding ``mass`` of the CLS row (DINO masks; null without CLS)
+``cls_cosine``      the head's CLS-row cosine similarity to each head of its layer (list)
+``similarity``      1 - JS / log 2 to each head of its layer (list; null unless asked for)
+==================  =========================================================================
+
+Per layer (repeated on its heads' rows): ``rank_numerical``, ``rank_effective`` (of the
+concatenated head outputs). Per image (repeated on its rows): ``image_height``,
+``image_width`` (the picture), ``input_height``, ``input_width`` (what the model saw),
+``grid_rows``, ``grid_cols``, ``tokens``, ``prefix_tokens``, ``artifact_tokens`` (how many
+high-norm tokens the last layer has) and ``artifact_threshold``.
+
+Windowed models (Swin) have the values the stats endpoint gives them
+(:mod:`app.engine.window_stats`): each layer has its stage's heads (rows per picture: the sum of
+the layers' head counts), ``entropy`` is over each query's window (/ log of its W*W keys),
+``distance_px`` is between cells of the stage's grid, ``stage`` names the row's stage and
+``grid_rows``, ``grid_cols``, ``tokens`` are that stage's grid; ``entropy_cls``,
+``prefix_mass``, ``artifact_mass``, ``mass_patches`` and ``cls_cosine`` are null (no CLS, no
+prefix tokens; artifact tokens exist only on the last stage's grid). ``stage`` is null for a
+plain ViT.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+ROWS = pa.schema(
+    [
+        pa.field("image", pa.string(), nullable=False),
+        pa.field("layer", pa.int16(), nullable=False),
+        pa.field("head", pa.int16(), nullable=False),
+        pa.field("entropy", pa.float32(), nullable=False),
+        pa.field("entropy_cls", pa.float32()),
+        pa.field("distance_px", pa.float32(), nullable=False),
+        pa.field("prefix_mass", pa.float32()),
+        pa.field("artifact_mass", pa.float32()),
+        pa.field("mass_patches", pa.int32()),
+        pa.field("cls_cosine", pa.list_(pa.float32())),
+        pa.field("similarity", pa.list_(pa.float32())),
+        pa.field("rank_numerical", pa.int32()),
+        pa.field("rank_effective", pa.float64()),
+        pa.field("image_height", pa.int32(), nullable=False),
+        pa.field("image_width", pa.int32(), nullable=False),
+        pa.field("input_height", pa.int32(), nullable=False),
+        pa.field("input_width", pa.int32(), nullable=False),
+        pa.field("grid_rows", pa.int16(), nullable=False),
+        pa.field("grid_cols", pa.int16(), nullable=False),
+        pa.field("tokens", pa.int32(), nullable=False),
+        pa.field("prefix_tokens", pa.int16(), nullable=False),
+        pa.field("artifact_tokens", pa.int32(), nullable=False),
+        pa.field("artifact_threshold", pa.float32(), nullable=False),
+        pa.field("stage", pa.int16()),
+    ]
+)
+
+FAILURES = pa.schema(
+    [
+        pa.field("image", pa.string(), nullable=False),
+        pa.field("error", pa.string(), nullable=False),  # a code: not_an_image, corrupt_image, read_error...
+        pa.field("message", pa.string(), nullable=False),
+    ]
+)
+
+# Parquet key-value metadata of every part: which model and settings produced the rows.
+META_KEY = b"headscope.survey"
+
+
+def with_meta(schema: pa.Schema, meta: dict[str, Any]) -> pa.Schema:
+    return schema.with_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+
+
+def meta_of(schema: pa.Schema) -> dict[str, Any]:
+    raw = (schema.metadata or {}).get(META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def empty_rows() -> pa.Table:
+    return ROWS.empty_table()
+
+
+def empty_failures() -> pa.Table:
+    return FAILURES.empty_table()
+
+
+def failures_table(records: list[tuple[str, str, str]]) -> pa.Table:
+    """``(image, error, message)`` records as a :data:`FAILURES` table."""
+    cols: list[list[str]] = [[r[i] for r in records] for i in range(3)]
+    return pa.table([pa.array(c, pa.string()) for c in cols], schema=FAILURES)

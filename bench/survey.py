@@ -1,0 +1,140 @@
+"""Statistics and survey rows: what ``GET …/stats`` and ``headscope survey`` cost next to a forward.
+
+* *statistics of one image*: :func:`app.engine.stats.head_stats` on a capture already made (a
+  default POST's: q and k kept, maps recomputed), i.e. the worker's whole share of a
+  ``GET /api/v1/attention/{id}/stats``; then without the ranks, and without ranks and
+  similarity (what a survey computes by default). Timed interleaved with the bare forward at
+  batch 1; the ratio printed is *time* over the bare forward's time (lower is better).
+* *survey, local engine*: one batch of 8 pictures through :class:`app.survey.compute.Surveyor`
+  as the local engine runs it (read the JPEG files, decode, resize, hooked forward with the
+  maps kept, statistics, Arrow rows), interleaved with the bare forward of 8 pictures; the
+  ratio is images/s over the bare forward's images/s (higher is better). Model loading and
+  writing the Parquet parts (every 256 pictures) are left out: this is the marginal
+  throughput of a long survey.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from app.config import Settings
+from app.engine.forward import forward_capture
+from app.engine.stats import compute_stats, head_stats
+from app.survey.compute import Surveyor
+from app.survey.sources import Item
+from app.zoo.loaded import LoadedModel
+
+from .common import BenchFailure, Variant
+from .inproc import INPUT, SAMPLES, sample_pixels
+
+SURVEY_BATCH = 8
+
+
+def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[Variant]:
+    """The bare forward at batch 1 and the statistics of one captured 224 px image."""
+    model = lm.model
+    x1 = sample_pixels(lm, 1, device)
+    att = forward_capture(lm, x1)[0]  # as the server caches it after a default POST
+    layout = lm.layout(INPUT)
+    L, H = lm.num_layers, lm.num_heads
+
+    def bare(x):
+        with torch.inference_mode():
+            return model.forward_features(x1)
+
+    def check_stats(out, batch):
+        ent = torch.tensor(out["entropy"]) if isinstance(out, dict) else out.entropy
+        if tuple(ent.shape) != (L, H) or not torch.isfinite(ent).all() or not ((ent > 0) & (ent <= 1)).all():
+            raise BenchFailure(f"statistics of shape {tuple(ent.shape)} out of range")
+
+    return [
+        Variant("fwd_fp32", "bare forward fp32 (reference)", bare, None, "model"),
+        Variant(
+            "stats_all",
+            "statistics of one image (GET .../stats)",
+            lambda x: head_stats(att, layout, INPUT),
+            check_stats,
+            "stats",
+            note="entropy, distance, masses, CLS, similarity, ranks",
+        ),
+        Variant(
+            "stats_noranks",
+            "  without the ranks",
+            lambda x: compute_stats(att, layout, with_ranks=False),
+            check_stats,
+            "stats",
+        ),
+        Variant(
+            "stats_survey",
+            "  without ranks and similarity (survey default)",
+            lambda x: compute_stats(att, layout, similarity=False, with_ranks=False),
+            check_stats,
+            "stats",
+        ),
+    ]
+
+
+def write_pictures(folder: Path, n: int) -> list[Item]:
+    """``n`` 224x224 JPEGs (the samples, centre-cropped and nudged so they differ)."""
+    files = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")) if SAMPLES.is_dir() else []
+    items = []
+    for i in range(n):
+        if files:
+            img = Image.open(files[i % len(files)]).convert("RGB")
+            s = min(img.size)
+            img = img.crop(((img.width - s) // 2, (img.height - s) // 2, (img.width + s) // 2, (img.height + s) // 2))
+            img = img.resize(INPUT[::-1], Image.BICUBIC).rotate(i * 3)
+        else:
+            img = Image.effect_noise(INPUT[::-1], 40 + i).convert("RGB")
+        path = folder / f"img{i:03d}.jpg"
+        img.save(path, quality=90)
+        items.append(Item(path.name, str(path)))
+    return items
+
+
+class SurveyBench:
+    """A folder of 224 px JPEGs and a :class:`Surveyor` over the already loaded model."""
+
+    def __init__(self, lm: LoadedModel, device: str | torch.device = "cpu"):
+        self._tmp = tempfile.TemporaryDirectory(prefix="headscope-bench-survey-")
+        self.items = write_pictures(Path(self._tmp.name), SURVEY_BATCH)
+        # The bench's model (no second copy), fp32 like the bare forward it is compared with.
+        self.surveyor = Surveyor(
+            device=str(device), batch_size=SURVEY_BATCH, settings=Settings(precision="fp32"), lm=lm
+        )
+        self.x = sample_pixels(lm, SURVEY_BATCH, device)
+        L, H = lm.num_layers, lm.num_heads
+        self.rows_per_batch = SURVEY_BATCH * L * H
+
+    def variants(self) -> list[Variant]:
+        model = self.surveyor.lm.model
+
+        def bare(x):
+            with torch.inference_mode():
+                return model.forward_features(self.x)
+
+        def survey(x):
+            return self.surveyor.process(self.items)
+
+        def check(out, batch):
+            if out.failures.num_rows or out.rows.num_rows != self.rows_per_batch:
+                raise BenchFailure(f"survey batch: {out.rows.num_rows} rows, {out.failures.num_rows} failures")
+
+        return [
+            Variant("fwd_fp32", "bare forward fp32 (reference)", bare, None, "model"),
+            Variant(
+                "survey_local",
+                f"survey, local engine, {SURVEY_BATCH} JPEGs -> rows",
+                survey,
+                check,
+                "survey",
+                note="read+decode, hooked forward, statistics, Arrow rows",
+            ),
+        ]
+
+    def close(self) -> None:
+        self._tmp.cleanup()

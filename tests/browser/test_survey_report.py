@@ -1,0 +1,80 @@
+"""``headscope report`` in real Chromium: every chart draws, offline, with nothing loaded from outside."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from app.config import Settings
+from app.survey.compute import Surveyor
+from app.survey.output import SurveyOutput
+from app.survey.report import build_report, write_report
+from app.survey.run import run_meta
+from app.survey.sources import list_images
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, samples):
+    """A survey of the samples (tiny random model, every optional column) and its report."""
+    src = tmp_path_factory.mktemp("report-src")
+    for p in samples.values():
+        (src / p.name).write_bytes(p.read_bytes())
+    (src / "broken.png").write_bytes(b"not a picture")
+    settings = Settings(models_dir=tmp_path_factory.mktemp("models"), device="cpu")
+    sv = Surveyor("random:test_vit", "cpu", batch_size=4, settings=settings, similarity=True, ranks=True)
+    out = tmp_path_factory.mktemp("report") / "s.parquet"
+    w = SurveyOutput(out, run_meta(sv.lm.id, "cpu", settings, True, True))
+    res = sv.process(list_images(src))
+    w.add(res.rows, res.failures, res.images)
+    w.close()
+    page = write_report(out, out.parent / "report.html")
+    return page, sv.lm
+
+
+def test_the_report_draws_every_chart_without_any_outside_request(browser, report):
+    page_path, lm = report
+    html = page_path.read_text()
+    # Nothing to fetch: no script or stylesheet is referenced by URL; Plotly is inlined.
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=['\"]?(https?:)?//", html, re.I)
+    assert "cdn.plot.ly/plotly" not in html.split("</head>")[1]
+    ctx = browser.new_context(viewport={"width": 1240, "height": 900}, offline=True)
+    outside: list[str] = []
+    errors: list[str] = []
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(("file:", "data:", "blob:")):
+            return r.continue_()
+        outside.append(url)
+        return r.abort()
+
+    ctx.route("**/*", route)
+    pg = ctx.new_page()
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(page_path.as_uri())
+    ids = ["fig-distance", "fig-entropy", "fig-mass", "fig-heads", "fig-rank"]
+    pg.wait_for_function(
+        "ids => ids.every(id => document.getElementById(id)?.querySelector('.main-svg'))", arg=ids, timeout=60_000
+    )
+    # The ViT paper's figure: one trace per head, one dot per layer.
+    dots = pg.evaluate(
+        "() => document.getElementById('fig-distance')._fullData.map(t => [t.name, t.x.length, t.y.length])"
+    )
+    assert dots == [[f"head {h}", lm.num_layers, lm.num_layers] for h in range(lm.num_heads)]
+    assert pg.locator("text=Most similar pairs").count() == 1
+    assert pg.locator("td", has_text="broken.png").count() == 1
+    meta = json.loads(pg.locator("#survey-meta").inner_text())
+    assert meta["model"] == "random:test_vit"
+    ctx.close()
+    assert outside == [] and errors == []
+
+
+def test_the_report_falls_back_to_cls_rows_without_the_similarity_column(tmp_path, report):
+    page_path, _ = report
+    html = build_report(page_path.parent / "s.parquet")
+    assert "1 - JS/log 2" in html  # the survey above has the similarity column

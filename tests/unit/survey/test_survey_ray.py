@@ -1,0 +1,14 @@
+"""How the Ray engine sizes its actor pool (no Ray needed)."""
+
+from __future__ import annotations
+
+
+def test_ray_actors_are_one_per_gpu_else_one_per_node():
+    from app.survey.ray_engine import plan_actors
+
+    gpu_nodes = [{"Alive": True, "Resources": {"CPU": 16, "GPU": 2}}] * 2
+    assert plan_actors({"CPU": 32, "GPU": 4}, gpu_nodes, None) == (4, {"num_gpus": 1, "num_cpus": 1})
+    cpu_nodes = [{"Alive": True, "Resources": {"CPU": 8}}, {"Alive": True, "Resources": {"CPU": 4}}]
+    cpu_nodes.append({"Alive": False, "Resources": {"CPU": 64}})
+    assert plan_actors({"CPU": 12}, cpu_nodes, None) == (2, {"num_cpus": 4})
+    assert plan_actors({"CPU": 12}, cpu_nodes, 3) == (3, {"num_cpus": 4})
