@@ -35,6 +35,7 @@ def window_qkv(attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
         x: ``[w, A, C]`` the windows' tokens, as the module got them.
     """
     w_qkv = attn.qkv.weight.detach().float()
+    bias: torch.Tensor | None
     if getattr(attn, "q_bias", None) is not None:  # v2: q and v biases, k has none
         k_bias = attn.k_bias if getattr(attn, "k_bias", None) is not None else torch.zeros_like(attn.q_bias)
         bias = torch.cat((attn.q_bias, k_bias, attn.v_bias)).detach().float()
