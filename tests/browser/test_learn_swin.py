@@ -143,11 +143,16 @@ def test_learn_view_of_swin_v2_says_cosine_and_lists_padding(page, swin_server, 
     open_page(page, f"{url}/?view=learn&model={V2}")
     upload(page, samples["cat"])  # 256 x 384: the last stage is 8 x 12 cells in 8 x 8 windows
     iid = image_id(samples["cat"].read_bytes())
-    v = wait_learn(page, image=iid, model=V2, layer=11)
-    ans = explain(url, iid, model=V2, layer=11, head=v["head"], query=f"patch:{int(v['query']) // 12},{int(v['query']) % 12}")
-    assert ans["query"] == int(v["query"]) and ans["tokens"]["grid"] == [8, 12]
+    wait_learn(page, image=iid, model=V2, layer=11)
+    # A cell of the right-hand window, which hangs 4 columns over the 12-column grid's edge.
+    x, y = cell_center(page, "[data-testid=learn-weights]", 4, 10, (8, 12))
+    page.mouse.click(x, y)
+    v = wait_learn(page, image=iid, model=V2, layer=11, query=4 * 12 + 10)
+    assert page.url.endswith("q=patch%3A32%2C80") or "q=patch%3A32%2C80&" in page.url
+    ans = explain(url, iid, model=V2, layer=11, head=v["head"], query="patch:4,10")
+    assert ans["query"] == 4 * 12 + 10 and ans["tokens"]["grid"] == [8, 12]
     pad = ans["window"]["padding"]
-    assert pad == 32 and ans["steps"]["cosine"]  # the centre cell's window hangs over the right edge
+    assert pad == 32 and ans["steps"]["cosine"]
     assert notes(page) == ["window", "padding", "cosine", "bias"]
     chips = page.locator("[data-testid=learn-prefix] li")
     assert chips.count() == pad and "padding (place" in chips.first.inner_text()
