@@ -28,6 +28,8 @@ def main(rounds: int = 12) -> None:
         (att,) = forward_capture(lm, x)
         kept = att.nbytes() / 2**20
         probs = sum(p.numel() * p.element_size() for p in att.probs) / 2**20
+        tokens = sum(x.numel() * x.element_size() for x in att.inputs) / 2**20
+        masks = sum(m.untyped_storage().nbytes() for m in {id(m): m for m in att.masks if m is not None}.values())
         dense = sum(att.heads_at(i) * att.tokens_at(i) ** 2 * 4 for i in range(att.num_layers)) / 2**20
         times: dict[str, list[float]] = {"bare": [], "capture": []}
         with torch.inference_mode():
@@ -38,7 +40,8 @@ def main(rounds: int = 12) -> None:
                     times[kind].append(time.perf_counter() - t)
         bare, cap = (statistics.median(times[k][2:]) for k in ("bare", "capture"))
         print(
-            f"{arch} {hw[0]}x{hw[1]}: capture keeps {kept:.1f} MiB per image (window softmax {probs:.1f} MiB; "
+            f"{arch} {hw[0]}x{hw[1]}: capture keeps {kept:.1f} MiB per image (window softmax {probs:.1f} MiB, "
+            f"windows' tokens for temperature and explain {tokens:.1f} MiB, shift masks {masks / 2**20:.1f} MiB; "
             f"dense stage maps would be {dense:.0f} MiB); forward {bare * 1e3:.0f} ms bare, "
             f"{cap * 1e3:.0f} ms with the capture ({cap / bare:.2f}x)"
         )

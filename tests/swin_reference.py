@@ -57,81 +57,145 @@ def bias_v2(attn, wh: int, ww: int) -> torch.Tensor:
     return 16 * torch.sigmoid(attn.cpb_mlp(coords).permute(2, 0, 1))
 
 
-def reference_maps(model, x, version: str, queries=None) -> list[torch.Tensor]:
+def block_inputs(model, x) -> list[torch.Tensor]:
+    """Each block's real input ``[B, gh, gw, C]``, recorded with plain pre-hooks on the blocks."""
+    inputs = []
+    handles = [b.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in swin_blocks(model)]
+    with torch.no_grad():
+        model.forward_features(x)
+    for h in handles:
+        h.remove()
+    return inputs
+
+
+def block_windows(blk, xin: torch.Tensor, version: str) -> list[dict]:
+    """Every window of one block, windowed by hand: ``cells`` (``[A]`` image-grid cell of each
+    place, -1 for padding), ``scores`` (``[B, H, A, A]`` pre-softmax, bias and mask included),
+    ``bias``, ``mask`` (``[H, A, A]``, ``[A, A]``), ``q``, ``k``, ``v`` (``[B, H, A, d]``; v2: q, k
+    as projected, before the normalisation), ``scale`` (``[H]``)."""
+    a = blk.attn
+    B, gh, gw, C = xin.shape
+    wh, ww = blk.window_size
+    sh, sw = blk.shift_size
+    nh = a.num_heads
+    with torch.no_grad():
+        feats = blk.norm1(xin) if version == "v1" else xin  # v2 normalises after attention
+        if version == "v1":
+            qkv = a.qkv(feats)
+            zero = a.qkv.bias
+        else:
+            zero = torch.cat([a.q_bias, torch.zeros_like(a.q_bias), a.v_bias])
+            qkv = F.linear(feats, a.qkv.weight, zero)
+        q, k, v = qkv.reshape(B, gh, gw, 3, nh, -1).unbind(3)  # B, gh, gw, H, d
+        if zero is None:
+            zero = torch.zeros(3 * nh * q.shape[-1])
+        q0, k0, v0 = zero.reshape(3, nh, -1)
+        Hp, Wp = -(-gh // wh) * wh, -(-gw // ww) * ww
+        bias = bias_v1(a, wh, ww) if version == "v1" else bias_v2(a, wh, ww)
+        if version == "v1":
+            scale = torch.full((nh,), a.scale)
+        else:
+            scale = torch.clamp(a.logit_scale, max=math.log(100.0)).exp().flatten()  # H
+
+        # Regions of the rolled, padded grid that the roll brought together (shifted blocks).
+        def region(i: int, size: int, w: int, s: int) -> int:
+            if not s:
+                return 0
+            return 0 if i < size - w else (1 if i < size - s else 2)
+
+        # Cell N stands for padding: a zero token, whose q/k/v are the projection of 0.
+        def flat(t, t0):
+            return torch.cat([t.reshape(B, gh * gw, nh, -1), t0.expand(B, 1, nh, -1)], 1)  # B, N + 1, H, d
+
+        qf, kf, vf = flat(q, q0), flat(k, k0), flat(v, v0)
+        out = []
+        for wi in range(Hp // wh):
+            for wj in range(Wp // ww):
+                cells, regions = [], []
+                for di in range(wh):
+                    for dj in range(ww):
+                        i, j = wi * wh + di, wj * ww + dj
+                        regions.append(region(i, Hp, wh, sh) * 3 + region(j, Wp, ww, sw))
+                        # Rolled by -shift: rolled cell (i, j) is image cell (i + sh, j + sw) mod grid.
+                        cells.append(((i + sh) % gh) * gw + (j + sw) % gw if i < gh and j < gw else -1)
+                cell = torch.tensor(cells)
+                take = torch.where(cell >= 0, cell, gh * gw)
+                Q, K, V = (t[:, take].transpose(1, 2) for t in (qf, kf, vf))  # B, H, A, d
+                if version == "v1":
+                    s = (Q * a.scale) @ K.transpose(-2, -1)
+                else:
+                    s = (F.normalize(Q, dim=-1) @ F.normalize(K, dim=-1).transpose(-2, -1)) * scale[:, None, None]
+                reg = torch.tensor(regions)
+                mask = (reg[:, None] != reg[None, :]) * -100.0  # cells the roll brought together
+                s = s + bias + mask
+                out.append(dict(cells=cell, scores=s, bias=bias, mask=mask, q=Q, k=K, v=V, scale=scale))
+    return out
+
+
+def reference_maps(model, x, version: str, queries=None, temperature: float = 1.0) -> list[torch.Tensor]:
     """Per block, ``[B, H, N, N]`` dense maps over the stage grid, from an independent windowing.
 
     Args:
         queries: optional ``layer -> [cell, ...]``: keep only those query rows, ``[B, H, Q, N]``
             (big grids: stage 0 of Swin-T at 224 x 336 px has 4704 cells).
+        temperature: ``softmax(scores / temperature)``, the mask's -100 included.
     """
-    blocks = swin_blocks(model)
-    inputs = []
-    handles = [b.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in blocks]
-    with torch.no_grad():
-        model.forward_features(x)
-    for h in handles:
-        h.remove()
     maps = []
-    with torch.no_grad():
-        for layer, (blk, xin) in enumerate(zip(blocks, inputs)):
-            a = blk.attn
-            B, gh, gw, C = xin.shape
-            wh, ww = blk.window_size
-            sh, sw = blk.shift_size
-            nh = a.num_heads
-            feats = blk.norm1(xin) if version == "v1" else xin  # v2 normalises after attention
-            if version == "v1":
-                qkv = a.qkv(feats)
-            else:
-                qkv = F.linear(feats, a.qkv.weight, torch.cat([a.q_bias, torch.zeros_like(a.q_bias), a.v_bias]))
-            q, k = qkv.reshape(B, gh, gw, 3, nh, -1).unbind(3)[:2]  # B, gh, gw, H, d
-            zero = a.qkv.bias if version == "v1" else torch.cat([a.q_bias, torch.zeros_like(a.q_bias), a.v_bias])
-            if zero is None:
-                zero = torch.zeros(3 * nh * q.shape[-1])
-            q0, k0 = zero.reshape(3, nh, -1)[:2]
-            Hp, Wp = -(-gh // wh) * wh, -(-gw // ww) * ww
-            bias = bias_v1(a, wh, ww) if version == "v1" else bias_v2(a, wh, ww)
-
-            # Regions of the rolled, padded grid that the roll brought together (shifted blocks).
-            def region(i: int, size: int, w: int, s: int) -> int:
-                if not s:
-                    return 0
-                return 0 if i < size - w else (1 if i < size - s else 2)
-
-            # Cell N stands for padding: a zero token, whose q/k are the projection of 0.
-            qf = torch.cat([q.reshape(B, gh * gw, nh, -1), q0.expand(B, 1, nh, -1)], 1)  # B, N + 1, H, d
-            kf = torch.cat([k.reshape(B, gh * gw, nh, -1), k0.expand(B, 1, nh, -1)], 1)
-            n = gh * gw
-            wanted = torch.arange(n) if queries is None else torch.tensor(queries[layer])
-            row_of = torch.full((n,), -1)
-            row_of[wanted] = torch.arange(len(wanted))
-            dense = torch.zeros(B, nh, len(wanted), n)  # the wanted rows of the stage's maps
-            for wi in range(Hp // wh):
-                for wj in range(Wp // ww):
-                    cells, regions = [], []
-                    for di in range(wh):
-                        for dj in range(ww):
-                            i, j = wi * wh + di, wj * ww + dj
-                            regions.append(region(i, Hp, wh, sh) * 3 + region(j, Wp, ww, sw))
-                            # Rolled by -shift: rolled cell (i, j) is image cell (i + sh, j + sw) mod grid.
-                            cells.append(((i + sh) % gh) * gw + (j + sw) % gw if i < gh and j < gw else -1)
-                    cell = torch.tensor(cells)
-                    take = torch.where(cell >= 0, cell, gh * gw)
-                    Q, K = qf[:, take].transpose(1, 2), kf[:, take].transpose(1, 2)  # B, H, A, d
-                    if version == "v1":
-                        s = (Q * a.scale) @ K.transpose(-2, -1)
-                    else:
-                        scale = torch.clamp(a.logit_scale, max=math.log(100.0)).exp()  # H, 1, 1
-                        s = (F.normalize(Q, dim=-1) @ F.normalize(K, dim=-1).transpose(-2, -1)) * scale
-                    s = s + bias
-                    reg = torch.tensor(regions)
-                    s = s + (reg[:, None] != reg[None, :]) * -100.0  # cells the roll brought together
-                    p = s.softmax(-1)
-                    real = (cell >= 0).nonzero().flatten()  # padding cells leave the grid's rows and columns
-                    qs = real[row_of[cell[real]] >= 0]  # the window's places that hold wanted rows
-                    dense[:, :, row_of[cell[qs], None], cell[None, real]] = p[:, :, qs][:, :, :, real]
-            maps.append(dense)
+    for layer, (blk, xin) in enumerate(zip(swin_blocks(model), block_inputs(model, x))):
+        B, gh, gw, _ = xin.shape
+        n = gh * gw
+        wanted = torch.arange(n) if queries is None else torch.tensor(queries[layer])
+        row_of = torch.full((n,), -1)
+        row_of[wanted] = torch.arange(len(wanted))
+        dense = torch.zeros(B, blk.attn.num_heads, len(wanted), n)  # the wanted rows of the stage's maps
+        for win in block_windows(blk, xin, version):
+            cell = win["cells"]
+            p = (win["scores"].double() / temperature).softmax(-1).float()
+            real = (cell >= 0).nonzero().flatten()  # padding cells leave the grid's rows and columns
+            qs = real[row_of[cell[real]] >= 0]  # the window's places that hold wanted rows
+            dense[:, :, row_of[cell[qs], None], cell[None, real]] = p[:, :, qs][:, :, :, real]
+        maps.append(dense)
     return maps
+
+
+def reference_explain(model, x, version: str, layer: int, head: int, cell: int, image: int = 0) -> dict:
+    """One head's computation for one query cell of ``layer``, from the independent windowing.
+
+    Returns ``key_tokens`` (the window's cells, -1 for padding), ``q`` (``[d]``), ``k``, ``v``
+    (``[A, d]``; v2: q and k L2-normalised, as they enter the dot product), ``scale``, ``bias``,
+    ``mask``, ``scores``, ``attention`` (``[A]``), ``head_output`` (``[d]``) and ``attn_output``
+    (``[D]``: the block's proj applied to every head's output for the cell).
+    """
+    blk = swin_blocks(model)[layer]
+    xin = block_inputs(model, x)[layer]
+    for win in block_windows(blk, xin, version):
+        places = (win["cells"] == cell).nonzero().flatten()
+        if len(places):
+            break
+    else:
+        raise AssertionError(f"cell {cell} is in no window of layer {layer}")
+    p = int(places[0])
+    Q, K, V = win["q"][image], win["k"][image], win["v"][image]  # H, A, d
+    if version == "v2":
+        Q, K = F.normalize(Q, dim=-1), F.normalize(K, dim=-1)
+    scores = win["scores"][image, :, p]  # H, A
+    attention = scores.softmax(-1)
+    heads = torch.einsum("ha,had->hd", attention, V)  # H, d: every head's output for the cell
+    with torch.no_grad():
+        y = F.linear(heads.flatten(), blk.attn.proj.weight, blk.attn.proj.bias)
+    return dict(
+        key_tokens=win["cells"].tolist(),
+        q=Q[head, p],
+        k=K[head],
+        v=V[head],
+        scale=float(win["scale"][head]),
+        bias=win["bias"][head, p],
+        mask=win["mask"][p],
+        scores=scores[head],
+        attention=attention[head],
+        head_output=heads[head],
+        attn_output=y,
+    )
 
 
 def write_checkpoint(path, arch: str = "swin_tiny_patch4_window7_224", seed: int = 7) -> None:

@@ -94,20 +94,7 @@ def explain_head(att: ImageAttention, attn: nn.Module, layer: int, head: int, qu
     bias_row = bias[head, query].float() if bias is not None else None  # N
 
     x = att.head_out[layer][query].float()  # H*d: what the model fed W_O for this token
-    proj = cast(nn.Linear, attn.proj)
-    w = proj.weight.detach().to(x.device, torch.float32)  # D, H*d
-    D = w.shape[0]
-    b = proj.bias.detach().to(x.device, torch.float32) if proj.bias is not None else torch.zeros(D, device=x.device)
-    # Head h's share: W_O[:, h*d:(h+1)*d] @ x_h; the shares plus the bias are W_O x + b.
-    # One small GEMV per head: each stays below ATen's parallel grain, so no OpenMP team is woken
-    # for it (a broadcast multiply or einsum over all heads took 1-40 ms instead of 0.1 ms on a
-    # busy 2-core machine, waiting for the second thread).
-    d = x.shape[0] // H
-    contributions = torch.stack([w[:, h * d : (h + 1) * d] @ x[h * d : (h + 1) * d] for h in range(H)])  # H, D
-    attn_output = F.linear(x, w, b)  # D
-
-    def host(t: torch.Tensor) -> torch.Tensor:
-        return t.detach().to("cpu", torch.float32).contiguous()
+    contributions, b, attn_output = project_heads(attn, x, H)
 
     return HeadComputation(
         layer=layer,
@@ -127,6 +114,32 @@ def explain_head(att: ImageAttention, attn: nn.Module, layer: int, head: int, qu
         proj_bias=host(b),
         attn_output=host(attn_output),
     )
+
+
+def host(t: torch.Tensor) -> torch.Tensor:
+    """A float32, contiguous copy on the host (answers are encoded there)."""
+    return t.detach().to("cpu", torch.float32).contiguous()
+
+
+def project_heads(attn: nn.Module, x: torch.Tensor, H: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each head's share of the output projection: ``([H, D] shares, [D] bias, [D] W_O x + b)``.
+
+    Args:
+        attn: the attention module (its ``proj``).
+        x: ``[H*d]`` what the model fed ``proj`` for one token.
+        H: heads.
+    """
+    proj = cast(nn.Linear, attn.proj)
+    w = proj.weight.detach().to(x.device, torch.float32)  # D, H*d
+    D = w.shape[0]
+    b = proj.bias.detach().to(x.device, torch.float32) if proj.bias is not None else torch.zeros(D, device=x.device)
+    # Head h's share: W_O[:, h*d:(h+1)*d] @ x_h; the shares plus the bias are W_O x + b.
+    # One small GEMV per head: each stays below ATen's parallel grain, so no OpenMP team is woken
+    # for it (a broadcast multiply or einsum over all heads took 1-40 ms instead of 0.1 ms on a
+    # busy 2-core machine, waiting for the second thread).
+    d = x.shape[0] // H
+    contributions = torch.stack([w[:, h * d : (h + 1) * d] @ x[h * d : (h + 1) * d] for h in range(H)])  # H, D
+    return contributions, b, F.linear(x, w, b)
 
 
 def inner_steps(model: nn.Module, attn: nn.Module) -> dict[str, bool]:

@@ -10,7 +10,9 @@ log-spaced offsets (``16 * sigmoid``) added to cosine similarities scaled by a l
 ``logit_scale``.
 
 The capture keeps the softmax as the block computed it, one ``[nW, H, W*W, W*W]`` tensor per
-layer (a hook on ``attn_drop``, the identity at eval), and maps it to rows on demand:
+layer (a hook on ``attn_drop``, the identity at eval), the windows' tokens that entered the
+attention module (``[nW, W*W, C]``, after the roll, the padding and v1's pre-norm) with the mask
+the block passed it, and maps the softmax to rows on demand:
 
 * a row is the attention of one query cell over *its stage's* grid, row-major, 0 for every
   cell outside the query's window;
@@ -20,6 +22,11 @@ layer (a hook on ``attn_drop``, the identity at eval), and maps it to rows on de
 * padding cells are no cells of the grid and never appear; the weight a query gives them is
   part of the softmax, so a row of a window that hangs over the grid's edge sums to less
   than 1 (the rest went to the padding).
+
+The windows' tokens are what a softmax temperature and the explain view need: the block's real
+logits (q, k and the bias from the module's own weights, plus the captured mask) are recomputed
+for the few windows a request touches (:mod:`app.engine.window_math`), instead of keeping q, k
+and v of every window (three times the tokens' memory).
 
 Dense ``[H, N, N]`` stage maps are never stored (3136 cells at stage 0 of Swin-T at 224 px: 118 MB
 per layer for 3 heads against 1.8 MB of windows).
@@ -37,6 +44,7 @@ import torch.nn as nn
 
 from .capture import CaptureError, UnsupportedModelError, temper_
 from .layout import Stage
+from .window_math import window_logits
 
 # timm modules whose WindowAttention this module knows (swin_transformer_v2_cr is another design).
 WINDOWED_MODULES = ("swin_transformer", "swin_transformer_v2")
@@ -158,13 +166,22 @@ class WindowedAttention:
     Shapes per layer ``l`` of stage ``s``: ``probs[l]``: ``[nW, H_s, W*W, W*W]``, the softmax of
     each window as the block computed it; ``head_out[l]``: ``[nW, W*W, H_s*d]``, the per-head
     outputs concatenated, before ``proj``, in the same window layout; ``last_norms``: ``[N_last]``
-    token norms of the last block's output, row-major over the last stage's grid (on the host).
+    token norms of the last block's output, row-major over the last stage's grid (on the host);
+    ``inputs[l]``: ``[nW, W*W, C]`` the windows' tokens the attention module got; ``masks[l]``:
+    ``[nW, W*W, W*W]`` the shift mask the block added (0 / -100), or None for unshifted blocks;
+    ``modules[l]``: the block's attention module (its weights; a reference, not a copy).
+    ``inputs``, ``masks`` and ``modules`` are empty for a capture built without them: rows at
+    temperature 1 only, and no explain.
     """
 
     stages: list[Stage]  # grids of this image
     probs: list[torch.Tensor]
     head_out: list[torch.Tensor]
     last_norms: torch.Tensor
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    masks: list[torch.Tensor | None] = field(default_factory=list)
+    modules: list[Any] = field(default_factory=list, repr=False)
+    version: str = "v1"
     _index: dict[int, WindowIndex] = field(default_factory=dict, repr=False)
 
     @property
@@ -207,7 +224,8 @@ class WindowedAttention:
 
     def storages(self) -> dict[tuple[str, int], int]:
         """Buffers this capture keeps alive, ``{(device, address): nbytes}``, each once."""
-        tensors = [*self.probs, *self.head_out, self.last_norms]
+        tensors = [*self.probs, *self.head_out, self.last_norms, *self.inputs]
+        tensors += [m for m in self.masks if m is not None]
         return {(str(t.device), t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
 
     def nbytes(self) -> int:
@@ -238,8 +256,11 @@ class WindowedAttention:
             rows: query cells (row-major over the stage's grid), or None for all N.
             out: optional float32 ``[heads, rows, N]`` tensor on :attr:`device` to write into.
             temperature: ``softmax(scores / temperature)`` over the query's window; 1 is the model.
-                Recomputed from the window's softmax: ``log p`` is the scores less the row's
-                log-sum-exp, a constant per row that the softmax drops.
+                Any other value recomputes the block's real logits of the windows the rows sit
+                in (:meth:`window_logits`: bias and shift mask included, so at a high T the
+                masked keys get weight too, as ``softmax(scores / T)`` says). Not from
+                ``log p``: a masked key's probability underflows to 0 in float32
+                (``exp(-100 - ...)``), and its log would stay ``-inf`` at any T.
         """
         p = self.probs[layer]  # nW, H, A, A
         if heads is not None:
@@ -248,9 +269,12 @@ class WindowedAttention:
         n = ix.window.numel()
         q = torch.arange(n, device=p.device) if rows is None else torch.tensor(rows, dtype=torch.long, device=p.device)
         win, pos = ix.window[q], ix.pos[q]
-        vals = p[win, :, pos, :]  # R, H, A: each query's row over its window
         if temperature != 1.0:
-            vals = torch.softmax(temper_(vals.float().log(), temperature), dim=-1)
+            wins, inv = torch.unique(win, return_inverse=True)
+            logits = self.window_logits(layer, wins, heads)  # w, H, A, A
+            vals = torch.softmax(temper_(logits[inv, :, pos, :], temperature), dim=-1)  # R, H, A
+        else:
+            vals = p[win, :, pos, :]  # R, H, A: each query's row over its window
         keys = ix.cells[win]  # R, A: the grid cell of each key, -1 for padding
         r_idx, a_idx = (keys >= 0).nonzero(as_tuple=True)
         shape = (p.shape[1], q.numel(), n)
@@ -260,6 +284,25 @@ class WindowedAttention:
             out.zero_()
         out[:, r_idx, keys[r_idx, a_idx]] = vals[r_idx, :, a_idx].T.float()
         return out
+
+    def window_logits(self, layer: int, windows: torch.Tensor, heads: list[int] | None = None) -> torch.Tensor:
+        """``[w, heads, W*W, W*W]`` float32: the block's pre-softmax scores of some windows.
+
+        Recomputed from the captured windows' tokens with the module's own weights, in the order
+        of timm's unfused branch: v1 ``(q * scale) @ k^T + bias + mask``; v2 ``cos(q, k) *
+        exp(clamp(logit_scale)) + 16 * sigmoid(cpb) + mask``.
+
+        Args:
+            layer: block index, counted across stages.
+            windows: window indices (as :class:`WindowIndex` numbers them), long.
+            heads: head indices of the layer's stage, or None for all.
+        """
+        if not self.inputs:
+            raise CaptureError("this windowed capture kept no window tokens: temperature 1 only, no explain")
+        mask = self.masks[layer]
+        x = self.inputs[layer][windows]  # w, A, C
+        logits = window_logits(self.modules[layer], x, mask[windows] if mask is not None else None, self.version)
+        return logits if heads is None else logits[:, heads]
 
     def head_out_cells(self, layer: int) -> torch.Tensor:
         """``[N, H*d]`` head outputs of ``layer`` per cell of the stage's grid (padding left out)."""
@@ -295,6 +338,7 @@ class WindowCapture:
         self._grid: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self._p: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self._heads: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._inputs: list[list[tuple[torch.Tensor, torch.Tensor | None]]] = [[] for _ in range(n)]
         self._norms: list[torch.Tensor] = []
 
     @contextmanager
@@ -314,6 +358,8 @@ class WindowCapture:
                 stack.callback(blk.register_forward_pre_hook(self._store_grid(self._grid[i])).remove)
                 stack.callback(attn.attn_drop.register_forward_pre_hook(self._store_input(self._p[i])).remove)
                 stack.callback(attn.proj.register_forward_pre_hook(self._store_input(self._heads[i])).remove)
+                hook = attn.register_forward_pre_hook(self._store_windows(self._inputs[i]), with_kwargs=True)
+                stack.callback(hook.remove)
             stack.callback(self.blocks[-1].register_forward_hook(self._store_norm(self._norms)).remove)
             yield self
 
@@ -332,6 +378,14 @@ class WindowCapture:
         return hook
 
     @staticmethod
+    def _store_windows(sink: list):
+        def hook(module, args, kwargs):
+            mask = kwargs["mask"] if "mask" in kwargs else (args[1] if len(args) > 1 else None)
+            sink.append((args[0].detach(), mask.detach() if mask is not None else None))  # B*nW, A, C; nW, A, A
+
+        return hook
+
+    @staticmethod
     def _store_norm(sink: list):
         def hook(module, args, output):
             sink.append(output.detach().float().flatten(1, 2).norm(dim=-1))  # B, H*W
@@ -345,8 +399,8 @@ class WindowCapture:
             to: a device to move the captures to; None keeps them where the forward ran.
         """
         for i in range(len(self.blocks)):
-            got = (len(self._grid[i]), len(self._p[i]), len(self._heads[i]))
-            if got != (1, 1, 1) or (i == len(self.blocks) - 1 and len(self._norms) != 1):
+            got = (len(self._grid[i]), len(self._p[i]), len(self._heads[i]), len(self._inputs[i]))
+            if got != (1, 1, 1, 1) or (i == len(self.blocks) - 1 and len(self._norms) != 1):
                 raise CaptureError(
                     f"window attention capture of layer {i} fired {got[1]} time(s), expected once per "
                     f"forward; was the model called inside capturing() exactly once?"
@@ -358,7 +412,7 @@ class WindowCapture:
         def keep(t: torch.Tensor) -> torch.Tensor:
             return t.to(to).contiguous() if move else t
 
-        probs, heads, stages = [], [], []
+        probs, heads, inputs, masks, stages = [], [], [], [], []
         for s in self.stages:
             grid = self._grid[s.first_layer][0]
             stages.append(
@@ -368,9 +422,15 @@ class WindowCapture:
             A = s.window[0] * s.window[1]
             for layer in s.layers:
                 p, h = self._p[layer][0], self._heads[layer][0]
+                xw, mask = self._inputs[layer][0]
                 if self._grid[layer][0] != grid:
                     raise CaptureError(f"layer {layer}: grid {self._grid[layer][0]}, expected {grid} (stage {s.index})")
-                if p.shape != (B * nw, s.heads, A, A) or h.shape[:2] != (B * nw, A):
+                if (
+                    p.shape != (B * nw, s.heads, A, A)
+                    or h.shape[:2] != (B * nw, A)
+                    or xw.shape[:2] != (B * nw, A)
+                    or (mask is not None and mask.shape != (nw, A, A))
+                ):
                     raise CaptureError(
                         f"layer {layer}: window attention of shape {tuple(p.shape)}, expected "
                         f"({B * nw}, {s.heads}, {A}, {A}) for {B} image(s) of {nw} windows"
@@ -378,6 +438,8 @@ class WindowCapture:
                 # Maps from a reduced-precision forward become float32 once per layer, not per image.
                 probs.append(p.float().reshape(B, nw, s.heads, A, A))
                 heads.append(h.reshape(B, nw, A, -1))
+                inputs.append(xw.reshape(B, nw, A, -1))
+                masks.append(mask)  # one for the batch: each window's mask is the same in every image
         norms = self._norms[0].to("cpu", torch.float32)  # B, N_last
         out = [
             WindowedAttention(
@@ -385,6 +447,10 @@ class WindowCapture:
                 probs=[keep(p[b]) for p in probs],
                 head_out=[keep(h[b]) for h in heads],
                 last_norms=norms[b].clone(),
+                inputs=[keep(x[b]) for x in inputs],
+                masks=[keep(m) if m is not None else None for m in masks],
+                modules=[blk.attn for blk in self.blocks],
+                version=self.version,
             )
             for b in range(B)
         ]

@@ -3,6 +3,9 @@
 The capture already holds what it takes (q, k, v, the bias and the head outputs of every layer,
 see :mod:`app.engine.capture`), so an image that is cached is answered without a forward pass;
 the worker thread does the few small products (:func:`app.engine.explain.explain_head`).
+A windowed model (Swin) keeps each window's tokens instead of q, k and v: the query's window is
+projected again with the block's weights (:func:`app.engine.window_explain.explain_window_head`),
+and the keys are that window's places (``key_tokens``: their cells, -1 for padding).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.ablation import Ablation, parse_ablate
 from ..engine.capture import ImageAttention
-from ..engine.explain import explain_head, inner_steps
-from ..engine.layout import TokenLayout
+from ..engine.explain import HeadComputation, explain_head, inner_steps
+from ..engine.layout import TokenLayout, WindowedLayout
 from ..engine.selection import MAX_SPEC, SelectionError, parse_query
+from ..engine.window_explain import WindowHeadComputation, explain_window_head
+from ..engine.windows import WindowedAttention
 from ..zoo.loaded import LoadedModel
 from .service import Answer, AttentionService, Disconnected, Found
 
@@ -34,7 +39,8 @@ class ExplainParams(BaseModel):
         None,
         max_length=MAX_SPEC,
         description="one query token: 'cls', a token index or 'patch:R,C' "
-        "(default: the CLS token, or the first patch where the model has none)",
+        "(default: the CLS token, or the first patch where the model has none; windowed models (Swin): "
+        "a cell of the layer's stage grid, default cell 0)",
         examples=["cls", "0", "patch:3,5"],
     )
     format: Literal["json", "safetensors"] = "json"
@@ -52,10 +58,30 @@ def _index(i: int, n: int, what: str) -> int:
 
 
 def resolve(p: ExplainParams, found: Found) -> tuple[int, int, int]:
-    """(layer, head, query token) of a request, each in range."""
+    """(layer, head, query token) of a request, each in range.
+
+    Windowed models (Swin): ``head`` counts in the layer's stage, the query is a cell of the
+    stage's grid (``patch:R,C`` or a cell index, row-major; default cell 0); there is no CLS.
+    """
     att, layout = found.cap.att, found.cap.layout
-    if not isinstance(layout, TokenLayout) or not isinstance(att, ImageAttention):
-        raise SelectionError("explain: windowed models (Swin) are not explained yet; their rows are served")
+    if isinstance(layout, WindowedLayout):
+        layer = _index(p.layer, layout.num_layers, "layer")
+        stage = layout.stage_of(layer)
+        head = _index(p.head, stage.heads, "head")
+        spec = (p.query or "").strip().lower()
+        if not spec:
+            return layer, head, 0
+        if spec == "cls":
+            raise SelectionError(
+                "query: Swin has no CLS token (no prefix tokens at all: every token is a cell of the "
+                f"stage's grid); ask for a cell 'patch:R,C' of stage {stage.index}'s {stage.grid[0]} x "
+                f"{stage.grid[1]} grid or a cell index"
+            )
+        rows = parse_query(p.query, stage.tokens())
+        if rows is None or len(rows) != 1:
+            raise SelectionError("query: explain takes one query cell ('patch:R,C' of the stage grid or a cell index)")
+        return layer, head, rows[0]
+    assert isinstance(att, ImageAttention) and isinstance(layout, TokenLayout)
     layer = _index(p.layer, att.num_layers, "layer")
     head = _index(p.head, att.num_heads, "head")
     if p.query is None or not p.query.strip():
@@ -67,6 +93,47 @@ def resolve(p: ExplainParams, found: Found) -> tuple[int, int, int]:
     return layer, head, rows[0]
 
 
+def _windowed_meta(
+    found: Found, layer: int, head: int, query: int, attn: Any, meta: dict[str, Any]
+) -> WindowHeadComputation:
+    """A windowed layer's computation; ``meta`` gets the metadata that differs from a global model's."""
+    cap = found.cap
+    att, layout = cap.att, cap.layout
+    assert isinstance(att, WindowedAttention) and isinstance(layout, WindowedLayout)
+    hc = explain_window_head(att, attn, layer, head, query)
+    stage = att.stage_of(layer)
+    A, H, d, D = len(hc.key_tokens), stage.heads, hc.head_dim, int(hc.attn_output.shape[0])
+    gh, gw = stage.grid
+    meta |= {
+        "tokens": cap.tokens(stage),
+        "stages": layout.as_dict(),
+        "stage": stage.index,
+        "num_heads": H,
+        # The keys are the query's window: its W*W places, row-major in the window of the rolled,
+        # padded grid; each place's cell of the stage grid (row-major), or -1 for padding.
+        "key_tokens": hc.key_tokens,
+        "key_cells": [[t // gw, t % gw] if t >= 0 else None for t in hc.key_tokens],
+        "window": {
+            "index": hc.window,
+            "size": list(stage.window),
+            "shift": list(stage.shift_of(layer)),
+            "query_place": hc.place,
+            "padding": sum(t < 0 for t in hc.key_tokens),
+        },
+        "shapes": {
+            "x": [A, D],
+            "w_q": [D, d],
+            "w_k": [D, d],
+            "w_v": [D, d],
+            "q": [A, d],
+            "k": [A, d],
+            "v": [A, d],
+            "w_o": [D, H * d],
+        },
+    }
+    return hc
+
+
 def _answer(
     image_id: str, filename: str | None, lm: LoadedModel, found: Found, p: ExplainParams, ablate: Ablation = ()
 ) -> Answer:
@@ -75,9 +142,16 @@ def _answer(
     layer, head, query = resolve(p, found)
     attn = lm.capture.layers[layer][0]
     att = cap.att
-    assert isinstance(att, ImageAttention)  # resolve() refused the rest
-    hc = explain_head(att, attn, layer, head, query)
-    N, H, d = att.num_tokens, att.num_heads, hc.head_dim
+    windowed: dict[str, Any] = {}
+    hc: HeadComputation
+    whc: WindowHeadComputation | None = None
+    if isinstance(att, WindowedAttention):
+        hc = whc = _windowed_meta(found, layer, head, query, attn, windowed)
+        H, N = att.heads_at(layer), att.tokens_at(layer)
+    else:
+        hc = explain_head(att, attn, layer, head, query)
+        H, N = att.num_heads, att.num_tokens
+    d = hc.head_dim
     D = int(hc.attn_output.shape[0])
     meta: dict[str, Any] = {
         "model": cap.model_id,
@@ -97,7 +171,7 @@ def _answer(
         "embed_dim": D,
         "scale": hc.scale,
         # Every key token this row covers, in the order of k, v and the rows: all N for global
-        # attention (a windowed model would list its window).
+        # attention; a windowed model's window (see _windowed_meta).
         "key_tokens": list(range(N)),
         "steps": inner_steps(lm.model, attn),
         "shapes": {
@@ -111,13 +185,19 @@ def _answer(
             "w_o": [D, H * d],
         },
     }
+    if whc is not None:
+        # Swin: a relative bias in both versions (v2's from an MLP), cosine attention in v2, and
+        # the shift mask in shifted blocks.
+        steps = {**inner_steps(lm.model, attn), "relative_bias": True, "windowed": True}
+        meta.update(windowed, steps={**steps, "cosine": whc.cosine, "shift_mask": whc.mask is not None})
     tensors = {name: t.numpy() for name, t in hc.tensors().items()}
     timing = {**found.timing, "encode": (time.perf_counter() - t0) * 1000}
     meta["timing_ms"] = dict(timing)
     if p.format == "json":
         import orjson
 
-        body = orjson.dumps({**meta, "bias": None, **tensors}, option=orjson.OPT_SERIALIZE_NUMPY)
+        empty = {"bias": None, "mask": None} if whc is not None else {"bias": None}
+        body = orjson.dumps({**meta, **empty, **tensors}, option=orjson.OPT_SERIALIZE_NUMPY)
         headers: dict[str, str] = {}
         media = "application/json"
     else:

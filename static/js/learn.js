@@ -7,17 +7,26 @@
 // temperature slider recomputes the softmax, entropy, top tokens and o_h from `scores` and `v`
 // in the browser, in the same frame, with no request. The temperature is state.temperature:
 // releasing the slider also re-tempers the attention maps of the other view (one cached GET).
+//
+// Windowed models (Swin, learn-window.js): the keys are the query's window (`key_tokens`: the stage
+// cell of each place, -1 for padding); the maps are drawn on the layer's stage grid with the window
+// outlined, and the temperature recomputes the softmax over the window's places.
 
 import { getExplain } from "./api.js";
 import { drawComposite, fit, fmt, sizeCanvas, cellAt } from "./overlay.js";
-import { apiQuery, parseQuery, prefixLabel, state } from "./state.js";
+import { apiQuery, markerAt, parseQuery, prefixLabel, state, tokensAt } from "./state.js";
+import {
+  drawWindowScores, drawWindowWeights, isWindowAnswer, placeLabel, placeOf, windowNotes,
+} from "./learn-window.js";
+import { isWindowed, stageOf } from "./windows.js";
 
 const $ = (id) => document.getElementById(id);
 
 const answers = new Map();  // key -> explain answer
 const loading = new Set();  // keys being fetched
 const failed = new Map();   // key -> error (not retried automatically)
-let hoverToken = null;      // key token under the pointer (transient, not state)
+let hoverToken = null;      // key token under the pointer (transient, not state); windowed: the stage
+                            // cell, or -(j + 1) for padding place j (learn-window.js placeOf)
 
 // ------------------------------------------------------------------ the maths of the row
 /** softmax(scores / T) as a Float64Array (the max is subtracted first: any T > 0 stays finite). */
@@ -65,6 +74,11 @@ function weightedSum(a, v) {
 /** The (layer, head, query) the view explains: a numeric head, or head 0 for an aggregate. */
 function target() {
   const head = /^\d+$/.test(state.head) ? Number(state.head) : 0;
+  if (isWindowed(state.meta)) { // swin: the stage's cell under the page's stage-0 query (cell 0 by default)
+    const s = stageOf(state.meta, state.layer);
+    const cell = markerAt(state.query, state.layer) || { r: 0, c: 0 };
+    return { layer: state.layer, head: Math.min(head, s.heads - 1), query: `patch:${cell.r},${cell.c}` };
+  }
   return { layer: state.layer, head, query: apiQuery(state.query) };
 }
 
@@ -217,6 +231,7 @@ function drawWeights(canvas, image, tokens, weights, q, hover) {
 
 // ------------------------------------------------------------------ words
 function tokenLabel(tokens, t) {
+  if (tokens.window) return `cell (${Math.floor(t / tokens.grid[1])}, ${t % tokens.grid[1]})`; // swin: a stage cell
   if (t < tokens.num_prefix) return `${prefixLabel(t)} (token ${t})`;
   const p = t - tokens.num_prefix;
   return `patch (${Math.floor(p / tokens.grid[1])}, ${p % tokens.grid[1]})`;
@@ -224,6 +239,7 @@ function tokenLabel(tokens, t) {
 
 /** What this model's attention does differently from the textbook ViT, one item per difference. */
 function notes(ans) {
+  if (isWindowAnswer(ans)) return windowNotes(ans);
   const t = ans.tokens;
   const kinds = t.prefix.map((p) => p.kind);
   const regs = kinds.filter((k) => k === "reg").length;
@@ -295,7 +311,8 @@ export function renderLearn() {
   stages.dataset.key = key;
   const aggregateNote = /^\d+$/.test(state.head) ? "" : ` The maps view shows the ${state.head} of the heads; `
     + "this view follows one head, head 0: pick another on the left.";
-  status.textContent = `Layer ${ans.layer}, head ${ans.head}, query ${tokenLabel(ans.tokens, ans.query)}: `
+  const where = isWindowAnswer(ans) ? ` of stage ${ans.stage}` : "";
+  status.textContent = `Layer ${ans.layer}, head ${ans.head}, query ${tokenLabel(ans.tokens, ans.query)}${where}: `
     + `the model's own numbers for ${state.filename || "this image"}.${aggregateNote}`;
   renderAnswer(ans);
 }
@@ -322,7 +339,8 @@ function fmtT(T) {
 function renderAnswer(ans) {
   const root = $("learn-view");
   const tokens = ans.tokens;
-  const N = tokens.count;
+  const win = isWindowAnswer(ans); // swin: the keys are the query's window, not every token
+  const N = win ? ans.key_tokens.length : tokens.count; // keys of the row
   const { head_dim: d, num_heads: H, embed_dim: D } = ans;
   const T = state.temperature;
   const weights = temperedSoftmax(ans.scores, T);
@@ -330,7 +348,10 @@ function renderAnswer(ans) {
   const top = topK(weights, 5);
   const o = T === 1 ? ans.head_output : weightedSum(weights, ans.v);
   const q = ans.query;
-  const hover = hoverToken !== null && hoverToken < N ? hoverToken : null;
+  const hover = hoverToken !== null && hoverToken < tokens.count ? hoverToken : null;
+  const qRow = win ? ans.window.query_place : q; // the query's row in K and V
+  const hoverRow = win ? (placeOf(ans, hover) >= 0 ? placeOf(ans, hover) : null) : hover;
+  const keyLabel = (j) => (win ? placeLabel(ans, j) : tokenLabel(tokens, j));
   Object.assign(root.dataset, {
     layer: String(ans.layer), head: String(ans.head), query: String(q), temperature: String(T),
     entropy: ent.toFixed(6), top: top.join(","), model: ans.model, image: ans.image_id,
@@ -351,9 +372,18 @@ function renderAnswer(ans) {
   const [R, C] = tokens.grid;
   const prefix = tokens.prefix.map((p) => prefixLabel(p.index)).join(", ");
   setText("learn-x-shape", `X: ${N} × ${D}`);
-  setText("learn-x-text", `Layer ${ans.layer} gets every token as a vector of D = ${D} numbers (after the block's `
-    + `LayerNorm): ${tokens.num_prefix ? `${tokens.num_prefix} prefix token${tokens.num_prefix > 1 ? "s" : ""} (${prefix}) and ` : ""}`
-    + `${R} × ${C} = ${R * C} image patches of ${tokens.patch_size[0]} × ${tokens.patch_size[1]} pixels, N = ${N} in all.`);
+  if (win) {
+    const [wh, ww] = ans.window.size;
+    const pad = ans.window.padding ? `, ${ans.window.padding} of them padding (zero tokens past the grid's edge)` : "";
+    setText("learn-x-text", `Layer ${ans.layer} works on stage ${ans.stage}'s ${R} × ${C} grid of ${tokens.patch_size[0]} × `
+      + `${tokens.patch_size[1]} px cells, each a vector of D = ${D} numbers (${ans.steps.cosine ? "Swin v2: as they "
+        + "come, its LayerNorm follows the attention" : "after the block's LayerNorm"}), cut into ${wh} × ${ww} `
+      + `windows. The query only meets its own window: X here is that window's N = ${N} tokens${pad}.`);
+  } else {
+    setText("learn-x-text", `Layer ${ans.layer} gets every token as a vector of D = ${D} numbers (after the block's `
+      + `LayerNorm): ${tokens.num_prefix ? `${tokens.num_prefix} prefix token${tokens.num_prefix > 1 ? "s" : ""} (${prefix}) and ` : ""}`
+      + `${R} × ${C} = ${R * C} image patches of ${tokens.patch_size[0]} × ${tokens.patch_size[1]} pixels, N = ${N} in all.`);
+  }
 
   // 2. Q, K, V
   setText("learn-qkv-shape", `Q_h, K_h, V_h: ${N} × ${d} each = X · W (${D} × ${d})`);
@@ -361,37 +391,65 @@ function renderAnswer(ans) {
     + `(${D} × ${d} each): a query q (what this token looks for), a key k (what it offers to be found by) and `
     + `a value v (what it passes on), ${d} numbers each${ans.steps.rope ? ", then rotates q and k by position (RoPE)" : ""}.`);
   drawStrip($("learn-q"), ans.q);
-  drawMatrix($("learn-k"), ans.k, q, hover);
-  drawMatrix($("learn-v"), ans.v, q, hover);
-  setText("learn-q-caption", `q of the query (token ${q}): ${d} numbers, |q| = ${fmt(Math.hypot(...ans.q))}`);
+  drawMatrix($("learn-k"), ans.k, qRow, hoverRow);
+  drawMatrix($("learn-v"), ans.v, qRow, hoverRow);
+  setText("learn-q-caption", win
+    ? `q of the query (${tokenLabel(tokens, q)}, place ${qRow} of its window): ${d} numbers`
+      + `${ans.steps.cosine ? ", normalised to |q| = 1 (cosine attention)" : `, |q| = ${fmt(Math.hypot(...ans.q))}`}`
+    : `q of the query (token ${q}): ${d} numbers, |q| = ${fmt(Math.hypot(...ans.q))}`);
 
   // 3. scores
   const scale = ans.scale;
   const sd = Math.round(1 / (scale * scale));
   setText("learn-scores-shape", `scores: 1 × ${N}`);
-  setText("learn-scores-text", `The query's q is compared with every key by a dot product and scaled by `
-    + `1/√d = 1/√${sd} = ${fmt(scale)}: score_j = q·k_j/√${sd}${ans.bias ? " + b_j" : ""}. Softmax only cares `
-    + "how much higher one score is than another: red keys score above the row's mean and win weight, blue ones "
-    + "below it. Hover a patch for its numbers.");
-  const { centre, spread } = drawScores($("learn-scores"), state.image, tokens, ans.scores, q, hover);
-  setText("learn-scores-range", `blue ${fmt(centre - spread)} … white ${fmt(centre)} (the patches' mean) … `
-    + `red ${fmt(centre + spread)}`);
+  const mask = ans.mask ? " + m_j" : "";
+  if (win && ans.steps.cosine) {
+    setText("learn-scores-text", `The query's q is compared with every key of its window by their cosine, times the `
+      + `head's learned scale τ = ${fmt(scale)}: score_j = τ·cos(q, k_j) + b_j${mask}. Softmax only cares how much `
+      + "higher one score is than another: red keys score above the mean of the query's region and win weight, blue "
+      + "ones below it; the picture shows through where a cell is no key. Hover a cell for its numbers.");
+  } else {
+    const where = win ? "every key of its window" : "every key";
+    setText("learn-scores-text", `The query's q is compared with ${where} by a dot product and scaled by `
+      + `1/√d = 1/√${sd} = ${fmt(scale)}: score_j = q·k_j/√${sd}${ans.bias ? " + b_j" : ""}${mask}. Softmax only cares `
+      + "how much higher one score is than another: red keys score above the row's mean and win weight, blue ones "
+      + `below it.${win ? " The picture shows through where a cell is no key." : ""} Hover a patch for its numbers.`);
+  }
+  const { centre, spread } = win
+    ? drawWindowScores($("learn-scores"), state.image, ans, mapSize(state.image), hover, diverging)
+    : drawScores($("learn-scores"), state.image, tokens, ans.scores, q, hover);
+  setText("learn-scores-range", `blue ${fmt(centre - spread)} … white ${fmt(centre)} (${win
+    ? "the mean of the window's keys in the query's region" : "the patches' mean"}) … red ${fmt(centre + spread)}`
+    + (ans.mask && ans.mask.some((m) => m < 0) ? " · masked keys (−100) darkest blue" : ""));
 
   // 4. softmax
   setText("learn-softmax-shape", `a = softmax(scores / T): 1 × ${N}, sums to 1`);
   setText("learn-softmax-text", `softmax makes the ${N} scores positive and sum to 1: a_j = e^(s_j/T) / Σ_i e^(s_i/T). `
-    + "Slide the temperature: below 1 the head looks at fewer tokens, above 1 at more; T = 1 is the model.");
-  const wr = drawWeights($("learn-weights"), state.image, tokens, weights, q, hover);
+    + "Slide the temperature: below 1 the head looks at fewer tokens, above 1 at more; T = 1 is the model."
+    + (win ? " Over the window only: every other cell keeps weight 0 at any T." : ""));
+  const wr = win
+    ? drawWindowWeights($("learn-weights"), state.image, ans, weights, mapSize(state.image), hover, state.colormap,
+      Math.max(0.55, state.opacity))
+    : drawWeights($("learn-weights"), state.image, tokens, weights, q, hover);
   setText("learn-weights-range", `${state.colormap}: the patches' smallest weight ${fmt(wr.min)} … largest ${fmt(wr.max)}`);
   setText("learn-entropy", `entropy ${ent.toFixed(3)} nats = ${(ent / Math.log(N)).toFixed(3)} of the uniform row's `
     + `log ${N} · about ${Math.exp(ent).toFixed(1)} tokens' worth of attention`);
   $("learn-top").replaceChildren(...top.map((j) => {
     const li = document.createElement("li");
     li.dataset.token = String(j);
-    li.textContent = `${tokenLabel(tokens, j)} · ${fmt(weights[j])}`;
+    li.textContent = `${keyLabel(j)} · ${fmt(weights[j])}`;
     return li;
   }));
   const chips = [];
+  for (let j = 0; win && j < N; j++) { // swin: padding keys have no place on the picture
+    if (ans.key_tokens[j] >= 0) continue;
+    const li = document.createElement("li");
+    li.dataset.token = String(-(j + 1));
+    li.textContent = `${placeLabel(ans, j)}: score ${fmt(ans.scores[j])} → weight ${fmt(weights[j])}`;
+    li.addEventListener("pointerenter", () => setHover(-(j + 1)));
+    li.addEventListener("pointerleave", () => setHover(null));
+    chips.push(li);
+  }
   for (let j = 0; j < tokens.num_prefix; j++) {
     const li = document.createElement("li");
     li.dataset.token = String(j);
@@ -406,7 +464,8 @@ function renderAnswer(ans) {
 
   // 5. weighted sum
   setText("learn-o-shape", `o_h = a · V_h: 1 × ${d}`);
-  setText("learn-o-text", `The head's output for the query is the weighted average of all ${N} value vectors, `
+  setText("learn-o-text", `The head's output for the query is the weighted average of all ${N} value vectors${win
+    ? " of its window" : ""}, `
     + `o_h = Σ_j a_j v_j: ${d} numbers that mostly come from the tokens with the largest weights`
     + (T === 1 ? "." : ` (recomputed here at T = ${fmtT(T)}; the stages below show the model, T = 1).`));
   drawStrip($("learn-o"), o);
@@ -466,6 +525,10 @@ function renderShares(ans) {
 /** The numbers of the key under the pointer: q·k_j, the scaled score, the bias and the weight. */
 function renderHover(ans, weights) {
   const el = $("learn-hover");
+  if (isWindowAnswer(ans)) {
+    renderWindowHover(el, ans, weights);
+    return;
+  }
   const j = hoverToken;
   if (j === null || j >= ans.tokens.count) {
     el.textContent = "Hover a patch (or a prefix token) to see its numbers.";
@@ -481,6 +544,36 @@ function renderHover(ans, weights) {
   el.textContent = `key ${tokenLabel(ans.tokens, j)}: q·k = ${fmt(ans.dot[j])} · scaled ×${fmt(ans.scale)} = `
     + `${fmt(scaled)}${bias !== null ? ` · + bias ${fmt(bias)}` : ""} · score ${fmt(ans.scores[j])} · `
     + `weight ${fmt(weights[j])}${state.temperature === 1 ? "" : ` (T = ${fmtT(state.temperature)})`}`;
+}
+
+/** The same for a windowed answer: the hovered cell's place in the query's window, or why it is no key. */
+function renderWindowHover(el, ans, weights) {
+  const h = hoverToken;
+  const j = placeOf(ans, h);
+  delete el.dataset.place;
+  if (h === null || (h >= 0 && h >= ans.tokens.count)) {
+    el.textContent = "Hover a cell of the query's window (or a padding key below) to see its numbers.";
+    delete el.dataset.token;
+    return;
+  }
+  el.dataset.token = String(h);
+  if (j < 0) {
+    for (const k of ["dot", "score", "weight"]) delete el.dataset[k];
+    el.textContent = `${tokenLabel(ans.tokens, h)} is outside the query's window: no key of this query, weight 0.`;
+    return;
+  }
+  const mask = ans.mask ? ans.mask[j] : 0;
+  el.dataset.place = String(j);
+  el.dataset.dot = String(ans.dot[j]);
+  el.dataset.score = String(ans.scores[j]);
+  el.dataset.weight = String(weights[j]);
+  el.dataset.bias = String(ans.bias[j]);
+  const dot = ans.steps.cosine ? "cos(q, k)" : "q·k";
+  el.textContent = `key ${placeLabel(ans, j)}, place ${j} of the window: ${dot} = ${fmt(ans.dot[j])} · scaled `
+    + `×${fmt(ans.scale)} = ${fmt(ans.scale * ans.dot[j])} · + bias ${fmt(ans.bias[j])}`
+    + `${ans.mask ? ` · + mask ${mask < 0 ? `${mask} (another region of the rolled grid)` : "0"}` : ""}`
+    + ` · score ${fmt(ans.scores[j])} · weight ${fmt(weights[j])}`
+    + `${state.temperature === 1 ? "" : ` (T = ${fmtT(state.temperature)})`}`;
 }
 
 function setHover(token) {
@@ -520,17 +613,26 @@ export function bindLearn(onChange, setQuery) {
       onChange();
     });
   }
+  // The maps' grid: the image's tokens, or a windowed model's stage grid of the shown layer.
+  const gridOf = () => (isWindowed(state.meta) ? tokensAt(state.layer) : state.meta.tokens);
   for (const id of ["learn-scores", "learn-weights"]) {
     const canvas = $(id);
     canvas.addEventListener("pointermove", (e) => {
-      const cell = state.meta && cellAt(canvas, e, state.meta.tokens);
-      const t = state.meta.tokens;
+      if (!state.meta) return;
+      const t = gridOf();
+      const cell = cellAt(canvas, e, t);
       setHover(cell ? t.num_prefix + cell.r * t.grid[1] + cell.c : null);
     });
     canvas.addEventListener("pointerleave", () => setHover(null));
     canvas.addEventListener("click", (e) => {
-      const cell = state.meta && cellAt(canvas, e, state.meta.tokens);
-      if (cell && parseQuery(`patch:${cell.r},${cell.c}`)) setQuery(`patch:${cell.r},${cell.c}`);
+      if (!state.meta) return;
+      const t = gridOf();
+      const cell = cellAt(canvas, e, t);
+      if (!cell) return;
+      // swin: the page's query is a cell of stage 0; the stage cell's top-left stage-0 cell maps back to it
+      const s0 = t.window ? state.meta.stages[0].cell_size : t.patch_size;
+      const q = `patch:${(cell.r * t.patch_size[0]) / s0[0]},${(cell.c * t.patch_size[1]) / s0[1]}`;
+      if (parseQuery(q)) setQuery(q);
     });
   }
 }

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load as st_load
-from swin_reference import reference_maps, write_checkpoint
+from swin_reference import reference_explain, reference_maps, write_checkpoint
 
 from server import ROOT, Server
 
@@ -233,3 +233,95 @@ def test_rollout_within_a_stage_and_stats(swin_server, samples):
         a = ref[layer][0]  # H, N, N
         h = -(a * a.clamp_min(1e-12).log()).sum(-1) / math.log(49)
         np.testing.assert_allclose(st["entropy"][layer], h.mean(-1).numpy(), atol=1e-5)
+
+
+def explain(base, image_id, **params) -> httpx.Response:
+    return httpx.get(f"{base}{API}/{image_id}/explain", params=params, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("which", [V1, V2], ids=["v1", "v2"])
+def test_explain_keys_are_the_window_with_bias_and_shift_mask(swin_server, samples, which):
+    """GET .../explain for Swin: the query's window is the keys; every field against the
+    independent windowing of the block's weights, on a shifted block whose window wraps round the
+    image and on a block whose window holds padding (the cat's wide grid)."""
+    from app.serving import images
+
+    version = "v2" if "v2" in which else "v1"
+    data = samples["cat"].read_bytes()
+    lm = local_model(which, None)
+    prep = images.prepare(images.decode(data, 40_000_000), lm.input_size, lm.patch_size, lm.mean, lm.std)
+    layout = lm.layout(prep.input_size)
+    image_id = post(swin_server.url, data, model=which, layers="0", query="0").json()["image_id"]
+    s0, last = layout.stages[0], layout.stages[-1]
+    gh, gw = s0.grid
+    cases = [(1, (gh - 1, gw - 1)), (last.last_layer, (last.grid[0] - 1, last.grid[1] - 1))]
+    assert any(s0.shift_of(1)) and last.grid[1] % last.window[1]  # shifted; padded
+    for layer, (r, c) in cases:
+        s = layout.stage_of(layer)
+        head = s.heads - 1
+        cell = r * s.grid[1] + c
+        got = explain(swin_server.url, image_id, model=which, layer=layer, head=-1, query=f"patch:{r},{c}")
+        assert got.status_code == 200, got.text
+        b = got.json()
+        ref = reference_explain(lm.model, prep.pixels[None], version, layer, head, cell)
+        A = s.window[0] * s.window[1]
+        assert (b["layer"], b["head"], b["query"], b["stage"]) == (layer, head, cell, s.index)
+        assert b["cached"] is True and b["num_heads"] == s.heads and b["tokens"]["grid"] == list(s.grid)
+        assert b["key_tokens"] == ref["key_tokens"] and len(b["scores"]) == len(b["k"]) == A
+        assert b["key_cells"][b["window"]["query_place"]] == [r, c]
+        assert b["window"]["size"] == list(s.window) and b["window"]["shift"] == list(s.shift_of(layer))
+        assert b["window"]["padding"] == sum(t < 0 for t in ref["key_tokens"])
+        assert b["steps"]["windowed"] and b["steps"]["relative_bias"] and b["steps"]["cosine"] == (version == "v2")
+        assert b["shapes"]["k"] == [A, b["head_dim"]]
+        for f in ("q", "k", "v", "bias", "scores", "attention", "head_output", "attn_output"):
+            np.testing.assert_allclose(np.asarray(b[f]), ref[f].numpy(), atol=5e-5, rtol=1e-4, err_msg=f)
+        assert b["scale"] == pytest.approx(ref["scale"], rel=1e-6)
+        if any(s.shift_of(layer)):
+            np.testing.assert_array_equal(b["mask"], ref["mask"].numpy())
+            assert min(b["mask"]) == -100.0  # the corner's window wraps: regions masked apart
+        else:
+            assert b["mask"] is None and b["steps"]["shift_mask"] is False
+        sc = np.asarray(b["scores"], np.float64)
+        parts = b["scale"] * np.asarray(b["dot"]) + np.asarray(b["bias"]) + np.asarray(b["mask"] or 0.0)
+        np.testing.assert_allclose(parts, sc, atol=1e-4, rtol=1e-5)
+        hc = np.asarray(b["head_contributions"], np.float64)
+        np.testing.assert_allclose(hc.sum(0) + np.asarray(b["proj_bias"]), b["attn_output"], atol=1e-4, rtol=1e-5)
+        # attention = softmax(scores) = the served row's nonzero entries, at T = 1 and at T = 5
+        keys = np.asarray(b["key_tokens"])
+        real = keys >= 0
+        for T in (1.0, 5.0):
+            row = get(
+                swin_server.url, image_id, model=which, layers=layer, heads=head, query=f"patch:{r},{c}", temperature=T
+            ).json()["attention"][0][0][0]
+            e = np.exp((sc - sc.max()) / T)
+            want = e / e.sum()
+            np.testing.assert_allclose(np.asarray(row)[keys[real]], want[real], atol=2e-6, rtol=1e-5)
+            assert np.count_nonzero(row) <= real.sum()
+            if T == 1.0:
+                np.testing.assert_allclose(np.asarray(row)[keys[real]], np.asarray(b["attention"])[real], atol=2e-6)
+        if layer == last.last_layer:
+            assert not real.all()  # padding: keys with no cell, in the softmax only
+            assert sum(np.asarray(row)) < 1 - 1e-6 or np.asarray(b["attention"])[~real].sum() < 1e-6
+    # safetensors: the same tensors, the metadata in the file
+    r = explain(swin_server.url, image_id, model=which, layer=1, query="patch:0,0", format="safetensors")
+    assert r.status_code == 200, r.text
+    header_len = int.from_bytes(r.content[:8], "little")
+    meta = json.loads(json.loads(r.content[8 : 8 + header_len])["__metadata__"]["headscope"])
+    t = st_load(r.content)
+    assert t["mask"].shape == t["scores"].shape == (len(meta["key_tokens"]),) and meta["stage"] == 0
+    assert t["k"].shape == (s0.window[0] * s0.window[1], meta["head_dim"])
+
+
+def test_explain_bad_swin_queries_are_422s(swin_server, samples):
+    url = swin_server.url
+    image_id = post(url, samples["coffee"].read_bytes(), model=V1, layers="0", query="0").json()["image_id"]
+    b = explain(url, image_id, model=V1, layer=2).json()
+    assert (b["layer"], b["head"], b["query"], b["stage"]) == (2, 0, 0, 1)  # default: cell 0, head 0
+    assert "no CLS token" in error(explain(url, image_id, model=V1, query="cls"), "bad_selection")
+    assert "outside the 28 x 42 grid" in error(
+        explain(url, image_id, model=V1, layer=2, query="patch:28,0"), "bad_selection"
+    )
+    assert "6 heads" in error(explain(url, image_id, model=V1, layer=3, head=6), "bad_selection")
+    assert "one query cell" in error(explain(url, image_id, model=V1, layer=2, query="0,1"), "bad_selection")
+    error(explain(url, image_id, model=V1, layer=12), "bad_selection")
+    assert "Traceback" not in swin_server.log()
