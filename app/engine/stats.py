@@ -25,6 +25,7 @@ Speed (the stats of a 224 px image are meant to cost well under a third of a for
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,14 +188,18 @@ def mass_threshold_count(rows: torch.Tensor, fraction: float) -> torch.Tensor:
     """
     s, _ = rows.sort(-1, descending=True)
     c = s.cumsum(-1) / s.sum(-1, keepdim=True).clamp_min(EPS)
-    return (c < fraction - 1e-7).sum(-1) + 1
+    # A row with no mass at all (a rollout before its start layer, over the patches) needs all.
+    return ((c < fraction - 1e-7).sum(-1) + 1).clamp_max(rows.shape[-1])
 
 
 def mass_threshold_mask(row: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Boolean mask of the smallest set of entries of ``row`` holding ``fraction`` of its mass."""
+    """Boolean mask of the smallest set of entries of ``row`` holding ``fraction`` of its mass.
+
+    Of equal weights the lower index goes in first (a stable sort), as in the page's massMask.
+    """
     k = int(mass_threshold_count(row, fraction))
     mask = torch.zeros_like(row, dtype=torch.bool)
-    mask[row.argsort(descending=True)[:k]] = True
+    mask[row.argsort(descending=True, stable=True)[:k]] = True
     return mask
 
 
@@ -270,6 +275,7 @@ def compute_stats(
     similarity: bool = True,
     with_ranks: bool = True,
     chunk_bytes: int = CHUNK_BYTES,
+    check: Callable[[], None] | None = None,
 ) -> HeadStats:
     """All per-head statistics of one image, every layer and head at once.
 
@@ -280,6 +286,7 @@ def compute_stats(
         similarity: compute the head-pair similarity (the costliest part after the ranks).
         with_ranks: compute the ranks of the head outputs.
         chunk_bytes: bound on the float32 maps held at once (layers are taken in chunks).
+        check: called before each chunk of layers; it raises to stop (the client went away).
     """
     L, H, N = att.num_layers, att.num_heads, att.num_tokens
     npf, cls = layout.num_prefix, layout.cls_index
@@ -297,6 +304,8 @@ def compute_stats(
         parts.setdefault(name, []).append(t)
 
     for lo in range(0, L, step):  # one chunk (all layers) up to CHUNK_BYTES of maps
+        if check is not None:
+            check()
         hi = min(L, lo + step)
         p, z = _chunk_maps(att, lo, hi)  # C, H, N, N
         ent = _row_entropy(p, z)  # C, H, N  (nats)
@@ -337,9 +346,20 @@ def compute_stats(
     )
 
 
-def head_stats(att: ImageAttention, layout: TokenLayout, input_size, mass: float = 0.6) -> dict:
-    """All per-head statistics of one image, as JSON-ready lists (``[L][H]`` unless said)."""
-    st = compute_stats(att, layout, mass)
+def head_stats(
+    att: ImageAttention,
+    layout: TokenLayout,
+    input_size,
+    mass: float = 0.6,
+    check: Callable[[], None] | None = None,
+) -> dict:
+    """All per-head statistics of one image, as JSON-ready lists (``[L][H]`` unless said).
+
+    Args:
+        check: called before each chunk of layers; it raises to stop (the client of a request
+            went away).
+    """
+    st = compute_stats(att, layout, mass, check=check)
     L, N = att.num_layers, att.num_tokens
     D = att.head_out[0].shape[-1]
     last_norms = att.last_norms

@@ -18,6 +18,8 @@ mass on them means nothing for the other stages' grids; rollout multiplies maps 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .stats import artifact_tokens, js_similarity, normalized_entropy, ranks
@@ -53,16 +55,23 @@ def window_distance(att: WindowedAttention, layer: int, rows: torch.Tensor) -> t
     return ((a * d).sum(-1) / a.sum(-1).clamp_min(1e-12)).mean(-1)
 
 
-def window_head_stats(att: WindowedAttention, input_size, mass: float = 0.6) -> dict:
+def window_head_stats(
+    att: WindowedAttention, input_size, mass: float = 0.6, check: Callable[[], None] | None = None
+) -> dict:
     """All per-head statistics of one image under a Swin model, JSON-ready.
 
     ``[L][H_l]`` lists: each layer has its stage's heads (``heads_per_layer``). Fields that have
     no meaning for windows are ``None`` and named in ``unavailable`` with the reason.
+
+    Args:
+        check: called before each layer; it raises to stop (the client of a request went away).
     """
     L = att.num_layers
     out: dict[str, list] = {"entropy": [], "distance_px": [], "similarity": []}
     rank_num, rank_eff, rank_max = [], [], []
     for layer in range(L):
+        if check is not None:
+            check()
         rows = att.window_rows(layer)  # H, N, A
         out["entropy"].append(normalized_entropy(rows).mean(-1).tolist())
         out["distance_px"].append(window_distance(att, layer, rows).tolist())

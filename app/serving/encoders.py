@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -24,6 +25,58 @@ MEDIA_TYPES = {
 }
 
 _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_STEM = 150  # characters of a download name before its extension
+
+
+class NamedSelection(Protocol):
+    """The request parameters a download name spells (AttentionParams has them)."""
+
+    @property
+    def query(self) -> str: ...
+
+    @property
+    def layers(self) -> str: ...
+
+    @property
+    def heads(self) -> str: ...
+
+    @property
+    def aggregate(self) -> str: ...
+
+    @property
+    def temperature(self) -> float: ...
+
+    @property
+    def drop(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+
+def download_stem(image_id: str, model: str, p: NamedSelection) -> str:
+    """The file name (less its extension) a binary answer is saved under: its Content-Disposition.
+
+    ``headscope-<image id[:12]>-<model>-<query>`` plus what narrows the answer (``L<layers>``,
+    ``H<heads>``, the aggregate, ``drop-<tokens>``, the dtype, ``T<temperature>``), each part reduced to
+    ``[A-Za-z0-9._-]``. The page's download links carry the same name (static/js/api.js
+    ``downloadName``), so a browser saves the file under the name the page shows.
+    """
+    parts = ["headscope", image_id[:12], model, p.query]
+    if p.layers != "all":
+        parts.append(f"L{p.layers}")
+    if p.heads != "all" and p.aggregate == "none":
+        parts.append(f"H{p.heads}")
+    if p.aggregate != "none":
+        parts.append(p.aggregate)
+    if p.drop != "none":
+        parts.append(f"drop-{p.drop}")
+    if p.dtype != "float32":
+        parts.append(p.dtype)
+    if p.temperature != 1:
+        parts.append(f"T{p.temperature:g}")
+    stem = "-".join(_UNSAFE.sub("_", x).strip("_") for x in parts)
+    return stem[:MAX_STEM]
 
 
 def _raw(array: np.ndarray) -> memoryview:
@@ -57,8 +110,13 @@ def npy_header(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def encode(array: np.ndarray, meta: dict[str, Any], fmt: str) -> tuple[list[Part], dict[str, str]]:
+def encode(
+    array: np.ndarray, meta: dict[str, Any], fmt: str, name: str | None = None
+) -> tuple[list[Part], dict[str, str]]:
     """Encode ``array`` (``[layers, heads, queries, tokens]``) with its metadata.
+
+    ``name``: the download name of a binary answer without its extension (``download_stem``);
+    ``attention-<image id>`` when not given.
 
     Returns:
         The body as parts to be sent in order (``b"".join(parts)`` is the whole body), and extra
@@ -69,16 +127,16 @@ def encode(array: np.ndarray, meta: dict[str, Any], fmt: str) -> tuple[list[Part
     if fmt == "json":
         return [orjson.dumps({**meta, "attention": array}, option=orjson.OPT_SERIALIZE_NUMPY)], {}
     meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
-    image_id = meta.get("image_id", "x")
+    stem = name or f"attention-{meta.get('image_id', 'x')}"
     if fmt == "safetensors":
         head = safetensors_header(array, "attention", {"headscope": meta_json, "shape": json.dumps(list(array.shape))})
         return [head, _raw(array)], {
-            "Content-Disposition": f'attachment; filename="attention-{image_id}.safetensors"',
+            "Content-Disposition": f'attachment; filename="{stem}.safetensors"',
             "X-Headscope-Meta": meta_json,
         }
     if fmt == "npy":
         return [npy_header(array), _raw(array)], {
-            "Content-Disposition": f'attachment; filename="attention-{image_id}.npy"',
+            "Content-Disposition": f'attachment; filename="{stem}.npy"',
             "X-Headscope-Meta": meta_json,
         }
     raise ValueError(f"unknown format {fmt!r}")

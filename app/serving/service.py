@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from ..zoo.loaded import LoadedModel
 from ..zoo.registry import Registry
 from . import images
 from .cache import ByteLRU, CaptureKey, ImageKey
-from .encoders import MEDIA_TYPES, Part, encode
+from .encoders import MEDIA_TYPES, Part, download_stem, encode
 from .metrics import Metrics
 from .params import AttentionParams
 from .worker import Job, Worker
@@ -65,17 +66,18 @@ class Capture:
     image_size: tuple[int, int]
     stats: dict = field(default_factory=dict)  # mass fraction -> head_stats(), computed once
 
-    def head_stats(self, mass: float = 0.6) -> dict:
+    def head_stats(self, mass: float = 0.6, check: Callable[[], None] | None = None) -> dict:
+        """The statistics for ``mass``, computed once; ``check`` may raise between layers to stop."""
         if mass not in self.stats:
             if isinstance(self.att, WindowedAttention):
                 from ..engine.window_stats import window_head_stats
 
-                self.stats[mass] = window_head_stats(self.att, self.input_size, mass)
+                self.stats[mass] = window_head_stats(self.att, self.input_size, mass, check=check)
             else:
                 from ..engine.stats import head_stats
 
                 assert isinstance(self.layout, TokenLayout)
-                self.stats[mass] = head_stats(self.att, self.layout, self.input_size, mass)
+                self.stats[mass] = head_stats(self.att, self.layout, self.input_size, mass, check=check)
         return self.stats[mass]
 
     def tokens(self, stage: Stage | None = None) -> dict[str, Any]:
@@ -340,7 +342,7 @@ class AttentionService:
         # added in the Server-Timing header, the only place it can still be written.
         timing = {**found.timing, "encode": (time.perf_counter() - t0) * 1000}
         meta["timing_ms"] = dict(timing)
-        body, headers = encode(array, meta, p.format)
+        body, headers = encode(array, meta, p.format, download_stem(image_id, cap.model_id, p))
         timing["encode"] = (time.perf_counter() - t0) * 1000
         headers["Server-Timing"] = ", ".join(f"{k};dur={v:.2f}" for k, v in timing.items())
         return Answer(body, headers, MEDIA_TYPES[p.format], meta)
@@ -407,8 +409,31 @@ class AttentionService:
         found = await self.capture(image_id, lm, is_disconnected=is_disconnected, ablate=pairs)
         if found is None:
             return None
+        # The statistics hold the worker for seconds: when the client leaves (the page cancels them
+        # for a new image), a queued run is dropped and a running one stops at its next layer.
+        gone = threading.Event()
+
+        def check() -> None:
+            if gone.is_set():
+                raise ClientGone("the client closed the connection before the statistics")
+
         # Uploads go first: the statistics of a picture already captured can wait for them.
-        stats = await self.worker.run_after_forwards(found.cap.head_stats, mass)
+        fut = asyncio.ensure_future(self.worker.run_after_forwards(found.cap.head_stats, mass, check))
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    break
+                if is_disconnected is not None and await is_disconnected():
+                    gone.set()
+                    fut.cancel()
+                    raise ClientGone("the client closed the connection before the statistics")
+        except BaseException:
+            gone.set()
+            if not fut.done():
+                fut.cancel()
+            raise
+        stats = fut.result()
         cap = found.cap
         if isinstance(cap.layout, WindowedLayout):  # the first stage's grid, and every stage's
             extra = {"tokens": cap.tokens(cap.layout.stages[0]), "stages": cap.layout.as_dict()}

@@ -52,7 +52,7 @@ function storeFor(imageId, model) {
  * windowed model: the server has no head ablation for those). */
 function offPairs() {
   if (isWindowed(state.meta)) return [];
-  const { L, H } = dims();
+  const { L, H } = dims(state.meta);
   const pairs = [];
   for (const k of state.ablation.off) {
     const [l, h] = k.split(":").map(Number);
@@ -215,7 +215,7 @@ export function renderAblation() {
   $("ablation-windowed").hidden = !windowed;
   $("ablation-heads").hidden = windowed;
   $("importance-panel").hidden = windowed;
-  const { L, H } = dims();
+  const { L, H } = dims(state.meta);
   const pairs = offPairs();
   const text = ablateText(pairs);
   const method = state.ablation.method;
@@ -270,3 +270,13 @@ export function bindAblation(change, error) {
     onChange();
   });
 }
+
+/**
+ * The view object (views.js): this module keeps the server's answers in its own `store` and its
+ * controls write state.ablation; actions.update() gives the maps' store the heads that are off.
+ */
+export const ablationView = {
+  name: "ablation",
+  render: () => renderAblation(),
+  bind: (act) => bindAblation(act.update, (e) => act.showError(e)),
+};

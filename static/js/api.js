@@ -81,6 +81,24 @@ export function attentionUrl(imageId, params) {
   return `/api/v1/attention/${encodeURIComponent(imageId)}?${qs}`;
 }
 
+/**
+ * The file name the server's Content-Disposition gives a binary answer for these parameters
+ * (app/serving/encoders.py download_stem spells the same rule): the page's download links
+ * carry it too, so the browser saves the file under the name the page shows.
+ */
+export function downloadName(imageId, model, params) {
+  const slug = (x) => String(x).replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^_+|_+$/g, "");
+  const p = { query: "cls", layers: "all", heads: "all", aggregate: "none", drop: "none", dtype: "float32", ...params };
+  const parts = ["headscope", imageId.slice(0, 12), model, p.query];
+  if (p.layers !== "all") parts.push(`L${p.layers}`);
+  if (p.heads !== "all" && p.aggregate === "none") parts.push(`H${p.heads}`);
+  if (p.aggregate !== "none") parts.push(p.aggregate);
+  if (p.drop !== "none") parts.push(`drop-${p.drop}`);
+  if (p.dtype !== "float32") parts.push(p.dtype);
+  if (p.temperature !== undefined && Number(p.temperature) !== 1) parts.push(`T${Number(Number(p.temperature).toPrecision(6))}`);
+  return `${parts.map(slug).join("-").slice(0, 150)}.${p.format === "npy" ? "npy" : "safetensors"}`;
+}
+
 /** GET /api/v1/attention/{id}: answered from the server cache. */
 export async function getAttention(imageId, params, signal) {
   return attentionAnswer(await request(attentionUrl(imageId, params), { signal }));
@@ -111,6 +129,16 @@ export async function loadImage(imageId) {
     throw new ApiError(0, "bad_display_image", "the browser could not show the picture");
   }
   return img;
+}
+
+/**
+ * Can sending the same request again help? Only when the server was busy, slow or out of
+ * reach (429, 503, timeouts, the network); a bad file or a bad parameter stays bad.
+ */
+export function isRetryable(err) {
+  if (!(err instanceof ApiError)) return false;
+  if (["network", "timeout", "busy", "out_of_memory", "model_unavailable"].includes(err.code)) return true;
+  return [408, 429, 502, 503, 504].includes(err.status);
 }
 
 /** Headline + detail for an error, in words a person understands. */

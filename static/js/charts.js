@@ -131,7 +131,7 @@ export function renderRow(el, view) {
     for (let i = 0; i < np; i++) {
       px.push(i);
       py.push(row[i]);
-      pt.push(prefixLabel(i));
+      pt.push(prefixLabel(i, tokens));
     }
     traces.push({
       type: "scatter", mode: "markers", x: px, y: py, text: pt, name: "prefix tokens",

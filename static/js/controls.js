@@ -1,143 +1,142 @@
-// The form controls, status line, error banner and download links, kept in step with `state`.
+// The form controls, status line, error banner and download links, kept in step with the state
+// `s` (read only: a choice the loaded image cannot have is shown disabled; actions.js moves the
+// state off it).
 
-import { attentionUrl } from "./api.js";
+import { attentionUrl, downloadName } from "./api.js";
 import { ENTROPY_KINDS, SIM_KINDS, SINK_KINDS } from "./analytics.js";
 import { COLORMAPS } from "./colormaps.js";
+import { $, fmtBytes, fmtTemperature, setOptions } from "./dom.js";
 import { artifactTokens } from "./sinks.js";
-import { apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, state, tokensAt } from "./state.js";
-import { isWindowed, stageOf, stageQuery } from "./windows.js";
-
-const $ = (id) => document.getElementById(id);
-
-function setOptions(select, options) {
-  const want = options.map(([v, label]) => `${v}\u0000${label}`).join("\u0001");
-  if (select.dataset.options === want) return;
-  select.replaceChildren(...options.map(([v, label, disabled]) => {
-    const o = document.createElement("option");
-    o.value = v;
-    o.textContent = label;
-    o.disabled = !!disabled;
-    return o;
-  }));
-  select.dataset.options = want;
-}
-
-export function fmtBytes(n) {
-  if (n >= 1024 * 1024) return `${(n / (1024 * 1024)).toFixed(n >= 10 * 1024 * 1024 ? 0 : 1)} MB`;
-  if (n >= 1024) return `${Math.round(n / 1024)} KB`;
-  return `${n} B`;
-}
+import {
+  apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, stageQuery, tokensAt,
+} from "./state.js";
+import { isWindowed, stageOf } from "./windows.js";
 
 export function initStaticControls() {
-  setOptions($("colormap"), COLORMAPS.map((c) => [c, c]));
-  setOptions($("entropy-kind"), ENTROPY_KINDS);
+  setOptions($("colormap"), COLORMAPS);
   setOptions($("sink-kind"), SINK_KINDS);
-  setOptions($("similarity-kind"), SIM_KINDS);
   const max = Number(document.body.dataset.maxUpload || 0);
   $("max-upload").textContent = max ? fmtBytes(max) : "the server's limit";
 }
 
-export function renderModels() {
-  const opts = state.models.map((m) => {
-    const label = m.error ? `${m.id} (failed to load)` : m.id;
-    return [m.id, label, !!m.error];
-  });
-  if (state.model && !opts.some((o) => o[0] === state.model)) opts.unshift([state.model, state.model]);
+function renderModels(s) {
+  const opts = s.models.map((m) => [m.id, m.error ? `${m.id} (failed to load)` : m.id, !!m.error]);
+  if (s.model && !opts.some((o) => o[0] === s.model)) opts.unshift([s.model, s.model]);
   setOptions($("model"), opts);
-  $("model").value = state.model;
-  const info = state.models.find((m) => m.id === state.model);
+  $("model").value = s.model;
+  const info = s.models.find((m) => m.id === s.model);
   $("model").title = info ? [info.description, info.arch, info.source].filter(Boolean).join(" · ") : "";
 }
 
-export function renderControls() {
-  const { L, H } = dims();
-  const loaded = !!state.meta;
+export function renderControls(s) {
+  const { L, H } = dims(s.meta, s.layer);
+  const loaded = !!s.meta;
   const layer = $("layer");
   layer.max = String(Math.max(0, L - 1));
-  layer.value = String(state.layer);
+  layer.value = String(s.layer);
   layer.disabled = !loaded;
   // Windowed models (Swin): the slider also says the stage, and shifted blocks.
-  const stage = loaded && stageOf(state.meta, state.layer);
-  const shift = stage && tokensAt(state.layer).shift.some((v) => v > 0) ? ", shifted windows" : "";
-  $("layer-out").textContent = loaded ? `${state.layer} of ${L - 1}${stage ? ` · stage ${stage.index}${shift}` : ""}` : "–";
+  const stage = loaded && stageOf(s.meta, s.layer);
+  const shift = stage && tokensAt(s.meta, s.layer).shift.some((v) => v > 0) ? ", shifted windows" : "";
+  $("layer-out").textContent = loaded ? `${s.layer} of ${L - 1}${stage ? ` · stage ${stage.index}${shift}` : ""}` : "–";
   $("layer-out").dataset.stage = stage ? String(stage.index) : "";
 
   const head = $("head");
-  const heads = loaded ? headChoices().map((h) => [h, headLabel(h) + (h === "rollout" ? " (layers 0…l)" : "")]) : [];
+  const heads = headChoices(s.meta, s.layer).map((h) => [h, headLabel(h) + (h === "rollout" ? " (layers 0…l)" : "")]);
   if (stage) heads.push(["rollout", "rollout: not for Swin (its stages have different grids)", true]);
   setOptions(head, heads);
-  head.value = state.head;
+  head.value = s.head;
   head.disabled = !loaded;
 
   const qm = $("query-mode");
   const opts = [];
   if (loaded) {
-    for (const p of state.meta.tokens.prefix) {
-      opts.push([p.kind === "cls" ? "cls" : `tok:${p.index}`, `${prefixLabel(p.index)} token`]);
+    const t = s.meta.tokens;
+    for (const p of t.prefix) {
+      opts.push([p.kind === "cls" ? "cls" : `tok:${p.index}`, `${prefixLabel(p.index, t)} token`]);
     }
     opts.push(["patch", "a patch (click the image)"]);
   }
   setOptions(qm, opts);
-  const q = parseQuery(state.query);
-  qm.value = q && q.kind === "patch" ? "patch" : state.query;
+  const q = parseQuery(s.query, s.meta && s.meta.tokens);
+  qm.value = q && q.kind === "patch" ? "patch" : s.query;
   qm.disabled = !loaded;
-  const cell = stage && markerAt(state.query, state.layer);
+  const cell = stage && markerAt(s.meta, s.query, s.layer);
   $("query-text").textContent = cell
     ? `cell (${q.r}, ${q.c}) of stage 0; on stage ${stage.index}: cell (${cell.r}, ${cell.c}) = token ${cell.token}`
     : q ? `token ${q.token}${q.kind === "patch" ? ` = patch row ${q.r}, column ${q.c}` : ""}` : "";
 
-  $("hover-toggle").checked = state.hover;
-  $("opacity").value = String(state.opacity);
-  $("opacity-out").textContent = `${Math.round(state.opacity * 100)}%`;
-  $("colormap").value = state.colormap;
-  $("patch-grid-toggle").checked = state.showGrid;
-  $("smooth-toggle").checked = state.smooth;
-  renderModels();
-  renderImageInfo();
-  renderDownloads(H);
+  $("hover-toggle").checked = s.hover;
+  $("opacity").value = String(s.opacity);
+  $("opacity-out").textContent = `${Math.round(s.opacity * 100)}%`;
+  $("colormap").value = s.colormap;
+  $("patch-grid-toggle").checked = s.showGrid;
+  $("smooth-toggle").checked = s.smooth;
+  renderModels(s);
+  renderImageInfo(s);
+  renderDownloads(s, L, H);
+  renderTemperature(s);
 }
 
-/** The mass mask, drop and chart-mode controls. store: the shown image's AttentionStore (or null). */
-export function renderAnalysisControls(store) {
-  const loaded = !!state.meta;
-  $("mass-toggle").checked = state.mask;
+function setText(el, text) {
+  if (el.textContent !== text) el.textContent = text;
+}
+
+/** The two temperature sliders (the maps' toolbar, Inside a head): log10 T, and T in words. */
+function renderTemperature(s) {
+  const T = s.temperature;
+  for (const [id, out] of [["temperature", "temperature-out"], ["map-temperature", "map-temperature-out"]]) {
+    const slider = $(id);
+    if (!slider) continue;
+    // Not under a dragging pointer: the slider keeps its own finer position while it moves.
+    if (document.activeElement !== slider || Math.abs(Number(slider.value) - Math.log10(T)) > 0.006) {
+      slider.value = String(Math.log10(T));
+    }
+    setText($(out), fmtTemperature(T));
+  }
+  const reset = $("temperature-reset");
+  if (reset) reset.disabled = T === 1;
+}
+
+/** The mass mask, drop and chart-mode controls. */
+export function renderAnalysisControls(s) {
+  const loaded = !!s.meta;
+  const store = s.store;
+  $("mass-toggle").checked = s.mask;
   $("mass-toggle").disabled = !loaded;
   const slider = $("mass-slider");
-  if (document.activeElement !== slider) slider.value = String(state.massFraction);
-  slider.disabled = !loaded || !state.mask;
-  $("mass-out").textContent = `${Math.round(state.massFraction * 100)}%`;
+  if (document.activeElement !== slider) slider.value = String(s.massFraction);
+  slider.disabled = !loaded || !s.mask;
+  $("mass-out").textContent = `${Math.round(s.massFraction * 100)}%`;
   const drop = $("drop-tokens");
-  drop.value = state.drop;
-  const windowed = loaded && isWindowed(state.meta); // swin: no prefix; artifacts on the last stage only
-  drop.disabled = !loaded || windowed;
-  const np = loaded ? state.meta.tokens.num_prefix : 0;
+  const np = loaded ? s.meta.tokens.num_prefix : 0;
+  const stats = !!(store && store.stats);
   const nArt = artifactTokens(store).length;
-  for (const o of drop.options) {
-    if (o.value === "prefix") o.textContent = loaded ? `prefix tokens (${np})` : "prefix tokens";
-    if (o.value === "artifacts") {
-      o.textContent = store && store.stats ? `artifact tokens (${nArt})` : "artifact tokens";
-    }
-  }
+  setOptions(drop, [
+    ["none", "none"],
+    ["prefix", loaded ? `prefix tokens (${np})` : "prefix tokens"],
+    ["artifacts", stats ? `artifact tokens (${nArt})` : "artifact tokens"],
+    ["prefix,artifacts", "prefix + artifacts"],
+  ]);
+  drop.value = s.drop;
+  const windowed = loaded && isWindowed(s.meta); // swin: no prefix; artifacts on the last stage only
+  drop.disabled = !loaded || windowed;
   drop.title = windowed ? "Swin has no prefix tokens, and its high-norm tokens are cells of the last stage only"
     : "Zero the attention to these key tokens and renormalise each row"
-      + (store && store.stats && !nArt ? "; this image has no high-norm artifact tokens" : "");
-  const cls = !loaded || hasCls();
-  const ek = $("entropy-kind");
-  ek.querySelector("option[value=cls]").disabled = !cls;
-  if (!cls && state.entropyKind === "cls") state.entropyKind = "all";
-  ek.value = state.entropyKind;
-  $("sink-kind").value = state.sinkKind;
-  const sk = $("similarity-kind");
-  sk.querySelector("option[value=cos]").disabled = !cls;
-  if (!cls && state.simKind === "cos") state.simKind = "js";
-  sk.value = state.simKind;
+      + (stats && !nArt ? "; this image has no high-norm artifact tokens" : "");
+  const cls = !loaded || hasCls(s.meta.tokens);
+  setOptions($("entropy-kind"), ENTROPY_KINDS.map(([v, label]) => [v, label, v === "cls" && !cls]));
+  $("entropy-kind").value = s.entropyKind;
+  $("sink-kind").value = s.sinkKind;
+  setOptions($("similarity-kind"), SIM_KINDS.map(([v, label]) => [v, label, v === "cos" && !cls]));
+  $("similarity-kind").value = s.simKind;
 }
 
-function renderImageInfo() {
+function renderImageInfo(s) {
   const box = $("image-info");
-  const m = state.meta;
-  box.hidden = !m && !state.filename;
-  $("filename").textContent = state.filename || (m ? "(no name)" : "");
+  const m = s.meta;
+  box.hidden = !m && !s.filename;
+  $("filename").textContent = s.filename || (m ? "(no name)" : "");
   if (!m) {
     $("image-size").textContent = "";
     $("token-info").textContent = "";
@@ -146,8 +145,8 @@ function renderImageInfo() {
   const t = m.tokens;
   $("image-size").textContent = `${m.image_size[1]} × ${m.image_size[0]} px → model input ${m.input_size[1]} × ${m.input_size[0]}`;
   $("token-info").textContent = isWindowed(m)
-    ? `no prefix; one grid per stage: ${m.stages.map((s) => `${s.grid[0]} × ${s.grid[1]}`).join(", ")} cells `
-      + `of ${m.stages.map((s) => s.cell_size[0]).join("/")} px, in ${m.stages.map((s) => s.window.join("×")).join("/")} windows`
+    ? `no prefix; one grid per stage: ${m.stages.map((st) => `${st.grid[0]} × ${st.grid[1]}`).join(", ")} cells `
+      + `of ${m.stages.map((st) => st.cell_size[0]).join("/")} px, in ${m.stages.map((st) => st.window.join("×")).join("/")} windows`
     : `${t.count} = ${t.num_prefix} prefix + ${t.grid[0]} × ${t.grid[1]} patches of ${t.patch_size[1]} × ${t.patch_size[0]}`;
 }
 
@@ -159,62 +158,65 @@ function setLink(a, href, name) {
     a.removeAttribute("aria-disabled");
   } else {
     a.removeAttribute("href");
+    a.removeAttribute("download");
     a.classList.add("disabled");
     a.setAttribute("aria-disabled", "true");
   }
 }
 
-function renderDownloads(H) {
-  const ok = !!(state.meta && state.image);
+function renderDownloads(s, L, H) {
+  const ok = !!(s.meta && s.image);
   $("download-png").disabled = !ok;
   if (!ok) {
     setLink($("download-tensors"), null);
     setLink($("download-full"), null);
     return;
   }
-  const base = { model: state.meta.model, layers: "all", heads: "all", format: "safetensors" };
-  let q = apiQuery(state.query);
-  let stem = `headscope-${state.imageId.slice(0, 8)}`;
-  let { L, N } = dims();
-  const stage = stageOf(state.meta, state.layer);
+  // The links carry the name the server's Content-Disposition gives the file (downloadName).
+  const base = { model: s.meta.model, layers: "all", heads: "all", format: "safetensors" };
+  let q = apiQuery(s.query, s.meta.tokens);
+  let { N } = dims(s.meta, s.layer);
+  const stage = stageOf(s.meta, s.layer);
   if (stage) { // swin: one stage per request; the query's cell on that stage's grid
     base.layers = `${stage.layers[0]}-${stage.layers[1]}`;
-    q = stageQuery(state.meta, q, stage);
-    stem += `-stage${stage.index}`;
+    q = stageQuery(s.meta, q, stage);
     L = stage.layers[1] - stage.layers[0] + 1;
   }
-  setLink($("download-tensors"), attentionUrl(state.imageId, { ...base, query: q }),
-    `${stem}-${q.replace(/[^a-z0-9]+/gi, "_")}.safetensors`);
+  if (s.temperature !== 1) base.temperature = s.temperature; // the maps shown: softmax(scores / T)
+  setLink($("download-tensors"), attentionUrl(s.imageId, { ...base, query: q }),
+    downloadName(s.imageId, s.meta.model, { ...base, query: q }));
   if (stage && !stage.dense) { // swin: N x N maps of a big stage are not answered (almost all zeros)
     setLink($("download-full"), null);
     $("download-full").textContent = `the full attention (not for stage ${stage.index}: ${N} cells, ask for rows)`;
     return;
   }
-  setLink($("download-full"), attentionUrl(state.imageId, { ...base, query: "all" }), `${stem}-all.safetensors`);
+  setLink($("download-full"), attentionUrl(s.imageId, { ...base, query: "all" }),
+    downloadName(s.imageId, s.meta.model, { ...base, query: "all" }));
   $("download-full").textContent = `the full attention, all ${N} rows (${fmtBytes(L * H * N * N * 4)})`;
 }
 
-export function renderStatus(summary) {
+export function renderStatus(s) {
   const el = $("status");
-  let s = "idle";
+  let st = "idle";
   let text = "Bring an image to start: choose a file, drop one, paste it, or click a sample.";
-  if (state.busy) {
-    s = "busy";
-    text = state.busy;
-  } else if (state.error && !state.meta) {
-    s = "error";
+  if (s.busy) {
+    st = "busy";
+    text = s.busy;
+  } else if (s.error && !s.meta) {
+    st = "error";
     text = "Nothing to show yet.";
-  } else if (state.meta) {
-    s = "ready";
-    text = summary || "Ready.";
+  } else if (s.meta) {
+    st = "ready";
+    text = s.summary || "Ready.";
   }
-  el.dataset.state = s;
+  el.dataset.state = st;
   $("status-text").textContent = text;
 }
 
-export function renderError(onRetry) {
+/** The error banner; "Try again" only where the error has a retry (actions.showError decides). */
+export function renderError(s, onRetry) {
   const el = $("error");
-  const err = state.error;
+  const err = s.error;
   el.hidden = !err;
   if (!err) return;
   $("error-title").textContent = err.title;

@@ -4,7 +4,12 @@
 // rollout: "query|start|fusion|discard" -> {start, token, data: Float32Array [(L - start) * N]}
 //          (attention rollout of that row for layers start..L-1; before start it is the identity)
 // stats:   the answer of GET /api/v1/attention/{id}/stats (per-head statistics), once loaded
-// mean/max over heads are computed here from the per-head rows, on first use.
+// mean/max over heads are computed here from the per-head rows, on first use (fuseHeads).
+// The rollout options ({start, fusion, discard}, state.rollout) are an argument of every call
+// that reads or loads a rollout: the store keeps what it fetched, not what is shown.
+//
+// fuseHeads and normEntropy have Python twins (app/engine/analysis.fuse_heads,
+// app/engine/stats.normalized_entropy): tests/fixtures/parity.json holds their common answers.
 // temperature: rows and rollouts are those of softmax(scores / T); changing T drops them (the
 //          server answers the new ones from its cache); the statistics stay the model's (T = 1).
 // ablate:  heads switched off in the Ablation view ("3:0,3:1", #16): rows, rollouts and statistics
@@ -12,7 +17,7 @@
 
 import { getAttention, getStats } from "./api.js";
 
-const ROLLOUT_DEFAULT = { start: 0, fusion: "mean", discard: 0 };
+export const ROLLOUT_DEFAULT = { start: 0, fusion: "mean", discard: 0 };
 
 /** Map key of a rollout: the query row and the rollout options. */
 export function rolloutKey(query, opts) {
@@ -37,7 +42,6 @@ export class AttentionStore {
     this.N = meta.tokens.count;
     this.rows = new Map();
     this.rollout = new Map();
-    this.rolloutOpts = { ...ROLLOUT_DEFAULT }; // the options row(…, "rollout") answers for
     this.stats = null;
     this.fused = new Map();
     this.loading = new Map(); // key -> promise
@@ -78,18 +82,21 @@ export class AttentionStore {
     this.rows.set(query, data);
   }
 
-  /** Is everything needed to show (query, head) here? */
-  has(query, head) {
-    if (head === "rollout") return this.rollout.has(rolloutKey(query, this.rolloutOpts));
+  /** Is everything needed to show (query, head) here? `rollout`: the rollout options. */
+  has(query, head, rollout = ROLLOUT_DEFAULT) {
+    if (head === "rollout") return this.rollout.has(rolloutKey(query, rollout));
     return this.rows.has(query);
   }
 
-  /** The row (length N) of query at layer for head ("0".., "mean", "max", "rollout"); null if not loaded. */
-  row(query, layer, head) {
+  /**
+   * The row (length N) of query at layer for head ("0".., "mean", "max", "rollout" with the
+   * options `rollout`); null if not loaded.
+   */
+  row(query, layer, head, rollout = ROLLOUT_DEFAULT) {
     const { L, H, N } = this;
     if (layer < 0 || layer >= L) return null;
     if (head === "rollout") {
-      const r = this.rollout.get(rolloutKey(query, this.rolloutOpts));
+      const r = this.rollout.get(rolloutKey(query, rollout));
       if (!r) return null;
       if (layer < r.start) {
         // The product over no layer: the identity, the query attends to itself only.
@@ -116,43 +123,32 @@ export class AttentionStore {
   fusedRows(query, how, all) {
     const key = `${how}|${query}`;
     let f = this.fused.get(key);
-    if (f) return f;
-    const { L, H, N } = this;
-    f = new Float32Array(L * N);
-    for (let l = 0; l < L; l++) {
-      const o = l * N;
-      for (let n = 0; n < N; n++) {
-        let acc = how === "max" ? -Infinity : 0;
-        for (let h = 0; h < H; h++) {
-          const v = all[(l * H + h) * N + n];
-          acc = how === "max" ? Math.max(acc, v) : acc + v;
-        }
-        f[o + n] = how === "max" ? acc : acc / H;
-      }
+    if (!f) {
+      f = fuseHeads(all, this.L, this.H, this.N, how);
+      this.fused.set(key, f);
     }
-    this.fused.set(key, f);
     return f;
   }
 
   /** Fetch the per-head rows of a query (GET, all layers and heads); one request per key. */
-  loadRows(query, apiQuery) {
+  loadRows(query, apiQuery, signal) {
     if (this.rows.has(query)) return Promise.resolve();
     const t = this.temperature;
     const a = this.ablate;
     return this.once(`rows|${query}`, async () => {
       const ans = await getAttention(this.imageId, {
         model: this.model, layers: "all", heads: "all", query: apiQuery, ...this.temperatureParam(), ...this.ablateParam(),
-      });
+      }, signal);
       if (t === this.temperature && a === this.ablate) this.putRows(query, ans.data); // else the slider moved on
     });
   }
 
   /**
-   * Fetch the rollout of a query (token index `token`) for layers start..L-1 with the store's
-   * rollout options: one GET aggregate=rollout&rollout_start=S&layers=S-(L-1).
+   * Fetch the rollout of a query (token index `token`) for layers start..L-1 with the rollout
+   * options `rollout`: one GET aggregate=rollout&rollout_start=S&layers=S-(L-1).
    */
-  loadRollout(query, apiQuery, token) {
-    const opts = { ...this.rolloutOpts };
+  loadRollout(query, apiQuery, token, rollout, signal) {
+    const opts = { ...rollout };
     const key = rolloutKey(query, opts);
     if (this.rollout.has(key)) return Promise.resolve();
     const t = this.temperature;
@@ -162,47 +158,75 @@ export class AttentionStore {
         model: this.model, layers: `${opts.start}-${this.L - 1}`, query: apiQuery, aggregate: "rollout",
         rollout_start: opts.start, head_fusion: opts.fusion, discard_ratio: opts.discard, ...this.temperatureParam(),
         ...this.ablateParam(),
-      });
+      }, signal);
       if (ans.data.length !== (this.L - opts.start) * this.N) throw new Error("rollout answer of unexpected size");
       if (t === this.temperature && a === this.ablate) this.rollout.set(key, { start: opts.start, token, data: ans.data });
     });
   }
 
-  /** Per-head statistics of the image (GET …/stats), once. */
-  loadStats() {
+  /** Per-head statistics of the image (GET …/stats), once; `signal` cancels the request. */
+  loadStats(signal) {
     if (this.stats) return Promise.resolve();
     const a = this.ablate;
     return this.once("stats", async () => {
-      const st = await getStats(this.imageId, { model: this.model, ...this.ablateParam() });
+      const st = await getStats(this.imageId, { model: this.model, ...this.ablateParam() }, signal);
       if (st.layers !== this.L || st.heads !== this.H) throw new Error("statistics of unexpected size");
       if (a === this.ablate) this.stats = st;
     });
   }
 
-  /** Loading state of one kind of request: "rows" | "rollout" (for the current options) | "stats". */
-  isLoading(kind, query) {
-    if (kind === "stats") return this.loading.has("stats");
-    if (kind === "rollout") return this.loading.has(`rollout|${rolloutKey(query, this.rolloutOpts)}`);
-    return this.loading.has(`${kind}|${query}`);
+  /** Loading state of one kind of request: "rows" | "rollout" (for the options `rollout`) | "stats". */
+  isLoading(kind, query, rollout = ROLLOUT_DEFAULT) {
+    return this.loading.has(requestKey(kind, query, rollout));
   }
 
-  hasFailed(kind, query) {
-    if (kind === "stats") return this.failed.has("stats");
-    if (kind === "rollout") return this.failed.has(`rollout|${rolloutKey(query, this.rolloutOpts)}`);
-    return this.failed.has(`${kind}|${query}`);
+  hasFailed(kind, query, rollout = ROLLOUT_DEFAULT) {
+    return this.failed.has(requestKey(kind, query, rollout));
   }
 
+  /** Forget a failure, so that the next need() asks again ("Try again"). */
+  forget(kind, query, rollout = ROLLOUT_DEFAULT) {
+    this.failed.delete(requestKey(kind, query, rollout));
+  }
+
+  /** One request per key; a failure is remembered (not retried by itself), a cancellation is not. */
   once(key, fn) {
     if (this.loading.has(key)) return this.loading.get(key);
     const p = fn()
       .catch((e) => {
-        this.failed.set(key, e);
+        if (!(e && e.name === "AbortError")) this.failed.set(key, e);
         throw e;
       })
       .finally(() => this.loading.delete(key));
     this.loading.set(key, p);
     return p;
   }
+}
+
+function requestKey(kind, query, rollout) {
+  if (kind === "stats") return "stats";
+  if (kind === "rollout") return `rollout|${rolloutKey(query, rollout)}`;
+  return `${kind}|${query}`;
+}
+
+/**
+ * Mean or max over heads of per-head rows: `all` is [L * H * N] (layer, head, token), the
+ * answer [L * N] (as analysis.fuse_heads over the head axis).
+ */
+export function fuseHeads(all, L, H, N, how) {
+  const f = new Float32Array(L * N);
+  for (let l = 0; l < L; l++) {
+    const o = l * N;
+    for (let n = 0; n < N; n++) {
+      let acc = how === "max" ? -Infinity : 0;
+      for (let h = 0; h < H; h++) {
+        const v = all[(l * H + h) * N + n];
+        acc = how === "max" ? Math.max(acc, v) : acc + v;
+      }
+      f[o + n] = how === "max" ? acc : acc / H;
+    }
+  }
+  return f;
 }
 
 /**

@@ -65,7 +65,7 @@ function markSelected(container, layer, head, sameLayerOnly) {
 
 /**
  * Heads at a glance. view: {store, rowOf(layer, head), image, tokens, query, layer, head,
- * heads (choices), colormap, opacity, smooth, marker, key}; onPick(layer, head).
+ * heads (choices), colormap, opacity, smooth, marker, rollout, key}; onPick(layer, head).
  */
 export function renderHeadGrid(container, view, onPick) {
   if (!view) {
@@ -73,7 +73,7 @@ export function renderHeadGrid(container, view, onPick) {
     container.dataset.key = "";
     return;
   }
-  const drawKey = `${view.key}|${view.layer}|${view.store.has(view.query, "0")}|${view.store.has(view.query, "rollout")}`;
+  const drawKey = `${view.key}|${view.layer}|${view.store.has(view.query, "0")}|${view.store.has(view.query, "rollout", view.rollout)}`;
   if (container.dataset.key !== drawKey) {
     const tiles = view.heads.map((head) => makeTile(view.layer, head, true));
     container.replaceChildren(...tiles);
@@ -103,7 +103,7 @@ export function renderModelView(container, view, onPick) {
     container.dataset.key = "";
     return;
   }
-  const drawKey = `${view.key}|${view.store.has(view.query, "0")}|${view.store.has(view.query, "rollout")}`;
+  const drawKey = `${view.key}|${view.store.has(view.query, "0")}|${view.store.has(view.query, "rollout", view.rollout)}`;
   if (container.dataset.key !== drawKey) {
     const heads = view.allHeads || view.heads; // windowed: every stage's heads, blank where a stage has fewer
     const cols = heads.length;

@@ -76,10 +76,10 @@ function target() {
   const head = /^\d+$/.test(state.head) ? Number(state.head) : 0;
   if (isWindowed(state.meta)) { // swin: the stage's cell under the page's stage-0 query (cell 0 by default)
     const s = stageOf(state.meta, state.layer);
-    const cell = markerAt(state.query, state.layer) || { r: 0, c: 0 };
+    const cell = markerAt(state.meta, state.query, state.layer) || { r: 0, c: 0 };
     return { layer: state.layer, head: Math.min(head, s.heads - 1), query: `patch:${cell.r},${cell.c}` };
   }
-  return { layer: state.layer, head, query: apiQuery(state.query) };
+  return { layer: state.layer, head, query: apiQuery(state.query, state.meta.tokens) };
 }
 
 function keyOf(t) {
@@ -232,7 +232,7 @@ function drawWeights(canvas, image, tokens, weights, q, hover) {
 // ------------------------------------------------------------------ words
 function tokenLabel(tokens, t) {
   if (tokens.window) return `cell (${Math.floor(t / tokens.grid[1])}, ${t % tokens.grid[1]})`; // swin: a stage cell
-  if (t < tokens.num_prefix) return `${prefixLabel(t)} (token ${t})`;
+  if (t < tokens.num_prefix) return `${prefixLabel(t, tokens)} (token ${t})`;
   const p = t - tokens.num_prefix;
   return `patch (${Math.floor(p / tokens.grid[1])}, ${p % tokens.grid[1]})`;
 }
@@ -290,18 +290,21 @@ export function renderLearn() {
   const status = $("learn-status");
   const stages = $("learn-stages");
   if (!state.imageId || !state.meta || !state.image) {
-    setText("learn-status", "Bring an image to start: the view walks one head of the model through it.");
+    // While the first image is computed, say so (not "bring an image").
+    setText("learn-status", state.busy || "Bring an image to start: the view walks one head of the model through it.");
     stages.hidden = true;
     $("learn-notes").replaceChildren();
-    root.dataset.state = "empty";
+    root.dataset.state = state.busy ? "loading" : "empty";
     return;
   }
+  // Another image (or model) is on its way: the shown head stays until it is in, and says so.
+  const coming = state.requests.load && state.busy ? `${state.busy} Until it is in, this is the previous image. ` : "";
   const t = target();
   const key = keyOf(t);
   const ans = answers.get(key);
   if (!ans) {
     const err = failed.get(key);
-    setText("learn-status", err ? `Could not load this head: ${err.message}` : "Loading this head's tensors…");
+    setText("learn-status", coming + (err ? `Could not load this head: ${err.message}` : "Loading this head's tensors…"));
     root.dataset.state = err ? "error" : "loading";
     stages.hidden = !stages.dataset.key; // keep the last picture while the next one loads
     return;
@@ -312,8 +315,9 @@ export function renderLearn() {
   const aggregateNote = /^\d+$/.test(state.head) ? "" : ` The maps view shows the ${state.head} of the heads; `
     + "this view follows one head, head 0: pick another on the left.";
   const where = isWindowAnswer(ans) ? ` of stage ${ans.stage}` : "";
-  status.textContent = `Layer ${ans.layer}, head ${ans.head}, query ${tokenLabel(ans.tokens, ans.query)}${where}: `
-    + `the model's own numbers for ${state.filename || "this image"}.${aggregateNote}`;
+  const seen = state.session.find((x) => x.id === ans.image_id); // state.filename is already the next image's
+  status.textContent = `${coming}Layer ${ans.layer}, head ${ans.head}, query ${tokenLabel(ans.tokens, ans.query)}${where}: `
+    + `the model's own numbers for ${(seen && seen.filename) || "this image"}.${aggregateNote}`;
   renderAnswer(ans);
 }
 
@@ -370,7 +374,7 @@ function renderAnswer(ans) {
 
   // 1. X
   const [R, C] = tokens.grid;
-  const prefix = tokens.prefix.map((p) => prefixLabel(p.index)).join(", ");
+  const prefix = tokens.prefix.map((p) => prefixLabel(p.index, tokens)).join(", ");
   setText("learn-x-shape", `X: ${N} × ${D}`);
   if (win) {
     const [wh, ww] = ans.window.size;
@@ -453,7 +457,7 @@ function renderAnswer(ans) {
   for (let j = 0; j < tokens.num_prefix; j++) {
     const li = document.createElement("li");
     li.dataset.token = String(j);
-    li.textContent = `${prefixLabel(j)}: score ${fmt(ans.scores[j])} → weight ${fmt(weights[j])}`;
+    li.textContent = `${prefixLabel(j, tokens)}: score ${fmt(ans.scores[j])} → weight ${fmt(weights[j])}`;
     li.addEventListener("pointerenter", () => setHover(j));
     li.addEventListener("pointerleave", () => setHover(null));
     chips.push(li);
@@ -614,7 +618,7 @@ export function bindLearn(onChange, setQuery) {
     });
   }
   // The maps' grid: the image's tokens, or a windowed model's stage grid of the shown layer.
-  const gridOf = () => (isWindowed(state.meta) ? tokensAt(state.layer) : state.meta.tokens);
+  const gridOf = () => (isWindowed(state.meta) ? tokensAt(state.meta, state.layer) : state.meta.tokens);
   for (const id of ["learn-scores", "learn-weights"]) {
     const canvas = $(id);
     canvas.addEventListener("pointermove", (e) => {
@@ -632,7 +636,27 @@ export function bindLearn(onChange, setQuery) {
       // swin: the page's query is a cell of stage 0; the stage cell's top-left stage-0 cell maps back to it
       const s0 = t.window ? state.meta.stages[0].cell_size : t.patch_size;
       const q = `patch:${(cell.r * t.patch_size[0]) / s0[0]},${(cell.c * t.patch_size[1]) / s0[1]}`;
-      if (parseQuery(q)) setQuery(q);
+      if (parseQuery(q, state.meta.tokens)) setQuery(q);
     });
   }
+}
+
+/**
+ * The view object (views.js). This module still keeps its answers and the hovered key in
+ * module variables and its slider writes state.temperature itself (actions.update() re-tempers
+ * the stores); render() returns early while the view is hidden.
+ */
+export const learnView = {
+  name: "learn",
+  render: () => renderLearn(),
+  need: (s, app) => {
+    needLearn(app.update, (e) => app.fail(e));
+    return false;
+  },
+  bind: (act) => bindLearn(act.update, act.setQuery),
+};
+
+/** The temperature a log-scale slider stands at (3 significant digits). */
+export function sliderTemperature(el) {
+  return Number(Math.pow(10, Number(el.value)).toPrecision(3));
 }

@@ -1,5 +1,9 @@
 // DINO mass-threshold masks (Caron et al., 2021): the smallest set of patches that holds a given
 // share of a row's attention over the patches, and the outline of their union on the canvas.
+//
+// massMask has a Python twin (app/engine/stats.mass_threshold_count / mass_threshold_mask, the
+// stats endpoint's mass_patches): tests/fixtures/parity.json holds their common answers. Ties
+// go to the lower index on both sides (a stable sort).
 
 /**
  * values: the patch weights of a row (row-major). Sort them descending, accumulate, and keep

@@ -6,7 +6,7 @@ import { lut } from "./colormaps.js";
 import { drawMaskOutline, massMask } from "./mask.js";
 import { drawWindows } from "./windows.js";
 
-const scratch = document.createElement("canvas");
+let scratch = null; // the small canvas the colour-mapped grid is painted into (made on first use)
 
 /** The patch part of a row, with its min and max: {values, min, max} (values row-major). */
 export function patchValues(row, tokens) {
@@ -25,6 +25,7 @@ export function patchValues(row, tokens) {
 /** Paint the colour-mapped grid (cols x rows pixels) into the scratch canvas. */
 function paintGrid(values, R, C, min, max, colormap) {
   const table = lut(colormap);
+  if (!scratch) scratch = document.createElement("canvas");
   if (scratch.width !== C || scratch.height !== R) {
     scratch.width = C;
     scratch.height = R;
@@ -164,19 +165,6 @@ export function cellAt(canvas, ev, tokens) {
   const [R, C] = tokens.grid;
   const [ey, ex] = tokens.extent || [1, 1];
   return { r: Math.min(R - 1, Math.floor((y * R) / ey)), c: Math.min(C - 1, Math.floor((x * C) / ex)) };
-}
-
-/** A PNG Blob of image + overlay at the picture's own resolution. */
-export function compositeBlob(opts) {
-  const { image } = opts;
-  const canvas = document.createElement("canvas");
-  canvas.width = image.naturalWidth;
-  canvas.height = image.naturalHeight;
-  const px = Math.max(1, Math.round(Math.max(canvas.width, canvas.height) / 800));
-  drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, { ...opts, px });
-  return new Promise((resolve, reject) => {
-    canvas.toBlob((b) => (b ? resolve(b) : reject(new Error("the PNG could not be made"))), "image/png");
-  });
 }
 
 /** Format an attention weight for labels. */

@@ -2,29 +2,15 @@
 // small overlay per layer from the start layer S to the last (one GET of layers S..L-1), and the
 // controls of the rollout (start layer, head fusion, discard ratio). A click opens that layer.
 
+import { $, setOptions } from "./dom.js";
 import { drawTile, makeTile } from "./grid.js";
 import { fit } from "./overlay.js";
-import { FUSIONS, dims, state } from "./state.js";
+import { FUSIONS } from "./state.js";
 
-const $ = (id) => document.getElementById(id);
-
-function setOptions(select, values, label = (v) => String(v)) {
-  const want = values.join("|");
-  if (select.dataset.options === want) return;
-  select.replaceChildren(...values.map((v) => {
-    const o = document.createElement("option");
-    o.value = String(v);
-    o.textContent = label(v);
-    return o;
-  }));
-  select.dataset.options = want;
-}
-
-/** Keep the rollout controls in step with state.rollout. */
-export function renderRolloutControls() {
-  const { L } = dims();
-  const { start, fusion, discard } = state.rollout;
-  setOptions($("rollout-start"), Array.from({ length: Math.max(1, L) }, (_, i) => i), (i) => `layer ${i}`);
+/** Keep the rollout controls in step with the rollout options ({start, fusion, discard}) of L layers. */
+export function renderRolloutControls(rollout, L) {
+  const { start, fusion, discard } = rollout;
+  setOptions($("rollout-start"), Array.from({ length: Math.max(1, L) }, (_, i) => [String(i), `layer ${i}`]));
   $("rollout-start").value = String(start);
   setOptions($("head-fusion"), FUSIONS);
   $("head-fusion").value = fusion;
@@ -37,7 +23,7 @@ export function renderRolloutControls() {
 
 /**
  * view: null before an image, else {store, rowOf, image, tokens, query, layer, head, colormap,
- * opacity, smooth, marker, key}; onPick(layer) opens the rollout up to that layer.
+ * opacity, smooth, marker, key, rollout}; onPick(layer) opens the rollout up to that layer.
  */
 export function renderRolloutStrip(container, view, onPick) {
   const panel = $("rollout-panel");
@@ -48,10 +34,10 @@ export function renderRolloutStrip(container, view, onPick) {
     container.dataset.key = "";
     return;
   }
-  renderRolloutControls();
-  const { start } = state.rollout;
   const L = view.store.L;
-  const loaded = view.store.has(view.query, "rollout");
+  renderRolloutControls(view.rollout, L);
+  const { start } = view.rollout;
+  const loaded = view.store.has(view.query, "rollout", view.rollout);
   const drawKey = `${view.key}|${loaded}|${container.clientWidth}`;
   if (container.dataset.key !== drawKey) {
     const layers = Array.from({ length: L - start }, (_, i) => start + i);
@@ -74,8 +60,8 @@ export function renderRolloutStrip(container, view, onPick) {
     }
     container.dataset.key = drawKey;
     container.dataset.start = String(start);
-    container.dataset.fusion = state.rollout.fusion;
-    container.dataset.discard = String(state.rollout.discard);
+    container.dataset.fusion = view.rollout.fusion;
+    container.dataset.discard = String(view.rollout.discard);
     container.dataset.count = String(tiles.length);
     container.dataset.loaded = loaded ? "1" : "0";
   }

@@ -1,15 +1,21 @@
 // Attention sinks: the key tokens that soak up a row's mass (prefix tokens, and the high-norm
 // "artifact" patches of Darcet et al., 2024, listed by the stats endpoint). Dropping them zeroes
 // their columns and renormalises the row, so the rest of the map gets the colour scale.
+//
+// dropColumns has a Python twin (app/engine/analysis.drop_and_renormalise, behind the API's
+// `drop`): tests/fixtures/parity.json holds their common answers.
+
+import { dropParts } from "./state.js";
 
 /** The token indices `drop` removes for this store ([] for "none"; artifacts once stats are in). */
 export function droppedTokens(store, tokens, drop) {
   const out = [];
-  if (!store || drop === "none") return out;
-  if (drop === "prefix" || drop === "both") {
+  const parts = dropParts(drop);
+  if (!store) return out;
+  if (parts.prefix) {
     for (let i = 0; i < tokens.num_prefix; i++) out.push(i);
   }
-  if ((drop === "artifacts" || drop === "both") && store.stats) {
+  if (parts.artifacts && store.stats) {
     for (const t of artifactTokens(store)) if (!out.includes(t)) out.push(t);
   }
   return out.sort((a, b) => a - b);
@@ -41,8 +47,11 @@ export function patchSum(row, tokens) {
   return s;
 }
 
-/** The row as the page shows it: store.row() with the dropped key tokens removed (null if not loaded). */
-export function shownRow(store, query, layer, head, tokens, drop) {
-  const row = store.row(query, layer, head);
-  return row && dropColumns(row, droppedTokens(store, tokens, drop));
+/**
+ * The row as the page shows it: store.row() with the dropped key tokens removed (null if not
+ * loaded). sel: {query, layer, head, tokens, drop, rollout}.
+ */
+export function shownRow(store, sel) {
+  const row = store.row(sel.query, sel.layer, sel.head, sel.rollout);
+  return row && dropColumns(row, droppedTokens(store, sel.tokens, sel.drop));
 }

@@ -6,8 +6,9 @@
 // Rollout is not offered (it multiplies maps of one grid); stats come as for any model.
 
 import { getAttention } from "./api.js";
-import { AttentionStore } from "./data.js";
-import { isWindowed, layerTokens, numLayers, stageOf, stageQuery } from "./windows.js";
+import { AttentionStore, fuseHeads } from "./data.js";
+import { stageQuery } from "./state.js";
+import { isWindowed, layerTokens, numLayers, stageOf } from "./windows.js";
 
 export class WindowedStore extends AttentionStore {
   constructor(meta) {
@@ -43,17 +44,7 @@ export class WindowedStore extends AttentionStore {
       const key = `${head}|${query}|${s.index}`;
       let f = this.fused.get(key);
       if (!f) {
-        f = new Float32Array((s.layers[1] - s.layers[0] + 1) * N);
-        for (let k = 0; k * N < f.length; k++) {
-          for (let n = 0; n < N; n++) {
-            let acc = head === "max" ? -Infinity : 0;
-            for (let h = 0; h < H; h++) {
-              const v = all[(k * H + h) * N + n];
-              acc = head === "max" ? Math.max(acc, v) : acc + v;
-            }
-            f[k * N + n] = head === "max" ? acc : acc / H;
-          }
-        }
+        f = fuseHeads(all, s.layers[1] - s.layers[0] + 1, H, N, head);
         this.fused.set(key, f);
       }
       return f.subarray(l * N, (l + 1) * N);
@@ -64,20 +55,24 @@ export class WindowedStore extends AttentionStore {
     return all.subarray(off, off + N);
   }
 
-  /** Fetch every stage's rows of a query (one GET per stage, in parallel). */
-  loadRows(query) {
+  /**
+   * Fetch every stage's rows of a query (one GET per stage, in parallel), at the store's
+   * temperature; `signal` cancels them. (The API query is the stage's cell: apiQuery is unused.)
+   */
+  loadRows(query, apiQuery, signal) {
     if (this.rows.has(query)) return Promise.resolve();
+    const t = this.temperature;
     return this.once(`rows|${query}`, async () => {
       const parts = await Promise.all(this.stages.map(async (s) => {
         const ans = await getAttention(this.imageId, {
           model: this.model, layers: `${s.layers[0]}-${s.layers[1]}`, heads: "all",
-          query: stageQuery(this.meta, query, s),
-        });
+          query: stageQuery(this.meta, query, s), ...this.temperatureParam(),
+        }, signal);
         const n = (s.layers[1] - s.layers[0] + 1) * s.heads * s.grid[0] * s.grid[1];
         if (ans.data.length !== n) throw new Error("attention answer of unexpected size");
         return ans.data;
       }));
-      this.rows.set(query, parts);
+      if (t === this.temperature) this.rows.set(query, parts); // else the temperature moved on
     });
   }
 

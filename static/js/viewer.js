@@ -1,62 +1,78 @@
-// The main view: the overlay canvas, its colour bar, title, explanation, pointer readout, and
-// the list of prefix tokens with the attention the current row gives them.
+// The main view: the overlay canvas, its loading state, colour bar, title, explanation,
+// pointer readout, and the list of prefix tokens with the attention the current row gives them.
+// Every function here takes the state as its argument `s` and only reads it.
 
+import { $ } from "./dom.js";
 import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { paintColorbar } from "./colormaps.js";
 import { normEntropy } from "./data.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
-import { dims, headLabel, markerAt, parseQuery, prefixLabel, queryLabel, state, tokensAt } from "./state.js";
+import { dims, dropParts, headLabel, markerAt, parseQuery, prefixLabel, queryLabel, tokensAt } from "./state.js";
 import { keyCount, stageCell, windowNote } from "./windows.js";
 
-const $ = (id) => document.getElementById(id);
+/** What to show of the shown image: the selection shownRow() needs, from the state. */
+export function selection(s, over = {}) {
+  const layer = over.layer ?? s.layer;
+  return {
+    query: s.query, layer, head: s.head, tokens: s.meta && tokensAt(s.meta, layer), drop: s.drop,
+    rollout: s.rollout, ...over,
+  };
+}
 
 /** Draw the overlay for the state; leaves the last drawing while the row is still loading. */
-export function renderViewer(store) {
+export function renderViewer(s) {
   const canvas = $("overlay");
   const empty = $("empty");
   const cbar = $("colorbar-wrap");
-  if (!state.image || !store) {
+  const store = s.store;
+  // Computing a new image (or the image with another model): say so on the map itself.
+  const loading = $("viewer-loading");
+  loading.hidden = !s.busy;
+  $("viewer-loading-text").textContent = s.busy || "";
+  $("viewer").classList.toggle("is-loading", !!s.busy);
+  if (!s.image || !store) {
     canvas.hidden = true;
-    empty.hidden = false;
+    empty.hidden = !!s.busy;
     cbar.hidden = true;
     $("view-title").textContent = "Attention map";
+    $("mass-count").textContent = "";
     return;
   }
-  const tokens = tokensAt(state.layer); // windowed models: the layer's stage grid
-  const row = shownRow(store, state.query, state.layer, state.head, tokens, state.drop);
+  const tokens = tokensAt(s.meta, s.layer); // windowed models: the layer's stage grid
+  const row = shownRow(store, selection(s));
   canvas.dataset.pending = row ? "0" : "1";
   if (!row) return;
-  const dropped = droppedTokens(store, tokens, state.drop);
+  const dropped = droppedTokens(store, tokens, s.drop);
   const rings = artifactTokens(store);
   empty.hidden = true;
   canvas.hidden = false;
   const box = $("viewer");
-  const maxW = Math.max(200, box.clientWidth);
-  const maxH = Math.max(300, Math.round(window.innerHeight * 0.7));
-  const { w, h } = fit(state.image.naturalWidth, state.image.naturalHeight, maxW, maxH);
+  const maxW = Math.max(120, box.clientWidth);
+  const maxH = Math.max(240, Math.round(window.innerHeight * 0.7));
+  const { w, h } = fit(s.image.naturalWidth, s.image.naturalHeight, maxW, maxH);
   const dpr = sizeCanvas(canvas, w, h);
-  const q = parseQuery(state.query);
-  const marker = markerAt(state.query, state.layer);
+  const q = parseQuery(s.query, s.meta.tokens);
+  const marker = markerAt(s.meta, s.query, s.layer);
   const range = drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, {
-    image: state.image, row, tokens, colormap: state.colormap, opacity: state.opacity,
-    grid: state.showGrid, smooth: state.smooth, marker, px: dpr,
-    mask: state.mask ? state.massFraction : null, rings,
+    image: s.image, row, tokens, colormap: s.colormap, opacity: s.opacity,
+    grid: s.showGrid, smooth: s.smooth, marker, px: dpr,
+    mask: s.mask ? s.massFraction : null, rings,
   });
   Object.assign(canvas.dataset, {
-    image: state.imageId, model: store.model, layer: String(state.layer), head: state.head,
-    query: state.query, token: String(marker ? marker.token : q.token), marked: marker ? `${marker.r},${marker.c}` : "",
+    image: s.imageId, model: store.model, layer: String(s.layer), head: s.head,
+    query: s.query, token: String(marker ? marker.token : q.token), marked: marker ? `${marker.r},${marker.c}` : "",
     cells: tokens.grid.join(","), stage: tokens.window ? String(tokens.stage) : "",
     window: tokens.window ? tokens.window.join(",") : "", shift: tokens.window ? tokens.shift.join(",") : "",
-    min: String(range.min), max: String(range.max), colormap: state.colormap,
-    opacity: String(state.opacity), grid: state.showGrid ? "1" : "0",
-    drop: state.drop, dropped: dropped.join(","), patchSum: String(patchSum(row, tokens)),
+    min: String(range.min), max: String(range.max), colormap: s.colormap,
+    opacity: String(s.opacity), grid: s.showGrid ? "1" : "0",
+    drop: s.drop, dropped: dropped.join(","), patchSum: String(patchSum(row, tokens)),
     artifacts: rings.join(","),
-    temperature: String(state.temperature), // #15
-    rollout: state.head === "rollout" ? `${state.rollout.start},${state.rollout.fusion},${state.rollout.discard}` : "",
+    temperature: String(s.temperature),
+    rollout: s.head === "rollout" ? `${s.rollout.start},${s.rollout.fusion},${s.rollout.discard}` : "",
   });
-  if (state.mask) {
+  if (s.mask) {
     canvas.dataset.maskPatches = String(range.maskCount);
-    canvas.dataset.maskFraction = String(state.massFraction);
+    canvas.dataset.maskFraction = String(s.massFraction);
     $("mass-count").textContent = `${range.maskCount} of ${tokens.grid[0] * tokens.grid[1]} patches`;
   } else {
     delete canvas.dataset.maskPatches;
@@ -64,50 +80,52 @@ export function renderViewer(store) {
     $("mass-count").textContent = "";
   }
   cbar.hidden = false;
-  paintColorbar($("colorbar"), state.colormap);
+  paintColorbar($("colorbar"), s.colormap);
   $("cb-min").textContent = fmt(range.min);
   $("cb-max").textContent = fmt(range.max);
   const stage = tokens.window ? ` (stage ${tokens.stage})` : "";
-  $("view-title").textContent = `Layer ${state.layer}${stage} · ${headLabel(state.head)} · query ${queryLabel(state.query)}`;
-  $("explain").textContent = explanation(q, row, tokens, marker) + windowNote(state.meta, state.layer, marker)
-    + extras(dropped, range.maskCount, rings)
-    + (state.temperature === 1 ? "" : ` Softmax temperature T = ${state.temperature}: every map is `
-      + "softmax(QKᵀ/(√d·T)), sharper below 1, flatter above (set it here or in Inside a head)."); // #15
+  $("view-title").textContent = `Layer ${s.layer}${stage} · ${headLabel(s.head)} · query ${queryLabel(s.query, s.meta.tokens)}`;
+  $("explain").textContent = explanation(s, q, row, tokens, marker) + windowNote(s.meta, s.layer, marker)
+    + extras(s, dropped, range.maskCount, rings)
+    + (s.temperature === 1 ? "" : ` Softmax temperature T = ${s.temperature}: every map is `
+      + "softmax(QKᵀ/(√d·T)), sharper below 1, flatter above (set it here or in Inside a head).");
 }
 
 /** What the drop, mask and ring options add to the picture, in words. */
-function extras(dropped, maskCount, rings) {
+function extras(s, dropped, maskCount, rings) {
   let out = "";
-  const noArtifacts = !rings.length && (state.drop === "artifacts" || state.drop === "both");
+  const parts = dropParts(s.drop);
+  const noArtifacts = !rings.length && parts.artifacts;
   if (dropped.length) {
-    const what = state.drop === "both" ? (noArtifacts ? "prefix; the image has no artifact tokens" : "prefix and artifacts") : state.drop;
+    const what = parts.prefix && parts.artifacts
+      ? (noArtifacts ? "prefix; the image has no artifact tokens" : "prefix and artifacts") : s.drop;
     out += ` Key tokens ${dropped.join(", ")} are dropped (${what}) and the row is renormalised over the others.`;
   } else if (noArtifacts) {
     out += " This image has no artifact tokens to drop.";
   }
-  if (state.mask) {
-    out += ` The white outline holds the ${maskCount} patches that carry ${Math.round(state.massFraction * 100)}% `
+  if (s.mask) {
+    out += ` The white outline holds the ${maskCount} patches that carry ${Math.round(s.massFraction * 100)}% `
       + "of the row's attention over the patches (DINO mass threshold).";
   }
   if (rings.length) out += ` Orange rings mark the ${rings.length} high-norm artifact token${rings.length > 1 ? "s" : ""}.`;
   return out;
 }
 
-function explanation(q, row, tokens, marker) {
-  const { H } = dims();
-  const who = `row q = ${queryLabel(state.query)} (token ${marker ? marker.token : q.token})`;
-  const l = state.layer;
+function explanation(s, q, row, tokens, marker) {
+  const { H } = dims(s.meta, s.layer);
+  const who = `row q = ${queryLabel(s.query, s.meta.tokens)} (token ${marker ? marker.token : q.token})`;
+  const l = s.layer;
   const over = tokens.window ? "over the window's cells" : "of the row";
   const tail = ` Colours run from the map's minimum to its maximum over the patches (colour bar); `
     + `normalised entropy ${over} ${normEntropy(row, keyCount(tokens)).toFixed(3)}.`;
-  if (state.head === "mean") {
+  if (s.head === "mean") {
     return `Mean over the ${H} heads of ${who} of softmax(QKᵀ/√d) for layer ${l}.${tail}`;
   }
-  if (state.head === "max") {
+  if (s.head === "max") {
     return `Element-wise maximum over the ${H} heads of ${who} of softmax(QKᵀ/√d) for layer ${l}.${tail}`;
   }
-  if (state.head === "rollout") {
-    const { start, fusion, discard } = state.rollout;
+  if (s.head === "rollout") {
+    const { start, fusion, discard } = s.rollout;
     if (l < start) {
       return `Attention rollout of ${who} starts at layer ${start}; before it the product is empty (the identity), `
         + `so the query only "attends" to itself.${tail}`;
@@ -118,42 +136,47 @@ function explanation(q, row, tokens, marker) {
       + `it follows attention through the residual stream.${tail}`;
   }
   if (tokens.window) {
-    return `${who} of the windowed softmax for layer ${l}, head ${state.head}: how much cell q attends to each cell `
+    return `${who} of the windowed softmax for layer ${l}, head ${s.head}: how much cell q attends to each cell `
       + "of its window (the row sums to 1 over the window, less where the window hangs over the padded edge "
       + `of the grid: the rest went to the padding).${tail}`;
   }
-  return `${who} of softmax(QKᵀ/√d) for layer ${l}, head ${state.head}: how much token q attends to each `
+  return `${who} of softmax(QKᵀ/√d) for layer ${l}, head ${s.head}: how much token q attends to each `
     + `patch (the row sums to 1 over all tokens, prefix tokens included).${tail}`;
 }
 
-/** The text under the pointer: cell, token and value of the shown row. */
-export function renderReadout(store, cell) {
+/** The text under the pointer: cell, token and value of the shown row (cell: {r, c} or null). */
+export function renderReadout(s, cell) {
   const el = $("readout");
+  const store = s.store;
   if (!cell || !store) {
     el.textContent = "";
     return;
   }
-  const t = tokensAt(state.layer);
-  const at = stageCell(state.meta, cell, state.layer); // windowed: the stage's cell under the pointer
+  const t = tokensAt(s.meta, s.layer);
+  const at = stageCell(s.meta, cell, s.layer); // windowed: the stage's cell under the pointer
   const token = t.num_prefix + at.r * t.grid[1] + at.c;
-  const row = shownRow(store, state.query, state.layer, state.head, t, state.drop);
+  const row = shownRow(store, selection(s));
   const what = t.window ? `cell (${at.r}, ${at.c}) of stage ${t.stage}` : `patch (${cell.r}, ${cell.c})`;
   el.textContent = `${what} · token ${token} · ${row ? fmt(row[token]) : "…"}`;
 }
 
-/** Prefix tokens (CLS, registers, distillation) with the current row's value at their index. */
-export function renderPrefixList(store, onPick) {
+/**
+ * Prefix tokens (CLS, registers, distillation) with the current row's value at their index;
+ * onPick(query) on a click.
+ */
+export function renderPrefixList(s, onPick) {
   const list = $("prefix-list");
   const total = $("prefix-total");
-  if (!store || !state.meta) {
+  const store = s.store;
+  if (!store || !s.meta) {
     list.replaceChildren();
     total.textContent = "";
-    renderArtifactList(null, onPick);
+    renderArtifactList(s, onPick);
     return;
   }
-  const t = tokensAt(state.layer);
-  const row = shownRow(store, state.query, state.layer, state.head, t, state.drop);
-  renderArtifactList(store, onPick, row);
+  const t = tokensAt(s.meta, s.layer);
+  const row = shownRow(store, selection(s));
+  renderArtifactList(s, onPick, row);
   if (t.num_prefix === 0) {
     const li = document.createElement("li");
     li.className = "prefix-none";
@@ -162,15 +185,16 @@ export function renderPrefixList(store, onPick) {
     total.textContent = "";
     return;
   }
-  const q = parseQuery(state.query);
-  const dropped = droppedTokens(store, t, state.drop);
+  const q = parseQuery(s.query, t);
+  const dropped = droppedTokens(store, t, s.drop);
   let mass = 0;
   const items = t.prefix.map((p) => {
     const v = row ? row[p.index] : null;
     if (v !== null) mass += v;
     const isQuery = q && q.kind !== "patch" && q.token === p.index;
+    const name = prefixLabel(p.index, t);
     const b = tokenButton({
-      name: prefixLabel(p.index), index: p.index, value: v, title: `Use ${prefixLabel(p.index)} as the query row`,
+      name, index: p.index, value: v, title: `Use ${name} as the query row`,
       onClick: () => onPick(p.kind === "cls" ? "cls" : `tok:${p.index}`),
     });
     b.dataset.kind = p.kind;
@@ -221,10 +245,11 @@ function tokenButton({ name, index, value, title, onClick, extra = null }) {
 }
 
 /** High-norm artifact tokens of the last layer (from the stats), with their norm and row value. */
-function renderArtifactList(store, onPick, row = null) {
+function renderArtifactList(s, onPick, row = null) {
   const list = $("artifact-list");
   const note = $("artifact-note");
-  if (!store || !state.meta) {
+  const store = s.store;
+  if (!store || !s.meta) {
     list.replaceChildren();
     note.textContent = "";
     return;
@@ -240,11 +265,11 @@ function renderArtifactList(store, onPick, row = null) {
     note.textContent = store.isLoading("stats") ? "Looking for high-norm tokens…" : "";
     return;
   }
-  const t = state.meta.tokens;
+  const t = s.meta.tokens;
   const a = st.artifacts || {};
   const toks = artifactTokens(store);
   const norms = Array.isArray(a.norms) ? a.norms : [];
-  const dropped = droppedTokens(store, t, state.drop);
+  const dropped = droppedTokens(store, t, s.drop);
   const thr = Number.isFinite(a.threshold) ? a.threshold.toFixed(1) : "?";
   note.textContent = toks.length
     ? `Patches whose output norm at layer ${a.layer} is above ${thr} (robust z-score > 6): register-like sinks.`

@@ -1,18 +1,52 @@
-// The page's views ("Attention maps" and any other panel behind a tab): a tab button
-// [data-view-tab=NAME] shows the panel [data-view-panel=NAME]. The shown view is state.view
-// and travels in the URL (?view=NAME), so a shared link opens the same view.
+// The page's views: "Attention maps" and any other panel behind a tab. A tab button
+// [data-view-tab=NAME] shows the panel [data-view-panel=NAME]. The shown view is state.view and
+// travels in the URL (?view=NAME), so a shared link opens the same view.
+//
+// Where a view plugs in (four places; learn.js and ablation.js wrap modules that still keep
+// their answers in module variables: a new view should keep them in state.NAME instead):
+//   1. templates/index.html: a <button data-view-tab=NAME data-testid=NAME-tab> in the tab bar
+//      and a <section data-view-panel=NAME hidden> panel (its elements get data-testids);
+//   2. a module NAME.js exporting a view object (below);
+//   3. one entry in VIEWS here;
+//   4. its own part of the state, if it has any: state.NAME = {...} in state.js (answers it
+//      fetched, what it shows); it writes it with act.setIn(NAME, patch) from its controls and
+//      in need() when answers arrive. URL fields go in syncUrl/readUrl (state.js).
+// A view object: {
+//   name,                  // its NAME
+//   render(s, act, shown), // draw the panel from the state `s` (read only); called on every
+//                          //   change, shown or not (return early when !shown if the drawing
+//                          //   is heavy); `act` holds the actions (actions.js)
+//   renderSlow?(s, act),   // heavier drawing of the shown view, coalesced (charts)
+//   bind?(act),            // wire the panel's own controls once at start
+//   need?(s, app),         // the shown view only: start the requests it lacks after a render;
+//                          //   app.update() re-renders when an answer is in, app.fail(e, retry);
+//                          //   returns whether it started one (the loading state shows at once)
+// }
+// The sidebar (layer, head, query, display options) and the error banner are shared by every
+// view; a view reads s.layer, s.head, s.query like the maps do.
 
-import { state } from "./state.js";
+import { ablationView } from "./ablation.js";
+import { learnView } from "./learn.js";
+import { mapsView } from "./maps.js";
+
+export const VIEWS = [mapsView, learnView, ablationView];
 
 /** The view names the page has, in tab order. */
 export function viewNames() {
   return [...document.querySelectorAll("[data-view-tab]")].map((b) => b.dataset.viewTab);
 }
 
-/** Show the panel of state.view and mark its tab (render only: reads state, writes the DOM). */
-export function renderViews() {
+/** The view object shown for state `s` (the first tab when s.view names none). */
+export function shownView(s) {
   const names = viewNames();
-  const view = names.includes(state.view) ? state.view : names[0];
+  const name = names.includes(s.view) ? s.view : names[0];
+  return VIEWS.find((v) => v.name === name) || null;
+}
+
+/** Show the panel of s.view and mark its tab (reads the state, writes the DOM). */
+export function renderViews(s) {
+  const names = viewNames();
+  const view = names.includes(s.view) ? s.view : names[0];
   for (const b of document.querySelectorAll("[data-view-tab]")) {
     const on = b.dataset.viewTab === view;
     b.setAttribute("aria-selected", on ? "true" : "false");
@@ -22,13 +56,9 @@ export function renderViews() {
   document.body.dataset.view = view;
 }
 
-/** Wire the tab buttons: a click sets state.view and calls onChange (the page's render). */
-export function bindViews(onChange) {
+/** Wire the tab buttons: a click asks for that view (act.setView). */
+export function bindViews(act) {
   for (const b of document.querySelectorAll("[data-view-tab]")) {
-    b.addEventListener("click", () => {
-      if (state.view === b.dataset.viewTab) return;
-      state.view = b.dataset.viewTab;
-      onChange();
-    });
+    b.addEventListener("click", () => act.setView(b.dataset.viewTab));
   }
 }

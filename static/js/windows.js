@@ -54,14 +54,6 @@ export function stageCell(meta, cell, layer) {
   return { kind: "patch", r, c, token: r * s.grid[1] + c };
 }
 
-/** The API's `query` for a stage: the stage's cell under the stage-0 cell of `patch:R,C`. */
-export function stageQuery(meta, query, stage) {
-  const m = /^patch:(\d+),(\d+)$/.exec(query);
-  if (!m) return query;
-  const cell = stageCell(meta, { r: Number(m[1]), c: Number(m[2]) }, stage.layers[0]);
-  return `patch:${cell.r},${cell.c}`;
-}
-
 /** Runs of consecutive values, as [start, end) pairs: [5, 6, 0, 1] -> [[5, 7], [0, 2]]. */
 function runs(values) {
   const out = [];

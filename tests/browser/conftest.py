@@ -62,9 +62,9 @@ def guard(base_url) -> Guard:
     return Guard(origin=base_url)
 
 
-@pytest.fixture
-def page(browser, base_url, guard, request, pace):
-    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+def guarded_context(browser, base_url, guard, viewport, pace):
+    """A browser context whose pages report to ``guard`` and may only reach the test server."""
+    context = browser.new_context(viewport=viewport, accept_downloads=True)
     host = urlsplit(base_url).hostname
 
     def route(r):
@@ -75,28 +75,66 @@ def page(browser, base_url, guard, request, pace):
         return r.abort()
 
     context.route("**/*", route)
-    pg = context.new_page()
-    pg.on("console", lambda m: guard.console_errors.append(m.text) if m.type == "error" else None)
-    pg.on("pageerror", lambda e: guard.page_errors.append(str(e)))
 
     def on_dialog(d):
         guard.dialogs.append(d.message)
         d.dismiss()
 
-    pg.on("dialog", on_dialog)
-    pg.set_default_timeout(pace.s(30) * 1000)  # 30 s on the quiet development machine
-    yield pg
-    try:
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            ARTIFACTS.mkdir(exist_ok=True)
-            pg.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}.png"), full_page=True)
-    finally:
-        context.close()
+    def on_page(pg):
+        pg.on("console", lambda m: guard.console_errors.append(m.text) if m.type == "error" else None)
+        pg.on("pageerror", lambda e: guard.page_errors.append(str(e)))
+        pg.on("dialog", on_dialog)
+        pg.set_default_timeout(pace.s(30) * 1000)  # 30 s on the quiet development machine
+
+    context.on("page", on_page)
+    return context
+
+
+def check_guard(guard: Guard) -> None:
     assert not guard.external, f"requests to other hosts: {guard.external}"
     assert not guard.page_errors, f"uncaught page errors: {guard.page_errors}"
     assert not guard.dialogs, f"dialogs fired: {guard.dialogs}"
     assert not guard.unexpected_console_errors(), f"console errors: {guard.unexpected_console_errors()}"
+
+
+def _screenshot_if_failed(request, pg, name: str) -> None:
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        ARTIFACTS.mkdir(exist_ok=True)
+        pg.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}{name}.png"), full_page=True)
+
+
+@pytest.fixture
+def page(browser, base_url, guard, request, pace):
+    context = guarded_context(browser, base_url, guard, VIEWPORT, pace)
+    pg = context.new_page()
+    yield pg
+    try:
+        _screenshot_if_failed(request, pg, "")
+    finally:
+        context.close()
+    check_guard(guard)
+
+
+@pytest.fixture
+def page_at(browser, base_url, guard, request, pace):
+    """Open guarded pages at other viewports: ``page_at(390, 844)`` (a phone) gives a new page."""
+    contexts = []
+
+    def make(width: int, height: int):
+        context = guarded_context(browser, base_url, guard, {"width": width, "height": height}, pace)
+        contexts.append((context, f"-{width}x{height}"))
+        return context.new_page()
+
+    yield make
+    try:
+        for context, name in contexts:
+            for pg in context.pages:
+                _screenshot_if_failed(request, pg, name)
+    finally:
+        for context, _ in contexts:
+            context.close()
+    check_guard(guard)
 
 
 @pytest.hookimpl(hookwrapper=True)

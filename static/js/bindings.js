@@ -1,0 +1,113 @@
+// Bindings: the events of every control of the page, each turned into an action (actions.js).
+// Image intake (file, drop, paste, samples, model) is in intake.js.
+
+import { actions as act, update } from "./actions.js";
+import { SIDES, sideData } from "./compare.js";
+import { $, debounce, fmtTemperature } from "./dom.js";
+import { downloadMapPng } from "./export.js";
+import { sliderTemperature } from "./learn.js";
+import { resized } from "./maps.js";
+import { cellAt } from "./overlay.js";
+import { mapQuery, state } from "./state.js";
+import { renderReadout } from "./viewer.js";
+import { VIEWS, bindViews } from "./views.js";
+
+const DISCARD_REST_MS = 150; // the rollout's discard slider asks the server once it rests
+const RESIZE_REST_MS = 80;
+
+function bindControls() {
+  $("layer").addEventListener("input", (e) => act.pick(Number(e.target.value), state.head));
+  $("head").addEventListener("change", (e) => act.pick(state.layer, e.target.value));
+  $("query-mode").addEventListener("change", (e) => act.setQueryMode(e.target.value));
+  $("hover-toggle").addEventListener("change", (e) => act.set({ hover: e.target.checked }));
+  $("opacity").addEventListener("input", (e) => act.set({ opacity: Number(e.target.value) }));
+  $("colormap").addEventListener("change", (e) => act.set({ colormap: e.target.value }));
+  $("patch-grid-toggle").addEventListener("change", (e) => act.set({ showGrid: e.target.checked }));
+  $("smooth-toggle").addEventListener("change", (e) => act.set({ smooth: e.target.checked }));
+  // The maps' temperature: the number follows the drag, the maps the release (one request).
+  const mapT = $("map-temperature");
+  mapT.addEventListener("input", () => { $("map-temperature-out").textContent = fmtTemperature(sliderTemperature(mapT)); });
+  mapT.addEventListener("change", () => act.setTemperature(sliderTemperature(mapT)));
+  $("download-png").addEventListener("click", () => downloadMapPng(state).catch((e) => act.showError(e)));
+  $("error-close").addEventListener("click", () => act.clearError());
+
+  // analysis tools: mass mask, attention sinks, rollout options, chart modes
+  $("mass-toggle").addEventListener("change", (e) => act.set({ mask: e.target.checked }));
+  $("mass-slider").addEventListener("input", (e) => {
+    act.set({ massFraction: Math.max(0.1, Math.min(0.95, Number(e.target.value))) });
+  });
+  $("drop-tokens").addEventListener("change", (e) => act.set({ drop: e.target.value }));
+  $("rollout-start").addEventListener("change", (e) => act.setRollout({ start: Number(e.target.value) }));
+  $("head-fusion").addEventListener("change", (e) => act.setRollout({ fusion: e.target.value }));
+  const discard = debounce((v) => act.setRollout({ discard: Math.max(0, Math.min(0.95, v)) }), DISCARD_REST_MS);
+  $("discard-ratio").addEventListener("input", (e) => {
+    $("discard-out").textContent = `${Math.round(Number(e.target.value) * 100)}%`;
+    discard(Number(e.target.value));
+  });
+  $("entropy-kind").addEventListener("change", (e) => act.setChart({ entropyKind: e.target.value }));
+  $("sink-kind").addEventListener("change", (e) => act.setChart({ sinkKind: e.target.value }));
+  $("similarity-kind").addEventListener("change", (e) => act.setChart({ simKind: e.target.value }));
+}
+
+function bindCompare() {
+  $("compare-toggle").addEventListener("change", (e) => act.setCompare(e.target.checked));
+  $("compare-mode").addEventListener("change", (e) => act.setCompareMode(e.target.value));
+  for (const name of SIDES) {
+    $(`compare-${name}-image`).addEventListener("change", (e) => act.setSide(name, { image: e.target.value }));
+    $(`compare-${name}-layer`).addEventListener("change", (e) => act.setSide(name, { layer: Number(e.target.value) }));
+    $(`compare-${name}-head`).addEventListener("change", (e) => act.setSide(name, { head: e.target.value }));
+    // A click on a side queries that patch (mapped back onto the shown image's grid).
+    const canvas = $(`compare-${name}`);
+    canvas.addEventListener("click", (e) => {
+      const ctx = sideData(state, state.compare[name]);
+      const cell = ctx && cellAt(canvas, e, ctx.tokens);
+      if (cell) act.setQuery(mapQuery(`patch:${cell.r},${cell.c}`, ctx.tokens, state.meta.tokens));
+    });
+  }
+}
+
+function bindOverlay() {
+  const canvas = $("overlay");
+  canvas.addEventListener("click", (e) => {
+    const cell = state.meta && cellAt(canvas, e, state.meta.tokens);
+    if (cell) act.setQuery(`patch:${cell.r},${cell.c}`);
+  });
+  canvas.addEventListener("pointermove", (e) => {
+    const cell = state.meta && cellAt(canvas, e, state.meta.tokens);
+    renderReadout(state, cell);
+    if (cell && (state.hover || e.shiftKey)) act.setQuery(`patch:${cell.r},${cell.c}`);
+  });
+  canvas.addEventListener("pointerleave", () => renderReadout(state, null));
+}
+
+function bindKeys() {
+  document.addEventListener("keydown", (e) => {
+    if (e.ctrlKey || e.metaKey || e.altKey || !state.store) return;
+    const t = e.target;
+    if (t && t.closest && t.closest("select, textarea, input:not([type=checkbox]):not([type=file]), [contenteditable]")) return;
+    const keys = {
+      ArrowUp: () => act.stepLayer(1), ArrowDown: () => act.stepLayer(-1),
+      ArrowRight: () => act.stepHead(1), ArrowLeft: () => act.stepHead(-1),
+      Escape: () => act.resetQuery(),
+    };
+    if (keys[e.key]) {
+      e.preventDefault();
+      keys[e.key]();
+    }
+  });
+}
+
+/** Wire every control once; the views wire their own panels (view.bind). */
+export function bindAll() {
+  bindViews(act);
+  bindControls();
+  bindCompare();
+  bindOverlay();
+  bindKeys();
+  for (const view of VIEWS) if (view.bind) view.bind(act);
+  const onResize = debounce(() => {
+    resized();
+    update();
+  }, RESIZE_REST_MS);
+  new ResizeObserver(onResize).observe($("viewer"));
+}

@@ -1,0 +1,43 @@
+// Small DOM helpers shared by the views: element lookup, the one way to fill a <select>, and a
+// debounce for work that should wait until a sweep of events rests.
+
+export const $ = (id) => document.getElementById(id);
+
+/**
+ * Give a <select> these options, [[value, label, disabled?], ...]; nothing happens when it
+ * already has them (so an open select is not rebuilt under the pointer). A bare value stands
+ * for [value, value].
+ */
+export function setOptions(select, options) {
+  const opts = options.map((o) => (Array.isArray(o) ? o : [o, o]));
+  const want = opts.map(([v, label, off]) => `${v}\u0000${label}\u0000${off ? 1 : 0}`).join("\u0001");
+  if (select.dataset.options === want) return;
+  select.replaceChildren(...opts.map(([v, label, disabled]) => {
+    const o = document.createElement("option");
+    o.value = String(v);
+    o.textContent = String(label);
+    o.disabled = !!disabled;
+    return o;
+  }));
+  select.dataset.options = want;
+}
+
+/** fn, called once `ms` after the last of a burst of calls (with that call's arguments). */
+export function debounce(fn, ms) {
+  let timer = 0;
+  return (...args) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => fn(...args), ms);
+  };
+}
+
+export function fmtBytes(n) {
+  if (n >= 1024 * 1024) return `${(n / (1024 * 1024)).toFixed(n >= 10 * 1024 * 1024 ? 0 : 1)} MB`;
+  if (n >= 1024) return `${Math.round(n / 1024)} KB`;
+  return `${n} B`;
+}
+
+/** A softmax temperature as the page writes it: 0.32, 1, 2.5, 10. */
+export function fmtTemperature(T) {
+  return T >= 10 || T === Math.round(T) ? String(Number(T.toPrecision(3))) : T.toFixed(2);
+}

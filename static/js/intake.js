@@ -1,0 +1,104 @@
+// Intake: the ways an image comes in. A chosen file, a file dropped anywhere on the page, a
+// pasted picture, a sample button, a model switch, and a shared URL (?image=...). Each one
+// hands the image to fetching.js and brings the result into view.
+
+import { ApiError } from "./api.js";
+import { app } from "./actions.js";
+import { $ } from "./dom.js";
+import { openById, openFile, sampleFile } from "./fetching.js";
+import { state, syncUrl } from "./state.js";
+
+/**
+ * Scroll the status line and the map into view when they are out of sight (on a phone they sit
+ * below the upload box), so that choosing a file visibly does something.
+ */
+function showResult() {
+  const target = $("status");
+  const r = target.getBoundingClientRect();
+  const top = $("topbar").getBoundingClientRect();
+  const sticky = getComputedStyle($("topbar")).position === "sticky" ? top.height : 0;
+  if (r.top >= sticky && r.top < window.innerHeight * 0.6) return;
+  const smooth = !window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+  target.scrollIntoView({ behavior: smooth ? "smooth" : "auto", block: "start" });
+}
+
+export function takeFile(file, sample = null) {
+  if (!file) return;
+  const done = openFile(state, file, app, sample);
+  showResult();
+  return done;
+}
+
+async function takeSample(url) {
+  try {
+    await takeFile(await sampleFile(url), url);
+  } catch (e) {
+    app.fail(e);
+  }
+}
+
+/** Open the image of a shared URL (want: readUrl()'s answer). */
+export function takeShared(want) {
+  return openById(state, want.image, { layer: want.layer, head: want.head, q: want.q }, "Loading the shared view…", app);
+}
+
+/** The model picker: the shown image again with another model. */
+export function switchModel(model) {
+  state.model = model;
+  if (state.imageId) {
+    openById(state, state.imageId, { layer: state.layer, head: state.head, q: state.query },
+      `Computing attention with ${model}…`, app);
+  } else {
+    syncUrl(state); // the model travels in the URL even before an image
+    app.update();
+  }
+}
+
+export function bindIntake() {
+  $("image-input").addEventListener("change", (e) => {
+    const f = e.target.files && e.target.files[0];
+    if (f) takeFile(f);
+    e.target.value = "";
+  });
+  for (const b of document.querySelectorAll("[data-sample]")) {
+    b.addEventListener("click", () => takeSample(b.dataset.sample));
+  }
+  $("model").addEventListener("change", (e) => switchModel(e.target.value));
+
+  document.addEventListener("paste", (e) => {
+    const t = e.target;
+    if (t && t.closest && t.closest("input[type=text], textarea, [contenteditable]")) return;
+    const files = [...((e.clipboardData && e.clipboardData.files) || [])];
+    const file = files.find((f) => f.type.startsWith("image/")) || files[0];
+    if (file) {
+      e.preventDefault();
+      takeFile(file);
+    } else {
+      app.fail(new ApiError(0, "no_image", "The clipboard holds no image: copy a picture, then press Ctrl+V here."));
+    }
+  });
+
+  // Drop anywhere: the page is outlined while a file is dragged over it.
+  let depth = 0;
+  const hasFiles = (e) => e.dataTransfer && [...e.dataTransfer.types].includes("Files");
+  document.addEventListener("dragenter", (e) => {
+    if (!hasFiles(e)) return;
+    depth++;
+    document.body.classList.add("dragging");
+  });
+  document.addEventListener("dragleave", () => {
+    depth = Math.max(0, depth - 1);
+    if (!depth) document.body.classList.remove("dragging");
+  });
+  document.addEventListener("dragover", (e) => {
+    if (hasFiles(e)) e.preventDefault();
+  });
+  document.addEventListener("drop", (e) => {
+    depth = 0;
+    document.body.classList.remove("dragging");
+    if (!hasFiles(e)) return;
+    e.preventDefault();
+    const f = e.dataTransfer.files[0];
+    if (f) takeFile(f);
+  });
+}

@@ -1,0 +1,95 @@
+// The one query parser and the helpers of the state (static/js/state.js), in Node.
+
+import assert from "node:assert/strict";
+import test from "node:test";
+
+import { isRetryable, ApiError } from "../../static/js/api.js";
+import {
+  DROPS, apiQuery, defaultQuery, dims, dropParts, headChoices, mapQuery, markerAt, parseQuery, queryLabel, stageQuery,
+  tokensAt,
+} from "../../static/js/state.js";
+
+const CAT = { count: 385, num_prefix: 1, prefix: [{ index: 0, kind: "cls" }], grid: [16, 24], patch_size: [14, 14] };
+const REGS = {
+  count: 261, num_prefix: 5, grid: [16, 16], patch_size: [14, 14],
+  prefix: [{ index: 0, kind: "cls" }, ...[1, 2, 3, 4].map((i) => ({ index: i, kind: "reg" }))],
+};
+const SIGLIP = { count: 196, num_prefix: 0, prefix: [], grid: [14, 14], patch_size: [16, 16] };
+
+test("parseQuery reads cls, patch:R,C and tok:I against the layout", () => {
+  assert.deepEqual(parseQuery("cls", CAT), { kind: "cls", token: 0 });
+  assert.deepEqual(parseQuery("patch:5,7", CAT), { kind: "patch", r: 5, c: 7, token: 1 + 5 * 24 + 7 });
+  assert.equal(parseQuery("patch:16,0", CAT), null); // off the grid
+  assert.equal(parseQuery("patch:0,24", CAT), null);
+  assert.deepEqual(parseQuery("tok:3", REGS), { kind: "token", token: 3 });
+  assert.equal(parseQuery("tok:5", REGS), null); // a patch is not a prefix token
+  assert.equal(parseQuery("cls", SIGLIP), null); // no CLS token
+  assert.equal(parseQuery("nonsense", CAT), null);
+  assert.equal(parseQuery("cls", null), null);
+});
+
+test("apiQuery spells the API's query parameter", () => {
+  assert.equal(apiQuery("cls", CAT), "cls");
+  assert.equal(apiQuery("patch:2,3", CAT), "patch:2,3");
+  assert.equal(apiQuery("tok:2", REGS), "2");
+});
+
+test("mapQuery puts a patch on the same place of another grid", () => {
+  assert.equal(mapQuery("patch:8,4", CAT, REGS), "patch:8,3"); // (4.5 / 24) * 16 = 3
+  assert.equal(mapQuery("patch:15,23", CAT, REGS), "patch:15,15");
+  assert.equal(mapQuery("cls", CAT, REGS), "cls");
+  assert.equal(mapQuery("patch:1,1", CAT, CAT), "patch:1,1");
+});
+
+test("labels, defaults and head choices", () => {
+  assert.equal(queryLabel("patch:8,3", REGS), "patch (row 8, col 3)");
+  assert.equal(queryLabel("tok:2", REGS), "register 2");
+  assert.equal(defaultQuery(CAT), "cls");
+  assert.equal(defaultQuery(SIGLIP), "patch:7,7");
+  const meta = { layers: [0, 1], heads: [0, 1, 2], tokens: CAT };
+  assert.deepEqual(headChoices(meta), ["0", "1", "2", "mean", "max", "rollout"]);
+  assert.deepEqual(headChoices(null), []);
+});
+
+test("drop has the API's one spelling", () => {
+  assert.deepEqual(DROPS, ["none", "prefix", "artifacts", "prefix,artifacts"]);
+  assert.deepEqual(dropParts("prefix,artifacts"), { prefix: true, artifacts: true });
+  assert.deepEqual(dropParts("artifacts"), { prefix: false, artifacts: true });
+  assert.deepEqual(dropParts("none"), { prefix: false, artifacts: false });
+});
+
+test("only errors a retry can fix are retryable", () => {
+  assert.ok(isRetryable(new ApiError(429, "busy", "")));
+  assert.ok(isRetryable(new ApiError(503, "out_of_memory", "")));
+  assert.ok(isRetryable(new ApiError(504, "timeout", "")));
+  assert.ok(isRetryable(new ApiError(0, "network", "")));
+  assert.ok(!isRetryable(new ApiError(415, "not_an_image", "")));
+  assert.ok(!isRetryable(new ApiError(413, "upload_too_large", "")));
+  assert.ok(!isRetryable(new ApiError(500, "compute_failed", "")));
+  assert.ok(!isRetryable(new ApiError(0, "no_image", "")));
+  assert.ok(!isRetryable(new Error("x")));
+});
+
+// A Swin-like answer: 4 layers in 2 stages, 8 x 8 cells of 4 px then 4 x 4 of 8 px, 2 then 4 heads.
+const SWIN_TOKENS = { count: 64, num_prefix: 0, prefix: [], grid: [8, 8], patch_size: [4, 4], stage: 0, window: [4, 4] };
+const SWIN = {
+  layers: [0], heads: [0, 1], tokens: SWIN_TOKENS, input_size: [32, 32],
+  stages: [
+    { index: 0, layers: [0, 1], grid: [8, 8], heads: 2, cell_size: [4, 4], window: [4, 4], shifts: [[0, 0], [2, 2]], windows: 4, dense: true },
+    { index: 1, layers: [2, 3], grid: [4, 4], heads: 4, cell_size: [8, 8], window: [4, 4], shifts: [[0, 0], [0, 0]], windows: 1, dense: true },
+  ],
+};
+
+test("windowed models: layers of their stage's grid and heads, the query on each stage", () => {
+  assert.deepEqual(dims(SWIN, 0), { L: 4, H: 2, N: 64 });
+  assert.deepEqual(dims(SWIN, 3), { L: 4, H: 4, N: 16 });
+  assert.deepEqual(headChoices(SWIN, 1), ["0", "1", "mean", "max"]); // no rollout across grids
+  assert.deepEqual(headChoices(SWIN, 2), ["0", "1", "2", "3", "mean", "max"]);
+  assert.deepEqual(tokensAt(SWIN, 2).grid, [4, 4]);
+  assert.deepEqual(tokensAt(SWIN, 1).shift, [2, 2]);
+  assert.deepEqual(markerAt(SWIN, "patch:5,3", 0), { kind: "patch", r: 5, c: 3, token: 43 });
+  assert.deepEqual(markerAt(SWIN, "patch:5,3", 3), { kind: "patch", r: 2, c: 1, token: 9 });
+  assert.equal(stageQuery(SWIN, "patch:5,3", SWIN.stages[1]), "patch:2,1");
+  assert.equal(stageQuery(SWIN, "patch:9,0", SWIN.stages[1]), "patch:9,0"); // off the grid: as it is
+  assert.equal(markerAt(SWIN, "cls", 0), null);
+});
