@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # worker
     max_batch_size: int = 8
     max_wait_ms: float = 5.0
-    max_queue: int = Field(32, description="requests admitted at once (decoding, queued or computing); more get 429")
+    max_queue: int = Field(32, description="uploads admitted at once (decoding, queued or computing); more get 429")
     request_timeout_s: float = 60.0
     shutdown_grace_s: float = 20.0
 
