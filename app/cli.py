@@ -63,12 +63,19 @@ def _serve(args) -> int:
     stop_signals = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
+    from .web.protocol import protocol_class
+
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+        # h11 bounds the request line and headers; the subclass adds 431, header and send
+        # timeouts (app/web/protocol.py).
+        http=protocol_class(settings.max_header_bytes, settings.header_timeout_s, settings.send_timeout_s),
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+        timeout_keep_alive=settings.keep_alive_s,
     )
     return 0
 

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # worker
     max_batch_size: int = 8
     max_wait_ms: float = 5.0
-    max_queue: int = Field(32, description="requests admitted at once (decoding, queued or computing); more get 429")
+    max_queue: int = Field(32, description="uploads admitted at once (decoding, queued or computing); more get 429")
     request_timeout_s: float = 60.0
     shutdown_grace_s: float = 20.0
 
@@ -56,6 +56,31 @@ class Settings(BaseSettings):
     max_image_pixels: int = 40_000_000
     max_aspect: float = 3.0
     resize: Literal["aspect", "square"] = "aspect"
+
+    # admission and resource bounds (app/serving/admission.py; README "Resource limits")
+    max_follow_ups: int = Field(
+        16, description="follow-up requests (cached GETs, stats) admitted at once, besides uploads; more get 429"
+    )
+    max_heavy: int = Field(2, description="heavy requests (ablation) admitted at once; more get 429")
+    max_decodes: int = Field(2, description="pictures decoded at once (the others wait their turn)")
+    decode_budget_bytes: int = Field(
+        512 * 1024 * 1024,
+        description="estimated peak memory of the decodes in progress; a picture over it alone gets 413, "
+        "one that does not fit beside the others 429",
+    )
+    max_json_bytes: int = Field(
+        64 * 1024 * 1024, description="JSON answers estimated over this are refused (413 answer_too_large)"
+    )
+    large_answer_bytes: int = Field(8 * 1024 * 1024, description="answers of this size or more are 'large'")
+    max_large_answers: int = Field(4, description="large answers being built or sent at once; more get 429")
+
+    # HTTP (uvicorn; app/web/protocol.py)
+    max_header_bytes: int = Field(32 * 1024, description="request line and headers together; more is refused with 431")
+    header_timeout_s: float = Field(10.0, description="a request's line and headers must arrive within this")
+    keep_alive_s: int = Field(5, description="idle keep-alive connections are closed after this")
+    send_timeout_s: float = Field(
+        60.0, description="a connection whose reader takes nothing for this long while an answer waits is closed"
+    )
 
     # results cache
     cache_bytes: int = Field(

@@ -36,9 +36,10 @@ def rollout(att: ImageAttention | WindowedAttention, sel: Selection) -> torch.Te
     Returns:
         ``[layers, 1, queries, N]`` float32, on the host.
     """
-    start = sel.rollout_start % att.num_layers if sel.rollout_start < 0 else sel.rollout_start
-    if not 0 <= start < att.num_layers:
-        raise SelectionError(f"rollout_start {sel.rollout_start} is out of range for {att.num_layers} layers")
+    n = att.num_layers
+    if not -n <= sel.rollout_start < n:  # negative counts from the end, once: -1000 does not wrap
+        raise SelectionError(f"rollout_start {sel.rollout_start} is out of range for {n} layers (valid: {-n}..{n - 1})")
+    start = sel.rollout_start % n
     if min(sel.layers) < start:
         raise SelectionError(f"rollout: layers before rollout_start={start} have no rollout; select layers >= {start}")
     N = att.tokens_at(start)  # windowed models: the selection keeps the rollout in one stage

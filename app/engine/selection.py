@@ -5,6 +5,9 @@ Grammar (each a comma-separated list; whitespace ignored):
                     ``A-B`` (inclusive range; ``-3--1`` is the last three)
     query:          ``cls`` (row of the first prefix token) | ``all`` | token indices ``0,17,-1``
                     | ``patch:R,C`` (grid cell; several as ``patch:R,C;R,C``)
+
+Numbers are ASCII digits only: other Unicode digits (``٣``, ``３``), which ``int()`` would
+read, are refused like any other character the grammar does not have.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class StageSpanError(SelectionError):
     code = "layers_span_stages"
 
 
-_ITEM = re.compile(r"^(-?\d{1,6})(?:-(-?\d{1,6}))?$")
+_ITEM = re.compile(r"^(-?[0-9]{1,6})(?:-(-?[0-9]{1,6}))?$")
 MAX_SPEC = 4096
 
 
@@ -90,7 +93,7 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
         gh, gw = layout.grid
         rows = []
         for cell in spec[len("patch:") :].replace(" ", "").split(";"):
-            m = re.fullmatch(r"(-?\d{1,6}),(-?\d{1,6})", cell)
+            m = re.fullmatch(r"(-?[0-9]{1,6}),(-?[0-9]{1,6})", cell)
             if not m:
                 raise SelectionError(f"query: cannot read patch {cell!r}; use patch:ROW,COL")
             r, c = int(m.group(1)), int(m.group(2))
@@ -100,7 +103,7 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
         return list(dict.fromkeys(rows))
     rows = []
     for raw in spec.replace(" ", "").split(","):
-        if not re.fullmatch(r"-?\d{1,7}", raw):
+        if not re.fullmatch(r"-?[0-9]{1,7}", raw):
             raise SelectionError(f"query: cannot read {raw!r}; use cls, all, token indices or patch:ROW,COL")
         v = int(raw)
         if not -n <= v < n:

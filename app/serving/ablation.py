@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 import torch
-from starlette.concurrency import run_in_threadpool
 
 from ..engine import importance as imp
 from ..engine.ablation import Ablation, ablate_text, parse_ablate, refuse_windowed
@@ -90,7 +89,8 @@ class AblationService:
         upload = self.svc.upload_of(image_id)
         if upload is None:
             return None
-        return await run_in_threadpool(self.svc._prepare, upload.data, lm)
+        # Within the decode budget, like every decode (service.decode).
+        return await self.svc.decode(upload.data, self.svc._fit(lm), lambda dec: self.svc._prepare(dec, lm))
 
     def _on_device(self, lm: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         return pixels[None].to(self.svc.registry.device)

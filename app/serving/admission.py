@@ -1,48 +1,331 @@
-"""Admission: how many requests may hold the server's resources at once, checked in one place.
+"""Admission: every resource a request may hold, and how much of it, decided in one place.
 
-A slot is taken before a request's body is read (routes take it through the ``AdmitDep``
-dependency), so a burst is refused with 429 before it costs a decode or a forward.
+Requests come in three classes, each with its own pool of slots, so that one kind of traffic
+cannot starve another:
+
+* ``upload`` (POST /api/v1/attention): a new picture; decodes, runs a forward, answers.
+  ``HEADSCOPE_MAX_QUEUE`` slots (32).
+* ``follow_up`` (GET /api/v1/attention/{id}, .../stats, .../explain, .../output, /api/v1/images/{id}): a
+  question about a picture already sent; cheap worker time (slicing, statistics).
+  ``HEADSCOPE_MAX_FOLLOW_UPS`` slots (16).
+* ``heavy`` (GET .../importance, .../pruning): seconds of worker time each.
+  ``HEADSCOPE_MAX_HEAVY`` slots (2).
+
+A slot is taken before the request's body is read (routes take it through the ``AdmitUpload``,
+``AdmitFollowUp`` or ``AdmitHeavy`` dependency in ``app/web/deps.py``); a full pool answers 429
+with ``Retry-After`` at once, before the request costs a decode or a forward. The slot is held
+until the answer has been sent.
+
+Taking a slot also gives the request a :class:`Ticket`: its class, its priority on the worker
+thread (uploads first, then follow-ups, then heavy work; see ``worker.py``) and its deadline
+(``HEADSCOPE_REQUEST_TIMEOUT_S`` from admission; an upload's body must arrive by then, and its
+decode and forward get a whole deadline again from when it has). The ticket lives in a context variable, so
+every ``worker.run_in_worker`` call the request makes runs at the request's priority and is
+dropped (504) when the deadline passes before it starts, without the route passing anything.
+
+Two more pools bound memory rather than requests:
+
+* decoding (:meth:`Admission.decoding`): a decode reserves its estimated peak memory (from the
+  image header, see ``images.py``) out of ``HEADSCOPE_DECODE_BUDGET_BYTES`` (512 MiB); a
+  picture whose estimate alone is over the budget is refused with 413 before decoding, one that
+  does not fit next to the decodes in progress gets 429 + Retry-After. At most
+  ``HEADSCOPE_MAX_DECODES`` (2) decode at once; the others wait their turn (holding nothing but
+  their reservation).
+* large answers (:meth:`Admission.large_answer`): answers over ``HEADSCOPE_LARGE_ANSWER_BYTES``
+  (8 MiB) being built or sent, at most ``HEADSCOPE_MAX_LARGE_ANSWERS`` (4) at once; more get 429.
+
+Everything here runs on the event loop only: no locks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+import contextvars
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .metrics import Metrics
 
+if TYPE_CHECKING:
+    from ..config import Settings
+
+UPLOAD = "upload"
+FOLLOW_UP = "follow_up"
+HEAVY = "heavy"
+# Lower runs first on the worker thread.
+PRIORITY = {UPLOAD: 0, FOLLOW_UP: 1, HEAVY: 2}
+MiB = 2**20
+
 
 class QueueFullError(RuntimeError):
-    """Every slot is taken (answered 429 with Retry-After)."""
+    """Every slot of a pool is taken (answered 429 with Retry-After)."""
 
 
-class Admission:
-    """At most ``limit`` requests in progress (decoding, queued, computing or encoding).
+class ClientGone(Exception):
+    """The client went away while its request waited; nothing more is computed for it."""
 
-    Event-loop only: no lock is needed.
+
+class TooLargeToDecode(ValueError):
+    """The header says decoding the picture would take more memory than the budget (413)."""
+
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+@dataclass
+class Ticket:
+    """What an admitted request carries: its class, priority and deadline.
 
     Args:
-        limit: slots.
-        metrics: counts refusals.
+        cls: ``upload``, ``follow_up`` or ``heavy``.
+        deadline: ``time.monotonic()`` by which its worker time must have started (an
+            upload's is counted again from when its body has arrived: :meth:`restart`).
+        is_disconnected: polled while the request waits, to drop work nobody will read.
+        fault: injected fault (tests only): ``sleep:S`` delays each worker call of a
+            follow-up or heavy request by S seconds.
     """
 
-    def __init__(self, limit: int, metrics: Metrics):
-        self.limit = limit
-        self.metrics = metrics
+    cls: str
+    deadline: float
+    is_disconnected: Disconnected | None = None
+    fault: str | None = None
+    timeout_s: float = 60.0
+    admitted: float = field(default_factory=time.monotonic)
+    _releases: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    @property
+    def priority(self) -> int:
+        return PRIORITY[self.cls]
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def restart(self) -> None:
+        """Give the request a whole deadline again, from now (an upload, once its body is in)."""
+        self.deadline = time.monotonic() + self.timeout_s
+
+    def hold(self, pool: Pool) -> None:
+        """Take a slot of ``pool`` (429 when full) until the request is over (answer sent)."""
+        pool.acquire()
+        self._releases.append(pool.release)
+
+    def close(self) -> None:
+        while self._releases:
+            self._releases.pop()()
+
+
+_current: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar("headscope_ticket", default=None)
+
+
+def current_ticket() -> Ticket | None:
+    """The ticket of the request this code runs for, if any."""
+    return _current.get()
+
+
+@contextmanager
+def using(ticket: Ticket | None) -> Iterator[Ticket | None]:
+    """Run the block as ``ticket``'s request (worker calls get its priority and deadline)."""
+    token = _current.set(ticket)
+    try:
+        yield ticket
+    finally:
+        _current.reset(token)
+
+
+class Pool:
+    """At most ``limit`` holders at once; the next one is refused at once.
+
+    Args:
+        name: what it counts, for messages and metrics.
+        limit: slots.
+        metrics: counts refusals (``headscope_rejections_total{reason}``) and use.
+        reason: the refusal's metrics label.
+    """
+
+    def __init__(self, name: str, limit: int, metrics: Metrics, reason: str):
+        self.name, self.limit, self.metrics, self.reason = name, max(1, limit), metrics, reason
         self.in_use = 0
 
     @property
     def full(self) -> bool:
         return self.in_use >= self.limit
 
+    def _gauge(self) -> None:
+        self.metrics.admitted.labels(self.name).set(self.in_use)
+
+    def acquire(self) -> None:
+        """Take a slot, or raise :class:`QueueFullError` at once; :meth:`release` gives it back."""
+        if self.full:
+            self.metrics.rejections.labels(self.reason).inc()
+            raise QueueFullError(f"the server is busy ({self.limit} {self.name} requests in progress); retry shortly")
+        self.in_use += 1
+        self._gauge()
+
+    def release(self) -> None:
+        self.in_use -= 1
+        self._gauge()
+
     @contextmanager
     def slot(self) -> Iterator[None]:
         """Hold one slot for the duration, or raise :class:`QueueFullError` at once."""
-        if self.full:
-            self.metrics.rejections.labels("queue_full").inc()
-            raise QueueFullError(f"the server is busy ({self.limit} requests in progress)")
-        self.in_use += 1
+        self.acquire()
         try:
             yield
         finally:
-            self.in_use -= 1
+            self.release()
+
+
+class DecodePool:
+    """Decodes share a memory budget, and only ``concurrency`` of them run at once.
+
+    Args:
+        budget_bytes: the sum of the estimated peaks of the decodes in progress or waiting.
+        concurrency: decodes running at once (threads); the others wait their turn.
+        metrics: counts refusals.
+    """
+
+    def __init__(self, budget_bytes: int, concurrency: int, metrics: Metrics):
+        self.budget = budget_bytes
+        self.concurrency = max(1, concurrency)
+        self.reserved = 0
+        self.metrics = metrics
+        self._running = asyncio.Semaphore(self.concurrency)
+
+    def check(self, peak_bytes: int) -> None:
+        """Raise :class:`TooLargeToDecode` (413) when ``peak_bytes`` alone is over the budget."""
+        if peak_bytes > self.budget:
+            self.metrics.rejections.labels("decode_too_large").inc()
+            raise TooLargeToDecode(
+                f"decoding this picture would take about {peak_bytes / MiB:,.0f} MiB, over the "
+                f"{self.budget / MiB:,.0f} MiB decode budget; send a smaller picture (fewer pixels or 8-bit colour)"
+            )
+
+    @asynccontextmanager
+    async def reserve(self, peak_bytes: int) -> AsyncIterator[None]:
+        """Reserve ``peak_bytes`` and wait for a decode thread; release both afterwards.
+
+        Raises:
+            TooLargeToDecode: the estimate alone is over the budget (413).
+            QueueFullError: it does not fit next to the decodes in progress (429).
+        """
+        self.check(peak_bytes)
+        if self.reserved + peak_bytes > self.budget:
+            self.metrics.rejections.labels("decode_busy").inc()
+            raise QueueFullError(
+                f"the server is busy decoding other pictures ({self.reserved / MiB:,.0f} MiB in use); retry shortly"
+            )
+        self.reserved += peak_bytes
+        self.metrics.decode_bytes.set(self.reserved)
+        try:
+            async with self._running:
+                yield
+        finally:
+            self.reserved -= peak_bytes
+            self.metrics.decode_bytes.set(self.reserved)
+
+
+class Admission:
+    """All of the server's admission policy: request pools, the decode budget, large answers.
+
+    Args:
+        limit: upload slots (``HEADSCOPE_MAX_QUEUE``). ``limit``, ``in_use``, ``full`` and
+            :meth:`slot` are the upload pool's, as before there were several pools.
+        metrics: counts refusals and use.
+        follow_ups: follow-up slots.
+        heavy: heavy slots.
+        decode_budget_bytes: see :class:`DecodePool`.
+        decodes: decodes running at once.
+        large_answers: large answers in flight at once.
+        large_answer_bytes: from this size on an answer is large.
+        timeout_s: every admitted request's deadline, from admission.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        metrics: Metrics,
+        *,
+        follow_ups: int = 16,
+        heavy: int = 2,
+        decode_budget_bytes: int = 512 * MiB,
+        decodes: int = 2,
+        large_answers: int = 4,
+        large_answer_bytes: int = 8 * MiB,
+        timeout_s: float = 60.0,
+    ):
+        self.metrics = metrics
+        self.pools = {
+            UPLOAD: Pool(UPLOAD, limit, metrics, "queue_full"),
+            FOLLOW_UP: Pool(FOLLOW_UP, follow_ups, metrics, "follow_ups_full"),
+            HEAVY: Pool(HEAVY, heavy, metrics, "heavy_full"),
+        }
+        self.decode = DecodePool(decode_budget_bytes, decodes, metrics)
+        self.large = Pool("large_answer", large_answers, metrics, "large_answers_full")
+        self.large_answer_bytes = large_answer_bytes
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_settings(cls, settings: Settings, metrics: Metrics) -> Admission:
+        return cls(
+            settings.max_queue,
+            metrics,
+            follow_ups=settings.max_follow_ups,
+            heavy=settings.max_heavy,
+            decode_budget_bytes=settings.decode_budget_bytes,
+            decodes=settings.max_decodes,
+            large_answers=settings.max_large_answers,
+            large_answer_bytes=settings.large_answer_bytes,
+            timeout_s=settings.request_timeout_s,
+        )
+
+    # -- the upload pool, under the names it had when it was the only one ------------------
+    @property
+    def limit(self) -> int:
+        return self.pools[UPLOAD].limit
+
+    @property
+    def in_use(self) -> int:
+        return self.pools[UPLOAD].in_use
+
+    @property
+    def full(self) -> bool:
+        return self.pools[UPLOAD].full
+
+    def slot(self) -> AbstractContextManager[None]:
+        """Hold an upload slot (429 at once when none is free)."""
+        return self.pools[UPLOAD].slot()
+
+    # -- requests ----------------------------------------------------------------------------
+    @contextmanager
+    def admit(
+        self, cls: str, is_disconnected: Disconnected | None = None, fault: str | None = None
+    ) -> Iterator[Ticket]:
+        """Hold a slot of ``cls``'s pool and make its :class:`Ticket` current for the block.
+
+        Raises:
+            QueueFullError: the pool is full (429).
+        """
+        with self.pools[cls].slot():
+            ticket = Ticket(cls, time.monotonic() + self.timeout_s, is_disconnected, fault, self.timeout_s)
+            try:
+                with using(ticket):
+                    yield ticket
+            finally:
+                ticket.close()
+
+    def decoding(self, peak_bytes: int):
+        """``async with``: reserve decode memory and a decode thread (see :class:`DecodePool`)."""
+        return self.decode.reserve(peak_bytes)
+
+    def large_answer(self, nbytes: int, ticket: Ticket | None = None) -> None:
+        """Hold a large-answer slot for the rest of the request (until its answer is sent) when
+        the answer is ``nbytes`` or more; 429 when every large-answer slot is taken.
+
+        Outside a request (no ticket: the command line, unit tests) nothing is held.
+        """
+        ticket = ticket or current_ticket()
+        if nbytes >= self.large_answer_bytes and ticket is not None:
+            ticket.hold(self.large)

@@ -17,6 +17,13 @@ class ImageKey:
 
 
 @dataclass(frozen=True)
+class DisplayKey:
+    """The PNG of an upload shown on the page (``GET /api/v1/images/{id}``)."""
+
+    image_id: str
+
+
+@dataclass(frozen=True)
 class CaptureKey:
     """The capture of an image under a model, with heads removed (``ablate``: sorted
     ``(layer, head)`` pairs, empty for the model as it is)."""
@@ -117,6 +124,25 @@ class ByteLRU:
                 self._drop(next(iter(self._data)))
             self._changed()
             return True
+
+    def recharge(self, key: Hashable, size: int) -> bool:
+        """Charge ``key``'s own bytes anew (a value that grew: memoised statistics); evicts
+        least-recently-used entries, ``key`` last, until the total fits. False if it is gone."""
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                return False
+            value, old, shared = item
+            self._data[key] = (value, size, shared)
+            self._bytes += size - old
+            while self._bytes > self.max_bytes and self._data:
+                victim = next(iter(self._data))
+                if victim == key and len(self._data) > 1:
+                    self._data.move_to_end(key)
+                    victim = next(iter(self._data))
+                self._drop(victim)
+            self._changed()
+            return key in self._data
 
     def evict_where(self, predicate: Callable[[Any], bool]) -> int:
         """Drop every value for which ``predicate`` holds; returns the bytes that freed."""

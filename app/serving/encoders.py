@@ -2,7 +2,15 @@
 
 Binary answers are returned as parts — a small header and the array's own buffer — so the
 tensor bytes go from the array to the socket without being copied into a body first (an
-18 MiB full-map answer would otherwise be copied once more, into freshly faulted pages).
+18 MiB full-map answer would otherwise be copied once more, into freshly faulted pages). A
+binary header needs only the shape and dtype (:func:`binary_header`), so large answers can be
+streamed: the header first, then the array's bytes layer by layer (``answers.py``).
+
+The ``X-Headscope-Meta`` header of binary answers is kept under 1 KB (common proxies buffer 4
+to 8 KB of headers in all): :func:`short_meta` leaves out what does not fit (the query rows of
+a ``query=all`` answer, long file names) and says so under ``omitted``; safetensors answers
+carry the whole metadata in their own header, and the JSON answer of the same selection has it
+too.
 """
 
 from __future__ import annotations
@@ -84,18 +92,30 @@ def _raw(array: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(array)).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+ only
 
 
-def safetensors_header(array: np.ndarray, name: str, metadata: dict[str, str]) -> bytes:
+META_HEADER_MAX_BYTES = 1000
+
+
+def safetensors_header(
+    array: np.ndarray | None,
+    name: str,
+    metadata: dict[str, str],
+    shape: tuple[int, ...] | None = None,
+    dtype: np.dtype | None = None,
+) -> bytes:
     """The safetensors prefix for one tensor: u64 little-endian header size, then the JSON header.
 
     Padded with spaces to a multiple of 8 bytes, as the safetensors library writes it, so the
-    tensor data that follows is aligned.
+    tensor data that follows is aligned. Give ``array``, or its ``shape`` and ``dtype``.
     """
+    shape = tuple(array.shape) if array is not None else tuple(shape or ())
+    dtype = np.dtype(array.dtype if array is not None else dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     header = {
         "__metadata__": metadata,
         name: {
-            "dtype": _SAFETENSORS_DTYPES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [0, array.nbytes],
+            "dtype": _SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [0, nbytes],
         },
     }
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -103,11 +123,72 @@ def safetensors_header(array: np.ndarray, name: str, metadata: dict[str, str]) -
     return struct.pack("<Q", len(text)) + text
 
 
-def npy_header(array: np.ndarray) -> bytes:
-    """The ``.npy`` format header for ``array`` (C order)."""
+def npy_header(array: np.ndarray | None, shape: tuple[int, ...] | None = None, dtype: np.dtype | None = None) -> bytes:
+    """The ``.npy`` format header for ``array`` (C order), or for its ``shape`` and ``dtype``."""
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(np.ascontiguousarray(array)))
+    if array is not None:
+        d = np.lib.format.header_data_from_array_1_0(np.ascontiguousarray(array))
+    else:
+        assert shape is not None and dtype is not None
+        d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    np.lib.format.write_array_header_1_0(buf, d)
     return buf.getvalue()
+
+
+# Always kept in the short metadata: a client needs them to read the array.
+_KEPT = ("image_id", "shape", "dtype", "model", "cached")
+
+
+def short_meta(meta: dict[str, Any], limit: int = META_HEADER_MAX_BYTES) -> str:
+    """``meta`` as ASCII JSON of at most ``limit`` bytes, for the ``X-Headscope-Meta`` header.
+
+    The largest fields are left out until it fits, and named under ``omitted`` (the
+    safetensors header and the JSON answer carry everything); ``image_id``, ``shape``,
+    ``dtype``, ``model`` and ``cached`` always stay.
+    """
+    meta = dict(meta)
+    omitted: list[str] = []
+
+    def dumps() -> str:
+        return json.dumps(
+            {**meta, **({"omitted": omitted} if omitted else {})}, ensure_ascii=True, separators=(",", ":")
+        )
+
+    text = dumps()
+    while len(text) > limit:
+        droppable = [k for k in meta if k not in _KEPT]
+        if not droppable:
+            break
+        biggest = max(droppable, key=lambda k: len(json.dumps(meta[k], ensure_ascii=True)))
+        del meta[biggest]
+        omitted.append(biggest)
+        text = dumps()
+    return text
+
+
+def binary_header(fmt: str, meta: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """What precedes the array's bytes in a safetensors or npy answer."""
+    if fmt == "safetensors":
+        meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
+        return safetensors_header(
+            None, "attention", {"headscope": meta_json, "shape": json.dumps(list(shape))}, shape, dtype
+        )
+    if fmt == "npy":
+        return npy_header(None, shape, dtype)
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def binary_headers(fmt: str, meta: dict[str, Any], name: str | None = None) -> dict[str, str]:
+    """The HTTP headers of a binary answer: a download name and the short metadata.
+
+    ``name``: the download name without its extension (``download_stem``); ``attention-<image id>``
+    when not given.
+    """
+    stem = name or f"attention-{meta.get('image_id', 'x')}"
+    return {
+        "Content-Disposition": f'attachment; filename="{stem}.{fmt}"',
+        "X-Headscope-Meta": short_meta(meta),
+    }
 
 
 def encode(
@@ -121,22 +202,13 @@ def encode(
     Returns:
         The body as parts to be sent in order (``b"".join(parts)`` is the whole body), and extra
         response headers. JSON carries the metadata inline with the array under ``attention``;
-        safetensors stores it in the header's ``__metadata__`` (every value a JSON string) and
-        npy answers carry it as the ``X-Headscope-Meta`` header (JSON, ASCII).
+        safetensors stores it in the header's ``__metadata__`` (every value a JSON string); both
+        binary formats carry it, shortened (:func:`short_meta`), as the ``X-Headscope-Meta``
+        header (JSON, ASCII).
     """
     if fmt == "json":
         return [orjson.dumps({**meta, "attention": array}, option=orjson.OPT_SERIALIZE_NUMPY)], {}
-    meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
-    stem = name or f"attention-{meta.get('image_id', 'x')}"
-    if fmt == "safetensors":
-        head = safetensors_header(array, "attention", {"headscope": meta_json, "shape": json.dumps(list(array.shape))})
-        return [head, _raw(array)], {
-            "Content-Disposition": f'attachment; filename="{stem}.safetensors"',
-            "X-Headscope-Meta": meta_json,
-        }
-    if fmt == "npy":
-        return [npy_header(array), _raw(array)], {
-            "Content-Disposition": f'attachment; filename="{stem}.npy"',
-            "X-Headscope-Meta": meta_json,
-        }
+    if fmt in ("safetensors", "npy"):
+        head = binary_header(fmt, meta, tuple(array.shape), array.dtype)
+        return [head, _raw(array)], binary_headers(fmt, meta, name)
     raise ValueError(f"unknown format {fmt!r}")

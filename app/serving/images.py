@@ -1,22 +1,81 @@
-"""Bytes -> RGB picture -> normalised tensor on the model's patch grid.
+"""Bytes -> RGB picture -> normalised tensor on the model's patch grid, in bounded memory.
 
 Colour rule (documented in the README): EXIF orientation is applied; the first frame of an
 animation is used; transparency is composited over white; 16-bit and 32-bit integer greyscale is
 scaled by 1/257 (full 16-bit range to 0..255, values clipped); float greyscale is min-max
 stretched; every other mode goes through Pillow's own conversion to RGB (CMYK, YCbCr, LAB, P, L, 1).
+
+Memory. Decoding happens in two steps so that the server can refuse a picture before it costs
+anything: :func:`probe` reads only the header and estimates the decode's peak memory
+(:func:`peak_bytes`), and :func:`load` decodes. The pipeline keeps that peak close to the
+decoded picture itself:
+
+* **early reduction**: a picture more than ``GAP`` (3) times larger than what it will be
+  resized to, along an axis, is first shrunk by an integer box filter (Pillow's ``reduce``;
+  for JPEG, the decoder's DCT scaling through ``Image.draft``) to no less than ``GAP`` times
+  the target, then resized as usual (bicubic). This is Pillow's own ``reducing_gap`` scheme
+  (``reducing_gap=3`` is "indistinguishable from the standard resampling in most cases", its
+  docs say); it also keeps the bicubic filter's coefficient tables small (resizing a 1 x
+  40,000,000 picture to 672 pixels directly allocates 1.3 GB of them). A picture that needs no
+  early reduction gives exactly the pixels it gave before.
+* **tiles**: modes whose conversion needs temporaries (16-bit, 32-bit and float greyscale,
+  transparency) are converted tile by tile (256 K pixels each) into the RGB result, so no
+  float64 copy of the whole picture ever exists; each tile is converted by the rule above
+  exactly as the whole picture was (the float stretch uses the whole picture's extrema).
+
+The estimate (:func:`peak_bytes`): the decoded picture (width x height x bytes per pixel of
+its mode as Pillow stores it: 1 for 1/L/P, 2 for I;16, 4 otherwise), times 2 for WebP and
+TIFF (their decoders fill a buffer of their own first), plus the coefficient buffer of a
+progressive JPEG (2 bytes per sample at full size), plus twice the RGB result after early
+reduction (4 bytes per pixel: the result and its EXIF-rotated copy), plus 16 MiB for tiles and
+the model input. ``tests/unit/serving/test_decode_memory.py`` decodes adversarial pictures in fresh
+processes and checks the real peak stays under it.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF"}
+# Shrink by an integer factor first when a picture is more than GAP times its target size.
+GAP = 3.0
+TILE_PIXELS = 1 << 18
+OVERHEAD_BYTES = 16 * 2**20
+DISPLAY_MAX_SIDE = 1600
+# Decoders that fill buffers of their own before Pillow copies the pixels: libwebp's animation
+# decoder keeps two RGBA canvases and, for lossless files, its own ARGB rows (measured: 14.7
+# bytes per pixel for a lossless 6000 x 6000 RGB WebP); libtiff may read through an RGBA buffer.
+DECODER_FACTOR = {"WEBP": 4, "TIFF": 2}
+# Bytes per pixel as Pillow stores a mode (image8 or image32 lines).
+_STORED_BPP = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2}
+_ALPHA = ("RGBA", "LA", "PA", "RGBa", "La")
+_INT_GREY = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+# (width, height) of the picture as shown -> (width, height) it will be resized to.
+Fit = Callable[[int, int], tuple[int, int]]
+
+# Over Pillow's own limit (89 M pixels) an image is a bomb, not a warning. Installed once here:
+# changing warning filters per decode (warnings.catch_warnings) is not thread-safe, and decodes
+# run on several threads. The server's own limit (HEADSCOPE_MAX_IMAGE_PIXELS) is checked first.
+warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 
 class ImageError(ValueError):
@@ -28,78 +87,283 @@ class ImageError(ValueError):
         self.code = code
 
 
-def decode(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode image bytes into an RGB picture, refusing bombs and non-images.
+@dataclass
+class Probe:
+    """A picture whose header has been read (and JPEG decoder scaling set); not decoded yet."""
+
+    img: Image.Image
+    fmt: str
+    size: tuple[int, int]  # (width, height) as stored, before decoder scaling
+    peak_bytes: int  # estimated peak memory of load(); see peak_bytes()
+    fit: Fit | None = None
+    max_pixels: int = 0
+
+
+@dataclass
+class Decoded:
+    """An RGB picture, upright, perhaps shrunk early; ``image_size`` is the original's (height, width)."""
+
+    img: Image.Image
+    image_size: tuple[int, int]
+
+
+class _Errors:
+    """Translate whatever Pillow raises while opening or decoding into an :class:`ImageError`."""
+
+    def __init__(self, max_pixels: int):
+        self.max_pixels = max_pixels
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> Literal[False]:
+        if exc is None or isinstance(exc, ImageError):
+            return False
+        if isinstance(exc, UnidentifiedImageError):
+            raise ImageError(
+                "the file is not an image Headscope can read (PNG, JPEG, WebP, GIF, BMP, TIFF)", 415, "not_an_image"
+            ) from None
+        if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+            raise ImageError(
+                f"image is over the limit of {self.max_pixels:,} pixels (decompression bomb?)", 413, "image_too_large"
+            ) from None
+        if isinstance(exc, (OSError, SyntaxError, ValueError, EOFError)):
+            raise ImageError(
+                f"the image could not be decoded (truncated or corrupt): {str(exc)[:120]}", 422, "corrupt_image"
+            ) from None
+        return False
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        return int(img.getexif().get(0x0112, 1))
+    except Exception:  # a broken EXIF block is not worth refusing the picture for
+        return 1
+
+
+def _stored_target(size: tuple[int, int], orientation: int, fit: Fit) -> tuple[int, int]:
+    """What ``fit`` makes of a stored ``size``, in stored axes (EXIF 5-8 swap the axes)."""
+    swap = orientation in (5, 6, 7, 8)
+    w, h = size
+    tw, th = fit(h, w) if swap else fit(w, h)
+    return (th, tw) if swap else (tw, th)
+
+
+def _factors(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
+    """Pillow's ``reducing_gap`` rule: shrink by ``int(in / (out * GAP))`` per axis, at least 1."""
+    return tuple(max(1, int(n / (max(1, t) * GAP))) for n, t in zip(size, target))  # type: ignore[return-value]
+
+
+def _file_bytes_per_pixel(img: Image.Image) -> int:
+    """Bytes per pixel of a PNG's rows in the file, from its raw mode (``RGBA;16B``: 8)."""
+    try:
+        args = getattr(img, "tile", [])[0][3]  # ImageFile's, before decoding
+        raw = args if isinstance(args, str) else str(args[0])
+    except (IndexError, TypeError):
+        return 8
+    base = raw.split(";")[0]
+    return max(1, len(base)) * (2 if "16" in raw else 1)
+
+
+def peak_bytes(
+    fmt: str,
+    mode: str,
+    size: tuple[int, int],
+    full_size: tuple[int, int],
+    factors: tuple[int, int],
+    info: dict,
+    row_bytes: int = 0,
+) -> int:
+    """Estimated peak memory of decoding and converting a picture (see the module docstring).
+
+    Args:
+        fmt: the file format.
+        mode: the decoded mode.
+        size: (width, height) the decoder produces (after JPEG scaling).
+        full_size: (width, height) as stored in the file.
+        factors: the early reduction per axis.
+        info: Pillow's ``info`` (progressive JPEGs).
+        row_bytes: bytes of one row in the file (PNG: the decoder keeps two).
+    """
+    w, h = size
+    decoded = w * h * _STORED_BPP.get(mode, 4)
+    decoded *= DECODER_FACTOR.get(fmt, 1)
+    if fmt in ("JPEG", "MPO") and (info.get("progressive") or info.get("progression")):
+        decoded += full_size[0] * full_size[1] * len(mode) * 2
+    out = math.ceil(w / factors[0]) * math.ceil(h / factors[1]) * 4
+    return decoded + 2 * row_bytes + 2 * out + OVERHEAD_BYTES
+
+
+def probe(data: bytes, max_pixels: int, fit: Fit | None = None) -> Probe:
+    """Read the header: format, size and mode checks, JPEG decoder scaling, the peak estimate.
 
     Args:
         data: the uploaded file's bytes.
         max_pixels: refuse images with more pixels than this (decompression bombs).
+        fit: what the picture will be resized to; enables early reduction. None decodes at
+            full size (what :func:`decode` without ``fit`` always did).
     """
     if not data:
         raise ImageError("the uploaded file is empty", 422, "empty_file")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img: Image.Image = Image.open(io.BytesIO(data))
-            fmt = img.format
-            if fmt not in ALLOWED_FORMATS:
-                raise ImageError(
-                    f"image format {fmt} is not supported; send PNG, JPEG, WebP, GIF, BMP or TIFF",
-                    415,
-                    "unsupported_format",
+    with _Errors(max_pixels):
+        img: Image.Image = Image.open(io.BytesIO(data))
+        fmt = img.format or "unknown"
+        if fmt not in ALLOWED_FORMATS:
+            raise ImageError(
+                f"image format {fmt} is not supported; send PNG, JPEG, WebP, GIF, BMP or TIFF",
+                415,
+                "unsupported_format",
+            )
+        w, h = img.size
+        if w * h > max_pixels:
+            raise ImageError(
+                f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels", 413, "image_too_large"
+            )
+        if w < 1 or h < 1:
+            raise ImageError("the image has no pixels", 422, "corrupt_image")
+        # An animation opens on its first frame, the one used.
+        full = img.size
+        factors = (1, 1)
+        if fit is not None:
+            if fmt in ("JPEG", "MPO"):
+                # DCT scaling: the decoder itself produces 1/2, 1/4 or 1/8 of the size, no less
+                # than GAP times the target (Image.thumbnail does the same with its gap). A
+                # JPEG's EXIF comes before its pixels; a PNG's may come after them (getexif()
+                # would decode the picture), hence only here.
+                target = _stored_target(full, _orientation(img), fit)
+                img.draft(None, (int(target[0] * GAP), int(target[1] * GAP)))
+            # The orientation may only be known once decoded (PNG eXIf after the pixels): the
+            # estimate takes the smaller reduction of the two orientations.
+            factors = tuple(  # type: ignore[assignment]
+                min(a, b)
+                for a, b in zip(
+                    _factors(img.size, _stored_target(full, 1, fit)), _factors(img.size, _stored_target(full, 6, fit))
                 )
-            w, h = img.size
-            if w * h > max_pixels:
-                raise ImageError(
-                    f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels", 413, "image_too_large"
-                )
-            if getattr(img, "n_frames", 1) > 1:
-                img.seek(0)
-            img.load()
-            img = ImageOps.exif_transpose(img)
-    except ImageError:
-        raise
-    except UnidentifiedImageError:
-        raise ImageError(
-            "the file is not an image Headscope can read (PNG, JPEG, WebP, GIF, BMP, TIFF)", 415, "not_an_image"
-        ) from None
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise ImageError(
-            f"image is over the limit of {max_pixels:,} pixels (decompression bomb?)", 413, "image_too_large"
-        ) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise ImageError(
-            f"the image could not be decoded (truncated or corrupt): {str(e)[:120]}", 422, "corrupt_image"
-        ) from None
+            )
+        row = full[0] * _file_bytes_per_pixel(img) if fmt == "PNG" else 0
+        peak = peak_bytes(fmt, img.mode, img.size, full, factors, img.info, row)
+    return Probe(img, fmt, full, peak, fit, max_pixels)
+
+
+def load(p: Probe) -> Decoded:
+    """Decode a probed picture into upright RGB, shrunk early when its ``fit`` allows."""
+    img = p.img
+    with _Errors(p.max_pixels):
+        img.load()
+        orientation = _orientation(img)
+        factors = _factors(img.size, _stored_target(p.size, orientation, p.fit)) if p.fit else (1, 1)
+        if factors != (1, 1):
+            img = _reduce_rgb(img, factors)
+        else:
+            img = to_rgb(img)
+        if orientation in _TRANSPOSE:
+            img = img.transpose(_TRANSPOSE[orientation])
     if img.width < 1 or img.height < 1:
         raise ImageError("the image has no pixels", 422, "corrupt_image")
-    return to_rgb(img)
+    w, h = p.size
+    return Decoded(img, (w, h) if orientation in (5, 6, 7, 8) else (h, w))
 
 
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Convert any Pillow mode to RGB by the rule in this module's docstring."""
+def decode(data: bytes, max_pixels: int, fit: Fit | None = None) -> Image.Image:
+    """Decode image bytes into an upright RGB picture, refusing bombs and non-images.
+
+    Args:
+        data: the uploaded file's bytes.
+        max_pixels: refuse images with more pixels than this (decompression bombs).
+        fit: see :func:`probe`; None keeps the full size.
+    """
+    return load(probe(data, max_pixels, fit)).img
+
+
+# -- colour ------------------------------------------------------------------------------
+def _tiles(size: tuple[int, int], factors: tuple[int, int] = (1, 1)) -> Iterator[tuple[int, int, int, int]]:
+    """Boxes of about ``TILE_PIXELS`` covering ``size``, aligned to the reduction blocks."""
+    w, h = size
+    fx, fy = factors
+    tw = fx * max(1, int(math.sqrt(TILE_PIXELS)) // fx)
+    th = fy * max(1, TILE_PIXELS // tw // fy)
+    for y in range(0, h, th):
+        for x in range(0, w, tw):
+            yield x, y, min(w, x + tw), min(h, y + th)
+
+
+def _tile_to_rgb(img: Image.Image, float_range: tuple[float, float] | None = None) -> Image.Image:
+    """The colour rule for one picture (or tile): see the module docstring."""
     mode = img.mode
     if mode == "RGB":
         return img
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+    if mode in _INT_GREY:
         a = np.asarray(img.convert("I"), dtype=np.float64)
         a = np.clip(a / 257.0, 0, 255).round().astype(np.uint8)
         return Image.fromarray(a, "L").convert("RGB")
     if mode == "F":
         a = np.asarray(img, dtype=np.float64)
-        lo, hi = float(a.min()), float(a.max())
+        lo, hi = float_range if float_range is not None else (float(a.min()), float(a.max()))
         a = (a - lo) / (hi - lo) * 255 if hi > lo else np.zeros_like(a)
         return Image.fromarray(a.round().astype(np.uint8), "L").convert("RGB")
     if mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")
         mode = "RGBA"
-    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+    if mode in _ALPHA:
         rgba = img.convert("RGBA")
         bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(bg, rgba).convert("RGB")
     return img.convert("RGB")
 
 
+def _needs_tiles(img: Image.Image) -> bool:
+    return img.mode in _INT_GREY or img.mode in ("F", *_ALPHA) or (img.mode == "P" and "transparency" in img.info)
+
+
+def _float_range(img: Image.Image) -> tuple[float, float] | None:
+    """The extrema a float picture is stretched by: over the whole picture, NaN if it has one
+    (as numpy's min/max of the whole array), found tile by tile."""
+    if img.mode != "F":
+        return None
+    lo, hi = math.inf, -math.inf
+    for box in _tiles(img.size):
+        a = np.asarray(img.crop(box))
+        tlo, thi = float(a.min()), float(a.max())
+        if math.isnan(tlo) or math.isnan(thi):
+            return math.nan, math.nan
+        lo, hi = min(lo, tlo), max(hi, thi)
+    return lo, hi
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any Pillow mode to RGB by the rule in this module's docstring.
+
+    Modes whose conversion needs temporaries are converted tile by tile into the result; the
+    pixels are those of converting the whole picture at once.
+    """
+    if img.mode == "RGB":
+        return img
+    if not _needs_tiles(img) or img.width * img.height <= TILE_PIXELS:
+        return _tile_to_rgb(img)
+    rng = _float_range(img)
+    out = Image.new("RGB", img.size)
+    for box in _tiles(img.size):
+        out.paste(_tile_to_rgb(img.crop(box), rng), box[:2])
+    return out
+
+
+def _reduce_rgb(img: Image.Image, factors: tuple[int, int]) -> Image.Image:
+    """Convert to RGB and shrink by the integer ``factors`` (box filter), tile by tile.
+
+    The tiles are aligned to the reduction's blocks, so the result equals reducing the whole
+    converted picture; only a tile's worth of converted pixels exists at a time.
+    """
+    if img.mode in ("RGB", "L"):
+        return to_rgb(img.reduce(factors))  # reduced in place of its own mode: no copy
+    fx, fy = factors
+    rng = _float_range(img)
+    out = Image.new("RGB", (math.ceil(img.width / fx), math.ceil(img.height / fy)))
+    for box in _tiles(img.size, factors):
+        out.paste(_tile_to_rgb(img.crop(box), rng).reduce(factors), (box[0] // fx, box[1] // fy))
+    return out
+
+
+# -- to the model ------------------------------------------------------------------------
 def plan_size(
     width: int,
     height: int,
@@ -126,24 +390,56 @@ def plan_size(
     return max(ph, round(h / ph) * ph), max(pw, round(w / pw) * pw)
 
 
+def model_fit(input_size, patch, mode="aspect", max_aspect=3.0, dynamic=True) -> Fit:
+    """The :data:`Fit` of :func:`plan_size`: what a picture of (width, height) is resized to."""
+
+    def fit(width: int, height: int) -> tuple[int, int]:
+        h, w = plan_size(width, height, input_size, patch, mode, max_aspect, dynamic)
+        return w, h
+
+    return fit
+
+
+def display_fit(width: int, height: int, max_side: int = DISPLAY_MAX_SIDE) -> tuple[int, int]:
+    """The :data:`Fit` of :func:`display_png`: the longer side at most ``max_side``."""
+    k = min(1.0, max_side / max(width, height))
+    return max(1, round(width * k)), max(1, round(height * k))
+
+
 @dataclass
 class Prepared:
     pixels: torch.Tensor  # 3, H, W float32, normalised
     input_size: tuple[int, int]  # H, W
-    image_size: tuple[int, int]  # H, W of the decoded picture
+    image_size: tuple[int, int]  # H, W of the picture as sent (before any early reduction)
 
 
-def prepare(img: Image.Image, input_size, patch, mean, std, mode="aspect", max_aspect=3.0, dynamic=True) -> Prepared:
-    """Resize (bicubic; untouched when already the right size) and normalise an RGB picture."""
-    H, W = plan_size(img.width, img.height, input_size, patch, mode, max_aspect, dynamic)
+def prepare(
+    img: Image.Image,
+    input_size,
+    patch,
+    mean,
+    std,
+    mode="aspect",
+    max_aspect=3.0,
+    dynamic=True,
+    image_size: tuple[int, int] | None = None,
+) -> Prepared:
+    """Resize (bicubic; untouched when already the right size) and normalise an RGB picture.
+
+    Args:
+        image_size: (height, width) of the picture as sent, when ``img`` was shrunk early
+            (:func:`load`); the model input is planned from it.
+    """
+    image_size = image_size or (img.height, img.width)
+    H, W = plan_size(image_size[1], image_size[0], input_size, patch, mode, max_aspect, dynamic)
     resized = img if (img.height, img.width) == (H, W) else img.resize((W, H), Image.Resampling.BICUBIC)
     a: np.ndarray = np.asarray(resized, dtype=np.float32) / 255.0  # H, W, 3
     a = (a - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     pixels = torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
-    return Prepared(pixels, (H, W), (img.height, img.width))
+    return Prepared(pixels, (H, W), image_size)
 
 
-def display_png(img: Image.Image, max_side: int = 1600) -> bytes:
+def display_png(img: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> bytes:
     """The picture as PNG for the page, at most ``max_side`` pixels on its longer side."""
     if max(img.size) > max_side:
         img = img.copy()

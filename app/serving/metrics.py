@@ -32,3 +32,11 @@ class Metrics:
         self.cache_bytes = Gauge("headscope_cache_bytes", "Bytes held by the results cache", registry=r)
         self.cache_entries = Gauge("headscope_cache_entries", "Entries in the results cache", registry=r)
         self.cache_hits = Counter("headscope_cache_hits", "Follow-up queries answered from the cache", registry=r)
+        # admission (app/serving/admission.py)
+        self.admitted = Gauge("headscope_admitted", "Requests holding a slot, by pool", ["pool"], registry=r)
+        self.decode_bytes = Gauge(
+            "headscope_decode_reserved_bytes", "Estimated peak memory of the decodes in progress", registry=r
+        )
+        self.shared_computes = Counter(
+            "headscope_shared_computes", "Uploads answered from an identical upload's computation in flight", registry=r
+        )

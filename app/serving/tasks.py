@@ -17,7 +17,11 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .admission import QueueFullError
+from .admission import QueueFullError, Ticket, current_ticket, using
+
+# A long computation outlives the request that started it (it caches its result), so its worker
+# calls get a deadline of their own, at the priority of that request's class.
+TASK_DEADLINE_S = 3600.0
 
 POLL_S = 0.1  # how often a waiting request checks whether its client is still there
 
@@ -90,7 +94,9 @@ class Tasks:
         if len(self._tasks) >= self.limit:
             raise QueueFullError(f"the server is busy ({self.limit} long computations in progress)")
         progress = Progress(name)
-        future = asyncio.ensure_future(factory(progress))
+        parent = current_ticket()
+        with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S) if parent else None):
+            future = asyncio.ensure_future(factory(progress))  # the task runs in a copy of this context
         task = _Task(future, progress)
         self._tasks[key] = task
 

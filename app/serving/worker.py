@@ -1,17 +1,32 @@
-"""The inference worker: one queue, dynamic batches, one thread that owns the device.
+"""The inference worker: one thread that owns the device, fed by a priority queue.
 
-Requests are decoded in the handlers and arrive here as ready tensors. The loop collects jobs
-until ``max_batch_size`` or ``max_wait_ms`` (LitServe's loop), groups them by model, input
-shape and capture strategy, and runs each group in a single-thread executor so the event loop
-never blocks. Failures stay with the request that caused them: a batch that raises is rerun one
-job at a time, and an out-of-memory batch is split in halves until it fits (a single job that
-still does not fit gets 503).
+Everything that runs torch on the server runs on this thread, one item at a time: forward
+passes (:meth:`Worker.submit`, dynamic batches) and calls (:meth:`Worker.run_in_worker`:
+slicing and encoding answers, statistics, model loading). The thread is the bottleneck, so
+what runs next is chosen by priority, not by arrival: each item carries its request's priority
+(``admission.py``: uploads 0, follow-ups 1, heavy work 2; lowest first, then first come), so a
+new upload's forward runs before the follow-up work queued ahead of it. Only the item running
+at the time is waited for.
+
+Forwards are batched as in LitServe's loop: the first job of a batch waits up to
+``max_wait_ms`` for company while more uploads are admitted than the batch holds, up to
+``max_batch_size``; the batch is grouped by model, input shape and capture strategy. Failures
+stay with the request that caused them: a batch that raises is rerun one job at a time, and an
+out-of-memory batch is split in halves until it fits (a single job that still does not fit gets
+503).
+
+Deadlines: a job or call whose request's deadline passes while it waits is dropped (504), and
+so is one whose client went away (499); neither costs worker time. One already running cannot
+be stopped; its caller stops waiting at the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +41,7 @@ from ..engine.forward import forward_capture
 from ..engine.windows import WindowedAttention
 from ..zoo.loaded import LoadedModel
 from . import faults
-from .admission import Admission
+from .admission import Admission, ClientGone, Disconnected, current_ticket
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -53,6 +68,7 @@ class Job:
     fault: str | None = None
     materialise: bool = False  # keep full softmax maps from the unfused branch (every row wanted)
     ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) pairs removed for this forward
+    priority: int = 0  # lower runs first (admission.PRIORITY)
     future: asyncio.Future = field(init=False, repr=False)  # set by Worker.submit
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0
@@ -63,6 +79,49 @@ class Job:
 
     def done(self, att: ImageAttention | WindowedAttention, finished: float) -> Computed:
         return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
+
+
+@dataclass
+class Call:
+    """A function to run on the worker thread for a request."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    priority: int
+    deadline: float | None
+    fault: str | None = None
+    future: asyncio.Future = field(init=False, repr=False)  # set by Worker.call
+
+
+# How often a waiting request checks whether its client is still there.
+DISCONNECT_POLL_S = 0.1
+
+
+async def wait_for_result(fut: asyncio.Future, deadline: float | None, is_disconnected: Disconnected | None) -> Any:
+    """Await ``fut`` until ``deadline`` (``time.monotonic()``), polling the client meanwhile.
+
+    On the deadline (``asyncio.TimeoutError``) or a vanished client (:class:`ClientGone`) the
+    future is cancelled: if its work has not started, the worker skips it.
+    """
+    try:
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise asyncio.TimeoutError()
+            if is_disconnected is None and remaining is None:
+                return await asyncio.shield(fut)
+            step = DISCONNECT_POLL_S if is_disconnected is not None else math.inf
+            if remaining is not None:
+                step = min(step, remaining)
+            done, _ = await asyncio.wait({fut}, timeout=step)
+            if done:
+                return fut.result()
+            if is_disconnected is not None and await is_disconnected():
+                raise ClientGone("the client closed the connection before the answer")
+    except BaseException:
+        if not fut.done():
+            fut.cancel()
+        raise
 
 
 class Worker:
@@ -98,11 +157,11 @@ class Worker:
         self.max_wait = max_wait_ms / 1000.0
         self.metrics = metrics or Metrics()
         self.admission = admission or Admission(32, self.metrics)
+        self._jobs: list[tuple[int, int, Job]] = []  # heaps of (priority, arrival, item)
+        self._calls: list[tuple[int, int, Call]] = []
+        self._seq = itertools.count()
         # Bound to the running loop at first use (start() makes a fresh one for each run).
-        self._queue: asyncio.Queue[Job] = asyncio.Queue()
-        # Set while no forward is queued or running: work that may wait (statistics) waits for it.
-        self._forwards_idle = asyncio.Event()
-        self._forwards_idle.set()
+        self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headscope-worker")
         self.inflight = 0
@@ -118,9 +177,7 @@ class Worker:
 
     async def start(self) -> None:
         # Admission bounds what can be queued; the queue itself needs no second bound.
-        self._queue = asyncio.Queue()
-        self._forwards_idle = asyncio.Event()
-        self._forwards_idle.set()
+        self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._loop(), name="headscope-worker")
 
     async def stop(self, grace_s: float = 20.0) -> None:
@@ -128,7 +185,7 @@ class Worker:
         if self._task is None:
             return
         end = time.monotonic() + grace_s
-        while (self._queue.qsize() or self.inflight) and time.monotonic() < end:
+        while (self.depth or self.inflight) and time.monotonic() < end:
             await asyncio.sleep(0.05)
         self._task.cancel()
         try:
@@ -144,56 +201,82 @@ class Worker:
         Every torch op runs on this one thread: a second thread that runs parallel torch ops
         gets its own OpenMP team, and from then on every forward is ~16 % slower on a 2-core
         machine (bench/: lock-step A/B, 0.82-0.84x).
-        """
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def run_after_forwards(self, fn: Callable[..., Any], *args: Any, max_defer_s: float = 5.0) -> Any:
-        """:meth:`run_in_worker`, once the forwards queued before and while it waits have run.
-
-        For work that can wait (the statistics of an image already captured): uploads queued
-        behind it would otherwise wait for it on the one worker thread. Deferred at most
-        ``max_defer_s`` seconds, so a steady stream of uploads cannot starve it.
+        The call runs at the priority of the current request (its admission ticket) and is
+        dropped with ``asyncio.TimeoutError`` when the request's deadline passes before it
+        starts, or with :class:`ClientGone` when its client leaves; outside a request (start-up)
+        it has priority 0 and no deadline.
         """
-        if not self._forwards_idle.is_set():
-            try:
-                await asyncio.wait_for(self._forwards_idle.wait(), max_defer_s)
-            except asyncio.TimeoutError:
-                pass
+        ticket = current_ticket()
+        if self._task is None:  # not started (command line, unit tests): run it now
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        call = Call(
+            fn,
+            args,
+            ticket.priority if ticket else 0,
+            ticket.deadline if ticket else None,
+            ticket.fault if ticket and ticket.priority > 0 else None,
+        )
+        call.future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._calls, (call.priority, next(self._seq), call))
+        self._wake.set()
+        return await wait_for_result(call.future, call.deadline, ticket.is_disconnected if ticket else None)
+
+    async def run_after_forwards(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`run_in_worker` for work that can wait (the statistics of an image already
+        captured). The priority queue already runs every upload's forward, queued before or
+        while this waits, ahead of a follow-up's call, and the request's deadline bounds the
+        wait; kept as its own name for the callers that say they can wait."""
         return await self.run_in_worker(fn, *args)
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        """Items waiting for the worker thread (forward jobs and calls)."""
+        return len(self._jobs) + len(self._calls)
 
     # -- submission ------------------------------------------------------------------------
     def submit(self, job: Job) -> asyncio.Future:
         """Queue a job; its future resolves to a :class:`Computed` or an exception."""
         job.future = asyncio.get_running_loop().create_future()
-        self._forwards_idle.clear()
-        self._queue.put_nowait(job)
-        self.metrics.queue_depth.set(self._queue.qsize())
+        heapq.heappush(self._jobs, (job.priority, next(self._seq), job))
+        self._wake.set()
+        self.metrics.queue_depth.set(self.depth)
         return job.future
 
     # -- the loop --------------------------------------------------------------------------
-    async def _collect(self) -> list[Job]:
-        job = await self._queue.get()
-        batch = [job]
+    async def _next(self) -> Job | Call:
+        """The waiting item with the lowest (priority, arrival); waits while there is none."""
+        while not (self._jobs or self._calls):
+            self._wake.clear()
+            await self._wake.wait()
+        if self._calls and (not self._jobs or self._calls[0][:2] < self._jobs[0][:2]):
+            item: Job | Call = heapq.heappop(self._calls)[2]
+        else:
+            item = heapq.heappop(self._jobs)[2]
+        self.metrics.queue_depth.set(self.depth)  # also when the item is dropped unrun
+        return item
+
+    async def _collect(self, first: Job) -> list[Job]:
+        batch = [first]
         end = time.monotonic() + self.max_wait
-        # Wait for company only while more requests are admitted (decoding or queued) than the
+        # Wait for company only while more uploads are admitted (decoding or queued) than the
         # batch holds: a lone request (concurrency 1) or the last of a burst starts at once.
         admitted = self.admission.in_use
         want = min(self.max_batch_size, admitted) if admitted > 0 else self.max_batch_size
         while len(batch) < want:
+            while self._jobs and len(batch) < self.max_batch_size:
+                batch.append(heapq.heappop(self._jobs)[2])
             timeout = end - time.monotonic()
-            if timeout <= 0:
+            if len(batch) >= want or timeout <= 0:
                 break
+            self._wake.clear()
             try:
-                batch.append(await asyncio.wait_for(self._queue.get(), timeout))
+                await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 break
-        while len(batch) < self.max_batch_size and not self._queue.empty():
-            batch.append(self._queue.get_nowait())  # already waiting: no reason to leave them
-        self.metrics.queue_depth.set(self._queue.qsize())
+        while len(batch) < self.max_batch_size and self._jobs:
+            batch.append(heapq.heappop(self._jobs)[2])  # already waiting: no reason to leave them
+        self.metrics.queue_depth.set(self.depth)
         return batch
 
     def _live(self, jobs: list[Job]) -> list[Job]:
@@ -210,41 +293,72 @@ class Worker:
         return live
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect()
-            self.inflight = len(batch)
-            try:
-                groups: dict[tuple, list[Job]] = {}
-                for j in batch:
-                    groups.setdefault(j.key, []).append(j)
-                for group in groups.values():
-                    for i in range(0, len(group), self.max_batch_size):
-                        live = self._live(group[i : i + self.max_batch_size])
-                        if not live:
+            item = await self._next()
+            if isinstance(item, Call):
+                await self._call(item)
+            else:
+                await self._batch(await self._collect(item))
+
+    async def _call(self, call: Call) -> None:
+        fut = call.future
+        if fut.done():  # cancelled: deadline hit or client gone
+            self.metrics.rejections.labels("cancelled_before_compute").inc()
+            return
+        if call.deadline is not None and time.monotonic() > call.deadline:
+            self.metrics.rejections.labels("deadline_before_compute").inc()
+            fut.set_exception(asyncio.TimeoutError())
+            return
+        self.inflight = 1
+        self.metrics.queue_depth.set(self.depth)
+        try:
+            fn = call.fn if call.fault is None else _delayed(call.fn, call.fault)
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, fn, *call.args)
+        except asyncio.CancelledError:
+            if not fut.done():
+                fut.cancel()
+            raise
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e)
+        else:
+            if not fut.done():
+                fut.set_result(result)
+        finally:
+            self.inflight = 0
+
+    async def _batch(self, batch: list[Job]) -> None:
+        loop = asyncio.get_running_loop()
+        self.inflight = len(batch)
+        try:
+            groups: dict[tuple, list[Job]] = {}
+            for j in batch:
+                groups.setdefault(j.key, []).append(j)
+            for group in groups.values():
+                for i in range(0, len(group), self.max_batch_size):
+                    live = self._live(group[i : i + self.max_batch_size])
+                    if not live:
+                        continue
+                    results = await loop.run_in_executor(self._executor, self._run, live)
+                    for j, r in zip(live, results):
+                        if j.future.done():
                             continue
-                        results = await loop.run_in_executor(self._executor, self._run, live)
-                        for j, r in zip(live, results):
-                            if j.future.done():
-                                continue
-                            if isinstance(r, BaseException):
-                                j.future.set_exception(r)
-                            else:
-                                j.future.set_result(r)
-            except asyncio.CancelledError:
-                for j in batch:
-                    if not j.future.done():
-                        j.future.cancel()
-                raise
-            except Exception:  # never let the loop die
-                log.exception("worker loop error")
-                for j in batch:
-                    if not j.future.done():
-                        j.future.set_exception(RuntimeError("worker error"))
-            finally:
-                self.inflight = 0
-                if self._queue.empty():
-                    self._forwards_idle.set()
+                        if isinstance(r, BaseException):
+                            j.future.set_exception(r)
+                        else:
+                            j.future.set_result(r)
+        except asyncio.CancelledError:
+            for j in batch:
+                if not j.future.done():
+                    j.future.cancel()
+            raise
+        except Exception:  # never let the loop die
+            log.exception("worker loop error")
+            for j in batch:
+                if not j.future.done():
+                    j.future.set_exception(RuntimeError("worker error"))
+        finally:
+            self.inflight = 0
 
     # -- compute (worker thread) ------------------------------------------------------------
     def _run(self, jobs: list[Job], freed: bool = False) -> list[Computed | BaseException]:
@@ -298,3 +412,13 @@ class Worker:
         self.jobs_computed += len(jobs)
         self.max_batch_seen = max(self.max_batch_seen, len(jobs))
         return [j.done(att, end) for j, att in zip(jobs, results)]
+
+
+def _delayed(fn: Callable[..., Any], fault: str) -> Callable[..., Any]:
+    """``fn`` preceded by an injected fault (tests only; see :func:`faults.inject`)."""
+
+    def run(*args: Any) -> Any:
+        faults.inject([fault])
+        return fn(*args)
+
+    return run

@@ -10,7 +10,7 @@ from fastapi.templating import Jinja2Templates
 
 from ..config import Settings
 from ..serving.ablation import AblationService
-from ..serving.admission import Admission
+from ..serving.admission import FOLLOW_UP, HEAVY, UPLOAD, Admission, Ticket
 from ..serving.metrics import Metrics
 from ..serving.service import AttentionService
 from ..zoo.registry import Registry
@@ -44,14 +44,30 @@ def get_templates(request: Request) -> Jinja2Templates:
     return request.app.state.templates
 
 
-async def admitted(request: Request) -> AsyncIterator[None]:
-    """Hold an admission slot for the request (429 at once when none is free).
+async def _client_gone(request: Request) -> bool:
+    """Whether the client has gone; only asked once the request's body has been read (asking
+    earlier would consume a piece of the body)."""
+    if request.method in ("GET", "HEAD") or getattr(request, "_stream_consumed", False):
+        return await request.is_disconnected()
+    return False
 
-    FastAPI resolves this before the route reads the body, so a refused upload costs nothing;
-    async, so that it runs on the event loop like everything else that touches admission.
-    """
-    with request.app.state.admission.slot():
-        yield
+
+def _admit(cls: str):
+    async def admitted(request: Request) -> AsyncIterator[Ticket]:
+        """Hold a slot of this class's pool for the request (429 at once when none is free).
+
+        FastAPI resolves this before the route reads the body, so a refused upload costs
+        nothing, and exits it after the answer has been sent; async, so that it runs on the
+        event loop like everything else that touches admission. The ticket is current for the
+        request: its worker calls get the class's priority and the request's deadline.
+        """
+        st = request.app.state
+        fault = request.headers.get("x-headscope-fault") if st.settings.enable_fault_injection else None
+        with st.admission.admit(cls, lambda: _client_gone(request), fault) as ticket:
+            yield ticket
+
+    admitted.__name__ = f"admit_{cls}"
+    return admitted
 
 
 ServiceDep = Annotated[AttentionService, Depends(get_service)]
@@ -61,4 +77,10 @@ RegistryDep = Annotated[Registry, Depends(get_registry)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 AdmissionDep = Annotated[Admission, Depends(get_admission)]
 TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]
-AdmitDep = Annotated[None, Depends(admitted)]
+# Every route that takes worker time or decodes declares its class (admission.py):
+AdmitUpload = Annotated[Ticket, Depends(_admit(UPLOAD))]  # a new picture: decode + forward
+AdmitFollowUp = Annotated[Ticket, Depends(_admit(FOLLOW_UP))]  # about a picture already sent
+AdmitHeavy = Annotated[Ticket, Depends(_admit(HEAVY))]  # seconds of worker time (ablation)
+# The one admission dependency there was before the classes: the follow-up class, which fits
+# the GET routes written against it.
+AdmitDep = AdmitFollowUp

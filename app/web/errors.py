@@ -17,15 +17,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Scope
 
 from ..engine.ablation import AblationError
 from ..engine.capture import CaptureError, UnsupportedModelError
 from ..engine.selection import SelectionError
-from ..serving.admission import QueueFullError
+from ..serving.admission import ClientGone, QueueFullError, TooLargeToDecode
+from ..serving.answers import AnswerTooLarge
 from ..serving.faults import InjectedFault
 from ..serving.images import ImageError
-from ..serving.service import ClientGone
+from ..serving.service import StreamAborted
 from ..serving.worker import OutOfMemory
 from ..zoo.errors import ModelLoadError, UnknownModelError
 
@@ -91,12 +93,16 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return ApiError(503, "model_unavailable", str(exc))
     if isinstance(exc, QueueFullError):
         return ApiError(429, "busy", str(exc), {"Retry-After": str(retry_after)})
+    if isinstance(exc, TooLargeToDecode):
+        return ApiError(413, "image_too_large", str(exc))
+    if isinstance(exc, AnswerTooLarge):
+        return ApiError(413, "answer_too_large", str(exc))
     if isinstance(exc, OutOfMemory):
         return ApiError(503, "out_of_memory", str(exc), {"Retry-After": str(retry_after)})
     if isinstance(exc, asyncio.TimeoutError):
         return ApiError(504, "timeout", "the request did not finish before its deadline")
-    if isinstance(exc, ClientGone):  # nginx's 499: nobody reads this answer, but logs stay quiet
-        return ApiError(499, "client_closed_request", str(exc))
+    if isinstance(exc, (ClientGone, ClientDisconnect)):  # nginx's 499: nobody reads it; the log stays quiet
+        return ApiError(499, "client_closed_request", str(exc) or "the client closed the connection")
     if isinstance(exc, (CaptureError, InjectedFault)):
         return ApiError(500, "compute_failed", f"computing attention failed ({type(exc).__name__})")
     return None
@@ -115,9 +121,21 @@ KNOWN_ERRORS: tuple[type[Exception], ...] = (
     OutOfMemory,
     asyncio.TimeoutError,
     ClientGone,
+    ClientDisconnect,
     CaptureError,
     InjectedFault,
+    TooLargeToDecode,
+    AnswerTooLarge,
 )
+
+
+class QuietAborts(logging.Filter):
+    """Drop the server's traceback for a streamed answer cut short on purpose (``StreamAborted``:
+    one warning line says so already); uvicorn closes the connection either way."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, StreamAborted)
 
 
 def install(app: FastAPI) -> None:
@@ -140,18 +158,29 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "too_large"}.get(
-            exc.status_code, "http_error"
-        )
+        code = {
+            404: "not_found",
+            405: "method_not_allowed",
+            400: "bad_request",
+            413: "too_large",
+            408: "request_timeout",
+            431: "headers_too_large",
+        }.get(exc.status_code, "http_error")
         return logged_error_response(
             request.scope, exc.status_code, code, str(exc.detail), getattr(exc, "headers", None)
         )
+
+    server_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, QuietAborts) for f in server_log.filters):
+        server_log.addFilter(QuietAborts())
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         mapped = to_api_error(exc)
         if mapped is not None:
             return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
+        if isinstance(exc, StreamAborted):  # the answer had started: nothing more to send or log
+            return error_response(500, "internal", "answer cut short")
         rid = getattr(request.state, "request_id", None) or new_request_id()
         log.error("unhandled error %s on %s %s", rid, request.method, request.url.path, exc_info=exc)
         return error_response(500, "internal", "internal error; the server log has details", request_id=rid)

@@ -25,7 +25,7 @@ from ..serving.service import AttentionService
 from ..serving.worker import Worker
 from ..zoo.registry import Registry
 from . import errors
-from .middleware import BodyLimit, RequestId, SecurityHeaders
+from .middleware import BodyLimit, HeadAsGet, RequestId, SecurityHeaders, SingleParams
 
 # Room for the multipart framing and the text fields around the file.
 FORM_OVERHEAD_BYTES = 64 * 1024
@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         device = resolve_device(settings.device)
         st.registry = Registry([settings.model, *settings.extra_models], settings.models_dir, device)
         st.metrics = Metrics()
-        st.admission = Admission(settings.max_queue, st.metrics)
+        st.admission = Admission.from_settings(settings, st.metrics)
         st.worker = Worker(
             device,
             settings.precision,
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             st.metrics,
             settings.capture_store,
         )
-        st.service = AttentionService(settings, st.registry, st.worker, st.metrics)
+        st.service = AttentionService(settings, st.registry, st.worker, st.metrics, st.admission)
         st.ablation = AblationService(st.service)
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
@@ -121,7 +121,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
         )
+    app.add_middleware(SingleParams)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FORM_OVERHEAD_BYTES)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(RequestId)  # outermost: BodyLimit's 413 carries the id too
     return app

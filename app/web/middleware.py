@@ -1,10 +1,14 @@
-"""ASGI middleware: request ids, the request body limit (checked while the body streams), security headers."""
+"""ASGI middleware: request ids, the request body limit (checked while the body streams), security
+headers, HEAD for every GET route, and no repeated query parameters."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
+from urllib.parse import parse_qsl
 
 from . import errors
+from .responses import HEAD_KEY
 
 REQUEST_ID_HEADER = b"x-request-id"
 # A client's own id is kept when it is a short plain token (it goes into log lines as is).
@@ -125,3 +129,51 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class HeadAsGet:
+    """Answer ``HEAD`` as ``GET`` without the body, on every route that answers GET.
+
+    Probes and proxies use HEAD; FastAPI routes answer only the methods they list. The scope
+    is marked (``responses.HEAD_KEY``) so a streamed answer computes none of its chunks; any
+    other body is dropped on the way out (the server sends none for HEAD either). Content-Length
+    stays that of the GET.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def without_body(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET", HEAD_KEY: True}, receive, without_body)
+
+
+class SingleParams:
+    """Refuse an API query string that gives a parameter twice (422 ``duplicate_parameter``).
+
+    ``?layers=0&layers=5`` would otherwise silently mean ``layers=5``.
+    """
+
+    def __init__(self, app, prefix: str = "/api/"):
+        self.app, self.prefix = app, prefix
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(self.prefix) and scope.get("query_string"):
+            names = Counter(k for k, _ in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+            repeated = sorted(k for k, n in names.items() if n > 1)
+            if repeated:
+                resp = errors.logged_error_response(
+                    scope,
+                    422,
+                    "duplicate_parameter",
+                    f"query parameter(s) given more than once: {', '.join(repeated)[:200]}; give each once",
+                )
+                return await resp(scope, receive, send)
+        await self.app(scope, receive, send)

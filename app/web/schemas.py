@@ -310,10 +310,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for s, d in {
         400: "malformed multipart body",
         404: "unknown model, or image no longer cached",
-        413: "upload or image too large",
+        408: "the request's headers or body did not arrive in time",
+        413: "upload, image or answer too large (answer_too_large: ask for a binary format or less)",
         415: "not an image / unsupported format",
         422: "bad selection or parameters",
         429: "queue full (see Retry-After)",
+        431: "request line and headers too large",
         503: "model not ready / out of memory",
         504: "deadline exceeded",
     }.items()

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from ...engine.selection import MAX_SPEC
 from ...serving.ablation import DEFAULT_POINTS
-from ..deps import AblationDep, AdmitDep, MetricsDep
+from ..deps import AblationDep, AdmitDep, AdmitHeavy, MetricsDep
 from ..errors import ApiError, JSONBody
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
@@ -108,7 +108,7 @@ async def get_importance(
     request: Request,
     ablation: AblationDep,
     metrics: MetricsDep,
-    _: AdmitDep,
+    _: AdmitHeavy,
     image_id: str,
     model: ModelQ = None,
     method: MethodQ = "ablation",
@@ -152,7 +152,7 @@ async def get_pruning(
     request: Request,
     ablation: AblationDep,
     metrics: MetricsDep,
-    _: AdmitDep,
+    _: AdmitHeavy,
     image_id: str,
     model: ModelQ = None,
     method: MethodQ = "ablation",

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import Counter
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
+from starlette.requests import ClientDisconnect
 
 from ...engine.selection import MAX_SPEC
-from ...serving import images
-from ...serving.service import Answer, Upload, safe_filename
-from ..deps import AdmitDep, MetricsDep, ServiceDep, SettingsDep
+from ...serving.service import Answer, ClientGone, Upload, safe_filename
+from ..deps import AdmitFollowUp, AdmitUpload, MetricsDep, ServiceDep, SettingsDep
 from ..errors import ApiError, JSONBody, to_api_error
-from ..responses import PartsResponse
+from ..multipart import is_multipart, read_form
+from ..responses import PartsResponse, StreamedResponse
 from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse, StatsResponse
 
 # Each text field of the form is small; the file is bounded by the body limit.
@@ -96,6 +98,8 @@ def _params(fields: dict) -> AttentionParams:
 
 
 def _response(answer: Answer) -> Response:
+    if answer.stream is not None:
+        return StreamedResponse(answer.stream, answer.length, media_type=answer.media_type, headers=answer.headers)
     return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
 
 
@@ -124,7 +128,7 @@ async def _run(metrics, coro, endpoint: str):
     openapi_extra=_OPENAPI_POST,
 )
 async def post_attention(
-    request: Request, service: ServiceDep, settings: SettingsDep, metrics: MetricsDep, _: AdmitDep
+    request: Request, service: ServiceDep, settings: SettingsDep, metrics: MetricsDep, ticket: AdmitUpload
 ) -> Response:
     """Upload an image (multipart field `image`) and get the softmax attention of the selected
     layers, heads and query rows: `[layers, heads, queries, tokens]`. The answer's `image_id`
@@ -132,30 +136,33 @@ async def post_attention(
     registry = service.registry
     if not request.app.state.ready and registry.error(registry.default):
         raise ApiError(503, "model_unavailable", "the default model failed to load; see /readyz")
-    ctype = request.headers.get("content-type", "")
-    if not ctype.startswith("multipart/form-data"):
+    if not is_multipart(request.headers.get("content-type", "")):
         raise ApiError(415, "not_multipart", "send multipart/form-data with the file in the field 'image'")
     try:
-        async with request.form(max_files=1, max_fields=len(_FORM_FIELDS), max_part_size=MAX_FIELD_BYTES) as form:
-            unknown = sorted(set(form.keys()) - _FORM_FIELDS - {"image"})
-            if unknown:
-                raise ApiError(
-                    422, "unknown_field", f"unknown form field(s): {', '.join(unknown)[:200]}; the file goes in 'image'"
-                )
-            file = form.get("image")
-            if file is None:
-                raise ApiError(422, "missing_image", "no file in the form field 'image'")
-            if not isinstance(file, UploadFile):
-                raise ApiError(422, "missing_image", "the field 'image' must be a file, not text")
-            fields = {k: v for k, v in form.items() if k != "image"}
-            if any(not isinstance(v, str) for v in fields.values()):
-                raise ApiError(422, "invalid_parameter", "parameters must be text fields")
-            data = await file.read()
-            filename = safe_filename(file.filename)
+        # A few fields more than there are, so that a repeated field is named as such below.
+        form = await read_form(
+            request,
+            max_files=1,
+            max_fields=len(_FORM_FIELDS) + 4,
+            max_part_size=MAX_FIELD_BYTES,
+            timeout_s=ticket.remaining(),
+        )
     except MultiPartException as e:
         raise ApiError(400, "bad_multipart", f"malformed multipart body: {e.message}") from None
+    except asyncio.TimeoutError:
+        raise ApiError(
+            408, "request_timeout", f"the upload did not arrive within {settings.request_timeout_s:g} s"
+        ) from None
+    except ClientDisconnect:
+        raise ClientGone("the client closed the connection during the upload") from None
+    try:
+        fields, data, filename = await _read_fields(form)
+    finally:
+        await form.close()
     if len(data) > settings.max_upload_bytes:
         raise ApiError(413, "upload_too_large", f"upload over the {settings.max_upload_bytes:,}-byte limit")
+    # The body had a deadline of its own; decoding and computing get a whole one.
+    ticket.restart()
     params = _params(fields)
     fault = request.headers.get("x-headscope-fault") if settings.enable_fault_injection else None
     answer = await _run(
@@ -164,6 +171,30 @@ async def post_attention(
         "post",
     )
     return _response(answer)
+
+
+async def _read_fields(form) -> tuple[dict[str, str], bytes, str | None]:
+    """The text fields, the file's bytes and its display name; 422 for what a form must not be."""
+    counts = Counter(k for k, _ in form.multi_items())
+    unknown = sorted(set(counts) - _FORM_FIELDS - {"image"})
+    if unknown:
+        raise ApiError(
+            422, "unknown_field", f"unknown form field(s): {', '.join(unknown)[:200]}; the file goes in 'image'"
+        )
+    repeated = sorted(k for k, n in counts.items() if n > 1)
+    if repeated:
+        raise ApiError(
+            422, "duplicate_field", f"form field(s) sent more than once: {', '.join(repeated)}; send each once"
+        )
+    file = form.get("image")
+    if file is None:
+        raise ApiError(422, "missing_image", "no file in the form field 'image'")
+    if not isinstance(file, UploadFile):
+        raise ApiError(422, "missing_image", "the field 'image' must be a file, not text")
+    fields = {k: v for k, v in form.items() if k != "image"}
+    if any(not isinstance(v, str) for v in fields.values()):
+        raise ApiError(422, "invalid_parameter", "parameters must be text fields")
+    return fields, await file.read(), safe_filename(file.filename)
 
 
 @router.get(
@@ -176,7 +207,7 @@ async def get_stats(
     request: Request,
     service: ServiceDep,
     metrics: MetricsDep,
-    _: AdmitDep,
+    _: AdmitFollowUp,
     image_id: str,
     model: Annotated[str | None, Query(description="model id")] = None,
     mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = 0.6,
@@ -208,7 +239,7 @@ async def get_attention(
     request: Request,
     service: ServiceDep,
     metrics: MetricsDep,
-    _: AdmitDep,
+    _: AdmitFollowUp,
     image_id: str,
     params: Annotated[AttentionParams, Query()],
 ) -> Response:
@@ -226,11 +257,10 @@ async def get_attention(
     summary="The uploaded picture as PNG (for the page)",
     responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[404]},
 )
-async def get_image(image_id: str, service: ServiceDep, settings: SettingsDep) -> Response:
+async def get_image(image_id: str, service: ServiceDep, metrics: MetricsDep, _: AdmitFollowUp) -> Response:
+    """Decoded within the decode budget (413/429 as for uploads), made once and kept in the cache."""
     _check_id(image_id)
-    upload = service.upload_of(image_id)
-    if upload is None:
+    png = await _run(metrics, service.display_png(image_id), "image")
+    if png is None:
         raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached")
-    img = await run_in_threadpool(images.decode, upload.data, settings.max_image_pixels)
-    png = await run_in_threadpool(images.display_png, img)
     return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
+import pytest
 import torch
 
+from app.serving.admission import FOLLOW_UP, UPLOAD, Admission
 from app.serving.faults import InjectedFault
+from app.serving.metrics import Metrics
 from app.serving.worker import Job, OutOfMemory, Worker
 
 
@@ -86,8 +90,8 @@ def test_cancelled_jobs_are_not_computed(lm):
 
 
 def test_statistics_wait_for_the_uploads_queued_before_them(lm):
-    """run_after_forwards: forwards queued (or arriving) while it waits run first; run_in_worker
-    would have slipped in right after the running forward."""
+    """run_after_forwards: forwards queued before it run first (the priority queue; see the
+    priority tests below for forwards that arrive while it waits)."""
 
     async def go(defer: bool):
         w = Worker(torch.device("cpu"), max_batch_size=1)
@@ -100,24 +104,85 @@ def test_statistics_wait_for_the_uploads_queued_before_them(lm):
             f.add_done_callback(lambda _f, i=i: order.append(f"forward {i}"))
             futs.append(f)
         await asyncio.sleep(0.05)  # forward 0 is running; 1 and 2 are queued
-        run = w.run_after_forwards if defer else w.run_in_worker
+        run = w.run_after_forwards
         await asyncio.gather(run(lambda: order.append("stats")), *futs)
         await w.stop(1)
         return order
 
     assert asyncio.run(go(True)) == ["forward 0", "forward 1", "forward 2", "stats"]
-    assert asyncio.run(go(False)).index("stats") < 3  # FIFO on the worker thread: ahead of a queued upload
 
 
-def test_deferred_statistics_are_not_starved(lm):
+# -- priorities and deadlines ------------------------------------------------------------------
+def test_calls_run_by_priority_then_arrival_and_an_upload_forward_overtakes_follow_ups(lm):
+    """While the thread is busy, an upload's forward (priority 0) queued after follow-up calls
+    (priority 1) runs before them; calls of one priority keep their order."""
+    order = []
+
     async def go():
-        w = Worker(torch.device("cpu"), max_batch_size=1)
+        w = Worker(torch.device("cpu"), max_batch_size=4, admission=Admission(8, Metrics()))
         await w.start()
-        futs = [w.submit(j) for j in jobs_for(lm, ["sleep:0.5"] * 4)]  # two seconds of forwards
-        await w.run_after_forwards(lambda: None, max_defer_s=0.2)
-        done = sum(f.done() for f in futs)
-        await asyncio.gather(*futs)
-        await w.stop(1)
-        return done
+        adm = w.admission
+        release = threading.Event()
+        blocker = asyncio.create_task(w.run_in_worker(release.wait, 30))  # occupies the thread
+        while not w.inflight:
+            await asyncio.sleep(0.01)
 
-    assert asyncio.run(go()) < 4  # it ran while uploads were still queued
+        async def follow_up(i):
+            with adm.admit(FOLLOW_UP):
+                await w.run_in_worker(order.append, f"follow-up {i}")
+
+        async def upload():
+            with adm.admit(UPLOAD) as t:
+                job = jobs_for(lm, [None])[0]
+                job.priority = t.priority
+                await w.submit(job)
+                order.append("upload forward")
+                await w.run_in_worker(order.append, "upload encode")
+
+        tasks = []
+        for i in range(3):
+            tasks.append(asyncio.create_task(follow_up(i)))
+            await asyncio.sleep(0)  # queued in this order
+        while w.depth < 3:
+            await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(upload()))
+        while w.depth < 4:
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(blocker, *tasks)
+        await w.stop(1)
+
+    asyncio.run(go())
+    assert order[0] == "upload forward", order
+    assert order.index("upload encode") < order.index("follow-up 2")
+    follow_ups = [x for x in order if x.startswith("follow-up")]
+    assert follow_ups == ["follow-up 0", "follow-up 1", "follow-up 2"]
+
+
+def test_a_call_whose_deadline_passes_while_queued_is_dropped_not_run():
+    ran = []
+
+    async def go():
+        w = Worker(torch.device("cpu"), admission=Admission(8, Metrics(), timeout_s=0.2))
+        await w.start()
+        release = threading.Event()
+        blocker = asyncio.create_task(w.run_in_worker(release.wait, 30))
+        while not w.inflight:
+            await asyncio.sleep(0.01)
+        asyncio.get_running_loop().call_later(0.5, release.set)
+        with w.admission.admit(FOLLOW_UP), pytest.raises(asyncio.TimeoutError):
+            await w.run_in_worker(ran.append, 1)
+        await blocker
+        for _ in range(30_000):  # the worker reaches the dropped call (a hang guard, not a speed test)
+            if not w.depth:
+                break
+            await asyncio.sleep(0.01)
+        await w.stop(1)
+        return w.metrics
+
+    metrics = asyncio.run(go())
+    assert ran == []
+    dropped = sum(
+        metrics.rejections.labels(r)._value.get() for r in ("cancelled_before_compute", "deadline_before_compute")
+    )
+    assert dropped == 1

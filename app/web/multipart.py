@@ -1,0 +1,82 @@
+"""Reading the upload form: Starlette's multipart parser, with RFC 5987 file names and a deadline.
+
+What a form may look like (each case answered by the route, ``api/attention.py``):
+
+* the media type is matched without regard to case (``Multipart/Form-Data`` is
+  ``multipart/form-data``, as RFC 9110 says media types are);
+* a part with ``filename*=UTF-8''caf%C3%A9.png`` (RFC 5987 extended notation) is a file named
+  ``café.png``. RFC 7578 forbids that notation in forms and python-multipart ignores it, which
+  made such a file a text field (refused as over 64 KB, a misleading 400); but older clients
+  (urllib3 1.x, hence ``requests``) send exactly that for non-ASCII names, so it is read. With
+  both ``filename`` and ``filename*``, ``filename*`` wins (as RFC 6266 says for downloads); one
+  that cannot be decoded (a charset other than UTF-8 or ISO-8859-1, bad UTF-8) leaves the part
+  a file without a name;
+* the body must have arrived by the request's deadline (408 otherwise), and a client that drops
+  mid-upload ends the request quietly (499 in the log, no traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from urllib.parse import unquote_to_bytes
+
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartParser
+from starlette.requests import Request
+
+
+def is_multipart(content_type: str) -> bool:
+    return content_type.split(";", 1)[0].strip().lower() == "multipart/form-data"
+
+
+def _ext_value(value: bytes) -> str | None:
+    """Decode an RFC 5987 ext-value (``UTF-8'lang'caf%C3%A9.png``); None when it cannot be."""
+    try:
+        charset, _lang, encoded = value.decode("ascii").split("'", 2)
+        if charset.lower() not in ("utf-8", "iso-8859-1"):  # the two RFC 5987 requires
+            return None
+        return unquote_to_bytes(encoded).decode(charset.lower(), errors="strict")
+    except (UnicodeError, ValueError):
+        return None
+
+
+_EXT_FILENAME = re.compile(rb';\s*filename\*\s*=\s*("?)([^;"]*)\1', re.IGNORECASE)
+_PLAIN_FILENAME = re.compile(rb';\s*filename\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)', re.IGNORECASE)
+
+
+def _plain_filename(disposition: bytes) -> bytes:
+    """``disposition`` with an RFC 5987 ``filename*`` rewritten as a plain ``filename``."""
+    m = _EXT_FILENAME.search(disposition)
+    if m is None:
+        return disposition
+    filename = _ext_value(m.group(2)) or ""
+    clean = "".join(ch for ch in filename if ch not in '"\\\r\n')
+    rest = _PLAIN_FILENAME.sub(b"", _EXT_FILENAME.sub(b"", disposition))
+    return rest + b'; filename="' + clean.encode("utf-8") + b'"'
+
+
+class FormParser(MultiPartParser):
+    """Starlette's parser, reading ``filename*`` too (see the module docstring)."""
+
+    def on_headers_finished(self) -> None:
+        cd = self._current_part.content_disposition
+        if cd:
+            self._current_part.content_disposition = _plain_filename(bytes(cd))
+        super().on_headers_finished()
+
+
+async def read_form(
+    request: Request, *, max_files: int, max_fields: int, max_part_size: int, timeout_s: float
+) -> FormData:
+    """Parse the request's multipart body within ``timeout_s``.
+
+    Raises:
+        asyncio.TimeoutError: the body did not arrive in time.
+        starlette.requests.ClientDisconnect: the client went away mid-body.
+        starlette.formparsers.MultiPartException: a malformed body.
+    """
+    parser = FormParser(
+        request.headers, request.stream(), max_files=max_files, max_fields=max_fields, max_part_size=max_part_size
+    )
+    return await asyncio.wait_for(parser.parse(), max(0.001, timeout_s))
