@@ -183,7 +183,7 @@ def test_inside_a_head_says_an_image_is_computing(page, base_url, guard):
             else route.continue_()
         ),
     )
-    open_page(page, base_url + "/?view=learn")
+    open_page(page, base_url, "?view=learn")
     status = page.locator("[data-testid=learn-status]")
     assert "Bring an image" in status.inner_text()
     first = fresh_png(13)
