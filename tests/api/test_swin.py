@@ -188,7 +188,10 @@ def test_stage_rules_are_422s_that_say_what_to_ask(swin_server, samples):
     assert b["shape"] == [1, 24, 1, 77]
     r = get(url, image_id, model=V1, layers="11", query="all", format="npy")
     arr = np.load(io.BytesIO(r.content), allow_pickle=False)
-    assert arr.shape == (1, 24, 77, 77) and json.loads(r.headers["x-headscope-meta"])["stages"][3]["grid"] == [7, 11]
+    assert arr.shape == (1, 24, 77, 77)
+    # The header's short metadata leaves its largest fields out, naming them (the JSON answer has them).
+    meta = json.loads(r.headers["x-headscope-meta"])
+    assert meta["stages"][3]["grid"] == [7, 11] if "stages" in meta else "stages" in meta["omitted"]
     assert "Traceback" not in swin_server.log()
 
 

@@ -105,7 +105,14 @@ def test_statistics_wait_for_the_uploads_queued_before_them(lm):
             futs.append(f)
         await asyncio.sleep(0.05)  # forward 0 is running; 1 and 2 are queued
         run = w.run_after_forwards
-        await asyncio.gather(run(lambda: order.append("stats")), *futs)
+
+        async def stats() -> None:
+            # Recorded on the loop like the forwards' done-callbacks: appending on the worker
+            # thread could run before the loop has handled the last forward's completion.
+            await run(lambda: None)
+            order.append("stats")
+
+        await asyncio.gather(stats(), *futs)
         await w.stop(1)
         return order
 
@@ -127,16 +134,25 @@ def test_calls_run_by_priority_then_arrival_and_an_upload_forward_overtakes_foll
         while not w.inflight:
             await asyncio.sleep(0.01)
 
+        def record(what: str) -> None:
+            # Follow-up 0 runs first after the forward; it holds the thread until the upload's
+            # encode is queued too (follow-ups 1 and 2 and the encode), so the order below is the
+            # queue's, not how fast the event loop hands the encode over on a loaded machine.
+            if what == "follow-up 0":
+                until = time.monotonic() + 60
+                while w.depth < 3 and time.monotonic() < until:
+                    time.sleep(0.01)
+            order.append(what)
+
         async def follow_up(i):
             with adm.admit(FOLLOW_UP):
-                await w.run_in_worker(order.append, f"follow-up {i}")
+                await w.run_in_worker(record, f"follow-up {i}")
 
         async def upload():
             with adm.admit(UPLOAD) as t:
                 job = jobs_for(lm, [None])[0]
                 job.priority = t.priority
                 await w.submit(job)
-                order.append("upload forward")
                 await w.run_in_worker(order.append, "upload encode")
 
         tasks = []
@@ -152,7 +168,12 @@ def test_calls_run_by_priority_then_arrival_and_an_upload_forward_overtakes_foll
         await asyncio.gather(blocker, *tasks)
         await w.stop(1)
 
-    asyncio.run(go())
+    # Recorded on the worker thread as the forward runs (the future's callback may come later).
+    hook = lm.model.patch_embed.register_forward_pre_hook(lambda *_: order.append("upload forward"))
+    try:
+        asyncio.run(go())
+    finally:
+        hook.remove()
     assert order[0] == "upload forward", order
     assert order.index("upload encode") < order.index("follow-up 2")
     follow_ups = [x for x in order if x.startswith("follow-up")]
