@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .capture import CaptureError, UnsupportedModelError, temper_
+from .capture import AttentionCapture, CaptureError, UnsupportedModelError, temper_
 from .layout import Stage
 from .window_math import window_logits
 
@@ -356,8 +356,12 @@ class WindowCapture:
                     attn.fused_attn = False
                     stack.callback(setattr, attn, "fused_attn", True)
                 stack.callback(blk.register_forward_pre_hook(self._store_grid(self._grid[i])).remove)
-                stack.callback(attn.attn_drop.register_forward_pre_hook(self._store_input(self._p[i])).remove)
-                stack.callback(attn.proj.register_forward_pre_hook(self._store_input(self._heads[i])).remove)
+                stack.callback(
+                    attn.attn_drop.register_forward_pre_hook(AttentionCapture._store_input(self._p[i])).remove
+                )
+                stack.callback(
+                    attn.proj.register_forward_pre_hook(AttentionCapture._store_input(self._heads[i])).remove
+                )
                 hook = attn.register_forward_pre_hook(self._store_windows(self._inputs[i]), with_kwargs=True)
                 stack.callback(hook.remove)
             stack.callback(self.blocks[-1].register_forward_hook(self._store_norm(self._norms)).remove)
@@ -367,13 +371,6 @@ class WindowCapture:
     def _store_grid(sink: list):
         def hook(module, args):
             sink.append(tuple(args[0].shape[1:3]))  # B, H, W, C -> the stage's grid
-
-        return hook
-
-    @staticmethod
-    def _store_input(sink: list):
-        def hook(module, args):
-            sink.append(args[0].detach())
 
         return hook
 
