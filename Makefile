@@ -52,11 +52,19 @@ browser-deps:
 		else echo "note: /usr/bin/chromium missing (apt install chromium); browser tests will be skipped"; fi; \
 	fi
 
+# The suite runs in parallel (pytest-xdist, a test file per worker: module-scoped servers are
+# started once): most tests wait on real servers and browsers, and on 2 cores two workers take
+# 15 minutes instead of 20. The suite is CPU-bound beyond that, so at most 4 workers. PASSIVE:
+# idle OpenMP threads sleep instead of spinning, so the workers' servers do not burn the CPU
+# the others need. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup-dev $(VENV)/.installed-ray fetch browser-deps
-	$(PY) -m pytest
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
 
 test-fast: setup-dev $(VENV)/.installed-ray fetch
-	$(PY) -m pytest -m "not browser"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser"
 
 lint: setup-dev
 	$(PY) -m ruff check .

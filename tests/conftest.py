@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
 from pathlib import Path
 
 import pytest
+from swin_reference import SWIN_ARCH, SWIN_CHECKPOINT, SWIN_V1, SWIN_V2, write_checkpoint
 
 from server import ARTIFACTS, ROOT, SAMPLES, Pace, Server, measure_pace  # noqa: F401
 
@@ -14,6 +17,25 @@ from server import ARTIFACTS, ROOT, SAMPLES, Pace, Server, measure_pace  # noqa:
 def live_server():
     """The default server (embedded model, fault injection on for the fault tests)."""
     srv = Server({"HEADSCOPE_ENABLE_FAULT_INJECTION": "1", "HEADSCOPE_MAX_WAIT_MS": "20"})
+    yield srv
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+
+
+@pytest.fixture(scope="session")
+def swin_checkpoint(tmp_path_factory) -> Path:
+    """The local Swin checkpoint the Swin server offers (tests rebuild the model from it)."""
+    path = tmp_path_factory.mktemp("swin") / SWIN_CHECKPOINT
+    write_checkpoint(path, SWIN_ARCH)
+    return path
+
+
+@pytest.fixture(scope="session")
+def swin_server(swin_checkpoint):
+    """One server for every Swin test (API and page): the default model plus SWIN_V1, SWIN_V2 and
+    SWIN_LOCAL, offered by configuration (HEADSCOPE_EXTRA_MODELS) as a user would."""
+    models = [SWIN_V1, SWIN_V2, f"local:{SWIN_ARCH}@{swin_checkpoint}"]
+    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps(models)})
     yield srv
     assert srv.stop() == 0
     assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
@@ -50,3 +72,49 @@ def server_factory():
 @pytest.fixture(scope="session")
 def samples() -> dict[str, Path]:
     return {p.stem: p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")}
+
+
+# -- HEADSCOPE_CPU_PROFILE=1: CPU seconds of each test, its servers and browser included -----------
+# The suite is CPU-bound on 2 cores (pytest-xdist cannot go below CPU / cores); this says where
+# the CPU goes: the test process tree's utime + stime across each test (setup and teardown
+# included), children reaped meanwhile counted through RUSAGE_CHILDREN. One JSON file per
+# xdist worker in test-artifacts/.
+if os.environ.get("HEADSCOPE_CPU_PROFILE") == "1":
+    _CPU: dict[str, float] = {}
+
+    def _tree_cpu() -> float:
+        ticks = os.sysconf("SC_CLK_TCK")
+        parent: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(d)] = int(fields[1])
+            # utime + stime, and cutime + cstime: what its own reaped children used
+            cpu[int(d)] = sum(int(x) for x in fields[11:15]) / ticks
+        me, total = os.getpid(), 0.0
+        cpu[me] = sum(os.times()[:2])  # this process alone: its reaped children come next
+        for pid in cpu:
+            p = pid
+            while p > 1 and p != me:
+                p = parent.get(p, 0)
+            if p == me:
+                total += cpu[pid]
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return total + ru.ru_utime + ru.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        before = _tree_cpu()
+        yield
+        _CPU[item.nodeid] = round(_tree_cpu() - before, 2)
+
+    def pytest_sessionfinish(session):
+        ARTIFACTS.mkdir(exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (ARTIFACTS / f"cpu-{worker}.json").write_text(json.dumps(_CPU, indent=0) + "\n")

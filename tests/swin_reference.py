@@ -14,6 +14,14 @@ import timm
 import torch
 import torch.nn.functional as F
 
+# The Swin models of the shared Swin server (tests/conftest.py, swin_server): random-weight v1
+# and v2, and a local checkpoint of random weights (a classifier, head included) of this name.
+SWIN_ARCH = "swin_tiny_patch4_window7_224"
+SWIN_V1 = f"random:{SWIN_ARCH}"
+SWIN_V2 = "random:swinv2_tiny_window8_256"
+SWIN_CHECKPOINT = "swin-random.safetensors"
+SWIN_LOCAL = f"local:{SWIN_ARCH}@{SWIN_CHECKPOINT}"  # the id the server lists it under
+
 
 def make(name: str, kwargs: dict, dynamic: bool) -> torch.nn.Module:
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +26,7 @@ from ..engine.capture import ImageAttention
 from ..engine.device import autocast_dtype, is_oom, release_memory, resolve_device
 from ..engine.forward import forward_capture
 from ..engine.layout import TokenLayout
-from ..engine.stats import compute_stats
+from ..engine.stats import HeadStats, compute_stats, compute_stats_batch
 from ..engine.window_stats import window_head_stats
 from ..engine.windows import WindowedAttention
 from ..serving import images
@@ -171,8 +171,14 @@ class Surveyor:
             materialise = isinstance(layout, TokenLayout) and self.lm.capture.materialise_pays(layout.count)
             with self.lm.lock:
                 atts = forward_capture(self.lm, x, materialise=materialise, amp_dtype=self.amp)
-            for p, att in zip(batch, atts):
-                tables.append(self._rows(p, att))
+            if isinstance(layout, TokenLayout) and all(isinstance(a, ImageAttention) for a in atts):
+                # The batch's maps together, as the forward left them (see compute_stats_batch).
+                stats = compute_stats_batch(
+                    cast(list[ImageAttention], atts), layout, MASS, similarity=self.similarity, with_ranks=self.ranks
+                )
+                tables.extend(self._rows(p, att, st) for p, att, st in zip(batch, atts, stats))
+            else:
+                tables.extend(self._rows(p, att) for p, att in zip(batch, atts))
         except Exception as e:
             if len(batch) > 1:
                 if is_oom(e):
@@ -190,13 +196,14 @@ class Surveyor:
             log.warning("%s: %s: %s", batch[0].item.image, type(e).__name__, e)
             failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
 
-    def _rows(self, p: Prepared, att: ImageAttention | WindowedAttention) -> pa.Table:
-        """The ``L * H`` rows of one picture."""
+    def _rows(self, p: Prepared, att: ImageAttention | WindowedAttention, st: HeadStats | None = None) -> pa.Table:
+        """The ``L * H`` rows of one picture (``st``: its statistics, if already computed)."""
         if isinstance(att, WindowedAttention):
             return self._window_rows(p, att)
         layout = self.lm.layout(p.input_size)
         assert isinstance(layout, TokenLayout)
-        st = compute_stats(att, layout, MASS, similarity=self.similarity, with_ranks=self.ranks)
+        if st is None:
+            st = compute_stats(att, layout, MASS, similarity=self.similarity, with_ranks=self.ranks)
         L, H = att.num_layers, att.num_heads
         n = L * H
 

@@ -9,34 +9,27 @@ shown at T like any other.
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import numpy as np
 import pytest
 import torch
-from swin_reference import write_checkpoint
+from swin_reference import SWIN_ARCH as ARCH
+from swin_reference import SWIN_LOCAL
 
-from server import ROOT, Server
+from server import ROOT
 
 API = "/api/v1/attention"
-ARCH = "swin_tiny_patch4_window7_224"
 T = 600  # generous: these tests must pass on a loaded machine
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("swin-ablate") / "swin-clf.safetensors"
-    write_checkpoint(path, ARCH)
-    return path
+def checkpoint(swin_checkpoint):
+    return swin_checkpoint
 
 
 @pytest.fixture(scope="module")
-def swin(checkpoint):
-    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([f"local:{ARCH}@{checkpoint}"])})
-    yield srv.url, f"local:{ARCH}@{checkpoint.name}"
-    assert srv.stop() == 0
-    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+def swin(swin_server):
+    return swin_server.url, SWIN_LOCAL
 
 
 def post(base, data: bytes, **fields) -> dict:

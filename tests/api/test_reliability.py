@@ -44,7 +44,7 @@ def test_soak_memory_cache_fds_tempfiles(pace):
     env = {"HEADSCOPE_CACHE_BYTES": str(cache), "HEADSCOPE_REQUEST_TIMEOUT_S": f"{deadline:.3f}"}
     srv, tmpdir = loadscript.start_server(env)
     try:
-        n = 2000 if SLOW else 240
+        n = 2000 if SLOW else 200  # 3 samples of memory and fds after the warm-up (every 50 from 100)
         res = asyncio.run(
             loadscript.soak(srv.url, srv.proc.pid, n, cache, tmpdir, 1200, client_timeout_s=deadline + 60)
         )

@@ -17,32 +17,21 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load as st_load
-from swin_reference import reference_explain, reference_maps, write_checkpoint
+from swin_reference import SWIN_ARCH as ARCH
+from swin_reference import SWIN_V1 as V1
+from swin_reference import SWIN_V2 as V2
+from swin_reference import reference_explain, reference_maps
 
-from server import ROOT, Server
+from server import ROOT
 
 API = "/api/v1/attention"
-V1 = "random:swin_tiny_patch4_window7_224"
-V2 = "random:swinv2_tiny_window8_256"
-ARCH = "swin_tiny_patch4_window7_224"
 TIMEOUT = 180
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A classifier checkpoint of random weights (1000-class head included), as a user saves one."""
-    path = tmp_path_factory.mktemp("swin") / "swin-random.safetensors"
-    write_checkpoint(path, ARCH)
-    return path
-
-
-@pytest.fixture(scope="module")
-def swin_server(checkpoint):
-    local = f"local:{ARCH}@{checkpoint}"
-    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([V1, V2, local]), "HEADSCOPE_MAX_WAIT_MS": "5"})
-    yield srv
-    assert srv.stop() == 0
-    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+def checkpoint(swin_checkpoint):
+    """The classifier checkpoint of random weights (1000-class head included) the server offers."""
+    return swin_checkpoint
 
 
 def post(base, data: bytes, timeout=TIMEOUT, **fields):

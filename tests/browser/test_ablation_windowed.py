@@ -5,38 +5,20 @@ with a note saying why (the server answers 422 ``ablation_unsupported`` to head 
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
-from swin_reference import write_checkpoint
+from swin_reference import SWIN_LOCAL as MODEL
 from test_ablation import OUTPUT, VIEW, wait_output
 from test_page import image_id, open_page, upload
 
-from server import Server
-
 pytestmark = pytest.mark.browser
 
-ARCH = "swin_tiny_patch4_window7_224"
 SLOW_MS = 240_000
-
-
-@pytest.fixture(scope="module")
-def swin_server(tmp_path_factory):
-    path = tmp_path_factory.mktemp("swin-ablation-page") / "swin-clf.safetensors"
-    write_checkpoint(path, ARCH)
-    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([f"local:{ARCH}@{path}"])})
-    yield srv
-    assert srv.stop() == 0
-    assert "Traceback" not in srv.log()
 
 
 @pytest.fixture(scope="module")
 def base_url(swin_server) -> str:  # the page fixtures (guard, routes) follow this server
     return swin_server.url
-
-
-MODEL = f"local:{ARCH}@swin-clf.safetensors"
 
 
 def test_a_windowed_model_shows_its_output_without_head_toggles(page, base_url, samples):

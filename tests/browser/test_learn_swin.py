@@ -6,54 +6,23 @@ and v2 by configuration (HEADSCOPE_EXTRA_MODELS), like tests/browser/test_swin_p
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from swin_reference import SWIN_V1 as V1
+from swin_reference import SWIN_V2 as V2
 from test_learn import cell_center, entropy, explain, image_id, open_page, set_range, softmax, upload, wait_learn
-
-from server import Server
+from test_swin_page import window_ink as ink
 
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-V1 = "random:swin_tiny_patch4_window7_224"
-V2 = "random:swinv2_tiny_window8_256"
-
-
-@pytest.fixture(scope="module")
-def swin_server():
-    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([V1, V2])})
-    yield srv
-    assert srv.stop() == 0
-    assert "Traceback" not in srv.log()
 
 
 def notes(page) -> list[str]:
     return page.eval_on_selector_all("[data-testid=learn-notes] li", "l => l.map(x => x.dataset.note)")
-
-
-def ink(page, selector: str) -> dict:
-    """Pixels of the window outline's dash colour (#facc15) in each corner quarter of a canvas."""
-    return page.eval_on_selector(
-        selector,
-        """c => {
-        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-        const out = {tl: 0, tr: 0, bl: 0, br: 0, all: 0};
-        for (let y = 0; y < c.height; y++) for (let x = 0; x < c.width; x++) {
-            const i = 4 * (y * c.width + x);
-            if (Math.abs(d[i] - 250) < 12 && Math.abs(d[i + 1] - 204) < 12 && d[i + 2] < 60) {
-                out.all++;
-                const k = (y < c.height / 4 ? 't' : y > 3 * c.height / 4 ? 'b' : 'm')
-                        + (x < c.width / 4 ? 'l' : x > 3 * c.width / 4 ? 'r' : 'm');
-                if (k in out) out[k]++;
-            }
-        }
-        return out;
-    }""",
-    )
 
 
 def hover_cell(page, selector: str, r: int, c: int, grid) -> dict:

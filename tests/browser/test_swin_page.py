@@ -7,40 +7,23 @@ outlined, in shifted blocks as the pieces that wrap round the edges.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from swin_reference import write_checkpoint
-
-from server import Server
+from swin_reference import SWIN_LOCAL as LOCAL
+from swin_reference import SWIN_V1 as RANDOM
 
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 OVERLAY = "[data-testid=overlay]"
-RANDOM = "random:swin_tiny_patch4_window7_224"
-ARCH = "swin_tiny_patch4_window7_224"
-
-
-@pytest.fixture(scope="module")
-def swin_server(tmp_path_factory):
-    path = tmp_path_factory.mktemp("swin-page") / "swin-demo.safetensors"
-    write_checkpoint(path, ARCH)
-    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([RANDOM, f"local:{ARCH}@{path}"])})
-    yield srv
-    assert srv.stop() == 0
-    assert "Traceback" not in srv.log()
 
 
 @pytest.fixture(scope="module")
 def base_url(swin_server) -> str:  # the page fixtures (guard, routes) follow this server
     return swin_server.url
-
-
-LOCAL = f"local:{ARCH}@swin-demo.safetensors"
 
 
 def wait_view(page, **want) -> dict:
@@ -84,10 +67,11 @@ def api_row(base_url, image_id, model, layer, head, query) -> list[float]:
     return r.json()["attention"][0][0][0]
 
 
-def window_ink(page) -> dict:
-    """Pixels of the window outline's dash colour (#facc15) in each corner quarter of the overlay."""
+def window_ink(page, selector: str = OVERLAY) -> dict:
+    """Pixels of the window outline's dash colour (#facc15) in each corner quarter of a canvas
+    (the overlay unless said)."""
     return page.eval_on_selector(
-        OVERLAY,
+        selector,
         """c => {
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         const out = {tl: 0, tr: 0, bl: 0, br: 0, all: 0};

@@ -210,6 +210,33 @@ def test_vectorised_stats_equal_the_reference(name, kwargs, hw, materialise):
         assert js["entropy"] == got.entropy.tolist() and js["rank"]["numerical"] == ref["rank_num"]
 
 
+@pytest.mark.parametrize("name,kwargs,hw", TINY_FAMILIES, ids=[f[0] for f in TINY_FAMILIES])
+def test_batched_stats_equal_the_reference_image_by_image(name, kwargs, hw, monkeypatch):
+    """compute_stats_batch (the survey's: one layer of every image at once, on the forward's own
+    batch tensors) gives each image the reference values; a batch with maps takes that path."""
+    from app.engine import stats
+
+    atts, layout = _capture(name, kwargs, hw, True)
+    assert len(atts) > 1
+    if all(p is not None for p in atts[0].probs):  # every family here keeps its maps when asked
+        assert stats._batch_of([a.probs[0] for a in atts]) is not None, "not seen as one batch tensor"
+        # The batched path must not fall back to image-by-image computation.
+        monkeypatch.setattr(stats, "compute_stats", lambda *a, **k: pytest.fail("fell back to compute_stats"))
+    got = stats.compute_stats_batch(atts, layout, 0.6)
+    monkeypatch.undo()
+    for att, st in zip(atts, got):
+        ref = reference_stats(att, layout, 0.6)
+        for k in ("entropy", "distance_px", "prefix_mass", "artifact_mass", "similarity"):
+            torch.testing.assert_close(getattr(st, k), ref[k], atol=2e-6, rtol=1e-5, msg=k)
+        if layout.cls_index is not None:
+            torch.testing.assert_close(st.entropy_cls, ref["entropy_cls"], atol=2e-6, rtol=1e-5)
+            assert torch.equal(st.mass_patches, ref["mass_patches"])
+        assert st.rank_numerical.tolist() == ref["rank_num"] and st.artifacts == ref["artifacts"]
+    # Maps that are not one batch tensor (copies) go image by image, with the same values.
+    apart = [stats._batch_of([a.probs[0].clone() for a in atts])]
+    assert apart == [None]
+
+
 def test_chunked_layers_give_the_same_stats():
     from app.engine.stats import compute_stats
 

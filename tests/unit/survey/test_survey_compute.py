@@ -173,10 +173,10 @@ def test_a_picture_that_fails_in_the_forward_is_recorded_and_its_batch_mates_are
     items = [it for it in list_images(folder) if it.image.startswith("p")][:4]
     real = sv._rows
 
-    def rows_or_boom(p, att):
+    def rows_or_boom(p, att, st=None):
         if p.item.image == items[1].image:
             raise RuntimeError("boom")
-        return real(p, att)
+        return real(p, att, st)
 
     monkeypatch.setattr(sv, "_rows", rows_or_boom)
     res = sv.process(items)
