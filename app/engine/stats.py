@@ -19,7 +19,14 @@ Speed (the stats of a 224 px image are meant to cost well under a third of a for
 * head similarity uses ``JS(P, Q) = H(M) - (H(P) + H(Q)) / 2``: one entropy per head pair,
   the pairs ``(i, i + d)`` of every layer in one step per offset ``d``;
 * the singular values of the head outputs come from the eigenvalues of their float64 Gram
-  matrix (``s_i = sqrt(eig(X X^T))``, the smaller side), one batched call over layers.
+  matrix (``s_i = sqrt(eig(X X^T))``, the smaller side), one batched call over layers;
+* a batch captured together with its maps kept (the survey) goes through
+  :func:`compute_stats_batch`: one layer of every image at a time, on the forward's own
+  ``[B, H, N, N]`` tensor.
+
+Measured on 2 CPU cores (README, "Survey", "Speed"): 0.24x a forward without ranks and
+similarity, 0.43x without ranks, 0.82x with everything; the ranks' eigenvalue problems are the
+floor of the last.
 """
 
 from __future__ import annotations
