@@ -176,9 +176,11 @@ class Surveyor:
                 stats = compute_stats_batch(
                     cast(list[ImageAttention], atts), layout, MASS, similarity=self.similarity, with_ranks=self.ranks
                 )
-                tables.extend(self._rows(p, att, st) for p, att, st in zip(batch, atts, stats))
+                done = [self._rows(p, att, st) for p, att, st in zip(batch, atts, stats)]
             else:
-                tables.extend(self._rows(p, att) for p, att in zip(batch, atts))
+                done = [self._rows(p, att) for p, att in zip(batch, atts)]
+            # All or nothing: on an error below, every picture of the batch is run again alone.
+            tables.extend(done)
         except Exception as e:
             if len(batch) > 1:
                 if is_oom(e):
