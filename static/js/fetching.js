@@ -325,13 +325,18 @@ async function openOther(s, id, app) {
     await p;
   } catch (e) {
     s.compare.failed.add(key);
-    for (const name of SIDES) {
-      const side = s.compare[name];
-      if (side && side.image === id) side.image = s.imageId;
-    }
+    retarget(s, id, s.imageId);
     app.fail(e);
   } finally {
     s.compare.loading.delete(key);
+  }
+}
+
+/** Compare sides that show image `from` (an id, or a sample's "sample:url" while it loads) show `to`. */
+function retarget(s, from, to) {
+  for (const name of SIDES) {
+    const side = s.compare[name];
+    if (side && side.image === from) side.image = to;
   }
 }
 
@@ -344,19 +349,13 @@ async function openSample(s, url, app) {
     const { meta, store } = storeOf(ans, s.temperature);
     rememberImage(s, ans.image_id, file.name, url);
     s.compare.others.set(otherKey(ans.model, ans.image_id), { store, image, meta, tokens: meta.tokens, filename: file.name });
-    for (const name of SIDES) {
-      const side = s.compare[name];
-      if (side && side.image === key) side.image = ans.image_id;
-    }
+    retarget(s, key, ans.image_id);
   })();
   s.compare.loading.set(key, p);
   try {
     await p;
   } catch (e) {
-    for (const name of SIDES) {
-      const side = s.compare[name];
-      if (side && side.image === key) side.image = s.imageId;
-    }
+    retarget(s, key, s.imageId);
     app.fail(e);
   } finally {
     s.compare.loading.delete(key);

@@ -15,11 +15,9 @@ import pytest
 import torch
 from swin_reference import SWIN_ARCH as ARCH
 from swin_reference import SWIN_LOCAL
+from test_ablation_api import API, T, assert_error, get, post
 
 from server import ROOT
-
-API = "/api/v1/attention"
-T = 600  # generous: these tests must pass on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -32,28 +30,9 @@ def swin(swin_server):
     return swin_server.url, SWIN_LOCAL
 
 
-def post(base, data: bytes, **fields) -> dict:
-    r = httpx.post(
-        base + API,
-        files={"image": ("img.png", data, "application/octet-stream")},
-        data={k: str(v) for k, v in fields.items()},
-        timeout=T,
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def get(base, path: str, **params) -> httpx.Response:
-    return httpx.get(base + path, params=params, timeout=T)
-
-
 def assert_422(r: httpx.Response, code: str) -> str:
-    assert r.status_code == 422, r.text
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
-    assert body["error"]["code"] == code, body
-    assert "Traceback" not in r.text and ".py" not in r.text
-    return body["error"]["message"]
+    assert_error(r, 422, code)
+    return r.json()["error"]["message"]
 
 
 def test_a_windowed_classifier_shows_its_classes_exactly(swin, checkpoint, samples):

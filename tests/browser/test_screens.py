@@ -139,7 +139,9 @@ def test_compare_mode_fits_a_phone(page_at, base_url, samples, width, height):
 
 
 # ------------------------------------------------------------------ the map while computing
-def test_the_map_shows_a_loading_state_while_computing(page, base_url, guard):
+def slow_uploads(page) -> None:
+    """Every upload of the page takes 1.5 s longer on the server (fault injection), so the
+    state while an image is computing stays long enough to be seen."""
     page.route(
         "**/api/v1/attention",
         lambda route: (
@@ -148,6 +150,10 @@ def test_the_map_shows_a_loading_state_while_computing(page, base_url, guard):
             else route.continue_()
         ),
     )
+
+
+def test_the_map_shows_a_loading_state_while_computing(page, base_url, guard):
+    slow_uploads(page)
     open_page(page, base_url)
     loading = page.locator("[data-testid=viewer-loading]")
     assert loading.is_hidden() and page.locator("#empty").is_visible()
@@ -175,14 +181,7 @@ def test_the_map_shows_a_loading_state_while_computing(page, base_url, guard):
 
 def test_inside_a_head_says_an_image_is_computing(page, base_url, guard):
     """The learn view, like the map, says an image is on its way instead of "Bring an image"."""
-    page.route(
-        "**/api/v1/attention",
-        lambda route: (
-            route.continue_(headers={**route.request.headers, "x-headscope-fault": "sleep:1.5"})
-            if route.request.method == "POST"
-            else route.continue_()
-        ),
-    )
+    slow_uploads(page)
     open_page(page, base_url, "?view=learn")
     status = page.locator("[data-testid=learn-status]")
     assert "Bring an image" in status.inner_text()
