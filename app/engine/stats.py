@@ -19,14 +19,15 @@ Speed (the stats of a 224 px image are meant to cost well under a third of a for
 * head similarity uses ``JS(P, Q) = H(M) - (H(P) + H(Q)) / 2``: one entropy per head pair,
   the pairs ``(i, i + d)`` of every layer in one step per offset ``d``;
 * the singular values of the head outputs come from the eigenvalues of their float64 Gram
-  matrix (``s_i = sqrt(eig(X X^T))``, the smaller side), one batched call over layers;
+  matrix (``s_i = sqrt(eig(X X^T))``, the smaller side), the layers shared between threads
+  (:mod:`app.engine.gram`);
 * a batch captured together with its maps kept (the survey) goes through
   :func:`compute_stats_batch`: one layer of every image at a time, on the forward's own
   ``[B, H, N, N]`` tensor.
 
-Measured on 2 CPU cores (README, "Survey", "Speed"): 0.24x a forward without ranks and
-similarity, 0.43x without ranks, 0.82x with everything; the ranks' eigenvalue problems are the
-floor of the last.
+Measured on 2 CPU cores (README, "Survey", "Speed"): 0.17x a forward without ranks and
+similarity, 0.30x without ranks, 0.60x with everything; the ranks' twelve eigenvalue problems
+(latency-bound in LAPACK, ~1.5 ms each at 257 x 257) are most of the difference.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from .capture import ImageAttention
+from .gram import gram_eigvalsh
 from .layout import TokenLayout
 
 EPS = 1e-12
@@ -172,10 +174,8 @@ def singular_values(x: torch.Tensor) -> torch.Tensor:
     eps32 * s_max``) comes out as an SVD would give it. Eigenvalues under that noise floor are
     set to 0: they are zero singular values that rounding made tiny positive or negative.
     """
-    x = x.double()
     m, d = x.shape[-2:]
-    gram = x @ x.mT if m <= d else x.mT @ x
-    lam = torch.linalg.eigvalsh(gram)  # ..., min(M, D), ascending
+    lam = gram_eigvalsh(x)  # ..., min(M, D), ascending, float64
     floor = max(m, d) * torch.finfo(torch.float64).eps * lam[..., -1:].clamp_min(0)
     return torch.where(lam > floor, lam, 0).sqrt()
 
