@@ -31,6 +31,7 @@ import torch
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 _blas: Any = None  # threadpoolctl's controllers of numpy's OpenBLAS, found once
 
 
@@ -68,12 +69,13 @@ def _eigvalsh(mats: np.ndarray) -> np.ndarray:
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool
+    """The shares' threads (numpy only: a thread that calls torch gets an OpenMP team of its own)."""
+    global _pool, _pool_size
     with _lock:
-        if _pool is None or _pool._max_workers < workers:
+        if _pool is None or _pool_size < workers:
             if _pool is not None:
                 _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(workers, thread_name_prefix="headscope-gram")
+            _pool, _pool_size = ThreadPoolExecutor(workers, thread_name_prefix="headscope-gram"), workers
         return _pool
 
 
