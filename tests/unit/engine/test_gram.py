@@ -62,9 +62,12 @@ def test_the_batch_is_shared_between_threads_and_blas_is_set_back(two_threads, m
         pytest.skip("one CPU: the batch runs on the calling thread")
     seen: list[tuple[str, list[int]]] = []
     inner = gram._eigvalsh
+    # Each share waits for the other: shares run one after the other would time out here.
+    both = threading.Barrier(2, timeout=20)
 
     def spy(mats):
         seen.append((threading.current_thread().name, _openblas_threads()))
+        both.wait()
         return inner(mats)
 
     monkeypatch.setattr(gram, "_eigvalsh", spy)
@@ -72,7 +75,7 @@ def test_the_batch_is_shared_between_threads_and_blas_is_set_back(two_threads, m
     x = torch.randn(12, 30, 40)
     torch.testing.assert_close(gram_eigvalsh(x), _reference(x), rtol=1e-12, atol=1e-9)
     names = {name for name, _ in seen}
-    assert len(seen) == 2 and len(names) == 2 and all(n.startswith("headscope-gram") for n in names)
+    assert len(names) == 2 and all(n.startswith("headscope-gram") for n in names)
     if before:  # numpy's BLAS is OpenBLAS: one thread while the shares ran, as before afterwards
         assert all(threads == [1] * len(before) for _, threads in seen)
     assert _openblas_threads() == before
