@@ -56,6 +56,16 @@ def wait_view(page, **want) -> dict:
     return view(page)
 
 
+def wait_scroll_settled(page) -> None:
+    """Wait until the page has stopped scrolling (two animation frames at the same offset): the
+    page scrolls smoothly, and an answer can now arrive before the scroll has ended, so boxes
+    measured meanwhile are still moving."""
+    page.wait_for_function(
+        "() => { const y = scrollY; const same = window.__hsLastY === y; window.__hsLastY = y; return same; }",
+        polling="raf",
+    )
+
+
 def upload(page, path) -> dict:
     page.set_input_files("[data-testid=image-input]", str(path))
     return wait_view(page, image=image_id(path.read_bytes()))
@@ -496,8 +506,11 @@ def test_downloads_png_and_tensors(page, base_url, samples):
 def test_entropy_chart_click_opens_that_head(page, base_url, samples):
     open_page(page, base_url)
     upload(page, samples["cat"])
+    # Every chart drawn first: one drawn later moves the others while the click is aimed.
+    page.wait_for_selector("[data-testid=analytics][data-state=ready]", timeout=120_000)
     cells = page.locator("[data-testid=chart-entropy][data-rendered='1'] .nsewdrag")
     cells.scroll_into_view_if_needed()
+    wait_scroll_settled(page)
     box = cells.bounding_box()
     x = box["x"] + (4 + 0.5) * box["width"] / 6  # head 4
     y = box["y"] + (2 + 0.5) * box["height"] / 12  # layer 2 (layer 0 at the top)

@@ -16,7 +16,7 @@ import re
 import httpx
 import pytest
 from PIL import Image
-from test_page import ERROR, OVERLAY, click_cell, image_id, open_page, upload, view, wait_view
+from test_page import ERROR, OVERLAY, click_cell, image_id, open_page, upload, view, wait_scroll_settled, wait_view
 
 pytestmark = pytest.mark.browser
 
@@ -84,6 +84,7 @@ def test_phone_nothing_scrolls_sideways_and_the_result_comes_into_view(page_at, 
         " return r.top >= 0 && r.bottom <= innerHeight; }"
     )
     v = wait_view(pg, image=image_id(samples["cat"].read_bytes()))
+    wait_scroll_settled(pg)  # the answer may come before the smooth scroll has ended
     assert in_view(pg, OVERLAY)
     cbox, vbox = box(pg, OVERLAY), box(pg, "#viewer")
     assert vbox["l"] >= 0 and vbox["r"] <= width and cbox["l"] >= vbox["l"] - 0.5 and cbox["r"] <= vbox["r"] + 0.5
