@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,8 @@ _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _blas: Any = None  # threadpoolctl's controllers of numpy's OpenBLAS, found once
+_blas_users = 0  # callers inside _one_blas_thread()
+_blas_before: list[int] = []  # OpenBLAS's thread counts before the first of them
 
 
 def gram_eigvalsh(x: torch.Tensor) -> torch.Tensor:
@@ -79,37 +83,32 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
-class _one_blas_thread:
+@contextmanager
+def _one_blas_thread() -> Iterator[None]:
     """numpy's OpenBLAS held to one thread while any shares run, then set back.
 
     Only OpenBLAS is touched (torch's MKL is its own, inside libtorch); where numpy uses another
     BLAS, or threadpoolctl is missing, nothing changes and the threads share that BLAS's pool.
     Counted, so overlapping callers set it back once, after the last of them.
     """
+    global _blas, _blas_users, _blas_before
+    with _lock:
+        if _blas is None:
+            try:
+                from threadpoolctl import ThreadpoolController
 
-    users = 0
-    before: list[int] = []
-
-    def __enter__(self) -> None:
-        global _blas
-        cls = type(self)
+                _blas = ThreadpoolController().select(internal_api="openblas")
+            except Exception:  # noqa: BLE001 - an optional speed-up only
+                _blas = False
+        if _blas and _blas_users == 0:
+            _blas_before = [c.num_threads for c in _blas.lib_controllers]
+            _blas.limit(limits=1)
+        _blas_users += 1
+    try:
+        yield
+    finally:
         with _lock:
-            if _blas is None:
-                try:
-                    from threadpoolctl import ThreadpoolController
-
-                    _blas = ThreadpoolController().select(internal_api="openblas")
-                except Exception:  # noqa: BLE001 - an optional speed-up only
-                    _blas = False
-            if _blas and cls.users == 0:
-                cls.before = [c.num_threads for c in _blas.lib_controllers]
-                _blas.limit(limits=1)
-            cls.users += 1
-
-    def __exit__(self, *exc: object) -> None:
-        cls = type(self)
-        with _lock:
-            cls.users -= 1
-            if _blas and cls.users == 0:
-                for c, n in zip(_blas.lib_controllers, cls.before):
+            _blas_users -= 1
+            if _blas and _blas_users == 0:
+                for c, n in zip(_blas.lib_controllers, _blas_before):
                     c.set_num_threads(n)
