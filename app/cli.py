@@ -173,7 +173,7 @@ def _extract(args) -> int:
             "tokens": tokens,
             "layers": sel.layers,
             "heads": sel.heads,
-            "query": sel.rows if sel.rows is not None else "all",
+            "query": sel.queries if sel.queries is not None else "all",
             "aggregate": sel.aggregate,
         }
     if not tensors:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from app.engine import importance as imp
+from app.engine.model import LoadedModel
 from app.engine.output import change, head_output
-from app.zoo.loaded import LoadedModel
 
 from .common import BenchFailure, Variant, run_interleaved, summary
 from .inproc import SAMPLES, Checks

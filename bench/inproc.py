@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from app.engine.analysis import attention_tensor
+from app.engine.model import LoadedModel
 from app.engine.selection import Selection
-from app.zoo.loaded import LoadedModel
 
 from . import peers
 from .ceiling import MatmulsOnly
@@ -124,7 +124,7 @@ def build_variants(
         A selection of every row is captured as the service does for ``query=all``: with the
         maps materialised by the unfused forward (``needs_every_row``).
         """
-        materialise = sel.rows is None
+        materialise = sel.queries is None
 
         def fn(x):
             with torch.inference_mode():

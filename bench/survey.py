@@ -23,10 +23,10 @@ from PIL import Image
 
 from app.config import Settings
 from app.engine.forward import forward_capture
+from app.engine.model import LoadedModel
 from app.engine.stats import compute_stats, head_stats
 from app.survey.compute import Surveyor
 from app.survey.sources import Item
-from app.zoo.loaded import LoadedModel
 
 from .common import BenchFailure, Variant
 from .inproc import INPUT, SAMPLES, sample_pixels

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from .capture import ImageAttention
+from .hooks import Attention
 from .selection import Selection, SelectionError
-
-if TYPE_CHECKING:
-    from .windows import WindowedAttention
 
 
 def fuse_heads(attn: torch.Tensor, how: str) -> torch.Tensor:
@@ -24,7 +19,7 @@ def fuse_heads(attn: torch.Tensor, how: str) -> torch.Tensor:
     raise SelectionError(f"head fusion {how!r}: use mean, max or min")
 
 
-def rollout(att: ImageAttention | WindowedAttention, sel: Selection) -> torch.Tensor:
+def rollout(att: Attention, sel: Selection) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema, 2020), one map per selected layer.
 
     For layers ``l = start .. max(layers)``: ``A_l`` = the selected heads, each row
@@ -58,11 +53,11 @@ def rollout(att: ImageAttention | WindowedAttention, sel: Selection) -> torch.Te
         A = A / A.sum(dim=-1, keepdim=True)
         R = A @ R
         if layer in wanted:
-            out[layer] = R if sel.rows is None else R[sel.rows]
+            out[layer] = R if sel.queries is None else R[sel.queries]
     return torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1).cpu()
 
 
-def attention_tensor(att: ImageAttention | WindowedAttention, sel: Selection) -> torch.Tensor:
+def attention_tensor(att: Attention, sel: Selection) -> torch.Tensor:
     """The requested attention as ``[layers, heads, queries, tokens]`` float32, on the host.
 
     With ``aggregate`` = ``mean`` or ``max`` the heads axis has length 1 (the fused selected
@@ -74,10 +69,10 @@ def attention_tensor(att: ImageAttention | WindowedAttention, sel: Selection) ->
     first = sel.layers[0]  # windowed models: every selected layer is of one stage (one grid)
     n = att.tokens_at(first)
     heads = len(sel.heads) if sel.heads is not None else att.heads_at(first)
-    queries = len(sel.rows) if sel.rows is not None else n
+    queries = len(sel.queries) if sel.queries is not None else n
     out = torch.empty(len(sel.layers), heads, queries, n, device=att.device)  # L, H, Q, N
     for i, layer in enumerate(sel.layers):
-        att.rows(layer, sel.heads, sel.rows, out=out[i], temperature=sel.temperature)
+        att.rows(layer, sel.heads, sel.queries, out=out[i], temperature=sel.temperature)
     if sel.aggregate == "mean":
         out = out.mean(dim=1, keepdim=True)
     elif sel.aggregate == "max":

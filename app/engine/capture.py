@@ -39,28 +39,22 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-if TYPE_CHECKING:
-    from .windows import WindowCapture
-
-SUPPORTED_FAMILIES = (
-    "vit, deit (incl. distilled), dinov2 (with and without registers), flexivit, siglip, "
-    "eva/eva02 (RoPE), beit (relative position bias), swin and swinv2 (windowed, one grid per stage)"
+from .hooks import (
+    SUPPORTED_FAMILIES,
+    CaptureError,
+    UnsupportedModelError,
+    store_input,
+    store_norms,
+    store_output,
+    temper_,
 )
-
-
-class CaptureError(RuntimeError):
-    """A capture came back empty, incomplete or malformed."""
-
-
-class UnsupportedModelError(ValueError):
-    """The model's attention blocks are of a kind Headscope cannot capture."""
 
 
 def _attention_kind(attn: nn.Module) -> str | None:
@@ -168,9 +162,13 @@ class ImageAttention:
         return sum(self.storages().values())
 
     def logits(
-        self, layer: int, heads: list[int] | None = None, rows: list[int] | None = None, out: torch.Tensor | None = None
+        self,
+        layer: int,
+        heads: list[int] | None = None,
+        queries: list[int] | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Pre-softmax scores of one layer, ``[heads, rows, N]`` in float32, on :attr:`device`.
+        """Pre-softmax scores of one layer, ``[heads, queries, N]`` in float32, on :attr:`device`.
 
         ``q * scale @ k^T`` in the order of operations of timm's unfused branch, plus the
         additive bias the model uses (BEiT's relative position bias), if any.
@@ -178,64 +176,48 @@ class ImageAttention:
         Args:
             layer: block index (0-based, non-negative).
             heads: head indices, or None for all.
-            rows: query token indices, or None for all N rows.
-            out: optional float32 ``[heads, rows, N]`` tensor on :attr:`device` to write into.
+            queries: query token indices, or None for all N.
+            out: optional float32 ``[heads, queries, N]`` tensor on :attr:`device` to write into.
         """
         q, k = self.q[layer], self.k[layer]
         if q is None or k is None:
             raise CaptureError(f"layer {layer}: the capture kept no q and k")
         q, k = _take(q, heads, 0), _take(k, heads, 0)
-        q = _take(q, rows, 1)
+        q = _take(q, queries, 1)
         # Same order of operations as timm's unfused branch: scale q, then q k^T, then the bias.
         q = q.float() * self.scale[layer]
         logits = torch.matmul(q, k.float().transpose(-2, -1), out=out)  # H, R, N
         bias = self.bias[layer] if self.bias else None
         if bias is not None:
-            logits.add_(_take(_take(bias, heads, 0), rows, 1))
+            logits.add_(_take(_take(bias, heads, 0), queries, 1))
         return logits
 
     def rows(
         self,
         layer: int,
         heads: list[int] | None = None,
-        rows: list[int] | None = None,
+        queries: list[int] | None = None,
         out: torch.Tensor | None = None,
         temperature: float = 1.0,
     ) -> torch.Tensor:
-        """Softmax attention of one layer, ``[heads, rows, N]`` in float32, on :attr:`device`.
+        """Softmax attention of one layer, ``[heads, queries, N]`` in float32, on :attr:`device`.
 
         Args:
             layer: block index (0-based, non-negative).
             heads: head indices, or None for all.
-            rows: query token indices, or None for all N rows.
-            out: optional float32 ``[heads, rows, N]`` tensor on :attr:`device` to write into
+            queries: query token indices, or None for all N rows.
+            out: optional float32 ``[heads, queries, N]`` tensor on :attr:`device` to write into
                 (no allocation).
             temperature: ``softmax(scores / temperature)``; 1 is the model itself.
         """
         p = self.probs[layer]
         if p is not None and temperature == 1.0:
-            p = _take(_take(p, heads, 0), rows, 1)
+            p = _take(_take(p, heads, 0), queries, 1)
             return out.copy_(p) if out is not None else p.float()
-        logits = self.logits(layer, heads, rows, out)
+        logits = self.logits(layer, heads, queries, out)
         if temperature != 1.0:
             temper_(logits, temperature)
         return torch.softmax(logits, dim=-1, out=logits)
-
-
-# The largest float32: 1/T for a tiny T saturates here instead of overflowing to inf.
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-
-def temper_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logits`` becomes ``(logits - rowmax) / temperature`` in place, whose softmax is
-    ``softmax(logits / temperature)``.
-
-    Subtracting the row's maximum first keeps every finite ``temperature > 0`` finite: for a
-    tiny T the scores go to 0 (the maximum) or -inf, so the row becomes one-hot (ties share),
-    and for a huge T they go to 0 and the row becomes uniform, instead of inf - inf = NaN.
-    """
-    logits.sub_(logits.amax(dim=-1, keepdim=True))
-    return logits.mul_(min(1.0 / temperature, _FLOAT32_MAX))
 
 
 def _take(t: torch.Tensor, idx: list[int] | None, dim: int) -> torch.Tensor:
@@ -260,6 +242,8 @@ class AttentionCapture:
             model(x)
         per_image = cap.results()  # list[ImageAttention], one per batch item
     """
+
+    stages: None = None  # global attention: one token sequence for every layer
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -309,12 +293,12 @@ class AttentionCapture:
                 stack.callback(setattr, attn, "fused_attn", was_fused)
                 if kind == "qk":
                     # q and k as the model uses them, and v as a view of the same qkv tensor.
-                    stack.callback(attn.q_norm.register_forward_hook(self._store(self._q[i])).remove)
-                    stack.callback(attn.k_norm.register_forward_hook(self._store(self._k[i])).remove)
+                    stack.callback(attn.q_norm.register_forward_hook(store_output(self._q[i])).remove)
+                    stack.callback(attn.k_norm.register_forward_hook(store_output(self._k[i])).remove)
                     stack.callback(attn.qkv.register_forward_hook(self._store_v(self._v[i], attn.num_heads)).remove)
                     if materialise:
                         attn.fused_attn = False
-                        stack.callback(attn.attn_drop.register_forward_pre_hook(self._store_input(self._p[i])).remove)
+                        stack.callback(attn.attn_drop.register_forward_pre_hook(store_input(self._p[i])).remove)
                 else:
                     # The fused call is what records q, k, v and the mask.
                     attn.fused_attn = True
@@ -322,17 +306,10 @@ class AttentionCapture:
                     stack.callback(attn.register_forward_pre_hook(tap.enter).remove)
                     stack.callback(attn.register_forward_hook(tap.exit).remove)
                     stack.callback(tap.close)  # if the forward raised inside the module
-                stack.callback(attn.proj.register_forward_pre_hook(self._store_input(self._heads[i])).remove)
+                stack.callback(attn.proj.register_forward_pre_hook(store_input(self._heads[i])).remove)
             # Only the last block's token norms are used (artifact tokens); one hook, not L.
-            stack.callback(blocks[-1].register_forward_hook(self._store_norm(self._norms)).remove)
+            stack.callback(blocks[-1].register_forward_hook(store_norms(self._norms)).remove)
             yield self
-
-    @staticmethod
-    def _store(sink: list):
-        def hook(module, args, output):
-            sink.append(output.detach())
-
-        return hook
 
     @staticmethod
     def _store_v(sink: list, num_heads: int):
@@ -340,20 +317,6 @@ class AttentionCapture:
             B, N, _ = output.shape  # batch, tokens, 3 * heads * head dim
             # timm's own reshape: [B, N, 3, H, d], v is the third; a view, not a copy.
             sink.append(output.detach().reshape(B, N, 3, num_heads, -1)[:, :, 2].transpose(1, 2))  # B, H, N, d
-
-        return hook
-
-    @staticmethod
-    def _store_input(sink: list):
-        def hook(module, args):
-            sink.append(args[0].detach())
-
-        return hook
-
-    @staticmethod
-    def _store_norm(sink: list):
-        def hook(module, args, output):
-            sink.append(output.detach().float().norm(dim=-1))  # B, N
 
         return hook
 
@@ -536,14 +499,3 @@ def _as_additive(mask: torch.Tensor | None, B: int, H: int, N: int, layer: int |
 def _expand_heads(bias: torch.Tensor | None, H: int) -> torch.Tensor | None:
     """A per-image ``[H or 1, N, N]`` bias as ``[H, N, N]`` (a broadcast view, no copy)."""
     return None if bias is None else bias.expand(H, *bias.shape[1:])
-
-
-def capture_for(model: nn.Module) -> AttentionCapture | WindowCapture:
-    """The capture that fits ``model``: windows for Swin v1/v2, else global attention blocks.
-
-    Raises:
-        UnsupportedModelError: neither fits; the message lists the supported families.
-    """
-    from .windows import WindowCapture, is_windowed
-
-    return WindowCapture(model) if is_windowed(model) else AttentionCapture(model)

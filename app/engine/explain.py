@@ -23,7 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .capture import CaptureError, ImageAttention
+from .capture import ImageAttention
+from .hooks import CaptureError
 from .selection import SelectionError
 
 

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from .ablation import Ablation, head_masks, heads_masked
-from .capture import ImageAttention
 from .device import autocast
-from .windows import WindowedAttention
-
-if TYPE_CHECKING:
-    from ..zoo.loaded import LoadedModel
+from .hooks import Attention
+from .model import LoadedModel
 
 
 def forward_capture(
@@ -24,7 +20,7 @@ def forward_capture(
     amp_dtype: torch.dtype | None = None,
     to: torch.device | str | None = None,
     ablate: Ablation = (),
-) -> Sequence[ImageAttention | WindowedAttention]:
+) -> Sequence[Attention]:
     """Run ``lm``'s backbone on a batch with its attention captured; one result per image.
 
     Args:

@@ -29,19 +29,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .ablation import Ablation, apply_mask, batch_masks, heads_masked, mask_point
-from .capture import CaptureError
 from .device import autocast
+from .hooks import CaptureError
+from .model import LoadedModel
 from .output import change, head_output, kl_divergence, timm_model
-
-if TYPE_CHECKING:
-    from ..zoo.loaded import LoadedModel
 
 METHODS = ("ablation", "gradient")
 

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+
+def tiles(size: tuple[int, int], tile: tuple[int, int]) -> tuple[int, int]:
+    """How many ``tile`` cover ``size`` on each side, counting the last, padded ones: a stage's
+    grid over stage 0's (tiles of ``scale x scale`` cells), or a grid's windows."""
+    return -(-size[0] // tile[0]), -(-size[1] // tile[1])
 
 
 @dataclass
@@ -89,7 +97,7 @@ class Stage:
     @property
     def windows(self) -> tuple[int, int]:
         """Windows per column and per row, counting those the padding completes."""
-        return -(-self.grid[0] // self.window[0]), -(-self.grid[1] // self.window[1])
+        return tiles(self.grid, self.window)
 
     def tokens(self) -> TokenLayout:
         """The stage's grid as a token layout: no prefix tokens, one token per cell, row-major."""
@@ -130,12 +138,13 @@ class WindowedLayout:
 
         Each patch-merging layer halves the grid, rounding up (it pads odd grids).
         """
-        gh, gw = input_hw[0] // patch_size[0], input_hw[1] // patch_size[1]
-        out = []
-        for s in stages:
-            grid = (-(-gh // s.scale), -(-gw // s.scale))
-            cell = (patch_size[0] * s.scale, patch_size[1] * s.scale)
-            out.append(Stage(s.index, s.first_layer, s.last_layer, s.heads, s.scale, s.window, s.shifts, grid, cell))
+        grid0 = (input_hw[0] // patch_size[0], input_hw[1] // patch_size[1])
+        out = [
+            dataclasses.replace(
+                s, grid=tiles(grid0, (s.scale, s.scale)), cell_size=(patch_size[0] * s.scale, patch_size[1] * s.scale)
+            )
+            for s in stages
+        ]
         return cls(out, tuple(patch_size))  # type: ignore[arg-type]
 
     @property
@@ -143,10 +152,7 @@ class WindowedLayout:
         return self.stages[-1].last_layer + 1
 
     def stage_of(self, layer: int) -> Stage:
-        for s in self.stages:
-            if s.first_layer <= layer <= s.last_layer:
-                return s
-        raise IndexError(f"layer {layer} is outside the {self.num_layers} layers")
+        return stage_of(self.stages, layer)
 
     def describe(self) -> str:
         """Which layers form each stage, in words (for error messages)."""
@@ -154,3 +160,11 @@ class WindowedLayout:
 
     def as_dict(self) -> list[dict[str, Any]]:
         return [s.as_dict() for s in self.stages]
+
+
+def stage_of(stages: Sequence[Stage], layer: int) -> Stage:
+    """The stage that holds ``layer`` (numbered across stages)."""
+    for s in stages:
+        if s.first_layer <= layer <= s.last_layer:
+            return s
+    raise IndexError(f"layer {layer} is outside the {stages[-1].last_layer + 1} layers")

@@ -14,12 +14,11 @@ Three kinds, by what the model has after its blocks:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from ..zoo.loaded import LoadedModel
+from .model import LoadedModel
 
 KINDS = ("saliency", "classes", "embedding")
 

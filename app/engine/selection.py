@@ -118,13 +118,13 @@ class Selection:
 
     layers: list[int]
     heads: list[int]
-    rows: list[int] | None
+    queries: list[int] | None  # query tokens (rows of every map), None for all
     aggregate: str = "none"
     rollout_start: int = 0
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     temperature: float = 1.0
-    stage: Stage | None = None  # windowed models: the one stage of the layers; rows are its cells
+    stage: Stage | None = None  # windowed models: the one stage of the layers; queries are its cells
 
 
 def _spans(layers: list[int]) -> str:

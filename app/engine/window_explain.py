@@ -26,8 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .capture import CaptureError
 from .explain import HeadComputation, host, project_heads
+from .hooks import CaptureError
 from .selection import SelectionError
 from .window_math import window_bias, window_qkv, window_scale
 from .windows import WindowedAttention

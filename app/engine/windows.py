@@ -34,6 +34,8 @@ per layer for 3 heads against 1.8 MB of windows).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -42,8 +44,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .capture import AttentionCapture, CaptureError, UnsupportedModelError, temper_
-from .layout import Stage
+from .hooks import SUPPORTED_FAMILIES, CaptureError, UnsupportedModelError, store_input, store_norms, temper_
+from .layout import Stage, stage_of, tiles
 from .window_math import window_logits
 
 # timm modules whose WindowAttention this module knows (swin_transformer_v2_cr is another design).
@@ -81,8 +83,6 @@ def window_blocks(model: Any) -> tuple[list[Any], list[Stage], str]:
     Raises:
         UnsupportedModelError: anything else, or a block this module cannot read.
     """
-    from .capture import SUPPORTED_FAMILIES
-
     if not is_windowed(model):
         raise UnsupportedModelError(
             f"{type(model).__name__} is not a timm Swin v1/v2 model; supported families: {SUPPORTED_FAMILIES}"
@@ -115,7 +115,7 @@ def window_blocks(model: Any) -> tuple[list[Any], list[Stage], str]:
         if len(windows) != 1 or len(heads) != 1:
             raise UnsupportedModelError(f"stage {si}: blocks with different windows or head counts")
         first = len(blocks) - len(stage.blocks)
-        grid = (-(-grid0[0] // scale), -(-grid0[1] // scale))
+        grid = tiles(grid0, (scale, scale))
         (window,) = windows
         (h,) = heads
         stages.append(
@@ -147,7 +147,7 @@ class WindowIndex:
         gh, gw = grid
         wh, ww = window
         sh, sw = shift
-        nwh, nww = -(-gh // wh), -(-gw // ww)
+        nwh, nww = tiles(grid, window)
         # torch.roll(x, -shift) puts cell r at row (r - shift) mod H of the rolled grid; padding
         # follows the roll, at the bottom and right of the rolled grid.
         i = (torch.arange(gh, device=device) - sh) % gh  # rolled row of each image row
@@ -203,10 +203,7 @@ class WindowedAttention:
         return self.probs[0].device
 
     def stage_of(self, layer: int) -> Stage:
-        for s in self.stages:
-            if s.first_layer <= layer <= s.last_layer:
-                return s
-        raise IndexError(f"layer {layer} is outside the {self.num_layers} layers")
+        return stage_of(self.stages, layer)
 
     def heads_at(self, layer: int) -> int:
         return self.stage_of(layer).heads
@@ -244,17 +241,17 @@ class WindowedAttention:
         self,
         layer: int,
         heads: list[int] | None = None,
-        rows: list[int] | None = None,
+        queries: list[int] | None = None,
         out: torch.Tensor | None = None,
         temperature: float = 1.0,
     ) -> torch.Tensor:
-        """Softmax attention of one layer over its stage's grid, ``[heads, rows, N]`` float32.
+        """Softmax attention of one layer over its stage's grid, ``[heads, queries, N]`` float32.
 
         Args:
             layer: block index, counted across stages.
             heads: head indices of the layer's stage, or None for all.
-            rows: query cells (row-major over the stage's grid), or None for all N.
-            out: optional float32 ``[heads, rows, N]`` tensor on :attr:`device` to write into.
+            queries: query cells (row-major over the stage's grid), or None for all N.
+            out: optional float32 ``[heads, queries, N]`` tensor on :attr:`device` to write into.
             temperature: ``softmax(scores / temperature)`` over the query's window; 1 is the model.
                 Any other value recomputes the block's real logits of the windows the rows sit
                 in (:meth:`window_logits`: bias and shift mask included, so at a high T the
@@ -267,7 +264,10 @@ class WindowedAttention:
             p = p[:, heads]
         ix = self.index(layer)
         n = ix.window.numel()
-        q = torch.arange(n, device=p.device) if rows is None else torch.tensor(rows, dtype=torch.long, device=p.device)
+        if queries is None:
+            q = torch.arange(n, device=p.device)
+        else:
+            q = torch.tensor(queries, dtype=torch.long, device=p.device)
         win, pos = ix.window[q], ix.pos[q]
         if temperature != 1.0:
             wins, inv = torch.unique(win, return_inverse=True)
@@ -356,15 +356,11 @@ class WindowCapture:
                     attn.fused_attn = False
                     stack.callback(setattr, attn, "fused_attn", True)
                 stack.callback(blk.register_forward_pre_hook(self._store_grid(self._grid[i])).remove)
-                stack.callback(
-                    attn.attn_drop.register_forward_pre_hook(AttentionCapture._store_input(self._p[i])).remove
-                )
-                stack.callback(
-                    attn.proj.register_forward_pre_hook(AttentionCapture._store_input(self._heads[i])).remove
-                )
+                stack.callback(attn.attn_drop.register_forward_pre_hook(store_input(self._p[i])).remove)
+                stack.callback(attn.proj.register_forward_pre_hook(store_input(self._heads[i])).remove)
                 hook = attn.register_forward_pre_hook(self._store_windows(self._inputs[i]), with_kwargs=True)
                 stack.callback(hook.remove)
-            stack.callback(self.blocks[-1].register_forward_hook(self._store_norm(self._norms)).remove)
+            stack.callback(self.blocks[-1].register_forward_hook(store_norms(self._norms)).remove)
             yield self
 
     @staticmethod
@@ -382,13 +378,6 @@ class WindowCapture:
 
         return hook
 
-    @staticmethod
-    def _store_norm(sink: list):
-        def hook(module, args, output):
-            sink.append(output.detach().float().flatten(1, 2).norm(dim=-1))  # B, H*W
-
-        return hook
-
     def results(self, to: torch.device | str | None = None) -> list[WindowedAttention]:
         """Split the last capture into per-image captures; raise if anything is missing or off.
 
@@ -403,7 +392,7 @@ class WindowCapture:
                     f"forward; was the model called inside capturing() exactly once?"
                 )
         grid0 = self._grid[0][0]
-        B = self._p[0][0].shape[0] // _count(self.stages[0], grid0)
+        B = self._p[0][0].shape[0] // math.prod(tiles(grid0, self.stages[0].window))
         move = to is not None and torch.device(to) != self._p[0][0].device
 
         def keep(t: torch.Tensor) -> torch.Tensor:
@@ -412,10 +401,8 @@ class WindowCapture:
         probs, heads, inputs, masks, stages = [], [], [], [], []
         for s in self.stages:
             grid = self._grid[s.first_layer][0]
-            stages.append(
-                Stage(s.index, s.first_layer, s.last_layer, s.heads, s.scale, s.window, s.shifts, grid, s.cell_size)
-            )
-            nw = _count(s, grid)
+            stages.append(dataclasses.replace(s, grid=grid))
+            nw = math.prod(stages[-1].windows)
             A = s.window[0] * s.window[1]
             for layer in s.layers:
                 p, h = self._p[layer][0], self._heads[layer][0]
@@ -453,8 +440,3 @@ class WindowCapture:
         ]
         self._reset()
         return out
-
-
-def _count(stage: Stage, grid: tuple[int, int]) -> int:
-    """Windows of ``stage`` over ``grid``, counting those the padding completes."""
-    return -(-grid[0] // stage.window[0]) * -(-grid[1] // stage.window[1])

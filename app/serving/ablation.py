@@ -35,7 +35,7 @@ from .tasks import ClientLeft, Progress, Tasks
 from .worker import OutOfMemory
 
 if TYPE_CHECKING:
-    from ..zoo.loaded import LoadedModel
+    from ..engine.model import LoadedModel
     from . import images
     from .service import AttentionService
 

@@ -51,7 +51,7 @@ def answer_shape(sel: Selection, att: ImageAttention | WindowedAttention) -> tup
     num_tokens = att.tokens_at(first)
     selected = len(sel.heads) if sel.heads is not None else att.heads_at(first)
     heads = 1 if sel.aggregate in ("mean", "max", "rollout") else selected
-    queries = num_tokens if sel.rows is None else len(sel.rows)
+    queries = num_tokens if sel.queries is None else len(sel.queries)
     return len(sel.layers), heads, queries, num_tokens
 
 

@@ -20,10 +20,10 @@ from ..engine.ablation import Ablation, parse_ablate
 from ..engine.capture import ImageAttention
 from ..engine.explain import HeadComputation, explain_head, inner_steps
 from ..engine.layout import TokenLayout, WindowedLayout
+from ..engine.model import LoadedModel
 from ..engine.selection import MAX_SPEC, SelectionError, parse_query
 from ..engine.window_explain import WindowHeadComputation, explain_window_head
 from ..engine.windows import WindowedAttention
-from ..zoo.loaded import LoadedModel
 from .service import Answer, AttentionService, Disconnected, Found
 
 

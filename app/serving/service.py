@@ -36,9 +36,9 @@ from ..engine import analysis
 from ..engine.ablation import Ablation, parse_ablate
 from ..engine.capture import ImageAttention
 from ..engine.layout import Stage, TokenLayout, WindowedLayout
+from ..engine.model import LoadedModel
 from ..engine.selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
 from ..engine.windows import WindowedAttention
-from ..zoo.loaded import LoadedModel
 from ..zoo.registry import Registry
 from . import answers, images
 from .admission import Admission, ClientGone, Ticket, current_ticket, using
@@ -409,7 +409,7 @@ class AttentionService:
             return Selection(
                 layers=layers,
                 heads=heads,
-                rows=rows,
+                queries=rows,
                 aggregate=p.aggregate,
                 rollout_start=p.rollout_start,
                 head_fusion=p.head_fusion,
@@ -426,7 +426,7 @@ class AttentionService:
         return Selection(
             layers=layers,
             heads=parse_indices(p.heads, att.num_heads, "heads"),
-            rows=parse_query(p.query, cap.layout),
+            queries=parse_query(p.query, cap.layout),
             aggregate=p.aggregate,
             rollout_start=p.rollout_start,
             head_fusion=p.head_fusion,
@@ -456,7 +456,7 @@ class AttentionService:
             "tokens": tokens,
             "layers": sel.layers,
             "heads": heads,
-            "query": sel.rows if sel.rows is not None else list(range(tokens["count"])),
+            "query": sel.queries if sel.queries is not None else list(range(tokens["count"])),
             "aggregate": sel.aggregate,
             "dtype": p.dtype,
             "shape": list(shape),

@@ -35,11 +35,10 @@ from typing import Any
 
 import torch
 
-from ..engine.capture import ImageAttention
 from ..engine.device import autocast_dtype, is_oom, release_memory
 from ..engine.forward import forward_capture
-from ..engine.windows import WindowedAttention
-from ..zoo.loaded import LoadedModel
+from ..engine.hooks import Attention
+from ..engine.model import LoadedModel
 from . import faults
 from .admission import Admission, ClientGone, Disconnected, current_ticket
 from .metrics import Metrics
@@ -55,7 +54,7 @@ class OutOfMemory(RuntimeError):
 class Computed:
     """What a job gives back: the capture and where its time went."""
 
-    att: ImageAttention | WindowedAttention
+    att: Attention
     queue_ms: float
     compute_ms: float
 
@@ -77,7 +76,7 @@ class Job:
     def key(self) -> tuple:
         return (self.lm.id, tuple(self.pixels.shape), self.materialise, self.ablate)
 
-    def done(self, att: ImageAttention | WindowedAttention, finished: float) -> Computed:
+    def done(self, att: Attention, finished: float) -> Computed:
         return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
 
 

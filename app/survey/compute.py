@@ -25,12 +25,13 @@ from ..config import Settings
 from ..engine.capture import ImageAttention
 from ..engine.device import autocast_dtype, is_oom, release_memory, resolve_device
 from ..engine.forward import forward_capture
+from ..engine.hooks import Attention
 from ..engine.layout import TokenLayout
+from ..engine.model import LoadedModel
 from ..engine.stats import HeadStats, compute_stats, compute_stats_batch
 from ..engine.window_stats import window_head_stats
 from ..engine.windows import WindowedAttention
 from ..serving import images
-from ..zoo.loaded import LoadedModel
 from ..zoo.registry import Registry
 from . import schema
 from .sources import Item
@@ -198,12 +199,12 @@ class Surveyor:
             log.warning("%s: %s: %s", batch[0].item.image, type(e).__name__, e)
             failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
 
-    def _rows(self, p: Prepared, att: ImageAttention | WindowedAttention, st: HeadStats | None = None) -> pa.Table:
+    def _rows(self, p: Prepared, att: Attention, st: HeadStats | None = None) -> pa.Table:
         """The ``L * H`` rows of one picture (``st``: its statistics, if already computed)."""
         if isinstance(att, WindowedAttention):
             return self._window_rows(p, att)
         layout = self.lm.layout(p.input_size)
-        assert isinstance(layout, TokenLayout)
+        assert isinstance(layout, TokenLayout) and isinstance(att, ImageAttention)
         if st is None:
             st = compute_stats(att, layout, MASS, similarity=self.similarity, with_ranks=self.ranks)
         L, H = att.num_layers, att.num_heads

@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Scope
 
 from ..engine.ablation import AblationError
-from ..engine.capture import CaptureError, UnsupportedModelError
+from ..engine.hooks import CaptureError, UnsupportedModelError
 from ..engine.selection import SelectionError
 from ..serving.admission import ClientGone, QueueFullError, TooLargeToDecode
 from ..serving.answers import AnswerTooLarge

@@ -10,13 +10,14 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from ..engine.capture import UnsupportedModelError, capture_for
-from ..engine.windows import WINDOWED_MODULES, WindowCapture
+from ..engine.capture import AttentionCapture
+from ..engine.hooks import CaptureHooks, UnsupportedModelError
+from ..engine.model import LoadedModel
+from ..engine.windows import WINDOWED_MODULES, WindowCapture, is_windowed
 from . import embedded
 from .errors import ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
-from .loaded import LoadedModel
 from .pos_embed import install_exact_pos_embed
 from .weights import load_state_file
 
@@ -66,6 +67,15 @@ def _check_arch(arch: str) -> None:
         raise UnknownModelError(f"timm has no architecture named {arch!r}")
 
 
+def capture_for(model: nn.Module) -> CaptureHooks:
+    """The capture hooks that fit ``model``: windows for Swin v1/v2, else global attention blocks.
+
+    Raises:
+        UnsupportedModelError: neither fits; the message lists the supported families.
+    """
+    return WindowCapture(model) if is_windowed(model) else AttentionCapture(model)
+
+
 def _finish(
     spec: ModelSpec,
     model: nn.Module,
@@ -98,7 +108,6 @@ def _finish(
         num_layers=len(capture.layers),
         num_heads=capture.num_heads,
         description=description,
-        stages=capture.stages if isinstance(capture, WindowCapture) else None,
     )
 
 

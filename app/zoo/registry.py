@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
+from ..engine.model import LoadedModel
 from .errors import UnknownModelError
 from .ids import ModelSpec
-from .loaded import LoadedModel
 from .loaders import build, windowed_arch
 
 log = logging.getLogger(__name__)

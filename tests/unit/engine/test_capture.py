@@ -252,8 +252,8 @@ def test_captures_can_be_moved_off_the_forward_device():
         assert all(t.device.type == "meta" for t in (*att.q, *att.k, *att.head_out))
         # rows are computed where the capture is kept
         assert all(t.device.type == "meta" for t in att.v)
-        assert att.rows(1, rows=[0]).device.type == "meta"
-        assert tuple(att.rows(1, rows=[0]).shape) == (4, 1, 17)
+        assert att.rows(1, queries=[0]).device.type == "meta"
+        assert tuple(att.rows(1, queries=[0]).shape) == (4, 1, 17)
 
 
 def test_capture_after_a_materialised_one_goes_back_to_q_and_k():

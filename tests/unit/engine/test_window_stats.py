@@ -44,7 +44,7 @@ def test_distance_is_measured_between_cells_of_the_image_grid():
     att = capture(p, shift=(1, 1))
     ix = WindowIndex.build((4, 4), (2, 2), (1, 1), torch.device("cpu"))
     corner = 15
-    row = att.rows(0, rows=[corner])[0, 0]
+    row = att.rows(0, queries=[corner])[0, 0]
     assert row.nonzero().flatten().tolist() == [12]  # cell (3, 0)
     assert ix.cells[ix.window[corner]].sort().values.tolist() == [0, 3, 12, 15]
     d = window_head_stats(att, (32, 32))["distance_px"][0][0]

@@ -12,9 +12,10 @@ import timm
 import torch
 from swin_reference import make, reference_maps, swin_blocks
 
-from app.engine.capture import CaptureError, UnsupportedModelError, capture_for
+from app.engine.capture import CaptureError, UnsupportedModelError
 from app.engine.layout import WindowedLayout
 from app.engine.windows import WindowCapture, WindowedAttention, is_windowed
+from app.zoo.loaders import capture_for
 
 SMALL = dict(depths=(2, 2, 2, 2), embed_dim=16, num_heads=(1, 2, 2, 4))
 
@@ -83,15 +84,15 @@ def test_shifted_rows_are_named_in_the_image_grid():
     (att,) = cap.results()
     gh, gw = att.stages[0].grid  # 56 x 56, window 7, shift 3 in layer 1
     last = (gh - 1) * gw + gw - 1  # bottom-right cell
-    row = att.rows(1, rows=[last])[0, 0].reshape(gh, gw)
+    row = att.rows(1, queries=[last])[0, 0].reshape(gh, gw)
     # Rolled by -3, its window holds image rows/cols 52-55 and 0-2 (wrapped round); the mask keeps
     # it to the 4 x 4 cells of its own region, the wrapped 3 x 3 to theirs.
     assert row[-4:, -4:].sum() == pytest.approx(1.0, abs=1e-5)
-    top_left = att.rows(1, rows=[0])[0, 0].reshape(gh, gw)
+    top_left = att.rows(1, queries=[0])[0, 0].reshape(gh, gw)
     assert top_left[:3, :3].sum() == pytest.approx(1.0, abs=1e-5)
     assert top_left[-4:, -4:].sum() < 1e-30  # same window, other region: exp(-100) at most
     # An unshifted block keeps the window at the origin.
-    assert att.rows(0, rows=[0])[0, 0].reshape(gh, gw)[:7, :7].sum() == pytest.approx(1.0, abs=1e-5)
+    assert att.rows(0, queries=[0])[0, 0].reshape(gh, gw)[:7, :7].sum() == pytest.approx(1.0, abs=1e-5)
 
 
 def test_window_rows_and_head_outputs_follow_the_grid():

@@ -1,4 +1,7 @@
-"""A model ready to serve: the timm module, its capture hooks and what the pipeline needs to feed it."""
+"""A model ready to use: the timm module, its capture hooks and what it takes to feed and read it.
+
+Built by :mod:`app.zoo` (one loader per source); everything in the engine takes it.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,9 @@ from typing import Any
 
 import torch.nn as nn
 
-from ..engine.capture import AttentionCapture
-from ..engine.layout import Stage, TokenLayout, WindowedLayout
-from ..engine.windows import WindowCapture
+from .ablation import Ablation, parse_ablate
+from .hooks import CaptureHooks
+from .layout import Stage, TokenLayout, WindowedLayout
 
 
 @dataclass
@@ -21,7 +24,7 @@ class LoadedModel:
     source: str
     arch: str
     model: nn.Module
-    capture: AttentionCapture | WindowCapture
+    capture: CaptureHooks
     patch_size: tuple[int, int]
     input_size: tuple[int, int]  # (height, width) of the model's native square input
     mean: tuple[float, float, float]
@@ -31,12 +34,21 @@ class LoadedModel:
     num_layers: int
     num_heads: int  # windowed models: the most heads of any stage (each stage has its own)
     description: str = ""
-    stages: list[Stage] | None = None  # windowed models (Swin): the stages at input_size
     # The model's own output after the backbone: the default model's saliency decoder (None for
     # others; see app.engine.output for the kinds), and why it is missing where it should be.
     decoder: nn.Module | None = None
     output_note: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def stages(self) -> list[Stage] | None:
+        """Windowed models (Swin): the stages at ``input_size``; None for global attention."""
+        return self.capture.stages
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the model attends within windows of one grid per stage (Swin)."""
+        return self.stages is not None
 
     @property
     def output_kind(self) -> str:
@@ -60,6 +72,10 @@ class LoadedModel:
         ph, pw = self.patch_size
         return TokenLayout(list(self.prefix), (input_hw[0] // ph, input_hw[1] // pw), self.patch_size)
 
+    def ablation(self, spec: str | None) -> Ablation:
+        """The heads an ``ablate`` text removes from this model (see :func:`~.ablation.parse_ablate`)."""
+        return parse_ablate(spec, self.num_layers, self.num_heads, windowed=self.windowed)
+
     def info(self) -> dict[str, Any]:
         """What ``GET /api/v1/models`` says of a loaded model."""
         return dict(
@@ -72,7 +88,7 @@ class LoadedModel:
             input_size=list(self.input_size),
             prefix_tokens=[{"index": i, "kind": k} for i, k in enumerate(self.prefix)],
             dynamic_size=self.dynamic,
-            windowed=self.stages is not None,
+            windowed=self.windowed,
             stages=[s.as_dict() for s in self.stages] if self.stages is not None else None,
             output=self.output_kind,
         )

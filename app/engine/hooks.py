@@ -1,0 +1,152 @@
+"""What the global (:mod:`~app.engine.capture`) and windowed (:mod:`~app.engine.windows`) captures
+share, below both: their errors, the list of supported families, the softmax temperature, the
+hook functions both install, and the two interfaces every caller reads them through.
+
+* :class:`CaptureHooks`: a model's hooks (``AttentionCapture``, ``WindowCapture``): install them
+  around one forward pass (``capturing``), then split what they kept per image (``results``).
+* :class:`Attention`: one image's capture, what the hooks give back (``ImageAttention``,
+  ``WindowedAttention``): softmax rows of any layer, head and query, at any temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from .layout import Stage
+
+SUPPORTED_FAMILIES = (
+    "vit, deit (incl. distilled), dinov2 (with and without registers), flexivit, siglip, "
+    "eva/eva02 (RoPE), beit (relative position bias), swin and swinv2 (windowed, one grid per stage)"
+)
+
+
+class CaptureError(RuntimeError):
+    """A capture came back empty, incomplete or malformed."""
+
+
+class UnsupportedModelError(ValueError):
+    """The model's attention blocks are of a kind Headscope cannot capture."""
+
+
+class Attention(Protocol):
+    """One image's capture, for every layer, where the forward ran.
+
+    Layers are numbered across the model (a windowed model's stages included); a layer's maps
+    are ``[heads_at(layer), tokens_at(layer), tokens_at(layer)]``.
+    """
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_heads(self) -> int:
+        """The most heads of any layer."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the first layer's maps."""
+        ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    last_norms: torch.Tensor  # token norms of the last block's output, on the host
+    head_out: list[torch.Tensor]  # per layer: the concatenated head outputs, the input of W_O
+
+    def heads_at(self, layer: int) -> int: ...
+
+    def tokens_at(self, layer: int) -> int: ...
+
+    def rows(
+        self,
+        layer: int,
+        heads: list[int] | None = None,
+        queries: list[int] | None = None,
+        out: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Softmax rows of one layer, ``[heads, queries, tokens]`` float32, on :attr:`device`."""
+        ...
+
+    def storages(self) -> dict[tuple[str, int], int]: ...
+
+    def nbytes(self) -> int: ...
+
+
+class CaptureHooks(Protocol):
+    """A model's capture hooks, for one forward pass at a time::
+
+    with hooks.capturing():
+        model.forward_features(x)
+    per_image = hooks.results()
+    """
+
+    @property
+    def layers(self) -> list[tuple[Any, str]]:
+        """``(attention module, kind)`` per block."""
+        ...
+
+    @property
+    def num_heads(self) -> int:
+        """The most heads of any block."""
+        ...
+
+    @property
+    def stages(self) -> list[Stage] | None:
+        """Windowed models: the stages at the model's own input size; None for global attention."""
+        ...
+
+    def capturing(self, materialise: bool = False) -> AbstractContextManager[Any]: ...
+
+    def results(self, to: torch.device | str | None = None) -> Sequence[Attention]: ...
+
+    def materialise_pays(self, num_tokens: int) -> bool: ...
+
+
+# The largest float32: 1/T for a tiny T saturates here instead of overflowing to inf.
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def temper_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits`` becomes ``(logits - rowmax) / temperature`` in place, whose softmax is
+    ``softmax(logits / temperature)``.
+
+    Subtracting the row's maximum first keeps every finite ``temperature > 0`` finite: for a
+    tiny T the scores go to 0 (the maximum) or -inf, so the row becomes one-hot (ties share),
+    and for a huge T they go to 0 and the row becomes uniform, instead of inf - inf = NaN.
+    """
+    logits.sub_(logits.amax(dim=-1, keepdim=True))
+    return logits.mul_(min(1.0 / temperature, _FLOAT32_MAX))
+
+
+def store_output(sink: list):
+    """A forward hook that keeps the module's output (detached: a view, no copy)."""
+
+    def hook(module, args, output):
+        sink.append(output.detach())
+
+    return hook
+
+
+def store_input(sink: list):
+    """A forward pre-hook that keeps the module's first input (detached: a view, no copy)."""
+
+    def hook(module, args):
+        sink.append(args[0].detach())
+
+    return hook
+
+
+def store_norms(sink: list):
+    """A forward hook on the last block that keeps its output's token norms, ``[B, tokens]``
+    (a ViT's ``[B, N, C]`` output, or a Swin stage's ``[B, H, W, C]`` grid row-major)."""
+
+    def hook(module, args, output):
+        sink.append(output.detach().float().flatten(1, -2).norm(dim=-1))  # B, N
+
+    return hook
