@@ -122,8 +122,7 @@ def _extract(args) -> int:
     from .engine import analysis
     from .engine.device import autocast_dtype, resolve_device
     from .engine.forward import forward_capture
-    from .engine.layout import WindowedLayout
-    from .engine.selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
+    from .engine.selection import SelectionError
     from .serving import images
     from .zoo.registry import Registry
 
@@ -146,21 +145,10 @@ def _extract(args) -> int:
             img, lm.input_size, lm.patch_size, lm.mean, lm.std, settings.resize, settings.max_aspect, lm.dynamic
         )
         att = forward_capture(lm, prep.pixels[None].to(device), amp_dtype=amp)[0]
-        layout = lm.layout(prep.input_size)
+        image = lm.captured(att, prep.input_size)
         try:
-            if isinstance(layout, WindowedLayout):
-                # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first layer.
-                stage, layers, heads, rows = resolve_windowed(args.layers, args.heads, args.query, layout)
-                sel = Selection(layers, heads, rows, args.aggregate, rollout_start=stage.first_layer, stage=stage)
-                tokens = {**stage.tokens().as_dict(), "stage": stage.index, "window": list(stage.window)}
-            else:
-                sel = Selection(
-                    parse_indices(args.layers, att.num_layers, "layers"),
-                    parse_indices(args.heads, att.num_heads, "heads"),
-                    parse_query(args.query, layout),
-                    args.aggregate,
-                )
-                tokens = layout.as_dict()
+            # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first layer.
+            sel = image.select(args.layers, args.heads, args.query, args.aggregate)
         except SelectionError as e:
             print(f"headscope extract: {e}", file=sys.stderr)
             return 2
@@ -170,7 +158,7 @@ def _extract(args) -> int:
             "file": str(f),
             "image_size": list(prep.image_size),
             "input_size": list(prep.input_size),
-            "tokens": tokens,
+            "tokens": image.tokens(sel.stage),
             "layers": sel.layers,
             "heads": sel.heads,
             "query": sel.queries if sel.queries is not None else "all",

@@ -1,8 +1,8 @@
 """Statistics and survey rows: what ``GET …/stats`` and ``headscope survey`` cost next to a forward.
 
-* *statistics of one image*: :func:`app.engine.stats.head_stats` on a capture already made (a
-  default POST's: q and k kept, maps recomputed), i.e. the worker's whole share of a
-  ``GET /api/v1/attention/{id}/stats``; then without the ranks, and without ranks and
+* *statistics of one image*: the statistics of a capture already made (a default POST's: q and
+  k kept, maps recomputed) as a fresh cache entry computes them, i.e. the worker's whole share of
+  a ``GET /api/v1/attention/{id}/stats``; then without the ranks, and without ranks and
   similarity (what a survey computes by default). Timed interleaved with the bare forward at
   batch 1; the ratio printed is *time* over the bare forward's time (lower is better).
 * *survey, local engine*: one batch of 8 pictures through :class:`app.survey.compute.Surveyor`
@@ -24,7 +24,7 @@ from PIL import Image
 from app.config import Settings
 from app.engine.forward import forward_capture
 from app.engine.model import LoadedModel
-from app.engine.stats import compute_stats, head_stats
+from app.serving.service import Capture
 from app.survey.compute import Surveyor
 from app.survey.sources import Item
 
@@ -38,8 +38,7 @@ def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[
     """The bare forward at batch 1 and the statistics of one captured 224 px image."""
     model = lm.model
     x1 = sample_pixels(lm, 1, device)
-    att = forward_capture(lm, x1)[0]  # as the server caches it after a default POST
-    layout = lm.layout(INPUT)
+    image = lm.captured(forward_capture(lm, x1)[0], INPUT)  # as the server caches it after a default POST
     L, H = lm.num_layers, lm.num_heads
 
     def bare(x):
@@ -56,7 +55,7 @@ def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[
         Variant(
             "stats_all",
             "statistics of one image (GET .../stats)",
-            lambda x: head_stats(att, layout, INPUT),
+            lambda x: Capture(lm.id, image, INPUT).head_stats(),
             check_stats,
             "stats",
             note="entropy, distance, masses, CLS, similarity, ranks",
@@ -64,14 +63,14 @@ def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[
         Variant(
             "stats_noranks",
             "  without the ranks",
-            lambda x: compute_stats(att, layout, with_ranks=False),
+            lambda x: image.stats(ranks=False),
             check_stats,
             "stats",
         ),
         Variant(
             "stats_survey",
             "  without ranks and similarity (survey default)",
-            lambda x: compute_stats(att, layout, similarity=False, with_ranks=False),
+            lambda x: image.stats(similarity=False, ranks=False),
             check_stats,
             "stats",
         ),

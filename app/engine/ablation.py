@@ -55,7 +55,7 @@ def refuse_windowed(windowed: bool, what: str) -> None:
     """Raise :class:`AblationUnsupportedError` for a windowed model.
 
     Args:
-        windowed: whether the model is windowed (``LoadedModel.stages is not None``).
+        windowed: whether the model is windowed (``LoadedModel.windowed``).
         what: what was asked (``ablate``, ``importance``...), for the message.
     """
     if windowed:

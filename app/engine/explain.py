@@ -17,7 +17,7 @@ operations as the served rows (:meth:`ImageAttention.logits`), so ``softmax(scor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn as nn
@@ -54,9 +54,36 @@ class HeadComputation:
     proj_bias: torch.Tensor
     attn_output: torch.Tensor
 
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("bias",)  # tensors a model may not have (null in JSON)
+
     @property
     def head_dim(self) -> int:
         return int(self.q.shape[0])
+
+    def meta(self) -> dict[str, Any]:
+        """What an answer says of the computation besides its tensors: the heads, the key tokens
+        (in the order of ``k``, ``v`` and the rows: every token for global attention) and the
+        shapes of the matrices involved."""
+        N, d = self.k.shape  # keys, head dim
+        H, D = self.head_contributions.shape  # heads, embedding width
+        return {
+            "num_heads": H,
+            "key_tokens": list(range(N)),
+            "shapes": {
+                "x": [N, D],
+                "w_q": [D, d],
+                "w_k": [D, d],
+                "w_v": [D, d],
+                "q": [N, d],
+                "k": [N, d],
+                "v": [N, d],
+                "w_o": [D, H * d],
+            },
+        }
+
+    def steps(self) -> dict[str, bool]:
+        """Steps of this computation that the model's modules do not show (see :func:`inner_steps`)."""
+        return {}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor by its answer name (``bias`` only where the model adds one)."""

@@ -12,7 +12,8 @@ from typing import Any
 import torch.nn as nn
 
 from .ablation import Ablation, parse_ablate
-from .hooks import CaptureHooks
+from .captured import CapturedImage, captured
+from .hooks import Attention, CaptureHooks
 from .layout import Stage, TokenLayout, WindowedLayout
 
 
@@ -71,6 +72,18 @@ class LoadedModel:
             return WindowedLayout.at(self.stages, self.patch_size, input_hw)
         ph, pw = self.patch_size
         return TokenLayout(list(self.prefix), (input_hw[0] // ph, input_hw[1] // pw), self.patch_size)
+
+    def captured(self, att: Attention, input_hw: tuple[int, int]) -> CapturedImage:
+        """A capture of an input of ``input_hw`` pixels, read through this model's token layout."""
+        return captured(att, self.layout(input_hw), input_hw)
+
+    def keeps_maps(self, input_hw: tuple[int, int]) -> bool:
+        """Whether a forward at this input whose answer needs every row of every map should keep
+        the full maps (``capturing(materialise=True)``) rather than recompute them from q and k:
+        while that pays in memory (``materialise_pays``); a windowed capture keeps its windows whole
+        anyway."""
+        layout = self.layout(input_hw)
+        return isinstance(layout, TokenLayout) and self.capture.materialise_pays(layout.count)
 
     def ablation(self, spec: str | None) -> Ablation:
         """The heads an ``ablate`` text removes from this model (see :func:`~.ablation.parse_ablate`)."""

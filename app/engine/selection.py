@@ -144,7 +144,7 @@ def resolve_windowed(
     query_spec: str | None,
     layout: WindowedLayout,
     aggregate: str = "none",
-    rollout_start: int = 0,
+    rollout_start: int | None = 0,
 ) -> tuple[Stage, list[int], list[int], list[int] | None]:
     """Resolve a request against a windowed model (Swin): ``(stage, layers, heads, rows)``.
 
@@ -157,7 +157,8 @@ def resolve_windowed(
         layers_spec, heads_spec, query_spec: as for :func:`parse_indices` / :func:`parse_query`.
         layout: the image's stages.
         aggregate: ``rollout`` checks ``rollout_start`` against the stage.
-        rollout_start: the first layer of a rollout (negative counts from the end).
+        rollout_start: the first layer of a rollout (negative counts from the end); None for
+            the stage's first layer.
 
     Raises:
         StageSpanError: layers (or the rollout) of more than one stage; the message says which
@@ -173,7 +174,7 @@ def resolve_windowed(
             f"differ; ask for the layers of one stage per request: {layout.describe()}"
         )
     stage = layout.stage_of(layers[0])
-    if aggregate == "rollout":
+    if aggregate == "rollout" and rollout_start is not None:
         start = rollout_start % L if -L <= rollout_start < 0 else rollout_start
         if not (stage.first_layer <= start <= stage.last_layer):
             a, b = stage.first_layer, stage.last_layer
@@ -200,4 +201,4 @@ def resolve_windowed(
             "query: Swin has no CLS token (no prefix tokens at all: every token is a cell of the "
             "stage's grid); ask for cells 'patch:R,C' of the stage grid, cell indices or 'all'"
         )
-    return stage, layers, heads, parse_query(query_spec, stage.tokens())
+    return stage, layers, heads, parse_query(query_spec, stage.tokens())  # a stage's cells are its tokens

@@ -2,9 +2,11 @@
 
 Every function takes attention rows ``A`` (each row a probability distribution over N tokens)
 and says its formula; :func:`compute_stats` puts them together for one captured image, all
-layers and heads at once, where the capture is kept (the forward's device), and
-:func:`head_stats` turns that into the JSON of ``GET /api/v1/attention/{id}/stats``. The survey
-(:mod:`app.survey`) writes the same tensors into Parquet rows.
+layers and heads at once, where the capture is kept (the forward's device), as one
+:class:`HeadStats`: :meth:`HeadStats.as_dict` is the JSON of ``GET /api/v1/attention/{id}/stats``
+and the survey (:mod:`app.survey`) writes the same tensors into Parquet rows. Windowed models
+(:mod:`app.engine.window_stats`) give the same :class:`HeadStats`, with the fields that mean
+nothing for windows left None.
 
 Speed (the stats of a 224 px image are meant to cost well under a third of a forward):
 
@@ -241,18 +243,35 @@ def artifact_tokens(norms: torch.Tensor, num_prefix: int, z: float = 6.0) -> tup
     return idx.tolist(), thr
 
 
+DEFAULT_MASS = 0.6  # the CLS mass fraction of mass_patches unless asked otherwise (GET …/stats, the survey)
+
+
+@dataclass
+class Windows:
+    """What the statistics of a windowed model (Swin) say beyond a global model's."""
+
+    heads_per_layer: list[int]  # each layer has its stage's heads
+    rank_max_per_layer: list[int]  # min(cells, width) of each layer's stage
+    artifact_stage: int  # the last stage: its grid is where artifact tokens are found
+    unavailable: dict[str, str]  # the statistics that mean nothing for windows (None), with the reason
+    entropy_over: str = "window"  # each row's entropy is over the W*W keys of its window
+
+
 @dataclass
 class HeadStats:
     """Statistics of one image, on the host; ``[L, H]`` float32 unless said.
 
     ``entropy_cls``, ``cls_cosine`` and ``mass_patches`` are None for models without a CLS
-    token; ``similarity`` and the ranks are None when not asked for.
+    token (and ``mass_patches`` when no mass fraction was asked for); ``similarity`` and the
+    ranks are None when not asked for. A windowed model's layers have their stages' heads
+    (``windows.heads_per_layer``): its ``[L, H]`` tensors are ``[L, max H]`` with NaN past a
+    layer's heads, and what has no meaning for windows is None (``windows.unavailable`` says why).
     """
 
     entropy: torch.Tensor  # mean over query rows of the normalised row entropy
     distance_px: torch.Tensor  # mean attention distance over patch queries, input pixels
-    prefix_mass: torch.Tensor  # mean over query rows of the mass on prefix tokens
-    artifact_mass: torch.Tensor  # mean over query rows of the mass on artifact tokens
+    prefix_mass: torch.Tensor | None  # mean over query rows of the mass on prefix tokens
+    artifact_mass: torch.Tensor | None  # mean over query rows of the mass on artifact tokens
     entropy_cls: torch.Tensor | None  # normalised entropy of the CLS row
     cls_cosine: torch.Tensor | None  # [L, H, H] cosine similarity of the heads' CLS rows
     mass_patches: torch.Tensor | None  # [L, H] int64: patches holding `mass` of the CLS row
@@ -261,7 +280,65 @@ class HeadStats:
     rank_effective: torch.Tensor | None  # [L] float64
     artifacts: list[int]  # high-norm tokens of the last layer's output
     artifact_threshold: float
-    mass: float
+    mass: float | None
+    last_norms: torch.Tensor  # [N_last] token norms of the last layer's output
+    rank_max: int  # the largest rank a layer's head outputs can have: min(tokens, width)
+    windows: Windows | None = None  # windowed models only
+
+    @property
+    def heads_per_layer(self) -> list[int]:
+        if self.windows is not None:
+            return self.windows.heads_per_layer
+        L, H = self.entropy.shape
+        return [H] * L
+
+    def as_dict(self, input_size: Sequence[int]) -> dict[str, Any]:
+        """The JSON of ``GET /api/v1/attention/{id}/stats`` (``[L][H]`` lists, ragged for windows)."""
+        heads = self.heads_per_layer
+        L = len(heads)
+
+        def per_head(t: torch.Tensor | None) -> list | None:
+            return None if t is None else [t[layer, :h].tolist() for layer, h in enumerate(heads)]
+
+        def pairs(t: torch.Tensor | None) -> list | None:
+            return None if t is None else [t[layer, :h, :h].tolist() for layer, h in enumerate(heads)]
+
+        def listed(t: torch.Tensor | None) -> list | None:
+            return None if t is None else t.tolist()
+
+        win = self.windows
+        out: dict[str, Any] = {"layers": L, "heads": int(self.entropy.shape[1])}
+        if win is not None:
+            out["heads_per_layer"] = list(heads)
+        out |= {
+            "entropy": per_head(self.entropy),
+            "entropy_cls": per_head(self.entropy_cls),
+            "distance_px": per_head(self.distance_px),
+            "prefix_mass": per_head(self.prefix_mass),
+            "artifact_mass": per_head(self.artifact_mass),
+            "similarity": pairs(self.similarity),
+            "cls_cosine": pairs(self.cls_cosine),
+            "mass_patches": per_head(self.mass_patches),
+            "mass_fraction": self.mass,
+            "rank": {
+                "numerical": listed(self.rank_numerical),
+                "effective": listed(self.rank_effective),
+                "max": self.rank_max,
+                **({"max_per_layer": list(win.rank_max_per_layer)} if win is not None else {}),
+            },
+            "artifacts": {
+                "tokens": self.artifacts,
+                "threshold": self.artifact_threshold,
+                "layer": L - 1,
+                **({"stage": win.artifact_stage} if win is not None else {}),
+                "norms": self.last_norms[self.artifacts].tolist(),
+            },
+            "token_norms_last": self.last_norms.tolist(),
+            "input_size": list(input_size),
+        }
+        if win is not None:
+            out |= {"entropy_over": win.entropy_over, "unavailable": dict(win.unavailable)}
+        return out
 
 
 def _chunk_maps(att: ImageAttention, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -295,7 +372,7 @@ def _maps_stats(
     layout: TokenLayout,
     dist: torch.Tensor,
     artifacts: torch.Tensor | list[torch.Tensor],
-    mass: float,
+    mass: float | None,
     similarity: bool,
 ) -> dict[str, torch.Tensor]:
     """The per-head statistics of a stack of maps, as ``[C, H]`` (``[C, H, H]``) tensors.
@@ -306,7 +383,7 @@ def _maps_stats(
         layout: the token layout of every map.
         dist: :func:`patch_distances` of ``layout`` on ``p``'s device.
         artifacts: artifact token indices, one tensor for all C, or a list of C (one per image).
-        mass: the fraction of the CLS row's mass for ``mass_patches``.
+        mass: the fraction of the CLS row's mass for ``mass_patches`` (None: no ``mass_patches``).
         similarity: also compute the head-pair similarity.
     """
     N = p.shape[-1]
@@ -330,7 +407,8 @@ def _maps_stats(
         row = p[:, :, cls]  # C, H, N
         out["entropy_cls"] = ent[:, :, cls] / log_n if N > 1 else torch.zeros_like(ent[:, :, cls])
         out["cls_cosine"] = cosine_similarity(row)
-        out["mass_patches"] = mass_threshold_count(row[..., npf:], mass)
+        if mass is not None:
+            out["mass_patches"] = mass_threshold_count(row[..., npf:], mass)
     if similarity:
         out["similarity"] = js_similarity(p, ent)
     return out
@@ -340,7 +418,7 @@ def _head_stats(
     parts: dict[str, torch.Tensor],
     att: ImageAttention,
     artifacts: tuple[list[int], float],
-    mass: float,
+    mass: float | None,
     with_ranks: bool,
 ) -> HeadStats:
     """One image's :class:`HeadStats` from its ``[L, H...]`` statistics (on the host)."""
@@ -364,13 +442,15 @@ def _head_stats(
         artifacts=artifacts[0],
         artifact_threshold=artifacts[1],
         mass=mass,
+        last_norms=att.last_norms,
+        rank_max=min(att.num_tokens, att.head_out[0].shape[-1]),
     )
 
 
 def compute_stats(
     att: ImageAttention,
     layout: TokenLayout,
-    mass: float = 0.6,
+    mass: float | None = DEFAULT_MASS,
     *,
     similarity: bool = True,
     with_ranks: bool = True,
@@ -382,7 +462,7 @@ def compute_stats(
     Args:
         att: the capture (qk or maps, on any device).
         layout: its token layout.
-        mass: the fraction of the CLS row's mass for ``mass_patches``.
+        mass: the fraction of the CLS row's mass for ``mass_patches`` (None: leave them out).
         similarity: compute the head-pair similarity (the costliest part after the ranks).
         with_ranks: compute the ranks of the head outputs.
         chunk_bytes: bound on the float32 maps held at once (layers are taken in chunks).
@@ -412,7 +492,7 @@ def compute_stats(
 def compute_stats_batch(
     atts: Sequence[ImageAttention],
     layout: TokenLayout,
-    mass: float = 0.6,
+    mass: float | None = DEFAULT_MASS,
     *,
     similarity: bool = True,
     with_ranks: bool = True,
@@ -467,49 +547,3 @@ def _batch_of(maps: list[torch.Tensor | None]) -> torch.Tensor | None:
         ):
             return None
     return first.as_strided((len(maps), *first.shape), (size, *first.stride()), off)
-
-
-def head_stats(
-    att: ImageAttention,
-    layout: TokenLayout,
-    input_size,
-    mass: float = 0.6,
-    check: Callable[[], None] | None = None,
-) -> dict:
-    """All per-head statistics of one image, as JSON-ready lists (``[L][H]`` unless said).
-
-    Args:
-        check: called before each chunk of layers; it raises to stop (the client of a request
-            went away).
-    """
-    st = compute_stats(att, layout, mass, check=check)
-    L, N = att.num_layers, att.num_tokens
-    D = att.head_out[0].shape[-1]
-    last_norms = att.last_norms
-    assert st.rank_numerical is not None and st.rank_effective is not None
-
-    def listed(t: torch.Tensor | None) -> list | None:
-        return None if t is None else t.tolist()
-
-    return {
-        "layers": L,
-        "heads": att.num_heads,
-        "entropy": st.entropy.tolist(),
-        "entropy_cls": listed(st.entropy_cls),
-        "distance_px": st.distance_px.tolist(),
-        "prefix_mass": st.prefix_mass.tolist(),
-        "artifact_mass": st.artifact_mass.tolist(),
-        "similarity": listed(st.similarity),
-        "cls_cosine": listed(st.cls_cosine),
-        "mass_patches": listed(st.mass_patches),
-        "mass_fraction": mass,
-        "rank": {"numerical": st.rank_numerical.tolist(), "effective": st.rank_effective.tolist(), "max": min(N, D)},
-        "artifacts": {
-            "tokens": st.artifacts,
-            "threshold": st.artifact_threshold,
-            "layer": L - 1,
-            "norms": last_norms[st.artifacts].tolist(),
-        },
-        "token_norms_last": last_norms.tolist(),
-        "input_size": list(input_size),
-    }

@@ -21,6 +21,7 @@ leaves them out, and sums to less than 1 by their weight.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from .explain import HeadComputation, host, project_heads
 from .hooks import CaptureError
+from .layout import Stage
 from .selection import SelectionError
 from .window_math import window_bias, window_qkv, window_scale
 from .windows import WindowedAttention
@@ -40,7 +42,7 @@ class WindowHeadComputation(HeadComputation):
     ``k``, ``v``: ``[A, d]``; ``dot``, ``scores``, ``attention``, ``bias``, ``mask``: ``[A]`` for
     the ``A = W*W`` places of the window; ``key_tokens[j]``: the stage-grid cell (row-major) at
     place ``j``, -1 for padding; ``window``: the window's index (row-major over the rolled,
-    padded grid); ``place``: the query's place in it.
+    padded grid); ``place``: the query's place in it; ``stage``: the layer's stage.
     """
 
     mask: torch.Tensor | None
@@ -48,12 +50,38 @@ class WindowHeadComputation(HeadComputation):
     window: int
     place: int
     cosine: bool
+    stage: Stage
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("bias", "mask")
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = super().tensors()
         if self.mask is not None:
             out["mask"] = self.mask
         return out
+
+    def meta(self) -> dict[str, Any]:
+        """The keys are the query's window: its W*W places, row-major in the window of the rolled,
+        padded grid; each place's cell of the stage grid (row-major), or -1 for padding."""
+        stage, gw = self.stage, self.stage.grid[1]
+        return {
+            **super().meta(),
+            "stage": stage.index,
+            "key_tokens": self.key_tokens,
+            "key_cells": [[t // gw, t % gw] if t >= 0 else None for t in self.key_tokens],
+            "window": {
+                "index": self.window,
+                "size": list(stage.window),
+                "shift": list(stage.shift_of(self.layer)),
+                "query_place": self.place,
+                "padding": sum(t < 0 for t in self.key_tokens),
+            },
+        }
+
+    def steps(self) -> dict[str, bool]:
+        """Swin: a relative bias in both versions (v2's from an MLP), cosine attention in v2, and
+        the shift mask in shifted blocks."""
+        return {"relative_bias": True, "windowed": True, "cosine": self.cosine, "shift_mask": self.mask is not None}
 
 
 def explain_window_head(
@@ -117,4 +145,5 @@ def explain_window_head(
         window=w,
         place=place,
         cosine=version == "v2",
+        stage=att.stage_of(layer),
     )

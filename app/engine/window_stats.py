@@ -18,11 +18,13 @@ mass on them means nothing for the other stages' grids; rollout multiplies maps 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
-from .stats import artifact_tokens, js_similarity, normalized_entropy, ranks
+from .stats import DEFAULT_MASS, HeadStats, Windows, artifact_tokens, js_similarity, normalized_entropy
+from .stats import ranks as ranks_of
 from .windows import WindowedAttention
 
 UNAVAILABLE = {
@@ -55,55 +57,61 @@ def window_distance(att: WindowedAttention, layer: int, rows: torch.Tensor) -> t
     return ((a * d).sum(-1) / a.sum(-1).clamp_min(1e-12)).mean(-1)
 
 
-def window_head_stats(
-    att: WindowedAttention, input_size, mass: float = 0.6, check: Callable[[], None] | None = None
-) -> dict:
-    """All per-head statistics of one image under a Swin model, JSON-ready.
+def window_stats(
+    att: WindowedAttention,
+    mass: float | None = DEFAULT_MASS,
+    *,
+    similarity: bool = True,
+    ranks: bool = True,
+    check: Callable[[], None] | None = None,
+) -> HeadStats:
+    """All per-head statistics of one image under a Swin model.
 
-    ``[L][H_l]`` lists: each layer has its stage's heads (``heads_per_layer``). Fields that have
-    no meaning for windows are ``None`` and named in ``unavailable`` with the reason.
+    Each layer has its stage's heads (``windows.heads_per_layer``); the ``[L, H]`` tensors are
+    ``[L, max H]``, NaN past a layer's heads. Fields that have no meaning for windows are None
+    and named in ``windows.unavailable`` with the reason.
 
     Args:
+        mass: kept as the answer's mass fraction (windows have no CLS row to threshold).
+        similarity: compute the head-pair similarity.
+        ranks: compute the ranks of the head outputs.
         check: called before each layer; it raises to stop (the client of a request went away).
     """
-    L = att.num_layers
-    out: dict[str, list] = {"entropy": [], "distance_px": [], "similarity": []}
-    rank_num, rank_eff, rank_max = [], [], []
-    for layer in range(L):
+    L, H = att.num_layers, att.num_heads
+    heads = [att.heads_at(layer) for layer in range(L)]
+    entropy = torch.full((L, H), math.nan)
+    distance = torch.full((L, H), math.nan)
+    sim = torch.full((L, H, H), math.nan) if similarity else None
+    rank_num = torch.zeros(L, dtype=torch.int64) if ranks else None
+    rank_eff = torch.zeros(L, dtype=torch.float64) if ranks else None
+    rank_max = []
+    for layer, h in enumerate(heads):
         if check is not None:
             check()
         rows = att.window_rows(layer)  # H, N, A
-        out["entropy"].append(normalized_entropy(rows).mean(-1).tolist())
-        out["distance_px"].append(window_distance(att, layer, rows).tolist())
-        out["similarity"].append(js_similarity(rows.cpu()).tolist())
-        heads = att.head_out_cells(layer).cpu().float()  # N, H*d
-        n, e = ranks(heads)
-        rank_num.append(n)
-        rank_eff.append(e)
-        rank_max.append(min(heads.shape))
-    last = att.stages[-1]
+        entropy[layer, :h] = normalized_entropy(rows).mean(-1).cpu()
+        distance[layer, :h] = window_distance(att, layer, rows).cpu()
+        if sim is not None:
+            sim[layer, :h, :h] = js_similarity(rows.cpu())
+        rank_max.append(min(att.tokens_at(layer), att.head_out[layer].shape[-1]))
+        if rank_num is not None and rank_eff is not None:
+            rank_num[layer], rank_eff[layer] = ranks_of(att.head_out_cells(layer).cpu().float())
     artifacts, thr = artifact_tokens(att.last_norms, 0)
-    return {
-        "layers": L,
-        "heads": att.num_heads,
-        "heads_per_layer": [att.heads_at(layer) for layer in range(L)],
-        **out,
-        "entropy_cls": None,
-        "prefix_mass": None,
-        "artifact_mass": None,
-        "cls_cosine": None,
-        "mass_patches": None,
-        "mass_fraction": mass,
-        "rank": {"numerical": rank_num, "effective": rank_eff, "max": max(rank_max), "max_per_layer": rank_max},
-        "artifacts": {
-            "tokens": artifacts,
-            "threshold": thr,
-            "layer": L - 1,
-            "stage": last.index,
-            "norms": att.last_norms[artifacts].tolist(),
-        },
-        "token_norms_last": att.last_norms.tolist(),
-        "input_size": list(input_size),
-        "entropy_over": "window",
-        "unavailable": dict(UNAVAILABLE),
-    }
+    return HeadStats(
+        entropy=entropy,
+        distance_px=distance,
+        prefix_mass=None,
+        artifact_mass=None,
+        entropy_cls=None,
+        cls_cosine=None,
+        mass_patches=None,
+        similarity=sim,
+        rank_numerical=rank_num,
+        rank_effective=rank_eff,
+        artifacts=artifacts,
+        artifact_threshold=thr,
+        mass=mass,
+        last_norms=att.last_norms,
+        rank_max=max(rank_max),
+        windows=Windows(heads, rank_max, att.stages[-1].index, dict(UNAVAILABLE)),
+    )

@@ -26,7 +26,7 @@ import orjson
 import torch
 
 from ..engine import importance as imp
-from ..engine.ablation import Ablation, ablate_text, parse_ablate, refuse_windowed
+from ..engine.ablation import Ablation, ablate_text, refuse_windowed
 from ..engine.device import is_oom
 from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_change, kl_divergence
 from .cache import ImportanceKey, OutputKey, PruningKey
@@ -164,7 +164,7 @@ class AblationService:
         """``GET …/output``: the model's output with the ``ablate`` heads removed."""
         t0 = time.perf_counter()
         lm = await self.svc.model(model_id)
-        pairs = parse_ablate(ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
+        pairs = lm.ablation(ablate)
         res = await self.outputs(image_id, lm, [(), pairs], is_disconnected)
         if res is None:
             return None
@@ -247,7 +247,7 @@ class AblationService:
                 (the computation goes on; the route answers 202).
         """
         lm = await self.svc.model(model_id)
-        refuse_windowed(lm.stages is not None, "importance")
+        refuse_windowed(lm.windowed, "importance")
         return await self._importance(image_id, lm, method, is_disconnected, wait)
 
     async def _importance(
@@ -362,7 +362,7 @@ class AblationService:
         """``GET …/pruning``: the output change as heads are removed, least important first
         (``wait`` as for :meth:`importance`)."""
         lm = await self.svc.model(model_id)
-        refuse_windowed(lm.stages is not None, "pruning")
+        refuse_windowed(lm.windowed, "pruning")
         key = PruningKey(image_id, lm.id, method, points)
         hit = self.svc.cache.get(key)
         if hit is not None:
@@ -440,7 +440,7 @@ class AblationService:
         idle = {"state": "idle", "task": what, "done": 0, "total": None, "fraction": 0.0}
         if lm is None:
             return idle if self.svc.upload_of(image_id) is not None else None
-        refuse_windowed(lm.stages is not None, what)
+        refuse_windowed(lm.windowed, what)
         key = self._key(what, image_id, lm, method, points)
         if self.svc.cache.get(key) is not None:
             return {"state": "done", "task": what, "done": 1, "total": 1, "fraction": 1.0}

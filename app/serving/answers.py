@@ -24,15 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..engine.hooks import Attention
 from ..engine.selection import Selection
-
-if TYPE_CHECKING:
-    from ..engine.capture import ImageAttention
-    from ..engine.windows import WindowedAttention
 
 JSON_BYTES_PER_NUMBER = 14
 STREAM_MIN_BYTES = 2**20
@@ -44,7 +40,7 @@ class AnswerTooLarge(ValueError):
     """The answer would be over a size limit (answered 413 ``answer_too_large``)."""
 
 
-def answer_shape(sel: Selection, att: ImageAttention | WindowedAttention) -> tuple[int, int, int, int]:
+def answer_shape(sel: Selection, att: Attention) -> tuple[int, int, int, int]:
     """``[layers, heads, queries, tokens]`` of the answer to ``sel`` (a windowed model's selected
     layers are of one stage: its grid and heads)."""
     first = sel.layers[0]

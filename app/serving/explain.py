@@ -16,14 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.ablation import Ablation, parse_ablate
-from ..engine.capture import ImageAttention
-from ..engine.explain import HeadComputation, explain_head, inner_steps
-from ..engine.layout import TokenLayout, WindowedLayout
+from ..engine.ablation import Ablation
+from ..engine.explain import inner_steps
 from ..engine.model import LoadedModel
-from ..engine.selection import MAX_SPEC, SelectionError, parse_query
-from ..engine.window_explain import WindowHeadComputation, explain_window_head
-from ..engine.windows import WindowedAttention
+from ..engine.selection import MAX_SPEC
 from .service import Answer, AttentionService, Disconnected, Found
 
 
@@ -51,152 +47,44 @@ class ExplainParams(BaseModel):
     )
 
 
-def _index(i: int, n: int, what: str) -> int:
-    if not -n <= i < n:
-        raise SelectionError(f"{what} {i} is out of range for {n} {what}s (valid: {-n}..{n - 1})")
-    return i % n
-
-
-def resolve(p: ExplainParams, found: Found) -> tuple[int, int, int]:
-    """(layer, head, query token) of a request, each in range.
-
-    Windowed models (Swin): ``head`` counts in the layer's stage, the query is a cell of the
-    stage's grid (``patch:R,C`` or a cell index, row-major; default cell 0); there is no CLS.
-    """
-    att, layout = found.cap.att, found.cap.layout
-    if isinstance(layout, WindowedLayout):
-        layer = _index(p.layer, layout.num_layers, "layer")
-        stage = layout.stage_of(layer)
-        head = _index(p.head, stage.heads, "head")
-        spec = (p.query or "").strip().lower()
-        if not spec:
-            return layer, head, 0
-        if spec == "cls":
-            raise SelectionError(
-                "query: Swin has no CLS token (no prefix tokens at all: every token is a cell of the "
-                f"stage's grid); ask for a cell 'patch:R,C' of stage {stage.index}'s {stage.grid[0]} x "
-                f"{stage.grid[1]} grid or a cell index"
-            )
-        rows = parse_query(p.query, stage.tokens())
-        if rows is None or len(rows) != 1:
-            raise SelectionError("query: explain takes one query cell ('patch:R,C' of the stage grid or a cell index)")
-        return layer, head, rows[0]
-    assert isinstance(att, ImageAttention) and isinstance(layout, TokenLayout)
-    layer = _index(p.layer, att.num_layers, "layer")
-    head = _index(p.head, att.num_heads, "head")
-    if p.query is None or not p.query.strip():
-        cls = layout.cls_index
-        return layer, head, cls if cls is not None else layout.num_prefix
-    rows = parse_query(p.query, layout)
-    if rows is None or len(rows) != 1:
-        raise SelectionError("query: explain takes one query token ('cls', a token index or 'patch:R,C')")
-    return layer, head, rows[0]
-
-
-def _windowed_meta(
-    found: Found, layer: int, head: int, query: int, attn: Any, meta: dict[str, Any]
-) -> WindowHeadComputation:
-    """A windowed layer's computation; ``meta`` gets the metadata that differs from a global model's."""
-    cap = found.cap
-    att, layout = cap.att, cap.layout
-    assert isinstance(att, WindowedAttention) and isinstance(layout, WindowedLayout)
-    hc = explain_window_head(att, attn, layer, head, query)
-    stage = att.stage_of(layer)
-    A, H, d, D = len(hc.key_tokens), stage.heads, hc.head_dim, int(hc.attn_output.shape[0])
-    gh, gw = stage.grid
-    meta |= {
-        "tokens": cap.tokens(stage),
-        "stages": layout.as_dict(),
-        "stage": stage.index,
-        "num_heads": H,
-        # The keys are the query's window: its W*W places, row-major in the window of the rolled,
-        # padded grid; each place's cell of the stage grid (row-major), or -1 for padding.
-        "key_tokens": hc.key_tokens,
-        "key_cells": [[t // gw, t % gw] if t >= 0 else None for t in hc.key_tokens],
-        "window": {
-            "index": hc.window,
-            "size": list(stage.window),
-            "shift": list(stage.shift_of(layer)),
-            "query_place": hc.place,
-            "padding": sum(t < 0 for t in hc.key_tokens),
-        },
-        "shapes": {
-            "x": [A, D],
-            "w_q": [D, d],
-            "w_k": [D, d],
-            "w_v": [D, d],
-            "q": [A, d],
-            "k": [A, d],
-            "v": [A, d],
-            "w_o": [D, H * d],
-        },
-    }
-    return hc
-
-
 def _answer(
-    image_id: str, filename: str | None, lm: LoadedModel, found: Found, p: ExplainParams, ablate: Ablation = ()
+    image_id: str, filename: str | None, lm: LoadedModel, found: Found, params: ExplainParams, ablate: Ablation = ()
 ) -> Answer:
     t0 = time.perf_counter()
     cap = found.cap
-    layer, head, query = resolve(p, found)
+    image = cap.image
+    layer, head, query = image.explain_target(params.layer, params.head, params.query)
     attn = lm.capture.layers[layer][0]
-    att = cap.att
-    windowed: dict[str, Any] = {}
-    hc: HeadComputation
-    whc: WindowHeadComputation | None = None
-    if isinstance(att, WindowedAttention):
-        hc = whc = _windowed_meta(found, layer, head, query, attn, windowed)
-        H, N = att.heads_at(layer), att.tokens_at(layer)
-    else:
-        hc = explain_head(att, attn, layer, head, query)
-        H, N = att.num_heads, att.num_tokens
-    d = hc.head_dim
-    D = int(hc.attn_output.shape[0])
+    hc = image.explain(attn, layer, head, query)
     meta: dict[str, Any] = {
         "model": cap.model_id,
         "image_id": image_id,
         "filename": filename,
         "image_size": list(cap.image_size),
         "input_size": list(cap.input_size),
-        "tokens": cap.layout.as_dict(),
+        "tokens": image.tokens(image.stage_at(layer)),
+        **image.layout_meta(),
         "cached": found.cached,
         "ablated": [list(pair) for pair in ablate],
         "layer": layer,
         "head": head,
         "query": query,
-        "num_layers": cap.att.num_layers,
-        "num_heads": H,
-        "head_dim": d,
-        "embed_dim": D,
+        "num_layers": image.att.num_layers,
+        "head_dim": hc.head_dim,
+        "embed_dim": int(hc.attn_output.shape[0]),
         "scale": hc.scale,
-        # Every key token this row covers, in the order of k, v and the rows: all N for global
-        # attention; a windowed model's window (see _windowed_meta).
-        "key_tokens": list(range(N)),
-        "steps": inner_steps(lm.model, attn),
-        "shapes": {
-            "x": [N, D],
-            "w_q": [D, d],
-            "w_k": [D, d],
-            "w_v": [D, d],
-            "q": [N, d],
-            "k": [N, d],
-            "v": [N, d],
-            "w_o": [D, H * d],
-        },
+        # The heads, every key token this row covers (in the order of k, v and the rows: all N
+        # for global attention, a windowed model's window) and the shapes.
+        **hc.meta(),
+        "steps": {**inner_steps(lm.model, attn), **hc.steps()},
     }
-    if whc is not None:
-        # Swin: a relative bias in both versions (v2's from an MLP), cosine attention in v2, and
-        # the shift mask in shifted blocks.
-        steps = {**inner_steps(lm.model, attn), "relative_bias": True, "windowed": True}
-        meta.update(windowed, steps={**steps, "cosine": whc.cosine, "shift_mask": whc.mask is not None})
     tensors = {name: t.numpy() for name, t in hc.tensors().items()}
     timing = {**found.timing, "encode": (time.perf_counter() - t0) * 1000}
     meta["timing_ms"] = dict(timing)
-    if p.format == "json":
+    if params.format == "json":
         import orjson
 
-        empty = {"bias": None, "mask": None} if whc is not None else {"bias": None}
+        empty = dict.fromkeys(hc.OPTIONAL)
         body = orjson.dumps({**meta, **empty, **tensors}, option=orjson.OPT_SERIALIZE_NUMPY)
         headers: dict[str, str] = {}
         media = "application/json"
@@ -221,7 +109,7 @@ async def explain(
     """One head's computation for an image the server has; None once it is evicted."""
     lm = await service.model(p.model)
     # With heads removed, the capture of the ablated model (cached per ablation set like the maps').
-    ablate = parse_ablate(p.ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
+    ablate = lm.ablation(p.ablate)
     found = await service.capture(image_id, lm, is_disconnected=is_disconnected, ablate=ablate)
     if found is None:
         return None

@@ -33,12 +33,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ..config import Settings
 from ..engine import analysis
-from ..engine.ablation import Ablation, parse_ablate
-from ..engine.capture import ImageAttention
-from ..engine.layout import Stage, TokenLayout, WindowedLayout
+from ..engine.ablation import Ablation
+from ..engine.captured import CapturedImage
 from ..engine.model import LoadedModel
-from ..engine.selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
-from ..engine.windows import WindowedAttention
+from ..engine.selection import Selection, SelectionError
+from ..engine.stats import DEFAULT_MASS
 from ..zoo.registry import Registry
 from . import answers, images
 from .admission import Admission, ClientGone, Ticket, current_ticket, using
@@ -57,7 +56,6 @@ ENTRY_OVERHEAD_BYTES = 4096
 UPLOAD_OVERHEAD_BYTES = 512
 # Statistics for this many mass fractions are kept per capture (the rest is recomputed).
 MASS_MEMO = 8
-DEFAULT_MASS = 0.6
 
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -84,15 +82,17 @@ class Capture:
     """An image's capture under one model, with what it takes to read it."""
 
     model_id: str
-    att: ImageAttention | WindowedAttention
-    layout: TokenLayout | WindowedLayout  # windowed models (Swin): one grid per stage
-    input_size: tuple[int, int]
+    image: CapturedImage
     image_size: tuple[int, int]
     stats: dict = field(default_factory=dict)  # the mass-independent statistics, computed once
     mass_patches: OrderedDict = field(default_factory=OrderedDict)  # mass -> mass_patches, bounded
 
+    @property
+    def input_size(self) -> tuple[int, int]:
+        return self.image.input_size
+
     def head_stats(self, mass: float = DEFAULT_MASS, check: Callable[[], None] | None = None) -> dict:
-        """Per-head statistics (``engine.stats.head_stats``); runs on the worker thread.
+        """Per-head statistics (:meth:`CapturedImage.stats`, as JSON); runs on the worker thread.
 
         Only ``mass_patches`` depends on ``mass``: the rest is computed once, and the mass
         thresholds of the last ``MASS_MEMO`` fractions asked for are kept (each a few hundred
@@ -101,76 +101,19 @@ class Capture:
         ``check`` may raise between layers to stop (the client left).
         """
         if not self.stats:
-            if isinstance(self.att, WindowedAttention):
-                from ..engine.window_stats import window_head_stats
-
-                self.stats = window_head_stats(self.att, self.input_size, DEFAULT_MASS, check=check)
-            else:
-                from ..engine.stats import head_stats
-
-                assert isinstance(self.layout, TokenLayout)
-                self.stats = head_stats(self.att, self.layout, self.input_size, DEFAULT_MASS, check=check)
+            self.stats = self.image.stats(None, check=check).as_dict(self.input_size)
         if mass not in self.mass_patches:
-            self.mass_patches[mass] = self._mass_patches(mass)
+            self.mass_patches[mass] = self.image.mass_patches(mass)
             while len(self.mass_patches) > MASS_MEMO:
                 self.mass_patches.popitem(last=False)
         self.mass_patches.move_to_end(mass)
         return {**self.stats, "mass_fraction": mass, "mass_patches": self.mass_patches[mass]}
-
-    def _mass_patches(self, mass: float) -> list[list[int]] | None:
-        from ..engine.stats import mass_threshold_count
-
-        if not isinstance(self.layout, TokenLayout):
-            return None  # windowed models have no CLS row (window_stats says why)
-        cls, npf = self.layout.cls_index, self.layout.num_prefix
-        if cls is None:
-            return None
-        return [
-            mass_threshold_count(self.att.rows(layer, None, [cls])[:, 0, npf:].cpu(), mass).tolist()
-            for layer in range(self.att.num_layers)
-        ]
 
     def extra_bytes(self) -> int:
         """Bytes the memoised statistics take (charged to the cache with the capture)."""
         if not self.stats:
             return 0
         return _object_bytes(self.stats) + sum(_object_bytes(v) + 64 for v in self.mass_patches.values())
-
-    def tokens(self, stage: Stage | None = None) -> dict[str, Any]:
-        """The token layout of an answer: the image's, or the stage's for a windowed model."""
-        if stage is None:
-            assert isinstance(self.layout, TokenLayout)
-            return self.layout.as_dict()
-        return {**stage.tokens().as_dict(), "stage": stage.index, "window": list(stage.window)}
-
-    def drop_columns(self, drop: str, stage: Stage | None = None) -> list[int]:
-        """Token indices a ``drop`` option removes from maps (prefix and/or artifact tokens).
-
-        Args:
-            stage: a windowed model's stage of the answer: no prefix tokens, and artifact tokens
-                only on the last stage's grid, where they are found.
-        """
-        from ..engine.stats import artifact_tokens
-
-        parts = {p.strip() for p in drop.split(",")} - {"none", ""}
-        if stage is not None:
-            assert isinstance(self.layout, WindowedLayout)
-            last = self.layout.stages[-1]
-            if "artifacts" not in parts:
-                return []
-            if stage.index != last.index:
-                raise SelectionError(
-                    f"drop=artifacts: high-norm tokens are found on the last stage's grid (stage {last.index}, "
-                    f"layers {last.first_layer}-{last.last_layer}); stage {stage.index} has another grid"
-                )
-            return artifact_tokens(self.att.last_norms, 0)[0]
-        assert isinstance(self.layout, TokenLayout)
-        cols: list[int] = []
-        if "prefix" in parts:
-            cols += list(range(self.layout.num_prefix))
-        if "artifacts" in parts:
-            cols += artifact_tokens(self.att.last_norms, self.layout.num_prefix)[0]
-        return sorted(set(cols))
 
 
 @dataclass
@@ -254,7 +197,7 @@ class AttentionService:
         The worker calls this when a forward runs out of device memory: the forward of a new
         request matters more than a follow-up query on an old one.
         """
-        return self.cache.evict_where(lambda v: isinstance(v, Capture) and v.att.device.type != "cpu")
+        return self.cache.evict_where(lambda v: isinstance(v, Capture) and v.image.att.device.type != "cpu")
 
     # -- pieces ---------------------------------------------------------------------------
     async def decode(self, data: bytes, fit: images.Fit | None, then: Callable[[images.Decoded], Any]) -> Any:
@@ -347,8 +290,7 @@ class AttentionService:
         ablate: Ablation = (),
     ) -> Found:
         prep = await self.decode(upload.data, self._fit(lm), lambda dec: self._prepare(dec, lm))
-        layout = lm.layout(prep.input_size)
-        materialise = every_row and isinstance(layout, TokenLayout) and lm.capture.materialise_pays(layout.count)
+        materialise = every_row and lm.keeps_maps(prep.input_size)
         ticket = current_ticket()
         job = Job(
             lm=lm,
@@ -366,7 +308,7 @@ class AttentionService:
             if not fut.done():
                 fut.cancel()
             raise
-        cap = Capture(lm.id, computed.att, layout, prep.input_size, prep.image_size)
+        cap = Capture(lm.id, lm.captured(computed.att, prep.input_size), prep.image_size)
         # Batch-mates share the forward's buffers: the cache charges each buffer once.
         self.cache.put(key, cap, ENTRY_OVERHEAD_BYTES, shared=computed.att.storages())
         return Found(cap, False, {"queue": computed.queue_ms, "compute": computed.compute_ms})
@@ -401,37 +343,8 @@ class AttentionService:
         return await self._compute(image_id, upload, lm, every_row, fault, is_disconnected, ablate)
 
     def selection(self, p: AttentionParams, cap: Capture) -> Selection:
-        att = cap.att
-        if isinstance(cap.layout, WindowedLayout):
-            stage, layers, heads, rows = resolve_windowed(
-                p.layers, p.heads, p.query, cap.layout, p.aggregate, p.rollout_start
-            )
-            return Selection(
-                layers=layers,
-                heads=heads,
-                queries=rows,
-                aggregate=p.aggregate,
-                rollout_start=p.rollout_start,
-                head_fusion=p.head_fusion,
-                discard_ratio=p.discard_ratio,
-                temperature=p.temperature,
-                stage=stage,
-            )
-        layers = parse_indices(p.layers, att.num_layers, "layers")
-        if p.aggregate == "rollout" and not -att.num_layers <= p.rollout_start < att.num_layers:
-            n = att.num_layers
-            raise SelectionError(
-                f"rollout_start {p.rollout_start} is out of range for {n} layers (valid: {-n}..{n - 1})"
-            )
-        return Selection(
-            layers=layers,
-            heads=parse_indices(p.heads, att.num_heads, "heads"),
-            queries=parse_query(p.query, cap.layout),
-            aggregate=p.aggregate,
-            rollout_start=p.rollout_start,
-            head_fusion=p.head_fusion,
-            discard_ratio=p.discard_ratio,
-            temperature=p.temperature,
+        return cap.image.select(
+            p.layers, p.heads, p.query, p.aggregate, p.rollout_start, p.head_fusion, p.discard_ratio, p.temperature
         )
 
     def _meta(
@@ -446,7 +359,7 @@ class AttentionService:
     ):
         cap = found.cap
         heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
-        tokens = cap.tokens(sel.stage)
+        tokens = cap.image.tokens(sel.stage)
         meta: dict[str, Any] = {
             "model": cap.model_id,
             "image_id": image_id,
@@ -461,17 +374,16 @@ class AttentionService:
             "dtype": p.dtype,
             "shape": list(shape),
             "cached": found.cached,
-            "dropped": cap.drop_columns(p.drop, sel.stage),
+            "dropped": cap.image.drop_columns(p.drop, sel.stage),
             "temperature": p.temperature,
             "ablated": [list(pair) for pair in ablate],
+            **cap.image.layout_meta(),
         }
-        if isinstance(cap.layout, WindowedLayout):
-            meta["stages"] = cap.layout.as_dict()
         return meta
 
     def _array(self, cap: Capture, sel: Selection, dropped: list[int], dtype: str):
         """The maps ``sel`` asks for as a numpy array (worker thread)."""
-        tensor = analysis.attention_tensor(cap.att, sel)
+        tensor = analysis.attention_tensor(cap.image.att, sel)
         if dropped:
             tensor = analysis.drop_and_renormalise(tensor, dropped)
         # torch converts to float16 with SIMD; numpy's astype is ~60x slower on 18 MiB of maps.
@@ -484,7 +396,7 @@ class AttentionService:
         t0 = time.perf_counter()
         cap = found.cap
         sel = self.selection(p, cap)
-        dropped = cap.drop_columns(p.drop, sel.stage)
+        dropped = cap.image.drop_columns(p.drop, sel.stage)
         array = self._array(cap, sel, dropped, p.dtype)
         meta = self._meta(image_id, filename, found, sel, p, array.shape, ablate)
         if p.stats and p.format == "json":
@@ -514,9 +426,9 @@ class AttentionService:
         too, each when the previous one has been handed to the socket.
         """
         cap = found.cap
-        shape = answers.answer_shape(sel, cap.att)
+        shape = answers.answer_shape(sel, cap.image.att)
         dtype = np.dtype(np.float16 if p.dtype == "float16" else np.float32)
-        dropped = cap.drop_columns(p.drop, sel.stage)
+        dropped = cap.image.drop_columns(p.drop, sel.stage)
         meta = self._meta(image_id, filename, found, sel, p, shape, ablate)
         timing = {**found.timing, "encode": 0.0}
         meta["timing_ms"] = dict(timing)
@@ -575,7 +487,7 @@ class AttentionService:
         """
         cap = found.cap
         sel = self.selection(p, cap)
-        shape = answers.answer_shape(sel, cap.att)
+        shape = answers.answer_shape(sel, cap.image.att)
         if p.format == "json":
             size = answers.check_json(shape, p.dtype, self.settings.max_json_bytes)
         else:
@@ -599,7 +511,7 @@ class AttentionService:
             upload: the image, when the request brought it (POST); GETs find it in the cache.
         """
         lm = await self.model(p.model)
-        ablate = parse_ablate(p.ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
+        ablate = lm.ablation(p.ablate)
         found = await self.capture(
             image_id,
             lm,
@@ -644,7 +556,7 @@ class AttentionService:
         """Per-head statistics of a known image (computed once per mass fraction), of the model
         with the ``ablate`` heads removed."""
         lm = await self.model(model_id)
-        pairs = parse_ablate(ablate, lm.num_layers, lm.num_heads, windowed=lm.stages is not None)
+        pairs = lm.ablation(ablate)
         found = await self.capture(image_id, lm, is_disconnected=is_disconnected, ablate=pairs)
         if found is None:
             return None
@@ -674,11 +586,8 @@ class AttentionService:
             raise
         stats = fut.result()
         self.cache.recharge(CaptureKey(image_id, lm.id, pairs), ENTRY_OVERHEAD_BYTES + found.cap.extra_bytes())
-        cap = found.cap
-        if isinstance(cap.layout, WindowedLayout):  # the first stage's grid, and every stage's
-            extra = {"tokens": cap.tokens(cap.layout.stages[0]), "stages": cap.layout.as_dict()}
-        else:
-            extra = {"tokens": cap.tokens()}
+        image = found.cap.image  # a windowed model: the first stage's grid, and every stage's
+        extra = {"tokens": image.tokens(), **image.layout_meta()}
         return {"model": lm.id, "image_id": image_id, **stats, **extra, "ablated": [list(pair) for pair in pairs]}
 
     async def display_png(self, image_id: str) -> bytes | None:

@@ -6,8 +6,8 @@ engine calls it in its own process; the Ray engine calls it inside each actor. P
 decoded and resized exactly as the server does (:mod:`app.serving.images`, the same
 ``Settings``), batched by input size, captured with the same forward
 (:func:`app.engine.forward.forward_capture`) and reduced with the same statistics
-(:func:`app.engine.stats.compute_stats`): a survey row holds the values the stats endpoint
-gives for that picture.
+(:meth:`app.engine.captured.CapturedImage.stats`): a survey row holds the values the stats
+endpoint gives for that picture.
 """
 
 from __future__ import annotations
@@ -15,31 +15,24 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from ..config import Settings
-from ..engine.capture import ImageAttention
+from ..engine.captured import CapturedImage, stats_batch
 from ..engine.device import autocast_dtype, is_oom, release_memory, resolve_device
 from ..engine.forward import forward_capture
-from ..engine.hooks import Attention
-from ..engine.layout import TokenLayout
 from ..engine.model import LoadedModel
-from ..engine.stats import HeadStats, compute_stats, compute_stats_batch
-from ..engine.window_stats import window_head_stats
-from ..engine.windows import WindowedAttention
+from ..engine.stats import DEFAULT_MASS, HeadStats
 from ..serving import images
 from ..zoo.registry import Registry
 from . import schema
 from .sources import Item
 
 log = logging.getLogger(__name__)
-
-# What a survey records besides the model id (checked on --resume: rows of one output agree).
-MASS = 0.6
 
 
 @dataclass
@@ -112,7 +105,7 @@ class Surveyor:
             "resize": s.resize,
             "max_aspect": s.max_aspect,
             "precision": str(self.amp).replace("torch.", "") if self.amp else "fp32",
-            "mass": MASS,
+            "mass": DEFAULT_MASS,
             "similarity": self.similarity,
             "ranks": self.ranks,
         }
@@ -153,8 +146,8 @@ class Surveyor:
         """The rows of pictures already prepared (see :meth:`prepare_all`)."""
         failed = list(failed or [])
         groups: dict[tuple[int, ...], list[Prepared]] = {}
-        for p in ok:
-            groups.setdefault(tuple(p.pixels.shape), []).append(p)
+        for prep in ok:
+            groups.setdefault(tuple(prep.pixels.shape), []).append(prep)
         tables: list[pa.Table] = []
         for group in groups.values():
             for i in range(0, len(group), self.batch_size):
@@ -165,21 +158,16 @@ class Surveyor:
     def _run(self, batch: list[Prepared], tables: list[pa.Table], failed: list[tuple[str, str, str]]) -> None:
         """One forward for ``batch``; on out-of-memory split it, on an error isolate the culprit."""
         try:
-            x = torch.stack([p.pixels for p in batch]).to(self.device)  # B, 3, H, W
+            x = torch.stack([prep.pixels for prep in batch]).to(self.device)  # B, 3, H, W
+            input_size = batch[0].input_size
             # Every row of every map is needed: keep the unfused forward's maps where that pays
             # (as the server does for query=all) instead of recomputing them from q and k.
-            layout = self.lm.layout(batch[0].input_size)
-            materialise = isinstance(layout, TokenLayout) and self.lm.capture.materialise_pays(layout.count)
             with self.lm.lock:
-                atts = forward_capture(self.lm, x, materialise=materialise, amp_dtype=self.amp)
-            if isinstance(layout, TokenLayout) and all(isinstance(a, ImageAttention) for a in atts):
-                # The batch's maps together, as the forward left them (see compute_stats_batch).
-                stats = compute_stats_batch(
-                    cast(list[ImageAttention], atts), layout, MASS, similarity=self.similarity, with_ranks=self.ranks
-                )
-                done = [self._rows(p, att, st) for p, att, st in zip(batch, atts, stats)]
-            else:
-                done = [self._rows(p, att) for p, att in zip(batch, atts)]
+                atts = forward_capture(self.lm, x, materialise=self.lm.keeps_maps(input_size), amp_dtype=self.amp)
+            captured = [self.lm.captured(att, input_size) for att in atts]
+            # The batch's maps together, as the forward left them, where they are one batch tensor.
+            stats = stats_batch(captured, DEFAULT_MASS, similarity=self.similarity, ranks=self.ranks)
+            done = [self._rows(prep, image, st) for prep, image, st in zip(batch, captured, stats)]
             # All or nothing: on an error below, every picture of the batch is run again alone.
             tables.extend(done)
         except Exception as e:
@@ -190,8 +178,8 @@ class Surveyor:
                     self._run(batch[:half], tables, failed)
                     self._run(batch[half:], tables, failed)
                 else:
-                    for p in batch:
-                        self._run([p], tables, failed)
+                    for prep in batch:
+                        self._run([prep], tables, failed)
                 return
             code = "out_of_memory" if is_oom(e) else "compute_error"
             if code == "out_of_memory":
@@ -199,118 +187,69 @@ class Surveyor:
             log.warning("%s: %s: %s", batch[0].item.image, type(e).__name__, e)
             failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
 
-    def _rows(self, p: Prepared, att: Attention, st: HeadStats | None = None) -> pa.Table:
-        """The ``L * H`` rows of one picture (``st``: its statistics, if already computed)."""
-        if isinstance(att, WindowedAttention):
-            return self._window_rows(p, att)
-        layout = self.lm.layout(p.input_size)
-        assert isinstance(layout, TokenLayout) and isinstance(att, ImageAttention)
-        if st is None:
-            st = compute_stats(att, layout, MASS, similarity=self.similarity, with_ranks=self.ranks)
-        L, H = att.num_layers, att.num_heads
-        n = L * H
+    def _rows(self, prep: Prepared, image: CapturedImage, st: HeadStats) -> pa.Table:
+        """The rows of one picture: one per layer and head, ``sum_l H_l`` (each layer of a windowed
+        model has its stage's heads).
 
-        def flat(t: torch.Tensor | None, dtype) -> pa.Array:
-            if t is None:
-                return pa.nulls(n, dtype)
-            return pa.array(t.reshape(n).numpy(), dtype)
+        The values are those of ``GET …/stats`` for the picture (:class:`HeadStats`); what the
+        statistics leave out (not asked for, or meaningless for the model: no prefix, no CLS, no
+        artifact mass for windows) is null. ``grid_rows``, ``grid_cols``, ``tokens`` and
+        ``prefix_tokens`` are those of the row's layer (a windowed model's stage, named in
+        ``stage``; null for global attention).
+        """
+        heads = np.asarray(st.heads_per_layer)
+        L, H = len(heads), int(st.entropy.shape[1])
+        keep = np.arange(H)[None, :] < heads[:, None]  # L, H: each layer's heads
+        n = int(keep.sum())
+        layouts = [image.layout_at(layer) for layer in range(L)]
+        stages = [image.stage_at(layer) for layer in range(L)]
 
-        def per_layer(t: torch.Tensor | None, dtype) -> pa.Array:
-            if t is None:
-                return pa.nulls(n, dtype)
-            return pa.array(np.repeat(t.numpy(), H), dtype)
+        def per_head(t: torch.Tensor | None, dtype) -> pa.Array:
+            return pa.nulls(n, dtype) if t is None else pa.array(t.numpy()[keep], dtype)
 
-        def lists(t: torch.Tensor | None) -> pa.Array:
+        def pairs(t: torch.Tensor | None) -> pa.Array:  # [L, H, H]: each row's list over its layer's heads
             if t is None:
                 return pa.nulls(n, pa.list_(pa.float32()))
-            offsets = pa.array(np.arange(0, n * H + 1, H, dtype=np.int32))
-            return pa.ListArray.from_arrays(offsets, pa.array(t.reshape(-1).numpy(), pa.float32()))
+            offsets = np.concatenate([[0], np.cumsum(np.repeat(heads, heads))]).astype(np.int32)
+            values = t.numpy()[keep[:, :, None] & keep[:, None, :]]
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.float32()))
+
+        def per_layer(values, dtype) -> pa.Array:
+            if values is None:
+                return pa.nulls(n, dtype)
+            return pa.array([v for v, h in zip(list(values), heads) for _ in range(h)], dtype)
 
         def const(v, dtype) -> pa.Array:
             return pa.array(np.full(n, v), dtype)
 
         cols = {
-            "image": pa.array([p.item.image] * n, pa.string()),
-            "layer": pa.array(np.repeat(np.arange(L), H), pa.int16()),
-            "head": pa.array(np.tile(np.arange(H), L), pa.int16()),
-            "entropy": flat(st.entropy, pa.float32()),
-            "entropy_cls": flat(st.entropy_cls, pa.float32()),
-            "distance_px": flat(st.distance_px, pa.float32()),
-            "prefix_mass": flat(st.prefix_mass, pa.float32()),
-            "artifact_mass": flat(st.artifact_mass, pa.float32()),
-            "mass_patches": flat(st.mass_patches, pa.int32()),
-            "cls_cosine": lists(st.cls_cosine),
-            "similarity": lists(st.similarity),
-            "rank_numerical": per_layer(st.rank_numerical, pa.int32()),
-            "rank_effective": per_layer(st.rank_effective, pa.float64()),
-            "image_height": const(p.image_size[0], pa.int32()),
-            "image_width": const(p.image_size[1], pa.int32()),
-            "input_height": const(p.input_size[0], pa.int32()),
-            "input_width": const(p.input_size[1], pa.int32()),
-            "grid_rows": const(layout.grid[0], pa.int16()),
-            "grid_cols": const(layout.grid[1], pa.int16()),
-            "tokens": const(layout.count, pa.int32()),
-            "prefix_tokens": const(layout.num_prefix, pa.int16()),
+            "image": pa.array([prep.item.image] * n, pa.string()),
+            "layer": pa.array(np.repeat(np.arange(L), heads), pa.int16()),
+            "head": pa.array(np.concatenate([np.arange(h) for h in heads]), pa.int16()),
+            "entropy": per_head(st.entropy, pa.float32()),
+            "entropy_cls": per_head(st.entropy_cls, pa.float32()),
+            "distance_px": per_head(st.distance_px, pa.float32()),
+            "prefix_mass": per_head(st.prefix_mass, pa.float32()),
+            "artifact_mass": per_head(st.artifact_mass, pa.float32()),
+            "mass_patches": per_head(st.mass_patches, pa.int32()),
+            "cls_cosine": pairs(st.cls_cosine),
+            "similarity": pairs(st.similarity),
+            "rank_numerical": per_layer(_listed(st.rank_numerical), pa.int32()),
+            "rank_effective": per_layer(_listed(st.rank_effective), pa.float64()),
+            "image_height": const(prep.image_size[0], pa.int32()),
+            "image_width": const(prep.image_size[1], pa.int32()),
+            "input_height": const(prep.input_size[0], pa.int32()),
+            "input_width": const(prep.input_size[1], pa.int32()),
+            "grid_rows": per_layer([lo.grid[0] for lo in layouts], pa.int16()),
+            "grid_cols": per_layer([lo.grid[1] for lo in layouts], pa.int16()),
+            "tokens": per_layer([lo.count for lo in layouts], pa.int32()),
+            "prefix_tokens": per_layer([lo.num_prefix for lo in layouts], pa.int16()),
             "artifact_tokens": const(len(st.artifacts), pa.int32()),
             "artifact_threshold": const(st.artifact_threshold, pa.float32()),
-            "stage": pa.nulls(n, pa.int16()),
+            "stage": per_layer([s.index if s is not None else None for s in stages], pa.int16()),
         }
         return pa.table(list(cols.values()), schema=schema.ROWS)
 
-    def _window_rows(self, p: Prepared, att: WindowedAttention) -> pa.Table:
-        """The rows of one picture under a windowed model (Swin): ``sum_l H_l`` rows.
 
-        The values are :func:`~app.engine.window_stats.window_head_stats`'s, which the stats
-        endpoint answers for Swin: entropy over each query's window, distance between the cells
-        of the layer's stage grid; the columns that mean nothing for windows (no prefix, no CLS,
-        artifact tokens only on the last stage's grid) are null. ``grid_rows``, ``grid_cols``
-        and ``tokens`` are those of the row's stage, named in ``stage``.
-        """
-        st = window_head_stats(att, p.input_size, MASS)
-        heads = st["heads_per_layer"]
-        layers = np.repeat(np.arange(len(heads)), heads)
-        n = len(layers)
-        stages = [att.stage_of(int(layer)) for layer in layers]
-
-        def flat(v: list[list[float]]) -> pa.Array:
-            return pa.array(np.concatenate([np.asarray(x, np.float32) for x in v]), pa.float32())
-
-        def per_layer(v: list, dtype) -> pa.Array:
-            return pa.array(np.repeat(np.asarray(v), heads), dtype)
-
-        def const(v, dtype) -> pa.Array:
-            return pa.array(np.full(n, v), dtype)
-
-        similarity = (
-            pa.array([row for layer in st["similarity"] for row in layer], pa.list_(pa.float32()))
-            if self.similarity
-            else pa.nulls(n, pa.list_(pa.float32()))
-        )
-        rank = st["rank"]
-        cols = {
-            "image": pa.array([p.item.image] * n, pa.string()),
-            "layer": pa.array(layers, pa.int16()),
-            "head": pa.array(np.concatenate([np.arange(h) for h in heads]), pa.int16()),
-            "entropy": flat(st["entropy"]),
-            "entropy_cls": pa.nulls(n, pa.float32()),
-            "distance_px": flat(st["distance_px"]),
-            "prefix_mass": pa.nulls(n, pa.float32()),
-            "artifact_mass": pa.nulls(n, pa.float32()),
-            "mass_patches": pa.nulls(n, pa.int32()),
-            "cls_cosine": pa.nulls(n, pa.list_(pa.float32())),
-            "similarity": similarity,
-            "rank_numerical": per_layer(rank["numerical"], pa.int32()) if self.ranks else pa.nulls(n, pa.int32()),
-            "rank_effective": per_layer(rank["effective"], pa.float64()) if self.ranks else pa.nulls(n, pa.float64()),
-            "image_height": const(p.image_size[0], pa.int32()),
-            "image_width": const(p.image_size[1], pa.int32()),
-            "input_height": const(p.input_size[0], pa.int32()),
-            "input_width": const(p.input_size[1], pa.int32()),
-            "grid_rows": pa.array([s.grid[0] for s in stages], pa.int16()),
-            "grid_cols": pa.array([s.grid[1] for s in stages], pa.int16()),
-            "tokens": pa.array([s.grid[0] * s.grid[1] for s in stages], pa.int32()),
-            "prefix_tokens": const(0, pa.int16()),
-            "artifact_tokens": const(len(st["artifacts"]["tokens"]), pa.int32()),
-            "artifact_threshold": const(st["artifacts"]["threshold"], pa.float32()),
-            "stage": pa.array([s.index for s in stages], pa.int16()),
-        }
-        return pa.table(list(cols.values()), schema=schema.ROWS)
+def _listed(t: torch.Tensor | None) -> list | None:
+    return None if t is None else t.tolist()

@@ -13,8 +13,9 @@ from typing import Any
 
 from ..config import Settings
 from ..engine.device import autocast_dtype
+from ..engine.stats import DEFAULT_MASS
 from ..zoo.ids import ModelSpec
-from .compute import MASS, Result
+from .compute import Result
 from .output import SurveyOutput, check_target
 from .sources import list_images
 
@@ -47,7 +48,7 @@ def run_meta(model_id: str, device_type: str, settings: Settings, similarity: bo
         "resize": settings.resize,
         "max_aspect": settings.max_aspect,
         "precision": str(amp).removeprefix("torch.") if amp is not None else "fp32",
-        "mass": MASS,
+        "mass": DEFAULT_MASS,
         "similarity": similarity,
         "ranks": ranks,
     }

@@ -186,7 +186,7 @@ def _capture(name, kwargs, hw, materialise=False, seed=0):
 @pytest.mark.parametrize("materialise", [False, True], ids=["qk", "maps"])
 @pytest.mark.parametrize("name,kwargs,hw", TINY_FAMILIES, ids=[f[0] for f in TINY_FAMILIES])
 def test_vectorised_stats_equal_the_reference(name, kwargs, hw, materialise):
-    from app.engine.stats import compute_stats, head_stats
+    from app.engine.stats import compute_stats
 
     atts, layout = _capture(name, kwargs, hw, materialise)
     for att in atts:  # batch-mates: views of one batch's tensors
@@ -206,7 +206,7 @@ def test_vectorised_stats_equal_the_reference(name, kwargs, hw, materialise):
         )
         assert got.artifacts == ref["artifacts"]
         # The JSON answer carries the same numbers.
-        js = head_stats(att, layout, hw)
+        js = compute_stats(att, layout).as_dict(hw)
         assert js["entropy"] == got.entropy.tolist() and js["rank"]["numerical"] == ref["rank_num"]
 
 

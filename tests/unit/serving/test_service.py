@@ -21,11 +21,10 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
         with lm.capture.capturing():
             lm.model.forward_features(torch.randn(1, 3, *lm.input_size))
         device = lm.capture.results(to="meta")  # stands in for a GPU
-    layout = lm.layout(lm.input_size)
     for i, att in enumerate(host):
         svc.cache.put(
             CaptureKey(str(i), lm.id),
-            Capture(lm.id, att, layout, lm.input_size, lm.input_size),
+            Capture(lm.id, lm.captured(att, lm.input_size), lm.input_size),
             4096,
             shared=att.storages(),
         )
@@ -38,7 +37,7 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
     assert svc.free_device_memory() == 0 and len(svc.cache) == 2  # host captures stay
     svc.cache.put(
         CaptureKey("gpu", lm.id),
-        Capture(lm.id, device[0], layout, lm.input_size, lm.input_size),
+        Capture(lm.id, lm.captured(device[0], lm.input_size), lm.input_size),
         4096,
         shared=device[0].storages(),
     )

@@ -9,7 +9,7 @@ from PIL import Image
 
 from app.config import Settings
 from app.engine.forward import forward_capture
-from app.engine.window_stats import window_head_stats
+from app.engine.window_stats import window_stats
 from app.serving import images
 from app.survey import schema
 from app.survey.compute import Surveyor
@@ -63,7 +63,7 @@ def test_swin_rows_are_the_stats_endpoints_window_statistics(tiny_swin, folder, 
         img = images.decode((folder / name).read_bytes(), settings.max_image_pixels)
         prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, "aspect", 3.0, lm.dynamic)
         att = forward_capture(lm, prep.pixels[None])[0]
-        want = window_head_stats(att, prep.input_size)
+        want = window_stats(att).as_dict(prep.input_size)
         mine = t.filter(pc.equal(t.column("image"), name)).sort_by(KEY)
         assert mine.column("layer").to_pylist() == [0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
         assert mine.column("head").to_pylist() == [0, 1, 0, 1, 0, 1, 2, 3, 0, 1, 2, 3]
