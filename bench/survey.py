@@ -24,7 +24,7 @@ from PIL import Image
 from app.config import Settings
 from app.engine.forward import forward_capture
 from app.engine.model import LoadedModel
-from app.serving.service import Capture
+from app.serving.store import Entry
 from app.survey.compute import Surveyor
 from app.survey.sources import Item
 
@@ -55,7 +55,7 @@ def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[
         Variant(
             "stats_all",
             "statistics of one image (GET .../stats)",
-            lambda x: Capture(lm.id, image, INPUT).head_stats(),
+            lambda x: Entry(lm.id, image, INPUT).stats(),
             check_stats,
             "stats",
             note="entropy, distance, masses, CLS, similarity, ranks",

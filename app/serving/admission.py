@@ -42,12 +42,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .metrics import Metrics
+from .waiting import Disconnected
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -64,15 +65,8 @@ class QueueFullError(RuntimeError):
     """Every slot of a pool is taken (answered 429 with Retry-After)."""
 
 
-class ClientGone(Exception):
-    """The client went away while its request waited; nothing more is computed for it."""
-
-
 class TooLargeToDecode(ValueError):
     """The header says decoding the picture would take more memory than the budget (413)."""
-
-
-Disconnected = Callable[[], Awaitable[bool]]
 
 
 @dataclass

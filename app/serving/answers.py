@@ -1,4 +1,10 @@
-"""Answer sizes, known before an answer is built, and binary answers streamed layer by layer.
+"""Answers to attention requests: selection -> metadata -> encoded body (or a stream).
+
+The steps, each a function of its own so that any caller can take them (the service on the
+worker thread, the command line, a notebook): :func:`selection` resolves a request's parameters
+against a captured image, :func:`maps` slices and fuses the maps it asks for, :func:`meta` says
+what they are, :func:`built` encodes the whole answer (JSON, safetensors or npy). The service's
+:class:`Answers` checks an answer's size before it is built and streams the large binary ones.
 
 An answer's shape follows from the selection alone (``[layers, heads, queries, tokens]``), so
 its size is known before any of it is computed:
@@ -21,14 +27,32 @@ Answers of ``HEADSCOPE_LARGE_ANSWER_BYTES`` or more also take a large-answer slo
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
+from ..config import Settings
+from ..engine import analysis
+from ..engine.ablation import Ablation
+from ..engine.captured import CapturedImage
 from ..engine.hooks import Attention
-from ..engine.selection import Selection
+from ..engine.selection import Selection, SelectionError
+from .admission import Admission, Ticket, current_ticket, using
+from .encoders import MEDIA_TYPES, Part, binary_header, binary_headers, download_stem, encode
+from .params import AttentionParams
+from .store import Found
+from .waiting import ClientGone
+from .worker import Worker
+
+log = logging.getLogger(__name__)
 
 JSON_BYTES_PER_NUMBER = 14
 STREAM_MIN_BYTES = 2**20
@@ -99,3 +123,223 @@ class Chunk:
 
     layers: range
     heads: range | None = None
+
+
+class StreamAborted(Exception):
+    """A streamed answer could not be finished (its next chunk missed its deadline); the
+    connection is closed, which the client sees as a short body. Logged as one line."""
+
+
+@dataclass
+class Answer:
+    body: list[Part]  # sent in order; b"".join(body) is the whole body (empty when streamed)
+    headers: dict[str, str]
+    media_type: str
+    meta: dict[str, Any]
+    stream: AsyncIterator[Part] | None = None  # a large binary answer, chunk by chunk
+    length: int = 0  # the body's length (Content-Length), also when streamed
+
+
+def server_timing(timing: dict[str, float]) -> str:
+    """The ``Server-Timing`` header of an answer's timing (milliseconds by part)."""
+    return ", ".join(f"{k};dur={v:.2f}" for k, v in timing.items())
+
+
+def selection(params: AttentionParams, image: CapturedImage) -> Selection:
+    """What ``params`` select of ``image`` (:meth:`CapturedImage.select`)."""
+    p = params
+    return image.select(
+        p.layers, p.heads, p.query, p.aggregate, p.rollout_start, p.head_fusion, p.discard_ratio, p.temperature
+    )
+
+
+def maps(image: CapturedImage, sel: Selection, dropped: list[int], dtype: str) -> np.ndarray:
+    """The maps ``sel`` asks for, ``dropped`` key tokens zeroed and rows renormalised, as a
+    ``[layers, heads, queries, tokens]`` numpy array of ``dtype``."""
+    tensor = analysis.attention_tensor(image.att, sel)
+    if dropped:
+        tensor = analysis.drop_and_renormalise(tensor, dropped)
+    # torch converts to float16 with SIMD; numpy's astype is ~60x slower on 18 MiB of maps.
+    return (tensor.to(torch.float16) if dtype == "float16" else tensor.float()).numpy()
+
+
+def meta(
+    image_id: str,
+    filename: str | None,
+    found: Found,
+    sel: Selection,
+    params: AttentionParams,
+    shape: Sequence[int],
+    ablate: Ablation = (),
+) -> dict[str, Any]:
+    """What an attention answer says besides its maps."""
+    entry, image = found.entry, found.entry.image
+    heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
+    tokens = image.tokens(sel.stage)
+    return {
+        "model": entry.model_id,
+        "image_id": image_id,
+        "filename": filename,
+        "image_size": list(entry.image_size),
+        "input_size": list(entry.input_size),
+        "tokens": tokens,
+        "layers": sel.layers,
+        "heads": heads,
+        "query": sel.queries if sel.queries is not None else list(range(tokens["count"])),
+        "aggregate": sel.aggregate,
+        "dtype": params.dtype,
+        "shape": list(shape),
+        "cached": found.cached,
+        "dropped": image.drop_columns(params.drop, sel.stage),
+        "temperature": params.temperature,
+        "ablated": [list(pair) for pair in ablate],
+        **image.layout_meta(),
+    }
+
+
+def built(
+    image_id: str,
+    filename: str | None,
+    found: Found,
+    params: AttentionParams,
+    sel: Selection,
+    ablate: Ablation = (),
+) -> Answer:
+    """A whole answer, encoded (JSON, or a binary answer too small to stream)."""
+    t0 = time.perf_counter()
+    image = found.entry.image
+    dropped = image.drop_columns(params.drop, sel.stage)
+    array = maps(image, sel, dropped, params.dtype)
+    head = meta(image_id, filename, found, sel, params, array.shape, ablate)
+    if params.stats and params.format == "json":
+        head["stats"] = found.entry.stats()
+    # "encode" in the body covers slicing and conversion; serialising the body itself is
+    # added in the Server-Timing header, the only place it can still be written.
+    timing = {**found.timing, "encode": (time.perf_counter() - t0) * 1000}
+    head["timing_ms"] = dict(timing)
+    body, headers = encode(array, head, params.format, download_stem(image_id, found.entry.model_id, params))
+    timing["encode"] = (time.perf_counter() - t0) * 1000
+    headers["Server-Timing"] = server_timing(timing)
+    length = sum(len(memoryview(b).cast("B")) for b in body)
+    return Answer(body, headers, MEDIA_TYPES[params.format], head, length=length)
+
+
+def stats_body(image_id: str, found: Found, stats: dict[str, Any], ablate: Ablation = ()) -> dict[str, Any]:
+    """The answer of ``GET …/stats``: ``stats`` (:meth:`Entry.stats`) with what they are of (a
+    windowed model: the first stage's grid, and every stage)."""
+    image = found.entry.image
+    return {
+        "model": found.entry.model_id,
+        "image_id": image_id,
+        **stats,
+        "tokens": image.tokens(),
+        **image.layout_meta(),
+        "ablated": [list(pair) for pair in ablate],
+    }
+
+
+class Answers:
+    """The service's answers: sized before they are built, built or streamed on the worker.
+
+    Args:
+        settings: the JSON limit and the request timeout (each streamed chunk gets one).
+        worker: where answers are built (every torch operation runs there).
+        admission: the large-answer slots.
+    """
+
+    def __init__(self, settings: Settings, worker: Worker, admission: Admission):
+        self.settings = settings
+        self.worker = worker
+        self.admission = admission
+
+    def plan(self, found: Found, params: AttentionParams) -> tuple[Selection, int]:
+        """Check the selection and the answer's size before building it (event loop, no torch).
+
+        Returns:
+            The selection and the answer's (estimated) size in bytes.
+
+        Raises:
+            SelectionError: a malformed selection (422).
+            AnswerTooLarge: JSON over ``max_json_bytes`` (413).
+            QueueFullError: a large answer while every large-answer slot is taken (429).
+        """
+        sel = selection(params, found.entry.image)
+        shape = answer_shape(sel, found.entry.image.att)
+        if params.format == "json":
+            size = check_json(shape, params.dtype, self.settings.max_json_bytes)
+        else:
+            size = binary_bytes(shape, params.dtype)
+        self.admission.large_answer(size)
+        return sel, size
+
+    async def answer(
+        self, image_id: str, filename: str | None, found: Found, params: AttentionParams, ablate: Ablation = ()
+    ) -> Answer:
+        """The answer, sized first; a large binary one is streamed."""
+        sel, size = self.plan(found, params)
+        if params.format != "json" and size >= STREAM_MIN_BYTES:
+            return await self.worker.run_in_worker(self._streamed, image_id, filename, found, params, sel, ablate)
+        return await self.worker.run_in_worker(built, image_id, filename, found, params, sel, ablate)
+
+    def _streamed(
+        self,
+        image_id: str,
+        filename: str | None,
+        found: Found,
+        params: AttentionParams,
+        sel: Selection,
+        ablate: Ablation = (),
+    ) -> Answer:
+        """A large binary answer: the header now, the layers when the socket has room for them.
+
+        Runs on the worker thread (the metadata reads the capture); the chunks are computed there
+        too, each when the previous one has been handed to the socket.
+        """
+        image = found.entry.image
+        shape = answer_shape(sel, image.att)
+        dtype = np.dtype(np.float16 if params.dtype == "float16" else np.float32)
+        dropped = image.drop_columns(params.drop, sel.stage)
+        head_meta = meta(image_id, filename, found, sel, params, shape, ablate)
+        timing = {**found.timing, "encode": 0.0}
+        head_meta["timing_ms"] = dict(timing)
+        head = binary_header(params.format, head_meta, shape, dtype)
+        headers = binary_headers(params.format, head_meta, download_stem(image_id, found.entry.model_id, params))
+        headers["Server-Timing"] = server_timing(timing)
+        pieces = chunks(shape, dtype.itemsize, heads_split=sel.aggregate == "none")
+        ticket = current_ticket()
+
+        def maps_of(chunk: Chunk) -> np.ndarray:
+            if sel.aggregate == "rollout":  # a product over layers: computed once, sliced
+                return maps(image, sel, dropped, params.dtype)
+            part = dataclasses.replace(sel, layers=[sel.layers[i] for i in chunk.layers])
+            if chunk.heads is not None:
+                part = dataclasses.replace(part, heads=[sel.heads[j] for j in chunk.heads])
+            return maps(image, part, dropped, params.dtype)
+
+        async def body() -> AsyncIterator[Part]:
+            yield head
+            whole = None
+            for chunk in pieces:
+                # Each chunk has the request's priority and a deadline of its own: a slow
+                # reader may take longer than one request deadline to read the whole answer.
+                # A client that leaves cancels the stream itself (StreamingResponse), so the
+                # chunks do not poll for it.
+                child = None
+                if ticket is not None:
+                    timeout = self.settings.request_timeout_s
+                    child = Ticket(ticket.cls, time.monotonic() + timeout, timeout_s=timeout)
+                try:
+                    with using(child):
+                        if whole is None or sel.aggregate != "rollout":
+                            whole = await self.worker.run_in_worker(maps_of, chunk)
+                except (asyncio.TimeoutError, ClientGone, SelectionError, RuntimeError) as e:
+                    log.warning("streamed answer for %s cut short: %s", image_id, type(e).__name__)
+                    raise StreamAborted(type(e).__name__) from None
+                part = whole[chunk.layers.start : chunk.layers.stop] if sel.aggregate == "rollout" else whole
+                if sel.aggregate != "rollout":
+                    whole = None  # this chunk only lives until the socket has it
+                yield memoryview(np.ascontiguousarray(part)).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+ only
+                del part
+
+        length = len(head) + binary_bytes(shape, params.dtype)
+        return Answer([], headers, MEDIA_TYPES[params.format], head_meta, stream=body(), length=length)

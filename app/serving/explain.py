@@ -20,7 +20,11 @@ from ..engine.ablation import Ablation
 from ..engine.explain import inner_steps
 from ..engine.model import LoadedModel
 from ..engine.selection import MAX_SPEC
-from .service import Answer, AttentionService, Disconnected, Found
+from .answers import Answer, server_timing
+from .params import Ablate
+from .service import AttentionService
+from .store import Found
+from .waiting import Disconnected
 
 
 class ExplainParams(BaseModel):
@@ -40,28 +44,25 @@ class ExplainParams(BaseModel):
         examples=["cls", "0", "patch:3,5"],
     )
     format: Literal["json", "safetensors"] = "json"
-    ablate: str = Field(
-        "",
-        max_length=MAX_SPEC,
-        description="explain the model with these heads removed: layer:head pairs '0:1,11:5' (see GET …/output)",
-    )
+    ablate: Ablate = ""
 
 
-def _answer(
+def explained(
     image_id: str, filename: str | None, lm: LoadedModel, found: Found, params: ExplainParams, ablate: Ablation = ()
 ) -> Answer:
+    """The explain answer (JSON or safetensors) of a capture in hand (worker thread)."""
     t0 = time.perf_counter()
-    cap = found.cap
-    image = cap.image
+    entry = found.entry
+    image = entry.image
     layer, head, query = image.explain_target(params.layer, params.head, params.query)
     attn = lm.capture.layers[layer][0]
     hc = image.explain(attn, layer, head, query)
     meta: dict[str, Any] = {
-        "model": cap.model_id,
+        "model": entry.model_id,
         "image_id": image_id,
         "filename": filename,
-        "image_size": list(cap.image_size),
-        "input_size": list(cap.input_size),
+        "image_size": list(entry.image_size),
+        "input_size": list(entry.input_size),
         "tokens": image.tokens(image.stage_at(layer)),
         **image.layout_meta(),
         "cached": found.cached,
@@ -99,20 +100,18 @@ def _answer(
         }
         media = "application/octet-stream"
     timing["encode"] = (time.perf_counter() - t0) * 1000
-    headers["Server-Timing"] = ", ".join(f"{k};dur={v:.2f}" for k, v in timing.items())
+    headers["Server-Timing"] = server_timing(timing)
     return Answer([body], headers, media, meta)
 
 
 async def explain(
-    service: AttentionService, image_id: str, p: ExplainParams, is_disconnected: Disconnected | None = None
-) -> Answer | None:
-    """One head's computation for an image the server has; None once it is evicted."""
-    lm = await service.model(p.model)
+    service: AttentionService, image_id: str, params: ExplainParams, is_disconnected: Disconnected | None = None
+) -> Answer:
+    """One head's computation for an image the server has (ImageNotFound once it is evicted)."""
+    lm = await service.model(params.model)
     # With heads removed, the capture of the ablated model (cached per ablation set like the maps').
-    ablate = lm.ablation(p.ablate)
-    found = await service.capture(image_id, lm, is_disconnected=is_disconnected, ablate=ablate)
-    if found is None:
-        return None
-    upload = service.upload_of(image_id)
+    ablate = lm.ablation(params.ablate)
+    found = await service.store.get(image_id, lm, is_disconnected=is_disconnected, ablate=ablate)
+    upload = service.uploads.get(image_id)
     filename = upload.filename if upload else None
-    return await service.worker.run_in_worker(_answer, image_id, filename, lm, found, p, ablate)
+    return await service.worker.run_in_worker(explained, image_id, filename, lm, found, params, ablate)

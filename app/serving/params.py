@@ -1,12 +1,27 @@
-"""What a request for attention asks for: the same fields as POST form fields or GET query."""
+"""What a request for attention asks for: the same fields as POST form fields or GET query.
+
+:data:`Ablate` is the one declaration of the ``ablate`` parameter, the same in every request
+that takes it (attention, statistics, explain, output).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
+from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.selection import MAX_SPEC, needs_every_row
+
+Ablate = Annotated[
+    str,
+    Query(
+        max_length=MAX_SPEC,
+        description="remove heads first: layer:head pairs '0:1,11:5' (each head's output is zeroed before W_O "
+        "in its block; everything after it, later layers' maps included, is recomputed)",
+        examples=["", "0:1", "3:0,3:1,11:5"],
+    ),
+]
 
 
 class AttentionParams(BaseModel):
@@ -54,13 +69,7 @@ class AttentionParams(BaseModel):
         description="softmax temperature: every map is softmax(scores / T); 1 is the model itself",
         examples=[1.0, 0.5, 2.0],
     )
-    ablate: str = Field(
-        "",
-        max_length=MAX_SPEC,
-        description="remove heads before the maps are captured: layer:head pairs '0:1,11:5' "
-        "(each head's output is zeroed before W_O in its block; later layers' maps change)",
-        examples=["", "0:1", "3:0,3:1,11:5"],
-    )
+    ablate: Ablate = ""
 
     @property
     def needs_every_row(self) -> bool:

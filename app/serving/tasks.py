@@ -1,33 +1,42 @@
 """Long computations (seconds) that run in pieces on the worker thread, with progress.
 
 A head-importance sweep or a pruning curve takes seconds; run as one call on the single worker
-thread it would hold every upload behind it. :class:`Tasks` runs such work as an asyncio task
-that awaits the worker once per piece (one block's batch of heads, a few masked forwards), so
-queued uploads run between pieces. One task per key at a time: a second request for the same
-thing joins the running one. The task keeps running when its request times out (the result is
-cached for the next request) and is cancelled between pieces once every client that asked for
-it has gone. :class:`Progress` is what ``GET …/progress`` reports.
+thread it would hold every upload behind it. Such a computation is written once, as a
+:data:`Work`: a generator that yields its pieces (plain calls: one block's batch of heads, a few
+masked forwards) and gets each piece's result back. :func:`run_now` runs it here and now (a
+notebook, a script); :func:`run_on` awaits the worker once per piece, so queued uploads run
+between pieces. :class:`Tasks` runs such work as an asyncio task, one per key at a time: a
+second request for the same thing joins the running one. The task keeps running when its
+request times out (the result is cached for the next request) and is cancelled between pieces
+once every client that asked for it has gone. :class:`Progress` is what ``GET …/progress``
+reports. :class:`ImageTasks` puts it together for an endpoint about an uploaded image: a new
+one (another measure of heads) is a subclass with a :data:`Work` and its routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Generator, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.device import is_oom
+from ..engine.model import LoadedModel
+from . import images
 from .admission import QueueFullError, Ticket, current_ticket, using
+from .cache import ByteLRU
+from .service import AttentionService
+from .waiting import ClientGone, Disconnected, wait_for_result
+from .worker import OutOfMemory
+
+Piece = Callable[[], Any]  # one call on the worker thread
+Work = Generator[Piece, Any, dict]  # yields pieces, is sent their results, returns the answer
+RESULT_BYTES = 64 * 1024  # what a cached result is charged (small JSON)
 
 # A long computation outlives the request that started it (it caches its result), so its worker
 # calls get a deadline of their own, at the priority of that request's class.
 TASK_DEADLINE_S = 3600.0
-
-POLL_S = 0.1  # how often a waiting request checks whether its client is still there
-
-
-class ClientLeft(Exception):
-    """Raised to a waiting request whose client went away (mapped like ClientGone)."""
 
 
 @dataclass
@@ -115,7 +124,7 @@ class Tasks:
         name: str,
         factory: Callable[[Progress], Awaitable[Any]],
         deadline: float,
-        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+        is_disconnected: Disconnected | None = None,
     ) -> Any:
         """Start the task for ``key`` (or join the running one) and wait for its result.
 
@@ -129,24 +138,120 @@ class Tasks:
 
         Raises:
             QueueFullError: ``limit`` other tasks are running.
-            asyncio.TimeoutError: the deadline passed first.
-            ClientLeft: the client went away.
+            asyncio.TimeoutError: the deadline passed first (the task goes on).
+            ClientGone: the client went away.
         """
         task = self._tasks.get(key) or self._start(key, name, factory)
         task.waiters += 1
         gone = False
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise asyncio.TimeoutError()
-                done, _ = await asyncio.wait({task.future}, timeout=min(POLL_S, remaining))
-                if done:
-                    return task.future.result()
-                if is_disconnected is not None and await is_disconnected():
-                    gone = True
-                    raise ClientLeft("the client closed the connection before the answer")
+            return await wait_for_result(asyncio.shield(task.future), deadline, is_disconnected)
+        except ClientGone:
+            gone = True
+            raise
         finally:
             task.waiters -= 1
             if gone and task.waiters == 0 and not task.future.done():
                 task.future.cancel()
+
+
+def run_now(work: Work) -> dict:
+    """Run ``work`` here, piece after piece (no worker thread, no asyncio)."""
+    try:
+        piece = next(work)
+        while True:
+            piece = work.send(piece())
+    except StopIteration as done:
+        return done.value
+
+
+async def run_on(work: Work, run: Callable[[Piece], Awaitable[Any]]) -> dict:
+    """Run ``work`` with each piece awaited through ``run`` (the worker thread)."""
+    try:
+        piece = next(work)
+        while True:
+            piece = work.send(await run(piece))
+    except StopIteration as done:
+        return done.value
+
+
+class ImageTasks:
+    """Long computations about an uploaded image, as tasks with progress, their results cached.
+
+    Args:
+        service: the attention service (its uploads, cache, worker, models and settings).
+        max_tasks: computations at once; more get 429.
+    """
+
+    def __init__(self, service: AttentionService, max_tasks: int = 4):
+        self.svc = service
+        self.tasks = Tasks(max_tasks)
+
+    @property
+    def cache(self) -> ByteLRU:
+        return self.svc.cache
+
+    def deadline(self, wait: float | None = None) -> float:
+        """A request's deadline, or ``wait`` seconds from now when that is sooner."""
+        deadline = time.monotonic() + self.svc.settings.request_timeout_s
+        return deadline if wait is None else min(deadline, time.monotonic() + wait)
+
+    async def prepared(self, image_id: str, lm: LoadedModel) -> images.Prepared:
+        """The upload as ``lm``'s input (ImageNotFound once it is gone)."""
+        return await self.svc.uploads.prepared(self.svc.uploads.require(image_id), lm)
+
+    async def piece(self, fn: Piece) -> Any:
+        """One piece of work on the worker thread; running out of device memory is a 503."""
+        try:
+            return await self.svc.worker.run_in_worker(fn)
+        except RuntimeError as e:
+            if is_oom(e):
+                raise OutOfMemory("the image does not fit in device memory; try a smaller image") from None
+            raise
+
+    async def result(
+        self,
+        key: Hashable,
+        name: str,
+        image_id: str,
+        compute: Callable[[Progress], Awaitable[dict]],
+        is_disconnected: Disconnected | None = None,
+        wait: float | None = None,
+    ) -> dict:
+        """The result for ``key``: from the cache (``cached: true``), else ``compute(progress)``
+        as a task (joined by later requests; its result cached).
+
+        Args:
+            wait: answer ``{"pending": progress}`` after this many seconds instead of a timeout
+                (the computation goes on; the route answers 202).
+
+        Raises:
+            ImageNotFound: the image is gone.
+            asyncio.TimeoutError: the request's deadline passed (the computation goes on).
+        """
+        hit = self.cache.get(key)
+        if hit is not None:
+            return {**hit, "cached": True}
+        self.svc.uploads.require(image_id)
+
+        async def job(progress: Progress) -> dict:
+            res = await compute(progress)
+            self.cache.put(key, res, RESULT_BYTES)
+            return res
+
+        try:
+            res = await self.tasks.run(key, name, job, self.deadline(wait), is_disconnected)
+        except asyncio.TimeoutError:
+            progress = self.tasks.progress(key)
+            if wait is None or progress is None:
+                raise
+            return {"pending": progress.as_dict()}
+        return {**res, "cached": False}
+
+    def state(self, key: Hashable, name: str) -> dict | None:
+        """What ``GET …/progress`` says of ``key``: ``done`` (cached), ``running`` (with the
+        progress), or None when it has not started."""
+        if self.cache.get(key) is not None:
+            return {"state": "done", "task": name, "done": 1, "total": 1, "fraction": 1.0}
+        progress = self.tasks.progress(key)
+        return progress.as_dict() if progress is not None else None

@@ -26,7 +26,6 @@ import asyncio
 import heapq
 import itertools
 import logging
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +39,9 @@ from ..engine.forward import forward_capture
 from ..engine.hooks import Attention
 from ..engine.model import LoadedModel
 from . import faults
-from .admission import Admission, ClientGone, Disconnected, current_ticket
+from .admission import Admission, current_ticket
 from .metrics import Metrics
+from .waiting import wait_for_result
 
 log = logging.getLogger(__name__)
 
@@ -90,37 +90,6 @@ class Call:
     deadline: float | None
     fault: str | None = None
     future: asyncio.Future = field(init=False, repr=False)  # set by Worker.call
-
-
-# How often a waiting request checks whether its client is still there.
-DISCONNECT_POLL_S = 0.1
-
-
-async def wait_for_result(fut: asyncio.Future, deadline: float | None, is_disconnected: Disconnected | None) -> Any:
-    """Await ``fut`` until ``deadline`` (``time.monotonic()``), polling the client meanwhile.
-
-    On the deadline (``asyncio.TimeoutError``) or a vanished client (:class:`ClientGone`) the
-    future is cancelled: if its work has not started, the worker skips it.
-    """
-    try:
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise asyncio.TimeoutError()
-            if is_disconnected is None and remaining is None:
-                return await asyncio.shield(fut)
-            step = DISCONNECT_POLL_S if is_disconnected is not None else math.inf
-            if remaining is not None:
-                step = min(step, remaining)
-            done, _ = await asyncio.wait({fut}, timeout=step)
-            if done:
-                return fut.result()
-            if is_disconnected is not None and await is_disconnected():
-                raise ClientGone("the client closed the connection before the answer")
-    except BaseException:
-        if not fut.done():
-            fut.cancel()
-        raise
 
 
 class Worker:

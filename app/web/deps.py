@@ -13,7 +13,9 @@ from ..serving.ablation import AblationService
 from ..serving.admission import FOLLOW_UP, HEAVY, UPLOAD, Admission, Ticket
 from ..serving.metrics import Metrics
 from ..serving.service import AttentionService
+from ..serving.uploads import is_image_id
 from ..zoo.registry import Registry
+from .errors import ApiError
 
 
 def get_service(request: Request) -> AttentionService:
@@ -42,6 +44,14 @@ def get_admission(request: Request) -> Admission:
 
 def get_templates(request: Request) -> Jinja2Templates:
     return request.app.state.templates
+
+
+async def image_id_path(image_id: str) -> str:
+    """The ``{image_id}`` of a route's path, once it can be one (422 ``invalid_image_id`` else);
+    async, so that it runs on the event loop, not in the thread pool."""
+    if not is_image_id(image_id):
+        raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
+    return image_id
 
 
 async def _client_gone(request: Request) -> bool:
@@ -76,6 +86,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 AdmissionDep = Annotated[Admission, Depends(get_admission)]
+ImageIdDep = Annotated[str, Depends(image_id_path)]  # every route about an uploaded image
 TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]
 # Every route that takes worker time or decodes declares its class (admission.py):
 AdmitUpload = Annotated[Ticket, Depends(_admit(UPLOAD))]  # a new picture: decode + forward

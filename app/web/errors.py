@@ -23,11 +23,12 @@ from starlette.types import Scope
 from ..engine.ablation import AblationError
 from ..engine.hooks import CaptureError, UnsupportedModelError
 from ..engine.selection import SelectionError
-from ..serving.admission import ClientGone, QueueFullError, TooLargeToDecode
-from ..serving.answers import AnswerTooLarge
+from ..serving.admission import QueueFullError, TooLargeToDecode
+from ..serving.answers import AnswerTooLarge, StreamAborted
 from ..serving.faults import InjectedFault
 from ..serving.images import ImageError
-from ..serving.service import StreamAborted
+from ..serving.uploads import ImageNotFound
+from ..serving.waiting import ClientGone
 from ..serving.worker import OutOfMemory
 from ..zoo.errors import ModelLoadError, UnknownModelError
 
@@ -85,6 +86,8 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return ApiError(422, "bad_ablate", str(exc))
     if isinstance(exc, SelectionError):
         return ApiError(422, exc.code, str(exc))
+    if isinstance(exc, ImageNotFound):
+        return ApiError(404, "image_not_found", str(exc))
     if isinstance(exc, UnknownModelError):
         return ApiError(404, "unknown_model", str(exc))
     if isinstance(exc, UnsupportedModelError):
@@ -113,6 +116,7 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
 # which re-raises for the server to log a traceback).
 KNOWN_ERRORS: tuple[type[Exception], ...] = (
     ImageError,
+    ImageNotFound,
     SelectionError,
     UnknownModelError,
     UnsupportedModelError,

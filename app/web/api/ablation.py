@@ -8,25 +8,17 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ...engine.selection import MAX_SPEC
 from ...serving.ablation import DEFAULT_POINTS
-from ..deps import AblationDep, AdmitDep, AdmitHeavy, MetricsDep
-from ..errors import ApiError, JSONBody
+from ...serving.params import Ablate
+from ..calls import measured
+from ..deps import AblationDep, AdmitDep, AdmitHeavy, ImageIdDep, MetricsDep
+from ..errors import JSONBody
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
-from .attention import _check_id, _run
 
 router = APIRouter(prefix="/api/v1", tags=["ablation"])
 
 ModelQ = Annotated[str | None, Query(description="model id (default: the server's default model)")]
-AblateQ = Annotated[
-    str,
-    Query(
-        max_length=MAX_SPEC,
-        description="heads to remove: layer:head pairs, e.g. '0:1,11:5' (each head's output is zeroed "
-        "before W_O in its block; everything after it is recomputed)",
-    ),
-]
 MethodQ = Annotated[
     Literal["ablation", "gradient"],
     Query(
@@ -56,14 +48,8 @@ _OUTPUT_CONTENT = {
 }
 
 
-def _gone(image_id: str) -> ApiError:
-    return ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
-
-
-def _long_answer(image_id: str, body: dict | None) -> JSONBody:
+def _long_answer(body: dict) -> JSONBody:
     """The final JSON, or 202 with the progress when ``wait`` ran out first."""
-    if body is None:
-        raise _gone(image_id)
     if "pending" in body:
         return JSONBody(body["pending"], status_code=202, headers={"Retry-After": "1"})
     return JSONBody(body)
@@ -80,9 +66,9 @@ async def get_output(
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitDep,
-    image_id: str,
+    image_id: ImageIdDep,
     model: ModelQ = None,
-    ablate: AblateQ = "",
+    ablate: Ablate = "",
     format: Annotated[Literal["json", "npy", "safetensors"], Query(description="answer format")] = "json",
 ) -> Response:
     """What the model predicts for an image already sent: `saliency` (the default model: where
@@ -90,11 +76,8 @@ async def get_output(
     ImageNet names and the full probability vector) or `embedding` (neither: the pooled
     embedding and its norm). With `ablate`, the output of the model with those heads removed,
     and its `change` against the unablated output."""
-    _check_id(image_id)
-    coro = ablation.output(image_id, model, ablate, format, request.is_disconnected)
-    answer = await _run(metrics, coro, "output")
-    if answer is None:
-        raise _gone(image_id)
+    call = ablation.output(image_id, model, ablate, format, request.is_disconnected)
+    answer = await measured(metrics, call, "output")
     return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
 
 
@@ -109,7 +92,7 @@ async def get_importance(
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
-    image_id: str,
+    image_id: ImageIdDep,
     model: ModelQ = None,
     method: MethodQ = "ablation",
     wait: WaitQ = None,
@@ -119,9 +102,8 @@ async def get_importance(
     top class's log-probability, with `kl` beside; embedding: relative L2 change). `gradient`:
     Michel et al.'s |d loss / d m_h| at m = 1 (`loss` says which loss). Computed once per image
     and cached; takes seconds: `…/importance/progress` reports how far it is."""
-    _check_id(image_id)
-    coro = ablation.importance(image_id, model, method, request.is_disconnected, wait)
-    return _long_answer(image_id, await _run(metrics, coro, "importance"))
+    call = ablation.importance(image_id, model, method, request.is_disconnected, wait)
+    return _long_answer(await measured(metrics, call, "importance"))
 
 
 @router.get(
@@ -131,15 +113,11 @@ async def get_importance(
     responses={404: ERROR_RESPONSES[404], 422: ERROR_RESPONSES[422]},
 )
 async def get_importance_progress(
-    ablation: AblationDep, image_id: str, model: ModelQ = None, method: MethodQ = "ablation"
+    ablation: AblationDep, image_id: ImageIdDep, model: ModelQ = None, method: MethodQ = "ablation"
 ):
     """Poll this while `GET …/importance` runs: `state` (`idle`, `running`, `done`), `done` of
     `total` units of work, `fraction`, `eta_s`. Takes no worker time and no admission slot."""
-    _check_id(image_id)
-    body = ablation.progress("importance", image_id, model, method)
-    if body is None:
-        raise _gone(image_id)
-    return JSONBody(body)
+    return JSONBody(ablation.progress("importance", image_id, model, method))
 
 
 @router.get(
@@ -153,7 +131,7 @@ async def get_pruning(
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
-    image_id: str,
+    image_id: ImageIdDep,
     model: ModelQ = None,
     method: MethodQ = "ablation",
     points: PointsQ = DEFAULT_POINTS,
@@ -162,9 +140,8 @@ async def get_pruning(
     """The pruning curve (Michel et al., fig. 2, for one image): heads ordered by `method`'s
     importance, least important first; `change[i]` is the output change with the first
     `removed[i]` of `order` removed together. Computes the importance first if needed."""
-    _check_id(image_id)
-    coro = ablation.pruning(image_id, model, method, points, request.is_disconnected, wait)
-    return _long_answer(image_id, await _run(metrics, coro, "pruning"))
+    call = ablation.pruning(image_id, model, method, points, request.is_disconnected, wait)
+    return _long_answer(await measured(metrics, call, "pruning"))
 
 
 @router.get(
@@ -175,15 +152,11 @@ async def get_pruning(
 )
 async def get_pruning_progress(
     ablation: AblationDep,
-    image_id: str,
+    image_id: ImageIdDep,
     model: ModelQ = None,
     method: MethodQ = "ablation",
     points: PointsQ = DEFAULT_POINTS,
 ):
     """As `…/importance/progress`, for `GET …/pruning` (while its importance is computed first,
     `stage` says so)."""
-    _check_id(image_id)
-    body = ablation.progress("pruning", image_id, model, method, points)
-    if body is None:
-        raise _gone(image_id)
-    return JSONBody(body)
+    return JSONBody(ablation.progress("pruning", image_id, model, method, points))

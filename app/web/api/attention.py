@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from typing import Annotated
 
@@ -14,12 +13,14 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 
-from ...engine.selection import MAX_SPEC
-from ...serving.service import Answer, ClientGone, Upload, safe_filename
-from ..deps import AdmitFollowUp, AdmitUpload, MetricsDep, ServiceDep, SettingsDep
-from ..errors import ApiError, JSONBody, to_api_error
+from ...engine.stats import DEFAULT_MASS
+from ...serving.params import Ablate
+from ...serving.uploads import Upload, safe_filename
+from ...serving.waiting import ClientGone
+from ..calls import measured, respond
+from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
+from ..errors import ApiError, JSONBody
 from ..multipart import is_multipart, read_form
-from ..responses import PartsResponse, StreamedResponse
 from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse, StatsResponse
 
 # Each text field of the form is small; the file is bounded by the body limit.
@@ -97,29 +98,6 @@ def _params(fields: dict) -> AttentionParams:
         raise ApiError(422, "invalid_parameter", f"{loc}: {err.get('msg')}") from None
 
 
-def _response(answer: Answer) -> Response:
-    if answer.stream is not None:
-        return StreamedResponse(answer.stream, answer.length, media_type=answer.media_type, headers=answer.headers)
-    return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
-
-
-async def _run(metrics, coro, endpoint: str):
-    """Await a service call, mapping errors and a vanished client; record metrics."""
-    t0 = time.perf_counter()
-    status = 200
-    try:
-        return await coro
-    except Exception as e:
-        mapped = to_api_error(e, retry_after=1)
-        status = mapped.status if mapped else 500
-        if mapped is None:
-            raise
-        raise mapped from None
-    finally:
-        metrics.requests.labels(endpoint, str(status)).inc()
-        metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
-
-
 @router.post(
     "/attention",
     summary="Attention maps for an uploaded image",
@@ -165,12 +143,12 @@ async def post_attention(
     ticket.restart()
     params = _params(fields)
     fault = request.headers.get("x-headscope-fault") if settings.enable_fault_injection else None
-    answer = await _run(
+    answer = await measured(
         metrics,
         service.post(Upload(data, filename), params, fault=fault, is_disconnected=request.is_disconnected),
         "post",
     )
-    return _response(answer)
+    return respond(answer)
 
 
 async def _read_fields(form) -> tuple[dict[str, str], bytes, str | None]:
@@ -208,25 +186,15 @@ async def get_stats(
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitFollowUp,
-    image_id: str,
+    image_id: ImageIdDep,
     model: Annotated[str | None, Query(description="model id")] = None,
-    mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = 0.6,
-    ablate: Annotated[
-        str, Query(max_length=MAX_SPEC, description="heads removed first: layer:head pairs '0:1,11:5'")
-    ] = "",
+    mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = DEFAULT_MASS,
+    ablate: Ablate = "",
 ):
     """Entropy, mean attention distance, attention to prefix and artifact tokens, head
     similarity, rank of the head outputs and mass-threshold sizes for every layer and head."""
-    _check_id(image_id)
-    body = await _run(metrics, service.stats(image_id, model, mass, request.is_disconnected, ablate), "stats")
-    if body is None:
-        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
+    body = await measured(metrics, service.stats(image_id, model, mass, request.is_disconnected, ablate), "stats")
     return JSONBody(body)
-
-
-def _check_id(image_id: str) -> None:
-    if not (8 <= len(image_id) <= 64 and all(c in "0123456789abcdef" for c in image_id)):
-        raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
 
 
 @router.get(
@@ -240,16 +208,13 @@ async def get_attention(
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitFollowUp,
-    image_id: str,
+    image_id: ImageIdDep,
     params: Annotated[AttentionParams, Query()],
 ) -> Response:
     """The same selection as the POST, answered from the server's cache (LRU by bytes). 404 once
     the image has been evicted: upload it again."""
-    _check_id(image_id)
-    answer = await _run(metrics, service.attention(image_id, params, is_disconnected=request.is_disconnected), "get")
-    if answer is None:
-        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
-    return _response(answer)
+    call = service.attention(image_id, params, is_disconnected=request.is_disconnected)
+    return respond(await measured(metrics, call, "get"))
 
 
 @router.get(
@@ -257,10 +222,7 @@ async def get_attention(
     summary="The uploaded picture as PNG (for the page)",
     responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[404]},
 )
-async def get_image(image_id: str, service: ServiceDep, metrics: MetricsDep, _: AdmitFollowUp) -> Response:
+async def get_image(image_id: ImageIdDep, service: ServiceDep, metrics: MetricsDep, _: AdmitFollowUp) -> Response:
     """Decoded within the decode budget (413/429 as for uploads), made once and kept in the cache."""
-    _check_id(image_id)
-    png = await _run(metrics, service.display_png(image_id), "image")
-    if png is None:
-        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached")
+    png = await measured(metrics, service.display_png(image_id), "image")
     return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})

@@ -8,11 +8,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from ...serving.explain import ExplainParams, explain
-from ..deps import AdmitDep, MetricsDep, ServiceDep
-from ..errors import ApiError
-from ..responses import PartsResponse
+from ..calls import measured, respond
+from ..deps import AdmitDep, ImageIdDep, MetricsDep, ServiceDep
 from ..schemas import ERROR_RESPONSES, ExplainResponse
-from .attention import _check_id, _run
 
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
@@ -40,15 +38,11 @@ async def get_explain(
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitDep,
-    image_id: str,
+    image_id: ImageIdDep,
     params: Annotated[ExplainParams, Query()],
 ) -> Response:
     """The query token's q, every key and value, the scores before the softmax (with any
     bias), the softmax row, the head's output, each head's share of the output projection and
     the projection's output, for an image already sent. No forward pass when the image's
     capture is cached; 404 once it has been evicted."""
-    _check_id(image_id)
-    answer = await _run(metrics, explain(service, image_id, params, request.is_disconnected), "explain")
-    if answer is None:
-        raise ApiError(404, "image_not_found", f"image {image_id} is not (or no longer) cached; POST it again")
-    return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
+    return respond(await measured(metrics, explain(service, image_id, params, request.is_disconnected), "explain"))

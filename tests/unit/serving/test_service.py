@@ -10,7 +10,8 @@ from app.serving.worker import Worker
 
 def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm, tmp_path):
     from app.config import Settings
-    from app.serving.service import AttentionService, Capture
+    from app.serving.service import AttentionService
+    from app.serving.store import Entry
 
     w = Worker(torch.device("cpu"))
     svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w, metrics=w.metrics)
@@ -24,7 +25,7 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
     for i, att in enumerate(host):
         svc.cache.put(
             CaptureKey(str(i), lm.id),
-            Capture(lm.id, lm.captured(att, lm.input_size), lm.input_size),
+            Entry(lm.id, lm.captured(att, lm.input_size), lm.input_size),
             4096,
             shared=att.storages(),
         )
@@ -37,7 +38,7 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
     assert svc.free_device_memory() == 0 and len(svc.cache) == 2  # host captures stay
     svc.cache.put(
         CaptureKey("gpu", lm.id),
-        Capture(lm.id, lm.captured(device[0], lm.input_size), lm.input_size),
+        Entry(lm.id, lm.captured(device[0], lm.input_size), lm.input_size),
         4096,
         shared=device[0].storages(),
     )

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from app.serving.admission import QueueFullError
-from app.serving.tasks import ClientLeft, Progress, Tasks
+from app.serving.tasks import Progress, Tasks
+from app.serving.waiting import ClientGone
 
 
 def far() -> float:
@@ -113,12 +114,12 @@ def test_the_task_is_cancelled_once_every_client_has_gone():
         a, b = client("a"), client("b")
         await asyncio.sleep(0.05)
         gone["a"] = True
-        with pytest.raises(ClientLeft):
+        with pytest.raises(ClientGone):
             await a
         await asyncio.sleep(0.15)
         assert not cancelled.is_set(), "b still waits: the task goes on"
         gone["b"] = True
-        with pytest.raises(ClientLeft):
+        with pytest.raises(ClientGone):
             await b
         await asyncio.wait_for(cancelled.wait(), 5)
         await asyncio.sleep(0)

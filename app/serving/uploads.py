@@ -1,0 +1,132 @@
+"""Uploads: an image's id (its content hash), its bytes kept in the cache, decoding them within the
+decode budget, and the PNG the page shows.
+
+Every request about a picture names it by the id its POST answered; the bytes stay in the
+byte-bounded cache (:mod:`.cache`) beside the captures, so that a capture evicted on the way can
+be computed again. An id the cache no longer holds is :class:`ImageNotFound` (404).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from ..config import Settings
+from ..engine.model import LoadedModel
+from . import images
+from .admission import Admission
+from .cache import ByteLRU, DisplayKey, ImageKey
+
+IMAGE_ID_HEX_CHARS = 24  # 96 bits of the upload's sha256: collisions are out of reach
+MAX_FILENAME_CHARS = 200  # an upload's name is shown, never used as a path
+UPLOAD_OVERHEAD_BYTES = 512  # what a cached upload costs beyond its bytes
+
+
+@dataclass
+class Upload:
+    data: bytes
+    filename: str | None
+
+
+class ImageNotFound(LookupError):
+    """The image is not (or no longer) in the server's cache (answered 404 ``image_not_found``)."""
+
+    def __init__(self, image_id: str):
+        super().__init__(f"image {image_id} is not (or no longer) cached; POST it again")
+        self.image_id = image_id
+
+
+def image_id_of(data: bytes) -> str:
+    """The id of an upload: the first hex digits of its sha256."""
+    return hashlib.sha256(data).hexdigest()[:IMAGE_ID_HEX_CHARS]
+
+
+def is_image_id(text: str) -> bool:
+    """Whether ``text`` can be an image id (hexadecimal, 8 to 64 digits)."""
+    return 8 <= len(text) <= 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def safe_filename(name: str | None) -> str | None:
+    """Keep only the last path part, printable and short: for display, never for paths."""
+    if not name:
+        return None
+    name = name.replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(ch for ch in name if ch.isprintable())[:MAX_FILENAME_CHARS]
+    return name or None
+
+
+class Uploads:
+    """The uploads the server keeps, and their decoding.
+
+    Args:
+        settings: the decoding limits and how pictures are resized.
+        cache: where the bytes (and the page's PNGs) are kept, beside the captures.
+        admission: the decode budget.
+    """
+
+    def __init__(self, settings: Settings, cache: ByteLRU, admission: Admission):
+        self.settings = settings
+        self.cache = cache
+        self.admission = admission
+
+    def keep(self, upload: Upload) -> str:
+        """Keep an upload (for follow-up requests and the page); returns its id."""
+        image_id = image_id_of(upload.data)
+        self.cache.put(ImageKey(image_id), upload, len(upload.data) + UPLOAD_OVERHEAD_BYTES)
+        return image_id
+
+    def get(self, image_id: str) -> Upload | None:
+        return self.cache.get(ImageKey(image_id))
+
+    def require(self, image_id: str) -> Upload:
+        """The upload, or :class:`ImageNotFound`."""
+        upload = self.get(image_id)
+        if upload is None:
+            raise ImageNotFound(image_id)
+        return upload
+
+    async def decode(self, data: bytes, fit: images.Fit | None, then: Callable[[images.Decoded], Any]) -> Any:
+        """Decode ``data`` within the decode budget, then ``then(decoded)``, in a thread.
+
+        The header is read first (a thread of its own: a PNG's chunks before its pixels can be
+        megabytes); the decode waits for a decode slot holding only its reservation.
+        """
+        probe = await run_in_threadpool(images.probe, data, self.settings.max_image_pixels, fit)
+        async with self.admission.decoding(probe.peak_bytes):
+            return await run_in_threadpool(lambda: then(images.load(probe)))
+
+    def fit(self, lm: LoadedModel) -> images.Fit:
+        s = self.settings
+        return images.model_fit(lm.input_size, lm.patch_size, s.resize, s.max_aspect, lm.dynamic)
+
+    def prepare(self, dec: images.Decoded, lm: LoadedModel) -> images.Prepared:
+        s = self.settings
+        return images.prepare(
+            dec.img,
+            lm.input_size,
+            lm.patch_size,
+            lm.mean,
+            lm.std,
+            s.resize,
+            s.max_aspect,
+            lm.dynamic,
+            image_size=dec.image_size,
+        )
+
+    async def prepared(self, upload: Upload, lm: LoadedModel) -> images.Prepared:
+        """The upload as ``lm``'s input, decoded within the decode budget."""
+        return await self.decode(upload.data, self.fit(lm), lambda dec: self.prepare(dec, lm))
+
+    async def display_png(self, image_id: str) -> bytes:
+        """The upload as a PNG for the page (longer side at most 1600), made once and cached."""
+        png = self.cache.get(DisplayKey(image_id))
+        if png is not None:
+            return png
+        upload = self.require(image_id)
+        png = await self.decode(upload.data, images.display_fit, lambda dec: images.display_png(dec.img))
+        self.cache.put(DisplayKey(image_id), png, len(png) + UPLOAD_OVERHEAD_BYTES)
+        return png
