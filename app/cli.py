@@ -125,6 +125,7 @@ def _extract(args) -> int:
     from .engine.layout import WindowedLayout
     from .engine.selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
     from .serving import images
+    from .serving.pictures import Pictures
     from .zoo.registry import Registry
 
     settings = Settings()
@@ -134,17 +135,15 @@ def _extract(args) -> int:
         return 1
     device = resolve_device(args.device or settings.device)
     lm = Registry([args.model or settings.model], settings.models_dir, device).get()
+    pictures = Pictures.for_model(lm, settings)
     tensors, meta, failed = {}, {}, []
     amp = autocast_dtype(device.type, settings.precision)
     for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
         try:
-            img = images.decode(f.read_bytes(), settings.max_image_pixels)
+            prep = pictures.prepare(f.read_bytes())  # the server's preparation (early reduction included)
         except images.ImageError as e:
             failed.append(f"{f}: {e}")
             continue
-        prep = images.prepare(
-            img, lm.input_size, lm.patch_size, lm.mean, lm.std, settings.resize, settings.max_aspect, lm.dynamic
-        )
         att = forward_capture(lm, prep.pixels[None].to(device), amp_dtype=amp)[0]
         layout = lm.layout(prep.input_size)
         try:

@@ -89,8 +89,8 @@ class AblationService:
         upload = self.svc.upload_of(image_id)
         if upload is None:
             return None
-        # Within the decode budget, like every decode (service.decode).
-        return await self.svc.decode(upload.data, self.svc._fit(lm), lambda dec: self.svc._prepare(dec, lm))
+        # Within the decode budget, like every decode (service.prepare).
+        return await self.svc.prepare(upload.data, lm)
 
     def _on_device(self, lm: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         return pixels[None].to(self.svc.registry.device)

@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -40,12 +40,13 @@ from ..engine.selection import Selection, SelectionError, parse_indices, parse_q
 from ..engine.windows import WindowedAttention
 from ..zoo.loaded import LoadedModel
 from ..zoo.registry import Registry
-from . import answers, images
+from . import answers, pictures
 from .admission import Admission, ClientGone, Ticket, current_ticket, using
 from .cache import ByteLRU, CaptureKey, DisplayKey, ImageKey
 from .encoders import MEDIA_TYPES, Part, binary_header, binary_headers, download_stem, encode
 from .metrics import Metrics
 from .params import AttentionParams
+from .pictures import Pictures
 from .worker import DISCONNECT_POLL_S, Job, Worker, wait_for_result
 
 __all__ = ["AttentionService", "ClientGone", "DISCONNECT_POLL_S"]
@@ -60,6 +61,7 @@ MASS_MEMO = 8
 DEFAULT_MASS = 0.6
 
 Disconnected = Callable[[], Awaitable[bool]]
+T = TypeVar("T")
 
 
 class StreamAborted(Exception):
@@ -257,33 +259,21 @@ class AttentionService:
         return self.cache.evict_where(lambda v: isinstance(v, Capture) and v.att.device.type != "cpu")
 
     # -- pieces ---------------------------------------------------------------------------
-    async def decode(self, data: bytes, fit: images.Fit | None, then: Callable[[images.Decoded], Any]) -> Any:
-        """Decode ``data`` within the decode budget, then ``then(decoded)``, in a thread.
+    async def _decode(self, probe: Callable[[], pictures.Probe], finish: Callable[[pictures.Probe], T]) -> T:
+        """``finish(probe())`` within the decode budget, in threads.
 
         The header is read first (a thread of its own: a PNG's chunks before its pixels can be
         megabytes); the decode waits for a decode slot holding only its reservation.
         """
-        p = await run_in_threadpool(images.probe, data, self.settings.max_image_pixels, fit)
+        p = await run_in_threadpool(probe)
         async with self.admission.decoding(p.peak_bytes):
-            return await run_in_threadpool(lambda: then(images.load(p)))
+            return await run_in_threadpool(finish, p)
 
-    def _fit(self, lm: LoadedModel) -> images.Fit:
-        s = self.settings
-        return images.model_fit(lm.input_size, lm.patch_size, s.resize, s.max_aspect, lm.dynamic)
-
-    def _prepare(self, dec: images.Decoded, lm: LoadedModel) -> images.Prepared:
-        s = self.settings
-        return images.prepare(
-            dec.img,
-            lm.input_size,
-            lm.patch_size,
-            lm.mean,
-            lm.std,
-            s.resize,
-            s.max_aspect,
-            lm.dynamic,
-            image_size=dec.image_size,
-        )
+    async def prepare(self, data: bytes, lm: LoadedModel) -> pictures.Prepared:
+        """``lm``'s input tensor for the picture ``data`` (:class:`~app.serving.pictures.Pictures`,
+        the one preparation path), decoded within the decode budget."""
+        prep = Pictures.for_model(lm, self.settings)
+        return await self._decode(lambda: prep.probe(data), prep.finish)
 
     async def model(self, model_id: str | None) -> LoadedModel:
         mid = self.registry.resolve(model_id)
@@ -346,7 +336,7 @@ class AttentionService:
         deadline: float,
         ablate: Ablation = (),
     ) -> Found:
-        prep = await self.decode(upload.data, self._fit(lm), lambda dec: self._prepare(dec, lm))
+        prep = await self.prepare(upload.data, lm)
         layout = lm.layout(prep.input_size)
         materialise = every_row and isinstance(layout, TokenLayout) and lm.capture.materialise_pays(layout.count)
         ticket = current_ticket()
@@ -689,9 +679,12 @@ class AttentionService:
         upload = self.upload_of(image_id)
         if upload is None:
             return None
-        png = await self.decode(upload.data, images.display_fit, lambda dec: images.display_png(dec.img))
-        self.cache.put(DisplayKey(image_id), png, len(png) + UPLOAD_OVERHEAD_BYTES)
-        return png
+        data = upload.data
+        shown: bytes = await self._decode(
+            lambda: pictures.display_probe(data, self.settings.max_image_pixels), pictures.display_finish
+        )
+        self.cache.put(DisplayKey(image_id), shown, len(shown) + UPLOAD_OVERHEAD_BYTES)
+        return shown
 
 
 def _server_timing(timing: dict[str, float]) -> str:

@@ -36,7 +36,8 @@ def assert_422(r: httpx.Response, code: str) -> str:
 
 
 def test_a_windowed_classifier_shows_its_classes_exactly(swin, checkpoint, samples):
-    from app.serving import images
+    from app.config import Settings
+    from app.serving.pictures import Pictures
     from app.zoo.ids import ModelSpec
     from app.zoo.loaders import build
 
@@ -53,7 +54,7 @@ def test_a_windowed_classifier_shows_its_classes_exactly(swin, checkpoint, sampl
     probs = np.asarray(body["output"]["probabilities"])
     # Independent: the checkpoint's own timm model, its whole forward on the same pixels.
     lm = build(ModelSpec.parse(f"local:{ARCH}@{checkpoint}"), ROOT / "models")
-    prep = images.prepare(images.decode(data, 40_000_000), lm.input_size, lm.patch_size, lm.mean, lm.std)
+    prep = Pictures.for_model(lm, Settings()).prepare(data)
     with torch.inference_mode():
         want = torch.softmax(lm.model(prep.pixels[None]).float(), -1)[0].numpy()
     np.testing.assert_allclose(probs, want, atol=1e-5)
