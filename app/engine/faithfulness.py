@@ -9,7 +9,8 @@ region perturbation), on one picture, for one target (:mod:`app.engine.relevance
   descending) or least relevant (negative: sorted ascending) are set to 0 in the model's
   **normalised** input, i.e. to the data set's mean colour; ties, either way, take the lower
   patch index first;
-* the curve is ``y(perturbed) / y(unperturbed)``; at ``f = 0`` nothing is removed and it is 1;
+* the curve is ``y(perturbed) / y(unperturbed)``; at ``f = 0`` nothing is removed and it is 1
+  (NaN at every other fraction if ``y(unperturbed)`` is exactly 0: a logit can be);
 * AUC is the trapezoid over the fractions, the point ``f = 0`` (curve 1) included whether or not
   the fractions list it. Default fractions 0, 0.1, ..., 0.9 (the perturbation test's own).
 
@@ -270,7 +271,7 @@ class PerturbationTest:
         self._reference = None if reference is None else reference.reshape(1, *reference.shape[-self._out_dims() :])
         # Work list: None stands for the unperturbed picture, then the perturbed ones by index.
         self._queue: list[int | None] = ([] if reference is not None else [None]) + list(range(len(rows)))
-        self._outputs: list[torch.Tensor | None] = [None] * len(rows)
+        self._values: list[float] = [math.nan] * len(rows)  # y of each perturbed picture
         self.total = len(self._queue)
         self.done = 0
 
@@ -301,8 +302,10 @@ class PerturbationTest:
         out = self._forward(torch.cat(parts) if len(parts) > 1 else parts[0])
         if batch[0] is None:
             self._reference, out = out[:1], out[1:]
-        for i, o in zip(idx, out):
-            self._outputs[i] = o
+        if idx:
+            assert self._reference is not None  # the first batch brought it, or the caller did
+            for i, v in zip(idx, self.target.value(out, self._reference).tolist()):
+                self._values[i] = v
         self.done += len(batch)
         return not self.finished
 
@@ -313,11 +316,7 @@ class PerturbationTest:
         ref = self._reference
         assert ref is not None
         y0 = float(self.target.value(ref, ref)[0])
-        if self._outputs:
-            outs = torch.stack([o for o in self._outputs if o is not None])  # K, ...
-            ys = (self.target.value(outs, ref) / y0).tolist()
-        else:
-            ys = []
+        ys = [v / y0 if y0 != 0 else math.nan for v in self._values]
         curves = {}
         for name in self.methods:
             c = {d: [1.0 if k == 0 else ys[self._item[(name, d, k)]] for k in self.counts] for d in DIRECTIONS}

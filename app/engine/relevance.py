@@ -394,15 +394,17 @@ def relevance(
     grad = bool(GRADIENT_METHODS & set(names))
     fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
     ref = fwd.output.detach()
-    y = tgt.value(fwd.output, ref)  # B
     full: dict[str, torch.Tensor] = {}
-    if grad:
-        *g_maps, g_z = torch.autograd.grad(y.sum(), [*fwd.maps, fwd.features])
-        with torch.no_grad():
-            full = gradient_maps(
-                [a.detach() for a in fwd.maps], g_maps, fwd.features.detach(), g_z, GRADIENT_METHODS & set(names)
-            )
-        del g_maps, g_z
+    # the caller may be in inference mode (a serving thread): the target joins the graph outside it
+    with torch.inference_mode(False), torch.set_grad_enabled(grad):
+        y = tgt.value(fwd.output, ref)  # B
+        if grad:
+            *g_maps, g_z = torch.autograd.grad(y.sum(), [*fwd.maps, fwd.features])
+            with torch.no_grad():
+                full = gradient_maps(
+                    [a.detach() for a in fwd.maps], g_maps, fwd.features.detach(), g_z, GRADIENT_METHODS & set(names)
+                )
+            del g_maps, g_z
     layout = lm.layout(hw)
     prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
     cls = layout.cls_index  # type: ignore[union-attr]

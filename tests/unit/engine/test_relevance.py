@@ -296,3 +296,15 @@ def test_graph_maps_needs_a_materialised_capture(classifier):
     with pytest.raises(CaptureError, match="materialise"):
         lm.capture.graph_maps()
     lm.capture.results()
+
+
+def test_relevance_runs_from_inside_inference_mode(classifier):
+    """A serving thread may hold inference tensors (or run under inference_mode): the gradient
+    forward steps out of it and gives the same maps."""
+    lm, hw = classifier
+    x = pixels(hw, seed=2)
+    want = relevance(lm, x, "class:3", ["chefer"])[0]
+    with torch.inference_mode():
+        xi = x.clone()  # an inference tensor
+        got = relevance(lm, xi, "class:3", ["chefer"])[0]
+    torch.testing.assert_close(got.maps["chefer"], want.maps["chefer"], atol=0, rtol=0)
