@@ -15,6 +15,9 @@ from app.serving import images
 from app.zoo import embedded, loaders
 from server import ROOT, SAMPLES
 
+# onnx2torch's Slice indexes with a list (a deprecation warning in torch >= 2.9), not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:onnx2torch")
+
 MODELS = ROOT / "models"
 SOFTMAX = "/backbone/encoder/layer.{}/attention/attention/Softmax_output_0"
 FINAL_NORM = "/backbone/layernorm/Add_1_output_0"
