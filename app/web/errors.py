@@ -29,7 +29,7 @@ from ..serving.faults import InjectedFault
 from ..serving.images import ImageError
 from ..serving.service import StreamAborted
 from ..serving.worker import OutOfMemory
-from ..zoo.errors import ModelLoadError, UnknownModelError
+from ..zoo.errors import HubUnreachableError, ModelLoadError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return ApiError(404, "unknown_model", str(exc))
     if isinstance(exc, UnsupportedModelError):
         return ApiError(422, "unsupported_model", str(exc))
+    if isinstance(exc, HubUnreachableError):
+        return ApiError(503, "hub_unreachable", str(exc))
     if isinstance(exc, ModelLoadError):
         return ApiError(503, "model_unavailable", str(exc))
     if isinstance(exc, QueueFullError):
