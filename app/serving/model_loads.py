@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,9 @@ from .tasks import TASK_DEADLINE_S
 from .worker import Worker
 
 log = logging.getLogger(__name__)
+
+# An exception -> the (code, message) the API answers for it (app.web.errors knows the mapping).
+Describe = Callable[[Exception], tuple[str, str]]
 
 # A failed load is reported for this long, then forgotten (a new POST tries again at once anyway).
 KEEP_FAILED_S = 600.0
@@ -45,13 +49,11 @@ class Load:
     finished: float | None = None
     task: asyncio.Task | None = field(default=None, repr=False)
 
-    def as_dict(self) -> dict[str, Any]:
-        from ..web.errors import to_api_error  # the error as the API would answer it
-
+    def as_dict(self, describe: Describe) -> dict[str, Any]:
         err = None
         if self.error is not None:
-            mapped = to_api_error(self.error)
-            err = {"code": mapped.code, "message": mapped.message} if mapped else {"code": "internal", "message": ""}
+            code, message = describe(self.error)
+            err = {"code": code, "message": message}
         end = self.finished or time.monotonic()
         return {
             **self.entry.as_dict(),
@@ -71,11 +73,13 @@ class ModelLoads:
     Args:
         registry: the models offered; a loaded catalogue model is added to it.
         worker: builds the model on its thread.
+        describe: how the API names a failed load's exception (its code and message).
     """
 
-    def __init__(self, registry: Registry, worker: Worker):
+    def __init__(self, registry: Registry, worker: Worker, describe: Describe):
         self.registry = registry
         self.worker = worker
+        self.describe = describe
         self._loads: dict[str, Load] = {}
         self._download = asyncio.Semaphore(1)
 
@@ -95,7 +99,7 @@ class ModelLoads:
         entry = lookup(name)
         load = self._loads.get(entry.name)
         if load is not None:
-            return load.as_dict()
+            return load.as_dict(self.describe)
         mid = self.model_id(entry)
         offered = mid in self.registry.ids  # loaded, or loads from disk when asked for
         return {
@@ -120,7 +124,7 @@ class ModelLoads:
         self._forget_old()
         load = self._loads.get(entry.name)
         if load is not None and load.state != "failed":
-            return load.as_dict()
+            return load.as_dict(self.describe)
         mid = self.model_id(entry)
         if mid in self.registry.ids and self.registry.is_loaded(mid):
             return self.state(name)
@@ -130,7 +134,7 @@ class ModelLoads:
         self._loads[entry.name] = load
         with using(Ticket(HEAVY, time.monotonic() + TASK_DEADLINE_S)):  # below uploads on the worker
             load.task = asyncio.ensure_future(self._run(load, mid))
-        return load.as_dict()
+        return load.as_dict(self.describe)
 
     async def _run(self, load: Load, mid: str) -> None:
         try:

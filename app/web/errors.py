@@ -110,6 +110,12 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
     return None
 
 
+def describe(exc: Exception) -> tuple[str, str]:
+    """The code and message the API answers for ``exc`` (``internal`` for an unexpected one)."""
+    mapped = to_api_error(exc)
+    return (mapped.code, mapped.message) if mapped else ("internal", f"unexpected {type(exc).__name__}")
+
+
 # Raised by the engine, the service or a dependency; each has its own handler so that it is
 # answered by Starlette's ExceptionMiddleware (the catch-all below runs in ServerErrorMiddleware,
 # which re-raises for the server to log a traceback).

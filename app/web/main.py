@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         st.service = AttentionService(settings, st.registry, st.worker, st.metrics, st.admission)
         st.ablation = AblationService(st.service)
-        st.model_loads = ModelLoads(st.registry, st.worker)
+        st.model_loads = ModelLoads(st.registry, st.worker, errors.describe)
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
 

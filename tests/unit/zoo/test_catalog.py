@@ -66,7 +66,7 @@ def test_excluded_names_cannot_be_captured_and_a_sample_of_the_rest_can():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("HEADSCOPE_SLOW") != "1", reason="HEADSCOPE_SLOW=1: every architecture (a minute)")
+@pytest.mark.skipif(os.environ.get("HEADSCOPE_SLOW") != "1", reason="HEADSCOPE_SLOW=1: every architecture, minutes")
 def test_every_catalogue_model_can_be_captured():
     failed = [n for n in catalog.entries() if not builds_and_captures(n)]
     assert not failed, failed
