@@ -183,11 +183,13 @@ def _extract(args) -> int:
 
     from .config import Settings
     from .engine import analysis
+    from .engine.capture import UnsupportedModelError
     from .engine.device import autocast_dtype, resolve_device
     from .engine.forward import forward_capture
     from .engine.selection import SelectionError
     from .outputs import publish, refuse_existing, temporary_beside
     from .serving import images
+    from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
 
     settings = Settings()
@@ -203,8 +205,15 @@ def _extract(args) -> int:
     except SelectionError as e:
         print(f"headscope extract: {e}", file=sys.stderr)
         return 2
+    except (UnknownModelError, UnsupportedModelError) as e:
+        print(f"headscope extract: {e}", file=sys.stderr)
+        return 1
     device = resolve_device(args.device or settings.device)
-    lm = Registry([model_id], settings.models_dir, device).get()
+    try:
+        lm = Registry([model_id], settings.models_dir, device).get()
+    except (UnknownModelError, UnsupportedModelError, ModelLoadError) as e:
+        print(f"headscope extract: {e}", file=sys.stderr)
+        return 1
     tensors, meta, failed = {}, {}, []
     amp = autocast_dtype(device.type, settings.precision)
     for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
