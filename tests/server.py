@@ -86,6 +86,7 @@ class Server:
         command: list[str] | None = None,
         cwd: Path = ROOT,
         models_dir: Path | None = ROOT / "models",
+        args: list[str] | None = None,
     ):
         """Start the server and wait until it answers.
 
@@ -97,6 +98,7 @@ class Server:
                 ``serve --port N --log-level warning`` is appended.
             cwd: where it runs.
             models_dir: ``HEADSCOPE_MODELS_DIR``; None leaves it unset (the app picks its default).
+            args: more ``serve`` options (``--model ID``...).
         """
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -115,6 +117,7 @@ class Server:
                 str(self.port),
                 "--log-level",
                 "warning",
+                *(args or []),
             ],
             cwd=cwd,
             env=full_env,

@@ -12,6 +12,7 @@ from ..config import Settings
 from ..serving.ablation import AblationService
 from ..serving.admission import FOLLOW_UP, HEAVY, UPLOAD, Admission, Ticket
 from ..serving.metrics import Metrics
+from ..serving.model_loads import ModelLoads
 from ..serving.service import AttentionService
 from ..zoo.registry import Registry
 
@@ -30,6 +31,10 @@ def get_settings_dep(request: Request) -> Settings:
 
 def get_registry(request: Request) -> Registry:
     return request.app.state.registry
+
+
+def get_model_loads(request: Request) -> ModelLoads:
+    return request.app.state.model_loads
 
 
 def get_metrics(request: Request) -> Metrics:
@@ -75,6 +80,7 @@ AblationDep = Annotated[AblationService, Depends(get_ablation)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+ModelLoadsDep = Annotated[ModelLoads, Depends(get_model_loads)]
 AdmissionDep = Annotated[Admission, Depends(get_admission)]
 TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]
 # Every route that takes worker time or decodes declares its class (admission.py):

@@ -54,3 +54,15 @@ def test_serve_refuses_to_start_without_its_web_assets(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="HEADSCOPE_TEMPLATES_DIR"):
         create_app(Settings(templates_dir=tmp_path / "templates", models_dir=tmp_path))
+
+
+def test_several_models_in_headscope_model(monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_MODEL", "random:test_vit, timm:vit_small_patch16_224.augreg_in21k")
+    monkeypatch.setenv("HEADSCOPE_EXTRA_MODELS", '["random:test_vit2"]')
+    s = Settings()
+    assert s.model == "random:test_vit"
+    assert s.model_ids == ["random:test_vit", "timm:vit_small_patch16_224.augreg_in21k", "random:test_vit2"]
+    monkeypatch.delenv("HEADSCOPE_MODEL")
+    monkeypatch.delenv("HEADSCOPE_EXTRA_MODELS")
+    s = Settings()
+    assert s.model_ids == ["dinov2-s14-focus"] and s.any_model is False and s.max_loaded_models == 3

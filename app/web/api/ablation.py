@@ -14,7 +14,7 @@ from ..deps import AblationDep, AdmitDep, AdmitHeavy, MetricsDep
 from ..errors import ApiError, JSONBody
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
-from .attention import _check_id, _run
+from .attention import ImageIdP, _check_id, _run
 
 router = APIRouter(prefix="/api/v1", tags=["ablation"])
 
@@ -41,8 +41,8 @@ WaitQ = Annotated[
         ge=0,
         le=3600,
         description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
-        "(the computation goes on; ask again). Without it the request waits up to the server's request timeout "
-        "and then answers 504 (the computation goes on too).",
+        "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
+        "timeout and then answers 504 (the computation goes on too).",
     ),
 ]
 
@@ -80,10 +80,13 @@ async def get_output(
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitDep,
-    image_id: str,
+    image_id: ImageIdP,
     model: ModelQ = None,
     ablate: AblateQ = "",
-    format: Annotated[Literal["json", "npy", "safetensors"], Query(description="answer format")] = "json",
+    format: Annotated[
+        Literal["json", "npy", "safetensors"],
+        Query(description="answer format: JSON, or the output tensor alone as npy or safetensors"),
+    ] = "json",
 ) -> Response:
     """What the model predicts for an image already sent: `saliency` (the default model: where
     people look, `[h][w]` at the model's input size, 0..1), `classes` (a classifier: top 5 with
@@ -109,7 +112,7 @@ async def get_importance(
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
-    image_id: str,
+    image_id: ImageIdP,
     model: ModelQ = None,
     method: MethodQ = "ablation",
     wait: WaitQ = None,
@@ -131,7 +134,7 @@ async def get_importance(
     responses={404: ERROR_RESPONSES[404], 422: ERROR_RESPONSES[422]},
 )
 async def get_importance_progress(
-    ablation: AblationDep, image_id: str, model: ModelQ = None, method: MethodQ = "ablation"
+    ablation: AblationDep, image_id: ImageIdP, model: ModelQ = None, method: MethodQ = "ablation"
 ):
     """Poll this while `GET …/importance` runs: `state` (`idle`, `running`, `done`), `done` of
     `total` units of work, `fraction`, `eta_s`. Takes no worker time and no admission slot."""
@@ -153,7 +156,7 @@ async def get_pruning(
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
-    image_id: str,
+    image_id: ImageIdP,
     model: ModelQ = None,
     method: MethodQ = "ablation",
     points: PointsQ = DEFAULT_POINTS,
@@ -175,7 +178,7 @@ async def get_pruning(
 )
 async def get_pruning_progress(
     ablation: AblationDep,
-    image_id: str,
+    image_id: ImageIdP,
     model: ModelQ = None,
     method: MethodQ = "ablation",
     points: PointsQ = DEFAULT_POINTS,

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
@@ -27,15 +27,26 @@ MAX_FIELD_BYTES = 64 * 1024
 
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
+# Described, not constrained: a malformed id gets the route's own 422 invalid_image_id.
+ImageIdP = Annotated[
+    str,
+    Path(
+        description="the image_id of an earlier POST /api/v1/attention answer (a hex content hash, 8-64 characters)",
+        examples=["3f2c9a0b4e5d6c7f8a9b0c1d"],
+    ),
+]
+
 _FORM_FIELDS = set(AttentionParams.model_fields)
-_PARAM_SCHEMA = {
-    name: {
-        "type": "string",
-        "description": f.description or "",
-        **({"default": f.default} if f.default is not None else {}),
-    }
-    for name, f in AttentionParams.model_fields.items()
-}
+
+
+def _form_schema() -> dict[str, dict]:
+    """The form fields as AttentionParams describes them (type, allowed values, default, description):
+    the same schema as the GET query parameters, so that /docs shows menus and numbers, not bare strings."""
+    props = AttentionParams.model_json_schema()["properties"]
+    return {name: {k: v for k, v in schema.items() if k != "title"} for name, schema in props.items()}
+
+
+_PARAM_SCHEMA = _form_schema()
 _OPENAPI_POST = {
     "requestBody": {
         "required": True,
@@ -208,9 +219,19 @@ async def get_stats(
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitFollowUp,
-    image_id: str,
-    model: Annotated[str | None, Query(description="model id")] = None,
-    mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = 0.6,
+    image_id: ImageIdP,
+    model: Annotated[
+        str | None, Query(description="model id, one of GET /api/v1/models (default: the server's default model)")
+    ] = None,
+    mass: Annotated[
+        float,
+        Query(
+            gt=0,
+            le=1,
+            description="DINO mass threshold: mass_patches counts the fewest patches that hold this share of "
+            "the CLS row",
+        ),
+    ] = 0.6,
     ablate: Annotated[
         str, Query(max_length=MAX_SPEC, description="heads removed first: layer:head pairs '0:1,11:5'")
     ] = "",
@@ -240,7 +261,7 @@ async def get_attention(
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitFollowUp,
-    image_id: str,
+    image_id: ImageIdP,
     params: Annotated[AttentionParams, Query()],
 ) -> Response:
     """The same selection as the POST, answered from the server's cache (LRU by bytes). 404 once
@@ -257,7 +278,7 @@ async def get_attention(
     summary="The uploaded picture as PNG (for the page)",
     responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[404]},
 )
-async def get_image(image_id: str, service: ServiceDep, metrics: MetricsDep, _: AdmitFollowUp) -> Response:
+async def get_image(image_id: ImageIdP, service: ServiceDep, metrics: MetricsDep, _: AdmitFollowUp) -> Response:
     """Decoded within the decode budget (413/429 as for uploads), made once and kept in the cache."""
     _check_id(image_id)
     png = await _run(metrics, service.display_png(image_id), "image")

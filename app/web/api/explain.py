@@ -12,7 +12,7 @@ from ..deps import AdmitDep, MetricsDep, ServiceDep
 from ..errors import ApiError
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ExplainResponse
-from .attention import _check_id, _run
+from .attention import ImageIdP, _check_id, _run
 
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
@@ -40,7 +40,7 @@ async def get_explain(
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitDep,
-    image_id: str,
+    image_id: ImageIdP,
     params: Annotated[ExplainParams, Query()],
 ) -> Response:
     """The query token's q, every key and value, the scores before the softmax (with any
