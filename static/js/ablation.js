@@ -76,9 +76,23 @@ export function renderMapsAblated() {
   const pairs = state.meta ? offPairs() : [];
   el.hidden = !pairs.length;
   if (!pairs.length) return;
-  const list = pairs.length <= 6 ? ` (${pairs.map(([l, h]) => `layer ${l} head ${h}`).join(", ")})` : "";
-  $("maps-ablated-text").textContent = `Maps of the model with ${pairs.length} head${pairs.length > 1 ? "s" : ""} `
-    + `off${list}, switched off in the Ablation view: layers after the first one removed change.`;
+  $("maps-ablated-text").textContent = ablatedNote(pairs, dims(state.meta).L);
+}
+
+/**
+ * The maps view's words for the heads switched off ([layer, head] pairs, sorted): a removed head's
+ * output is zeroed after its own layer's attention, so the maps up to the first layer with a head
+ * off are the model's own and the later ones change.
+ */
+export function ablatedNote(pairs, L) {
+  const n = pairs.length;
+  const list = n <= 6 ? ` (${pairs.map(([l, h]) => `layer ${l} head ${h}`).join(", ")})` : "";
+  const first = pairs[0][0];
+  const where = first >= L - 1
+    ? `The maps are the model's own: removing a head acts after its layer's attention, and layer ${first} is the last.`
+    : `Layers 0–${first} are unchanged (removing a head acts after its layer's attention); `
+      + `from layer ${first + 1} on, the maps are those of the model without ${n > 1 ? "these heads" : "it"}.`;
+  return `Maps of the model with ${n} head${n > 1 ? "s" : ""} off${list}, switched off in the Ablation view. ${where}`;
 }
 
 // ---------------------------------------------------------------- fetching

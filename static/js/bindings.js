@@ -4,7 +4,7 @@
 import { actions as act, update } from "./actions.js";
 import { SIDES, sideData } from "./compare.js";
 import { $, debounce, fmtTemperature } from "./dom.js";
-import { downloadMapPng } from "./export.js";
+import { downloadMap } from "./export.js";
 import { sliderTemperature } from "./learn.js";
 import { resized } from "./maps.js";
 import { cellAt } from "./overlay.js";
@@ -28,7 +28,8 @@ function bindControls() {
   const mapT = $("map-temperature");
   mapT.addEventListener("input", () => { $("map-temperature-out").textContent = fmtTemperature(sliderTemperature(mapT)); });
   mapT.addEventListener("change", () => act.setTemperature(sliderTemperature(mapT)));
-  $("download-png").addEventListener("click", () => downloadMapPng(state).catch((e) => act.showError(e)));
+  $("download-png").addEventListener("click", () => downloadMap(state, "png").catch((e) => act.showError(e)));
+  $("download-svg").addEventListener("click", () => downloadMap(state, "svg").catch((e) => act.showError(e)));
   $("error-close").addEventListener("click", () => act.clearError());
 
   // analysis tools: mass mask, attention sinks, rollout options, chart modes
@@ -110,4 +111,5 @@ export function bindAll() {
     update();
   }, RESIZE_REST_MS);
   new ResizeObserver(onResize).observe($("viewer"));
+  window.addEventListener("resize", onResize); // a taller or shorter window: the map's height follows
 }

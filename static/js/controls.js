@@ -31,6 +31,9 @@ function renderModels(s) {
 export function renderControls(s) {
   const { L, H } = dims(s.meta, s.layer);
   const loaded = !!s.meta;
+  // The page's layout while an image is shown or on its way (app.css: on a phone the view controls
+  // dock at the bottom of the screen); set before intake.js scrolls the result into view.
+  document.body.toggleAttribute("data-image", loaded || !!s.busy);
   const layer = $("layer");
   layer.max = String(Math.max(0, L - 1));
   layer.value = String(s.layer);
@@ -165,8 +168,7 @@ function setLink(a, href, name) {
 }
 
 function renderDownloads(s, L, H) {
-  const ok = !!(s.meta && s.image);
-  $("download-png").disabled = !ok;
+  const ok = !!(s.meta && s.image); // the figure downloads (PNG, SVG) follow the drawn map: viewer.js
   if (!ok) {
     setLink($("download-tensors"), null);
     setLink($("download-full"), null);

@@ -41,3 +41,11 @@ export function fmtBytes(n) {
 export function fmtTemperature(T) {
   return T >= 10 || T === Math.round(T) ? String(Number(T.toPrecision(3))) : T.toFixed(2);
 }
+
+/** A file name of at most `max` characters: a long one keeps its start and its end (the extension). */
+export function shortName(name, max = 20) {
+  const s = String(name);
+  if (s.length <= max) return s;
+  const tail = Math.max(4, Math.floor((max - 1) / 3));
+  return `${s.slice(0, max - 1 - tail)}…${s.slice(-tail)}`;
+}

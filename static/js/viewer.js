@@ -19,7 +19,40 @@ export function selection(s, over = {}) {
   };
 }
 
-/** Draw the overlay for the state; leaves the last drawing while the row is still loading. */
+const MIN_MAP_H = 200;   // the map is never shorter than this (CSS pixels)
+const UNDER_MAP_PX = 52; // the colour bar under the map, and a margin under it
+let lastBox = null;      // how large the map could be when the viewer was last on screen
+
+/**
+ * How large the map may be: the viewer's width, and the height left on the screen under the
+ * viewer's top once an image is shown (the page's top; on a narrow screen the status line, where
+ * intake.js scrolls), less the colour bar and, on a phone, the dock of layer and head controls.
+ * While the panel is hidden (another view is shown) it measures 0: the last size stands.
+ */
+function mapBox() {
+  const box = $("viewer");
+  const maxW = box.clientWidth;
+  if (!maxW) return lastBox || { maxW: 640, maxH: 480 };
+  const docTop = (el) => el.getBoundingClientRect().top + window.scrollY;
+  const narrow = window.matchMedia("(max-width: 860px)").matches;
+  const origin = narrow ? docTop($("status")) : 0;
+  const dock = $("view-dock");
+  const docked = dock && getComputedStyle(dock).position === "fixed" ? dock.offsetHeight : 0;
+  const maxH = Math.max(MIN_MAP_H, Math.floor(window.innerHeight - (docTop(box) - origin) - UNDER_MAP_PX - docked));
+  lastBox = { maxW, maxH };
+  return lastBox;
+}
+
+/** The two figure downloads (PNG, SVG): on once the shown map is drawn. */
+function renderFigureButtons(ready) {
+  for (const id of ["download-png", "download-svg"]) $(id).disabled = !ready;
+}
+
+/**
+ * Draw the overlay for the state. While the row of the shown selection is on its way (another
+ * query, the heads switched off in the Ablation view, another temperature) the last drawing
+ * stays, at the size the map has now, and the figure downloads wait for the row.
+ */
 export function renderViewer(s) {
   const canvas = $("overlay");
   const empty = $("empty");
@@ -36,20 +69,26 @@ export function renderViewer(s) {
     cbar.hidden = true;
     $("view-title").textContent = "Attention map";
     $("mass-count").textContent = "";
+    renderFigureButtons(false);
     return;
   }
   const tokens = tokensAt(s.meta, s.layer); // windowed models: the layer's stage grid
   const row = shownRow(store, selection(s));
+  const { maxW, maxH } = mapBox();
+  const { w, h } = fit(s.image.naturalWidth, s.image.naturalHeight, maxW, maxH);
   canvas.dataset.pending = row ? "0" : "1";
-  if (!row) return;
+  renderFigureButtons(!!row);
+  if (!row) {
+    if (!canvas.hidden) { // the last drawing, scaled to the size the map has now
+      canvas.style.width = `${w}px`;
+      canvas.style.height = `${h}px`;
+    }
+    return;
+  }
   const dropped = droppedTokens(store, tokens, s.drop);
   const rings = artifactTokens(store);
   empty.hidden = true;
   canvas.hidden = false;
-  const box = $("viewer");
-  const maxW = Math.max(120, box.clientWidth);
-  const maxH = Math.max(240, Math.round(window.innerHeight * 0.7));
-  const { w, h } = fit(s.image.naturalWidth, s.image.naturalHeight, maxW, maxH);
   const dpr = sizeCanvas(canvas, w, h);
   const q = parseQuery(s.query, s.meta.tokens);
   const marker = markerAt(s.meta, s.query, s.layer);
@@ -67,7 +106,7 @@ export function renderViewer(s) {
     opacity: String(s.opacity), grid: s.showGrid ? "1" : "0",
     drop: s.drop, dropped: dropped.join(","), patchSum: String(patchSum(row, tokens)),
     artifacts: rings.join(","),
-    temperature: String(s.temperature),
+    temperature: String(s.temperature), ablate: store.ablate || "",
     rollout: s.head === "rollout" ? `${s.rollout.start},${s.rollout.fusion},${s.rollout.discard}` : "",
   });
   if (s.mask) {
@@ -176,6 +215,11 @@ export function renderPrefixList(s, onPick) {
   }
   const t = tokensAt(s.meta, s.layer);
   const row = shownRow(store, selection(s));
+  // While the row is on its way, the lists keep the numbers of the last one (like the map).
+  const key = `${s.imageId}|${store.model}`;
+  list.setAttribute("aria-busy", row ? "false" : "true");
+  if (!row && list.dataset.image === key) return;
+  list.dataset.image = row ? key : "";
   renderArtifactList(s, onPick, row);
   if (t.num_prefix === 0) {
     const li = document.createElement("li");
