@@ -10,9 +10,8 @@ import {
 } from "./charts.js";
 import { plotlyScale } from "./colormaps.js";
 import { normEntropy, prefixMass } from "./data.js";
+import { $ } from "./dom.js";
 import { keyCount } from "./windows.js";
-
-const $ = (id) => document.getElementById(id);
 
 // One colour per head (cycled) for the scatter: bright enough on the dark panel.
 const HEAD_COLOURS = ["#38bdf8", "#fbbf24", "#34d399", "#f472b6", "#a78bfa", "#fb923c",

@@ -3,9 +3,8 @@
 
 import { actions as act, update } from "./actions.js";
 import { SIDES, sideData } from "./compare.js";
-import { $, debounce, fmtTemperature } from "./dom.js";
+import { $, debounce, fmtTemperature, sliderTemperature } from "./dom.js";
 import { downloadMap } from "./export.js";
-import { sliderTemperature } from "./learn.js";
 import { resized } from "./maps.js";
 import { cellAt } from "./overlay.js";
 import { mapQuery, state } from "./state.js";
@@ -105,7 +104,7 @@ export function bindAll() {
   bindCompare();
   bindOverlay();
   bindKeys();
-  for (const view of VIEWS) if (view.bind) view.bind(act);
+  for (const view of VIEWS) if (view.bind) view.bind(act, state); // the one state, read when an event comes
   const onResize = debounce(() => {
     resized();
     update();

@@ -8,7 +8,7 @@ import { COLORMAPS } from "./colormaps.js";
 import { $, fmtBytes, fmtTemperature, setOptions } from "./dom.js";
 import { artifactTokens } from "./sinks.js";
 import {
-  apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, stageQuery, tokensAt,
+  apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, stageQuery, tokensAt,
 } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
 
@@ -56,7 +56,7 @@ export function renderControls(s) {
   if (loaded) {
     const t = s.meta.tokens;
     for (const p of t.prefix) {
-      opts.push([p.kind === "cls" ? "cls" : `tok:${p.index}`, `${prefixLabel(p.index, t)} token`]);
+      opts.push([prefixQuery(p), `${prefixLabel(p.index, t)} token`]);
     }
     opts.push(["patch", "a patch (click the image)"]);
   }
@@ -85,20 +85,15 @@ function setText(el, text) {
   if (el.textContent !== text) el.textContent = text;
 }
 
-/** The two temperature sliders (the maps' toolbar, Inside a head): log10 T, and T in words. */
+/** The maps' temperature slider: log10 T, and T in words ("Inside a head" draws its own, learn.js). */
 function renderTemperature(s) {
   const T = s.temperature;
-  for (const [id, out] of [["temperature", "temperature-out"], ["map-temperature", "map-temperature-out"]]) {
-    const slider = $(id);
-    if (!slider) continue;
-    // Not under a dragging pointer: the slider keeps its own finer position while it moves.
-    if (document.activeElement !== slider || Math.abs(Number(slider.value) - Math.log10(T)) > 0.006) {
-      slider.value = String(Math.log10(T));
-    }
-    setText($(out), fmtTemperature(T));
+  const slider = $("map-temperature");
+  // Not under a dragging pointer: the slider keeps its own finer position while it moves.
+  if (document.activeElement !== slider || Math.abs(Number(slider.value) - Math.log10(T)) > 0.006) {
+    slider.value = String(Math.log10(T));
   }
-  const reset = $("temperature-reset");
-  if (reset) reset.disabled = T === 1;
+  setText($("map-temperature-out"), fmtTemperature(T));
 }
 
 /** The mass mask, drop and chart-mode controls. */

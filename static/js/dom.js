@@ -1,5 +1,6 @@
-// Small DOM helpers shared by the views: element lookup, the one way to fill a <select>, and a
-// debounce for work that should wait until a sweep of events rests.
+// Small DOM helpers shared by the page and its views: the one `$` (element lookup), the one way to
+// fill a <select>, a debounce for work that should wait until a sweep of events rests, and the
+// page's ways to write numbers and names.
 
 export const $ = (id) => document.getElementById(id);
 
@@ -35,6 +36,11 @@ export function fmtBytes(n) {
   if (n >= 1024 * 1024) return `${(n / (1024 * 1024)).toFixed(n >= 10 * 1024 * 1024 ? 0 : 1)} MB`;
   if (n >= 1024) return `${Math.round(n / 1024)} KB`;
   return `${n} B`;
+}
+
+/** The temperature a log-scale slider (log10 T) stands at, to 3 significant digits. */
+export function sliderTemperature(el) {
+  return Number(Math.pow(10, Number(el.value)).toPrecision(3));
 }
 
 /** A softmax temperature as the page writes it: 0.32, 1, 2.5, 10. */

@@ -7,7 +7,9 @@ import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { paintColorbar } from "./colormaps.js";
 import { normEntropy } from "./data.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
-import { dims, dropParts, headLabel, markerAt, parseQuery, prefixLabel, queryLabel, tokensAt } from "./state.js";
+import {
+  ablatedPairs, dims, dropParts, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, queryLabel, tokensAt,
+} from "./state.js";
 import { keyCount, stageCell, windowNote } from "./windows.js";
 
 /** What to show of the shown image: the selection shownRow() needs, from the state. */
@@ -130,6 +132,30 @@ export function renderViewer(s) {
       + "softmax(QKᵀ/(√d·T)), sharper below 1, flatter above (set it here or in Inside a head).");
 }
 
+/** The maps' note while heads are off in the Ablation view: which, and which layers changed. */
+export function renderMapsAblated(s) {
+  const el = $("maps-ablated");
+  const pairs = ablatedPairs(s.meta, s.ablation.off);
+  el.hidden = !pairs.length;
+  if (pairs.length) $("maps-ablated-text").textContent = ablatedNote(pairs, dims(s.meta).L);
+}
+
+/**
+ * The maps view's words for the heads switched off ([layer, head] pairs, sorted): a removed head's
+ * output is zeroed after its own layer's attention, so the maps up to the first layer with a head
+ * off are the model's own and the later ones change.
+ */
+export function ablatedNote(pairs, L) {
+  const n = pairs.length;
+  const list = n <= 6 ? ` (${pairs.map(([l, h]) => `layer ${l} head ${h}`).join(", ")})` : "";
+  const first = pairs[0][0];
+  const where = first >= L - 1
+    ? `The maps are the model's own: removing a head acts after its layer's attention, and layer ${first} is the last.`
+    : `Layers 0–${first} are unchanged (removing a head acts after its layer's attention); `
+      + `from layer ${first + 1} on, the maps are those of the model without ${n > 1 ? "these heads" : "it"}.`;
+  return `Maps of the model with ${n} head${n > 1 ? "s" : ""} off${list}, switched off in the Ablation view. ${where}`;
+}
+
 /** What the drop, mask and ring options add to the picture, in words. */
 function extras(s, dropped, maskCount, rings) {
   let out = "";
@@ -239,7 +265,7 @@ export function renderPrefixList(s, onPick) {
     const name = prefixLabel(p.index, t);
     const b = tokenButton({
       name, index: p.index, value: v, title: `Use ${name} as the query row`,
-      onClick: () => onPick(p.kind === "cls" ? "cls" : `tok:${p.index}`),
+      onClick: () => onPick(prefixQuery(p)),
     });
     b.dataset.kind = p.kind;
     b.classList.toggle("is-query", !!isQuery);
