@@ -5,7 +5,8 @@
 //   render.js    render(): the chrome and the shown view, from the state (read only)
 //   views.js     the tabs and the list of views: where a new view plugs in
 //   maps.js      the "Attention maps" view (viewer.js, compare.js, grid.js, rollout.js, analytics.js…)
-//   learn.js     the "Inside a head" view (one head's computation, the temperature slider)
+//   learn.js     the "Inside a head" view (one head's computation, its temperature slider)
+//   ablation.js  the "Ablation" view (heads off, the model's output, importance, pruning)
 //   fetching.js  what the view needs from the server, image loads, cancellation
 //   intake.js    file, drop, paste, samples, model switch, shared URL
 //   model-picker.js  the any-model picker (--any-model): search, load with progress, switch
