@@ -39,10 +39,11 @@ SMOKE_FORWARDS = 4  # --smoke: one batch each, the mechanics only
 
 
 def _pixels(lm: LoadedModel, device) -> torch.Tensor:
-    from app.serving import images
+    from app.config import Settings
+    from app.serving.pictures import Pictures
 
-    img = images.decode((SAMPLES / "astronaut.png").read_bytes(), 40_000_000)
-    return images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, mode="square").pixels[None].to(device)
+    pictures = Pictures.for_model(lm, Settings(resize="square"))
+    return pictures.prepare((SAMPLES / "astronaut.png").read_bytes()).pixels[None].to(device)
 
 
 def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, Any]) -> list[Variant]:

@@ -52,17 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write every curve as JSON")
     a = p.parse_args(argv)
 
+    from app.config import Settings
     from app.engine.faithfulness import faithfulness, mean_aucs
     from app.engine.relevance import METHODS, random_map, relevance
-    from app.serving import images
+    from app.serving.pictures import Pictures
     from app.zoo.loaders import load_embedded
 
     lm = load_embedded(a.models_dir)
     photos = sorted(q for q in a.samples.iterdir() if q.suffix in (".png", ".jpg"))
-    pixels = {}
-    for q in photos:
-        img = images.decode(q.read_bytes(), 40_000_000)
-        pixels[q.name] = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, mode="square").pixels
+    pictures = Pictures.for_model(lm, Settings(resize="square"))
+    pixels = {q.name: pictures.prepare(q.read_bytes()).pixels for q in photos}
     out: dict = {"model": lm.id, "photos": list(pixels), "targets": {}}
     for target in a.targets.split(";"):
         t0 = time.perf_counter()

@@ -9,9 +9,10 @@ import pytest
 import torch
 from relevance_reference import box_mean, curves, differentiate, mean_of_map, relevance_maps, trapezoid
 
+from app.config import Settings
 from app.engine.faithfulness import faithfulness
 from app.engine.relevance import METHODS, relevance
-from app.serving import images
+from app.serving.pictures import Pictures
 from app.zoo import embedded, loaders
 from server import ROOT, SAMPLES
 
@@ -51,10 +52,8 @@ def run(graph):
 
 @pytest.fixture(scope="module")
 def photos(lm):
-    out = []
-    for name in ("cat.png", "astronaut.png"):
-        img = images.decode((SAMPLES / name).read_bytes(), 40_000_000)
-        out.append(images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, mode="square").pixels)
+    pictures = Pictures.for_model(lm, Settings(resize="square"))
+    out = [pictures.prepare((SAMPLES / name).read_bytes()).pixels for name in ("cat.png", "astronaut.png")]
     return torch.stack(out)  # 2, 3, 224, 224
 
 
