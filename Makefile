@@ -3,6 +3,7 @@
 #                http://127.0.0.1:8000 (another port: make serve PORT=9000)
 #   make test    set up the app with the test and lint tools, run the whole test suite
 #   make lint    ruff (lint, format check) and mypy on app/
+#   make docs    the documentation site into site/ (mkdocs build --strict, offline); docs-serve previews it
 #   make extract ARGS="static/samples --out attn.safetensors"   the CLI from the venv
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ PORT ?=
 ARGS ?=
 
 .PHONY: setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
-	docker-test fetch extract clean
+	docker-test fetch extract docs docs-serve clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -30,6 +31,11 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 # Ray Data for the survey's Ray engine (heavy: only the tests need it, not lint or serve).
 $(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
 	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,ray]'
+	touch $@
+
+# MkDocs Material and mkdocstrings for the documentation site (and tests/docs' strict build).
+$(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[docs]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -60,10 +66,10 @@ browser-deps:
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-test: setup-dev $(VENV)/.installed-ray fetch browser-deps
+test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
 
-test-fast: setup-dev $(VENV)/.installed-ray fetch
+test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser"
 
 lint: setup-dev
@@ -79,6 +85,14 @@ format: setup-dev
 build: setup-dev
 	$(PY) -m build --outdir dist .
 
+# The documentation site, offline (no fonts or plugins from the internet); a warning fails it.
+DOCS_PORT ?= 8001
+docs: $(VENV)/.installed-docs
+	$(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: $(VENV)/.installed-docs
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
+
 bench: fetch
 	$(PY) -m bench.run
 
@@ -89,4 +103,4 @@ docker-test:
 	bash tests/docker/run.sh
 
 clean:
-	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist ./*.egg-info
+	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist site ./*.egg-info
