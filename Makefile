@@ -88,10 +88,10 @@ build: setup-dev
 # The documentation site, offline (no fonts or plugins from the internet); a warning fails it.
 DOCS_PORT ?= 8001
 docs: $(VENV)/.installed-docs
-	$(PY) -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 docs-serve: $(VENV)/.installed-docs
-	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 bench: fetch
 	$(PY) -m bench.run
