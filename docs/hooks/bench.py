@@ -61,6 +61,7 @@ def command(results: dict) -> str:
 
 
 def header(results: dict, rel: str) -> str:
+    """The run's facts, one line each: date, machine, command, code, load, time, the JSON."""
     m = results["meta"]
     device = f"{m['device']} ({m['gpu']})" if m.get("gpu") else "CPU only"
     machine = (
@@ -68,30 +69,25 @@ def header(results: dict, rel: str) -> str:
         f"Python {m.get('python', '?')}, torch {m.get('torch', '?')} ({m.get('threads', '?')} threads), "
         f"timm {m.get('timm', '?')}, transformers {m.get('transformers') or 'not installed'}; bf16 {m.get('bf16', '?')}"
     )
-    load = results.get("load") or {}
-    rows = [
-        ["date", m.get("date", "?")],
-        ["machine", machine],
-        ["command", f"`{command(results)}`"],
-        [
-            "app",
-            f"commit `{m.get('git_commit')}`" + (" with uncommitted changes under app/" if m.get("app_dirty") else ""),
-        ],
+    app = f"commit `{m.get('git_commit')}`" + (" with uncommitted changes under app/" if m.get("app_dirty") else "")
+    lines = [
+        f"- **Date:** {m.get('date', '?')}",
+        f"- **Machine:** {machine}",
+        f"- **Command:** `{command(results)}`",
+        f"- **Code:** {app}",
     ]
+    load = results.get("load") or {}
     if load:
         busy = load.get("foreign_cores", 0.0) + load.get("steal_cores", 0.0)
-        rows.append(
-            [
-                "machine load",
-                f"other processes used {load.get('foreign_cores', 0.0):.2f} of {m.get('cores', '?')} cores on average, "
-                f"hypervisor steal {load.get('steal_cores', 0.0):.2f}"
-                + (" (contended: absolute figures are pessimistic, paired ratios less so)" if busy > 0.25 else ""),
-            ]
+        lines.append(
+            f"- **Machine load:** other processes used {load.get('foreign_cores', 0.0):.2f} of "
+            f"{m.get('cores', '?')} cores on average, hypervisor steal {load.get('steal_cores', 0.0):.2f}"
+            + (" (contended: absolute figures are pessimistic, paired ratios less so)" if busy > 0.25 else "")
         )
     if results.get("wall_s"):
-        rows.append(["run time", f"{results['wall_s']:.0f} s"])
-    rows.append(["raw results", f"[{Path(rel).name}]({rel})"])
-    return _table(["", ""], rows, "ll")
+        lines.append(f"- **Run time:** {results['wall_s']:.0f} s")
+    lines.append(f"- **Raw results:** [{Path(rel).name}]({rel})")
+    return "\n".join(lines)
 
 
 def inproc(results: dict) -> list[str]:
