@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +33,20 @@ def site(tmp_path_factory) -> Path:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     out = tmp_path_factory.mktemp("site")
+    # Offline: where this user may make a network namespace (root on Linux), the build runs in one
+    # with no network at all.
+    offline = shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
     p = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        [
+            *(["unshare", "-n"] if offline else []),
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--site-dir",
+            str(out),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
