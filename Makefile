@@ -5,6 +5,7 @@
 #                ~3 GB, a venv of ~1.3 GB instead of ~5.1 GB (no CUDA libraries; no GPU use)
 #   make test    set up the app with the test and lint tools, run the whole test suite
 #   make lint    ruff (lint, format check) and mypy on app/
+#   make docs    the documentation site into site/ (mkdocs build --strict, offline); docs-serve previews it
 #   make extract ARGS="static/samples --out attn.safetensors"   the CLI from the venv
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,7 +30,7 @@ LOOPBACK_HOSTS := 127.0.0.1 localhost ::1
 SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(strip $(HOST)),$(if $(filter $(HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
 
 .PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
-	docker-test fetch extract clean
+	docker-test fetch extract docs docs-serve clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -67,6 +68,11 @@ check-torch:
 		echo "note: $(VENV) has PyTorch from '$$(cat $(VENV)/.torch)', not '$(TORCH_FLAVOUR)'; make clean first to switch"; \
 	fi
 
+# MkDocs Material and mkdocstrings for the documentation site (and tests/docs' strict build).
+$(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[docs]'
+	touch $@
+
 setup: check-torch $(VENV)/.installed
 
 setup-dev: check-torch $(VENV)/.installed-dev
@@ -95,10 +101,10 @@ browser-deps:
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-test: setup-dev $(VENV)/.installed-ray fetch browser-deps
+test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
 
-test-fast: setup-dev $(VENV)/.installed-ray fetch
+test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser"
 
 lint: setup-dev
@@ -114,6 +120,14 @@ format: setup-dev
 build: setup-dev
 	$(PY) -m build --outdir dist .
 
+# The documentation site, offline (no fonts or plugins from the internet); a warning fails it.
+DOCS_PORT ?= 8001
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
+
 bench: fetch
 	$(PY) -m bench.run
 
@@ -124,4 +138,4 @@ docker-test:
 	bash tests/docker/run.sh
 
 clean:
-	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist ./*.egg-info
+	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist site ./*.egg-info

@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     checks = inproc.Checks()
     results: dict[str, Any] = {
         "meta": info,
+        # how to reproduce this run (the docs' Performance page prints it beside the tables)
+        "command": shlex.join(["python", "-m", "bench.run", *(sys.argv[1:] if argv is None else argv)]),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     device = torch.device(args.device)

@@ -22,7 +22,7 @@ SAMPLES = ROOT / "static" / "samples"
 # a test about deadlines sets its own, derived from Pace.
 HTTP_TIMEOUT = 120.0
 # The default model's forward at 224x224 (batch 1, fp32) on the quiet 2-core development VM:
-# 94-98 ms in the README's benchmark table. Pace compares this machine, now, against it.
+# 94-98 ms in the 2026-11-23 benchmark table of docs/performance.md. Pace compares this machine, now, against it.
 QUIET_FORWARD_S = 0.1
 MAX_SLOWDOWN = 20.0
 

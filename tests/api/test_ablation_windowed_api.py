@@ -2,7 +2,7 @@
 
 Windowed models answer their own output (a classifier's classes) but no head ablation: every
 endpoint that would remove heads answers 422 ``ablation_unsupported`` in the one error shape
-(README, "Model output, ablation and head importance"). Temperature composes with ``ablate``:
+(docs/ablation.md, "Windowed models (Swin)"). Temperature composes with ``ablate``:
 the forward of the ablated model runs as the model does (T = 1), and the maps it captures are
 shown at T like any other.
 """
