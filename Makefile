@@ -1,46 +1,87 @@
 # The commands a fresh machine needs:
 #   make serve   set up the app (no test tools) and serve the embedded default model at
 #                http://127.0.0.1:8000 (another port: make serve PORT=9000)
+#   make serve TORCH=cpu   the same with PyTorch's CPU build: ~0.4 GB to download instead of
+#                ~3 GB, a venv of ~1.3 GB instead of ~5.1 GB (no CUDA libraries; no GPU use)
 #   make test    set up the app with the test and lint tools, run the whole test suite
 #   make lint    ruff (lint, format check) and mypy on app/
+#   make docs    the documentation site into site/ (mkdocs build --strict, offline); docs-serve previews it
 #   make extract ARGS="static/samples --out attn.safetensors"   the CLI from the venv
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP_FLAGS ?= -q --disable-pip-version-check
+# pip shows what it downloads (name and size) with a progress bar; PIP_FLAGS=-q for silence.
+PIP_FLAGS ?= --disable-pip-version-check
 # Empty: the app's defaults (HEADSCOPE_HOST / HEADSCOPE_PORT, else 127.0.0.1:8000).
 HOST ?=
 PORT ?=
 ARGS ?=
+# PyTorch build. Empty (default): PyPI's torch, which bundles CUDA (works on a CPU too).
+# cpu: PyTorch's CPU wheel index for torch and torchvision only (everything else from PyPI);
+# another build of that index works the same (TORCH=cu126). TORCH_INDEX overrides the address
+# (a mirror). Switching builds needs a fresh venv: make clean first.
+TORCH ?=
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH)
+TORCH_FLAVOUR = $(if $(TORCH),$(TORCH),pypi)
+# serve --any-model (load any pretrained timm model from the page, downloaded on demand): on
+# when the server listens on loopback only (HOST empty, 127.0.0.1, localhost or ::1), where only
+# this machine's user can trigger downloads; ANY_MODEL=0 turns it off, ANY_MODEL=1 on anywhere.
+ANY_MODEL ?=
+LOOPBACK_HOSTS := 127.0.0.1 localhost ::1
+SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(strip $(HOST)),$(if $(filter $(HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
 
-.PHONY: setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
-	docker-test fetch extract clean
+.PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
+	docker-test fetch extract docs docs-serve clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 
 # The app alone (what `make serve` needs); the test and lint tools are a separate stamp.
+# One line per step says what it installs and about how much it downloads (measured on
+# Linux x86_64, Python 3.11); pip then shows each file and its progress.
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+ifneq ($(TORCH),)
+	@echo "==> 1/2 PyTorch ($(TORCH) build) from $(TORCH_INDEX): torch and torchvision only (cpu: ~0.2 GB to download)"
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps --index-url $(TORCH_INDEX) torch torchvision
+	@echo "==> 2/2 headscope and its other dependencies from PyPI (timm, FastAPI, ONNX, pyarrow...): ~0.2 GB to download"
+else
+	@echo "==> headscope and its dependencies from PyPI: ~3 GB to download (PyTorch with its CUDA libraries ~2.8 GB of it),"
+	@echo "    ~5 GB installed, a few minutes; without an NVIDIA GPU, make clean && make serve TORCH=cpu needs ~0.4 GB"
+endif
 	$(PY) -m pip install $(PIP_FLAGS) -e .
+	@echo "$(TORCH_FLAVOUR)" > $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	@echo "==> test and lint tools (pytest, Playwright's driver, onnxruntime, schemathesis, ruff, mypy): ~0.2 GB to download"
 	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev]'
 	touch $@
 
 # Ray Data for the survey's Ray engine (heavy: only the tests need it, not lint or serve).
 $(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
+	@echo "==> Ray Data for the survey's Ray engine (tests only): ~0.1 GB to download"
 	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,ray]'
 	touch $@
 
-setup: $(VENV)/.installed
+# A venv built with another PyTorch than TORCH asks for is kept as it is: say so.
+check-torch:
+	@if [ -f $(VENV)/.torch ] && [ "$$(cat $(VENV)/.torch)" != "$(TORCH_FLAVOUR)" ]; then \
+		echo "note: $(VENV) has PyTorch from '$$(cat $(VENV)/.torch)', not '$(TORCH_FLAVOUR)'; make clean first to switch"; \
+	fi
 
-setup-dev: $(VENV)/.installed-dev
+# MkDocs Material and mkdocstrings for the documentation site (and tests/docs' strict build).
+$(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[docs]'
+	touch $@
+
+setup: check-torch $(VENV)/.installed
+
+setup-dev: check-torch $(VENV)/.installed-dev
 
 fetch: setup
 	$(VENV)/bin/headscope fetch
 
 serve: fetch
-	$(VENV)/bin/headscope serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
+	$(VENV)/bin/headscope serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(SERVE_ANY_MODEL)
 
 extract: fetch
 	$(VENV)/bin/headscope extract $(ARGS)
@@ -60,10 +101,10 @@ browser-deps:
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-test: setup-dev $(VENV)/.installed-ray fetch browser-deps
+test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
 
-test-fast: setup-dev $(VENV)/.installed-ray fetch
+test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser"
 
 lint: setup-dev
@@ -79,6 +120,14 @@ format: setup-dev
 build: setup-dev
 	$(PY) -m build --outdir dist .
 
+# The documentation site, offline (no fonts or plugins from the internet); a warning fails it.
+DOCS_PORT ?= 8001
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
+
 bench: fetch
 	$(PY) -m bench.run
 
@@ -89,4 +138,4 @@ docker-test:
 	bash tests/docker/run.sh
 
 clean:
-	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist ./*.egg-info
+	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist site ./*.egg-info

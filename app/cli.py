@@ -7,6 +7,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -43,19 +44,24 @@ def _serve(args) -> int:
     from .config import Settings
     from .web.main import create_app
 
-    overrides = {
-        k: v
-        for k, v in {"host": args.host, "port": args.port, "model": args.model, "device": args.device}.items()
-        if v is not None
+    given = {
+        "host": args.host,
+        "port": args.port,
+        "model": args.model[0] if args.model else None,
+        "device": args.device,
+        "any_model": args.any_model,
+        "max_loaded_models": args.max_loaded_models,
     }
-    settings = Settings(**overrides)
+    settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    if args.model:  # every --model is offered, the first is the default; HEADSCOPE_EXTRA_MODELS adds more
+        settings.extra_models = [*args.model[1:], *settings.extra_models]
     hint = port_in_use_hint(settings.host, settings.port)
     if hint:
         print(f"headscope serve: {hint}", file=sys.stderr)
         return 1
-    if args.fetch_first and settings.model == "dinov2-s14-focus":
-        from .zoo import embedded
+    from .zoo import embedded
 
+    if args.fetch_first and embedded.MODEL_ID in settings.model_ids:
         embedded.fetch(settings.models_dir)
     app = create_app(settings)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
@@ -113,6 +119,40 @@ def _collect(paths: list[str]) -> list[Path]:
     return files
 
 
+_CELL = r"-?[0-9]{1,6},-?[0-9]{1,6}"
+QUERY_SYNTAX = re.compile(rf"cls|all|-?[0-9]{{1,7}}(,-?[0-9]{{1,7}})*|patch:{_CELL}(;{_CELL})*")
+
+
+def _check_selection(args, model_id: str, models_dir: Path) -> None:
+    """Refuse a selection the model cannot answer before its weights load (or download).
+
+    The architecture is built on the meta device (no weights, no memory): its layer and head
+    counts, its prefix tokens and, for Swin, its stages check ``--layers``, ``--heads`` and a
+    CLS query. Token and patch indices depend on each image's size, so only their spelling is
+    checked here; their range is checked per image.
+
+    Raises:
+        SelectionError: the selection cannot fit this model at any image size.
+    """
+    from .engine.layout import WindowedLayout
+    from .engine.selection import SelectionError, parse_indices, parse_query, resolve_windowed
+    from .zoo.ids import ModelSpec
+    from .zoo.loaders import skeleton
+
+    q = (args.query or "cls").strip().lower().replace(" ", "")
+    if not QUERY_SYNTAX.fullmatch(q):
+        raise SelectionError(f"query: cannot read {args.query!r}; use cls, all, token indices or patch:ROW,COL")
+    lm = skeleton(ModelSpec.parse(model_id), models_dir)
+    layout = lm.layout(lm.input_size)
+    if isinstance(layout, WindowedLayout):
+        resolve_windowed(args.layers, args.heads, "cls" if q == "cls" else "0", layout)
+        return
+    parse_indices(args.layers, lm.num_layers, "layers")
+    parse_indices(args.heads, lm.num_heads, "heads")
+    if q == "cls":
+        parse_query(q, layout)
+
+
 def _extract(args) -> int:
     """Batch extraction to one safetensors file: a tensor per image, metadata in the header."""
     from safetensors.torch import save_file
@@ -120,37 +160,54 @@ def _extract(args) -> int:
 
     from .config import Settings
     from .engine import analysis
+    from .engine.capture import UnsupportedModelError
     from .engine.device import autocast_dtype, resolve_device
     from .engine.forward import forward_capture
     from .engine.selection import SelectionError
+    from .outputs import publish, refuse_existing, temporary_beside
     from .serving import images
+    from .serving.pictures import Pictures
+    from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
 
     settings = Settings()
+    out = Path(args.out)
+    refuse_existing(out, args.force)  # before anything slow, like a wrong path below
     files = _collect(args.inputs)  # a wrong path fails here, before the model loads
     if not files:
         print("headscope extract: no images found", file=sys.stderr)
         return 1
+    model_id = args.model or settings.model
+    try:
+        _check_selection(args, model_id, settings.models_dir)
+    except SelectionError as e:
+        print(f"headscope extract: {e}", file=sys.stderr)
+        return 2
+    except (UnknownModelError, UnsupportedModelError) as e:
+        print(f"headscope extract: {e}", file=sys.stderr)
+        return 1
     device = resolve_device(args.device or settings.device)
-    lm = Registry([args.model or settings.model], settings.models_dir, device).get()
+    try:
+        lm = Registry([model_id], settings.models_dir, device).get()
+    except (UnknownModelError, UnsupportedModelError, ModelLoadError) as e:
+        print(f"headscope extract: {e}", file=sys.stderr)
+        return 1
+    pictures = Pictures.for_model(lm, settings)
     tensors, meta, failed = {}, {}, []
     amp = autocast_dtype(device.type, settings.precision)
     for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
         try:
-            img = images.decode(f.read_bytes(), settings.max_image_pixels)
+            prep = pictures.prepare(f.read_bytes())  # the server's preparation (early reduction included)
         except images.ImageError as e:
             failed.append(f"{f}: {e}")
             continue
-        prep = images.prepare(
-            img, lm.input_size, lm.patch_size, lm.mean, lm.std, settings.resize, settings.max_aspect, lm.dynamic
-        )
         att = forward_capture(lm, prep.pixels[None].to(device), amp_dtype=amp)[0]
         image = lm.captured(att, prep.input_size)
         try:
             # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first layer.
             sel = image.select(args.layers, args.heads, args.query, args.aggregate)
         except SelectionError as e:
-            print(f"headscope extract: {e}", file=sys.stderr)
+            print(f"headscope extract: {f}: {e}", file=sys.stderr)
             return 2
         key = f"{i:05d}"
         tensors[key] = analysis.attention_tensor(att, sel).contiguous()
@@ -167,9 +224,14 @@ def _extract(args) -> int:
     if not tensors:
         print("headscope extract: no image could be read:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata={"model": lm.id, "images": json.dumps(meta)})
+    refuse_existing(out, args.force)  # made meanwhile by someone else: still not replaced unasked
+    tmp = temporary_beside(out)
+    try:
+        save_file(tensors, str(tmp), metadata={"model": lm.id, "images": json.dumps(meta)})
+        publish(tmp, out)  # whole or absent, with the user's normal permissions (safetensors writes 0600)
+    finally:
+        tmp.unlink(missing_ok=True)
     print(f"wrote {len(tensors)} tensors to {out}" + (f"; skipped {len(failed)}" if failed else ""))
     for line in failed:
         print(f"  skipped {line}", file=sys.stderr)
@@ -239,9 +301,34 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start the web app and REST API")
     s.add_argument("--host", help="bind address (default 127.0.0.1; env HEADSCOPE_HOST)")
     s.add_argument("--port", type=int, help="port (default 8000; env HEADSCOPE_PORT)")
-    s.add_argument("--model", help="default model id (env HEADSCOPE_MODEL)")
+    s.add_argument(
+        "--model",
+        action="append",
+        metavar="ID",
+        help="a model to offer; repeat it to offer several, the first is the default "
+        "(default dinov2-s14-focus; env HEADSCOPE_MODEL, comma-separated; HEADSCOPE_EXTRA_MODELS adds more)",
+    )
+    s.add_argument(
+        "--any-model",
+        action="store_true",
+        default=None,
+        help="let the page load any pretrained timm model of a supported family on demand, downloaded "
+        "from the Hugging Face hub (env HEADSCOPE_ANY_MODEL; off by default)",
+    )
+    s.add_argument(
+        "--max-loaded-models",
+        type=int,
+        metavar="N",
+        help="models kept in memory at once; beyond it the least recently used one other than the "
+        "default is unloaded (default 3; env HEADSCOPE_MAX_LOADED_MODELS)",
+    )
     s.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (env HEADSCOPE_DEVICE)")
-    s.add_argument("--log-level", default=os.environ.get("HEADSCOPE_LOG_LEVEL", "info"))
+    s.add_argument(
+        "--log-level",
+        default=os.environ.get("HEADSCOPE_LOG_LEVEL", "info"),
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level (default info; env HEADSCOPE_LOG_LEVEL)",
+    )
     s.add_argument(
         "--no-fetch", dest="fetch_first", action="store_false", help="do not convert the embedded model before starting"
     )
@@ -253,14 +340,24 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=_fetch)
 
     e = sub.add_parser("extract", help="attention of many images into one .safetensors file")
-    e.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
-    e.add_argument("--out", required=True, help="output .safetensors file")
-    e.add_argument("--model")
-    e.add_argument("--device")
-    e.add_argument("--layers", default="all")
-    e.add_argument("--heads", default="all")
-    e.add_argument("--query", default="cls")
-    e.add_argument("--aggregate", default="none", choices=["none", "mean", "max", "rollout"])
+    e.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="images, or folders searched recursively")
+    e.add_argument("--out", required=True, help="output .safetensors file (an existing one is kept unless --force)")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists")
+    e.add_argument("--model", help="model id (default HEADSCOPE_MODEL, else dinov2-s14-focus)")
+    e.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (default HEADSCOPE_DEVICE, else auto)")
+    e.add_argument("--layers", default="all", help="'all', indices '0,5,-1' or ranges '0-3' (default all)")
+    e.add_argument("--heads", default="all", help="'all' or indices/ranges like --layers (default all)")
+    e.add_argument(
+        "--query",
+        default="cls",
+        help="'cls' (default), 'all' (every row), token indices '0,17' or grid cells 'patch:R,C;R,C'",
+    )
+    e.add_argument(
+        "--aggregate",
+        default="none",
+        choices=["none", "mean", "max", "rollout"],
+        help="fuse the heads (mean, max) or attention rollout over the layers (default none)",
+    )
     e.set_defaults(func=_extract)
 
     v = sub.add_parser(
@@ -301,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"headscope {args.cmd}: {e}", file=sys.stderr)
         return 2
 

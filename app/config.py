@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from . import paths
@@ -23,10 +23,24 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
-    model: str = Field("dinov2-s14-focus", description="default model id")
+    model: str = Field(
+        "dinov2-s14-focus",
+        description="the default model id; several ids separated by commas are all offered, the first is the default",
+    )
     extra_models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="more model ids to offer (timm names, 'timm:NAME', or 'local:ARCH@PATH')",
+    )
+    any_model: bool = Field(
+        False,
+        description="let the page load any pretrained timm model of a supported family on demand "
+        "(downloads from the Hugging Face hub; names only, checked against timm's list)",
+    )
+    max_loaded_models: int = Field(
+        3,
+        ge=1,
+        description="models kept in memory at once; loading one more unloads the least recently used "
+        "model other than the default (it stays offered and loads again when asked for)",
     )
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N | mps")
     precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
@@ -97,6 +111,19 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Fault injection through the X-Headscope-Fault header: for the reliability tests only.
     enable_fault_injection: bool = False
+
+    @model_validator(mode="after")
+    def _several_models(self) -> Settings:
+        """``HEADSCOPE_MODEL=a,b``: ``a`` is the default and ``b`` is offered too."""
+        if "," in self.model:
+            first, *rest = [m.strip() for m in self.model.split(",") if m.strip()]
+            self.model, self.extra_models = first, [*rest, *self.extra_models]
+        return self
+
+    @property
+    def model_ids(self) -> list[str]:
+        """Every configured model id, the default first."""
+        return [self.model, *self.extra_models]
 
     @field_validator("extra_models", "cors_origins", mode="before")
     @classmethod

@@ -35,11 +35,11 @@ SWEEP_TARGET = 0.60  # (0.54 backbone + 0.22 decoder) / (1 + 0.22): docs/bench.m
 
 
 def _pixels(lm: LoadedModel, name: str, square: bool, device) -> torch.Tensor:
-    from app.serving import images
+    from app.config import Settings
+    from app.serving.pictures import Pictures
 
-    img = images.decode((SAMPLES / name).read_bytes(), 40_000_000)
-    mode = "square" if square else "aspect"
-    return images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, mode=mode).pixels[None].to(device)
+    pictures = Pictures.for_model(lm, Settings(resize="square" if square else "aspect"))
+    return pictures.prepare((SAMPLES / name).read_bytes()).pixels[None].to(device)
 
 
 def variants(lm: LoadedModel, x: torch.Tensor, last: dict[str, Any]) -> list[Variant]:

@@ -24,14 +24,17 @@ INPUT = (224, 224)
 
 def sample_pixels(lm: LoadedModel, n: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """``n`` preprocessed 224x224 sample pictures (cycled, nudged so they differ): ``[n, 3, H, W]``."""
-    from app.serving import images
+    import dataclasses
 
+    from app.config import Settings
+    from app.serving.pictures import Pictures
+
+    pictures = dataclasses.replace(Pictures.for_model(lm, Settings(resize="square")), input_size=INPUT)
     files = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")) if SAMPLES.is_dir() else []
     out = []
     for i in range(n):
         if files:
-            img = images.decode(files[i % len(files)].read_bytes(), 40_000_000)
-            px = images.prepare(img, INPUT, lm.patch_size, lm.mean, lm.std, mode="square").pixels
+            px = pictures.prepare(files[i % len(files)].read_bytes()).pixels
         else:
             px = torch.randn(3, *INPUT, generator=torch.Generator().manual_seed(i))
         out.append(px + 0.01 * i)

@@ -89,6 +89,20 @@ def targets(results: dict) -> list[dict[str, Any]]:
             detail=f"backbone only {abl['sweep_vs_whole_backbone']['median']:.2f}x; "
             f"gradient vs sweep Spearman {abl['gradient_spearman_mean']:.2f}",
         )
+    rel = results.get("relevance")
+    if rel:
+        from .relevance import MAP_TARGET, PERTURBED_TARGET
+
+        r = rel["map_vs_forward"]["median"]
+        add(f"one chefer map <= {MAP_TARGET:.2f}x a plain forward (time)", r, MAP_TARGET, r <= MAP_TARGET)
+        r = rel["perturbed_vs_plain"]["median"]
+        add(
+            f"{rel['forwards']} perturbed forwards <= {PERTURBED_TARGET:.2f}x {rel['forwards']} plain "
+            f"(batch {rel['batch']}, time)",
+            r,
+            PERTURBED_TARGET,
+            r <= PERTURBED_TARGET,
+        )
     st = results.get("stats", {}).get("stats_all", {}).get("ratio", {}).get("median")
     if results.get("stats"):
         t = 1 / st if st else None
@@ -98,14 +112,15 @@ def targets(results: dict) -> list[dict[str, Any]]:
             STATS_MAX,
             t is not None and t < STATS_MAX,
         )
-    sv = results.get("survey", {}).get("survey_local", {}).get("ratio", {}).get("median")
-    if results.get("survey"):
-        add(
-            f"survey marginal throughput (B=8) >= {SURVEY_MIN:.2f}x bare fp32",
-            sv,
-            SURVEY_MIN,
-            sv is not None and sv >= SURVEY_MIN,
-        )
+    for key, what in (("survey_local", "224 px JPEGs"), ("survey_large", "3000 px JPEGs")):
+        sv = results.get("survey", {}).get(key, {}).get("ratio", {}).get("median")
+        if results.get("survey"):
+            add(
+                f"survey marginal throughput (B=8, {what}) >= {SURVEY_MIN:.2f}x bare fp32",
+                sv,
+                SURVEY_MIN,
+                sv is not None and sv >= SURVEY_MIN,
+            )
     api = results.get("api")
     ref = results.get("api_ref", {}).get("ips", {}).get("median")
     if api is not None:
@@ -274,6 +289,10 @@ def table(results: dict) -> str:
         from .ablation import table as ablation_table
 
         lines += ablation_table(results["ablation"])
+    if results.get("relevance"):
+        from .relevance import table as relevance_table
+
+        lines += relevance_table(results["relevance"])
     mem = results.get("memory", {})
     bmax = max(map(int, results.get("inproc", {"1": 0})), default=1)
     lines += [

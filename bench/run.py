@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -57,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--no-peers", action="store_true", help="skip timm AttentionExtract and HF transformers")
     add("--no-encoding", action="store_true", help="skip the encoding part")
     add("--no-ablation", action="store_true", help="skip the head-importance rows (exact sweep, gradient)")
+    add("--no-relevance", action="store_true", help="skip the relevance rows (chefer map, perturbed forwards)")
     add("--no-survey", action="store_true", help="skip the statistics and survey part")
     add("--strict", action="store_true", help="exit 1 when a performance target is missed")
     add(
@@ -169,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     checks = inproc.Checks()
     results: dict[str, Any] = {
         "meta": info,
+        # how to reproduce this run (the docs' Performance page prints it beside the tables)
+        "command": shlex.join(["python", "-m", "bench.run", *(sys.argv[1:] if argv is None else argv)]),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     device = torch.device(args.device)
@@ -323,6 +327,19 @@ def main(argv: list[str] | None = None) -> int:
             )
         except BenchFailure as e:
             checks.fail(f"ablation: {e}")
+        gc.collect()
+
+    # -- relevance: one chefer map against a forward, perturbed forwards against plain ones ---------
+    if not args.no_relevance:
+        from . import relevance
+
+        print("  relevance: chefer map, perturbed forwards ...", flush=True)
+        try:
+            results["relevance"] = relevance.run(
+                lm, device, 1 if args.smoke else 5, 0 if args.smoke else 1, checks, verbose, smoke=args.smoke
+            )
+        except BenchFailure as e:
+            checks.fail(f"relevance: {e}")
         gc.collect()
 
     # -- 4: the API -------------------------------------------------------------------------------

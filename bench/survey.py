@@ -11,6 +11,9 @@
   ratio is images/s over the bare forward's images/s (higher is better). Model loading and
   writing the Parquet parts (every 256 pictures) are left out: this is the marginal
   throughput of a long survey.
+* *survey of large photos*: the same, on 8 square 3000 x 3000 JPEGs (a phone's square photo;
+  square, so the forward is the bare forward's 224 x 224): decoding takes the early reduction
+  (the JPEG decoder's DCT scaling to 750 x 750, then bicubic to 224), as the server does.
 """
 
 from __future__ import annotations
@@ -77,8 +80,11 @@ def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[
     ]
 
 
-def write_pictures(folder: Path, n: int) -> list[Item]:
-    """``n`` 224x224 JPEGs (the samples, centre-cropped and nudged so they differ)."""
+LARGE_SIDE = 3000
+
+
+def write_pictures(folder: Path, n: int, side: int = INPUT[0], prefix: str = "img") -> list[Item]:
+    """``n`` square JPEGs of ``side`` pixels (the samples, centre-cropped and nudged so they differ)."""
     files = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")) if SAMPLES.is_dir() else []
     items = []
     for i in range(n):
@@ -86,10 +92,10 @@ def write_pictures(folder: Path, n: int) -> list[Item]:
             img = Image.open(files[i % len(files)]).convert("RGB")
             s = min(img.size)
             img = img.crop(((img.width - s) // 2, (img.height - s) // 2, (img.width + s) // 2, (img.height + s) // 2))
-            img = img.resize(INPUT[::-1], Image.BICUBIC).rotate(i * 3)
+            img = img.resize((side, side), Image.BICUBIC).rotate(i * 3)
         else:
-            img = Image.effect_noise(INPUT[::-1], 40 + i).convert("RGB")
-        path = folder / f"img{i:03d}.jpg"
+            img = Image.effect_noise((side, side), 40 + i).convert("RGB")
+        path = folder / f"{prefix}{i:03d}.jpg"
         img.save(path, quality=90)
         items.append(Item(path.name, str(path)))
     return items
@@ -101,6 +107,7 @@ class SurveyBench:
     def __init__(self, lm: LoadedModel, device: str | torch.device = "cpu"):
         self._tmp = tempfile.TemporaryDirectory(prefix="headscope-bench-survey-")
         self.items = write_pictures(Path(self._tmp.name), SURVEY_BATCH)
+        self.large = write_pictures(Path(self._tmp.name), SURVEY_BATCH, LARGE_SIDE, "large")
         # The bench's model (no second copy), fp32 like the bare forward it is compared with.
         self.surveyor = Surveyor(
             device=str(device), batch_size=SURVEY_BATCH, settings=Settings(precision="fp32"), lm=lm
@@ -119,6 +126,9 @@ class SurveyBench:
         def survey(x):
             return self.surveyor.process(self.items)
 
+        def survey_large(x):
+            return self.surveyor.process(self.large)
+
         def check(out, batch):
             if out.failures.num_rows or out.rows.num_rows != self.rows_per_batch:
                 raise BenchFailure(f"survey batch: {out.rows.num_rows} rows, {out.failures.num_rows} failures")
@@ -132,6 +142,14 @@ class SurveyBench:
                 check,
                 "survey",
                 note="read+decode, hooked forward, statistics, Arrow rows",
+            ),
+            Variant(
+                "survey_large",
+                f"  the same on {SURVEY_BATCH} {LARGE_SIDE} x {LARGE_SIDE} JPEGs",
+                survey_large,
+                check,
+                "survey",
+                note="early reduction (DCT scaling), then as above",
             ),
         ]
 

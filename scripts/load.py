@@ -14,7 +14,7 @@ their deadline, the excess gets 429 with Retry-After at once, there are no 5xx, 
 stays fast. ``soak`` sends mixed sizes and formats and checks memory, the cache bound, file
 descriptors and temp files.
 
-The exhaustion modes measure what the README's reliability table quotes: ``decode-flood``
+The exhaustion modes measure what the reliability table of docs/limits.md quotes: ``decode-flood``
 posts small files that decode to huge pictures, all at once, and reports the server's peak
 memory; ``follow-up-flood`` sends that many concurrent ``/stats`` requests (each a distinct
 ``mass``) and, meanwhile, a new upload, and reports the upload's wait; ``answers`` asks for the
@@ -442,7 +442,7 @@ def main() -> int:
             "HEADSCOPE_MAX_QUEUE": str(a.max_queue),
             "HEADSCOPE_CACHE_BYTES": str(a.cache_mb * 2**20),
         }
-    else:  # the server's defaults: what the README's table describes
+    else:  # the server's defaults: what docs/limits.md's table describes
         env = {"HEADSCOPE_ENABLE_FAULT_INJECTION": "1"} if a.fault else {}
     srv, tmpdir = start_server(env, a.server_root)
     try:

@@ -4,11 +4,14 @@ their Python twins on the same inputs.
     python scripts/make_parity_fixtures.py          # rewrite the fixture
     python scripts/make_parity_fixtures.py --check  # exit 1 if the fixture is not what it writes
 
-The page repeats five server calculations in the browser (static/js): dropping key tokens
+The page repeats eight server calculations in the browser (static/js): dropping key tokens
 (sinks.js dropColumns vs analysis.drop_and_renormalise), the DINO mass mask (mask.js massMask vs
 stats.mass_threshold_count / mass_threshold_mask), mean and max over heads (data.js fuseHeads vs
 analysis.fuse_heads), the normalised entropy (data.js normEntropy vs stats.normalized_entropy),
-and the download name of a binary answer (api.js downloadName vs encoders.download_stem).
+the download name of a binary answer (api.js downloadName vs encoders.download_stem), the
+softmax at a temperature (learn-math.js temperedSoftmax vs capture.temper_ + torch.softmax), the
+cells of a Swin query's window (windows.js windowPieces vs windows.WindowIndex) and the query
+grammar (state.js queryRows vs selection.parse_query).
 tests/unit/test_parity.py checks the Python side against this file, tests/js/parity.test.mjs
 the JavaScript side; a change to one side that the other does not follow fails one of them.
 Inputs are float32 values (what the page holds in Float32Arrays); answers are computed in
@@ -29,6 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.engine import analysis, stats  # noqa: E402
+from app.engine.capture import temper_  # noqa: E402
+from app.engine.layout import TokenLayout  # noqa: E402
+from app.engine.selection import SelectionError, parse_query  # noqa: E402
+from app.engine.windows import WindowIndex  # noqa: E402
 from app.serving.encoders import download_stem  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "parity.json"
@@ -136,6 +143,104 @@ def name_cases() -> list[dict]:
     return cases
 
 
+def temperature_cases(g: torch.Generator) -> list[dict]:
+    """softmax(scores / T) as the API computes it (capture.temper_, then torch.softmax), float64."""
+    rows = [
+        (torch.randn(13, generator=g, dtype=torch.float64) * 4).tolist(),
+        [2.0, 2.0, -1.0, 0.5, 2.0],  # ties at the top
+        [1500.0, -300.0, 1499.0, 0.0],  # large scores: exp would overflow without the max
+        [0.3, -100.0, 0.1, -100.0, 0.2, 0.25],  # a Swin shift mask's -100
+    ]
+    cases = []
+    for scores in rows:
+        for T in (0.001, 0.1, 0.316, 1.0, 2.5, 10.0, 1000.0):
+            logits = torch.tensor(scores, dtype=torch.float64)
+            expected = torch.softmax(temper_(logits, T), dim=-1)
+            cases.append({"scores": scores, "T": T, "expected": expected.tolist()})
+    return cases
+
+
+def window_cases() -> list[dict]:
+    """The cells of a query cell's window (the image's own grid, padding left out), for the cells
+    at the corners, the middle and next to each window border of the rolled grid."""
+    cases = []
+    for grid, window, shift in [
+        ((7, 7), (7, 7), (0, 0)),
+        ((8, 8), (4, 4), (0, 0)),
+        ((8, 8), (4, 4), (2, 2)),
+        ((8, 12), (4, 4), (2, 2)),
+        ((5, 9), (3, 4), (1, 2)),
+        ((3, 5), (7, 7), (0, 0)),  # a window larger than the grid: one window, mostly padding
+        ((14, 14), (7, 7), (3, 3)),
+    ]:
+        idx = WindowIndex.build(grid, window, shift, torch.device("cpu"))
+        gh, gw = grid
+        along = [
+            sorted({0, n - 1, n // 2, *(((k * w + s) % n) for k in range(-(-n // w)) for s in (shift_, shift_ - 1))})
+            for n, w, shift_ in ((gh, window[0], shift[0]), (gw, window[1], shift[1]))
+        ]
+        queries = []
+        for r in along[0]:
+            for c in along[1]:
+                members = idx.cells[idx.window[r % gh * gw + c % gw]]
+                queries.append({"cell": [r % gh, c % gw], "cells": sorted(int(t) for t in members if t >= 0)})
+        cases.append({"grid": list(grid), "window": list(window), "shift": list(shift), "queries": queries})
+    return cases
+
+
+def query_cases() -> dict:
+    """parse_query's rows for query specs on three layouts; null: every row; "error": a 422."""
+    layouts = {
+        "cls+16x24": TokenLayout(["cls"], (16, 24), (14, 14)),
+        "cls+4reg+16x16": TokenLayout(["cls", "reg", "reg", "reg", "reg"], (16, 16), (14, 14)),
+        "siglip 14x14": TokenLayout([], (14, 14), (16, 16)),
+    }
+    specs = [
+        "cls",
+        " CLS ",
+        "",
+        "all",
+        "0",
+        "3",
+        "-1",
+        "17",
+        "2,2",
+        "2,3",
+        "0, 5 ,5",
+        "384",
+        "385",
+        "-385",
+        "-386",
+        "patch:0,0",
+        "patch:5,7",
+        "patch:-1,-1",
+        "patch:15,23",
+        "patch:16,0",
+        "patch:0,24",
+        "patch: 3 , 4",
+        "patch:1,2;1,2",
+        "patch:1,2;3,4",
+        "patch:1",
+        "patch:a,b",
+        "tok:2",
+        "nonsense",
+        "1.5",
+        "+3",
+        "0x1f",
+        "9999999",
+        "12345678",
+    ]
+    cases = []
+    for name, layout in layouts.items():
+        for spec in specs:
+            try:
+                rows: list[int] | str | None = parse_query(spec, layout)
+            except SelectionError:
+                rows = "error"
+            cases.append({"layout": name, "spec": spec, "rows": rows})
+    return {"layouts": {name: layout.as_dict() for name, layout in layouts.items()}, "cases": cases}
+
+
 def build() -> dict:
     g = torch.Generator().manual_seed(SEED)
     return {
@@ -146,11 +251,25 @@ def build() -> dict:
         "fuse": fuse_cases(g),
         "entropy": entropy_cases(g),
         "download_name": name_cases(),
+        "temperature": temperature_cases(g),
+        "windows": window_cases(),
+        "query": query_cases(),
     }
 
 
+def _dump(o, depth: int = 0) -> str:
+    """JSON with one item per line, except a list of plain values: on one line (a row, a mask)."""
+    pad = " " * (depth + 1)
+    if isinstance(o, dict) and o:
+        items = ",\n".join(f"{pad}{json.dumps(k)}: {_dump(v, depth + 1)}" for k, v in o.items())
+        return "{\n" + items + "\n" + " " * depth + "}"
+    if isinstance(o, list) and any(isinstance(v, (dict, list)) for v in o):
+        return "[\n" + ",\n".join(pad + _dump(v, depth + 1) for v in o) + "\n" + " " * depth + "]"
+    return json.dumps(o)
+
+
 def render(data: dict) -> str:
-    return json.dumps(data, indent=1) + "\n"
+    return _dump(data) + "\n"
 
 
 def main() -> int:

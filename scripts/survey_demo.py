@@ -1,4 +1,4 @@
-"""The README's survey picture: survey variants of the sample photos, write the report, screenshot it.
+"""The survey report picture of docs/survey.md: survey variants of the sample photos, write the report, screenshot it.
 
     python scripts/survey_demo.py [--variants 16] [--out test-artifacts/survey-demo] [--png docs/survey-report.png]
 

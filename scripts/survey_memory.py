@@ -7,7 +7,7 @@ buckets) into a temporary folder, runs ``python -m app.cli survey`` on them in a
 and samples the resident set size (VmRSS) of that process and all its descendants (a local
 Ray's raylet and workers included) once a second, together with how many pictures the
 progress bar says are done. Prints RSS at every tenth of the run and the verdict: the growth
-from the first tenth to the end. Not a test (it takes minutes to hours); the README quotes it.
+from the first tenth to the end. Not a test (it takes minutes to hours); docs/survey.md quotes it.
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ def pace(live_server) -> Pace:
 def server_factory():
     started: list[Server] = []
 
-    def make(env=None, wait_ready=True) -> Server:
-        srv = Server(env, wait_ready)
+    def make(env=None, wait_ready=True, args=None) -> Server:
+        srv = Server(env, wait_ready, args=args)
         started.append(srv)
         return srv
 

@@ -22,7 +22,7 @@ SAMPLES = ROOT / "static" / "samples"
 # a test about deadlines sets its own, derived from Pace.
 HTTP_TIMEOUT = 120.0
 # The default model's forward at 224x224 (batch 1, fp32) on the quiet 2-core development VM:
-# 94-98 ms in the README's benchmark table. Pace compares this machine, now, against it.
+# 94-98 ms in the 2026-11-23 benchmark table of docs/performance.md. Pace compares this machine, now, against it.
 QUIET_FORWARD_S = 0.1
 MAX_SLOWDOWN = 20.0
 
@@ -86,6 +86,7 @@ class Server:
         command: list[str] | None = None,
         cwd: Path = ROOT,
         models_dir: Path | None = ROOT / "models",
+        args: list[str] | None = None,
     ):
         """Start the server and wait until it answers.
 
@@ -97,6 +98,7 @@ class Server:
                 ``serve --port N --log-level warning`` is appended.
             cwd: where it runs.
             models_dir: ``HEADSCOPE_MODELS_DIR``; None leaves it unset (the app picks its default).
+            args: more ``serve`` options (``--model ID``...).
         """
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -115,6 +117,7 @@ class Server:
                 str(self.port),
                 "--log-level",
                 "warning",
+                *(args or []),
             ],
             cwd=cwd,
             env=full_env,

@@ -24,6 +24,11 @@ instead of the fused kernel. One unfused forward costs less than a fused one plu
 all N x N maps. The maps serve temperature 1 only; any other temperature is recomputed from q
 and k.
 
+Relevance (:mod:`app.engine.relevance`) differentiates the model's output with respect to every
+softmax map: ``capturing(grad=True)`` materialises the maps the same way but keeps them in the
+autograd graph, and :meth:`AttentionCapture.graph_maps` hands them over (``[B, H, N, N]`` per
+layer) before :meth:`AttentionCapture.results` splits detached views per image.
+
 A capture stays where the forward ran and keeps the forward's own tensors (no copies, no
 device-to-host transfer): each image's q, k and head outputs are views of the batch's tensors.
 Only the rows an answer asks for leave the device. Batch-mates therefore share buffers, which
@@ -50,6 +55,7 @@ from .hooks import (
     SUPPORTED_FAMILIES,
     CaptureError,
     UnsupportedModelError,
+    keep_graph_input,
     store_input,
     store_norms,
     store_output,
@@ -275,7 +281,7 @@ class AttentionCapture:
         self._materialise = False
 
     @contextmanager
-    def capturing(self, materialise: bool = False) -> Iterator[AttentionCapture]:
+    def capturing(self, materialise: bool = False, grad: bool = False) -> Iterator[AttentionCapture]:
         """Install the hooks (and switch fused attention off or on where needed) for the block.
 
         Args:
@@ -283,9 +289,13 @@ class AttentionCapture:
                 branch, or the same math for ``sdpa`` layers). For callers that want every
                 row: the unfused forward costs less than recomputing all N x N maps after a
                 fused one (bench/: +3 ms vs +8 ms per image for ViT-S/14 at 224 on 2 CPU cores).
+            grad: keep the maps in the autograd graph (implies ``materialise``); the forward
+                must run with gradients enabled. :meth:`graph_maps` returns them.
         """
         self._reset()
-        self._materialise = materialise
+        self._materialise = materialise or grad
+        materialise = self._materialise
+        keep = keep_graph_input if grad else store_input
         blocks: nn.Sequential = self.model.blocks  # type: ignore[assignment]  # every supported family
         with ExitStack() as stack:
             for i, (attn, kind) in enumerate(self.layers):
@@ -298,11 +308,11 @@ class AttentionCapture:
                     stack.callback(attn.qkv.register_forward_hook(self._store_v(self._v[i], attn.num_heads)).remove)
                     if materialise:
                         attn.fused_attn = False
-                        stack.callback(attn.attn_drop.register_forward_pre_hook(store_input(self._p[i])).remove)
+                        stack.callback(attn.attn_drop.register_forward_pre_hook(keep(self._p[i])).remove)
                 else:
                     # The fused call is what records q, k, v and the mask.
                     attn.fused_attn = True
-                    tap = _SdpaTap(self._sdpa[i], float(attn.scale), materialise)
+                    tap = _SdpaTap(self._sdpa[i], float(attn.scale), materialise, grad)
                     stack.callback(attn.register_forward_pre_hook(tap.enter).remove)
                     stack.callback(attn.register_forward_hook(tap.exit).remove)
                     stack.callback(tap.close)  # if the forward raised inside the module
@@ -320,16 +330,10 @@ class AttentionCapture:
 
         return hook
 
-    def results(self, to: torch.device | str | None = None) -> list[ImageAttention]:
-        """Split the last capture into per-image captures; raise if anything is missing.
-
-        Args:
-            to: a device to move the captures to (e.g. ``"cpu"`` to keep a GPU's memory for
-                the forward); None keeps them where the forward ran, as views of its tensors.
-        """
+    def _check_fired(self) -> None:
+        """Raise :class:`CaptureError` unless every hook fired exactly once."""
         L = len(self.layers)
-        kinds = [kind for _, kind in self.layers]
-        for i, kind in enumerate(kinds):
+        for i, (_, kind) in enumerate(self.layers):
             if kind == "qk":
                 got = [len(self._q[i]), len(self._k[i]), len(self._v[i])] + (
                     [len(self._p[i])] if self._materialise else []
@@ -343,6 +347,32 @@ class AttentionCapture:
                     f"attention capture of layer {i} fired {fired} time(s), expected once per "
                     f"forward; was the model called inside capturing() exactly once?"
                 )
+
+    def graph_maps(self) -> list[torch.Tensor]:
+        """Every layer's softmax maps of the last capture, ``[B, H, N, N]``, as the forward made
+        them (in the autograd graph after ``capturing(grad=True)``); call before :meth:`results`.
+
+        Raises:
+            CaptureError: the capture kept no maps (not materialised) or did not fire once per block.
+        """
+        if not self._materialise:
+            raise CaptureError("graph_maps() needs a capture with materialise=True or grad=True")
+        self._check_fired()
+        maps = [self._p[i][0] if kind == "qk" else self._sdpa[i][0].probs for i, (_, kind) in enumerate(self.layers)]
+        if any(p is None for p in maps):
+            raise CaptureError("a layer's softmax maps were not kept")
+        return cast(list[torch.Tensor], maps)
+
+    def results(self, to: torch.device | str | None = None) -> list[ImageAttention]:
+        """Split the last capture into per-image captures; raise if anything is missing.
+
+        Args:
+            to: a device to move the captures to (e.g. ``"cpu"`` to keep a GPU's memory for
+                the forward); None keeps them where the forward ran, as views of its tensors.
+        """
+        L = len(self.layers)
+        kinds = [kind for _, kind in self.layers]
+        self._check_fired()
         B, N, _ = self._heads[0][0].shape  # batch, tokens, heads * head dim
         H = self.num_heads
         move = to is not None and torch.device(to) != self._heads[0][0].device
@@ -367,8 +397,9 @@ class AttentionCapture:
                 if t.dim() != 4 or t.shape[:3] != (B, H, N):
                     raise CaptureError(f"layer {i}: {name} of shape {tuple(t.shape)}, expected ({B}, {H}, {N}, d)")
             if p is not None:
-                # Maps from a reduced-precision forward become float32 once per layer, not per image.
-                p = p.float()
+                # Maps from a reduced-precision forward become float32 once per layer, not per
+                # image; detached: a capture never keeps an autograd graph alive.
+                p = p.detach().float()
                 if p.shape != (B, H, N, N):
                     raise CaptureError(f"layer {i}: attention of shape {tuple(p.shape)}, expected ({B}, {H}, {N}, {N})")
             layers.append((q, k, v, _as_additive(mask, B, H, N, i), p))
@@ -434,11 +465,12 @@ class _SdpaTap(TorchFunctionMode):
         sink: where each call's :class:`_SdpaCall` goes.
         scale: the module's scale (what its unfused branch multiplies q by).
         materialise: keep the softmax matrix.
+        grad: keep it in the autograd graph (not detached).
     """
 
-    def __init__(self, sink: list, scale: float, materialise: bool):
+    def __init__(self, sink: list, scale: float, materialise: bool, grad: bool = False):
         super().__init__()
-        self.sink, self.scale, self.materialise = sink, scale, materialise
+        self.sink, self.scale, self.materialise, self.grad = sink, scale, materialise, grad
         self.active = False
 
     def enter(self, module: nn.Module, args: tuple) -> None:
@@ -477,7 +509,7 @@ class _SdpaTap(TorchFunctionMode):
         if bias is not None:
             attn = attn + bias
         attn = attn.softmax(dim=-1)
-        call.probs = attn.detach()
+        call.probs = attn if self.grad else attn.detach()
         return attn @ v
 
 

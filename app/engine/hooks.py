@@ -142,6 +142,16 @@ def store_input(sink: list):
     return hook
 
 
+def keep_graph_input(sink: list):
+    """A forward pre-hook that keeps the module's first input in the autograd graph (relevance
+    differentiates with respect to it)."""
+
+    def hook(module, args):
+        sink.append(args[0])
+
+    return hook
+
+
 def store_norms(sink: list):
     """A forward hook on the last block that keeps its output's token norms, ``[B, tokens]``
     (a ViT's ``[B, N, C]`` output, or a Swin stage's ``[B, H, W, C]`` grid row-major)."""

@@ -41,16 +41,18 @@ def timm_model(lm: LoadedModel) -> Any:
     return lm.model
 
 
-def head_output(lm: LoadedModel, feats: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
+def head_output(lm: LoadedModel, feats: torch.Tensor, input_hw: tuple[int, int], logits: bool = False) -> torch.Tensor:
     """The model's output from its final features, in float32.
 
     Args:
         lm: the model.
         feats: ``[B, N, D]``, what ``forward_features`` returns (after the final norm).
         input_hw: ``(H, W)`` of the input in pixels.
+        logits: classifiers: the logits (before the softmax) instead of log-probabilities.
 
     Returns:
-        saliency ``[B, H, W]`` in 0..1; classes ``[B, C]`` log-probabilities; embedding ``[B, D]``.
+        saliency ``[B, H, W]`` in 0..1; classes ``[B, C]`` log-probabilities (or logits);
+        embedding ``[B, D]``.
     """
     kind = lm.output_kind
     if kind == "saliency":
@@ -59,7 +61,7 @@ def head_output(lm: LoadedModel, feats: torch.Tensor, input_hw: tuple[int, int])
         assert lm.decoder is not None
         return lm.decoder(feats[:, len(lm.prefix) :], grid, input_hw).float()  # B, H, W
     out = timm_model(lm).forward_head(feats).float()  # B, C (logits) or B, D (pooled embedding)
-    return torch.log_softmax(out, dim=-1) if kind == "classes" else out
+    return torch.log_softmax(out, dim=-1) if kind == "classes" and not logits else out
 
 
 def change(kind: str, base: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

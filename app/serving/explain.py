@@ -43,7 +43,9 @@ class ExplainParams(BaseModel):
         "a cell of the layer's stage grid, default cell 0)",
         examples=["cls", "0", "patch:3,5"],
     )
-    format: Literal["json", "safetensors"] = "json"
+    format: Literal["json", "safetensors"] = Field(
+        "json", description="answer format: JSON, or safetensors (every tensor of the computation, exact)"
+    )
     ablate: Ablate = ""
 
 

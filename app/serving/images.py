@@ -1,5 +1,8 @@
 """Bytes -> RGB picture -> normalised tensor on the model's patch grid, in bounded memory.
 
+The steps live here; :class:`app.serving.pictures.Pictures` puts them together for a model, and
+every caller (server, survey, ``headscope extract``) goes through it.
+
 Colour rule (documented in the README): EXIF orientation is applied; the first frame of an
 animation is used; transparency is composited over white; 16-bit and 32-bit integer greyscale is
 scaled by 1/257 (full 16-bit range to 0..255, values clipped); float greyscale is min-max
@@ -200,8 +203,9 @@ def probe(data: bytes, max_pixels: int, fit: Fit | None = None) -> Probe:
     Args:
         data: the uploaded file's bytes.
         max_pixels: refuse images with more pixels than this (decompression bombs).
-        fit: what the picture will be resized to; enables early reduction. None decodes at
-            full size (what :func:`decode` without ``fit`` always did).
+        fit: what the picture will be resized to (:meth:`app.serving.pictures.Pictures.fit`);
+            enables early reduction. None decodes at full size (the page's display picture
+            has a fit of its own, :func:`display_fit`).
     """
     if not data:
         raise ImageError("the uploaded file is empty", 422, "empty_file")
@@ -262,17 +266,6 @@ def load(p: Probe) -> Decoded:
         raise ImageError("the image has no pixels", 422, "corrupt_image")
     w, h = p.size
     return Decoded(img, (w, h) if orientation in (5, 6, 7, 8) else (h, w))
-
-
-def decode(data: bytes, max_pixels: int, fit: Fit | None = None) -> Image.Image:
-    """Decode image bytes into an upright RGB picture, refusing bombs and non-images.
-
-    Args:
-        data: the uploaded file's bytes.
-        max_pixels: refuse images with more pixels than this (decompression bombs).
-        fit: see :func:`probe`; None keeps the full size.
-    """
-    return load(probe(data, max_pixels, fit)).img
 
 
 # -- colour ------------------------------------------------------------------------------
@@ -388,16 +381,6 @@ def plan_size(
     h = min(height * scale, s * max_aspect)
     w = min(width * scale, s * max_aspect)
     return max(ph, round(h / ph) * ph), max(pw, round(w / pw) * pw)
-
-
-def model_fit(input_size, patch, mode="aspect", max_aspect=3.0, dynamic=True) -> Fit:
-    """The :data:`Fit` of :func:`plan_size`: what a picture of (width, height) is resized to."""
-
-    def fit(width: int, height: int) -> tuple[int, int]:
-        h, w = plan_size(width, height, input_size, patch, mode, max_aspect, dynamic)
-        return w, h
-
-    return fit
 
 
 def display_fit(width: int, height: int, max_side: int = DISPLAY_MAX_SIDE) -> tuple[int, int]:

@@ -30,7 +30,9 @@ class AttentionParams(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str | None = Field(
-        None, description="model id (default: the server's default model)", examples=["dinov2-s14-focus"]
+        None,
+        description="model id, one of GET /api/v1/models (default: the server's default model)",
+        examples=["dinov2-s14-focus"],
     )
     layers: str = Field(
         "all",
@@ -51,8 +53,14 @@ class AttentionParams(BaseModel):
     aggregate: Literal["none", "mean", "max", "rollout"] = Field(
         "none", description="fuse heads (mean/max) or attention rollout over layers"
     )
-    format: Literal["json", "safetensors", "npy"] = "json"
-    dtype: Literal["float32", "float16"] = "float32"
+    format: Literal["json", "safetensors", "npy"] = Field(
+        "json",
+        description="answer format: JSON (nested lists), safetensors (the tensor 'attention' with the metadata "
+        "in its header) or npy (the array alone, metadata in X-Headscope-* headers)",
+    )
+    dtype: Literal["float32", "float16"] = Field(
+        "float32", description="number type of the binary answers (safetensors, npy); float16 halves their size"
+    )
     rollout_start: int = Field(0, ge=-1000, le=1000, description="rollout: first layer of the product")
     head_fusion: Literal["mean", "max", "min"] = Field("mean", description="rollout: how heads are fused")
     discard_ratio: float = Field(

@@ -11,19 +11,21 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
 from ..config import Settings
 from ..engine.model import LoadedModel
-from . import images
+from . import pictures
 from .admission import Admission
 from .cache import ByteLRU, DisplayKey, ImageKey
+from .pictures import Pictures
 
 IMAGE_ID_HEX_CHARS = 24  # 96 bits of the upload's sha256: collisions are out of reach
 MAX_FILENAME_CHARS = 200  # an upload's name is shown, never used as a path
 UPLOAD_OVERHEAD_BYTES = 512  # what a cached upload costs beyond its bytes
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,44 +91,30 @@ class Uploads:
             raise ImageNotFound(image_id)
         return upload
 
-    async def decode(self, data: bytes, fit: images.Fit | None, then: Callable[[images.Decoded], Any]) -> Any:
-        """Decode ``data`` within the decode budget, then ``then(decoded)``, in a thread.
+    async def _decode(self, probe: Callable[[], pictures.Probe], finish: Callable[[pictures.Probe], T]) -> T:
+        """``finish(probe())`` within the decode budget, in threads.
 
         The header is read first (a thread of its own: a PNG's chunks before its pixels can be
         megabytes); the decode waits for a decode slot holding only its reservation.
         """
-        probe = await run_in_threadpool(images.probe, data, self.settings.max_image_pixels, fit)
-        async with self.admission.decoding(probe.peak_bytes):
-            return await run_in_threadpool(lambda: then(images.load(probe)))
+        p = await run_in_threadpool(probe)
+        async with self.admission.decoding(p.peak_bytes):
+            return await run_in_threadpool(finish, p)
 
-    def fit(self, lm: LoadedModel) -> images.Fit:
-        s = self.settings
-        return images.model_fit(lm.input_size, lm.patch_size, s.resize, s.max_aspect, lm.dynamic)
-
-    def prepare(self, dec: images.Decoded, lm: LoadedModel) -> images.Prepared:
-        s = self.settings
-        return images.prepare(
-            dec.img,
-            lm.input_size,
-            lm.patch_size,
-            lm.mean,
-            lm.std,
-            s.resize,
-            s.max_aspect,
-            lm.dynamic,
-            image_size=dec.image_size,
-        )
-
-    async def prepared(self, upload: Upload, lm: LoadedModel) -> images.Prepared:
-        """The upload as ``lm``'s input, decoded within the decode budget."""
-        return await self.decode(upload.data, self.fit(lm), lambda dec: self.prepare(dec, lm))
+    async def prepared(self, upload: Upload, lm: LoadedModel) -> pictures.Prepared:
+        """The upload as ``lm``'s input (:class:`~app.serving.pictures.Pictures`, the one
+        preparation path), decoded within the decode budget."""
+        prep = Pictures.for_model(lm, self.settings)
+        return await self._decode(lambda: prep.probe(upload.data), prep.finish)
 
     async def display_png(self, image_id: str) -> bytes:
         """The upload as a PNG for the page (longer side at most 1600), made once and cached."""
         png = self.cache.get(DisplayKey(image_id))
         if png is not None:
             return png
-        upload = self.require(image_id)
-        png = await self.decode(upload.data, images.display_fit, lambda dec: images.display_png(dec.img))
-        self.cache.put(DisplayKey(image_id), png, len(png) + UPLOAD_OVERHEAD_BYTES)
-        return png
+        data = self.require(image_id).data
+        shown: bytes = await self._decode(
+            lambda: pictures.display_probe(data, self.settings.max_image_pixels), pictures.display_finish
+        )
+        self.cache.put(DisplayKey(image_id), shown, len(shown) + UPLOAD_OVERHEAD_BYTES)
+        return shown

@@ -3,11 +3,11 @@
 :class:`Surveyor` holds a loaded model and turns a list of :class:`~app.survey.sources.Item`
 into an Arrow table of rows (:data:`~app.survey.schema.ROWS`) and one of failures. The local
 engine calls it in its own process; the Ray engine calls it inside each actor. Pictures are
-decoded and resized exactly as the server does (:mod:`app.serving.images`, the same
-``Settings``), batched by input size, captured with the same forward
-(:func:`app.engine.forward.forward_capture`) and reduced with the same statistics
-(:meth:`app.engine.captured.CapturedImage.stats`): a survey row holds the values the stats
-endpoint gives for that picture.
+prepared by the server's own path (:class:`app.serving.pictures.Pictures` under the same
+``Settings``: early reduction of large pictures, resize, normalisation), batched by input
+size, captured with the same forward (:func:`app.engine.forward.forward_capture`) and reduced
+with the same statistics (:meth:`app.engine.captured.CapturedImage.stats`): a survey row holds
+the values the stats endpoint gives for that picture.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..engine.forward import forward_capture
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS, HeadStats
 from ..serving import images
+from ..serving.pictures import Pictures
 from ..zoo.registry import Registry
 from . import schema
 from .sources import Item
@@ -90,6 +91,7 @@ class Surveyor:
         if lm is None:
             lm = Registry([model or self.settings.model], self.settings.models_dir, self.device).get()
         self.lm: LoadedModel = lm
+        self.pictures = Pictures.for_model(lm, self.settings)
         self.amp = autocast_dtype(self.device.type, self.settings.precision)
         self.batch_size = max(1, batch_size)
         self.similarity = similarity
@@ -112,13 +114,11 @@ class Surveyor:
 
     # -- reading --------------------------------------------------------------------------
     def prepare(self, item: Item) -> Prepared:
-        """Read, decode and resize one picture as the server does; raises ImageError/OSError."""
+        """Read one picture and prepare it as the server does; raises ImageError/OSError."""
         data = Path(item.path).read_bytes()
         if not data:
             raise images.ImageError("the file is empty", code="empty_file")
-        img = images.decode(data, self.settings.max_image_pixels)
-        lm, s = self.lm, self.settings
-        prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, s.resize, s.max_aspect, lm.dynamic)
+        prep = self.pictures.prepare(data)
         return Prepared(item, prep.pixels, prep.image_size, prep.input_size)
 
     def prepare_all(self, items: list[Item]) -> tuple[list[Prepared], list[tuple[str, str, str]]]:

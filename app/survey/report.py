@@ -56,8 +56,28 @@ h1{font-size:24px;margin:0 0 4px} h2{font-size:19px;margin:28px 0 4px}
 p.note{color:#5b6478;font-size:13px;margin:4px 0}
 table{border-collapse:collapse;font-size:14px;width:100%}
 th,td{text-align:right;padding:3px 8px;border-bottom:1px solid #eef0f4}
-th:first-child,td:first-child{text-align:left} .two{display:grid;grid-template-columns:1fr 1fr;gap:16px}
+th:first-child,td:first-child{text-align:left}
+.two{display:grid;grid-template-columns:1fr 1fr;gap:16px;align-items:start}
 @media (max-width:900px){.two{grid-template-columns:1fr}}
+"""
+
+
+# The names beside the outliers of "the heads at a glance" need room: on a narrow screen (a phone)
+# they would sit on each other, and the names are left to the hover.
+NARROW_SCRIPT = """
+window.addEventListener('load', function () {
+  var el = document.getElementById('fig-heads');
+  if (!el || !window.Plotly) return;
+  var named = true;
+  function fit() {
+    var want = el.clientWidth >= 640;
+    if (want === named) return;
+    named = want;
+    Plotly.restyle(el, {mode: want ? 'markers+text' : 'markers'});
+  }
+  window.addEventListener('resize', fit);
+  fit();
+});
 """
 
 
@@ -123,6 +143,71 @@ def _grid(layer: np.ndarray, head: np.ndarray, v: np.ndarray, L: int, H: int) ->
     return out
 
 
+def _outlier_labels(
+    x: np.ndarray, y: np.ndarray, names: list[str], most: int = 12, near: float = 0.045, group: int = 4
+) -> list[str]:
+    """The text beside each point of a scatter: the names of the heads that stand apart, else "".
+
+    Points closer than ``near`` (both axes scaled to their range) form a group; a group of at most
+    ``group`` points counts as one, named by all its members on its top point. Groups are taken
+    most isolated first (distance to the nearest point outside), at most ``most``, none with an
+    isolation under ``near`` and none whose label would sit on an earlier one's.
+
+    Args:
+        x: the points' x values (NaN: never labelled).
+        y: the points' y values.
+        names: each point's name.
+        most: the most labels.
+        near: how close two points of a group are (a share of the axes' ranges).
+        group: the most points one label names.
+    """
+    ok = np.isfinite(x) & np.isfinite(y)
+    text = [""] * len(x)
+    if ok.sum() < 2:
+        return text
+
+    def scaled(v: np.ndarray) -> np.ndarray:
+        return (v - np.nanmin(v[ok])) / max(float(np.ptp(v[ok])), 1e-12)
+
+    pts = np.stack([scaled(x), scaled(y)], -1)  # P, 2
+    d = np.hypot(pts[:, None, 0] - pts[None, :, 0], pts[:, None, 1] - pts[None, :, 1])  # P, P
+    d[~ok] = np.inf
+    d[:, ~ok] = np.inf
+    np.fill_diagonal(d, np.inf)
+    root = list(range(len(x)))  # single-linkage groups (union-find)
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    for i, j in zip(*np.nonzero(d < near)):
+        root[find(int(i))] = find(int(j))
+    groups: dict[int, list[int]] = {}
+    for i in np.flatnonzero(ok):
+        groups.setdefault(find(int(i)), []).append(int(i))
+    ranked = []
+    for members in groups.values():
+        if len(members) > group:
+            continue
+        outside = np.delete(d[members], members, axis=1)
+        ranked.append((float(outside.min()) if outside.size else np.inf, members))
+    ranked.sort(key=lambda r: -r[0])
+    placed: list[np.ndarray] = []
+    for isolation, members in ranked:
+        if isolation < near or len(placed) == most:
+            break
+        top = max(members, key=lambda i: pts[i, 1])
+        # A label is about a tenth of the x range wide (more for a group) and 0.06 of the y range tall.
+        width = 0.05 + 0.045 * len(members)
+        if any(abs(pts[top, 0] - q[0]) < width and abs(pts[top, 1] - q[1]) < 0.07 for q in placed):
+            continue
+        placed.append(pts[top])
+        text[top] = ", ".join(names[i] for i in sorted(members, key=lambda i: (x[i], y[i])))
+    return text
+
+
 def _fig_html(fig, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
 
@@ -176,7 +261,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
             )
         )
     fig.update_layout(
-        xaxis=dict(title="network depth (layer)", dtick=1),
+        xaxis=dict(title="network depth (layer)", dtick=1, range=[-0.5, L - 0.5]),
         yaxis=dict(title="mean attention distance (input pixels)", rangemode="tozero"),
         height=460,
         margin=dict(t=20, r=10),
@@ -194,36 +279,48 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     )
 
     # -- 2. entropy per head as distributions ----------------------------------------------
+    # One group of boxes per layer (12 ticks, not 72), one colour per head as in the chart above.
     fig = make_subplots(
-        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=("all query rows", "CLS row")
+        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, subplot_titles=("all query rows", "CLS row")
     )
-    names = [f"L{lh[0]}H{lh[1]}" for lh in zip(layer, head)]
     for r, col in enumerate(("entropy", "entropy_cls"), start=1):
         q = agg[f"{col}_q"]
         if np.isnan(q).all():
             continue
-        for lyr in range(L):
-            m = layer == lyr
+        for h in range(H):
+            m = head == h
             fig.add_trace(
                 go.Box(
-                    x=[names[i] for i in np.flatnonzero(m)],
+                    x=layer[m],
                     lowerfence=q[m, 0],
                     q1=q[m, 1],
                     median=q[m, 2],
                     q3=q[m, 3],
                     upperfence=q[m, 4],
                     mean=agg[f"{col}_mean"][m],
-                    marker_color=f"hsl({int(220 - 200 * lyr / max(1, L - 1))},55%,45%)",
-                    name=f"layer {lyr}",
-                    legendgroup=f"layer {lyr}",
+                    marker_color=colors[h],
+                    line=dict(width=1.2),
+                    name=f"head {h}",
+                    legendgroup=f"head {h}",
                     showlegend=r == 1,
                     boxmean=True,
+                    hovertemplate=f"layer %{{x}} head {h}<extra></extra>",
                 ),
                 row=r,
                 col=1,
             )
     fig.update_yaxes(title_text="entropy / log W²" if windowed else "entropy / log N", range=[0, 1.02])
-    fig.update_layout(height=620, margin=dict(t=30, r=10), template="plotly_white", showlegend=False)
+    fig.update_xaxes(tickmode="array", tickvals=list(range(L)), range=[-0.5, L - 0.5])
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+    fig.update_layout(
+        height=640,
+        margin=dict(t=30, r=10),
+        template="plotly_white",
+        boxmode="group",
+        boxgroupgap=0.25,
+        boxgap=0.1,
+        legend=dict(orientation="h", y=-0.12, x=0),
+    )
     sections.append(
         "<h2>Entropy per head</h2>"
         '<p class="note">Distribution over images of each head\'s normalised attention entropy (1 = uniform '
@@ -232,6 +329,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
             if windowed
             else "over all tokens, 0 = one token). "
         )
+        + "One group of boxes per layer, one box per head (colours as above). "
         + "Boxes: quartiles; whiskers: 5th and 95th percentiles; dashed: mean. "
         + (
             "Mean over all query cells (Swin has no CLS token)."
@@ -252,45 +350,58 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     )
     masses = [c for c in ("prefix_mass", "artifact_mass") if not np.isnan(agg[f"{c}_mean"]).all()]
     if masses:
+        # One chart each, side by side on a wide screen and one under the other on a narrow one.
         titles = {"prefix_mass": "attention on prefix tokens", "artifact_mass": "attention on artifact tokens"}
-        fig = make_subplots(rows=1, cols=len(masses), subplot_titles=[titles[c] for c in masses])
-        for c, col in enumerate(masses, start=1):
+        cards = []
+        for i, col in enumerate(masses):
             v = agg[f"{col}_mean"]
-            fig.add_trace(
-                go.Scatter(
-                    x=layer,
-                    y=v,
-                    mode="markers",
-                    marker=dict(size=7, color=[colors[h] for h in head], opacity=0.8),
-                    text=[f"head {h}" for h in head],
-                    hovertemplate="layer %{x} %{text}: %{y:.3f}<extra></extra>",
-                    showlegend=False,
-                ),
-                row=1,
-                col=c,
-            )
-            per_layer = np.array([np.nanmean(v[layer == lyr]) for lyr in range(L)])
+            div_id = "fig-mass" if i == 0 else "fig-mass-artifacts"
+            if not np.nanmax(v) > 0:
+                cards.append(
+                    f'<div class="card"><b>{titles[col].capitalize()}</b><p class="note" id="{div_id}-none">'
+                    "0 for every head: no picture of this survey has such a token.</p></div>"
+                )
+                continue
+            fig = go.Figure()
+            for h in range(H):
+                m = head == h
+                fig.add_trace(
+                    go.Scatter(
+                        x=layer[m] + (h - (H - 1) / 2) * 0.06,
+                        y=v[m],
+                        mode="markers",
+                        marker=dict(size=7, color=colors[h], opacity=0.85),
+                        name=f"head {h}",
+                        customdata=layer[m],
+                        hovertemplate=f"layer %{{customdata}} head {h}: %{{y:.3f}}<extra></extra>",
+                    )
+                )
             fig.add_trace(
                 go.Scatter(
                     x=np.arange(L),
-                    y=per_layer,
+                    y=np.array([np.nanmean(v[layer == lyr]) for lyr in range(L)]),
                     mode="lines",
                     line=dict(color="#1d2433", width=2),
                     name="mean over heads",
-                    showlegend=c == 1,
                     hovertemplate="layer %{x}: mean %{y:.3f}<extra></extra>",
-                ),
-                row=1,
-                col=c,
+                )
             )
-        fig.update_xaxes(title_text="layer", dtick=1)
-        fig.update_yaxes(title_text="mean share of attention", rangemode="tozero")
-        fig.update_layout(height=400, margin=dict(t=30, r=10), template="plotly_white", legend=dict(y=1.12, x=0))
+            fig.update_layout(
+                title=dict(text=titles[col], x=0.5, font=dict(size=14)),
+                xaxis=dict(title="layer", dtick=1, range=[-0.5, L - 0.5]),
+                yaxis=dict(title="mean share of attention", rangemode="tozero"),
+                height=420,
+                margin=dict(t=40, r=10, l=60),
+                template="plotly_white",
+                legend=dict(orientation="h", y=-0.22, x=0),
+            )
+            cards.append(f'<div class="card">{_fig_html(fig, div_id)}</div>')
         sections.append(
             "<h2>Prefix and artifact mass per layer</h2>"
             '<p class="note">Mean over query rows and images of the attention each head gives to the prefix '
             "tokens (CLS, registers) and to high-norm artifact tokens of the last layer (robust z-score of the "
-            f"token norm above 6; Darcet et al. 2024). {art_note}</p>" + _fig_html(fig, "fig-mass")
+            f"token norm above 6; Darcet et al. 2024). {art_note}</p>"
+            + (f'<div class="two">{"".join(cards)}</div>' if len(cards) > 1 else cards[0])
         )
     else:
         sections.append(
@@ -301,35 +412,41 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         )
 
     # -- 4. a map of the heads -------------------------------------------------------------
+    # Every head is a dot (its name on hover); only the outliers carry their name, where it has room.
+    ent_x, dist_y = agg["entropy_mean"], agg["distance_px_mean"]
+    names = [f"L{lh[0]} H{lh[1]}" for lh in zip(layer, head)]
     fig = go.Figure(
         go.Scatter(
-            x=agg["entropy_mean"],
-            y=agg["distance_px_mean"],
+            x=ent_x,
+            y=dist_y,
             mode="markers+text",
-            text=names,
+            text=_outlier_labels(ent_x, dist_y, names),
+            customdata=names,
             textposition="top center",
-            textfont=dict(size=9, color="#5b6478"),
+            textfont=dict(size=11, color="#3b4256"),
+            cliponaxis=False,
             marker=dict(
                 size=10,
                 color=layer,
                 colorscale="Viridis",
-                colorbar=dict(title="layer"),
+                colorbar=dict(title="layer", thickness=14),
                 line=dict(width=0.5, color="#fff"),
             ),
-            hovertemplate="%{text}<br>entropy %{x:.3f}<br>distance %{y:.1f} px<extra></extra>",
+            hovertemplate="%{customdata}<br>entropy %{x:.3f}<br>distance %{y:.1f} px<extra></extra>",
         )
     )
     fig.update_layout(
-        xaxis_title="mean entropy / log N",
+        xaxis_title="mean entropy / log W²" if windowed else "mean entropy / log N",
         yaxis_title="mean attention distance (px)",
         height=480,
-        margin=dict(t=20, r=10),
+        margin=dict(t=30, r=10),
         template="plotly_white",
     )
     sections.append(
         "<h2>The heads at a glance</h2>"
         '<p class="note">Each head by its mean entropy and mean attention distance: focused local heads sit '
-        "bottom left, broad global heads top right.</p>" + _fig_html(fig, "fig-heads")
+        "bottom left, broad global heads top right. Colour: the layer. The heads that stand apart are named "
+        "(L layer H head); point at any dot for its name.</p>" + _fig_html(fig, "fig-heads")
     )
 
     # -- 5. ranks --------------------------------------------------------------------------
@@ -361,11 +478,11 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         )
         fig.update_layout(
             xaxis=dict(title="layer", dtick=1),
-            yaxis=dict(title="rank of the concatenated head outputs", rangemode="tozero"),
+            yaxis=dict(title="rank of the head outputs", rangemode="tozero"),
             height=380,
             margin=dict(t=20, r=10),
             template="plotly_white",
-            legend=dict(orientation="h", y=1.1),
+            legend=dict(orientation="h", y=1.12, x=0),
         )
         sections.append(
             "<h2>Rank of the head outputs</h2>"
@@ -467,6 +584,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head>"
         f"<body><main>{head_html}{''.join(sections)}{fail_html}"
         f"<script type='application/json' id='survey-meta'>{meta_json}</script>"
+        f"<script type='text/javascript'>{NARROW_SCRIPT}</script>"
         "</main></body></html>\n"
     )
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.templating import Jinja2Templates
 
 from ..config import Settings
 from ..serving.ablation import AblationService
 from ..serving.admission import FOLLOW_UP, HEAVY, UPLOAD, Admission, Ticket
 from ..serving.metrics import Metrics
+from ..serving.model_loads import ModelLoads
 from ..serving.service import AttentionService
 from ..serving.uploads import is_image_id
 from ..zoo.registry import Registry
@@ -34,6 +35,10 @@ def get_registry(request: Request) -> Registry:
     return request.app.state.registry
 
 
+def get_model_loads(request: Request) -> ModelLoads:
+    return request.app.state.model_loads
+
+
 def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
@@ -46,9 +51,19 @@ def get_templates(request: Request) -> Jinja2Templates:
     return request.app.state.templates
 
 
-async def image_id_path(image_id: str) -> str:
+async def image_id_path(
+    image_id: Annotated[
+        str,
+        Path(
+            description="the image_id of an earlier POST /api/v1/attention answer (a hex content hash, 8-64 "
+            "characters)",
+            examples=["3f2c9a0b4e5d6c7f8a9b0c1d"],
+        ),
+    ],
+) -> str:
     """The ``{image_id}`` of a route's path, once it can be one (422 ``invalid_image_id`` else);
-    async, so that it runs on the event loop, not in the thread pool."""
+    async, so that it runs on the event loop, not in the thread pool. Described, not constrained
+    in the schema: a malformed id gets this 422, not a generic validation error."""
     if not is_image_id(image_id):
         raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
     return image_id
@@ -85,6 +100,7 @@ AblationDep = Annotated[AblationService, Depends(get_ablation)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+ModelLoadsDep = Annotated[ModelLoads, Depends(get_model_loads)]
 AdmissionDep = Annotated[Admission, Depends(get_admission)]
 ImageIdDep = Annotated[str, Depends(image_id_path)]  # every route about an uploaded image
 TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]

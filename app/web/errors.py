@@ -30,7 +30,7 @@ from ..serving.images import ImageError
 from ..serving.uploads import ImageNotFound
 from ..serving.waiting import ClientGone
 from ..serving.worker import OutOfMemory
-from ..zoo.errors import ModelLoadError, UnknownModelError
+from ..zoo.errors import HubUnreachableError, ModelLoadError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return ApiError(404, "unknown_model", str(exc))
     if isinstance(exc, UnsupportedModelError):
         return ApiError(422, "unsupported_model", str(exc))
+    if isinstance(exc, HubUnreachableError):
+        return ApiError(503, "hub_unreachable", str(exc))
     if isinstance(exc, ModelLoadError):
         return ApiError(503, "model_unavailable", str(exc))
     if isinstance(exc, QueueFullError):
@@ -109,6 +111,12 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
     if isinstance(exc, (CaptureError, InjectedFault)):
         return ApiError(500, "compute_failed", f"computing attention failed ({type(exc).__name__})")
     return None
+
+
+def describe(exc: Exception) -> tuple[str, str]:
+    """The code and message the API answers for ``exc`` (``internal`` for an unexpected one)."""
+    mapped = to_api_error(exc)
+    return (mapped.code, mapped.message) if mapped else ("internal", f"unexpected {type(exc).__name__}")
 
 
 # Raised by the engine, the service or a dependency; each has its own handler so that it is

@@ -21,6 +21,7 @@ from ..serving.admission import Admission
 from ..serving.images import plan_size
 from ..serving.malloc import tune_malloc
 from ..serving.metrics import Metrics
+from ..serving.model_loads import ModelLoads
 from ..serving.service import AttentionService
 from ..serving.worker import Worker
 from ..zoo.registry import Registry
@@ -51,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.threads > 0:
             torch.set_num_threads(settings.threads)
         device = resolve_device(settings.device)
-        st.registry = Registry([settings.model, *settings.extra_models], settings.models_dir, device)
+        st.registry = Registry(settings.model_ids, settings.models_dir, device, settings.max_loaded_models)
         st.metrics = Metrics()
         st.admission = Admission.from_settings(settings, st.metrics)
         st.worker = Worker(
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         st.service = AttentionService(settings, st.registry, st.worker, st.metrics, st.admission)
         st.ablation = AblationService(st.service)
+        st.model_loads = ModelLoads(st.registry, st.worker, errors.describe)
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
 
@@ -82,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             st.shutting_down = True
             st.ready = False
+            await st.model_loads.stop()
             await st.worker.stop(settings.shutdown_grace_s)
             loader.cancel()
 

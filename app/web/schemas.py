@@ -163,8 +163,9 @@ class ExplainResponse(BaseModel):
 class ModelInfo(BaseModel):
     id: str
     default: bool
-    loaded: bool
+    loaded: bool = Field(description="in memory now (an offered model that is not loads when asked for)")
     source: str
+    on_demand: bool = Field(False, description="loaded from the catalogue by a page, not configured")
     error: str | None = None
     arch: str | None = None
     description: str | None = None
@@ -186,6 +187,47 @@ class ModelInfo(BaseModel):
 class ModelsResponse(BaseModel):
     default: str
     models: list[ModelInfo]
+    any_model: bool = Field(
+        False,
+        description="whether this server loads any catalogue model on demand (GET /api/v1/models/catalog)",
+    )
+    max_loaded_models: int | None = Field(
+        None, description="models kept in memory at once; the least recently used beyond it is unloaded"
+    )
+
+
+class CatalogModel(BaseModel):
+    name: str = Field(description="timm name with its pretrained tag")
+    id: str = Field(description="the model id requests use once it is loaded: timm:NAME")
+    family: str = Field(description="vit, deit, eva, beit, swin or swinv2")
+    offered: bool = Field(description="already offered by this server (loaded, or loads from disk when asked for)")
+    loaded: bool = Field(description="in memory now")
+    cached: bool = Field(description="weights in the server's Hugging Face cache: loads without a download")
+
+
+class CatalogResponse(BaseModel):
+    query: str
+    total: int = Field(description="names that match the query (the answer holds at most `limit`)")
+    models: list[CatalogModel]
+
+
+class LoadError(BaseModel):
+    code: str
+    message: str
+
+
+class LoadStatus(BaseModel):
+    """A catalogue model's load: queued, downloading (bytes so far), loading (the build), ready or failed."""
+
+    name: str
+    id: str
+    family: str
+    state: Literal["idle", "queued", "downloading", "loading", "ready", "failed"]
+    bytes_done: int = Field(description="bytes of the weights file received (or found in the cache)")
+    bytes_total: int | None = Field(description="size of the weights file, once known")
+    fraction: float | None = Field(description="bytes_done / bytes_total; 1 once ready")
+    seconds: float = Field(description="time since the load started (until it ended)")
+    error: LoadError | None = Field(description="why it failed: the code and message the API answers for it")
 
 
 # -- model output, ablation, importance (issue 16) -----------------------------------------------
@@ -309,6 +351,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorBody, "description": d}
     for s, d in {
         400: "malformed multipart body",
+        403: "a feature this server has switched off (any_model_off)",
         404: "unknown model, or image no longer cached",
         408: "the request's headers or body did not arrive in time",
         413: "upload, image or answer too large (answer_too_large: ask for a binary format or less)",
@@ -316,7 +359,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         422: "bad selection or parameters",
         429: "queue full (see Retry-After)",
         431: "request line and headers too large",
-        503: "model not ready / out of memory",
+        503: "model not ready / out of memory / hub unreachable",
         504: "deadline exceeded",
     }.items()
 }

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..outputs import publish
+
 log = logging.getLogger(__name__)
 
 MODEL_ID = "dinov2-s14-focus"
@@ -270,7 +272,7 @@ def fetch(models_dir: Path, force: bool = False, decoder: bool = True) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "model.safetensors.tmp"
     save_file(sd, str(tmp), metadata={"format": "pt", "source": str(MANIFEST["source"])})
-    tmp.replace(out / "model.safetensors")
+    publish(tmp, out / "model.safetensors")  # safetensors writes 0600; the models folder is readable like any other
     manifest = dict(MANIFEST, weights_sha256=_sha256((out / "model.safetensors").read_bytes()))
     manifest["decoder"] = _save_decoder(out, onnx_bytes)
     _write_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")

@@ -12,3 +12,7 @@ class UnknownModelError(KeyError):
 
 class ModelLoadError(RuntimeError):
     """Weights could not be obtained or read; the message says how to fix it."""
+
+
+class HubUnreachableError(ModelLoadError):
+    """The Hugging Face hub cannot be reached and the weights are not in the local cache."""

@@ -227,6 +227,28 @@ def load_random(spec: ModelSpec, **kwargs) -> LoadedModel:
     return _finish(spec, model, dynamic)
 
 
+def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
+    """The model's architecture on the meta device: its layers, heads, tokens and stages, no weights.
+
+    Costs a fraction of a second and no download, so that a command can check what it is asked
+    for (``--layers 99``) before the real model loads. Never run it: its tensors have no data.
+
+    Raises:
+        UnknownModelError: timm has no such architecture.
+        UnsupportedModelError: its attention cannot be captured.
+    """
+    if spec.source == "embedded":
+        m = embedded.MANIFEST
+        grid, patch = cast(list[int], m["pretrain_grid"]), cast(list[int], m["patch_size"])
+        with torch.device("meta"):
+            model, dynamic = _create(str(m["arch"]), False, num_classes=0, img_size=grid[0] * patch[0])
+        return _finish(spec, model, dynamic, arch=str(m["arch"]), input_size=m["input_size"])
+    _check_arch(spec.arch.split(".")[0])
+    with torch.device("meta"):  # a pretrained tag's configuration (size, classes) applies without weights
+        model, dynamic = _create(spec.arch, pretrained=False)
+    return _finish(spec, model, dynamic)
+
+
 def build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
     """Build the model a spec names (slow: weights, maybe a download)."""
     if spec.source == "embedded":

@@ -1,10 +1,11 @@
 // The "Ablation" view: switch heads off and see the model's own output change (saliency for the
 // default model, classes for classifiers, the embedding's norm otherwise); head importance on
-// demand (exact sweep or gradient) with progress, and the pruning curve.
+// demand (exact sweep or gradient) with progress, and the pruning curve. ablation_view.js draws.
 //
-// The user's choices live in state.ablation ({off: ["l:h", …], method}). What the server
-// answered lives here, per image and model (`store`): outputs by ablation set, importance and
-// pruning answers by method, and the progress of the running ones.
+// Its part of the state is state.ablation: what the person chose ({off: ["l:h", …], method,
+// asked: ["image|model|method", …] (importance asked for), retry}) and, in `data`, what the server
+// answered for the shown image and model (need() fetches into it): outputs by ablation set,
+// importance and pruning answers by method, the requests on their way, and their progress.
 //
 // Progress: GET …/importance?wait=S (and …/pruning) answers 200 with the final JSON once the
 // computation is done, or 202 with its progress after S seconds (the computation goes on). While
@@ -15,114 +16,94 @@ import { getLong, getOutput, getProgress } from "./api.js";
 import {
   renderDifference, renderImportance, renderModelOutput, renderPicture, renderProgress, renderPruning, renderToggles,
 } from "./ablation_view.js";
-import { dims, state } from "./state.js";
+import { $ } from "./dom.js";
+import { ablateText, ablatedPairs, dims } from "./state.js";
 import { isWindowed } from "./windows.js";
 
-const $ = (id) => document.getElementById(id);
 const POLL_MS = 250;
 const WAIT_S = 20; // a long request is answered within this (202 with the progress when not done)
 const TRANSIENT = new Set(["busy", "timeout"]);
 const LABELS = { ablation: "exact ablation sweep", gradient: "gradient (Michel et al.)" };
 
-let onChange = () => {};
-let onError = () => {};
-let store = null;
-
-function storeFor(imageId, model) {
-  if (!imageId || !model) return null;
-  const key = `${imageId}|${model}`;
-  if (!store || store.key !== key) {
-    store = {
-      key, imageId, model,
-      outputs: new Map(),   // ablate text -> GET …/output answer
-      shown: null,          // the ablate text of the output on screen while the next one loads
-      loading: new Set(),   // "output|text", "importance|method", "pruning|method"
-      failed: new Set(),
-      retries: new Map(),   // "output|text" -> failed attempts (busy, timeout)
-      asked: new Set(),     // methods whose importance the user asked for
-      importance: new Map(), // method -> answer
-      pruning: new Map(),    // method -> answer
-      progress: new Map(),   // "importance|method" -> progress answer
-    };
-  }
-  return store;
+/** The answers' key of the shown image and model ("" before an image). */
+function keyOf(s) {
+  return s.imageId && s.model && s.meta ? `${s.imageId}|${s.model}` : "";
 }
 
-/** The heads switched off, as valid sorted [layer, head] pairs of the shown model (none for a
- * windowed model: the server has no head ablation for those). */
-function offPairs() {
-  if (isWindowed(state.meta)) return [];
-  const { L, H } = dims(state.meta);
-  const pairs = [];
-  for (const k of state.ablation.off) {
-    const [l, h] = k.split(":").map(Number);
-    if (Number.isInteger(l) && Number.isInteger(h) && l >= 0 && l < L && h >= 0 && h < H) pairs.push([l, h]);
-  }
-  pairs.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
-  return pairs;
+/** What the server answered for the shown image and model: s.ablation.data when it is theirs. */
+function dataOf(s) {
+  const d = s.ablation.data;
+  return d && d.key === keyOf(s) ? d : null;
 }
 
-const ablateText = (pairs) => pairs.map(([l, h]) => `${l}:${h}`).join(",");
-
-/** The `ablate` of the maps view: the heads switched off here ("" for the model itself). */
-export function mapsAblate() {
-  return state.meta ? ablateText(offPairs()) : "";
+/** Fresh answers for an image and model (need() puts them in s.ablation.data). */
+function freshData(key, imageId, model) {
+  return {
+    key, imageId, model,
+    outputs: new Map(),   // ablate text -> GET …/output answer
+    shown: null,          // the ablate text of the output on screen while the next one loads
+    loading: new Set(),   // "output|text", "importance|method", "pruning|method"
+    failed: new Set(),
+    retries: new Map(),   // "output|text" -> failed attempts (busy, timeout)
+    importance: new Map(), // method -> answer
+    pruning: new Map(),    // method -> answer
+    progress: new Map(),   // "importance|method" -> progress answer
+  };
 }
 
-/** The maps view's note while heads are off: which, and a way to switch them all back on. */
-export function renderMapsAblated() {
-  const el = $("maps-ablated");
-  if (!el) return;
-  const pairs = state.meta ? offPairs() : [];
-  el.hidden = !pairs.length;
-  if (!pairs.length) return;
-  const list = pairs.length <= 6 ? ` (${pairs.map(([l, h]) => `layer ${l} head ${h}`).join(", ")})` : "";
-  $("maps-ablated-text").textContent = `Maps of the model with ${pairs.length} head${pairs.length > 1 ? "s" : ""} `
-    + `off${list}, switched off in the Ablation view: layers after the first one removed change.`;
+/** The heads switched off in the shown model, as sorted [layer, head] pairs (none for Swin). */
+function offPairs(s) {
+  return ablatedPairs(s.meta, s.ablation.off);
 }
 
-// ---------------------------------------------------------------- fetching
-function fetchOutput(s, text) {
+/** Whether importance was asked for this image, model and method. */
+function asked(s, method) {
+  return s.ablation.asked.includes(`${keyOf(s)}|${method}`);
+}
+
+// ---------------------------------------------------------------- fetching (into s.ablation.data)
+const sleep = (ms) => new Promise((r) => { setTimeout(r, ms); });
+
+function fetchOutput(s, d, text, app) {
   const key = `output|${text}`;
-  if (s.outputs.has(text) || s.loading.has(key) || s.failed.has(key)) return;
+  if (d.outputs.has(text) || d.loading.has(key) || d.failed.has(key)) return false;
   // One ablated output at a time: clicks made meanwhile are answered by the next request.
-  if (text && [...s.loading].some((k) => k.startsWith("output|") && k !== "output|")) return;
-  s.loading.add(key);
-  getOutput(s.imageId, { model: s.model, ablate: text })
+  if (text && [...d.loading].some((k) => k.startsWith("output|") && k !== "output|")) return false;
+  d.loading.add(key);
+  getOutput(d.imageId, { model: d.model, ablate: text })
     .then((ans) => {
-      s.outputs.set(text, ans);
-      if (text === ablateText(offPairs())) s.shown = text;
+      d.outputs.set(text, ans);
+      if (text === ablateText(offPairs(s))) d.shown = text;
     })
     .catch(async (e) => {
       // A busy or slow server is worth a second try before the page shows an error.
-      const tries = (s.retries.get(key) || 0) + 1;
-      s.retries.set(key, tries);
+      const tries = (d.retries.get(key) || 0) + 1;
+      d.retries.set(key, tries);
       if (TRANSIENT.has(e && e.code) && tries < 3) {
         await sleep(1000 * tries);
         return;
       }
-      s.failed.add(key);
-      if (s === store) onError(e);
+      d.failed.add(key);
+      if (dataOf(s) === d) app.fail(e);
     })
     .finally(() => {
-      s.loading.delete(key);
-      if (s === store) onChange();
+      d.loading.delete(key);
+      if (dataOf(s) === d) app.update();
     });
+  return true;
 }
 
-const sleep = (ms) => new Promise((r) => { setTimeout(r, ms); });
-
 /** GET …/{what} with progress polling, asking again after each 202 until the answer is there. */
-async function longRequest(s, what, params) {
+async function longRequest(s, d, what, params, app) {
   const pkey = `${what}|${params.method}`;
   let open = true;
   const poll = async () => {
     while (open) {
       try {
-        const p = await getProgress(s.imageId, what, params);
+        const p = await getProgress(d.imageId, what, params);
         if (!open) break;
-        s.progress.set(pkey, p);
-        if (s === store) onChange();
+        d.progress.set(pkey, p);
+        if (dataOf(s) === d) app.update();
       } catch {
         // progress is a nicety: the answer itself reports errors
       }
@@ -132,65 +113,71 @@ async function longRequest(s, what, params) {
   poll();
   try {
     for (;;) {
-      const ans = await getLong(s.imageId, what, { ...params, wait: WAIT_S });
+      const ans = await getLong(d.imageId, what, { ...params, wait: WAIT_S });
       if (ans.done) return ans.body;
     }
   } finally {
     open = false;
-    s.progress.delete(pkey);
+    d.progress.delete(pkey);
   }
 }
 
-function fetchLong(s, what, method) {
+function fetchLong(s, d, what, method, app) {
   const key = `${what}|${method}`;
-  const have = what === "importance" ? s.importance : s.pruning;
-  if (have.has(method) || s.loading.has(key) || s.failed.has(key)) return;
-  s.loading.add(key);
-  longRequest(s, what, { model: s.model, method })
+  const have = what === "importance" ? d.importance : d.pruning;
+  if (have.has(method) || d.loading.has(key) || d.failed.has(key)) return false;
+  d.loading.add(key);
+  longRequest(s, d, what, { model: d.model, method }, app)
     .then((ans) => { have.set(method, ans); })
     .catch((e) => {
-      s.failed.add(key);
-      if (s === store) onError(e);
+      d.failed.add(key);
+      if (dataOf(s) === d) app.fail(e);
     })
     .finally(() => {
-      s.loading.delete(key);
-      if (s === store) onChange();
+      d.loading.delete(key);
+      if (dataOf(s) === d) app.update();
     });
+  return true;
 }
 
-/** Start fetching what the view lacks: the unablated output, the current one, importance, curve. */
-function need(s) {
-  fetchOutput(s, "");
-  if (isWindowed(state.meta)) return; // the output only: no heads to remove, no importance
-  const text = ablateText(offPairs());
-  if (text) fetchOutput(s, text);
-  for (const m of s.asked) {
-    fetchLong(s, "importance", m);
-    if (s.importance.has(m)) fetchLong(s, "pruning", m);
+/**
+ * Start what the view lacks: the unablated output, the current one, and the importance and
+ * pruning curve asked for. Answers go to s.ablation.data, then app.update(). Returns whether it
+ * started a request.
+ */
+function need(s, app) {
+  const key = keyOf(s);
+  if (!key || !s.image) return false;
+  if (!dataOf(s)) s.ablation.data = freshData(key, s.imageId, s.model);
+  const d = s.ablation.data;
+  if (s.ablation.retry) { // "Compute importance" again after a failure
+    for (const what of ["importance", "pruning"]) d.failed.delete(`${what}|${s.ablation.retry}`);
+    s.ablation.retry = null;
   }
+  let started = fetchOutput(s, d, "", app);
+  if (isWindowed(s.meta)) return started; // the output only: no heads to remove, no importance
+  const text = ablateText(offPairs(s));
+  if (text) started = fetchOutput(s, d, text, app) || started;
+  for (const m of ["ablation", "gradient"]) {
+    if (!asked(s, m)) continue;
+    started = fetchLong(s, d, "importance", m, app) || started;
+    if (d.importance.has(m)) started = fetchLong(s, d, "pruning", m, app) || started;
+  }
+  return started;
 }
 
-// ---------------------------------------------------------------- actions
-function toggle(layer, head) {
-  const key = `${layer}:${head}`;
-  const off = new Set(state.ablation.off);
-  if (off.has(key)) off.delete(key);
-  else off.add(key);
-  state.ablation.off = [...off];
-  onChange();
-}
-
-function progressView(s, method) {
+// ---------------------------------------------------------------- render
+function progressView(d, method) {
   for (const what of ["importance", "pruning"]) {
     const key = `${what}|${method}`;
-    if (s.loading.has(key)) {
-      const p = s.progress.get(key) || { state: "running", fraction: 0 };
+    if (d.loading.has(key)) {
+      const p = d.progress.get(key) || { state: "running", fraction: 0 };
       const label = what === "importance" ? `Head importance, ${LABELS[method]}` : "Pruning curve";
       return { ...p, state: "running", label };
     }
-    if (s.failed.has(key)) return { state: "failed", label: what === "importance" ? "Head importance" : "Pruning curve" };
+    if (d.failed.has(key)) return { state: "failed", label: what === "importance" ? "Head importance" : "Pruning curve" };
   }
-  const imp = s.importance.get(method);
+  const imp = d.importance.get(method);
   if (imp) {
     return {
       state: "done", fraction: 1,
@@ -200,83 +187,69 @@ function progressView(s, method) {
   return { state: "idle", fraction: 0 };
 }
 
-// ---------------------------------------------------------------- render
-/** Bring the view up to date with state (and fetch what it lacks while it is shown). */
-export function renderAblation() {
-  const panel = $("ablation-view");
-  if (!panel || state.view !== "ablation") return;
-  const s = storeFor(state.imageId, state.model);
-  const ready = !!(s && state.image && state.meta);
+const EMPTY = freshData("", null, null);
+
+/** Bring the view up to date with the state (reads it, writes the DOM only). */
+function render(s, act, shown) {
+  if (!shown) return;
+  const ready = !!(keyOf(s) && s.image);
   $("ablation-empty").hidden = ready;
   $("ablation-body").hidden = !ready;
   if (!ready) return;
+  const d = dataOf(s) || EMPTY; // need() makes the answers of a new image right after this render
   // Windowed models (Swin): the output alone; the heads and importance are hidden, with a note.
-  const windowed = isWindowed(state.meta);
+  const windowed = isWindowed(s.meta);
   $("ablation-windowed").hidden = !windowed;
   $("ablation-heads").hidden = windowed;
   $("importance-panel").hidden = windowed;
-  const { L, H } = dims(state.meta);
-  const pairs = offPairs();
+  const { L, H } = dims(s.meta);
+  const pairs = offPairs(s);
   const text = ablateText(pairs);
-  const method = state.ablation.method;
-  const base = s.outputs.get("");
-  const current = s.outputs.get(text) || (s.shown !== null ? s.outputs.get(s.shown) : null) || base;
-  const loading = !s.outputs.has(text);
-  renderPicture($("ablation-picture"), { image: state.image });
-  renderModelOutput($("model-output"), { kind: base && base.kind, answer: current, base, image: state.image, loading });
-  renderDifference($("output-difference"), text && current && current.ablate ? { answer: current, base, image: state.image } : null);
-  if (windowed) {
-    need(s);
-    return;
-  }
-  const imp = s.importance.get(method);
+  const method = s.ablation.method;
+  const base = d.outputs.get("");
+  const current = d.outputs.get(text) || (d.shown !== null ? d.outputs.get(d.shown) : null) || base;
+  const loading = !d.outputs.has(text);
+  renderPicture($("ablation-picture"), { image: s.image });
+  renderModelOutput($("model-output"), { kind: base && base.kind, answer: current, base, image: s.image, loading });
+  renderDifference($("output-difference"), text && current && current.ablate ? { answer: current, base, image: s.image } : null);
+  if (windowed) return;
+  const imp = d.importance.get(method);
+  const toggle = (l, h) => {
+    const key = `${l}:${h}`;
+    const off = s.ablation.off.includes(key) ? s.ablation.off.filter((k) => k !== key) : [...s.ablation.off, key];
+    act.setIn("ablation", { off });
+  };
   renderToggles($("ablate-grid"), { L, H, off: new Set(pairs.map(([l, h]) => `${l}:${h}`)), importance: imp ? imp.importance : null }, toggle);
   $("ablate-count").textContent = pairs.length
     ? `${pairs.length} of ${L * H} heads off${loading ? " · updating…" : ""}`
     : `all ${L * H} heads on`;
   $("ablate-reset").disabled = !pairs.length;
-  const prog = progressView(s, method);
-  renderProgress($("importance-progress"), prog);
-  $("importance-run").disabled = s.loading.has(`importance|${method}`) || s.importance.has(method);
+  renderProgress($("importance-progress"), progressView(d, method));
+  $("importance-run").disabled = d.loading.has(`importance|${method}`) || d.importance.has(method);
   $("importance-method").value = method;
-  const asked = s.asked.has(method);
+  const wanted = asked(s, method);
   renderImportance($("importance-heatmap"), imp ? { L, H, answer: imp } : null, toggle,
-    asked && !imp ? "Measuring every head…" : null);
-  renderPruning($("pruning-curve"), s.pruning.get(method) || null,
-    asked ? "Removing heads, least important first…" : null);
-  need(s);
+    wanted && !imp ? "Measuring every head…" : null);
+  renderPruning($("pruning-curve"), d.pruning.get(method) || null,
+    wanted ? "Removing heads, least important first…" : null);
 }
 
-/** Wire the view's own controls; onChange re-renders the page, onError shows a message. */
-export function bindAblation(change, error) {
-  onChange = change;
-  onError = error;
-  for (const id of ["ablate-reset", "maps-ablated-reset"]) {
-    $(id).addEventListener("click", () => {
-      state.ablation.off = [];
-      onChange();
-    });
-  }
+/** Wire the view's own controls (s: the one state, read when an event comes). */
+function bind(act, s) {
+  for (const id of ["ablate-reset", "maps-ablated-reset"]) $(id).addEventListener("click", () => act.setIn("ablation", { off: [] }));
+  const ask = (method) => `${keyOf(s)}|${method}`;
   $("importance-method").addEventListener("change", (e) => {
-    state.ablation.method = e.target.value;
-    if (store && store.asked.size) store.asked.add(state.ablation.method);
-    onChange();
+    const method = e.target.value;
+    // Once importance is asked for an image, another method is computed as soon as it is chosen.
+    const more = ["ablation", "gradient"].some((m) => s.ablation.asked.includes(ask(m)));
+    act.setIn("ablation", { method, asked: more ? [...new Set([...s.ablation.asked, ask(method)])] : s.ablation.asked });
   });
   $("importance-run").addEventListener("click", () => {
-    if (!store) return;
-    store.asked.add(state.ablation.method);
-    store.failed.delete(`importance|${state.ablation.method}`);
-    store.failed.delete(`pruning|${state.ablation.method}`);
-    onChange();
+    if (!keyOf(s)) return;
+    const method = s.ablation.method;
+    act.setIn("ablation", { asked: [...new Set([...s.ablation.asked, ask(method)])], retry: method });
   });
 }
 
-/**
- * The view object (views.js): this module keeps the server's answers in its own `store` and its
- * controls write state.ablation; actions.update() gives the maps' store the heads that are off.
- */
-export const ablationView = {
-  name: "ablation",
-  render: () => renderAblation(),
-  bind: (act) => bindAblation(act.update, (e) => act.showError(e)),
-};
+/** The view object (views.js): its answers live in state.ablation.data. */
+export const ablationView = { name: "ablation", render, need, bind };

@@ -3,10 +3,28 @@
 // norm), the difference once heads are off, the layers x heads toggles, the progress of a long
 // computation, the importance heat map and the pruning curve. ablation.js owns the data.
 
-import { AXIS, base, clear, layerHeadHeatmap, note, plotKeyed, plotlyReady, unavailable } from "./charts.js";
+import {
+  AXIS, LEGEND_BELOW, base, clear, layerHeadHeatmap, note, plotKeyed, plotlyReady, unavailable,
+} from "./charts.js";
 import { lut } from "./colormaps.js";
 
 const MAX_SIDE = 300; // CSS pixels of the longer side of a figure
+
+// The API's output-change metrics (importance and pruning `metric`) in words: a short one for a
+// colour bar, a longer one for an axis. The answer's `metric_text` says it in full (hover).
+const METRIC_WORDS = {
+  mean_abs_diff: ["mean |Δ saliency|", "saliency change, mean |Δ| per pixel"],
+  top1_logprob_drop: ["drop of log p(top class)", "drop of log p(top class)"],
+  relative_l2: ["relative Δ embedding", "|Δ embedding| / |embedding|"],
+};
+
+/** A metric in words: [short, long] ("abs_grad_<kind>" is the gradient method's). */
+export function metricWords(metric) {
+  if (METRIC_WORDS[metric]) return METRIC_WORDS[metric];
+  if (String(metric).startsWith("abs_grad_")) return ["|∂ loss / ∂ gate|", "|∂ loss / ∂ gate| at the unablated model"];
+  const plain = String(metric).replace(/_/g, " ");
+  return [plain, plain];
+}
 
 function fmt(x, digits = 3) {
   if (x === null || x === undefined || Number.isNaN(x)) return "–";
@@ -298,11 +316,13 @@ export function renderImportance(elm, view, onPick, waiting) {
   }
   const { answer } = view;
   const max = Math.max(...answer.importance.flat());
-  const what = answer.method === "ablation" ? "output change without the head" : "|∂ loss / ∂ gate|";
+  const [short] = metricWords(answer.metric);
+  const what = answer.method === "ablation" ? `output change without the head (${short})` : short;
+  const full = answer.metric_text ? `<br><i>${answer.metric_text}</i>` : "";
   layerHeadHeatmap(elm, `imp|${answer.image_id}|${answer.model}|${answer.method}`, answer.importance, {
-    L: view.L, H: view.H, layer: null, head: null, colormap: "viridis", title: answer.method === "ablation" ? answer.metric : "gradient",
+    L: view.L, H: view.H, layer: null, head: null, colormap: "viridis", title: short,
     zmin: 0, zmax: max,
-    hover: `layer %{y}, head %{x}<br>${what} %{z:.4g}<br>click: switch the head off or on<extra></extra>`,
+    hover: `layer %{y}, head %{x}<br>${what} %{z:.4g}${full}<br>click: switch the head off or on<extra></extra>`,
   }, (l, h) => onPick(l, Number(h)));
   return undefined;
 }
@@ -316,10 +336,11 @@ export function renderPruning(elm, answer, waiting) {
   }
   const order = answer.order;
   const text = answer.removed.map((k) => (k === 0 ? "all heads on" : `last removed: layer ${order[k - 1][0]}, head ${order[k - 1][1]}`));
+  const [short, long] = metricWords(answer.metric);
   const traces = [{
-    type: "scatter", mode: "lines+markers", x: answer.removed, y: answer.change, text, name: answer.metric,
+    type: "scatter", mode: "lines+markers", x: answer.removed, y: answer.change, text, name: short,
     line: { color: "#38bdf8", width: 2 }, marker: { size: 5 },
-    hovertemplate: `%{x} heads removed<br>${answer.metric} %{y:.4g}<br>%{text}<extra></extra>`,
+    hovertemplate: `%{x} heads removed<br>${short} %{y:.4g}<br>%{text}<extra></extra>`,
   }];
   if (answer.top1_kept) {
     traces.push({
@@ -330,8 +351,9 @@ export function renderPruning(elm, answer, waiting) {
   }
   const layout = base({
     xaxis: { ...AXIS, title: { text: `heads removed, least important first (of ${answer.heads_total})` }, rangemode: "tozero" },
-    yaxis: { ...AXIS, title: { text: answer.metric }, rangemode: "tozero" },
-    showlegend: traces.length > 1, legend: { orientation: "h", y: 1.12 },
+    yaxis: { ...AXIS, title: { text: long, font: { size: 11.5 } }, rangemode: "tozero" },
+    margin: { l: 60, r: 12, b: traces.length > 1 ? 72 : 44 }, height: traces.length > 1 ? 330 : 300,
+    showlegend: traces.length > 1, legend: { ...LEGEND_BELOW, y: -0.26 },
   });
   plotKeyed(elm, `prune|${answer.image_id}|${answer.model}|${answer.method}|${answer.removed.length}`, traces, layout);
   return undefined;

@@ -5,11 +5,12 @@
 
 import { describeError, isRetryable } from "./api.js";
 import { SIDES, preset } from "./compare.js";
-import { mapsAblate } from "./ablation.js";
 import { debounce } from "./dom.js";
 import { needRows } from "./fetching.js";
 import { render, renderSlow } from "./render.js";
-import { defaultQuery, dims, headChoices, parseQuery, state, syncUrl } from "./state.js";
+import {
+  ablateText, ablatedPairs, canonicalQuery, defaultQuery, dims, headChoices, parseQuery, state, syncUrl,
+} from "./state.js";
 import { shownView } from "./views.js";
 
 const SLOW_MS = 40; // charts and the model view wait until the pointer rests this long
@@ -23,14 +24,14 @@ export const app = {
 };
 
 /**
- * The shown image's store follows what the maps show: the softmax temperature (learn.js's slider
- * writes state.temperature) and the heads switched off in the Ablation view (asked for once
- * another view shows the maps, so a click on a head there costs one forward, not two).
+ * The shown image's store follows what the maps show: the softmax temperature and the heads
+ * switched off in the Ablation view (asked for once another view shows the maps, so a click on a
+ * head there costs one forward, not two).
  */
 function syncStores() {
   const stores = [state.store, ...[...state.compare.others.values()].map((o) => o.store)].filter(Boolean);
   for (const st of stores) st.setTemperature(state.temperature);
-  if (state.store && state.view !== "ablation") state.store.setAblate(mapsAblate());
+  if (state.store && state.view !== "ablation") state.store.setAblate(ablateText(ablatedPairs(state.meta, state.ablation.off)));
 }
 
 /** Draw the state, sync the URL, start what the shown view lacks. */
@@ -61,10 +62,12 @@ function pick(layer, head) {
   update();
 }
 
-function setQuery(q) {
-  const p = parseQuery(q, state.meta && state.meta.tokens);
-  if (!p || q === state.query) return;
-  if (p.kind === "patch") state.lastPatch = q;
+/** Query one row: any one-row spelling of the API's grammar, kept in its one spelling. */
+function setQuery(spec) {
+  const tokens = state.meta && state.meta.tokens;
+  const q = canonicalQuery(spec, tokens);
+  if (!q || q === state.query) return;
+  if (parseQuery(q, tokens).kind === "patch") state.lastPatch = q;
   state.query = q;
   update();
 }
@@ -111,7 +114,7 @@ function setRollout(patch) {
 }
 
 /**
- * The softmax temperature of every map (learn.js's slider, the maps' toolbar): the stores drop
+ * The softmax temperature of every map (both sliders, released): the stores drop
  * their rows of the old temperature; the shown view asks for the new ones (one cached GET).
  */
 function setTemperature(t) {

@@ -6,13 +6,12 @@
 // A click on a cell, a dot or a row opens that layer and head in the main view.
 
 import {
-  AXIS, base, clear, layerHeadHeatmap, note, onClick, plotKeyed, plotlyReady, selectionBox, unavailable,
+  AXIS, LEGEND_BELOW, base, clear, layerHeadHeatmap, note, onClick, plotKeyed, plotlyReady, selectionBox, unavailable,
 } from "./charts.js";
 import { plotlyScale } from "./colormaps.js";
 import { normEntropy, prefixMass } from "./data.js";
+import { $ } from "./dom.js";
 import { keyCount } from "./windows.js";
-
-const $ = (id) => document.getElementById(id);
 
 // One colour per head (cycled) for the scatter: bright enough on the dark panel.
 const HEAD_COLOURS = ["#38bdf8", "#fbbf24", "#34d399", "#f472b6", "#a78bfa", "#fb923c",
@@ -222,7 +221,7 @@ function renderScatter(el, view, st, id, onPick) {
   }
   const [ih, iw] = st.input_size;
   const layout = base({
-    margin: { l: 52, r: 8, t: 8, b: 40 },
+    margin: { l: 52, r: 8, b: 40 },
     showlegend: true, legend: { x: 1.01, xanchor: "left", y: 1, font: { size: 10.5 } },
     xaxis: { ...AXIS, title: { text: "layer (network depth)" }, tickvals: layers, range: [-0.6, L - 0.4] },
     yaxis: { ...AXIS, title: { text: "mean attention distance (px)" },
@@ -251,7 +250,7 @@ function renderSimilarity(el, view, st, id, onPick) {
   const shapes = h === null ? [] : [{ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: H - 0.5, y0: h - 0.5, y1: h + 0.5,
     line: { color: "#ff3b6b", width: 2 } }, ...selectionBox(h, h)];
   const layout = base({
-    margin: { l: 48, r: 12, t: 8, b: 40 },
+    margin: { l: 48, r: 12, b: 40 },
     xaxis: { ...AXIS, title: { text: "head" }, tickvals: x, ticktext: x.map((i) => `h${i}`), constrain: "domain" },
     yaxis: { ...AXIS, title: { text: "head" }, tickvals: x, ticktext: x.map((i) => `h${i}`), autorange: "reversed",
       scaleanchor: "x", constrain: "domain" },
@@ -284,8 +283,8 @@ function renderRank(el, view, st, id, onPick) {
       hovertemplate: "layer %{x}<br>at most %{y}<extra></extra>" });
   }
   const layout = base({
-    margin: { l: 52, r: 12, t: 30, b: 40 }, height: 330,
-    showlegend: true, legend: { orientation: "h", x: 0, y: 1.01, yanchor: "bottom", font: { size: 10.5 } },
+    margin: { l: 52, r: 12, b: 70 }, height: 350,
+    showlegend: true, legend: { ...LEGEND_BELOW, y: -0.24 },
     xaxis: { ...AXIS, title: { text: "layer" }, tickvals: layers, range: [-0.4, L - 0.6] },
     yaxis: { ...AXIS, title: { text: "rank" }, range: [0, max * 1.08] },
     shapes: [

@@ -3,9 +3,8 @@
 
 import { actions as act, update } from "./actions.js";
 import { SIDES, sideData } from "./compare.js";
-import { $, debounce, fmtTemperature } from "./dom.js";
-import { downloadMapPng } from "./export.js";
-import { sliderTemperature } from "./learn.js";
+import { $, debounce, fmtTemperature, sliderTemperature } from "./dom.js";
+import { downloadMap } from "./export.js";
 import { resized } from "./maps.js";
 import { cellAt } from "./overlay.js";
 import { mapQuery, state } from "./state.js";
@@ -28,7 +27,8 @@ function bindControls() {
   const mapT = $("map-temperature");
   mapT.addEventListener("input", () => { $("map-temperature-out").textContent = fmtTemperature(sliderTemperature(mapT)); });
   mapT.addEventListener("change", () => act.setTemperature(sliderTemperature(mapT)));
-  $("download-png").addEventListener("click", () => downloadMapPng(state).catch((e) => act.showError(e)));
+  $("download-png").addEventListener("click", () => downloadMap(state, "png").catch((e) => act.showError(e)));
+  $("download-svg").addEventListener("click", () => downloadMap(state, "svg").catch((e) => act.showError(e)));
   $("error-close").addEventListener("click", () => act.clearError());
 
   // analysis tools: mass mask, attention sinks, rollout options, chart modes
@@ -104,10 +104,11 @@ export function bindAll() {
   bindCompare();
   bindOverlay();
   bindKeys();
-  for (const view of VIEWS) if (view.bind) view.bind(act);
+  for (const view of VIEWS) if (view.bind) view.bind(act, state); // the one state, read when an event comes
   const onResize = debounce(() => {
     resized();
     update();
   }, RESIZE_REST_MS);
   new ResizeObserver(onResize).observe($("viewer"));
+  window.addEventListener("resize", onResize); // a taller or shorter window: the map's height follows
 }

@@ -9,11 +9,24 @@ import { headLabel, prefixLabel } from "./state.js";
 export const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"] };
 export const FONT = { family: "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size: 12, color: "#cbd5e1" };
 export const AXIS = { gridcolor: "rgba(148,163,184,0.15)", zerolinecolor: "rgba(148,163,184,0.25)", linecolor: "rgba(148,163,184,0.3)" };
+// Plotly's toolbar (the mode bar) sits in the top right corner of a chart while the pointer is on
+// it: every chart keeps this much room above its plot, with no legend in it, so the toolbar never
+// covers a legend or a heat map's top row. Phones and touch screens get no toolbar at all.
+export const TOOLBAR_PX = 30;
+/** A horizontal legend under the x axis (its title included), left-aligned: clear of the toolbar. */
+export const LEGEND_BELOW = { orientation: "h", x: 0, xanchor: "left", y: -0.2, yanchor: "top", font: { size: 11 } };
+
+/** Plotly's config for a chart on this screen: no toolbar on a phone or a touch screen. */
+export function plotConfig() {
+  const touch = typeof window.matchMedia === "function" && window.matchMedia("(max-width: 640px), (pointer: coarse)").matches;
+  return touch ? { ...CONFIG, displayModeBar: false } : CONFIG;
+}
 
 export function base(extra = {}) {
+  const margin = { l: 48, r: 12, b: 40, ...(extra.margin || {}) };
   return {
-    font: FONT, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-    margin: { l: 48, r: 12, t: 8, b: 40 }, height: 300, ...extra,
+    font: FONT, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", height: 300, ...extra,
+    margin: { ...margin, t: Math.max(TOOLBAR_PX, margin.t || 0) },
   };
 }
 
@@ -64,7 +77,7 @@ export function onClick(el, fn) {
 export function plotKeyed(el, key, traces, layout) {
   if (el.dataset.rendered === "1" && el.dataset.key === key && el.classList.contains("js-plotly-plot")) return false;
   if (el.dataset.rendered && el.dataset.rendered !== "1") clear(el);
-  window.Plotly.react(el, traces, layout, CONFIG);
+  window.Plotly.react(el, traces, layout, plotConfig());
   el.dataset.rendered = "1";
   el.dataset.key = key;
   return true;
@@ -140,9 +153,9 @@ export function renderRow(el, view) {
     });
   }
   const layout = base({
-    height: 260,
-    margin: { l: 56, r: 12, t: 28, b: 40 },
-    showlegend: np > 0, legend: { orientation: "h", x: 1, xanchor: "right", y: 1.12, font: { size: 11 } },
+    height: 290,
+    margin: { l: 56, r: 12, b: np > 0 ? 66 : 40 },
+    showlegend: np > 0, legend: { ...LEGEND_BELOW, y: -0.32 },
     xaxis: { ...AXIS, title: { text: "token index" }, range: [-1, N] },
     yaxis: { ...AXIS, title: { text: "attention" }, rangemode: "tozero", exponentformat: "e" },
     shapes: [{ type: "line", xref: "x", yref: "paper", x0: queryToken, x1: queryToken, y0: 0, y1: 1,
@@ -150,7 +163,7 @@ export function renderRow(el, view) {
     annotations: [{ xref: "x", yref: "paper", x: queryToken, y: 1, yanchor: "bottom", showarrow: false,
       text: `query ${queryToken}`, font: { color: "#ff3b6b", size: 11 } }],
   });
-  window.Plotly.react(el, traces, layout, CONFIG);
+  window.Plotly.react(el, traces, layout, plotConfig());
   el.dataset.rendered = "1";
   el.dataset.layer = String(layer);
   el.dataset.head = head;

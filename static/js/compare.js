@@ -6,7 +6,7 @@
 // drawing (reads the state only).
 
 import { paintColorbar } from "./colormaps.js";
-import { $, setOptions } from "./dom.js";
+import { $, setOptions, shortName } from "./dom.js";
 import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
 import { dims, headChoices, headLabel, mapQuery, markerAt, queryLabel, tokensAt } from "./state.js";
@@ -75,7 +75,8 @@ export function sideData(s, side) {
 
 // ---------------------------------------------------------------- rendering
 function imageOptions(s) {
-  const opts = s.session.map((x) => [x.id, x.id === s.imageId ? `${x.filename} (shown)` : x.filename]);
+  // Short names, so that the closed menu shows the whole label, "(shown)" included.
+  const opts = s.session.map((x) => [x.id, x.id === s.imageId ? `${shortName(x.filename)} (shown)` : shortName(x.filename)]);
   for (const smp of samples()) {
     if (!s.session.some((x) => x.sample === smp.url)) opts.push([`sample:${smp.url}`, `${smp.name} (sample)`]);
   }

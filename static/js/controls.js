@@ -8,7 +8,7 @@ import { COLORMAPS } from "./colormaps.js";
 import { $, fmtBytes, fmtTemperature, setOptions } from "./dom.js";
 import { artifactTokens } from "./sinks.js";
 import {
-  apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, stageQuery, tokensAt,
+  apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, stageQuery, tokensAt,
 } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
 
@@ -31,6 +31,9 @@ function renderModels(s) {
 export function renderControls(s) {
   const { L, H } = dims(s.meta, s.layer);
   const loaded = !!s.meta;
+  // The page's layout while an image is shown or on its way (app.css: on a phone the view controls
+  // dock at the bottom of the screen); set before intake.js scrolls the result into view.
+  document.body.toggleAttribute("data-image", loaded || !!s.busy);
   const layer = $("layer");
   layer.max = String(Math.max(0, L - 1));
   layer.value = String(s.layer);
@@ -53,7 +56,7 @@ export function renderControls(s) {
   if (loaded) {
     const t = s.meta.tokens;
     for (const p of t.prefix) {
-      opts.push([p.kind === "cls" ? "cls" : `tok:${p.index}`, `${prefixLabel(p.index, t)} token`]);
+      opts.push([prefixQuery(p), `${prefixLabel(p.index, t)} token`]);
     }
     opts.push(["patch", "a patch (click the image)"]);
   }
@@ -82,20 +85,15 @@ function setText(el, text) {
   if (el.textContent !== text) el.textContent = text;
 }
 
-/** The two temperature sliders (the maps' toolbar, Inside a head): log10 T, and T in words. */
+/** The maps' temperature slider: log10 T, and T in words ("Inside a head" draws its own, learn.js). */
 function renderTemperature(s) {
   const T = s.temperature;
-  for (const [id, out] of [["temperature", "temperature-out"], ["map-temperature", "map-temperature-out"]]) {
-    const slider = $(id);
-    if (!slider) continue;
-    // Not under a dragging pointer: the slider keeps its own finer position while it moves.
-    if (document.activeElement !== slider || Math.abs(Number(slider.value) - Math.log10(T)) > 0.006) {
-      slider.value = String(Math.log10(T));
-    }
-    setText($(out), fmtTemperature(T));
+  const slider = $("map-temperature");
+  // Not under a dragging pointer: the slider keeps its own finer position while it moves.
+  if (document.activeElement !== slider || Math.abs(Number(slider.value) - Math.log10(T)) > 0.006) {
+    slider.value = String(Math.log10(T));
   }
-  const reset = $("temperature-reset");
-  if (reset) reset.disabled = T === 1;
+  setText($("map-temperature-out"), fmtTemperature(T));
 }
 
 /** The mass mask, drop and chart-mode controls. */
@@ -165,8 +163,7 @@ function setLink(a, href, name) {
 }
 
 function renderDownloads(s, L, H) {
-  const ok = !!(s.meta && s.image);
-  $("download-png").disabled = !ok;
+  const ok = !!(s.meta && s.image); // the figure downloads (PNG, SVG) follow the drawn map: viewer.js
   if (!ok) {
     setLink($("download-tensors"), null);
     setLink($("download-full"), null);

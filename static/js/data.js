@@ -16,6 +16,7 @@
 //          are those of the model with those heads removed; changing the set drops them all.
 
 import { getAttention, getStats } from "./api.js";
+import { canonicalQuery } from "./state.js";
 
 export const ROLLOUT_DEFAULT = { start: 0, fusion: "mean", discard: 0 };
 
@@ -24,13 +25,10 @@ export function rolloutKey(query, opts) {
   return `${query}|${opts.start}|${opts.fusion}|${opts.discard}`;
 }
 
-/** Key under which the row of an answer's first query is stored ("cls", "tok:I" or "patch:R,C"). */
+/** Key under which the row of an answer's first query is stored: its query's one spelling
+ * ("cls", "I" or "patch:R,C", state.js canonicalQuery). */
 export function rowKeyOfAnswer(ans) {
-  const t = ans.tokens;
-  const tok = ans.query[0];
-  if (tok < t.num_prefix) return t.prefix[tok].kind === "cls" ? "cls" : `tok:${tok}`;
-  const p = tok - t.num_prefix;
-  return `patch:${Math.floor(p / t.grid[1])},${p % t.grid[1]}`;
+  return canonicalQuery(String(ans.query[0]), ans.tokens);
 }
 
 export class AttentionStore {

@@ -1,5 +1,6 @@
-// Small DOM helpers shared by the views: element lookup, the one way to fill a <select>, and a
-// debounce for work that should wait until a sweep of events rests.
+// Small DOM helpers shared by the page and its views: the one `$` (element lookup), the one way to
+// fill a <select>, a debounce for work that should wait until a sweep of events rests, and the
+// page's ways to write numbers and names.
 
 export const $ = (id) => document.getElementById(id);
 
@@ -37,7 +38,20 @@ export function fmtBytes(n) {
   return `${n} B`;
 }
 
+/** The temperature a log-scale slider (log10 T) stands at, to 3 significant digits. */
+export function sliderTemperature(el) {
+  return Number(Math.pow(10, Number(el.value)).toPrecision(3));
+}
+
 /** A softmax temperature as the page writes it: 0.32, 1, 2.5, 10. */
 export function fmtTemperature(T) {
   return T >= 10 || T === Math.round(T) ? String(Number(T.toPrecision(3))) : T.toFixed(2);
+}
+
+/** A file name of at most `max` characters: a long one keeps its start and its end (the extension). */
+export function shortName(name, max = 20) {
+  const s = String(name);
+  if (s.length <= max) return s;
+  const tail = Math.max(4, Math.floor((max - 1) / 3));
+  return `${s.slice(0, max - 1 - tail)}…${s.slice(-tail)}`;
 }

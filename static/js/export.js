@@ -1,7 +1,11 @@
-// The "Download PNG" picture: the image and its overlay at the picture's own resolution, and
-// under it a legend band (what is shown: layer, head, query, model; the colour bar with its
-// scale), so the file explains itself on a slide. The same facts go into the PNG's iTXt chunks
-// ("Title", "Description", and "headscope": JSON) for programs.
+// The figure downloads: the image and its overlay at the picture's own resolution, and under it a
+// legend band (what is shown: layer, head, query, model; the colour bar with its scale; a caption
+// that wraps, never cut), so the file explains itself on a slide or in a paper.
+//
+// PNG: one raster; the same facts go into its iTXt chunks ("Title", "Description", and
+// "headscope": JSON) for programs. SVG: the picture with its overlay as an embedded PNG, and the
+// title, scale, colour bar (a vector gradient) and caption as vectors; the facts go into its
+// <title>, <desc> and <metadata>. Both are laid out by figureLayout(), so they read the same.
 
 import { lut } from "./colormaps.js";
 import { drawComposite, fmt } from "./overlay.js";
@@ -11,81 +15,190 @@ import { selection } from "./viewer.js";
 
 const MIN_WIDTH = 360; // narrower pictures are centred on a band this wide, so the legend fits
 const BG = "#0b1120";
+const FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
+const MONO = "ui-monospace, Menlo, Consolas, monospace";
+const COLOURS = { title: "#e2e8f0", scale: "#cbd5e1", caption: "#94a3b8" };
 
 /**
- * A PNG Blob of image + overlay + legend.
- * opts: the drawComposite options ({image, row, tokens, colormap, opacity, ...}).
- * legend: {title, subtitle, meta}: two lines of text and the JSON-ready facts for the iTXt chunk.
+ * Where everything of a figure goes, for an image of iw x ih pixels: {W, H, x0 (the picture's
+ * left edge), u (the scale of text and bar), pad, band (the legend's height), title: {x, y, size},
+ * bar: {x, y, w, h}, lo, hi: {x, y, text} (the scale's ends), caption: {x, y: [..], size, lines}}.
+ * `ctx` measures text (a 2D context); y values are tops of text lines.
  */
-export async function exportPng(opts, legend) {
-  const { image } = opts;
-  const iw = image.naturalWidth;
-  const ih = image.naturalHeight;
+export function figureLayout(ctx, iw, ih, title, caption, range) {
   const W = Math.max(iw, MIN_WIDTH);
   const u = Math.max(1, W / 640); // text and bar scale with the picture
-  const band = Math.round(92 * u);
-  const canvas = document.createElement("canvas");
-  canvas.width = W;
-  canvas.height = ih + band;
-  const ctx = canvas.getContext("2d");
-  ctx.fillStyle = BG;
-  ctx.fillRect(0, 0, W, ih + band);
-  const x0 = Math.floor((W - iw) / 2);
-  ctx.save();
-  ctx.translate(x0, 0);
-  const px = Math.max(1, Math.round(Math.max(iw, ih) / 800));
-  const range = drawComposite(ctx, iw, ih, { ...opts, px });
-  ctx.restore();
-  drawLegend(ctx, 0, ih, W, band, u, opts.colormap, range, legend);
-  const blob = await new Promise((resolve, reject) => {
-    canvas.toBlob((b) => (b ? resolve(b) : reject(new Error("the PNG could not be made"))), "image/png");
-  });
-  const meta = { ...legend.meta, min: range && range.min, max: range && range.max, legend_px: band };
-  return withText(blob, {
-    Title: legend.title,
-    Description: `${legend.title} · ${legend.subtitle}`,
-    headscope: JSON.stringify(meta),
-  });
-}
-
-function drawLegend(ctx, x, y, W, band, u, colormap, range, legend) {
   const pad = Math.round(12 * u);
-  const font = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
-  ctx.save();
-  ctx.textBaseline = "top";
-  ctx.fillStyle = "#e2e8f0";
-  ctx.font = `600 ${Math.round(14 * u)}px ${font}`;
-  ctx.fillText(fitText(ctx, legend.title, W - 2 * pad), x + pad, y + pad);
-
-  // The colour bar: min value, the map's colours, max value, and what the colours measure.
-  const barY = y + pad + Math.round(22 * u);
+  const gap = Math.round(8 * u);
+  const line = Math.round(17 * u);
+  const captionSize = Math.round(12 * u);
+  ctx.font = `${captionSize}px ${FONT}`;
+  const lines = wrapText(ctx, caption, W - 2 * pad); // the caption wraps: the band grows with it
+  const band = Math.round(92 * u) + line * (lines.length - 1);
+  const titleSize = Math.round(14 * u);
+  ctx.font = `600 ${titleSize}px ${FONT}`;
+  const titleText = fitText(ctx, title, W - 2 * pad);
+  const barY = ih + pad + Math.round(22 * u);
   const barH = Math.round(12 * u);
-  ctx.font = `${Math.round(12 * u)}px ui-monospace, Menlo, Consolas, monospace`;
+  ctx.font = `${captionSize}px ${MONO}`;
   const lo = range ? fmt(range.min) : "–";
   const hi = range ? fmt(range.max) : "–";
   const loW = ctx.measureText(lo).width;
   const hiW = ctx.measureText(hi).width;
-  const gap = Math.round(8 * u);
-  const bx = x + pad + loW + gap;
+  const bx = pad + loW + gap;
   const bw = Math.max(40, W - 2 * pad - loW - hiW - 2 * gap);
-  ctx.fillStyle = "#cbd5e1";
-  ctx.textBaseline = "middle";
-  ctx.fillText(lo, x + pad, barY + barH / 2);
-  ctx.fillText(hi, bx + bw + gap, barY + barH / 2);
-  const table = lut(colormap);
-  const grad = ctx.createLinearGradient(bx, 0, bx + bw, 0);
-  for (let i = 0; i <= 16; i++) {
-    const k = 3 * Math.round((i / 16) * 255);
-    grad.addColorStop(i / 16, `rgb(${table[k]},${table[k + 1]},${table[k + 2]})`);
-  }
-  ctx.fillStyle = grad;
-  ctx.fillRect(bx, barY, bw, barH);
+  const capY = barY + barH + Math.round(10 * u);
+  return {
+    W, H: ih + band, x0: Math.floor((W - iw) / 2), u, pad, band,
+    title: { x: pad, y: ih + pad, size: titleSize, text: titleText },
+    bar: { x: bx, y: barY, w: bw, h: barH },
+    lo: { x: pad, y: barY + barH / 2, text: lo, size: captionSize },
+    hi: { x: bx + bw + gap, y: barY + barH / 2, text: hi, size: captionSize },
+    caption: { x: pad, y: lines.map((_, i) => capY + line * i), size: captionSize, lines },
+  };
+}
 
+/** The colour map's colours at n + 1 even stops: [[offset, "rgb(r,g,b)"], ...]. */
+function gradientStops(colormap, n) {
+  const table = lut(colormap);
+  return Array.from({ length: n + 1 }, (_, i) => {
+    const k = 3 * Math.round((i / n) * 255);
+    return [i / n, `rgb(${table[k]},${table[k + 1]},${table[k + 2]})`];
+  });
+}
+
+/** The picture with its overlay, at its own resolution, on a canvas; returns {canvas, range}. */
+function composite(opts) {
+  const { image } = opts;
+  const canvas = document.createElement("canvas");
+  canvas.width = image.naturalWidth;
+  canvas.height = image.naturalHeight;
+  const px = Math.max(1, Math.round(Math.max(canvas.width, canvas.height) / 800));
+  const range = drawComposite(canvas.getContext("2d"), canvas.width, canvas.height, { ...opts, px });
+  return { canvas, range };
+}
+
+/** The JSON facts of a figure: the legend's, the scale's ends and the band's height. */
+function facts(legend, range, band) {
+  return { ...legend.meta, min: range && range.min, max: range && range.max, legend_px: band };
+}
+
+/**
+ * A PNG Blob of image + overlay + legend.
+ * opts: the drawComposite options ({image, row, tokens, colormap, opacity, ...}).
+ * legend: {title, subtitle, meta}: the title, the caption and the JSON-ready facts.
+ */
+export async function exportPng(opts, legend) {
+  const { canvas: pic, range } = composite(opts);
+  const canvas = document.createElement("canvas");
+  const ctx = canvas.getContext("2d");
+  const f = figureLayout(ctx, pic.width, pic.height, legend.title, legend.subtitle, range);
+  canvas.width = f.W;
+  canvas.height = f.H;
+  ctx.fillStyle = BG;
+  ctx.fillRect(0, 0, f.W, f.H);
+  ctx.drawImage(pic, f.x0, 0);
   ctx.textBaseline = "top";
-  ctx.fillStyle = "#94a3b8";
-  ctx.font = `${Math.round(12 * u)}px ${font}`;
-  ctx.fillText(fitText(ctx, legend.subtitle, W - 2 * pad), x + pad, barY + barH + Math.round(10 * u));
-  ctx.restore();
+  ctx.fillStyle = COLOURS.title;
+  ctx.font = `600 ${f.title.size}px ${FONT}`;
+  ctx.fillText(f.title.text, f.title.x, f.title.y);
+  ctx.font = `${f.lo.size}px ${MONO}`;
+  ctx.fillStyle = COLOURS.scale;
+  ctx.textBaseline = "middle";
+  ctx.fillText(f.lo.text, f.lo.x, f.lo.y);
+  ctx.fillText(f.hi.text, f.hi.x, f.hi.y);
+  const grad = ctx.createLinearGradient(f.bar.x, 0, f.bar.x + f.bar.w, 0);
+  for (const [at, colour] of gradientStops(opts.colormap, 16)) grad.addColorStop(at, colour);
+  ctx.fillStyle = grad;
+  ctx.fillRect(f.bar.x, f.bar.y, f.bar.w, f.bar.h);
+  ctx.textBaseline = "top";
+  ctx.fillStyle = COLOURS.caption;
+  ctx.font = `${f.caption.size}px ${FONT}`;
+  f.caption.lines.forEach((text, i) => ctx.fillText(text, f.caption.x, f.caption.y[i]));
+  const blob = await new Promise((resolve, reject) => {
+    canvas.toBlob((b) => (b ? resolve(b) : reject(new Error("the PNG could not be made"))), "image/png");
+  });
+  return withText(blob, {
+    Title: legend.title,
+    Description: `${legend.title} · ${legend.subtitle}`,
+    headscope: JSON.stringify(facts(legend, range, f.band)),
+  });
+}
+
+/** Text for XML: &, <, >, quotes escaped. */
+function xml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&apos;" })[c]);
+}
+
+/**
+ * An SVG Blob of the same figure: the picture with its overlay embedded as a PNG (data: URL), the
+ * title, the scale's ends, the colour bar (a linearGradient of the colour map) and the caption
+ * as vector text and shapes. Same arguments as exportPng.
+ */
+export async function exportSvg(opts, legend) {
+  const { canvas: pic, range } = composite(opts);
+  const f = figureLayout(document.createElement("canvas").getContext("2d"), pic.width, pic.height,
+    legend.title, legend.subtitle, range);
+  const stops = gradientStops(opts.colormap, 32)
+    .map(([at, colour]) => `<stop offset="${at.toFixed(4)}" stop-color="${colour}"/>`).join("");
+  const text = (t, x, y, size, fill, baseline, extra = "") => `<text x="${x}" y="${y}" font-size="${size}" fill="${fill}" `
+    + `dominant-baseline="${baseline}"${extra}>${xml(t)}</text>`;
+  const meta = JSON.stringify(facts(legend, range, f.band));
+  const svg = [
+    '<?xml version="1.0" encoding="UTF-8"?>',
+    `<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" version="1.1" `
+      + `width="${f.W}" height="${f.H}" viewBox="0 0 ${f.W} ${f.H}" font-family="${xml(FONT)}">`,
+    `<title>${xml(legend.title)}</title>`,
+    `<desc>${xml(`${legend.title} · ${legend.subtitle}`)}</desc>`,
+    `<metadata id="headscope" data-format="application/json">${xml(meta)}</metadata>`,
+    `<defs><linearGradient id="colour-bar" x1="0" y1="0" x2="1" y2="0">${stops}</linearGradient></defs>`,
+    `<rect width="${f.W}" height="${f.H}" fill="${BG}"/>`,
+    `<image id="map" x="${f.x0}" y="0" width="${pic.width}" height="${pic.height}" preserveAspectRatio="none" `
+      + `xlink:href="${pic.toDataURL("image/png")}"/>`,
+    '<g id="legend">',
+    text(f.title.text, f.title.x, f.title.y, f.title.size, COLOURS.title, "hanging", ' font-weight="600" id="figure-title"'),
+    `<g id="scale" font-family="${xml(MONO)}">`,
+    text(f.lo.text, f.lo.x, f.lo.y, f.lo.size, COLOURS.scale, "central", ' id="scale-min"'),
+    text(f.hi.text, f.hi.x, f.hi.y, f.hi.size, COLOURS.scale, "central", ' id="scale-max"'),
+    '</g>',
+    `<rect id="colour-bar-rect" x="${f.bar.x}" y="${f.bar.y}" width="${f.bar.w}" height="${f.bar.h}" fill="url(#colour-bar)"/>`,
+    `<g id="caption" font-size="${f.caption.size}" fill="${COLOURS.caption}">`,
+    ...f.caption.lines.map((t, i) => `<text x="${f.caption.x}" y="${f.caption.y[i]}" dominant-baseline="hanging">${xml(t)}</text>`),
+    '</g>',
+    '</g>',
+    '</svg>',
+  ].join("\n");
+  return new Blob([svg, "\n"], { type: "image/svg+xml" });
+}
+
+/**
+ * The text as lines that fit `width` pixels in the context's font: broken between the caption's
+ * " · " items, and inside an item only when it is wider than a line (at its spaces; a word wider
+ * than the line is shortened with an ellipsis).
+ */
+export function wrapText(ctx, text, width) {
+  const fits = (t) => ctx.measureText(t).width <= width;
+  const lines = [];
+  let line = "";
+  const add = (piece, sep) => {
+    const next = line ? `${line}${sep}${piece}` : piece;
+    if (!fits(next)) return false;
+    line = next;
+    return true;
+  };
+  for (const item of String(text).split(" · ")) {
+    if (add(item, " · ")) continue;
+    if (line) lines.push(line);
+    line = "";
+    if (add(item, "")) continue;
+    for (const word of item.split(" ")) {
+      if (add(word, " ")) continue;
+      if (line) lines.push(line);
+      line = fits(word) ? word : fitText(ctx, word, width);
+    }
+  }
+  if (line) lines.push(line);
+  return lines.length ? lines : [""];
 }
 
 /** The text, shortened with an ellipsis to fit `width` pixels in the context's font. */
@@ -96,37 +209,53 @@ function fitText(ctx, text, width) {
   return `${s}…`;
 }
 
-/** Save the shown map of state `s` as a PNG with its legend (the "Download PNG" button). */
-export async function downloadMapPng(s) {
-  if (!s.store || !s.image) return;
+/**
+ * What the shown map of state `s` is, as a figure: {opts (drawComposite's), legend: {title,
+ * subtitle, meta}, stem (the file name without extension)}; null while its row is not in.
+ */
+export function mapFigure(s) {
+  if (!s.store || !s.image) return null;
   const row = shownRow(s.store, selection(s));
-  if (!row) return;
+  if (!row) return null;
   const tokens = tokensAt(s.meta, s.layer); // swin: the layer's stage grid
   const q = parseQuery(s.query, s.meta.tokens);
   const marker = markerAt(s.meta, s.query, s.layer);
   const stage = tokens.window ? ` (stage ${tokens.stage})` : "";
   const title = `Layer ${s.layer}${stage} · ${headLabel(s.head)} · query ${queryLabel(s.query, s.meta.tokens)}`;
   const extra = [s.drop !== "none" ? `dropped: ${s.drop}` : "", s.mask ? `mass mask ${Math.round(s.massFraction * 100)}%` : "",
-    s.temperature !== 1 ? `softmax temperature ${s.temperature}` : ""];
+    s.temperature !== 1 ? `softmax temperature ${s.temperature}` : "",
+    s.store.ablate ? `heads off: ${s.store.ablate}` : ""];
   const subtitle = [`model ${s.store.model}`, s.filename || "image", ...extra.filter(Boolean), "attention weight (colour bar)", "Headscope"]
     .join(" · ");
-  const blob = await exportPng({
-    image: s.image, row, tokens, colormap: s.colormap, opacity: s.opacity,
-    grid: s.showGrid, smooth: s.smooth, marker,
-    mask: s.mask ? s.massFraction : null, rings: artifactTokens(s.store),
-  }, {
-    title, subtitle,
-    meta: {
-      model: s.store.model, image_id: s.imageId, filename: s.filename, layer: s.layer, head: s.head,
-      query: s.query, token: marker ? marker.token : q.token, colormap: s.colormap, drop: s.drop,
-      temperature: s.temperature, stage: tokens.window ? tokens.stage : null,
-      rollout: s.head === "rollout" ? s.rollout : null, mass_fraction: s.mask ? s.massFraction : null,
-    },
-  });
   const stem = (s.filename || "image").replace(/\.[a-z0-9]+$/i, "").replace(/[^a-z0-9_-]+/gi, "_").slice(0, 60);
+  return {
+    opts: {
+      image: s.image, row, tokens, colormap: s.colormap, opacity: s.opacity,
+      grid: s.showGrid, smooth: s.smooth, marker,
+      mask: s.mask ? s.massFraction : null, rings: artifactTokens(s.store),
+    },
+    legend: {
+      title, subtitle,
+      meta: {
+        model: s.store.model, image_id: s.imageId, filename: s.filename, layer: s.layer, head: s.head,
+        query: s.query, token: marker ? marker.token : q.token, colormap: s.colormap, drop: s.drop,
+        temperature: s.temperature, stage: tokens.window ? tokens.stage : null,
+        rollout: s.head === "rollout" ? s.rollout : null, mass_fraction: s.mask ? s.massFraction : null,
+        ablate: s.store.ablate || null,
+      },
+    },
+    stem: `headscope_${stem}_L${s.layer}_${s.head}_${s.query.replace(/[^a-z0-9]+/gi, "_")}`,
+  };
+}
+
+/** Save the shown map of state `s` as a figure: format "png" or "svg" (the Download buttons). */
+export async function downloadMap(s, format) {
+  const fig = mapFigure(s);
+  if (!fig) return; // the buttons are off until the map is drawn (viewer.js)
+  const blob = await (format === "svg" ? exportSvg : exportPng)(fig.opts, fig.legend);
   const a = document.createElement("a");
   a.href = URL.createObjectURL(blob);
-  a.download = `headscope_${stem}_L${s.layer}_${s.head}_${s.query.replace(/[^a-z0-9]+/gi, "_")}.png`;
+  a.download = `${fig.stem}.${format === "svg" ? "svg" : "png"}`;
   document.body.append(a);
   a.click();
   a.remove();

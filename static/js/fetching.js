@@ -13,7 +13,9 @@ import { ApiError, getAttention, loadImage, postImage } from "./api.js";
 import { rowKeyOfAnswer } from "./data.js";
 import { SIDES, followImage, otherKey, sideData } from "./compare.js";
 import { fmtBytes } from "./dom.js";
-import { apiQuery, defaultQuery, dims, dropParts, hasCls, headChoices, mapQuery, parseQuery } from "./state.js";
+import {
+  apiQuery, canonicalQuery, defaultQuery, dims, dropParts, hasCls, headChoices, mapQuery, parseQuery,
+} from "./state.js";
 import { makeStore } from "./swin-store.js";
 import { firstFields, isWindowed, shapeSummary } from "./windows.js";
 
@@ -230,7 +232,8 @@ async function adopt(s, ans, my, want = {}, sample = null) {
   s.layer = layer >= 0 && layer < L ? layer : L - 1;
   const heads = headChoices(meta, s.layer); // swin: the heads of that layer's stage
   s.head = heads.includes(want.head) ? want.head : (heads.includes(keep.head) ? keep.head : "0");
-  s.query = parseQuery(want.q, meta.tokens) ? want.q : defaultQuery(meta.tokens);
+  // In its one spelling (an old shared link's query reads as the API's, state.js parseQuery).
+  s.query = canonicalQuery(want.q, meta.tokens) || defaultQuery(meta.tokens);
   s.lastPatch = parseQuery(s.query, meta.tokens).kind === "patch" ? s.query : null;
   s.rollout = { ...s.rollout, start: Math.min(s.rollout.start, L - 1) };
   // Chart modes the new model cannot have (no CLS token) fall back to ones it can.

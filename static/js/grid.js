@@ -115,8 +115,12 @@ export function renderModelView(container, view, onPick) {
       s.textContent = headLabel(head, true);
       cells.push(s);
     }
-    const avail = container.clientWidth - 44 - 4 * cols - 6 * cols; // label column, gaps, tile chrome
-    const width = Math.max(48, Math.min(110, Math.floor(avail / cols)));
+    // Every column fits the panel (a phone too: smaller tiles with less chrome, no sideways scroll).
+    const narrow = container.clientWidth < 560;
+    container.classList.toggle("is-narrow", narrow);
+    const [label, gap, chrome] = narrow ? [28, 2, 4] : [44, 4, 6]; // app.css .model-view(.is-narrow)
+    const avail = container.clientWidth - label - (gap + chrome) * cols;
+    const width = Math.max(12, Math.min(110, Math.floor(avail / cols)));
     const { w, h } = fit(view.image.naturalWidth, view.image.naturalHeight, width, width * 1.25);
     for (let l = 0; l < view.store.L; l++) {
       const lab = document.createElement("span");

@@ -5,9 +5,11 @@
 //   render.js    render(): the chrome and the shown view, from the state (read only)
 //   views.js     the tabs and the list of views: where a new view plugs in
 //   maps.js      the "Attention maps" view (viewer.js, compare.js, grid.js, rollout.js, analytics.js…)
-//   learn.js     the "Inside a head" view (one head's computation, the temperature slider)
+//   learn.js     the "Inside a head" view (one head's computation, its temperature slider)
+//   ablation.js  the "Ablation" view (heads off, the model's output, importance, pruning)
 //   fetching.js  what the view needs from the server, image loads, cancellation
 //   intake.js    file, drop, paste, samples, model switch, shared URL
+//   model-picker.js  the any-model picker (--any-model): search, load with progress, switch
 //   bindings.js  the events of every control
 //
 // Nothing here runs at import time except start() below: the modules import without a DOM
@@ -18,6 +20,7 @@ import { bindAll } from "./bindings.js";
 import { initStaticControls } from "./controls.js";
 import { getModels } from "./api.js";
 import { bindIntake, takeShared } from "./intake.js";
+import { bindModelPicker } from "./model-picker.js";
 import { readUrl, state } from "./state.js";
 
 async function start() {
@@ -33,6 +36,7 @@ async function start() {
     const models = await getModels();
     state.models = models.models || [];
     state.model = want.model || models.default;
+    bindModelPicker(!!models.any_model);
   } catch (e) {
     app.fail(e);
   }

@@ -4,7 +4,6 @@
 // coalesced while the pointer sweeps over patches. Both only read the state `s`; `act` holds
 // the actions a click on a drawn thing calls (actions.js).
 
-import { renderMapsAblated } from "./ablation.js";
 import { analyticsEls, renderAnalytics } from "./analytics.js";
 import { renderRow, resizeCharts } from "./charts.js";
 import { renderCompare } from "./compare.js";
@@ -16,7 +15,7 @@ import { renderHeadGrid, renderModelView } from "./grid.js";
 import { renderRolloutStrip } from "./rollout.js";
 import { artifactTokens, shownRow } from "./sinks.js";
 import { headChoices, markerAt, parseQuery, tokensAt } from "./state.js";
-import { renderPrefixList, renderViewer, selection } from "./viewer.js";
+import { renderMapsAblated, renderPrefixList, renderViewer, selection } from "./viewer.js";
 import { isWindowed } from "./windows.js";
 
 /** What the thumbnail views draw: null before an image. */
@@ -49,7 +48,7 @@ export function render(s, act) {
   renderRolloutStrip($("rollout-strip"), view, (l) => act.pick(l, "rollout"));
   renderCompare(s);
   renderHeadGrid($("head-grid"), view, act.pick);
-  renderMapsAblated(); // the maps say when the Ablation view's heads are off
+  renderMapsAblated(s); // the maps say when the Ablation view's heads are off
 }
 
 export function renderSlow(s, act) {

@@ -8,7 +8,7 @@
 // (tokens, meta), so a view can call them with another image's layout (compare mode does).
 //
 // head:  "0".."H-1" | "mean" | "max" | "rollout"
-// query: "cls" | "patch:R,C" | "tok:I" (a prefix token other than CLS)
+// query: "cls" | "patch:R,C" | "I" (a prefix token other than CLS): the API's spelling (queryRows)
 // drop:  "none" | "prefix" | "artifacts" | "prefix,artifacts" (the API's spelling of `drop`)
 // Windowed models (Swin, meta.stages): layers have their stage's grid and heads; "patch:R,C" is a
 // cell of stage 0 and each layer shows the stage's cell under it (see windows.js). The helpers
@@ -57,8 +57,13 @@ export const state = {
     failed: new Set(),   // keys of images that could not be opened (not retried)
   },
   session: [],            // images opened in this session: [{id, filename, sample}]
-  temperature: 1,         // softmax temperature of every map: softmax(scores / T) (?t=, learn.js's slider)
-  ablation: { off: [], method: "ablation" }, // ablation view (#16): heads off ("l:h"), importance method
+  temperature: 1,         // softmax temperature of every map: softmax(scores / T) (?t=, both sliders)
+  // "Inside a head" (learn.js): explain answers by "image|model|layer|head|query", the requests on
+  // their way and the failed ones, the key under the pointer, the slider's T while it is dragged
+  learn: { answers: new Map(), loading: new Set(), failed: new Map(), hover: null, previewT: null },
+  // the Ablation view (ablation.js): heads off ("l:h"), the importance method, importance asked for
+  // ("image|model|method"), a method to try again; `data`: the server's answers for the shown image
+  ablation: { off: [], method: "ablation", asked: [], retry: null, data: null },
   // requests in flight: `gen` bumps on every new image or model load, so late answers of an
   // older one are dropped; the controllers cancel the image load and the statistics.
   requests: { gen: 0, load: null, stats: null },
@@ -110,37 +115,93 @@ export function defaultQuery(tokens) {
   return `patch:${Math.floor(rows / 2)},${Math.floor(cols / 2)}`;
 }
 
+// ---------------------------------------------------------------- queries
+// The page speaks the API's query grammar (app/engine/selection.py parse_query): "cls", "all",
+// token indices "0,17,200" (negative counts from the end), "patch:R,C" (";" between cells,
+// negative from the far edge). The page shows one row at a time: its `state.query` is always one
+// row, spelled the one way canonicalQuery() gives: "cls", a prefix token's index ("2") or
+// "patch:R,C". tests/fixtures/parity.json holds parse_query's answers for queryRows().
+
+const MAX_SPEC = 4096; // selection.MAX_SPEC
+const mod = (v, n) => ((v % n) + n) % n;
+
 /**
- * The one query parser: {kind: "cls" | "patch" | "token", token, r?, c?}, or null when `q` does
- * not fit the token layout `tokens` (an answer's `tokens`).
+ * The rows a query spec asks for, as the API reads it: {rows: [token, ...]} (duplicates
+ * dropped, in the spec's order), {rows: null} for "all" (every row), or {error} with the API's
+ * message where the API answers 422.
+ */
+export function queryRows(spec, tokens) {
+  const text = String(spec || "cls").trim().toLowerCase();
+  const n = tokens.count;
+  if (text.length > MAX_SPEC) return { error: "query: specification too long" };
+  if (text === "all") return { rows: null };
+  if (text === "cls") {
+    const p = tokens.prefix.find((x) => x.kind === "cls");
+    return p ? { rows: [p.index] }
+      : { error: "query: this model has no CLS token; ask for token indices, 'patch:R,C' or 'all'" };
+  }
+  const rows = [];
+  if (text.startsWith("patch:")) {
+    const [gh, gw] = tokens.grid;
+    for (const cell of text.slice("patch:".length).replace(/ /g, "").split(";")) {
+      const m = /^(-?[0-9]{1,6}),(-?[0-9]{1,6})$/.exec(cell);
+      if (!m) return { error: `query: cannot read patch '${cell}'; use patch:ROW,COL` };
+      const r = Number(m[1]);
+      const c = Number(m[2]);
+      if (!(r >= -gh && r < gh && c >= -gw && c < gw)) {
+        return { error: `query: patch (${r}, ${c}) is outside the ${gh} x ${gw} grid` };
+      }
+      rows.push(tokens.num_prefix + mod(r, gh) * gw + mod(c, gw));
+    }
+    return { rows: [...new Set(rows)] };
+  }
+  for (const raw of text.replace(/ /g, "").split(",")) {
+    if (!/^-?[0-9]{1,7}$/.test(raw)) {
+      return { error: `query: cannot read '${raw}'; use cls, all, token indices or patch:ROW,COL` };
+    }
+    const v = Number(raw);
+    if (!(v >= -n && v < n)) return { error: `query: token ${v} is out of range for ${n} tokens` };
+    rows.push(mod(v, n));
+  }
+  return { rows: [...new Set(rows)] };
+}
+
+/** What token `t` is: {kind: "cls" | "token" (another prefix token) | "patch", token, r?, c?}. */
+export function tokenKind(t, tokens) {
+  if (t < tokens.num_prefix) return { kind: tokens.prefix[t].kind === "cls" ? "cls" : "token", token: t };
+  const p = t - tokens.num_prefix;
+  const C = tokens.grid[1];
+  return { kind: "patch", r: Math.floor(p / C), c: p % C, token: t };
+}
+
+/**
+ * The one query parser of the page: the one row a query asks for, {kind: "cls" | "token" |
+ * "patch", token, r?, c?}, or null when `q` asks for no single row of the layout `tokens` (an
+ * answer's `tokens`). "tok:I", the page's spelling before it spoke the API's, is read as "I".
  */
 export function parseQuery(q, tokens) {
   if (!tokens || typeof q !== "string") return null;
-  if (q === "cls") {
-    const p = tokens.prefix.find((x) => x.kind === "cls");
-    return p ? { kind: "cls", token: p.index } : null;
-  }
-  let m = /^patch:(\d+),(\d+)$/.exec(q);
-  if (m) {
-    const r = Number(m[1]);
-    const c = Number(m[2]);
-    if (r >= tokens.grid[0] || c >= tokens.grid[1]) return null;
-    return { kind: "patch", r, c, token: tokens.num_prefix + r * tokens.grid[1] + c };
-  }
-  m = /^tok:(\d+)$/.exec(q);
-  if (m) {
-    const i = Number(m[1]);
-    return i < tokens.num_prefix ? { kind: "token", token: i } : null;
-  }
-  return null;
+  const legacy = /^\s*tok:(\d+)\s*$/.exec(q);
+  const { rows } = queryRows(legacy ? legacy[1] : q, tokens);
+  return rows && rows.length === 1 ? tokenKind(rows[0], tokens) : null;
 }
 
-/** The API's spelling of a query (the `query` parameter): "cls", "patch:R,C" or a token index. */
-export function apiQuery(q, tokens) {
+/** The one spelling of a one-row query: "cls", a prefix token's index, "patch:R,C"; null if none. */
+export function canonicalQuery(q, tokens) {
   const p = parseQuery(q, tokens);
-  if (!p || p.kind === "cls") return "cls";
-  if (p.kind === "patch") return `patch:${p.r},${p.c}`;
-  return String(p.token);
+  if (!p) return null;
+  if (p.kind === "cls") return "cls";
+  return p.kind === "patch" ? `patch:${p.r},${p.c}` : String(p.token);
+}
+
+/** The API's `query` for the page's query: its canonical spelling ("cls" when it names no row). */
+export function apiQuery(q, tokens) {
+  return canonicalQuery(q, tokens) || "cls";
+}
+
+/** The query of prefix token `p` ({index, kind}): "cls" for CLS, else its index. */
+export function prefixQuery(p) {
+  return p.kind === "cls" ? "cls" : String(p.index);
 }
 
 /** The same query on another token grid: CLS and prefix tokens as they are, a patch at the same place. */
@@ -186,6 +247,26 @@ export function headLabel(head, short = false) {
   if (head === "max") return short ? "max" : "max of heads";
   if (head === "rollout") return "rollout";
   return short ? `h${head}` : `head ${head}`;
+}
+
+/**
+ * The heads switched off (state.ablation.off, "l:h") that the model of `meta` has, as sorted
+ * [layer, head] pairs; none for a windowed model (the server has no head ablation for those).
+ */
+export function ablatedPairs(meta, off) {
+  if (!meta || isWindowed(meta)) return [];
+  const { L, H } = dims(meta);
+  const pairs = [];
+  for (const k of off) {
+    const [l, h] = String(k).split(":").map(Number);
+    if (Number.isInteger(l) && Number.isInteger(h) && l >= 0 && l < L && h >= 0 && h < H) pairs.push([l, h]);
+  }
+  return pairs.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+}
+
+/** The API's `ablate` for [layer, head] pairs: "3:0,3:1" ("" for none). */
+export function ablateText(pairs) {
+  return pairs.map(([l, h]) => `${l}:${h}`).join(",");
 }
 
 /** The key tokens a `drop` value removes: {prefix, artifacts} (booleans). */

@@ -7,7 +7,9 @@ import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { paintColorbar } from "./colormaps.js";
 import { normEntropy } from "./data.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
-import { dims, dropParts, headLabel, markerAt, parseQuery, prefixLabel, queryLabel, tokensAt } from "./state.js";
+import {
+  ablatedPairs, dims, dropParts, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, queryLabel, tokensAt,
+} from "./state.js";
 import { keyCount, stageCell, windowNote } from "./windows.js";
 
 /** What to show of the shown image: the selection shownRow() needs, from the state. */
@@ -19,7 +21,40 @@ export function selection(s, over = {}) {
   };
 }
 
-/** Draw the overlay for the state; leaves the last drawing while the row is still loading. */
+const MIN_MAP_H = 200;   // the map is never shorter than this (CSS pixels)
+const UNDER_MAP_PX = 52; // the colour bar under the map, and a margin under it
+let lastBox = null;      // how large the map could be when the viewer was last on screen
+
+/**
+ * How large the map may be: the viewer's width, and the height left on the screen under the
+ * viewer's top once an image is shown (the page's top; on a narrow screen the status line, where
+ * intake.js scrolls), less the colour bar and, on a phone, the dock of layer and head controls.
+ * While the panel is hidden (another view is shown) it measures 0: the last size stands.
+ */
+function mapBox() {
+  const box = $("viewer");
+  const maxW = box.clientWidth;
+  if (!maxW) return lastBox || { maxW: 640, maxH: 480 };
+  const docTop = (el) => el.getBoundingClientRect().top + window.scrollY;
+  const narrow = window.matchMedia("(max-width: 860px)").matches;
+  const origin = narrow ? docTop($("status")) : 0;
+  const dock = $("view-dock");
+  const docked = dock && getComputedStyle(dock).position === "fixed" ? dock.offsetHeight : 0;
+  const maxH = Math.max(MIN_MAP_H, Math.floor(window.innerHeight - (docTop(box) - origin) - UNDER_MAP_PX - docked));
+  lastBox = { maxW, maxH };
+  return lastBox;
+}
+
+/** The two figure downloads (PNG, SVG): on once the shown map is drawn. */
+function renderFigureButtons(ready) {
+  for (const id of ["download-png", "download-svg"]) $(id).disabled = !ready;
+}
+
+/**
+ * Draw the overlay for the state. While the row of the shown selection is on its way (another
+ * query, the heads switched off in the Ablation view, another temperature) the last drawing
+ * stays, at the size the map has now, and the figure downloads wait for the row.
+ */
 export function renderViewer(s) {
   const canvas = $("overlay");
   const empty = $("empty");
@@ -36,20 +71,26 @@ export function renderViewer(s) {
     cbar.hidden = true;
     $("view-title").textContent = "Attention map";
     $("mass-count").textContent = "";
+    renderFigureButtons(false);
     return;
   }
   const tokens = tokensAt(s.meta, s.layer); // windowed models: the layer's stage grid
   const row = shownRow(store, selection(s));
+  const { maxW, maxH } = mapBox();
+  const { w, h } = fit(s.image.naturalWidth, s.image.naturalHeight, maxW, maxH);
   canvas.dataset.pending = row ? "0" : "1";
-  if (!row) return;
+  renderFigureButtons(!!row);
+  if (!row) {
+    if (!canvas.hidden) { // the last drawing, scaled to the size the map has now
+      canvas.style.width = `${w}px`;
+      canvas.style.height = `${h}px`;
+    }
+    return;
+  }
   const dropped = droppedTokens(store, tokens, s.drop);
   const rings = artifactTokens(store);
   empty.hidden = true;
   canvas.hidden = false;
-  const box = $("viewer");
-  const maxW = Math.max(120, box.clientWidth);
-  const maxH = Math.max(240, Math.round(window.innerHeight * 0.7));
-  const { w, h } = fit(s.image.naturalWidth, s.image.naturalHeight, maxW, maxH);
   const dpr = sizeCanvas(canvas, w, h);
   const q = parseQuery(s.query, s.meta.tokens);
   const marker = markerAt(s.meta, s.query, s.layer);
@@ -67,7 +108,7 @@ export function renderViewer(s) {
     opacity: String(s.opacity), grid: s.showGrid ? "1" : "0",
     drop: s.drop, dropped: dropped.join(","), patchSum: String(patchSum(row, tokens)),
     artifacts: rings.join(","),
-    temperature: String(s.temperature),
+    temperature: String(s.temperature), ablate: store.ablate || "",
     rollout: s.head === "rollout" ? `${s.rollout.start},${s.rollout.fusion},${s.rollout.discard}` : "",
   });
   if (s.mask) {
@@ -89,6 +130,30 @@ export function renderViewer(s) {
     + extras(s, dropped, range.maskCount, rings)
     + (s.temperature === 1 ? "" : ` Softmax temperature T = ${s.temperature}: every map is `
       + "softmax(QKᵀ/(√d·T)), sharper below 1, flatter above (set it here or in Inside a head).");
+}
+
+/** The maps' note while heads are off in the Ablation view: which, and which layers changed. */
+export function renderMapsAblated(s) {
+  const el = $("maps-ablated");
+  const pairs = ablatedPairs(s.meta, s.ablation.off);
+  el.hidden = !pairs.length;
+  if (pairs.length) $("maps-ablated-text").textContent = ablatedNote(pairs, dims(s.meta).L);
+}
+
+/**
+ * The maps view's words for the heads switched off ([layer, head] pairs, sorted): a removed head's
+ * output is zeroed after its own layer's attention, so the maps up to the first layer with a head
+ * off are the model's own and the later ones change.
+ */
+export function ablatedNote(pairs, L) {
+  const n = pairs.length;
+  const list = n <= 6 ? ` (${pairs.map(([l, h]) => `layer ${l} head ${h}`).join(", ")})` : "";
+  const first = pairs[0][0];
+  const where = first >= L - 1
+    ? `The maps are the model's own: removing a head acts after its layer's attention, and layer ${first} is the last.`
+    : `Layers 0–${first} are unchanged (removing a head acts after its layer's attention); `
+      + `from layer ${first + 1} on, the maps are those of the model without ${n > 1 ? "these heads" : "it"}.`;
+  return `Maps of the model with ${n} head${n > 1 ? "s" : ""} off${list}, switched off in the Ablation view. ${where}`;
 }
 
 /** What the drop, mask and ring options add to the picture, in words. */
@@ -176,6 +241,11 @@ export function renderPrefixList(s, onPick) {
   }
   const t = tokensAt(s.meta, s.layer);
   const row = shownRow(store, selection(s));
+  // While the row is on its way, the lists keep the numbers of the last one (like the map).
+  const key = `${s.imageId}|${store.model}`;
+  list.setAttribute("aria-busy", row ? "false" : "true");
+  if (!row && list.dataset.image === key) return;
+  list.dataset.image = row ? key : "";
   renderArtifactList(s, onPick, row);
   if (t.num_prefix === 0) {
     const li = document.createElement("li");
@@ -195,7 +265,7 @@ export function renderPrefixList(s, onPick) {
     const name = prefixLabel(p.index, t);
     const b = tokenButton({
       name, index: p.index, value: v, title: `Use ${name} as the query row`,
-      onClick: () => onPick(p.kind === "cls" ? "cls" : `tok:${p.index}`),
+      onClick: () => onPick(prefixQuery(p)),
     });
     b.dataset.kind = p.kind;
     b.classList.toggle("is-query", !!isQuery);

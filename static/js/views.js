@@ -2,22 +2,23 @@
 // [data-view-tab=NAME] shows the panel [data-view-panel=NAME]. The shown view is state.view and
 // travels in the URL (?view=NAME), so a shared link opens the same view.
 //
-// Where a view plugs in (four places; learn.js and ablation.js wrap modules that still keep
-// their answers in module variables: a new view should keep them in state.NAME instead):
+// Where a view plugs in (four places; learn.js and ablation.js are two examples):
 //   1. templates/index.html: a <button data-view-tab=NAME data-testid=NAME-tab> in the tab bar
 //      and a <section data-view-panel=NAME hidden> panel (its elements get data-testids);
 //   2. a module NAME.js exporting a view object (below);
 //   3. one entry in VIEWS here;
 //   4. its own part of the state, if it has any: state.NAME = {...} in state.js (answers it
 //      fetched, what it shows); it writes it with act.setIn(NAME, patch) from its controls and
-//      in need() when answers arrive. URL fields go in syncUrl/readUrl (state.js).
+//      in need() when answers arrive (no module variables: what the view knows is in the state).
+//      URL fields go in syncUrl/readUrl (state.js).
 // A view object: {
 //   name,                  // its NAME
 //   render(s, act, shown), // draw the panel from the state `s` (read only); called on every
 //                          //   change, shown or not (return early when !shown if the drawing
 //                          //   is heavy); `act` holds the actions (actions.js)
 //   renderSlow?(s, act),   // heavier drawing of the shown view, coalesced (charts)
-//   bind?(act),            // wire the panel's own controls once at start
+//   bind?(act, s),         // wire the panel's own controls once at start; `s` is the one state,
+//                          //   for the handlers to read when an event comes (they write through act)
 //   need?(s, app),         // the shown view only: start the requests it lacks after a render;
 //                          //   app.update() re-renders when an answer is in, app.fail(e, retry);
 //                          //   returns whether it started one (the loading state shows at once)

@@ -2,7 +2,7 @@
 
 Windowed models answer their own output (a classifier's classes) but no head ablation: every
 endpoint that would remove heads answers 422 ``ablation_unsupported`` in the one error shape
-(README, "Model output, ablation and head importance"). Temperature composes with ``ablate``:
+(docs/ablation.md, "Windowed models (Swin)"). Temperature composes with ``ablate``:
 the forward of the ablated model runs as the model does (T = 1), and the maps it captures are
 shown at T like any other.
 """
@@ -36,7 +36,8 @@ def assert_422(r: httpx.Response, code: str) -> str:
 
 
 def test_a_windowed_classifier_shows_its_classes_exactly(swin, checkpoint, samples):
-    from app.serving import images
+    from app.config import Settings
+    from app.serving.pictures import Pictures
     from app.zoo.ids import ModelSpec
     from app.zoo.loaders import build
 
@@ -53,7 +54,7 @@ def test_a_windowed_classifier_shows_its_classes_exactly(swin, checkpoint, sampl
     probs = np.asarray(body["output"]["probabilities"])
     # Independent: the checkpoint's own timm model, its whole forward on the same pixels.
     lm = build(ModelSpec.parse(f"local:{ARCH}@{checkpoint}"), ROOT / "models")
-    prep = images.prepare(images.decode(data, 40_000_000), lm.input_size, lm.patch_size, lm.mean, lm.std)
+    prep = Pictures.for_model(lm, Settings()).prepare(data)
     with torch.inference_mode():
         want = torch.softmax(lm.model(prep.pixels[None]).float(), -1)[0].numpy()
     np.testing.assert_allclose(probs, want, atol=1e-5)

@@ -57,11 +57,11 @@ def local_model():
 
 def reference(lm, data: bytes):
     """The same image through the engine in this process, for comparison with the server."""
+    from app.config import Settings
     from app.engine.forward import forward_capture
-    from app.serving import images
+    from app.serving.pictures import Pictures
 
-    img = images.decode(data, 40_000_000)
-    prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std)
+    prep = Pictures.for_model(lm, Settings()).prepare(data)
     return forward_capture(lm, prep.pixels[None])[0], prep
 
 

@@ -1,6 +1,6 @@
 """Resource exhaustion against real servers (issue #20): every request admitted, memory bounded
 per request, answers bounded, HTTP limits. Assertions are on status codes, counts and memory,
-never on speed; the long measurements behind the README's figures are ``scripts/load.py``'s
+never on speed; the long measurements behind docs/limits.md's figures are ``scripts/load.py``'s
 ``decode-flood``, ``follow-up-flood`` and ``answers`` modes."""
 
 from __future__ import annotations

@@ -79,12 +79,13 @@ def probe_cells(grid: tuple[int, int]) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("which", [V1, V2, "local"], ids=["v1-random", "v2-random", "v1-local"])
 def test_rows_of_every_stage_equal_an_independent_windowing(swin_server, samples, checkpoint, which):
-    from app.serving import images
+    from app.config import Settings
+    from app.serving.pictures import Pictures
 
     model_id = which if which != "local" else f"local:{ARCH}@{checkpoint.name}"
     data = samples["cat"].read_bytes()  # 451 x 300: a wide grid, padding on the last stage
     lm = local_model(which, checkpoint)
-    prep = images.prepare(images.decode(data, 40_000_000), lm.input_size, lm.patch_size, lm.mean, lm.std)
+    prep = Pictures.for_model(lm, Settings()).prepare(data)
     layout = lm.layout(prep.input_size)
     queries = {}
     for s in layout.stages:
@@ -185,12 +186,13 @@ def test_stage_rules_are_422s_that_say_what_to_ask(swin_server, samples):
 
 
 def test_rollout_within_a_stage_and_stats(swin_server, samples):
-    from app.serving import images
+    from app.config import Settings
+    from app.serving.pictures import Pictures
 
     url = swin_server.url
     data = samples["rocket"].read_bytes()
     lm = local_model(V1, None)
-    prep = images.prepare(images.decode(data, 40_000_000), lm.input_size, lm.patch_size, lm.mean, lm.std)
+    prep = Pictures.for_model(lm, Settings()).prepare(data)
     layout = lm.layout(prep.input_size)
     s1, s3 = layout.stages[1], layout.stages[3]
     n1, n3 = s1.grid[0] * s1.grid[1], s3.grid[0] * s3.grid[1]
@@ -236,12 +238,13 @@ def test_explain_keys_are_the_window_with_bias_and_shift_mask(swin_server, sampl
     """GET .../explain for Swin: the query's window is the keys; every field against the
     independent windowing of the block's weights, on a shifted block whose window wraps round the
     image and on a block whose window holds padding (the cat's wide grid)."""
-    from app.serving import images
+    from app.config import Settings
+    from app.serving.pictures import Pictures
 
     version = "v2" if "v2" in which else "v1"
     data = samples["cat"].read_bytes()
     lm = local_model(which, None)
-    prep = images.prepare(images.decode(data, 40_000_000), lm.input_size, lm.patch_size, lm.mean, lm.std)
+    prep = Pictures.for_model(lm, Settings()).prepare(data)
     layout = lm.layout(prep.input_size)
     image_id = post(swin_server.url, data, model=which, layers="0", query="0").json()["image_id"]
     s0, last = layout.stages[0], layout.stages[-1]

@@ -348,6 +348,30 @@ def test_url_keeps_the_view(page, base_url, samples):
     assert page.locator("[data-testid=filename]").inner_text() == "coffee.png"
 
 
+def test_shared_links_speak_the_apis_query_grammar(page, base_url, samples):
+    """?q= takes what the API's `query` takes for one row (a token index, patch:R,C counted from
+    the far edge with a minus, cls) and the page writes it back in its one spelling."""
+    open_page(page, base_url)
+    v = upload(page, samples["cat"])  # 1 prefix token (CLS) + 16 x 24 patches
+    for q, want, marked in (
+        ("17", "patch:0,16", "0,16"),  # token 17 is a patch
+        ("patch:-1,-1", "patch:15,23", "15,23"),
+        ("0", "cls", ""),
+        ("tok:0", "cls", ""),  # the page's own spelling before: links shared then still open
+    ):
+        open_page(page, base_url, f"?image={v['image']}&layer=3&head=1&q={q}")
+        got = wait_view(page, image=v["image"], layer=3, query=want)
+        assert got["marked"] == marked, (q, got)
+        assert parse_qs(urlsplit(page.url).query)["q"] == [want]
+    # The query is the API's: the page's map is the API's row for it.
+    ans = api_rows(base_url, v["image"], layers="3", heads="1", query="17")
+    open_page(page, base_url, f"?image={v['image']}&layer=3&head=1&q=17")
+    got = wait_view(page, image=v["image"], layer=3, query="patch:0,16")
+    lo, hi = patch_range(ans["attention"][0][0][0], 1)
+    assert_close(got["min"], lo)
+    assert_close(got["max"], hi)
+
+
 def test_shared_url_of_an_evicted_image_says_so(page, base_url, guard):
     guard.allow_http_errors = True
     open_page(page, base_url, "?image=0123456789abcdef01234567&layer=2&head=1&q=cls")

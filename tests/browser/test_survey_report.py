@@ -70,8 +70,50 @@ def test_the_report_draws_every_chart_without_any_outside_request(browser, repor
     assert pg.locator("td", has_text="broken.png").count() == 1
     meta = json.loads(pg.locator("#survey-meta").inner_text())
     assert meta["model"] == "random:test_vit"
+    assert_readable(pg, lm)
+    pg.set_viewport_size({"width": 390, "height": 844})  # a phone: the names are left to the hover
+    pg.wait_for_function("() => document.getElementById('fig-heads')._fullData[0].mode === 'markers'")
     ctx.close()
     assert outside == [] and errors == []
+
+
+def boxes(pg, selector: str) -> list[dict]:
+    return pg.eval_on_selector_all(
+        selector,
+        "els => els.filter(e => e.textContent.trim()).map(e => { const r = e.getBoundingClientRect();"
+        " return {l: r.left, t: r.top, r: r.right, b: r.bottom, text: e.textContent}; })",
+    )
+
+
+def assert_readable(pg, lm) -> None:
+    """What a reader sees (issue #30): ticks one per layer, upright; no label on another; titles whole."""
+    L = lm.num_layers
+    # The entropy chart: one group of boxes per layer, so at most L upright ticks on each x axis.
+    ticks = pg.evaluate(
+        r"""() => { const l = document.getElementById('fig-entropy')._fullLayout;
+                   return Object.keys(l).filter(k => /^xaxis\d*$/.test(k))
+                       .map(k => [l[k]._vals.length, l[k].tickangle]); }"""
+    )
+    assert ticks and all(n <= L and angle in (0, "auto", None) for n, angle in ticks), ticks
+    assert {t["name"] for t in pg.evaluate("() => document.getElementById('fig-entropy')._fullData")} == {
+        f"head {h}" for h in range(lm.num_heads)
+    }
+    rotated = pg.eval_on_selector_all(
+        "#fig-entropy .xtick text",
+        r"els => els.filter(e => /rotate\(-?[1-9]/.test(e.getAttribute('transform') || '')).length",
+    )
+    assert rotated == 0
+    # The heads at a glance: a few names, on the points that stand apart, none on another.
+    labels = boxes(pg, "#fig-heads .textpoint text")
+    assert 0 < len(labels) <= 12, labels
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            assert a["r"] <= b["l"] or b["r"] <= a["l"] or a["b"] <= b["t"] or b["b"] <= a["t"], (a, b)
+    # Every axis title lies whole inside its chart (the rank chart's y title was cut).
+    for fig in pg.eval_on_selector_all(".plotly-graph-div", "els => els.map(e => e.id)"):
+        frame = pg.eval_on_selector(f"#{fig}", "e => [e.getBoundingClientRect().top, e.getBoundingClientRect().bottom]")
+        for t in boxes(pg, f"#{fig} .g-ytitle text, #{fig} .g-y2title text"):
+            assert frame[0] - 0.5 <= t["t"] and t["b"] <= frame[1] + 0.5, (fig, t, frame)
 
 
 def test_the_report_falls_back_to_cls_rows_without_the_similarity_column(tmp_path, report):

@@ -9,8 +9,11 @@ import test from "node:test";
 
 import { downloadName } from "../../static/js/api.js";
 import { fuseHeads, normEntropy } from "../../static/js/data.js";
+import { temperedSoftmax } from "../../static/js/learn-math.js";
 import { massMask } from "../../static/js/mask.js";
 import { dropColumns } from "../../static/js/sinks.js";
+import { parseQuery, queryRows } from "../../static/js/state.js";
+import { windowPieces } from "../../static/js/windows.js";
 
 const fixture = JSON.parse(readFileSync(new URL("../fixtures/parity.json", import.meta.url), "utf8"));
 
@@ -57,5 +60,51 @@ test("normEntropy = stats.normalized_entropy", () => {
 test("downloadName = encoders.download_stem + extension (the Content-Disposition name)", () => {
   for (const c of fixture.download_name) {
     assert.equal(downloadName(c.image_id, c.model, c.params), c.expected);
+  }
+});
+
+test("temperedSoftmax = capture.temper_ + torch.softmax (the API's temperature)", () => {
+  assert.ok(fixture.temperature.length >= 20);
+  for (const [i, c] of fixture.temperature.entries()) {
+    const got = temperedSoftmax(c.scores, c.T);
+    close(got, c.expected, `temperature case ${i} (T = ${c.T})`, 1e-12, 1e-300);
+  }
+});
+
+test("windowPieces = windows.WindowIndex: the cells of a query's (shifted) window", () => {
+  assert.ok(fixture.windows.some((c) => c.shift[0] > 0) && fixture.windows.some((c) => c.window[0] > c.grid[0]));
+  for (const c of fixture.windows) {
+    const tokens = { grid: c.grid, window: c.window, shift: c.shift };
+    for (const q of c.queries) {
+      const cells = [];
+      for (const [r0, c0, r1, c1] of windowPieces(tokens, { r: q.cell[0], c: q.cell[1] })) {
+        for (let r = r0; r < r1; r++) for (let k = c0; k < c1; k++) cells.push(r * c.grid[1] + k);
+      }
+      const what = `grid ${c.grid}, window ${c.window}, shift ${c.shift}, cell ${q.cell}`;
+      assert.equal(new Set(cells).size, cells.length, `${what}: pieces overlap`);
+      assert.deepEqual(cells.sort((a, b) => a - b), q.cells, what);
+    }
+  }
+});
+
+test("queryRows = selection.parse_query (the page speaks the API's query grammar)", () => {
+  const { layouts, cases } = fixture.query;
+  assert.ok(cases.some((c) => c.rows === "error") && cases.some((c) => c.rows === null));
+  for (const c of cases) {
+    const tokens = layouts[c.layout];
+    const got = queryRows(c.spec, tokens);
+    const what = `${c.layout}: ${JSON.stringify(c.spec)}`;
+    const one = parseQuery(c.spec, tokens);
+    if (c.rows === "error") {
+      assert.ok(got.error, `${what}: the API refuses it, the page reads ${JSON.stringify(got.rows)}`);
+      // The page's one row: none, but for "tok:I", its own old spelling, read from links shared before.
+      if (c.spec === "tok:2") assert.equal(one.token, 2, what);
+      else assert.equal(one, null, what);
+      continue;
+    }
+    assert.deepEqual(got, { rows: c.rows }, what);
+    // The page's one row: where the API answers exactly one.
+    if (c.rows && c.rows.length === 1) assert.equal(one && one.token, c.rows[0], what);
+    else assert.equal(one, null, what);
   }
 });

@@ -5,8 +5,8 @@ import test from "node:test";
 
 import { isRetryable, ApiError } from "../../static/js/api.js";
 import {
-  DROPS, apiQuery, defaultQuery, dims, dropParts, headChoices, mapQuery, markerAt, parseQuery, queryLabel, stageQuery,
-  tokensAt,
+  DROPS, apiQuery, canonicalQuery, defaultQuery, dims, dropParts, headChoices, mapQuery, markerAt, parseQuery, queryLabel,
+  queryRows, stageQuery, tokensAt,
 } from "../../static/js/state.js";
 
 const CAT = { count: 385, num_prefix: 1, prefix: [{ index: 0, kind: "cls" }], grid: [16, 24], patch_size: [14, 14] };
@@ -16,22 +16,41 @@ const REGS = {
 };
 const SIGLIP = { count: 196, num_prefix: 0, prefix: [], grid: [14, 14], patch_size: [16, 16] };
 
-test("parseQuery reads cls, patch:R,C and tok:I against the layout", () => {
+test("parseQuery reads the API's grammar: cls, token indices, patch:R,C, one row of them", () => {
   assert.deepEqual(parseQuery("cls", CAT), { kind: "cls", token: 0 });
   assert.deepEqual(parseQuery("patch:5,7", CAT), { kind: "patch", r: 5, c: 7, token: 1 + 5 * 24 + 7 });
+  assert.deepEqual(parseQuery("patch:-1,-1", CAT), { kind: "patch", r: 15, c: 23, token: 384 }); // from the far edge
   assert.equal(parseQuery("patch:16,0", CAT), null); // off the grid
   assert.equal(parseQuery("patch:0,24", CAT), null);
-  assert.deepEqual(parseQuery("tok:3", REGS), { kind: "token", token: 3 });
-  assert.equal(parseQuery("tok:5", REGS), null); // a patch is not a prefix token
+  assert.deepEqual(parseQuery("3", REGS), { kind: "token", token: 3 }); // a register
+  assert.deepEqual(parseQuery("0", REGS), { kind: "cls", token: 0 });
+  assert.deepEqual(parseQuery("5", REGS), { kind: "patch", r: 0, c: 0, token: 5 }); // a token index may be a patch
+  assert.deepEqual(parseQuery("-1", CAT), { kind: "patch", r: 15, c: 23, token: 384 });
+  assert.deepEqual(parseQuery(" CLS ", CAT), { kind: "cls", token: 0 });
+  assert.deepEqual(parseQuery("2,2", REGS), { kind: "token", token: 2 }); // one row, named twice
+  assert.equal(parseQuery("2,3", REGS), null); // two rows: the page shows one
+  assert.equal(parseQuery("all", CAT), null);
+  assert.equal(parseQuery("385", CAT), null); // out of range
   assert.equal(parseQuery("cls", SIGLIP), null); // no CLS token
   assert.equal(parseQuery("nonsense", CAT), null);
   assert.equal(parseQuery("cls", null), null);
+  assert.deepEqual(parseQuery("tok:3", REGS), { kind: "token", token: 3 }); // links shared before: "tok:I" is "I"
 });
 
-test("apiQuery spells the API's query parameter", () => {
+test("canonicalQuery and apiQuery spell one row one way, the API's", () => {
+  assert.equal(canonicalQuery("0", CAT), "cls");
+  assert.equal(canonicalQuery("tok:2", REGS), "2");
+  assert.equal(canonicalQuery("17", CAT), "patch:0,16");
+  assert.equal(canonicalQuery("patch:-1,0", CAT), "patch:15,0");
+  assert.equal(canonicalQuery("all", CAT), null);
   assert.equal(apiQuery("cls", CAT), "cls");
   assert.equal(apiQuery("patch:2,3", CAT), "patch:2,3");
-  assert.equal(apiQuery("tok:2", REGS), "2");
+  assert.equal(apiQuery("2", REGS), "2");
+  assert.equal(apiQuery("nonsense", CAT), "cls");
+  assert.deepEqual(queryRows("all", CAT), { rows: null });
+  assert.deepEqual(queryRows("patch:0,0;0,1;0,0", CAT), { rows: [1, 2] });
+  assert.ok(queryRows("patch:0", CAT).error.includes("patch:ROW,COL"));
+  assert.ok(queryRows("cls", SIGLIP).error.includes("no CLS token"));
 });
 
 test("mapQuery puts a patch on the same place of another grid", () => {
@@ -43,7 +62,7 @@ test("mapQuery puts a patch on the same place of another grid", () => {
 
 test("labels, defaults and head choices", () => {
   assert.equal(queryLabel("patch:8,3", REGS), "patch (row 8, col 3)");
-  assert.equal(queryLabel("tok:2", REGS), "register 2");
+  assert.equal(queryLabel("2", REGS), "register 2");
   assert.equal(defaultQuery(CAT), "cls");
   assert.equal(defaultQuery(SIGLIP), "patch:7,7");
   const meta = { layers: [0, 1], heads: [0, 1, 2], tokens: CAT };

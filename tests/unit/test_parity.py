@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +18,10 @@ import pytest
 import torch
 
 from app.engine import analysis, stats
+from app.engine.capture import temper_
+from app.engine.layout import TokenLayout
+from app.engine.selection import SelectionError, parse_query
+from app.engine.windows import WindowIndex
 from app.serving.encoders import download_stem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +81,61 @@ def test_download_stem_gives_the_fixture_names(fixture):
         p = {**NAME_DEFAULTS, **case["params"]}
         ext = "npy" if p.get("format") == "npy" else "safetensors"
         assert f"{download_stem(case['image_id'], case['model'], SimpleNamespace(**p))}.{ext}" == case["expected"]
+
+
+def test_tempered_softmax_gives_the_fixture_answers(fixture):
+    for case in fixture["temperature"]:
+        got = torch.softmax(temper_(t64(case["scores"]), case["T"]), dim=-1)
+        torch.testing.assert_close(got, t64(case["expected"]), rtol=1e-12, atol=1e-300)
+        # an independent spelling: softmax of scores / T, in float64 with exact rationals where T is huge
+        ref = torch.softmax(t64(case["scores"]) / case["T"], dim=-1)
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_window_index_gives_the_fixture_cells(fixture):
+    for case in fixture["windows"]:
+        grid, window, shift = (tuple(case[k]) for k in ("grid", "window", "shift"))
+        idx = WindowIndex.build(grid, window, shift, torch.device("cpu"))
+        gh, gw = grid
+        for q in case["queries"]:
+            r, c = q["cell"]
+            members = idx.cells[idx.window[r * gw + c]]
+            assert sorted(int(t) for t in members if t >= 0) == q["cells"], (case["grid"], q["cell"])
+            # independently: the cells whose rolled position falls in the same window as the query's
+            rolled = lambda i, n, s, w: ((i - s) % n) // w  # noqa: E731
+            same = [
+                rr * gw + cc
+                for rr in range(gh)
+                for cc in range(gw)
+                if rolled(rr, gh, shift[0], window[0]) == rolled(r, gh, shift[0], window[0])
+                and rolled(cc, gw, shift[1], window[1]) == rolled(c, gw, shift[1], window[1])
+            ]
+            assert same == q["cells"]
+
+
+def test_parse_query_gives_the_fixture_rows(fixture):
+    layouts = {
+        name: TokenLayout([p["kind"] for p in t["prefix"]], tuple(t["grid"]), tuple(t["patch_size"]))
+        for name, t in fixture["query"]["layouts"].items()
+    }
+    for case in fixture["query"]["cases"]:
+        layout = layouts[case["layout"]]
+        if case["rows"] == "error":
+            with pytest.raises(SelectionError):
+                parse_query(case["spec"], layout)
+        else:
+            assert parse_query(case["spec"], layout) == case["rows"], case
+
+
+def test_the_fixture_is_what_the_script_writes():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_parity_fixtures.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_javascript_tests_pass():

@@ -33,8 +33,8 @@ WaitQ = Annotated[
         ge=0,
         le=3600,
         description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
-        "(the computation goes on; ask again). Without it the request waits up to the server's request timeout "
-        "and then answers 504 (the computation goes on too).",
+        "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
+        "timeout and then answers 504 (the computation goes on too).",
     ),
 ]
 
@@ -69,7 +69,10 @@ async def get_output(
     image_id: ImageIdDep,
     model: ModelQ = None,
     ablate: Ablate = "",
-    format: Annotated[Literal["json", "npy", "safetensors"], Query(description="answer format")] = "json",
+    format: Annotated[
+        Literal["json", "npy", "safetensors"],
+        Query(description="answer format: JSON, or the output tensor alone as npy or safetensors"),
+    ] = "json",
 ) -> Response:
     """What the model predicts for an image already sent: `saliency` (the default model: where
     people look, `[h][w]` at the model's input size, 0..1), `classes` (a classifier: top 5 with

@@ -29,14 +29,16 @@ MAX_FIELD_BYTES = 64 * 1024
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
 _FORM_FIELDS = set(AttentionParams.model_fields)
-_PARAM_SCHEMA = {
-    name: {
-        "type": "string",
-        "description": f.description or "",
-        **({"default": f.default} if f.default is not None else {}),
-    }
-    for name, f in AttentionParams.model_fields.items()
-}
+
+
+def _form_schema() -> dict[str, dict]:
+    """The form fields as AttentionParams describes them (type, allowed values, default, description):
+    the same schema as the GET query parameters, so that /docs shows menus and numbers, not bare strings."""
+    props = AttentionParams.model_json_schema()["properties"]
+    return {name: {k: v for k, v in schema.items() if k != "title"} for name, schema in props.items()}
+
+
+_PARAM_SCHEMA = _form_schema()
 _OPENAPI_POST = {
     "requestBody": {
         "required": True,
@@ -187,8 +189,18 @@ async def get_stats(
     metrics: MetricsDep,
     _: AdmitFollowUp,
     image_id: ImageIdDep,
-    model: Annotated[str | None, Query(description="model id")] = None,
-    mass: Annotated[float, Query(gt=0, le=1, description="DINO mass threshold")] = DEFAULT_MASS,
+    model: Annotated[
+        str | None, Query(description="model id, one of GET /api/v1/models (default: the server's default model)")
+    ] = None,
+    mass: Annotated[
+        float,
+        Query(
+            gt=0,
+            le=1,
+            description="DINO mass threshold: mass_patches counts the fewest patches that hold this share of "
+            "the CLS row",
+        ),
+    ] = DEFAULT_MASS,
     ablate: Ablate = "",
 ):
     """Entropy, mean attention distance, attention to prefix and artifact tokens, head

@@ -12,29 +12,36 @@ import pytest
 from PIL import Image
 
 from app.serving import images
+from app.serving.pictures import Pictures
 from server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402
 
-FIT = images.model_fit((224, 224), (14, 14))
+FIT = Pictures((224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3).fit
+
+
+def full_size(data: bytes):
+    """The picture decoded at full size (no fit): the pipeline before early reduction."""
+    return images.load(images.probe(data, 40_000_000)).img
+
+
 MiB = 2**20
 
 # Decode and prepare one file in a fresh process; print the peak memory growth and the estimate.
 _MEASURE = """
 import json, sys
 from pathlib import Path
-from app.serving import images
+from app.serving.pictures import Pictures
 data = Path(sys.argv[1]).read_bytes()
-fit = images.model_fit((224, 224), (14, 14))
+pictures = Pictures((224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3)
 def status():
     lines = open('/proc/self/status').read().splitlines()
     return {l.split(':')[0]: int(l.split()[1]) * 1024 for l in lines if l.startswith(('VmRSS', 'VmHWM'))}
 base = status()['VmRSS']
 Path('/proc/self/clear_refs').write_text('5')
-p = images.probe(data, 40_000_000, fit)
-d = images.load(p)
-prep = images.prepare(d.img, (224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3, image_size=d.image_size)
+p = pictures.probe(data)
+prep = pictures.finish(p)
 print(json.dumps({'peak': status()['VmHWM'] - base, 'estimate': p.peak_bytes,
                   'input_size': list(prep.input_size), 'image_size': list(prep.image_size)}))
 """
@@ -135,7 +142,7 @@ def test_a_picture_that_needs_no_early_reduction_gives_the_same_pixels(make, fmt
     data = _encode(make(), fmt)
     p = images.probe(data, 40_000_000, FIT)
     dec = images.load(p)
-    whole = images.decode(data, 40_000_000)  # no fit: full size, the old pipeline
+    whole = full_size(data)  # no fit: full size, the old pipeline
     assert dec.img.size == whole.size
     assert np.array_equal(np.asarray(dec.img), np.asarray(whole))
     a = images.prepare(dec.img, (224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3, image_size=dec.image_size)
@@ -155,7 +162,7 @@ def test_early_reduction_is_close_to_resizing_the_whole_picture(fmt):
     dec = images.load(p)
     assert dec.img.width < 4000 and dec.image_size == (2400, 4000)
     early = images.prepare(dec.img, (224, 224), (14, 14), (0,) * 3, (1,) * 3, image_size=dec.image_size)
-    whole = images.prepare(images.decode(data, 40_000_000), (224, 224), (14, 14), (0,) * 3, (1,) * 3)
+    whole = images.prepare(full_size(data), (224, 224), (14, 14), (0,) * 3, (1,) * 3)
     assert early.input_size == whole.input_size == (224, 378)
     assert float((early.pixels - whole.pixels).abs().mean()) < 0.02
 

@@ -10,9 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.serving.images import ImageError, decode, plan_size, prepare, to_rgb
+from app.serving.images import ImageError, load, plan_size, prepare, probe, to_rgb
 
 LIMIT = 40_000_000
+
+
+def decode(data: bytes, max_pixels: int) -> Image.Image:
+    """The colour rule's decode at full size (no fit: no early reduction)."""
+    return load(probe(data, max_pixels)).img
 
 
 def encode(img: Image.Image, fmt: str, **kw) -> bytes:

@@ -14,7 +14,7 @@ from PIL import Image
 from app.config import Settings
 from app.engine.forward import forward_capture
 from app.engine.stats import compute_stats
-from app.serving import images
+from app.serving.pictures import Pictures
 from app.survey import run as run_mod
 from app.survey import schema
 from app.survey.compute import Surveyor
@@ -85,8 +85,7 @@ def test_rows_hold_the_engines_statistics_and_failures_their_reason(folder, surv
     }
     # Each picture's rows equal the engine's statistics of its own capture, computed apart.
     for name in ("p3.png", "sub/wide.png"):
-        img = images.decode((folder / name).read_bytes(), settings.max_image_pixels)
-        prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, "aspect", 3.0, lm.dynamic)
+        prep = Pictures.for_model(lm, settings).prepare((folder / name).read_bytes())
         att = forward_capture(lm, prep.pixels[None])[0]
         layout = lm.layout(prep.input_size)
         st = compute_stats(att, layout, 0.6, similarity=False, with_ranks=False)

@@ -10,7 +10,7 @@ from PIL import Image
 from app.config import Settings
 from app.engine.forward import forward_capture
 from app.engine.window_stats import window_stats
-from app.serving import images
+from app.serving.pictures import Pictures
 from app.survey import schema
 from app.survey.compute import Surveyor
 from app.survey.output import SurveyOutput
@@ -60,8 +60,7 @@ def test_swin_rows_are_the_stats_endpoints_window_statistics(tiny_swin, folder, 
         assert t.column(col).null_count == t.num_rows, col
     for name in ("square.png", "wide.png", "sub/tall.png"):
         # The endpoint's computation on a capture of this picture alone (batch of one).
-        img = images.decode((folder / name).read_bytes(), settings.max_image_pixels)
-        prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std, "aspect", 3.0, lm.dynamic)
+        prep = Pictures.for_model(lm, settings).prepare((folder / name).read_bytes())
         att = forward_capture(lm, prep.pixels[None])[0]
         want = window_stats(att).as_dict(prep.input_size)
         mine = t.filter(pc.equal(t.column("image"), name)).sort_by(KEY)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from app.config import Settings
 from app.engine.importance import masked_outputs
 from app.engine.output import change, describe, describe_change
-from app.serving import images
+from app.serving.pictures import Pictures
 from app.zoo import embedded, loaders
 from server import ROOT, SAMPLES
 
@@ -75,8 +76,7 @@ def run_onnx(model, x: torch.Tensor) -> np.ndarray:
 
 
 def photo(lm, name: str) -> torch.Tensor:
-    img = images.decode((SAMPLES / name).read_bytes(), 40_000_000)
-    return images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std).pixels[None]
+    return Pictures.for_model(lm, Settings()).prepare((SAMPLES / name).read_bytes()).pixels[None]
 
 
 def test_the_default_model_predicts_saliency(lm):

@@ -1,0 +1,384 @@
+"""How faithful a relevance map is: the perturbation test.
+
+Remove the patches a map calls most relevant and the target should fall fast (**positive**
+perturbation: lower is better); remove the least relevant and it should hold (**negative**
+perturbation: higher is better). The test of Chefer et al. 2021 (after Samek et al. 2017's
+region perturbation), on one picture, for one target (:mod:`app.engine.relevance`):
+
+* at fraction ``f`` the ``floor(f x P)`` most relevant patches (positive: the map sorted
+  descending) or least relevant (negative: sorted ascending) are set to 0 in the model's
+  **normalised** input, i.e. to the data set's mean colour; ties, either way, take the lower
+  patch index first;
+* the curve is ``y(perturbed) / y(unperturbed)``; at ``f = 0`` nothing is removed and it is 1
+  (NaN at every other fraction if ``y(unperturbed)`` is exactly 0: a logit can be);
+* AUC is the trapezoid over the fractions, the point ``f = 0`` (curve 1) included whether or not
+  the fractions list it. Default fractions 0, 0.1, ..., 0.9 (the perturbation test's own).
+
+``floor`` is taken of ``f x P`` plus 1e-9, so that a fraction whose product with P is an integer
+up to rounding (0.29 x 100 = 28.999999999999996 in binary) removes that integer.
+
+The perturbed pictures of every method and both directions go through the model in batches
+(:data:`DEFAULT_BATCH`); identical perturbations (the same set of patches) run once. The
+unperturbed picture is one more item of the first batch, so every ratio has numerator and
+denominator from the same (fused, inference-mode) forward. :class:`PerturbationTest` runs one
+batch per :meth:`~PerturbationTest.step` (for a caller that interleaves other work between
+batches and reports progress); :func:`faithfulness` runs them all with an optional progress
+callback and a cancellation check between batches.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .ablation import Ablation, head_masks, heads_masked
+from .device import autocast
+from .model import LoadedModel
+from .output import head_output, timm_model
+from .relevance import Target, check_target, parse_target, refuse_windowed
+from .selection import MAX_SPEC, SelectionError
+
+DEFAULT_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))
+MAX_FRACTIONS = 50
+DEFAULT_BATCH = 8
+DIRECTIONS = ("positive", "negative")
+
+_NUMBER = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?")
+
+
+class FractionsError(SelectionError):
+    """Fractions outside [0, 1), not ascending, too many or unreadable (answered as 422)."""
+
+    code = "bad_fractions"
+
+
+class Cancelled(Exception):
+    """The cancellation check asked the test to stop between two batches."""
+
+
+def parse_fractions(spec: str | Sequence[float] | None) -> tuple[float, ...]:
+    """Fractions from ``"0,0.1,0.5"`` (or a sequence): in [0, 1), strictly ascending, 1 to 50.
+
+    Raises:
+        FractionsError: anything else.
+    """
+    if spec is None or (isinstance(spec, str) and not spec.strip()):
+        return DEFAULT_FRACTIONS
+    if isinstance(spec, str):
+        if len(spec) > MAX_SPEC:
+            raise FractionsError("fractions: specification too long")
+        values: list[float] = []
+        for raw in spec.replace(" ", "").split(","):
+            if not _NUMBER.fullmatch(raw):
+                raise FractionsError(f"fractions: cannot read {raw[:40]!r}; write numbers in [0, 1) like 0,0.1,0.2")
+            values.append(float(raw))
+    else:
+        values = [float(v) for v in spec]
+    if not values:
+        raise FractionsError("fractions: none given")
+    if len(values) > MAX_FRACTIONS:
+        raise FractionsError(f"fractions: {len(values)} given, at most {MAX_FRACTIONS}")
+    for v in values:
+        if not (math.isfinite(v) and 0.0 <= v < 1.0):
+            raise FractionsError(f"fractions: {v} is outside [0, 1)")
+    for a, b in zip(values, values[1:]):
+        if not a < b:
+            raise FractionsError(f"fractions: not strictly ascending ({a} then {b})")
+    return tuple(values)
+
+
+def removed_count(fraction: float, num_patches: int) -> int:
+    """``floor(fraction x P)`` patches (with 1e-9 against binary rounding; see the module docstring)."""
+    return int(math.floor(fraction * num_patches + 1e-9))
+
+
+def removal_order(relevance: torch.Tensor, direction: str) -> torch.Tensor:
+    """Patch indices in the order a direction removes them: ``[P]`` on the host.
+
+    Args:
+        relevance: ``[P]`` or ``[rows, cols]`` (row-major patches).
+        direction: ``positive`` (most relevant first) or ``negative`` (least relevant first);
+            ties, either way, the lower patch index first.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r}: use positive or negative")
+    m = relevance.detach().flatten().double().cpu()
+    return torch.sort(m, descending=direction == "positive", stable=True).indices
+
+
+def auc(fractions: Sequence[float], curve: Sequence[float]) -> float:
+    """Trapezoid area under ``curve`` over ``fractions``, with the point (0, 1) included."""
+    xs, ys = list(fractions), list(curve)
+    if not xs or xs[0] != 0.0:
+        xs, ys = [0.0, *xs], [1.0, *ys]
+    return float(sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:])))
+
+
+def perturbed(
+    pixels: torch.Tensor, removed: torch.Tensor, grid: tuple[int, int], patch: tuple[int, int]
+) -> torch.Tensor:
+    """Copies of one picture with patches set to 0: ``[K, 3, H, W]``.
+
+    Args:
+        pixels: ``[3, H, W]`` normalised picture.
+        removed: ``[K, P]`` bool, True where a patch is removed (row-major over ``grid``).
+        grid: ``(rows, cols)`` of patches.
+        patch: ``(height, width)`` of a patch in pixels.
+    """
+    K = removed.shape[0]
+    gh, gw = grid
+    ph, pw = patch
+    C, H, W = pixels.shape  # channels, height, width
+    cells = removed.to(pixels.device).reshape(K, gh, gw)
+    mask = cells.repeat_interleave(ph, dim=1).repeat_interleave(pw, dim=2)  # K, gh * ph, gw * pw
+    if (gh * ph, gw * pw) != (H, W):  # pixels beyond the last whole patch are never removed
+        mask = torch.nn.functional.pad(mask, (0, W - gw * pw, 0, H - gh * ph))
+    return torch.where(mask[:, None], torch.zeros((), dtype=pixels.dtype, device=pixels.device), pixels)
+
+
+@dataclass
+class Curves:
+    """One method's two curves at the fractions, their AUCs and how many patches each point removed."""
+
+    positive: list[float]
+    negative: list[float]
+    auc_positive: float
+    auc_negative: float
+    removed: list[int]
+
+    def as_dict(self) -> dict:
+        return {
+            "positive": self.positive,
+            "negative": self.negative,
+            "auc_positive": self.auc_positive,
+            "auc_negative": self.auc_negative,
+            "removed": self.removed,
+        }
+
+
+@dataclass
+class Faithfulness:
+    """The perturbation test of one picture for one target.
+
+    ``y``: the target's unperturbed value (the denominator of every curve); ``forwards``: the
+    model forwards it took (the unperturbed picture included); ``class_index``: the class of a
+    ``top``/``class`` target.
+    """
+
+    fractions: list[float]
+    target: str
+    y: float
+    methods: dict[str, Curves]
+    num_patches: int
+    forwards: int
+    batch_size: int
+    class_index: int | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "fractions": self.fractions,
+            "target": self.target,
+            "y": self.y,
+            "class_index": self.class_index,
+            "num_patches": self.num_patches,
+            "forwards": self.forwards,
+            "batch_size": self.batch_size,
+            "methods": {name: c.as_dict() for name, c in self.methods.items()},
+        }
+
+
+class PerturbationTest:
+    """The perturbation test of one picture, run one batch of forwards at a time.
+
+    Usage::
+
+        test = PerturbationTest(lm, pixels, {"chefer": rel.maps["chefer"]}, target)
+        while test.step():
+            report(test.done, test.total)
+        res = test.result()
+
+    Args:
+        lm: the model.
+        pixels: ``[3, H, W]`` or ``[1, 3, H, W]`` normalised picture on the model's device.
+        maps: method -> relevance map (``[P]`` or ``[rows, cols]``, any scale: only the order counts).
+        target: a :class:`~app.engine.relevance.Target` or its spelling (None: the default).
+        fractions: see :func:`parse_fractions` (a string or a sequence).
+        batch_size: pictures per forward.
+        amp_dtype: autocast dtype, or None for plain fp32.
+        ablate: ``(layer, head)`` pairs removed in every forward (the maps should be of the
+            same ablated model).
+        reference: the unperturbed output (``[1, ...]`` or ``[...]``, logits for classifiers), if
+            the caller has it from the same kind of forward; None runs it in the first batch.
+    """
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        pixels: torch.Tensor,
+        maps: Mapping[str, torch.Tensor],
+        target: Target | str | None = None,
+        fractions: str | Sequence[float] | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH,
+        amp_dtype: torch.dtype | None = None,
+        ablate: Ablation = (),
+        reference: torch.Tensor | None = None,
+    ):
+        refuse_windowed(lm)
+        if batch_size < 1:
+            raise ValueError(f"batch_size {batch_size}: at least 1")
+        if not maps:
+            raise ValueError("no relevance map to test")
+        self.lm, self.batch_size, self.amp_dtype, self.ablate = lm, batch_size, amp_dtype, ablate
+        self.pixels = pixels[0] if pixels.dim() == 4 else pixels  # 3, H, W
+        if self.pixels.dim() != 3 or (pixels.dim() == 4 and pixels.shape[0] != 1):
+            raise ValueError(f"pixels of shape {tuple(pixels.shape)}: one picture, [3, H, W] or [1, 3, H, W]")
+        self.input_hw = (int(self.pixels.shape[-2]), int(self.pixels.shape[-1]))
+        self.target = target if isinstance(target, Target) else parse_target(target, lm, self.input_hw)
+        check_target(self.target, self.input_hw)
+        self.fractions = parse_fractions(fractions)
+        layout = lm.layout(self.input_hw)
+        self.grid: tuple[int, int] = layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
+        P = self.grid[0] * self.grid[1]
+        self.num_patches = P
+        self.counts = [removed_count(f, P) for f in self.fractions]
+        # Every (method, direction, k > 0) names one set of removed patches; equal sets run once.
+        self._item: dict[tuple[str, str, int], int] = {}
+        sets: dict[bytes, int] = {}
+        rows: list[torch.Tensor] = []
+        for name, m in maps.items():
+            if m.numel() != P:
+                raise ValueError(f"map {name!r} has {m.numel()} values, the picture has {P} patches")
+            for direction in DIRECTIONS:
+                order = removal_order(m, direction)
+                for k in sorted(set(self.counts) - {0}):
+                    row = torch.zeros(P, dtype=torch.bool)
+                    row[order[:k]] = True
+                    key = row.numpy().tobytes()
+                    if key not in sets:
+                        sets[key] = len(rows)
+                        rows.append(row)
+                    self._item[(name, direction, k)] = sets[key]
+        self.methods = list(maps)
+        self._removed = torch.stack(rows) if rows else torch.zeros(0, P, dtype=torch.bool)  # K, P
+        self._reference = None if reference is None else reference.reshape(1, *reference.shape[-self._out_dims() :])
+        # Work list: None stands for the unperturbed picture, then the perturbed ones by index.
+        self._queue: list[int | None] = ([] if reference is not None else [None]) + list(range(len(rows)))
+        self._values: list[float] = [math.nan] * len(rows)  # y of each perturbed picture
+        self.total = len(self._queue)
+        self.done = 0
+
+    def _out_dims(self) -> int:
+        return 2 if self.lm.output_kind == "saliency" else 1
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        masks = head_masks(self.ablate, self.lm.num_heads, x.device)
+        with torch.inference_mode(), autocast(x.device.type, self.amp_dtype), heads_masked(self.lm.model, masks):
+            feats = timm_model(self.lm).forward_features(x)
+            return head_output(self.lm, feats, self.input_hw, logits=True)  # K, ...
+
+    def step(self) -> bool:
+        """Run the next batch of forwards; True while more remain."""
+        if self.finished:
+            return False
+        batch = self._queue[self.done : self.done + self.batch_size]
+        parts = []
+        if batch[0] is None:
+            parts.append(self.pixels[None])
+        idx = [i for i in batch if i is not None]
+        if idx:
+            parts.append(perturbed(self.pixels, self._removed[idx], self.grid, self.lm.patch_size))
+        out = self._forward(torch.cat(parts) if len(parts) > 1 else parts[0])
+        if batch[0] is None:
+            self._reference, out = out[:1], out[1:]
+        if idx:
+            assert self._reference is not None  # the first batch brought it, or the caller did
+            for i, v in zip(idx, self.target.value(out, self._reference).tolist()):
+                self._values[i] = v
+        self.done += len(batch)
+        return not self.finished
+
+    def result(self) -> Faithfulness:
+        """The curves and AUCs (after the last :meth:`step`)."""
+        if not self.finished:
+            raise RuntimeError(f"the test has run {self.done} of {self.total} forwards")
+        ref = self._reference
+        assert ref is not None
+        y0 = float(self.target.value(ref, ref)[0])
+        ys = [v / y0 if y0 != 0 else math.nan for v in self._values]
+        curves = {}
+        for name in self.methods:
+            c = {d: [1.0 if k == 0 else ys[self._item[(name, d, k)]] for k in self.counts] for d in DIRECTIONS}
+            curves[name] = Curves(
+                positive=c["positive"],
+                negative=c["negative"],
+                auc_positive=auc(self.fractions, c["positive"]),
+                auc_negative=auc(self.fractions, c["negative"]),
+                removed=list(self.counts),
+            )
+        classes = self.target.class_index(ref)
+        return Faithfulness(
+            fractions=list(self.fractions),
+            target=str(self.target),
+            y=y0,
+            methods=curves,
+            num_patches=self.num_patches,
+            forwards=self.total,
+            batch_size=self.batch_size,
+            class_index=classes[0] if classes else None,
+        )
+
+
+def faithfulness(
+    lm: LoadedModel,
+    pixels: torch.Tensor,
+    maps: Mapping[str, torch.Tensor],
+    target: Target | str | None = None,
+    fractions: str | Sequence[float] | None = None,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    amp_dtype: torch.dtype | None = None,
+    ablate: Ablation = (),
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Faithfulness:
+    """The perturbation test of one picture for each map (see :class:`PerturbationTest`).
+
+    Args:
+        progress: called with ``(forwards done, forwards in all)`` after each batch.
+        cancelled: checked before each batch; True stops the test with :class:`Cancelled`.
+
+    Raises:
+        TargetError, FractionsError, RelevanceUnsupportedError: bad arguments (422 in the API).
+        Cancelled: ``cancelled()`` returned True.
+    """
+    test = PerturbationTest(
+        lm, pixels, maps, target, fractions, batch_size=batch_size, amp_dtype=amp_dtype, ablate=ablate
+    )
+    while not test.finished:
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"stopped after {test.done} of {test.total} forwards")
+        test.step()
+        if progress is not None:
+            progress(test.done, test.total)
+    return test.result()
+
+
+def mean_aucs(results: Iterable[Faithfulness]) -> dict[str, dict[str, float]]:
+    """Mean AUC per method over several pictures: ``{method: {auc_positive, auc_negative, n}}``."""
+    sums: dict[str, list[float]] = {}
+    for r in results:
+        for name, c in r.methods.items():
+            s = sums.setdefault(name, [0.0, 0.0, 0.0])
+            s[0] += c.auc_positive
+            s[1] += c.auc_negative
+            s[2] += 1
+    return {name: {"auc_positive": a / n, "auc_negative": b / n, "n": int(n)} for name, (a, b, n) in sums.items()}

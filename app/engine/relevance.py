@@ -1,0 +1,441 @@
+"""Relevance maps: which patches the model's output depends on, for one scalar of that output.
+
+Raw attention is not an explanation of the output (Jain & Wallace 2019): it says where a head
+looks, not what the output depends on. The maps here combine attention with gradients of a
+**target** ``y``, one scalar of the model's own output, following Chefer, Gur & Wolf, "Generic
+Attention-model Explainability for Interpreting Bi-Modal and Encoder-Decoder Transformers"
+(ICCV 2021). The definitions (issue #27; docs/relevance.md has the maths and the sources):
+
+Targets (:func:`parse_target`), by output kind:
+
+* saliency (the default model's decoder): ``output`` = the mean of the output map;
+  ``box:X0,Y0,X1,Y1`` = the mean over output-map rows ``Y0:Y1`` and columns ``X0:X1`` (pixels,
+  end-exclusive). Means, not sums: Chefer's additive rule is not invariant to the scale of y.
+* classes: ``class:N`` = the logit of class N (before the softmax); ``top`` = the logit of the
+  unperturbed top-1 class.
+* embedding: ``embedding`` = ``<e, e0> / |e0|^2`` with ``e0`` the unperturbed pooled embedding
+  held constant (1 for the unperturbed picture; a cosine would have zero gradient at e = e0).
+
+Maps (:data:`METHODS`), over the patch tokens only (prefix tokens and registers dropped), each
+normalised to sum 1. With ``A_l`` layer l's softmax maps ``[H, N, N]`` and ``z`` the final normed
+tokens (what ``forward_features`` returns and the output head reads):
+
+* ``cam_l = mean_h max(0, dy/dA_l * A_l)``; readout ``w_i = |sum_c z_ic dy/dz_ic|``;
+* ``chefer``: ``R = I``; ``R = R + cam_l @ R`` for l = 0 .. L-1; map = ``w @ R``;
+* ``grad_attention``: map = ``w @ cam_{L-1}``;
+* ``rollout``: the attention rollout Headscope serves (:func:`app.engine.analysis.rollout`, its
+  defaults), the CLS row;
+* ``attention``: the mean over heads of the last layer's CLS row;
+* ``random``: a seeded random map, the baseline every other method has to beat.
+
+For models without a CLS token (SigLIP) ``rollout`` and ``attention`` take the mean over all
+rows; :attr:`Relevance.rows` says which.
+
+Everything comes from one forward that keeps the softmax maps in the autograd graph
+(:func:`app.engine.forward.forward_maps`) and one backward to the maps and the final tokens,
+for a batch of images at once (images do not interact, so ``d sum_b y_b / dA`` is each image's
+own gradient). ``w @ R`` is computed as ``w (I + cam_{L-1}) ... (I + cam_0)``: L vector-matrix
+products instead of L N x N matrix products, the same number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from .ablation import Ablation
+from .analysis import rollout
+from .capture import ImageAttention
+from .forward import forward_maps
+from .model import LoadedModel
+from .selection import MAX_SPEC, Selection, SelectionError
+
+METHODS = ("chefer", "grad_attention", "rollout", "attention", "random")
+GRADIENT_METHODS = frozenset({"chefer", "grad_attention"})
+
+METHOD_TEXT = {
+    "chefer": "Chefer et al. 2021: R = I; R += mean_h max(0, dy/dA_l * A_l) @ R over the layers; "
+    "the readout |z . dy/dz| of each final token times R",
+    "grad_attention": "the last layer's mean_h max(0, dy/dA * A), read out by |z . dy/dz| (Chefer et al. 2021's "
+    "one-layer ablation)",
+    "rollout": "attention rollout (Abnar & Zuidema 2020): prod_l rownorm(0.5 A_l + 0.5 I), heads fused by the mean",
+    "attention": "the last layer's raw attention, mean over heads",
+    "random": "a seeded random map: the baseline",
+}
+
+# Output kind -> the targets it takes (spelled as a user writes them) and its default.
+TARGETS = {
+    "saliency": ("output", "box:X0,Y0,X1,Y1"),
+    "classes": ("top", "class:N"),
+    "embedding": ("embedding",),
+}
+DEFAULT_TARGETS = {"saliency": "output", "classes": "top", "embedding": "embedding"}
+
+_BOX = re.compile(r"box:([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6})")
+_CLASS = re.compile(r"class:([0-9]{1,7})")
+
+
+class TargetError(SelectionError):
+    """A malformed target, or one of the wrong kind for the model (answered as 422)."""
+
+    code = "bad_target"
+
+
+class MethodError(SelectionError):
+    """An unknown relevance method (answered as 422)."""
+
+    code = "bad_method"
+
+
+class RelevanceUnsupportedError(SelectionError):
+    """Relevance asked of a model it is not defined for: windowed models (answered as 422)."""
+
+    code = "relevance_unsupported"
+
+
+WINDOWED = (
+    "relevance maps are defined for global self-attention over one token grid (vit, deit, dinov2, "
+    "eva, beit, siglip, flexivit); a windowed model (Swin) attends within shifted windows on "
+    "per-stage grids joined by patch merging, so there is no N x N map per layer to propagate "
+    "through and no CLS token to read out"
+)
+
+
+def refuse_windowed(lm: LoadedModel) -> None:
+    """Raise :class:`RelevanceUnsupportedError` for a windowed model."""
+    if lm.stages is not None:
+        raise RelevanceUnsupportedError(f"{lm.id}: {WINDOWED}")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One scalar of the model's output (hashable: part of a cache key; ``str()`` spells it).
+
+    ``kind``: ``output``, ``box``, ``class``, ``top`` or ``embedding``; ``box``: ``(X0, Y0,
+    X1, Y1)`` in output-map pixels, end-exclusive; ``index``: the class of ``class:N``.
+    """
+
+    kind: str
+    box: tuple[int, int, int, int] | None = None
+    index: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "box":
+            assert self.box is not None
+            return "box:" + ",".join(map(str, self.box))
+        if self.kind == "class":
+            return f"class:{self.index}"
+        return self.kind
+
+    def value(self, out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """The target of each output: ``[B]``.
+
+        Args:
+            out: ``[B, ...]`` outputs (saliency ``[B, H, W]``, logits ``[B, C]``, embedding
+                ``[B, D]``).
+            ref: the unperturbed outputs, ``[B, ...]`` or ``[1, ...]``, detached: which class is
+                ``top`` and what ``e0`` is. Pass ``out.detach()`` for the unperturbed picture.
+        """
+        if self.kind == "output":
+            return out.flatten(1).mean(1)
+        if self.kind == "box":
+            assert self.box is not None
+            x0, y0, x1, y1 = self.box
+            return out[:, y0:y1, x0:x1].flatten(1).mean(1)
+        if self.kind == "class":
+            return out[:, self.index]
+        if self.kind == "top":
+            top = ref.argmax(-1, keepdim=True).expand(out.shape[0], 1)  # B, 1
+            return out.gather(-1, top)[:, 0]
+        e0 = ref.expand_as(out)  # B, D
+        return (out * e0).sum(-1) / (e0 * e0).sum(-1)
+
+    def class_index(self, ref: torch.Tensor) -> list[int] | None:
+        """The class y is the logit of, per image (``class`` and ``top``), else None."""
+        if self.kind == "class":
+            return [int(self.index or 0)] * ref.shape[0]
+        if self.kind == "top":
+            return ref.argmax(-1).tolist()
+        return None
+
+
+def _kinds_text(kind: str) -> str:
+    return ", ".join(TARGETS[kind])
+
+
+def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] | None = None) -> Target:
+    """Resolve a ``target`` against a model (and, for a box, the size of its output map).
+
+    Args:
+        spec: ``output``, ``box:X0,Y0,X1,Y1``, ``class:N``, ``top`` or ``embedding``; None or
+            empty for the model's default (``output``, ``top`` or ``embedding`` by output kind).
+        lm: the model (its output kind and class count).
+        output_hw: ``(H, W)`` of the saliency map, i.e. of the model's input; None checks a box's
+            syntax only (call :func:`check_target` once the input size is known).
+
+    Raises:
+        TargetError: malformed, of a kind the model does not produce, an empty box or one
+            outside the map, or a class out of range. The message names the targets the model
+            takes.
+        RelevanceUnsupportedError: a windowed model.
+    """
+    refuse_windowed(lm)
+    kind = lm.output_kind
+    text = (spec or "").strip().lower().replace(" ", "")
+    if len(text) > MAX_SPEC:
+        raise TargetError("target: specification too long")
+    if text in ("", "default"):
+        text = DEFAULT_TARGETS[kind]
+    takes = f"this model's output is {_OUTPUT_TEXT[kind]}; it takes target={_kinds_text(kind)}"
+    head = text.split(":", 1)[0]
+    if head not in ("output", "box", "class", "top", "embedding"):
+        raise TargetError(f"target {text[:40]!r}: unknown; {takes}")
+    wanted = {"output": "saliency", "box": "saliency", "class": "classes", "top": "classes", "embedding": "embedding"}
+    if wanted[head] != kind:
+        raise TargetError(f"target {text[:40]!r} is for {_OUTPUT_TEXT[wanted[head]]}; {takes}")
+    if head == "box":
+        m = _BOX.fullmatch(text)
+        if not m:
+            raise TargetError(
+                f"target {text[:40]!r}: write box:X0,Y0,X1,Y1 with non-negative integer output-map pixels "
+                "(columns X0:X1, rows Y0:Y1, end-exclusive)"
+            )
+        x0, y0, x1, y1 = (int(g) for g in m.groups())
+        if x1 <= x0 or y1 <= y0:
+            raise TargetError(f"target {text!r}: the box is empty (it needs X0 < X1 and Y0 < Y1)")
+        target = Target("box", box=(x0, y0, x1, y1))
+        if output_hw is not None:
+            check_target(target, output_hw)
+        return target
+    if head == "class":
+        m = _CLASS.fullmatch(text)
+        n = int(getattr(lm.model, "num_classes", 0))
+        if not m:
+            raise TargetError(f"target {text[:40]!r}: write class:N with N in 0..{n - 1}")
+        index = int(m.group(1))
+        if index >= n:
+            raise TargetError(f"target {text!r}: class {index} is out of range for {n} classes (valid: 0..{n - 1})")
+        return Target("class", index=index)
+    if ":" in text:
+        raise TargetError(f"target {text[:40]!r}: {head} takes no argument; {takes}")
+    return Target(head)
+
+
+_OUTPUT_TEXT = {
+    "saliency": "a saliency map",
+    "classes": "class logits",
+    "embedding": "an embedding (no decoder, no classifier head)",
+}
+
+
+def check_target(target: Target, output_hw: tuple[int, int]) -> None:
+    """Raise :class:`TargetError` when a box reaches outside an ``(H, W)`` output map."""
+    if target.box is None:
+        return
+    x0, y0, x1, y1 = target.box
+    H, W = output_hw
+    if x1 > W or y1 > H:
+        raise TargetError(
+            f"target {target}: the box reaches outside the {W} x {H} output map (columns 0..{W}, rows 0..{H}, "
+            "end-exclusive)"
+        )
+
+
+def parse_methods(spec: str | Iterable[str] | None, default: tuple[str, ...] = METHODS) -> tuple[str, ...]:
+    """Relevance methods from ``chefer,attention,random`` (or a sequence); duplicates dropped.
+
+    Raises:
+        MethodError: an unknown or empty method.
+    """
+    if spec is None:
+        return default
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    if isinstance(spec, str) and len(spec) > MAX_SPEC:
+        raise MethodError("methods: specification too long")
+    out: list[str] = []
+    for raw in items:
+        name = str(raw).strip().lower()
+        if name not in METHODS:
+            raise MethodError(f"method {name[:40]!r}: unknown; use one of {', '.join(METHODS)}")
+        out.append(name)
+    if not out:
+        raise MethodError(f"no method given; use one of {', '.join(METHODS)}")
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass
+class Relevance:
+    """One image's relevance maps for one target.
+
+    ``maps``: method -> ``[rows, cols]`` on the patch grid, float32 on the host, summing to 1;
+    ``y``: the target's value for this picture (float32 forward); ``class_index``: the class y is
+    the logit of (classifiers); ``rows``: ``cls`` (rollout and attention read the CLS row) or
+    ``mean`` (no CLS token: the mean over all rows); ``seed``: the random map's seed;
+    ``uniform``: methods whose map was zero everywhere and is answered as the uniform map.
+    """
+
+    target: Target
+    y: float
+    grid: tuple[int, int]
+    maps: dict[str, torch.Tensor]
+    class_index: int | None
+    rows: str
+    seed: int
+    uniform: list[str] = field(default_factory=list)
+
+    def info(self) -> dict:
+        """JSON-ready metadata (everything but the maps)."""
+        return {
+            "target": str(self.target),
+            "y": self.y,
+            "grid": list(self.grid),
+            "class_index": self.class_index,
+            "rows": self.rows,
+            "seed": self.seed,
+            "uniform": list(self.uniform),
+            "methods": {m: METHOD_TEXT[m] for m in self.maps},
+        }
+
+
+def random_map(num_patches: int, seed: int) -> torch.Tensor:
+    """The seeded random map, ``[P]`` float32 on the host, summing to 1 (the same on every device)."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.rand(num_patches, generator=g, dtype=torch.float64)
+    return (m / m.sum()).float()
+
+
+def _patch_map(v: torch.Tensor, prefix: int) -> tuple[torch.Tensor, bool]:
+    """``[N]`` token weights -> ``[P]`` patch weights summing to 1 (uniform if all zero)."""
+    p = v[prefix:].double()
+    s = float(p.sum())
+    if not s > 0:
+        return torch.full(p.shape, 1.0 / p.numel(), dtype=torch.float32), True
+    return (p / s).float(), False
+
+
+def gradient_maps(
+    maps: list[torch.Tensor], grads: list[torch.Tensor], z: torch.Tensor, gz: torch.Tensor, methods: Iterable[str]
+) -> dict[str, torch.Tensor]:
+    """``chefer`` and ``grad_attention`` over all tokens, before dropping prefixes: ``[B, N]``.
+
+    Args:
+        maps: per layer ``[B, H, N, N]`` softmax maps ``A_l``.
+        grads: per layer ``[B, H, N, N]``: ``dy/dA_l``.
+        z: ``[B, N, D]`` final normed tokens; gz: ``dy/dz``.
+        methods: which of the two to compute.
+    """
+    methods = set(methods)
+    w = (z.float() * gz.float()).sum(-1).abs()  # B, N: readout
+    out: dict[str, torch.Tensor] = {}
+    cams = [(g.float() * a.float()).clamp_min(0).mean(1) for a, g in zip(maps, grads)]  # L x (B, N, N)
+    if "grad_attention" in methods:
+        out["grad_attention"] = (w[:, None, :] @ cams[-1])[:, 0]  # B, N
+    if "chefer" in methods:
+        # w @ R with R = (I + cam_{L-1}) ... (I + cam_0): vector-matrix products, last layer first
+        v = w
+        for cam in reversed(cams):
+            v = v + (v[:, None, :] @ cam)[:, 0]  # B, N
+        out["chefer"] = v
+    return out
+
+
+def _attention_row(att: ImageAttention, layer: int, cls: int | None) -> torch.Tensor:
+    """Mean over heads of ``layer``'s CLS row, or of every row without a CLS token: ``[N]``."""
+    if cls is not None:
+        return att.rows(layer, queries=[cls]).mean(0)[0]  # N
+    return att.rows(layer).mean((0, 1))  # N
+
+
+def _rollout_row(att: ImageAttention, cls: int | None) -> torch.Tensor:
+    """The served rollout (its defaults) to the last layer: the CLS row, or the mean row: ``[N]``."""
+    L, H = att.num_layers, att.num_heads
+    queries = [cls] if cls is not None else None
+    sel = Selection(layers=[L - 1], heads=list(range(H)), queries=queries, aggregate="rollout")
+    r = rollout(att, sel)[0, 0]  # queries, N
+    return r.mean(0)
+
+
+def relevance(
+    lm: LoadedModel,
+    pixels: torch.Tensor,
+    target: Target | str | None = None,
+    methods: str | Iterable[str] | None = None,
+    *,
+    seed: int = 0,
+    amp_dtype: torch.dtype | None = None,
+    ablate: Ablation = (),
+) -> list[Relevance]:
+    """Relevance maps of a batch of images for one target: one :class:`Relevance` per image.
+
+    One forward (maps kept, with autograd when a gradient method is asked for) and one backward.
+
+    Args:
+        lm: the model (global attention blocks; windowed models are refused).
+        pixels: ``[B, 3, H, W]`` normalised images on the model's device, all of one size.
+        target: a :class:`Target` or its spelling (None: the model's default).
+        methods: a subset of :data:`METHODS` (None: all of them), as names or ``"a,b"``.
+        seed: the ``random`` map's seed.
+        amp_dtype: autocast dtype, or None for plain fp32.
+        ablate: ``(layer, head)`` pairs removed before anything is computed.
+
+    Raises:
+        TargetError, MethodError, RelevanceUnsupportedError: bad arguments (422 in the API).
+    """
+    refuse_windowed(lm)
+    names = parse_methods(methods)
+    hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
+    tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
+    check_target(tgt, hw)
+    grad = bool(GRADIENT_METHODS & set(names))
+    fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
+    ref = fwd.output.detach()
+    full: dict[str, torch.Tensor] = {}
+    # the caller may be in inference mode (a serving thread): the target joins the graph outside it
+    with torch.inference_mode(False), torch.set_grad_enabled(grad):
+        y = tgt.value(fwd.output, ref)  # B
+        if grad:
+            *g_maps, g_z = torch.autograd.grad(y.sum(), [*fwd.maps, fwd.features])
+            with torch.no_grad():
+                full = gradient_maps(
+                    [a.detach() for a in fwd.maps], g_maps, fwd.features.detach(), g_z, GRADIENT_METHODS & set(names)
+                )
+            del g_maps, g_z
+    layout = lm.layout(hw)
+    prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
+    cls = layout.cls_index  # type: ignore[union-attr]
+    classes = tgt.class_index(ref)
+    values = y.detach().float().cpu().tolist()
+    out = []
+    for b, att in enumerate(fwd.captures):
+        maps: dict[str, torch.Tensor] = {}
+        uniform: list[str] = []
+        for name in names:
+            if name in full:
+                v = full[name][b]
+            elif name == "rollout":
+                v = _rollout_row(att, cls)
+            elif name == "attention":
+                v = _attention_row(att, att.num_layers - 1, cls)
+            else:
+                maps[name] = random_map(grid[0] * grid[1], seed).reshape(grid)
+                continue
+            m, flat = _patch_map(v.detach().cpu(), prefix)
+            maps[name] = m.reshape(grid)
+            if flat:
+                uniform.append(name)
+        out.append(
+            Relevance(
+                target=tgt,
+                y=values[b],
+                grid=grid,
+                maps=maps,
+                class_index=classes[b] if classes is not None else None,
+                rows="cls" if cls is not None else "mean",
+                seed=seed,
+                uniform=uniform,
+            )
+        )
+    return out

@@ -1,0 +1,126 @@
+"""Weights of a catalogue model into the Hugging Face cache, with progress a page can poll.
+
+timm loads a pretrained model from the hub's cache (``HF_HOME`` / ``HF_HUB_CACHE``): once the
+weights file is there, ``timm.create_model(name, pretrained=True)`` reads it without a network.
+This module puts it there first, off the worker thread, counting the bytes as they arrive, so that
+building the model later costs only the build. The repository and file come from the catalogue
+entry (timm's own configuration), never from a request.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .catalog import Entry
+from .errors import HubUnreachableError, ModelLoadError
+from .hub import hub_endpoint, hub_offline_by_choice, hub_reachable
+
+# What timm tries when the configuration names no file (timm/models/_hub.py): safetensors first.
+DEFAULT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+# huggingface_hub reads the response in pieces of this many bytes (10 MB by default) and reports
+# progress once per piece; 1 MiB moves the page's bar every second on a slow link too.
+PROGRESS_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass
+class Progress:
+    """Bytes of the weights file received so far, and its size once the hub has said it."""
+
+    done: int = 0
+    total: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+
+    def start(self, total: int | None, initial: int = 0) -> None:
+        with self._lock:
+            self.total, self.done = total, initial
+
+    @property
+    def fraction(self) -> float | None:
+        return min(1.0, self.done / self.total) if self.total else None
+
+
+def candidates(entry: Entry) -> tuple[str, ...]:
+    return (entry.filename,) if entry.filename else DEFAULT_FILES
+
+
+def cached_weights(entry: Entry) -> Path | None:
+    """The weights file in the local Hugging Face cache, if it is there (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in candidates(entry):
+        hit = try_to_load_from_cache(entry.repo, filename)
+        if isinstance(hit, str):
+            return Path(hit)
+    return None
+
+
+def _bar(progress: Progress):
+    """A tqdm class for huggingface_hub's download that reports to ``progress`` and draws nothing."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class Bar(hub_tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True  # no bar in the server's log
+            super().__init__(*args, **kwargs)
+            progress.start(kwargs.get("total"), kwargs.get("initial") or 0)
+
+        def update(self, n=1):
+            progress.add(int(n or 0))
+            return super().update(n)
+
+    return Bar
+
+
+def unreachable_message(entry: Entry) -> str:
+    why = (
+        "the server runs with HF_HUB_OFFLINE=1"
+        if hub_offline_by_choice()
+        else f"the Hugging Face hub ({hub_endpoint()}) cannot be reached from the server"
+    )
+    return (
+        f"{why}, and the weights of {entry.name} are not in its Hugging Face cache. Load a model "
+        f"that is cached, put the weights there with `headscope fetch {entry.model_id}` on a machine "
+        f"with internet (then copy ~/.cache/huggingface), or serve a local file as "
+        f"local:{entry.name.split('.')[0]}@/path/to/weights.safetensors"
+    )
+
+
+def download_weights(entry: Entry, progress: Progress) -> Path:
+    """Make sure the weights are in the Hugging Face cache; returns the file (blocking: run it in a thread).
+
+    Raises:
+        HubUnreachableError: not cached, and the hub cannot be reached (or the download broke off).
+        ModelLoadError: the repository has none of the weights files timm reads.
+    """
+    hit = cached_weights(entry)
+    if hit is not None:
+        size = hit.stat().st_size
+        progress.start(size, size)
+        return hit
+    if not hub_reachable():
+        raise HubUnreachableError(unreachable_message(entry))
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    if getattr(constants, "DOWNLOAD_CHUNK_SIZE", 0) > PROGRESS_CHUNK_BYTES:
+        constants.DOWNLOAD_CHUNK_SIZE = PROGRESS_CHUNK_BYTES
+
+    for filename in candidates(entry):
+        try:
+            return Path(hf_hub_download(entry.repo, filename, tqdm_class=_bar(progress)))
+        except LocalEntryNotFoundError:  # (a subclass of the next) the connection failed on the way
+            raise HubUnreachableError(unreachable_message(entry)) from None
+        except EntryNotFoundError:  # the repository has no such file: try the next
+            continue
+        except Exception as e:  # a download cut short, an HTTP error, a gated repository, a full disk
+            raise ModelLoadError(
+                f"downloading {entry.name} from the hub failed ({type(e).__name__}: {str(e)[:200]})"
+            ) from None
+    raise ModelLoadError(f"{entry.repo} has none of the weights files timm reads ({', '.join(candidates(entry))})")

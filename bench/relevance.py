@@ -1,0 +1,182 @@
+"""Relevance rows: one ``chefer`` map against a plain forward, and one method's perturbed
+forwards against as many plain forwards at batch 8.
+
+Timed interleaved (``run_interleaved``), the astronaut at 224 x 224, target ``output``:
+
+* *chefer map*: what ``GET …/relevance?method=chefer`` computes: one forward that keeps every
+  softmax map in the autograd graph (the unfused attention branch), the saliency decoder, one
+  backward to the maps and the final tokens, and Chefer's rule (``app.engine.relevance``).
+* *plain forward*: the backbone (fused attention) and the decoder in inference mode, batch 1.
+* *perturbed forwards*: ``app.engine.faithfulness.PerturbationTest`` for one method's map: 20
+  pictures (10 fractions x positive and negative; 0.05 .. 0.5, none at 0) built and run at batch
+  8 (8 + 8 + 4), the curves and AUCs; the unperturbed output given, so exactly 20 forwards.
+* *plain forwards*: 20 copies of the picture through the same model at batch 8 (8 + 8 + 4).
+
+Both ratios are paired per round (time over time: lower is faster). Targets (issue #27):
+<= 3x for the map, <= 1.15x for the perturbed forwards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from app.engine.faithfulness import PerturbationTest
+from app.engine.model import LoadedModel
+from app.engine.output import head_output
+from app.engine.relevance import relevance
+
+from .common import BenchFailure, Variant, run_interleaved, summary
+from .inproc import SAMPLES, Checks
+
+MAP_TARGET = 3.0  # chefer map / plain forward (time)
+PERTURBED_TARGET = 1.15  # perturbed forwards / plain forwards at batch 8 (time)
+BATCH = 8
+FORWARDS = 20
+SMOKE_FORWARDS = 4  # --smoke: one batch each, the mechanics only
+
+
+def _pixels(lm: LoadedModel, device) -> torch.Tensor:
+    from app.config import Settings
+    from app.serving.pictures import Pictures
+
+    pictures = Pictures.for_model(lm, Settings(resize="square"))
+    return pictures.prepare((SAMPLES / "astronaut.png").read_bytes()).pixels[None].to(device)
+
+
+def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, Any]) -> list[Variant]:
+    """The timed rows; each keeps its latest result in ``last`` (for the checks)."""
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    fractions = [0.05 * (i + 1) for i in range(forwards // 2)]  # none at 0: every point a forward
+    with torch.inference_mode():
+        reference = head_output(lm, lm.model.forward_features(x), hw, logits=True)  # type: ignore[operator]
+    chefer_map = relevance(lm, x, "output", ["chefer"])[0].maps["chefer"]
+    copies = x.expand(forwards, -1, -1, -1).contiguous()
+
+    def keep(key, fn):
+        def call(_):
+            last[key] = fn()
+            return last[key]
+
+        return call
+
+    def one_map():
+        return relevance(lm, x, "output", ["chefer"])[0]
+
+    def one_forward():
+        with torch.inference_mode():
+            return head_output(lm, lm.model.forward_features(x), hw)  # type: ignore[operator]
+
+    def perturbed():
+        test = PerturbationTest(
+            lm, x[0], {"chefer": chefer_map}, "output", fractions, batch_size=BATCH, reference=reference
+        )
+        while test.step():
+            pass
+        return test
+
+    def plain():
+        outs = []
+        with torch.inference_mode():
+            for i in range(0, forwards, BATCH):
+                chunk = copies[i : i + BATCH]
+                outs.append(head_output(lm, lm.model.forward_features(chunk), hw).flatten(1).mean(1))  # type: ignore[operator]
+        return torch.cat(outs)
+
+    rows = [
+        ("map", "chefer map (forward with maps + backward)", one_map),
+        ("forward", "plain forward (batch 1)", one_forward),
+        ("perturbed", f"{forwards} perturbed forwards, one method (batch {BATCH})", perturbed),
+        ("plain", f"{forwards} plain forwards (batch {BATCH})", plain),
+    ]
+    return [Variant(key, label, keep(key, fn), group="relevance") for key, label, fn in rows]
+
+
+def _paired(num: list[float], den: list[float]) -> dict[str, float]:
+    return summary([a / b for a, b in zip(num, den)])
+
+
+def run(
+    lm: LoadedModel, device, iters: int, warmup: int, checks: Checks, verbose: bool = True, smoke: bool = False
+) -> dict[str, Any]:
+    """Time the rows and check their results; the results dict."""
+    x = _pixels(lm, device)
+    forwards = SMOKE_FORWARDS if smoke else FORWARDS
+    last: dict[str, Any] = {}
+    vs = variants(lm, x, forwards, last)
+    run_interleaved(vs, lambda: None, 1, iters, warmup, verbose)
+    rel, test = last["map"], last["perturbed"]
+    m = rel.maps["chefer"]
+    if m.shape != (16, 16) or abs(float(m.sum()) - 1) > 1e-4:
+        raise BenchFailure(f"chefer map of shape {tuple(m.shape)} summing to {float(m.sum()):.4f}")
+    res = test.result()
+    curve = res.methods["chefer"]
+    if test.total != forwards or not all(math.isfinite(v) for v in curve.positive + curve.negative):
+        checks.fail(f"perturbation test: {test.total} forwards (expected {forwards}), curves {curve.positive}")
+    t = {v.key: v.times for v in vs}
+    return {
+        "image": "astronaut.png at 224 x 224",
+        "target": "output",
+        "rounds": iters,
+        "forwards": forwards,
+        "batch": BATCH,
+        "rows": {v.key: {"label": v.label, "ms": summary([s * 1000 for s in v.times])} for v in vs},
+        "map_vs_forward": _paired(t["map"], t["forward"]),
+        "perturbed_vs_plain": _paired(t["perturbed"], t["plain"]),
+        "auc_positive": curve.auc_positive,
+        "auc_negative": curve.auc_negative,
+    }
+
+
+def table(res: dict[str, Any]) -> list[str]:
+    """The printed rows."""
+    W = 50
+    lines = [
+        "",
+        f"Relevance, {res['image']}, target {res['target']} (ratio: paired per round, time over time: lower is faster)",
+        f"{'':<{W}} {'ms p50':>9} {'[p10-p90]':>19}",
+    ]
+    for row in res["rows"].values():
+        ms = row["ms"]
+        span = f"[{ms['p10']:.0f}-{ms['p90']:.0f}]"
+        lines.append(f"  {row['label']:<{W - 2}} {ms['median']:>9.1f} {span:>19}")
+    mf, pp = res["map_vs_forward"], res["perturbed_vs_plain"]
+    lines += [
+        f"  chefer map / plain forward: {mf['median']:.2f}x [{mf['p10']:.2f}-{mf['p90']:.2f}] "
+        f"(target <= {MAP_TARGET:.2f}x)",
+        f"  {res['forwards']} perturbed / {res['forwards']} plain forwards at batch {res['batch']}: "
+        f"{pp['median']:.2f}x [{pp['p10']:.2f}-{pp['p90']:.2f}] (target <= {PERTURBED_TARGET:.2f}x)",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.relevance``: these rows alone (the full bench runs them too)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from app.serving.malloc import tune_malloc
+    from app.zoo.loaders import load_embedded
+
+    p = argparse.ArgumentParser(prog="python -m bench.relevance", description=__doc__)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (default 5)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--models-dir", type=Path, default=SAMPLES.parent.parent / "models")
+    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
+    a = p.parse_args(argv)
+    tune_malloc()
+    lm = load_embedded(a.models_dir)
+    lm.to(a.device)
+    checks = Checks()
+    res = run(lm, torch.device(a.device), a.rounds, 1, checks)
+    print("\n".join(table(res)))
+    if a.out:
+        a.out.write_text(json.dumps(res, indent=1) + "\n")
+    return 1 if checks.failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

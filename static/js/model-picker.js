@@ -1,0 +1,173 @@
+// The any-model picker: search timm's pretrained models of the supported families, load one on
+// the server (download, then build) with its progress, and switch the page to it. Shown only when
+// the server runs with --any-model (GET /api/v1/models says so). Self-contained: main.js calls
+// bindModelPicker() once the model list is in; its own small state lives here, like learn.js's.
+
+import { ApiError, getModels } from "./api.js";
+import { $, debounce, fmtBytes } from "./dom.js";
+import { switchModel } from "./intake.js";
+import { state } from "./state.js";
+
+const POLL_MS = 400;
+const picker = { query: null, loading: null, timer: 0, searchAbort: null };
+
+async function call(url, options = {}) {
+  let resp;
+  try {
+    resp = await fetch(url, { credentials: "same-origin", ...options });
+  } catch (e) {
+    if (e && e.name === "AbortError") throw e;
+    throw new ApiError(0, "network", "the server could not be reached; is it still running?");
+  }
+  const body = await resp.json().catch(() => null);
+  if (!resp.ok) {
+    const err = (body && body.error) || {};
+    throw new ApiError(resp.status, err.code || `http_${resp.status}`, err.message || `${resp.status} error`);
+  }
+  return body;
+}
+
+const loadUrl = (name) => `/api/v1/models/catalog/${encodeURIComponent(name)}/load`;
+
+function tags(m) {
+  const t = [m.family];
+  if (m.loaded) t.push("loaded");
+  else if (m.offered) t.push("offered");
+  else if (m.cached) t.push("cached");
+  return t.join(" · ");
+}
+
+function renderResults(body) {
+  const list = $("model-results");
+  list.replaceChildren(...body.models.map((m) => {
+    const li = document.createElement("li");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.dataset.name = m.name;
+    b.setAttribute("data-testid", "model-result");
+    const name = document.createElement("span");
+    name.className = "name";
+    name.textContent = m.name;
+    const t = document.createElement("span");
+    t.className = "tags";
+    t.textContent = tags(m);
+    b.append(name, t);
+    b.addEventListener("click", () => load(m.name));
+    li.append(b);
+    return li;
+  }));
+  const shown = body.models.length;
+  $("model-results-count").textContent = body.total === 0
+    ? `No pretrained model of a supported family matches “${body.query}”.`
+    : `${body.total} model${body.total === 1 ? "" : "s"}${shown < body.total ? `, the first ${shown} shown` : ""}`;
+}
+
+async function search(q) {
+  if (picker.searchAbort) picker.searchAbort.abort();
+  const ctrl = new AbortController();
+  picker.searchAbort = ctrl;
+  picker.query = q;
+  try {
+    const qs = new URLSearchParams({ q, limit: "50" });
+    renderResults(await call(`/api/v1/models/catalog?${qs}`, { signal: ctrl.signal }));
+  } catch (e) {
+    if (e && e.name === "AbortError") return;
+    $("model-results").replaceChildren();
+    $("model-results-count").textContent = e.message;
+  }
+}
+
+function renderLoad(st) {
+  const box = $("model-load");
+  box.hidden = false;
+  box.dataset.state = st.state;
+  const bar = $("model-load-progress");
+  if (st.fraction == null) bar.removeAttribute("value");
+  else bar.value = st.fraction;
+  const size = st.bytes_total ? ` ${fmtBytes(st.bytes_done)} of ${fmtBytes(st.bytes_total)}` : "";
+  const text = {
+    queued: `${st.name}: waiting for another download to finish…`,
+    downloading: `${st.name}: downloading${size}${st.fraction != null ? ` (${Math.round(st.fraction * 100)} %)` : ""}…`,
+    loading: `${st.name}: building the model…`,
+    ready: `${st.name} is loaded.`,
+    failed: `${st.name} could not be loaded: ${st.error ? st.error.message : "unknown error"}`,
+    idle: "",
+  }[st.state];
+  $("model-load-status").textContent = text || st.state;
+}
+
+async function ready(st) {
+  try {
+    const models = await getModels();
+    state.models = models.models || [];
+  } catch {
+    // the switch below reports a server that went away
+  }
+  $("model-dialog").close();
+  switchModel(st.id);
+}
+
+async function poll(name) {
+  if (picker.loading !== name) return;
+  let st;
+  try {
+    st = await call(loadUrl(name));
+  } catch (e) {
+    renderLoad({ name, state: "failed", fraction: null, error: { message: e.message } });
+    picker.loading = null;
+    return;
+  }
+  renderLoad(st);
+  if (st.state === "ready") {
+    picker.loading = null;
+    await ready(st);
+  } else if (st.state === "failed") {
+    picker.loading = null;
+  } else {
+    picker.timer = setTimeout(() => poll(name), POLL_MS);
+  }
+}
+
+async function load(name) {
+  clearTimeout(picker.timer);
+  picker.loading = name;
+  renderLoad({ name, state: "queued", fraction: null, bytes_total: null });
+  try {
+    const st = await call(loadUrl(name), { method: "POST" });
+    renderLoad(st);
+    if (st.state === "ready") {
+      picker.loading = null;
+      await ready(st);
+      return;
+    }
+  } catch (e) {
+    // 503 hub_unreachable (and any other refusal): the server's sentence, in the picker
+    renderLoad({ name, state: "failed", fraction: null, error: { message: e.message } });
+    picker.loading = null;
+    return;
+  }
+  picker.timer = setTimeout(() => poll(name), POLL_MS);
+}
+
+/** Show the "Any timm model…" button when the server loads catalogue models (`any_model`). */
+export function bindModelPicker(anyModel) {
+  const open = $("model-search-open");
+  open.hidden = !anyModel;
+  if (!anyModel || open.dataset.bound) return;
+  open.dataset.bound = "1";
+  const dialog = $("model-dialog");
+  const input = $("model-search");
+  const later = debounce((q) => search(q), 200);
+  open.addEventListener("click", () => {
+    dialog.showModal();
+    input.focus();
+    if (picker.query === null) search(input.value);
+  });
+  input.addEventListener("input", () => later(input.value.trim()));
+  input.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter") return;
+    e.preventDefault();
+    const first = $("model-results").querySelector("button");
+    if (first) first.click();
+  });
+}

@@ -1,0 +1,92 @@
+"""The any-model picker in real Chromium: search, load with progress, switch; an unreachable hub.
+
+The server runs with --any-model, HF_HUB_OFFLINE=1 and a prepared Hugging Face cache holding one
+tiny model (tests/hub_standin.py): loading it needs no network, and a model that is not cached
+gets the server's sentence about the hub in the picker.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hub_standin import prepare_cache, weights
+from server import SAMPLES, Server
+
+pytestmark = pytest.mark.browser
+
+CACHED = "test_vit.r160_in1k"
+MISSING = "test_vit2.r160_in1k"
+
+
+@pytest.fixture(scope="module")
+def picker_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    prepare_cache(root / "hub", CACHED, weights(CACHED, seed=1))
+    srv = Server(
+        {
+            "HF_HOME": str(root / "home"),
+            "HF_HUB_CACHE": str(root / "hub"),
+            "HF_HUB_OFFLINE": "1",
+            "HEADSCOPE_MODEL": "random:test_vit",
+        },
+        args=["--any-model"],
+    )
+    yield srv
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+
+
+@pytest.fixture
+def base_url(picker_server) -> str:  # the page and its guard use this server
+    return picker_server.url
+
+
+def test_pick_a_timm_model_by_name_and_see_it_load(page, base_url, guard):
+    page.goto(base_url + "/")
+    page.wait_for_function("() => document.body.dataset.ready === '1'")
+    page.set_input_files("[data-testid=image-input]", str(SAMPLES / "cat.png"))
+    page.wait_for_function("() => document.querySelector('[data-testid=status]').dataset.state === 'ready'")
+
+    page.click("[data-testid=model-search-open]")
+    page.locator("[data-testid=model-result]").first.wait_for()  # every model before a word is typed
+    page.fill("[data-testid=model-search]", "test_vit")
+    results = page.locator("[data-testid=model-result]")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=model-result]').length === 3")
+    names = results.evaluate_all("bs => bs.map(b => b.dataset.name)")
+    assert names == [CACHED, MISSING, "test_vit3.r160_in1k"]
+    assert "cached" in results.first.inner_text()
+    page.fill("[data-testid=model-search]", "resnet50")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=model-results-count]').textContent.startsWith('No pretrained')"
+    )
+
+    # Not cached, hub offline: the server's sentence, and the page keeps its model.
+    guard.allow_http_errors = True  # the 503 is the expected answer
+    page.fill("[data-testid=model-search]", MISSING)
+    page.locator(f"[data-testid=model-result][data-name='{MISSING}']").click()
+    page.wait_for_selector("[data-testid=model-load][data-state=failed]")
+    status = page.inner_text("[data-testid=model-load-status]")
+    assert MISSING in status and "HF_HUB_OFFLINE" in status and "not in its Hugging Face cache" in status
+    assert page.input_value("[data-testid=model]") == "random:test_vit"
+
+    # Cached: loads, the menu offers it, the page switches to it and computes the maps with it.
+    page.fill("[data-testid=model-search]", CACHED)
+    page.locator(f"[data-testid=model-result][data-name='{CACHED}']").click()
+    page.wait_for_function(f"() => document.querySelector('[data-testid=model]').value === 'timm:{CACHED}'")
+    assert not page.locator("[data-testid=model-dialog]").evaluate("d => d.open")
+    page.wait_for_function("() => document.querySelector('[data-testid=status]').dataset.state === 'ready'")
+    options = page.locator("[data-testid=model] option").evaluate_all("os => os.map(o => o.value)")
+    assert options == ["random:test_vit", f"timm:{CACHED}"]
+    assert f"model=timm%3A{CACHED}" in page.url or f"model=timm:{CACHED}" in page.url
+    assert page.locator("[data-testid=overlay]").evaluate("c => c.dataset.model || ''") in ("", f"timm:{CACHED}")
+
+
+def test_the_picker_is_hidden_when_the_server_does_not_offer_it(browser, live_server, pace):
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        pg.goto(live_server.url + "/")
+        pg.wait_for_function("() => document.body.dataset.ready === '1'")
+        assert pg.locator("[data-testid=model-search-open]").is_hidden()
+    finally:
+        context.close()

@@ -1,0 +1,116 @@
+"""The command line as a new user meets it (issue 30): help for every option, `extract` keeps an
+existing --out unless --force, writes with the user's permissions, and refuses a selection the
+model cannot answer before the model loads; `serve --model` repeated."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from app import cli
+from server import ROOT, SAMPLES
+
+CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine
+pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
+
+
+def run(*args, umask: int | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env={**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models")},
+        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
+    )
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_option_of_every_subcommand_has_help():
+    undocumented = []
+    subs = subcommands(cli.build_parser())
+    assert {"serve", "fetch", "extract", "survey", "report"} <= set(subs)
+    for name, parser in subs.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if not (action.help or "").strip() or action.help == argparse.SUPPRESS:
+                undocumented.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+    assert not undocumented, f"options without help text: {undocumented}"
+
+
+def test_serve_model_is_repeatable():
+    args = cli.build_parser().parse_args(["serve", "--model", "a", "--model", "timm:b", "--any-model"])
+    assert args.model == ["a", "timm:b"] and args.any_model is True
+    assert cli.build_parser().parse_args(["serve"]).any_model is None  # unset: the environment decides
+
+
+def test_extract_refuses_an_existing_out_unless_force_and_writes_normal_permissions(tmp_path):
+    out = tmp_path / "attn.safetensors"
+    out.write_bytes(b"precious")
+    common = [str(SAMPLES / "cat.png"), "--out", str(out), "--layers", "-1"]
+    r = run("extract", *common, "--model", "timm:nope")  # had it loaded the model, the error would name it
+    assert r.returncode == 2
+    said = f"headscope extract: {out} exists (a file); pass --force to replace it, or choose another --out"
+    assert r.stderr.strip() == said
+    assert out.read_bytes() == b"precious"
+
+    r = run("extract", *common, "--force", umask=0o022)
+    assert r.returncode == 0, r.stderr
+    assert set(load_file(str(out))) == {"00000"}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # what the umask gives, not safetensors' 0600
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+    other = tmp_path / "group.safetensors"
+    r = run("extract", str(SAMPLES / "cat.png"), "--out", str(other), "--layers", "-1", umask=0o002)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(other.stat().st_mode) == 0o664
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "said"),
+    [
+        ("dinov2-s14-focus", ["--layers", "99"], "layers: index 99 is out of range"),
+        ("dinov2-s14-focus", ["--heads", "6"], "heads: index 6 is out of range"),
+        ("dinov2-s14-focus", ["--layers", "zero"], "layers"),
+        ("dinov2-s14-focus", ["--query", "patch:1"], "query: cannot read"),
+        ("timm:vit_base_patch16_siglip_224.webli", ["--query", "cls"], "no CLS token"),
+        ("timm:swin_tiny_patch4_window7_224.ms_in1k", ["--layers", "0-3"], "reach over stages"),
+    ],
+)
+def test_extract_refuses_a_bad_selection_before_the_model_loads(tmp_path, model, flags, said):
+    # timm:... weights cannot be downloaded here, and the default model's load is logged: a
+    # refusal that names the selection, with no such line, came before the model.
+    out = tmp_path / "o.safetensors"
+    r = run("extract", str(SAMPLES / "cat.png"), "--out", str(out), "--model", model, *flags)
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "could not get pretrained weights" not in r.stderr and "loaded " not in r.stderr
+    assert not out.exists()
+
+
+def test_extract_of_an_unknown_model_says_so_in_one_line(tmp_path):
+    r = run("extract", str(SAMPLES / "cat.png"), "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
+    assert r.returncode == 1 and r.stderr.strip() == "headscope extract: timm has no architecture named 'nope'"
+
+
+def test_report_and_survey_outputs_get_normal_permissions(tmp_path):
+    survey, report = tmp_path / "s.parquet", tmp_path / "r.html"
+    r = run("survey", str(SAMPLES / "cat.png"), "--out", str(survey), "--quiet", umask=0o022)
+    assert r.returncode == 0, r.stderr
+    parts = list(survey.rglob("*.parquet"))
+    assert parts and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in parts)
+    r = run("report", str(survey), "--out", str(report), umask=0o022)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(report.stat().st_mode) == 0o644

@@ -1,0 +1,209 @@
+"""The perturbation test's parts (fractions, counts, order and ties, zeroing, AUC) and its running:
+batches, deduplication, progress, cancellation, and the same curves at any batch size."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from relevance_reference import FAMILIES, load_family
+
+from app.engine.faithfulness import (
+    DEFAULT_FRACTIONS,
+    MAX_FRACTIONS,
+    Cancelled,
+    FractionsError,
+    PerturbationTest,
+    auc,
+    faithfulness,
+    mean_aucs,
+    parse_fractions,
+    perturbed,
+    removal_order,
+    removed_count,
+)
+from app.engine.relevance import TargetError, relevance
+from app.web.errors import to_api_error
+
+FAMILY = {f[0]: f for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    _, arch, kwargs, classes, hw = FAMILY["vit"]
+    lm = load_family(arch, kwargs, classes)
+    torch.manual_seed(0)
+    x = torch.randn(3, *hw)
+    return lm, x, relevance(lm, x[None], "top", ["chefer", "attention", "random"])[0]
+
+
+# -- parts ---------------------------------------------------------------------------------
+def test_default_fractions_are_the_tests_own():
+    assert parse_fractions(None) == parse_fractions("") == DEFAULT_FRACTIONS
+    assert DEFAULT_FRACTIONS == (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def test_fractions_parse_from_text_or_a_sequence():
+    assert parse_fractions("0, 0.25,.5,0.75") == (0.0, 0.25, 0.5, 0.75)
+    assert parse_fractions([0.1, 0.2]) == (0.1, 0.2)
+    assert parse_fractions("1e-1,0.5") == (0.1, 0.5)
+    assert len(parse_fractions([i / MAX_FRACTIONS for i in range(MAX_FRACTIONS)])) == 50
+
+
+@pytest.mark.parametrize(
+    "spec,says",
+    [
+        ("0,1", r"outside \[0, 1\)"),
+        ("0,1.5", "outside"),
+        ("-0.1,0.2", "cannot read"),
+        ([-0.1, 0.2], "outside"),
+        ("0.5,0.2", "not strictly ascending"),
+        ("0.2,0.2", "not strictly ascending"),
+        ([0.1, math.nan], "outside"),
+        ([0.1, math.inf], "outside"),
+        ("0.1,abc", "cannot read"),
+        ("0.1,,0.2", "cannot read"),
+        ([], "none given"),
+        (",".join(str(i / 60) for i in range(51)), "at most 50"),
+    ],
+)
+def test_bad_fractions_are_422_bad_fractions(spec, says):
+    with pytest.raises(FractionsError, match=says) as e:
+        parse_fractions(spec)
+    api = to_api_error(e.value)
+    assert (api.status, api.code) == (422, "bad_fractions")
+
+
+def test_removed_count_is_the_floor_of_f_times_p():
+    assert [removed_count(f, 256) for f in DEFAULT_FRACTIONS] == [0, 25, 51, 76, 102, 128, 153, 179, 204, 230]
+    assert removed_count(0.29, 100) == 29  # 0.29 * 100 = 28.999999999999996 in binary
+    assert removed_count(0.999, 16) == 15 and removed_count(0.06, 16) == 0
+
+
+def test_removal_order_breaks_ties_by_the_lower_patch_index_either_way():
+    m = torch.tensor([0.1, 0.3, 0.3, 0.1, 0.2, 0.3])
+    assert removal_order(m, "positive").tolist() == [1, 2, 5, 4, 0, 3]
+    assert removal_order(m, "negative").tolist() == [0, 3, 4, 1, 2, 5]
+    assert removal_order(torch.zeros(2, 3), "positive").tolist() == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(ValueError):
+        removal_order(m, "up")
+
+
+def test_auc_is_the_trapezoid_with_the_point_at_zero():
+    assert auc([0.0, 0.5], [1.0, 0.0]) == pytest.approx(0.25)
+    assert auc([0.5], [0.0]) == pytest.approx(0.25)  # (0, 1) added
+    assert auc([0.2, 0.6], [0.5, 0.5]) == pytest.approx(0.2 * 0.75 + 0.4 * 0.5)
+    assert auc(list(DEFAULT_FRACTIONS), [1.0] * 10) == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("hw", [(8, 12), (10, 13)])  # the second has pixels beyond the last patch
+def test_perturbed_zeroes_exactly_the_removed_patches(hw):
+    torch.manual_seed(1)
+    x = torch.randn(3, *hw) + 5  # no zeros of its own
+    grid, patch = (2, 3), (4, 4)
+    removed = torch.tensor([[False, True, False, False, False, True], [True] * 6])
+    out = perturbed(x, removed, grid, patch)
+    assert out.shape == (2, 3, *hw)
+    want = x.clone()
+    want[:, 0:4, 4:8] = 0  # patch 1: row 0, column 1
+    want[:, 4:8, 8:12] = 0  # patch 5: row 1, column 2
+    assert torch.equal(out[0], want)
+    all_gone = torch.zeros_like(x)
+    all_gone[:, 8:, :] = x[:, 8:, :]
+    all_gone[:, :, 12:] = x[:, :, 12:]
+    assert torch.equal(out[1], all_gone)
+
+
+# -- running -------------------------------------------------------------------------------
+def test_curves_start_at_one_and_the_forwards_are_counted(classifier):
+    lm, x, rel = classifier
+    res = faithfulness(lm, x, rel.maps, "top", [0.0, 0.3, 0.6])
+    assert res.forwards == 1 + 3 * 2 * 2 and res.num_patches == 16 and res.class_index == rel.class_index
+    assert res.y == pytest.approx(rel.y, rel=1e-4)
+    for c in res.methods.values():
+        assert c.positive[0] == c.negative[0] == 1.0 and c.removed == [0, 4, 9]
+        assert c.auc_positive == pytest.approx(auc([0.0, 0.3, 0.6], c.positive))
+    d = res.as_dict()
+    assert set(d["methods"]["chefer"]) == {"positive", "negative", "auc_positive", "auc_negative", "removed"}
+    assert d["fractions"] == [0.0, 0.3, 0.6] and d["target"] == "top"
+
+
+def test_the_batch_size_does_not_change_the_curves(classifier):
+    lm, x, rel = classifier
+    a = faithfulness(lm, x, rel.maps, "top", batch_size=1)
+    b = faithfulness(lm, x, rel.maps, "top", batch_size=8)
+    c = faithfulness(lm, x[None], rel.maps, "top", batch_size=64)
+    for m in rel.maps:
+        for other in (b, c):
+            assert a.methods[m].positive == pytest.approx(other.methods[m].positive, rel=1e-5, abs=1e-6)
+            assert a.methods[m].negative == pytest.approx(other.methods[m].negative, rel=1e-5, abs=1e-6)
+
+
+def test_equal_perturbations_run_once(classifier):
+    lm, x, rel = classifier
+    one = PerturbationTest(lm, x, {"chefer": rel.maps["chefer"]}, "top")
+    two = PerturbationTest(lm, x, {"chefer": rel.maps["chefer"], "again": rel.maps["chefer"].clone()}, "top")
+    assert one.total == two.total == 1 + 2 * 9
+    res = faithfulness(lm, x, {"a": rel.maps["chefer"], "b": rel.maps["chefer"] * 3}, "top")
+    assert res.methods["a"] == res.methods["b"]
+
+
+def test_a_given_reference_saves_the_unperturbed_forward(classifier):
+    lm, x, rel = classifier
+    with torch.no_grad():
+        ref = lm.model.forward_head(lm.model.forward_features(x[None]))
+    test = PerturbationTest(lm, x, rel.maps, "top", [0.0, 0.5], reference=ref)
+    assert test.total == 3 * 2
+    while test.step():
+        pass
+    got = test.result()
+    want = faithfulness(lm, x, rel.maps, "top", [0.0, 0.5])
+    for m in rel.maps:
+        assert got.methods[m].positive == pytest.approx(want.methods[m].positive, rel=1e-5)
+    with pytest.raises(RuntimeError):
+        PerturbationTest(lm, x, rel.maps, "top").result()  # before its steps
+
+
+def test_progress_is_reported_after_each_batch_and_cancellation_stops_between_batches(classifier):
+    lm, x, rel = classifier
+    seen: list[tuple[int, int]] = []
+    faithfulness(lm, x, rel.maps, "top", batch_size=8, progress=lambda d, t: seen.append((d, t)))
+    total = PerturbationTest(lm, x, rel.maps, "top").total  # 1 + 3 * 2 * 9 less equal sets of 16 patches
+    assert 40 < total <= 55
+    assert seen == [(min(i, total), total) for i in range(8, total + 8, 8)]
+    calls = []
+
+    def cancelled() -> bool:
+        calls.append(1)
+        return len(calls) > 2
+
+    done: list[int] = []
+    with pytest.raises(Cancelled, match=f"after 16 of {total}"):
+        faithfulness(lm, x, rel.maps, "top", progress=lambda d, t: done.append(d), cancelled=cancelled)
+    assert done == [8, 16]
+
+
+def test_bad_arguments(classifier):
+    lm, x, rel = classifier
+    with pytest.raises(TargetError):
+        faithfulness(lm, x, rel.maps, "output")
+    with pytest.raises(FractionsError):
+        faithfulness(lm, x, rel.maps, "top", "0.5,0.1")
+    with pytest.raises(ValueError, match="4 values"):
+        faithfulness(lm, x, {"small": torch.ones(4)}, "top")
+    with pytest.raises(ValueError, match="one picture"):
+        faithfulness(lm, torch.stack([x, x]), rel.maps, "top")
+    with pytest.raises(ValueError, match="batch_size"):
+        faithfulness(lm, x, rel.maps, "top", batch_size=0)
+
+
+def test_removing_patches_the_map_ranks_high_moves_the_logit_first(classifier):
+    """Sanity on a real relevance map: the positive curve of the top logit falls below the
+    negative one for chefer on this picture (not a law, but this picture is fixed)."""
+    lm, x, rel = classifier
+    res = faithfulness(lm, x, rel.maps, "top")
+    assert res.methods["chefer"].auc_positive < res.methods["chefer"].auc_negative
+    means = mean_aucs([res, res])
+    assert means["chefer"]["n"] == 2
+    assert means["chefer"]["auc_positive"] == pytest.approx(res.methods["chefer"].auc_positive)

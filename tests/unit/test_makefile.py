@@ -1,0 +1,76 @@
+"""The Makefile's install and serve command lines (issue 30), read with `make -n` (nothing runs).
+
+PyTorch's CPU wheel index cannot be reached from the test machine, so TORCH=cpu is checked as
+the commands it would run: torch and torchvision alone from that index, everything else from PyPI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from server import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+def dry_run(tmp_path, *args: str) -> list[str]:
+    venv = tmp_path / "venv"  # absent: make plans the whole install
+    r = subprocess.run(
+        ["make", "-n", "--no-print-directory", f"VENV={venv}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def pip_installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if " -m pip install " in line]
+
+
+def test_default_install_is_pypi_only_and_shows_progress(tmp_path):
+    lines = dry_run(tmp_path, "setup")
+    (pip,) = pip_installs(lines)
+    assert pip.endswith(" -e .") and "--index-url" not in pip and "download.pytorch.org" not in pip
+    assert " -q" not in pip  # pip's own lines and progress bar are shown
+    said = "\n".join(line for line in lines if line.startswith("echo"))
+    assert "GB to download" in said and "TORCH=cpu" in said  # what it does, how much, and the smaller way
+
+
+def test_torch_cpu_takes_torch_and_torchvision_alone_from_the_cpu_index(tmp_path):
+    lines = dry_run(tmp_path, "setup", "TORCH=cpu")
+    torch_step, rest = pip_installs(lines)
+    assert torch_step.split()[-3:] == ["https://download.pytorch.org/whl/cpu", "torch", "torchvision"]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_step and "--no-deps" in torch_step
+    assert "--extra-index-url" not in torch_step  # nothing else comes from there...
+    assert rest.endswith(" -e .") and "download.pytorch.org" not in rest  # ...and the rest from PyPI
+    assert lines.index(torch_step) < lines.index(rest)
+    steps = [line for line in lines if line.startswith('echo "==>')]
+    assert len(steps) == 2 and "1/2" in steps[0] and "2/2" in steps[1] and "GB" in steps[0]
+
+
+def test_torch_index_can_point_at_a_mirror(tmp_path):
+    lines = dry_run(tmp_path, "setup", "TORCH=cpu", "TORCH_INDEX=https://mirror.example/torch-cpu")
+    assert "--index-url https://mirror.example/torch-cpu" in pip_installs(lines)[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "any_model"),
+    [
+        ([], True),  # 127.0.0.1 by default: loopback
+        (["HOST=127.0.0.1"], True),
+        (["HOST=localhost"], True),
+        (["HOST=0.0.0.0"], False),  # reachable from the network: opt in explicitly
+        (["HOST=0.0.0.0", "ANY_MODEL=1"], True),
+        (["ANY_MODEL=0"], False),
+    ],
+)
+def test_serve_turns_any_model_on_for_loopback_only(tmp_path, args, any_model):
+    serve = [line for line in dry_run(tmp_path, "serve", *args) if "headscope serve" in line]
+    assert len(serve) == 1
+    assert ("--any-model" in serve[0]) is any_model, serve[0]
