@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from app.serving import images
-from server import ROOT
+from helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402
