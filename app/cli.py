@@ -109,13 +109,13 @@ def _fetch(args) -> int:
 
 def _collect(paths: list[str]) -> list[Path]:
     files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
-        elif p.is_file():
-            files.append(p)
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(f for f in path.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+        elif path.is_file():
+            files.append(path)
         else:
-            raise FileNotFoundError(f"no such file or folder: {p}")
+            raise FileNotFoundError(f"no such file or folder: {path}")
     return files
 
 
@@ -295,8 +295,8 @@ def _report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="headscope", description="What every attention head of a ViT looks at.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(prog="headscope", description="What every attention head of a ViT looks at.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("serve", help="start the web app and REST API")
     s.add_argument("--host", help="bind address (default 127.0.0.1; env HEADSCOPE_HOST)")
@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="the HTML file to write")
     r.add_argument("--title", help="page title (default: the survey's model and size)")
     r.set_defaults(func=_report)
-    return p
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

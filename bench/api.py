@@ -21,16 +21,11 @@ API ratios. The server's mean batch size per block is read from ``/metrics``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
 import json
-import os
 import re
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .common import BenchFailure, progress, summary, vm_hwm_mib
+from app.serving.uploads import image_id_of
+from tests.helpers.server import Server
+
+from .common import BenchFailure, progress, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("post_json", "post_st", "get_patch", "explain")
@@ -52,65 +50,13 @@ KIND_LABELS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """``python -m app.cli serve`` on a free loopback port, as tests/server.py starts it."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path, timeout: float = 180):
-        import httpx
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / "server.log"  # the last run's server log
-        full_env = {**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models"), "PYTHONUNBUFFERED": "1", **env}
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT,
-            env=full_env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        self.pid = self.proc.pid
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise BenchFailure(f"server exited with {self.proc.returncode}: {self.log()[-1500:]}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    self.startup_s = time.monotonic() - t0
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise BenchFailure(f"server not ready in {timeout}s: {self.log()[-1500:]}")
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text()
-        except OSError:
-            return ""
-
-    def peak_rss_mib(self) -> float | None:
-        return vm_hwm_mib(self.pid)
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+def start_server(env: dict[str, str], log_dir: Path, timeout: float = 180) -> Server:
+    """``python -m app.cli serve`` on a free loopback port, as the tests start it
+    (``tests/helpers/server.py``), its output in ``log_dir/server.log`` (the last run's)."""
+    try:
+        return Server(env, timeout=timeout, log_path=log_dir / "server.log")
+    except RuntimeError as e:
+        raise BenchFailure(str(e)) from None
 
 
 class Pictures:
@@ -145,10 +91,6 @@ class Pictures:
         return out
 
 
-def image_id_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:24]
-
-
 def parse_server_timing(h: str | None) -> dict[str, float]:
     out = {}
     for part in (h or "").split(","):
@@ -180,7 +122,7 @@ class KindStats:
 
 
 class ApiBench:
-    def __init__(self, server: ServerProcess, L: int, H: int, N: int, grid: tuple[int, int]):
+    def __init__(self, server: Server, L: int, H: int, N: int, grid: tuple[int, int]):
         self.server = server
         self.L, self.H, self.N, self.grid = L, H, N, grid
         self.pictures = Pictures()

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.zoo.loaders import load_embedded
 
     from . import encoding, inproc, peers, report
-    from .common import BenchFailure, LoadMonitor, peak_rss_mib, run_interleaved, summary, throughput_stats
+    from .common import BenchFailure, LoadMonitor, peak_rss_mib, run_interleaved, summary, throughput_stats, vm_hwm_mib
 
     verbose = not args.quiet
     monitor = LoadMonitor()
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  API: starting server ...", end="", flush=True)
         server = None
         try:
-            server = api.ServerProcess(env, ROOT / "bench" / "results")
+            server = api.start_server(env, ROOT / "bench" / "results")
             monitor.track(server.pid)
             print(
                 f" ready in {server.startup_s:.1f}s (pid {server.pid}); levels {args.concurrency}, "
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             results["api"] = api_res
             results["api_client"] = args.client
             results["api_ref"] = throughput_stats(ref_times, 1)
-            results["memory"]["server_peak_rss_mib"] = server.peak_rss_mib()
+            results["memory"]["server_peak_rss_mib"] = vm_hwm_mib(server.pid)
             results["memory"]["server_cache_limit"] = "HEADSCOPE_CACHE_BYTES default (1 GiB)"
             for f in dict.fromkeys(bench.failures):
                 checks.fail(f"API: {f}")

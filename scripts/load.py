@@ -8,7 +8,7 @@
     python scripts/load.py answers          [--clients 6]
     ... [--server-root /work/main]   the same run against another checkout (before/after)
 
-Each run starts its own server (``tests/server.py``), sends traffic only to 127.0.0.1, and
+Each run starts its own server (``tests/helpers/server.py``), sends traffic only to 127.0.0.1, and
 stops by itself. ``load`` ramps concurrency past capacity and checks that accepted requests meet
 their deadline, the excess gets 429 with Retry-After at once, there are no 5xx, and /healthz
 stays fast. ``soak`` sends mixed sizes and formats and checks memory, the cache bound, file
@@ -41,7 +41,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from server import Server  # noqa: E402
+from helpers.server import Server  # noqa: E402
 
 API = "/api/v1/attention"
 

@@ -8,9 +8,9 @@ import resource
 from pathlib import Path
 
 import pytest
-from swin_reference import SWIN_ARCH, SWIN_CHECKPOINT, SWIN_V1, SWIN_V2, write_checkpoint
 
-from server import ARTIFACTS, ROOT, SAMPLES, Pace, Server, measure_pace  # noqa: F401
+from helpers.server import ARTIFACTS, ROOT, SAMPLES, Pace, Server, measure_pace  # noqa: F401
+from helpers.swin_reference import SWIN_ARCH, SWIN_CHECKPOINT, SWIN_V1, SWIN_V2, write_checkpoint
 
 
 @pytest.fixture(scope="session")

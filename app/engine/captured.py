@@ -6,7 +6,7 @@ model lays out its tokens: which layers, heads and query tokens a request names,
 layout of an answer, the tokens ``drop`` removes, the statistics, one head's computation. A
 global model has one token sequence with prefix tokens (:class:`GlobalImage`); a windowed one
 (Swin) has one grid per stage, no prefix tokens, and a request's layers stay within one stage
-(:class:`WindowedImage`). Both implement :class:`CapturedImage`, so the request path, the
+(:class:`WindowedImage`). Both are a :class:`CapturedImage`, so the request path, the
 survey and the command line never ask which one they hold: :func:`captured` (or
 ``LoadedModel.captured``) picks it once, from the capture and its layout.
 
@@ -16,9 +16,10 @@ the survey's process, a notebook); nothing knows of HTTP or queues.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .capture import ImageAttention
 from .explain import HeadComputation, explain_head
@@ -30,30 +31,14 @@ from .window_explain import explain_window_head
 from .window_stats import window_stats
 from .windows import WindowedAttention
 
-DROPS = ("prefix", "artifacts")  # what ``drop`` may name, comma-separated ("none" or "" for nothing)
 
+class CapturedImage(ABC):
+    """What a captured image offers every caller: the capture itself (``att``: softmax rows of
+    any layer, head and query), read through the model's token layout at the image's
+    ``input_size`` (height, width in pixels)."""
 
-class CapturedImage(Protocol):
-    """What a captured image offers every caller: the capture itself (``att``), read through the
-    model's token layout at the image's ``input_size``."""
-
-    @property
-    def att(self) -> Attention:
-        """The capture: softmax rows of any layer, head and query."""
-        ...
-
-    @property
-    def input_size(self) -> tuple[int, int]:
-        """(height, width) of the model's input, in pixels."""
-        ...
-
-    def stage_at(self, layer: int) -> Stage | None:
-        """A windowed model's stage of ``layer``; None for global attention."""
-        ...
-
-    def layout_at(self, layer: int) -> TokenLayout:
-        """The token layout of ``layer``'s maps (a windowed stage's grid, no prefix tokens)."""
-        ...
+    att: Attention
+    input_size: tuple[int, int]
 
     def select(
         self,
@@ -77,20 +62,8 @@ class CapturedImage(Protocol):
         Raises:
             SelectionError: a malformed or out-of-range selection, with the reason.
         """
-        ...
-
-    def tokens(self, stage: Stage | None = None) -> dict[str, Any]:
-        """The token layout of an answer (``stage``: a windowed answer's stage, default the first)."""
-        ...
-
-    def layout_meta(self) -> dict[str, Any]:
-        """What an answer says of the whole layout besides its tokens (a windowed model's stages)."""
-        ...
-
-    def drop_columns(self, drop: str, stage: Stage | None = None) -> list[int]:
-        """Key tokens a ``drop`` option (``none``, ``prefix``, ``artifacts`` or both, comma-separated)
-        removes from the maps of ``stage`` (None for global attention)."""
-        ...
+        stage, chosen, picked, queries, start = self._resolve(layers, heads, query, aggregate, rollout_start)
+        return Selection(chosen, picked, queries, aggregate, start, head_fusion, discard_ratio, temperature, stage)
 
     def stats(
         self,
@@ -102,21 +75,53 @@ class CapturedImage(Protocol):
     ) -> HeadStats:
         """Every head's statistics (``mass``: the CLS mass fraction of ``mass_patches``, None to
         leave them out; ``check`` may raise between layers to stop)."""
-        ...
+        return self._stats(mass, similarity, ranks, check)
 
+    @abstractmethod
+    def stage_at(self, layer: int) -> Stage | None:
+        """A windowed model's stage of ``layer``; None for global attention."""
+
+    @abstractmethod
+    def layout_at(self, layer: int) -> TokenLayout:
+        """The token layout of ``layer``'s maps (a windowed stage's grid, no prefix tokens)."""
+
+    @abstractmethod
+    def tokens(self, stage: Stage | None = None) -> dict[str, Any]:
+        """The token layout of an answer (``stage``: a windowed answer's stage, default the first)."""
+
+    @abstractmethod
+    def layout_meta(self) -> dict[str, Any]:
+        """What an answer says of the whole layout besides its tokens (a windowed model's stages)."""
+
+    @abstractmethod
+    def drop_columns(self, drop: str, stage: Stage | None = None) -> list[int]:
+        """Key tokens a ``drop`` option (``none``, ``prefix``, ``artifacts`` or both, comma-separated)
+        removes from the maps of ``stage`` (None for global attention)."""
+
+    @abstractmethod
     def mass_patches(self, mass: float) -> list[list[int]] | None:
         """``[L][H]`` patches holding ``mass`` of each head's CLS row (from the CLS rows alone);
         None without a CLS token."""
-        ...
 
+    @abstractmethod
     def explain_target(self, layer: int, head: int, query: str | None) -> tuple[int, int, int]:
         """``(layer, head, query token)`` of an explain request, each in range (negative counts
         from the end; ``query``: one token as the query grammar names it, None for the default)."""
-        ...
 
+    @abstractmethod
     def explain(self, module: Any, layer: int, head: int, query: int) -> HeadComputation:
         """One head's whole computation for one query token (``module``: the layer's attention)."""
-        ...
+
+    @abstractmethod
+    def _resolve(self, layers, heads, query, aggregate: str, rollout_start: int | None) -> Resolved:
+        """:meth:`select`'s ``(stage, layers, heads, queries, rollout start)``."""
+
+    @abstractmethod
+    def _stats(self, mass: float | None, similarity: bool, ranks: bool, check) -> HeadStats:
+        """:meth:`stats`."""
+
+
+Resolved = tuple[Stage | None, list[int], list[int], list[int] | None, int]
 
 
 def captured(att: Attention, layout: TokenLayout | WindowedLayout, input_size: tuple[int, int]) -> CapturedImage:
@@ -147,6 +152,7 @@ def stats_batch(
 
 
 def _drops(drop: str) -> set[str]:
+    """What ``drop`` names (``prefix``, ``artifacts``, comma-separated; ``none`` or empty: nothing)."""
     return {part.strip() for part in drop.split(",")} - {"none", ""}
 
 
@@ -157,7 +163,7 @@ def _index(i: int, n: int, what: str) -> int:
 
 
 @dataclass
-class GlobalImage:
+class GlobalImage(CapturedImage):
     """A capture of global attention (ViT and kin): one token sequence, prefix tokens first."""
 
     att: ImageAttention
@@ -170,32 +176,14 @@ class GlobalImage:
     def layout_at(self, layer: int) -> TokenLayout:
         return self.layout
 
-    def select(
-        self,
-        layers: str | None,
-        heads: str | None,
-        query: str | None,
-        aggregate: str = "none",
-        rollout_start: int | None = None,
-        head_fusion: str = "mean",
-        discard_ratio: float = 0.0,
-        temperature: float = 1.0,
-    ) -> Selection:
+    def _resolve(self, layers, heads, query, aggregate: str, rollout_start: int | None) -> Resolved:
         n = self.att.num_layers
         chosen = parse_indices(layers, n, "layers")
         start = 0 if rollout_start is None else rollout_start
         if aggregate == "rollout" and not -n <= start < n:
             raise SelectionError(f"rollout_start {start} is out of range for {n} layers (valid: {-n}..{n - 1})")
-        return Selection(
-            layers=chosen,
-            heads=parse_indices(heads, self.att.num_heads, "heads"),
-            queries=parse_query(query, self.layout),
-            aggregate=aggregate,
-            rollout_start=start,
-            head_fusion=head_fusion,
-            discard_ratio=discard_ratio,
-            temperature=temperature,
-        )
+        picked = parse_indices(heads, self.att.num_heads, "heads")
+        return None, chosen, picked, parse_query(query, self.layout), start
 
     def tokens(self, stage: Stage | None = None) -> dict[str, Any]:
         return self.layout.as_dict()
@@ -213,14 +201,7 @@ class GlobalImage:
             cols += artifact_tokens(self.att.last_norms, npf)[0]
         return sorted(set(cols))
 
-    def stats(
-        self,
-        mass: float | None = DEFAULT_MASS,
-        *,
-        similarity: bool = True,
-        ranks: bool = True,
-        check: Callable[[], None] | None = None,
-    ) -> HeadStats:
+    def _stats(self, mass: float | None, similarity: bool, ranks: bool, check) -> HeadStats:
         return compute_stats(self.att, self.layout, mass, similarity=similarity, with_ranks=ranks, check=check)
 
     def mass_patches(self, mass: float) -> list[list[int]] | None:
@@ -248,7 +229,7 @@ class GlobalImage:
 
 
 @dataclass
-class WindowedImage:
+class WindowedImage(CapturedImage):
     """A capture of windowed attention (Swin): one grid per stage, no prefix tokens; a request's
     layers, heads and query cells are those of one stage."""
 
@@ -262,29 +243,9 @@ class WindowedImage:
     def layout_at(self, layer: int) -> TokenLayout:
         return self.layout.stage_of(layer).tokens()
 
-    def select(
-        self,
-        layers: str | None,
-        heads: str | None,
-        query: str | None,
-        aggregate: str = "none",
-        rollout_start: int | None = None,
-        head_fusion: str = "mean",
-        discard_ratio: float = 0.0,
-        temperature: float = 1.0,
-    ) -> Selection:
-        stage, chosen, heads_, queries = resolve_windowed(layers, heads, query, self.layout, aggregate, rollout_start)
-        return Selection(
-            layers=chosen,
-            heads=heads_,
-            queries=queries,
-            aggregate=aggregate,
-            rollout_start=stage.first_layer if rollout_start is None else rollout_start,
-            head_fusion=head_fusion,
-            discard_ratio=discard_ratio,
-            temperature=temperature,
-            stage=stage,
-        )
+    def _resolve(self, layers, heads, query, aggregate: str, rollout_start: int | None) -> Resolved:
+        stage, chosen, picked, queries = resolve_windowed(layers, heads, query, self.layout, aggregate, rollout_start)
+        return stage, chosen, picked, queries, stage.first_layer if rollout_start is None else rollout_start
 
     def tokens(self, stage: Stage | None = None) -> dict[str, Any]:
         stage = stage or self.layout.stages[0]
@@ -306,14 +267,7 @@ class WindowedImage:
             )
         return artifact_tokens(self.att.last_norms, 0)[0]
 
-    def stats(
-        self,
-        mass: float | None = DEFAULT_MASS,
-        *,
-        similarity: bool = True,
-        ranks: bool = True,
-        check: Callable[[], None] | None = None,
-    ) -> HeadStats:
+    def _stats(self, mass: float | None, similarity: bool, ranks: bool, check) -> HeadStats:
         return window_stats(self.att, mass, similarity=similarity, ranks=ranks, check=check)
 
     def mass_patches(self, mass: float) -> None:

@@ -32,6 +32,10 @@ class UnsupportedModelError(ValueError):
     """The model's attention blocks are of a kind Headscope cannot capture."""
 
 
+Picked = list[int] | None  # indices along one axis, None for all
+Out = torch.Tensor | None
+
+
 class Attention(Protocol):
     """One image's capture, for every layer, where the forward ran.
 
@@ -63,14 +67,11 @@ class Attention(Protocol):
     def tokens_at(self, layer: int) -> int: ...
 
     def rows(
-        self,
-        layer: int,
-        heads: list[int] | None = None,
-        queries: list[int] | None = None,
-        out: torch.Tensor | None = None,
-        temperature: float = 1.0,
+        self, layer: int, heads: Picked = ..., queries: Picked = ..., out: Out = ..., temperature: float = ...
     ) -> torch.Tensor:
-        """Softmax rows of one layer, ``[heads, queries, tokens]`` float32, on :attr:`device`."""
+        """Softmax rows of one layer, ``[heads, queries, tokens]`` float32, on :attr:`device`
+        (``heads``, ``queries``: None for all; ``out``: a tensor to write into; ``temperature``:
+        ``softmax(scores / T)``)."""
         ...
 
     def storages(self) -> dict[tuple[str, int], int]: ...

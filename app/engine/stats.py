@@ -270,19 +270,19 @@ class HeadStats:
 
     entropy: torch.Tensor  # mean over query rows of the normalised row entropy
     distance_px: torch.Tensor  # mean attention distance over patch queries, input pixels
-    prefix_mass: torch.Tensor | None  # mean over query rows of the mass on prefix tokens
-    artifact_mass: torch.Tensor | None  # mean over query rows of the mass on artifact tokens
-    entropy_cls: torch.Tensor | None  # normalised entropy of the CLS row
-    cls_cosine: torch.Tensor | None  # [L, H, H] cosine similarity of the heads' CLS rows
-    mass_patches: torch.Tensor | None  # [L, H] int64: patches holding `mass` of the CLS row
-    similarity: torch.Tensor | None  # [L, H, H] 1 - JS / log 2, mean over query rows
-    rank_numerical: torch.Tensor | None  # [L] int64
-    rank_effective: torch.Tensor | None  # [L] float64
     artifacts: list[int]  # high-norm tokens of the last layer's output
     artifact_threshold: float
     mass: float | None
     last_norms: torch.Tensor  # [N_last] token norms of the last layer's output
     rank_max: int  # the largest rank a layer's head outputs can have: min(tokens, width)
+    prefix_mass: torch.Tensor | None = None  # mean over query rows of the mass on prefix tokens
+    artifact_mass: torch.Tensor | None = None  # mean over query rows of the mass on artifact tokens
+    entropy_cls: torch.Tensor | None = None  # normalised entropy of the CLS row
+    cls_cosine: torch.Tensor | None = None  # [L, H, H] cosine similarity of the heads' CLS rows
+    mass_patches: torch.Tensor | None = None  # [L, H] int64: patches holding `mass` of the CLS row
+    similarity: torch.Tensor | None = None  # [L, H, H] 1 - JS / log 2, mean over query rows
+    rank_numerical: torch.Tensor | None = None  # [L] int64
+    rank_effective: torch.Tensor | None = None  # [L] float64
     windows: Windows | None = None  # windowed models only
 
     @property

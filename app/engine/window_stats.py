@@ -97,21 +97,16 @@ def window_stats(
         if rank_num is not None and rank_eff is not None:
             rank_num[layer], rank_eff[layer] = ranks_of(att.head_out_cells(layer).cpu().float())
     artifacts, thr = artifact_tokens(att.last_norms, 0)
-    return HeadStats(
+    return HeadStats(  # no prefix, no CLS, no artifact mass: None (Windows.unavailable says why)
         entropy=entropy,
         distance_px=distance,
-        prefix_mass=None,
-        artifact_mass=None,
-        entropy_cls=None,
-        cls_cosine=None,
-        mass_patches=None,
-        similarity=sim,
-        rank_numerical=rank_num,
-        rank_effective=rank_eff,
         artifacts=artifacts,
         artifact_threshold=thr,
         mass=mass,
         last_norms=att.last_norms,
         rank_max=max(rank_max),
+        similarity=sim,
+        rank_numerical=rank_num,
+        rank_effective=rank_eff,
         windows=Windows(heads, rank_max, att.stages[-1].index, dict(UNAVAILABLE)),
     )

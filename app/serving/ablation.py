@@ -385,9 +385,10 @@ class AblationService(ImageTasks):
                 return state
             if what == "pruning":
                 # A pruning curve first waits for its importance ranking: report that.
-                p = self.tasks.progress(ImportanceKey(image_id, lm.id, method))
-                if p is not None:
-                    return {**p.as_dict(), "task": "pruning", "stage": f"importance: {p.stage}", "fraction": 0.0}
+                first = self.tasks.progress(ImportanceKey(image_id, lm.id, method))
+                if first is not None:
+                    stage = f"importance: {first.stage}"
+                    return {**first.as_dict(), "task": "pruning", "stage": stage, "fraction": 0.0}
         if self.svc.uploads.get(image_id) is None:
             raise ImageNotFound(image_id)
         return idle

@@ -3,7 +3,8 @@
 The steps, each a function of its own so that any caller can take them (the service on the
 worker thread, the command line, a notebook): :func:`selection` resolves a request's parameters
 against a captured image, :func:`maps` slices and fuses the maps it asks for, :func:`meta` says
-what they are, :func:`built` encodes the whole answer (JSON, safetensors or npy). The service's
+what they are (of an :class:`Asked`: the request and what it selects), :func:`built` encodes the
+whole answer (JSON, safetensors or npy). The service's
 :class:`Answers` checks an answer's size before it is built and streams the large binary ones.
 
 An answer's shape follows from the selection alone (``[layers, heads, queries, tokens]``), so
@@ -147,9 +148,15 @@ def server_timing(timing: dict[str, float]) -> str:
 
 def selection(params: AttentionParams, image: CapturedImage) -> Selection:
     """What ``params`` select of ``image`` (:meth:`CapturedImage.select`)."""
-    p = params
     return image.select(
-        p.layers, p.heads, p.query, p.aggregate, p.rollout_start, p.head_fusion, p.discard_ratio, p.temperature
+        params.layers,
+        params.heads,
+        params.query,
+        params.aggregate,
+        params.rollout_start,
+        params.head_fusion,
+        params.discard_ratio,
+        params.temperature,
     )
 
 
@@ -163,23 +170,39 @@ def maps(image: CapturedImage, sel: Selection, dropped: list[int], dtype: str) -
     return (tensor.to(torch.float16) if dtype == "float16" else tensor.float()).numpy()
 
 
-def meta(
-    image_id: str,
-    filename: str | None,
-    found: Found,
-    sel: Selection,
-    params: AttentionParams,
-    shape: Sequence[int],
-    ablate: Ablation = (),
-) -> dict[str, Any]:
+@dataclass
+class Asked:
+    """What an answer answers: an image (its id and name), its capture as found, the request's
+    parameters, what they select of the capture, and the heads removed."""
+
+    image_id: str
+    filename: str | None
+    found: Found
+    params: AttentionParams
+    sel: Selection
+    ablate: Ablation = ()
+
+    @property
+    def image(self) -> CapturedImage:
+        return self.found.entry.image
+
+    def dropped(self) -> list[int]:
+        """Key tokens the ``drop`` parameter removes from these maps."""
+        return self.image.drop_columns(self.params.drop, self.sel.stage)
+
+    def download_stem(self) -> str:
+        return download_stem(self.image_id, self.found.entry.model_id, self.params)
+
+
+def meta(asked: Asked, shape: Sequence[int]) -> dict[str, Any]:
     """What an attention answer says besides its maps."""
-    entry, image = found.entry, found.entry.image
+    entry, image, sel, params = asked.found.entry, asked.image, asked.sel, asked.params
     heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
     tokens = image.tokens(sel.stage)
     return {
         "model": entry.model_id,
-        "image_id": image_id,
-        "filename": filename,
+        "image_id": asked.image_id,
+        "filename": asked.filename,
         "image_size": list(entry.image_size),
         "input_size": list(entry.input_size),
         "tokens": tokens,
@@ -189,35 +212,27 @@ def meta(
         "aggregate": sel.aggregate,
         "dtype": params.dtype,
         "shape": list(shape),
-        "cached": found.cached,
-        "dropped": image.drop_columns(params.drop, sel.stage),
+        "cached": asked.found.cached,
+        "dropped": asked.dropped(),
         "temperature": params.temperature,
-        "ablated": [list(pair) for pair in ablate],
+        "ablated": [list(pair) for pair in asked.ablate],
         **image.layout_meta(),
     }
 
 
-def built(
-    image_id: str,
-    filename: str | None,
-    found: Found,
-    params: AttentionParams,
-    sel: Selection,
-    ablate: Ablation = (),
-) -> Answer:
+def built(asked: Asked) -> Answer:
     """A whole answer, encoded (JSON, or a binary answer too small to stream)."""
     t0 = time.perf_counter()
-    image = found.entry.image
-    dropped = image.drop_columns(params.drop, sel.stage)
-    array = maps(image, sel, dropped, params.dtype)
-    head = meta(image_id, filename, found, sel, params, array.shape, ablate)
+    params = asked.params
+    array = maps(asked.image, asked.sel, asked.dropped(), params.dtype)
+    head = meta(asked, array.shape)
     if params.stats and params.format == "json":
-        head["stats"] = found.entry.stats()
+        head["stats"] = asked.found.entry.stats()
     # "encode" in the body covers slicing and conversion; serialising the body itself is
     # added in the Server-Timing header, the only place it can still be written.
-    timing = {**found.timing, "encode": (time.perf_counter() - t0) * 1000}
+    timing = {**asked.found.timing, "encode": (time.perf_counter() - t0) * 1000}
     head["timing_ms"] = dict(timing)
-    body, headers = encode(array, head, params.format, download_stem(image_id, found.entry.model_id, params))
+    body, headers = encode(array, head, params.format, asked.download_stem())
     timing["encode"] = (time.perf_counter() - t0) * 1000
     headers["Server-Timing"] = server_timing(timing)
     length = sum(len(memoryview(b).cast("B")) for b in body)
@@ -277,33 +292,26 @@ class Answers:
     ) -> Answer:
         """The answer, sized first; a large binary one is streamed."""
         sel, size = self.plan(found, params)
+        asked = Asked(image_id, filename, found, params, sel, ablate)
         if params.format != "json" and size >= STREAM_MIN_BYTES:
-            return await self.worker.run_in_worker(self._streamed, image_id, filename, found, params, sel, ablate)
-        return await self.worker.run_in_worker(built, image_id, filename, found, params, sel, ablate)
+            return await self.worker.run_in_worker(self._streamed, asked)
+        return await self.worker.run_in_worker(built, asked)
 
-    def _streamed(
-        self,
-        image_id: str,
-        filename: str | None,
-        found: Found,
-        params: AttentionParams,
-        sel: Selection,
-        ablate: Ablation = (),
-    ) -> Answer:
+    def _streamed(self, asked: Asked) -> Answer:
         """A large binary answer: the header now, the layers when the socket has room for them.
 
         Runs on the worker thread (the metadata reads the capture); the chunks are computed there
         too, each when the previous one has been handed to the socket.
         """
-        image = found.entry.image
+        image, sel, params = asked.image, asked.sel, asked.params
         shape = answer_shape(sel, image.att)
         dtype = np.dtype(np.float16 if params.dtype == "float16" else np.float32)
-        dropped = image.drop_columns(params.drop, sel.stage)
-        head_meta = meta(image_id, filename, found, sel, params, shape, ablate)
-        timing = {**found.timing, "encode": 0.0}
+        dropped = asked.dropped()
+        head_meta = meta(asked, shape)
+        timing = {**asked.found.timing, "encode": 0.0}
         head_meta["timing_ms"] = dict(timing)
         head = binary_header(params.format, head_meta, shape, dtype)
-        headers = binary_headers(params.format, head_meta, download_stem(image_id, found.entry.model_id, params))
+        headers = binary_headers(params.format, head_meta, asked.download_stem())
         headers["Server-Timing"] = server_timing(timing)
         pieces = chunks(shape, dtype.itemsize, heads_split=sel.aggregate == "none")
         ticket = current_ticket()
@@ -333,7 +341,7 @@ class Answers:
                         if whole is None or sel.aggregate != "rollout":
                             whole = await self.worker.run_in_worker(maps_of, chunk)
                 except (asyncio.TimeoutError, ClientGone, SelectionError, RuntimeError) as e:
-                    log.warning("streamed answer for %s cut short: %s", image_id, type(e).__name__)
+                    log.warning("streamed answer for %s cut short: %s", asked.image_id, type(e).__name__)
                     raise StreamAborted(type(e).__name__) from None
                 part = whole[chunk.layers.start : chunk.layers.stop] if sel.aggregate == "rollout" else whole
                 if sel.aggregate != "rollout":

@@ -6,6 +6,7 @@ import io
 import json
 import threading
 import time
+from functools import partial
 
 import httpx
 import numpy as np
@@ -15,34 +16,14 @@ import torch
 from safetensors.numpy import load as st_load
 from safetensors.torch import save_file
 
-API = "/api/v1/attention"
+from helpers import api
+from helpers.api import API, assert_error
+
 T = 600  # generous: these tests must pass on a loaded machine
+post = partial(api.post_json, timeout=T)  # a POST that must succeed: its JSON
+get = partial(api.get, timeout=T)
 
 BAD_ABLATE = ["x", "3", "12:0", "0:6", "-13:0", "0:1,0:1", "0:1,", "1:2:3"]
-
-
-def assert_error(r: httpx.Response, status: int, code: str | None = None):
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
-    assert "Traceback" not in r.text and ".py" not in r.text
-    if code:
-        assert body["error"]["code"] == code, body
-
-
-def post(base, data: bytes, name="img.png", **fields):
-    r = httpx.post(
-        base + API,
-        files={"image": (name, data, "application/octet-stream")},
-        data={k: str(v) for k, v in fields.items()},
-        timeout=T,
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def get(base, path: str, **params) -> httpx.Response:
-    return httpx.get(base + path, params=params, timeout=T)
 
 
 def long_get(base, image_id: str, what: str, **params) -> dict:
@@ -303,7 +284,7 @@ def other_models(server_factory_module, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server_factory_module():
-    from server import Server
+    from helpers.server import Server
 
     started = []
 

@@ -9,15 +9,22 @@ shown at T like any other.
 
 from __future__ import annotations
 
+from functools import partial
+
 import httpx
 import numpy as np
 import pytest
 import torch
-from swin_reference import SWIN_ARCH as ARCH
-from swin_reference import SWIN_LOCAL
-from test_ablation_api import API, T, assert_error, get, post
 
-from server import ROOT
+from helpers import api
+from helpers.api import API, assert_error
+from helpers.server import ROOT
+from helpers.swin_reference import SWIN_ARCH as ARCH
+from helpers.swin_reference import SWIN_LOCAL
+
+T = 600  # generous: these tests must pass on a loaded machine
+post = partial(api.post_json, timeout=T)  # a POST that must succeed: its JSON
+get = partial(api.get, timeout=T)
 
 
 @pytest.fixture(scope="module")

@@ -13,34 +13,8 @@ import pytest
 from PIL import Image
 from safetensors.numpy import load as st_load
 
-from server import HTTP_TIMEOUT, ROOT
-
-API = "/api/v1/attention"
-
-
-def png(img: Image.Image, fmt="PNG", **kw) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, fmt, **kw)
-    return buf.getvalue()
-
-
-def post(base, data: bytes, name="img.png", timeout=HTTP_TIMEOUT, headers=None, **fields):
-    return httpx.post(
-        base + API,
-        files={"image": (name, data, "application/octet-stream")},
-        data={k: str(v) for k, v in fields.items()},
-        timeout=timeout,
-        headers=headers,
-    )
-
-
-def assert_error(r: httpx.Response, status: int, code: str | None = None):
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
-    assert "Traceback" not in r.text and "/work/" not in r.text and ".py" not in r.text
-    if code:
-        assert body["error"]["code"] == code, body
+from helpers.api import API, assert_error, png, post
+from helpers.server import HTTP_TIMEOUT, ROOT
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -20,10 +21,10 @@ import numpy as np
 import pytest
 from PIL import Image
 from safetensors.numpy import load as st_load
-from test_api import API, assert_error, png
-from test_api import post as _post
 
-from server import ROOT, Server
+from helpers import api
+from helpers.api import API, assert_error, png
+from helpers.server import ROOT, Server
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402
@@ -45,8 +46,7 @@ def hpost(*a, **k):
     return httpx.post(*a, timeout=T, **k)
 
 
-def post(*a, **k):
-    return _post(*a, timeout=T, **k)
+post = partial(api.post, timeout=T)
 
 
 LIMITS = {

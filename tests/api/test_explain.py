@@ -9,18 +9,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from server import HTTP_TIMEOUT as TIMEOUT
-
-API = "/api/v1/attention"
-
-
-def post(base, data: bytes, **fields) -> httpx.Response:
-    return httpx.post(
-        base + API,
-        files={"image": ("img.png", data, "application/octet-stream")},
-        data={k: str(v) for k, v in fields.items()},
-        timeout=TIMEOUT,
-    )
+from helpers.api import API, assert_error, post
+from helpers.server import HTTP_TIMEOUT as TIMEOUT
 
 
 def get(base, image_id: str, path: str = "", **params) -> httpx.Response:
@@ -29,15 +19,6 @@ def get(base, image_id: str, path: str = "", **params) -> httpx.Response:
 
 def explain(base, image_id: str, **params) -> httpx.Response:
     return get(base, image_id, "/explain", **params)
-
-
-def assert_error(r: httpx.Response, status: int, code: str | None = None):
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
-    assert "Traceback" not in r.text and ".py" not in r.text
-    if code:
-        assert body["error"]["code"] == code, body
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -223,7 +204,7 @@ def family_server(server_factory_module):
 
 @pytest.fixture(scope="module")
 def server_factory_module():
-    from server import Server
+    from helpers.server import Server
 
     started: list[Server] = []
 

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from PIL import Image
-from test_api import assert_error, png, post
 
-from server import HTTP_TIMEOUT, ROOT
+from helpers.api import assert_error, png, post
+from helpers.server import HTTP_TIMEOUT, ROOT
 
 FAULT = "X-Headscope-Fault"
 

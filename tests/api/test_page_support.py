@@ -4,26 +4,10 @@ client stops without harm (the page cancels them when a new image comes)."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-
 import httpx
 import pytest
-from PIL import Image
 
-API = "/api/v1/attention"
-
-
-def image_id(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:24]
-
-
-def fresh_png(seed: int) -> bytes:
-    img = Image.new("RGB", (120, 80), (seed * 37 % 255, 60, 140))
-    img.putpixel((seed % 120, 7), (255, 255, 255))
-    buf = io.BytesIO()
-    img.save(buf, "PNG")
-    return buf.getvalue()
+from helpers.api import API, fresh_png, image_id
 
 
 def test_binary_answers_are_named_for_what_they_hold(base_url, samples):

@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 
-from server import ROOT
+from helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402

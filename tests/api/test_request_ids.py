@@ -5,16 +5,10 @@ from __future__ import annotations
 import re
 
 import httpx
-import numpy as np
-from PIL import Image
-from test_api import API, assert_error, png, post
+
+from helpers.api import API, assert_error, fresh_png, post
 
 TIMEOUT = 120  # seconds: generous, the machine may be loaded
-
-
-def fresh_png() -> bytes:
-    rng = np.random.default_rng()
-    return png(Image.fromarray(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)))
 
 
 def _log_line(server, rid: str) -> str:

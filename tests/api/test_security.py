@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from test_api import API, assert_error, post
 
-from server import HTTP_TIMEOUT
+from helpers.api import API, assert_error, post
+from helpers.server import HTTP_TIMEOUT
 
 
 def preflight(base: str, origin: str) -> httpx.Response:

@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 import pytest
 
 from app.survey.output import read_failures, read_table
-from server import ROOT, Server
+from helpers.api import API
+from helpers.server import ROOT, Server
 
-API = "/api/v1/attention"
 STATS = ["entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass"]
 KEY = [("image", "ascending"), ("layer", "ascending"), ("head", "ascending")]
 

@@ -2,7 +2,7 @@
 
 The server offers Swin models by configuration only (``HEADSCOPE_EXTRA_MODELS``): random
 weights (``random:``) and a ``local:`` checkpoint of random weights written here. Rows are
-compared with an independent windowing of each block's own weights (tests/swin_reference.py)
+compared with an independent windowing of each block's own weights (tests/helpers/swin_reference.py)
 run in this process on the same model and the same prepared pixels.
 """
 
@@ -11,20 +11,22 @@ from __future__ import annotations
 import io
 import json
 import math
+from functools import partial
 
 import httpx
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load as st_load
-from swin_reference import SWIN_ARCH as ARCH
-from swin_reference import SWIN_V1 as V1
-from swin_reference import SWIN_V2 as V2
-from swin_reference import reference_explain, reference_maps
 
-from server import ROOT
+from helpers import api
+from helpers.api import API
+from helpers.server import ROOT
+from helpers.swin_reference import SWIN_ARCH as ARCH
+from helpers.swin_reference import SWIN_V1 as V1
+from helpers.swin_reference import SWIN_V2 as V2
+from helpers.swin_reference import reference_explain, reference_maps
 
-API = "/api/v1/attention"
 TIMEOUT = 180
 
 
@@ -34,13 +36,7 @@ def checkpoint(swin_checkpoint):
     return swin_checkpoint
 
 
-def post(base, data: bytes, timeout=TIMEOUT, **fields):
-    return httpx.post(
-        base + API,
-        files={"image": ("img.png", data, "application/octet-stream")},
-        data={k: str(v) for k, v in fields.items()},
-        timeout=timeout,
-    )
+post = partial(api.post, timeout=TIMEOUT)  # the Swin models' first forwards take long on a loaded machine
 
 
 def get(base, image_id, **params):

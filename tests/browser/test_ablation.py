@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from test_analytics import assert_matrix, click_plot, plot_data
-from test_page import canvas_png, image_id, open_page, upload, wait_view
+
+from helpers.charts import assert_matrix, click_plot, plot_data
+from helpers.page import ABLATION_VIEW, OUTPUT, canvas_png, image_id, open_page, upload, wait_output, wait_view
 
 pytestmark = pytest.mark.browser
 
-VIEW = "[data-testid=ablation-view]"
-OUTPUT = "[data-testid=model-output]"
+VIEW = ABLATION_VIEW
 DIFF = "[data-testid=output-difference]"
 PROGRESS = "[data-testid=importance-progress]"
 SLOW_MS = 240_000  # every forward here competes with the rest of the suite on a loaded machine
@@ -24,15 +24,6 @@ SLOW_MS = 240_000  # every forward here competes with the rest of the suite on a
 
 def toggle(layer: int, head: int) -> str:
     return f"[data-testid=ablate-head][data-layer='{layer}'][data-head='{head}']"
-
-
-def wait_output(page, ablate: str) -> None:
-    """Wait until the model-output figure shows the output of this ablation set."""
-    page.wait_for_function(
-        """a => { const e = document.querySelector('[data-testid=model-output]');
-                  return e.dataset.state === 'ready' && e.dataset.ablate === a; }""",
-        arg=ablate,
-    )
 
 
 def output_png(page, testid: str = "model-output") -> str:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from swin_reference import SWIN_LOCAL as MODEL
-from test_ablation import OUTPUT, VIEW, wait_output
-from test_page import image_id, open_page, upload
+
+from helpers.page import ABLATION_VIEW as VIEW
+from helpers.page import OUTPUT, image_id, open_page, upload, wait_output
+from helpers.swin_reference import SWIN_LOCAL as MODEL
 
 pytestmark = pytest.mark.browser
 

@@ -8,7 +8,6 @@ error, an uncaught exception, a dialog or a request to another host.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from pathlib import Path
@@ -16,7 +15,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from test_page import OVERLAY, api_rows, assert_close, canvas_png, image_id, open_page, upload, wait_view
+
+from helpers.charts import assert_matrix, click_plot, plot_data
+from helpers.page import OVERLAY, api_rows, assert_close, canvas_png, image_id, open_page, upload, wait_view
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -43,19 +44,6 @@ def wait_analytics(page) -> None:
         })""")
 
 
-def plot_data(page, testid: str) -> list[dict]:
-    """The traces of the Plotly chart at (or inside) the element with this data-testid."""
-    return page.evaluate(
-        """id => {
-        let el = document.querySelector(`[data-testid=${id}]`);
-        if (!el.classList.contains('js-plotly-plot')) el = el.querySelector('.js-plotly-plot');
-        return el.data.map(t => ({name: t.name ?? null, type: t.type, x: t.x ?? null, y: t.y ?? null,
-                                  z: t.z ?? null, customdata: t.customdata ?? null}));
-    }""",
-        testid,
-    )
-
-
 def eventually(check, timeout: float = 15.0):
     """Retry ``check`` (which asserts) until it passes or the time is up."""
     deadline = time.monotonic() + timeout
@@ -66,32 +54,6 @@ def eventually(check, timeout: float = 15.0):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-
-
-def assert_matrix(got, want, rel=1e-5, abs_=1e-6) -> None:
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        if isinstance(b, list):
-            assert_matrix(a, b, rel, abs_)
-        else:
-            assert math.isclose(a, b, rel_tol=rel, abs_tol=abs_), (a, b)
-
-
-def click_plot(page, testid: str, x: float, y: float) -> None:
-    """Click the chart at data coordinates (x, y); Plotly picks the point from the hover."""
-    page.evaluate("id => document.querySelector(`[data-testid=${id}]`).scrollIntoView({block: 'center'})", testid)
-    pos = page.evaluate(
-        """([id, x, y]) => {
-        let el = document.querySelector(`[data-testid=${id}]`);
-        if (!el.classList.contains('js-plotly-plot')) el = el.querySelector('.js-plotly-plot');
-        const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, r = el.getBoundingClientRect();
-        return {x: r.left + xa._offset + xa.l2p(x), y: r.top + ya._offset + ya.l2p(y)};
-    }""",
-        [testid, x, y],
-    )
-    page.mouse.move(pos["x"] - 3, pos["y"] - 3)
-    page.mouse.move(pos["x"], pos["y"])
-    page.mouse.click(pos["x"], pos["y"])
 
 
 def mass_count(weights: list[float], fraction: float) -> int:

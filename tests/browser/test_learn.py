@@ -4,7 +4,6 @@ what differs for models without CLS, with registers, RoPE or a relative position
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from urllib.parse import parse_qs, urlsplit
@@ -13,83 +12,23 @@ import httpx
 import numpy as np
 import pytest
 
+from helpers.learn import (
+    LEARN,
+    LONG,
+    cell_center,
+    entropy,
+    explain,
+    image_id,
+    open_page,
+    set_range,
+    softmax,
+    upload,
+    wait_learn,
+)
+
 pytestmark = pytest.mark.browser
 
-LEARN = "[data-testid=learn-view]"
 STAGES = ["stage-x", "stage-qkv", "stage-scores", "stage-softmax", "stage-weighted", "stage-concat", "stage-proj"]
-LONG = 600_000  # ms: a 518 px model's first forward and statistics on a loaded 2-core machine
-
-
-def image_id(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:24]
-
-
-def open_page(page, url: str) -> None:
-    page.goto(url)
-    page.wait_for_function("() => document.body.dataset.ready === '1'")
-
-
-def upload(page, path) -> None:
-    page.set_input_files("[data-testid=image-input]", str(path))
-    page.wait_for_function(
-        """iid => {
-            const s = document.querySelector('[data-testid=status]');
-            const c = document.querySelector('[data-testid=overlay]');
-            return s.dataset.state === 'ready' && c && !c.hidden && c.dataset.image === iid;
-        }""",
-        arg=image_id(path.read_bytes()),
-        timeout=LONG,
-    )
-
-
-def learn(page) -> dict:
-    return page.eval_on_selector(LEARN, "e => ({...e.dataset})")
-
-
-def wait_learn(page, **want) -> dict:
-    """Wait until the view shows an answer with ``want`` (its data-* values, as strings)."""
-    page.wait_for_function(
-        """want => {
-            const e = document.querySelector('[data-testid=learn-view]');
-            return !e.hidden && e.dataset.state === 'ready'
-                && Object.entries(want).every(([k, v]) => e.dataset[k] === v);
-        }""",
-        arg={k: str(v) for k, v in want.items()},
-        timeout=LONG,
-    )
-    return learn(page)
-
-
-def explain(base_url, iid, **params) -> dict:
-    r = httpx.get(f"{base_url}/api/v1/attention/{iid}/explain", params=params, timeout=LONG / 1000)
-    r.raise_for_status()
-    return r.json()
-
-
-def softmax(x, T=1.0):
-    x = np.asarray(x, np.float64) / T
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
-def entropy(p) -> float:
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum())
-
-
-def set_range(page, selector: str, value: str, events=("input", "change")) -> None:
-    """Move a range input the way a person's drag ends: input, then change."""
-    page.eval_on_selector(
-        selector,
-        "(s, [v, events]) => { s.value = v; for (const e of events) s.dispatchEvent(new Event(e, {bubbles: true})); }",
-        [value, list(events)],
-    )
-
-
-def cell_center(page, selector: str, r: int, c: int, grid) -> tuple[float, float]:
-    page.locator(selector).scroll_into_view_if_needed()
-    box = page.locator(selector).bounding_box()
-    return box["x"] + (c + 0.5) * box["width"] / grid[1], box["y"] + (r + 0.5) * box["height"] / grid[0]
 
 
 def test_learn_view_walks_one_heads_computation(page, base_url, samples):
@@ -124,7 +63,7 @@ def test_learn_view_walks_one_heads_computation(page, base_url, samples):
 
 
 def test_temperature_slider_recomputes_in_the_page_then_tempers_the_maps(page, base_url, samples, guard):
-    open_page(page, base_url + "/?view=learn")
+    open_page(page, base_url, "?view=learn")
     upload(page, samples["cat"])
     iid = image_id(samples["cat"].read_bytes())
     v0 = wait_learn(page, image=iid)
@@ -181,7 +120,7 @@ def test_temperature_slider_recomputes_in_the_page_then_tempers_the_maps(page, b
 
 
 def test_hover_shows_the_numbers_of_a_key_and_a_click_queries_it(page, base_url, samples):
-    open_page(page, base_url + "/?view=learn")
+    open_page(page, base_url, "?view=learn")
     upload(page, samples["cat"])
     iid = image_id(samples["cat"].read_bytes())
     set_range(page, "[data-testid=layer]", "9", ("input",))
@@ -227,7 +166,7 @@ FAMILY_MODELS = {
 
 @pytest.fixture(scope="module")
 def family_server():
-    from server import Server
+    from helpers.server import Server
 
     srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps(list(FAMILY_MODELS))})
     yield srv
@@ -237,7 +176,7 @@ def family_server():
 
 @pytest.mark.parametrize("model", list(FAMILY_MODELS))
 def test_learn_view_says_what_differs_for_every_family(page, family_server, samples, model):
-    open_page(page, f"{family_server.url}/?view=learn&model={model}")
+    open_page(page, family_server.url, f"?view=learn&model={model}")
     upload(page, samples["astronaut"])
     iid = image_id(samples["astronaut"].read_bytes())
     v = wait_learn(page, image=iid, model=model)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from swin_reference import SWIN_V1 as V1
-from swin_reference import SWIN_V2 as V2
-from test_learn import cell_center, entropy, explain, image_id, open_page, set_range, softmax, upload, wait_learn
-from test_swin_page import window_ink as ink
+
+from helpers.learn import cell_center, entropy, explain, image_id, open_page, set_range, softmax, upload, wait_learn
+from helpers.page import window_ink as ink
+from helpers.swin_reference import SWIN_V1 as V1
+from helpers.swin_reference import SWIN_V2 as V2
 
 pytestmark = pytest.mark.browser
 
@@ -35,7 +36,7 @@ def hover_cell(page, selector: str, r: int, c: int, grid) -> dict:
 
 def test_learn_view_of_a_shifted_swin_window(page, swin_server, samples, guard):
     url = swin_server.url
-    open_page(page, f"{url}/?view=learn&model={V1}")
+    open_page(page, url, f"?view=learn&model={V1}")
     upload(page, samples["cat"])  # 451 x 300 -> 224 x 336: stage 0 is 56 x 84 cells
     iid = image_id(samples["cat"].read_bytes())
     wait_learn(page, image=iid, model=V1)
@@ -109,7 +110,7 @@ def test_learn_view_of_a_shifted_swin_window(page, swin_server, samples, guard):
 
 def test_learn_view_of_swin_v2_says_cosine_and_lists_padding(page, swin_server, samples):
     url = swin_server.url
-    open_page(page, f"{url}/?view=learn&model={V2}")
+    open_page(page, url, f"?view=learn&model={V2}")
     upload(page, samples["cat"])  # 256 x 384: the last stage is 8 x 12 cells in 8 x 8 windows
     iid = image_id(samples["cat"].read_bytes())
     wait_learn(page, image=iid, model=V2, layer=11)

@@ -6,10 +6,8 @@ error, an uncaught exception, a dialog or a request to another host.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import math
 import struct
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -18,102 +16,29 @@ import httpx
 import pytest
 from PIL import Image
 
+from helpers.page import (
+    ERROR,
+    OVERLAY,
+    STATUS,
+    api_rows,
+    assert_close,
+    canvas_png,
+    click_cell,
+    image_id,
+    open_page,
+    patch_range,
+    pixel_stats,
+    upload,
+    view,
+    wait_scroll_settled,
+    wait_view,
+)
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 pytestmark = pytest.mark.browser
 
-OVERLAY = "[data-testid=overlay]"
-STATUS = "[data-testid=status]"
-ERROR = "[data-testid=error]"
 
-
-# ------------------------------------------------------------------ helpers
-def image_id(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:24]
-
-
-def open_page(page, base_url, query: str = "") -> None:
-    page.goto(f"{base_url}/{query}")
-    page.wait_for_function("() => document.body.dataset.ready === '1'")
-
-
-def view(page) -> dict:
-    """What the overlay canvas says it shows (its data-* attributes)."""
-    return page.eval_on_selector(OVERLAY, "c => ({...c.dataset})")
-
-
-def wait_view(page, **want) -> dict:
-    """Wait until the page is idle and the overlay shows ``want`` (data-* values as strings)."""
-    page.wait_for_function(
-        """want => {
-            const s = document.querySelector('[data-testid=status]');
-            const c = document.querySelector('[data-testid=overlay]');
-            if (!c || c.hidden || s.dataset.state !== 'ready') return false;
-            return Object.entries(want).every(([k, v]) => c.dataset[k] === v);
-        }""",
-        arg={k: str(v) for k, v in want.items()},
-    )
-    return view(page)
-
-
-def wait_scroll_settled(page) -> None:
-    """Wait until the page has stopped scrolling (two animation frames at the same offset): the
-    page scrolls smoothly, and an answer can now arrive before the scroll has ended, so boxes
-    measured meanwhile are still moving."""
-    page.wait_for_function(
-        "() => { const y = scrollY; const same = window.__hsLastY === y; window.__hsLastY = y; return same; }",
-        polling="raf",
-    )
-
-
-def upload(page, path) -> dict:
-    page.set_input_files("[data-testid=image-input]", str(path))
-    return wait_view(page, image=image_id(path.read_bytes()))
-
-
-def canvas_png(page) -> str:
-    return page.eval_on_selector(OVERLAY, "c => c.toDataURL('image/png')")
-
-
-def pixel_stats(page) -> dict:
-    return page.eval_on_selector(
-        OVERLAY,
-        """c => {
-        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-        let n = 0, s = 0, s2 = 0; const colours = new Set();
-        for (let i = 0; i < d.length; i += 4 * 7) {
-            const y = 0.299 * d[i] + 0.587 * d[i + 1] + 0.114 * d[i + 2];
-            s += y; s2 += y * y; n++; colours.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
-        }
-        return {mean: s / n, std: Math.sqrt(s2 / n - (s / n) ** 2), colours: colours.size,
-                w: c.width, h: c.height, cssW: c.clientWidth, cssH: c.clientHeight};
-    }""",
-    )
-
-
-def click_cell(page, r: int, c: int, grid: tuple[int, int], **kw) -> None:
-    box = page.locator(OVERLAY).bounding_box()
-    page.locator(OVERLAY).click(
-        position={"x": (c + 0.5) * box["width"] / grid[1], "y": (r + 0.5) * box["height"] / grid[0]}, **kw
-    )
-
-
-def api_rows(base_url, iid, **params) -> list:
-    r = httpx.get(f"{base_url}/api/v1/attention/{iid}", params=params, timeout=30)
-    r.raise_for_status()
-    return r.json()
-
-
-def patch_range(row: list[float], num_prefix: int) -> tuple[float, float]:
-    patches = row[num_prefix:]
-    return min(patches), max(patches)
-
-
-def assert_close(a: str | float, b: float, rel=2e-5) -> None:
-    assert math.isclose(float(a), b, rel_tol=rel, abs_tol=1e-9), (a, b)
-
-
-# ------------------------------------------------------------------ the tests
 def test_upload_shows_overlay_heads_model_view_and_charts(page, base_url, samples):
     open_page(page, base_url)
     assert page.locator(OVERLAY).is_hidden()

@@ -9,29 +9,21 @@ page errors, dialogs or outside requests).
 
 from __future__ import annotations
 
-import io
 import json
 import re
 
 import httpx
 import pytest
 from PIL import Image
-from test_page import ERROR, OVERLAY, click_cell, image_id, open_page, upload, view, wait_scroll_settled, wait_view
+
+from helpers.api import fresh_png
+from helpers.page import ERROR, OVERLAY, click_cell, image_id, open_page, upload, view, wait_scroll_settled, wait_view
 
 pytestmark = pytest.mark.browser
 
 PHONES = [(360, 740), (390, 844), (430, 932)]
 SLOW_MS = 180_000  # the statistics of a fresh image take seconds, much longer on a loaded machine
 STATS_URL = re.compile(r"/api/v1/attention/[0-9a-f]+/stats")
-
-
-def fresh_png(seed: int, size=(96, 64)) -> bytes:
-    """A picture no other test uploads (a cache miss on the server)."""
-    img = Image.new("RGB", size, (seed * 53 % 255, 120, 200 - seed % 90))
-    img.putpixel((seed % size[0], 5), (255, 255, 255))
-    buf = io.BytesIO()
-    img.save(buf, "PNG")
-    return buf.getvalue()
 
 
 def scroll_width(pg) -> tuple[int, int]:

@@ -12,8 +12,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from swin_reference import SWIN_LOCAL as LOCAL
-from swin_reference import SWIN_V1 as RANDOM
+
+from helpers.page import window_ink
+from helpers.swin_reference import SWIN_LOCAL as LOCAL
+from helpers.swin_reference import SWIN_V1 as RANDOM
 
 pytestmark = pytest.mark.browser
 
@@ -65,28 +67,6 @@ def api_row(base_url, image_id, model, layer, head, query) -> list[float]:
     )
     r.raise_for_status()
     return r.json()["attention"][0][0][0]
-
-
-def window_ink(page, selector: str = OVERLAY) -> dict:
-    """Pixels of the window outline's dash colour (#facc15) in each corner quarter of a canvas
-    (the overlay unless said)."""
-    return page.eval_on_selector(
-        selector,
-        """c => {
-        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-        const out = {tl: 0, tr: 0, bl: 0, br: 0, all: 0};
-        for (let y = 0; y < c.height; y++) for (let x = 0; x < c.width; x++) {
-            const i = 4 * (y * c.width + x);
-            if (Math.abs(d[i] - 250) < 12 && Math.abs(d[i + 1] - 204) < 12 && d[i + 2] < 60) {
-                out.all++;
-                const k = (y < c.height / 4 ? 't' : y > 3 * c.height / 4 ? 'b' : 'm')
-                        + (x < c.width / 4 ? 'l' : x > 3 * c.width / 4 ? 'r' : 'm');
-                if (k in out) out[k]++;
-            }
-        }
-        return out;
-    }""",
-    )
 
 
 def test_layers_are_drawn_on_their_stage_grid_with_the_query_window(page, base_url, samples):

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server import ROOT, Server
+from helpers.server import ROOT, Server
 
 ASSET_DIRS = ("static", "templates")
 HTTP_TIMEOUT = 120  # seconds; generous: the machine may be loaded

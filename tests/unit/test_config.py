@@ -9,7 +9,7 @@ import pytest
 
 from app import paths
 from app.config import Settings
-from server import ROOT
+from helpers.server import ROOT
 
 # Read by the command line, not a Settings field (it configures logging before Settings exist).
 CLI_ONLY = {"LOG_LEVEL"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from server import ROOT
+from helpers.server import ROOT
 
 APP = ROOT / "app"
 

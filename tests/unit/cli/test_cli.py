@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from server import ROOT, SAMPLES, free_port
+from helpers.server import ROOT, SAMPLES, free_port
 
 # Each command starts a Python that imports torch and timm (and extract loads a model): on a loaded
 # 2-core machine that alone took over 2 minutes, so the limits are generous, not tight.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_capture import make
 
 from app.engine.analysis import attention_tensor
 from app.engine.capture import AttentionCapture
 from app.engine.selection import Selection, SelectionError
+from helpers.models import make
 
 
 @pytest.fixture(scope="module")

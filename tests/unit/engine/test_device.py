@@ -43,10 +43,9 @@ def test_oom_detection():
 
 def test_bf16_autocast_capture_stays_close_to_fp32():
     """The reduced-precision path (as on a GPU) runs on CPU too; its error is bounded."""
-    from test_capture import make
-
     from app.engine.capture import AttentionCapture
     from app.engine.device import autocast
+    from helpers.models import make
 
     model = make("vit_small_patch16_224", dict(depth=2, embed_dim=64, num_heads=4, img_size=64))
     cap = AttentionCapture(model)

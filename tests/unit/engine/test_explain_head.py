@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_capture import FAMILIES, TINY, make
 from timm.layers import apply_rot_embed_cat
 
 from app.engine.capture import AttentionCapture
 from app.engine.explain import explain_head, inner_steps
 from app.engine.forward import forward_capture
 from app.zoo import embedded, loaders
-from server import ROOT
+from helpers.models import FAMILIES, TINY, make
+from helpers.server import ROOT
 
 # Every family of the capture tests, plus EVA-CLIP's layout: separate q/k/v projections and a
 # LayerNorm between the concatenated heads and W_O (so W_O's input is not the plain concatenation).

@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from test_capture import FAMILIES, TINY, make
 from timm.layers import apply_rot_embed_cat
 
 from app.engine.ablation import AblationError, ablate_text, head_masks, heads_masked, parse_ablate
 from app.engine.forward import forward_capture
 from app.zoo.ids import ModelSpec
 from app.zoo.loaders import _finish
+from helpers.models import FAMILIES, TINY, make
 
 # Every family of the capture tests, plus a ViT that normalises the heads' outputs before W_O
 # (timm's scale_attn_norm): its mask must sit before that norm.

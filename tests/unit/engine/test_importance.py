@@ -12,7 +12,7 @@ from app.engine import importance as imp
 from app.engine.output import change, class_names, describe, describe_change, kl_divergence
 from app.zoo import loaders
 from app.zoo.ids import ModelSpec
-from server import ROOT
+from helpers.server import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Explain and temperature for Swin v1/v2 against an independent windowing of each block's weights.
 
-The reference (tests/swin_reference.py) partitions, rolls, looks up the relative position bias
+The reference (tests/helpers/swin_reference.py) partitions, rolls, looks up the relative position bias
 and builds the region mask by hand; it reads only each block's weights and its real input.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from swin_reference import make, reference_explain, reference_maps, swin_blocks
 
 from app.engine.capture import CaptureError
 from app.engine.window_explain import explain_window_head
 from app.engine.windows import WindowCapture, WindowedAttention
+from helpers.swin_reference import make, reference_explain, reference_maps, swin_blocks
 
 SMALL = dict(depths=(2, 2, 2), embed_dim=16, num_heads=(1, 2, 4))
 

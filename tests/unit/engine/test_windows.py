@@ -1,6 +1,6 @@
 """Swin v1/v2 windowed capture equals an independent windowing of each block's own weights.
 
-The reference (tests/swin_reference.py) partitions, rolls, looks up the relative position bias
+The reference (tests/helpers/swin_reference.py) partitions, rolls, looks up the relative position bias
 and builds the region mask itself (nothing of it is taken from timm's Swin code); it only reads
 each block's weights and its real input, recorded with plain pre-hooks on the blocks.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from swin_reference import make, reference_maps, swin_blocks
 
 from app.engine.capture import CaptureError, UnsupportedModelError
 from app.engine.layout import WindowedLayout
 from app.engine.windows import WindowCapture, WindowedAttention, is_windowed
 from app.zoo.loaders import capture_for
+from helpers.swin_reference import make, reference_maps, swin_blocks
 
 SMALL = dict(depths=(2, 2, 2, 2), embed_dim=16, num_heads=(1, 2, 2, 4))
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from app.serving import images
 from app.serving.pictures import Pictures
-from server import ROOT
+from helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402

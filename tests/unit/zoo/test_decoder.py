@@ -16,7 +16,7 @@ from app.engine.importance import masked_outputs
 from app.engine.output import change, describe, describe_change
 from app.serving.pictures import Pictures
 from app.zoo import embedded, loaders
-from server import ROOT, SAMPLES
+from helpers.server import ROOT, SAMPLES
 
 MODELS = ROOT / "models"
 LAYERS, HEADS = 12, 6

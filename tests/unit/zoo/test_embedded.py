@@ -13,7 +13,7 @@ from PIL import Image
 from app.engine.forward import forward_capture
 from app.serving import images
 from app.zoo import embedded, loaders
-from server import ROOT, SAMPLES
+from helpers.server import ROOT, SAMPLES
 
 MODELS = ROOT / "models"
 

@@ -1,4 +1,5 @@
-"""A real `headscope serve` process on a free loopback port (tests, load and soak scripts)."""
+"""A real `headscope serve` process on a free loopback port (tests, the benchmark, load and soak
+scripts), and the machine's pace."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 SAMPLES = ROOT / "static" / "samples"
 
@@ -87,6 +88,7 @@ class Server:
         cwd: Path = ROOT,
         models_dir: Path | None = ROOT / "models",
         args: list[str] | None = None,
+        log_path: Path | None = None,
     ):
         """Start the server and wait until it answers.
 
@@ -99,11 +101,15 @@ class Server:
             cwd: where it runs.
             models_dir: ``HEADSCOPE_MODELS_DIR``; None leaves it unset (the app picks its default).
             args: more ``serve`` options (``--model ID``...).
+            log_path: where its output goes (default ``test-artifacts/server-PORT.log``).
+
+        Raises:
+            RuntimeError: the server exited, or was not ready within ``timeout``.
         """
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.log_path = ARTIFACTS / f"server-{self.port}.log"
+        self.log_path = log_path or ARTIFACTS / f"server-{self.port}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = {k: v for k, v in os.environ.items() if k != "HEADSCOPE_MODELS_DIR"}
         if models_dir is not None:
             full_env["HEADSCOPE_MODELS_DIR"] = str(models_dir)
@@ -124,13 +130,16 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
+        self.pid = self.proc.pid
+        started = time.monotonic()
+        deadline = started + timeout
         path = "/readyz" if wait_ready else "/healthz"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()[-2000:]}")
             try:
                 if httpx.get(self.url + path, timeout=5).status_code == 200:
+                    self.startup_s = time.monotonic() - started
                     return
             except httpx.HTTPError:
                 pass

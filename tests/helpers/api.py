@@ -1,0 +1,67 @@
+"""The API tests' HTTP side: requests with explicit timeouts, the one error body, fresh pictures."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from app.serving.uploads import image_id_of as image_id  # noqa: F401  # the app's own, never re-derived
+
+from .server import HTTP_TIMEOUT
+
+API = "/api/v1/attention"
+
+
+def post(base: str, data: bytes, name: str = "img.png", timeout: float = HTTP_TIMEOUT, headers=None, **fields):
+    """``POST /api/v1/attention`` with ``data`` as the file and ``fields`` as form fields."""
+    return httpx.post(
+        base + API,
+        files={"image": (name, data, "application/octet-stream")},
+        data={k: str(v) for k, v in fields.items()},
+        timeout=timeout,
+        headers=headers,
+    )
+
+
+def post_json(base: str, data: bytes, name: str = "img.png", timeout: float = HTTP_TIMEOUT, **fields) -> dict:
+    """:func:`post`, which must succeed: its JSON."""
+    r = post(base, data, name, timeout, **fields)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def get(base: str, path: str, timeout: float = HTTP_TIMEOUT, **params) -> httpx.Response:
+    """``GET base + path`` with ``params`` as the query."""
+    return httpx.get(base + path, params=params, timeout=timeout)
+
+
+def assert_error(r: httpx.Response, status: int, code: str | None = None) -> None:
+    """``r`` is the one error body (``{"error": {"code", "message", "request_id"}}``) with
+    ``status`` (and ``code``), and gives nothing of the server away."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
+    assert "Traceback" not in r.text and "/work/" not in r.text and ".py" not in r.text
+    if code:
+        assert body["error"]["code"] == code, body
+
+
+def png(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
+    """``img`` encoded (PNG unless said)."""
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def fresh_png(seed: int | None = None, size: tuple[int, int] = (120, 80)) -> bytes:
+    """A picture of ``size`` (width, height) no other test sends (the server caches by content):
+    a flat colour and one white pixel picked by ``seed``, or random noise without one."""
+    if seed is None:
+        rng = np.random.default_rng()
+        return png(Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)))
+    img = Image.new("RGB", size, (seed * 37 % 255, 60, 140))
+    img.putpixel((seed % size[0], 7), (255, 255, 255))
+    return png(img)
