@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     files = [f.resolve() for f in a.files] or sources()
     problems = [p for f in files for p in marking_problems(f)]
     sys.path.insert(0, str(ROOT / "tests"))
-    from server import Server
+    from helpers.server import Server
 
     servers: dict[str, Server] = {}
 

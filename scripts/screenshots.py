@@ -1,7 +1,7 @@
 """The pictures of the documentation's page views, taken from the real page.
 
 Starts a real server (the embedded default model, plus a Swin-T with random weights for the two
-Swin pictures, as a ``local:`` checkpoint written with tests/swin_reference.py), drives Debian's
+Swin pictures, as a ``local:`` checkpoint written with tests/helpers/swin_reference.py), drives Debian's
 Chromium through Playwright, and writes each picture into docs/ (docs/page.md shows them; the
 README shows ``screenshot.png``). Every picture is of the cat sample, so they can be taken again
 whenever the page changes:
@@ -30,9 +30,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from swin_reference import SWIN_ARCH, SWIN_CHECKPOINT, write_checkpoint  # noqa: E402
-
-from server import SAMPLES, Server  # noqa: E402
+from helpers.server import SAMPLES, Server  # noqa: E402
+from helpers.swin_reference import SWIN_ARCH, SWIN_CHECKPOINT, write_checkpoint  # noqa: E402
 
 CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]

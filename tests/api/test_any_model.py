@@ -1,7 +1,7 @@
 """Any timm model from the page (issue 30): `--model` repeated, the catalogue, loads with progress,
 an unreachable hub, and the least recently used model unloaded. Against real servers.
 
-The hub is a local stand-in (tests/hub_standin.py): a prepared Hugging Face cache folder and a
+The hub is a local stand-in (tests/helpers/hub_standin.py): a prepared Hugging Face cache folder and a
 small file server on 127.0.0.1 that the server reaches through HF_ENDPOINT; stopping it makes
 the hub unreachable. Nothing leaves the machine.
 """
@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from hub_standin import StandInHub, prepare_cache, weights
-from server import HTTP_TIMEOUT, SAMPLES, Server
+from helpers.hub_standin import StandInHub, prepare_cache, weights
+from helpers.server import HTTP_TIMEOUT, SAMPLES, Server
 
 CACHED = "test_vit.r160_in1k"  # in the prepared cache from the start
 DOWNLOADED = "test_vit3.r160_in1k"  # served by the stand-in hub

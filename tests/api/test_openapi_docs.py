@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 
-from server import HTTP_TIMEOUT, SAMPLES
+from helpers.server import HTTP_TIMEOUT, SAMPLES
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 BOGUS = "zz-not-a-value"

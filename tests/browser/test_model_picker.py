@@ -1,7 +1,7 @@
 """The any-model picker in real Chromium: search, load with progress, switch; an unreachable hub.
 
 The server runs with --any-model, HF_HUB_OFFLINE=1 and a prepared Hugging Face cache holding one
-tiny model (tests/hub_standin.py): loading it needs no network, and a model that is not cached
+tiny model (tests/helpers/hub_standin.py): loading it needs no network, and a model that is not cached
 gets the server's sentence about the hub in the picker.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hub_standin import prepare_cache, weights
-from server import SAMPLES, Server
+from helpers.hub_standin import prepare_cache, weights
+from helpers.server import SAMPLES, Server
 
 pytestmark = pytest.mark.browser
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from server import ROOT
+from helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import doc_examples  # noqa: E402

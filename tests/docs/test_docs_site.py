@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from server import ROOT
+from helpers.server import ROOT
 
 DOCS = ROOT / "docs"
 

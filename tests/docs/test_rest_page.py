@@ -8,7 +8,7 @@ import re
 import sys
 
 from app.web.main import create_app
-from server import ROOT
+from helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import doc_examples  # noqa: E402

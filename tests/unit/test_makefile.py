@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from server import ROOT
+from helpers.server import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 

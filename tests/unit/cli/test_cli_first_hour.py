@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 from app import cli
-from server import ROOT, SAMPLES
+from helpers.server import ROOT, SAMPLES
 
 CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine
 pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from relevance_reference import FAMILIES, load_family
 
 from app.engine.faithfulness import (
     DEFAULT_FRACTIONS,
@@ -25,6 +24,7 @@ from app.engine.faithfulness import (
 )
 from app.engine.relevance import TargetError, relevance
 from app.web.errors import to_api_error
+from helpers.relevance_reference import FAMILIES, load_family
 
 FAMILY = {f[0]: f for f in FAMILIES}
 

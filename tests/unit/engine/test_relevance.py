@@ -9,7 +9,6 @@ import threading
 
 import pytest
 import torch
-from relevance_reference import FAMILIES, load_family
 
 from app.engine.analysis import attention_tensor
 from app.engine.capture import AttentionCapture, CaptureError
@@ -30,7 +29,8 @@ from app.engine.selection import Selection
 from app.web.errors import to_api_error
 from app.zoo import loaders
 from app.zoo.ids import ModelSpec
-from server import ROOT
+from helpers.relevance_reference import FAMILIES, load_family
+from helpers.server import ROOT
 
 FAMILY = {f[0]: f for f in FAMILIES}
 

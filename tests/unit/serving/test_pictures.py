@@ -10,7 +10,7 @@ from PIL import Image
 
 from app.serving import images
 from app.serving.pictures import Pictures
-from server import ROOT
+from helpers.server import ROOT
 
 # The steps of a decode: only app/serving/pictures.py puts them together.
 STEPS = {"probe", "load", "prepare", "display_png", "to_rgb"}

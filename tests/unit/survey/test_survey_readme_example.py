@@ -12,7 +12,7 @@ import re
 import pytest
 
 from app.survey.run import survey
-from server import ROOT, SAMPLES
+from helpers.server import ROOT, SAMPLES
 
 README = (ROOT / "docs" / "survey.md").read_text()
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
