@@ -108,11 +108,20 @@ def _fetch(args) -> int:
 
 
 def _collect(paths: list[str]) -> list[Path]:
+    """The files ``extract`` reads: each path given, and the image names under each folder.
+
+    Whatever is there but cannot be read (a FIFO, a broken symbolic link, a file without read
+    permission) is kept: reading it fails, and extract reports it as skipped. Only a path that
+    is not there at all fails here, before the model loads.
+
+    Raises:
+        FileNotFoundError: a path given does not exist.
+    """
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
-        elif p.is_file():
+            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and not f.is_dir())
+        elif os.path.lexists(p):
             files.append(p)
         else:
             raise FileNotFoundError(f"no such file or folder: {p}")
@@ -189,7 +198,7 @@ def _extract(args) -> int:
     from .engine.selection import SelectionError
     from .outputs import publish, refuse_existing, temporary_beside
     from .serving import images
-    from .serving.pictures import Pictures
+    from .serving.pictures import Pictures, read_picture_file
     from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
 
@@ -220,9 +229,13 @@ def _extract(args) -> int:
     amp = autocast_dtype(device.type, settings.precision)
     for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
         try:
-            prep = pictures.prepare(f.read_bytes())  # the server's preparation (early reduction included)
-        except images.ImageError as e:
-            failed.append(f"{f}: {e}")
+            # Read safely (no FIFO, nothing over the upload limit), prepared as the server does.
+            prep = pictures.prepare(read_picture_file(f, settings.max_upload_bytes))
+        except images.ImageError as e:  # PictureFileError included
+            failed.append(f"{f}: {e} ({e.code})")
+            continue
+        except OSError as e:  # the decoder's own reads
+            failed.append(f"{f}: cannot read it: {e.strerror or type(e).__name__} (read_error)")
             continue
         att = forward_capture(lm, prep.pixels[None].to(device), amp_dtype=amp)[0]
         try:

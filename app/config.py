@@ -66,7 +66,11 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = 20.0
 
     # input limits
-    max_upload_bytes: int = 20 * 1024 * 1024
+    max_upload_bytes: int = Field(
+        20 * 1024 * 1024,
+        description="the largest upload; also the largest picture file the survey and extract read "
+        "(larger files are refused before being read, as file_too_large)",
+    )
     max_image_pixels: int = 40_000_000
     max_aspect: float = 3.0
     resize: Literal["aspect", "square"] = "aspect"
