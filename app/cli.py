@@ -16,6 +16,17 @@ from pathlib import Path
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 
+def ascii_int(text: str) -> int:
+    """An integer option written in ASCII digits (argparse's ``type``).
+
+    ``int()`` also reads other scripts' digits (``٨٠٠٠``, ``８０００``); the API and the selection
+    grammar take ASCII digits only, and so does the command line.
+    """
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r} (ASCII digits only)")
+    return int(text)
+
+
 def port_in_use_hint(host: str, port: int) -> str | None:
     """A one-line hint when ``host:port`` cannot be bound because something already listens there.
 
@@ -334,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="start the web app and REST API")
     s.add_argument("--host", help="bind address (default 127.0.0.1; env HEADSCOPE_HOST)")
-    s.add_argument("--port", type=int, help="port (default 8000; env HEADSCOPE_PORT)")
+    s.add_argument("--port", type=ascii_int, help="port (default 8000; env HEADSCOPE_PORT)")
     s.add_argument(
         "--model",
         action="append",
@@ -351,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--max-loaded-models",
-        type=int,
+        type=ascii_int,
         metavar="N",
         help="models kept in memory at once; beyond it the least recently used one other than the "
         "default is unloaded (default 3; env HEADSCOPE_MAX_LOADED_MODELS)",
@@ -406,8 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--address", help="Ray cluster to join (else RAY_ADDRESS, else a local Ray for the run)")
     v.add_argument("--model", help="model id (default HEADSCOPE_MODEL)")
     v.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (local; ray: the actors' device)")
-    v.add_argument("--batch-size", type=int, default=8, help="pictures per forward pass (default 8)")
-    v.add_argument("--limit", type=int, help="survey at most N pictures in this run")
+    v.add_argument("--batch-size", type=ascii_int, default=8, help="pictures per forward pass (default 8)")
+    v.add_argument("--limit", type=ascii_int, help="survey at most N pictures in this run")
     v.add_argument("--resume", action="store_true", help="continue OUT, skipping pictures already in it")
     v.add_argument(
         "--similarity", action="store_true", help="also the head-pair similarity column (1 - JS/log 2; slower)"
@@ -415,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--ranks", action="store_true", help="also the per-layer rank columns of the head outputs (slower on a CPU)"
     )
-    v.add_argument("--actors", type=int, help="Ray actors (default: one per GPU, else one per node)")
+    v.add_argument("--actors", type=ascii_int, help="Ray actors (default: one per GPU, else one per node)")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=_survey)
 
