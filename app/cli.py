@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--query",
         default="cls",
-        help="'cls' (default), 'all' (every row), token indices '0,17' or grid cells 'patch:R,C;R,C'",
+        help="'cls' (default), 'all' (every row), token indices '0,17' or grid cells 'patch:R,C;R,C' "
+        "(negative indices count from the end: -1 is the last token, patch:-1,0 the last row's first cell)",
     )
     e.add_argument(
         "--aggregate",
