@@ -16,6 +16,17 @@ from pathlib import Path
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 
+def ascii_int(text: str) -> int:
+    """An integer option written in ASCII digits (argparse's ``type``).
+
+    ``int()`` also reads other scripts' digits (``٨٠٠٠``, ``８０００``); the API and the selection
+    grammar take ASCII digits only, and so does the command line.
+    """
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r} (ASCII digits only)")
+    return int(text)
+
+
 def port_in_use_hint(host: str, port: int) -> str | None:
     """A one-line hint when ``host:port`` cannot be bound because something already listens there.
 
@@ -108,11 +119,20 @@ def _fetch(args) -> int:
 
 
 def _collect(paths: list[str]) -> list[Path]:
+    """The files ``extract`` reads: each path given, and the image names under each folder.
+
+    Whatever is there but cannot be read (a FIFO, a broken symbolic link, a file without read
+    permission) is kept: reading it fails, and extract reports it as skipped. Only a path that
+    is not there at all fails here, before the model loads.
+
+    Raises:
+        FileNotFoundError: a path given does not exist.
+    """
     files: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            files += sorted(f for f in path.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
-        elif path.is_file():
+            files += sorted(f for f in path.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and not f.is_dir())
+        elif os.path.lexists(path):
             files.append(path)
         else:
             raise FileNotFoundError(f"no such file or folder: {path}")
@@ -166,7 +186,7 @@ def _extract(args) -> int:
     from .engine.selection import SelectionError
     from .outputs import publish, refuse_existing, temporary_beside
     from .serving import images
-    from .serving.pictures import Pictures
+    from .serving.pictures import Pictures, read_picture_file
     from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
 
@@ -197,9 +217,13 @@ def _extract(args) -> int:
     amp = autocast_dtype(device.type, settings.precision)
     for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
         try:
-            prep = pictures.prepare(f.read_bytes())  # the server's preparation (early reduction included)
-        except images.ImageError as e:
-            failed.append(f"{f}: {e}")
+            # Read safely (no FIFO, nothing over the upload limit), prepared as the server does.
+            prep = pictures.prepare(read_picture_file(f, settings.max_upload_bytes))
+        except images.ImageError as e:  # PictureFileError included
+            failed.append(f"{f}: {e} ({e.code})")
+            continue
+        except OSError as e:  # the decoder's own reads
+            failed.append(f"{f}: cannot read it: {e.strerror or type(e).__name__} (read_error)")
             continue
         att = forward_capture(lm, prep.pixels[None].to(device), amp_dtype=amp)[0]
         image = lm.captured(att, prep.input_size)
@@ -300,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="start the web app and REST API")
     s.add_argument("--host", help="bind address (default 127.0.0.1; env HEADSCOPE_HOST)")
-    s.add_argument("--port", type=int, help="port (default 8000; env HEADSCOPE_PORT)")
+    s.add_argument("--port", type=ascii_int, help="port (default 8000; env HEADSCOPE_PORT)")
     s.add_argument(
         "--model",
         action="append",
@@ -317,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--max-loaded-models",
-        type=int,
+        type=ascii_int,
         metavar="N",
         help="models kept in memory at once; beyond it the least recently used one other than the "
         "default is unloaded (default 3; env HEADSCOPE_MAX_LOADED_MODELS)",
@@ -350,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--query",
         default="cls",
-        help="'cls' (default), 'all' (every row), token indices '0,17' or grid cells 'patch:R,C;R,C'",
+        help="'cls' (default), 'all' (every row), token indices '0,17' or grid cells 'patch:R,C;R,C' "
+        "(negative indices count from the end: -1 is the last token, patch:-1,0 the last row's first cell)",
     )
     e.add_argument(
         "--aggregate",
@@ -372,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--address", help="Ray cluster to join (else RAY_ADDRESS, else a local Ray for the run)")
     v.add_argument("--model", help="model id (default HEADSCOPE_MODEL)")
     v.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (local; ray: the actors' device)")
-    v.add_argument("--batch-size", type=int, default=8, help="pictures per forward pass (default 8)")
-    v.add_argument("--limit", type=int, help="survey at most N pictures in this run")
+    v.add_argument("--batch-size", type=ascii_int, default=8, help="pictures per forward pass (default 8)")
+    v.add_argument("--limit", type=ascii_int, help="survey at most N pictures in this run")
     v.add_argument("--resume", action="store_true", help="continue OUT, skipping pictures already in it")
     v.add_argument(
         "--similarity", action="store_true", help="also the head-pair similarity column (1 - JS/log 2; slower)"
@@ -381,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--ranks", action="store_true", help="also the per-layer rank columns of the head outputs (slower on a CPU)"
     )
-    v.add_argument("--actors", type=int, help="Ray actors (default: one per GPU, else one per node)")
+    v.add_argument("--actors", type=ascii_int, help="Ray actors (default: one per GPU, else one per node)")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=_survey)
 

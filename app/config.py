@@ -66,7 +66,11 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = 20.0
 
     # input limits
-    max_upload_bytes: int = 20 * 1024 * 1024
+    max_upload_bytes: int = Field(
+        20 * 1024 * 1024,
+        description="the largest upload; also the largest picture file the survey and extract read "
+        "(larger files are refused before being read, as file_too_large)",
+    )
     max_image_pixels: int = 40_000_000
     max_aspect: float = 3.0
     resize: Literal["aspect", "square"] = "aspect"
@@ -109,6 +113,14 @@ class Settings(BaseSettings):
 
     # security
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="host names the server answers to besides the defaults (a Host header naming "
+        "another gets 400 bad_host; against DNS rebinding): 'example.org', '*.example.org' "
+        "(its sub-domains), or '*' (any: only where a proxy in front checks Host). The defaults: "
+        "localhost, 127.0.0.1 and [::1] always; any IP address (no name) when bound to a "
+        "non-loopback address such as 0.0.0.0; the --host name itself",
+    )
     # Fault injection through the X-Headscope-Fault header: for the reliability tests only.
     enable_fault_injection: bool = False
 
@@ -125,7 +137,7 @@ class Settings(BaseSettings):
         """Every configured model id, the default first."""
         return [self.model, *self.extra_models]
 
-    @field_validator("extra_models", "cors_origins", mode="before")
+    @field_validator("extra_models", "cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _split(cls, v):
         """Accept a JSON list or a comma-separated string (easier in shells and compose files)."""

@@ -365,7 +365,7 @@ async def slow_readers(url: str, pid: int, image_id: str, clients: int, hold_s: 
         r, w = await asyncio.open_connection(host, int(port), limit=4096)
         sock = w.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        w.write(f"GET {API}/{image_id}?{query}&format=safetensors HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        w.write(f"GET {API}/{image_id}?{query}&format=safetensors HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         await w.drain()
         socks.append((r, w))
     await asyncio.sleep(hold_s)

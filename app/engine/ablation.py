@@ -31,7 +31,9 @@ from .selection import MAX_SPEC, SelectionError
 
 Ablation = tuple[tuple[int, int], ...]  # sorted (layer, head) pairs: a cache key
 
-_PAIR = re.compile(r"^(-?\d{1,6}):(-?\d{1,6})$")
+# ASCII digits only, as every selection grammar (``\d`` would take ``١:٢``, ``１:２`` and ``𝟏:𝟐``,
+# which int() reads as 1 and 2); fullmatch, since ``$`` also matches before a final newline.
+_PAIR = re.compile(r"(-?[0-9]{1,6}):(-?[0-9]{1,6})")
 
 
 class AblationError(SelectionError):
@@ -83,7 +85,7 @@ def parse_ablate(spec: str | None, num_layers: int, num_heads: int, *, windowed:
     refuse_windowed(windowed, "ablate")
     seen: dict[tuple[int, int], str] = {}
     for raw in spec.replace(" ", "").split(","):
-        m = _PAIR.match(raw)
+        m = _PAIR.fullmatch(raw)
         if not m:
             raise AblationError(f"ablate: cannot read {raw[:40]!r}; write layer:head pairs like 0:1,11:5")
         layer, head = int(m.group(1)), int(m.group(2))

@@ -6,6 +6,11 @@ Grammar (each a comma-separated list; whitespace ignored):
     query:          ``cls`` (row of the first prefix token) | ``all`` | token indices ``0,17,-1``
                     | ``patch:R,C`` (grid cell; several as ``patch:R,C;R,C``)
 
+Negative indices count from the end, as Python's do, everywhere: layer ``-1`` is the last
+layer, token ``-1`` the last token, ``patch:-1,0`` the first cell of the grid's last row. An
+index is valid from ``-n`` to ``n - 1``; anything else is refused with the valid range in the
+message. Answers give the resolved, non-negative indices (``query``, ``layers``, ``heads``).
+
 Numbers are ASCII digits only: other Unicode digits (``٣``, ``３``), which ``int()`` would
 read, are refused like any other character the grammar does not have.
 """
@@ -30,7 +35,7 @@ class StageSpanError(SelectionError):
     code = "layers_span_stages"
 
 
-_ITEM = re.compile(r"^(-?[0-9]{1,6})(?:-(-?[0-9]{1,6}))?$")
+_ITEM = re.compile(r"(-?[0-9]{1,6})(?:-(-?[0-9]{1,6}))?")  # ASCII digits; fullmatch
 MAX_SPEC = 4096
 
 
@@ -49,7 +54,7 @@ def parse_indices(spec: str | None, n: int, what: str) -> list[int]:
         return list(range(n))
     out: list[int] = []
     for raw in spec.replace(" ", "").split(","):
-        m = _ITEM.match(raw)
+        m = _ITEM.fullmatch(raw)
         if not m:
             raise SelectionError(f"{what}: cannot read {raw!r}; use 'all', indices like 0,5,-1 or ranges like 0-3")
         a = int(m.group(1))
@@ -98,7 +103,10 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
                 raise SelectionError(f"query: cannot read patch {cell!r}; use patch:ROW,COL")
             r, c = int(m.group(1)), int(m.group(2))
             if not (-gh <= r < gh and -gw <= c < gw):
-                raise SelectionError(f"query: patch ({r}, {c}) is outside the {gh} x {gw} grid")
+                raise SelectionError(
+                    f"query: patch ({r}, {c}) is outside the {gh} x {gw} grid (rows {-gh}..{gh - 1}, "
+                    f"columns {-gw}..{gw - 1}; negative counts from the end)"
+                )
             rows.append(layout.token_of_cell(r % gh, c % gw))
         return list(dict.fromkeys(rows))
     rows = []
@@ -107,7 +115,9 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
             raise SelectionError(f"query: cannot read {raw!r}; use cls, all, token indices or patch:ROW,COL")
         v = int(raw)
         if not -n <= v < n:
-            raise SelectionError(f"query: token {v} is out of range for {n} tokens")
+            raise SelectionError(
+                f"query: token {v} is out of range for {n} tokens (valid: {-n}..{n - 1}; negative counts from the end)"
+            )
         rows.append(v % n)
     return list(dict.fromkeys(rows))
 

@@ -15,11 +15,20 @@ same pixels, hence the same maps and statistics, whichever way it comes in:
 :meth:`Pictures.prepare` does both. Nothing else decodes pictures: the page's display PNG
 (:func:`display_probe`, :func:`display_finish`) is the one other use, with a fit of its own
 (:func:`app.serving.images.display_fit`).
+
+Pictures that come from files (the survey, ``headscope extract``, in-process callers given paths)
+are read by :func:`read_picture_file`, the one way a picture file becomes bytes: a regular file
+only (a FIFO, a device or a socket is refused without being opened, so nothing blocks on it), no
+larger than the server's upload limit (refused before a byte is read), then its bytes.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import images
@@ -29,7 +38,16 @@ if TYPE_CHECKING:
     from ..config import Settings
     from ..engine.model import LoadedModel
 
-__all__ = ["ImageError", "Pictures", "Prepared", "Probe", "display_finish", "display_probe"]
+__all__ = [
+    "ImageError",
+    "PictureFileError",
+    "Pictures",
+    "Prepared",
+    "Probe",
+    "display_finish",
+    "display_probe",
+    "read_picture_file",
+]
 
 
 @dataclass(frozen=True)
@@ -110,3 +128,97 @@ def display_probe(data: bytes, max_pixels: int) -> Probe:
 def display_finish(probe: Probe) -> bytes:
     """The probed picture as the page's PNG (early reduction to its display size included)."""
     return images.display_png(images.load(probe).img)
+
+
+class PictureFileError(ImageError):
+    """A picture file that cannot be read; :attr:`code` says why.
+
+    Codes: ``not_found`` (no such file, or a symbolic link to none), ``symlink_loop``,
+    ``not_a_file`` (a folder, FIFO, socket or device), ``permission_denied``,
+    ``file_too_large`` (over the size limit; status 413), ``empty_file``, ``read_error``
+    (any other error of the system). The message does not repeat the path: callers name the
+    file themselves.
+    """
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _os_error(e: OSError) -> PictureFileError:
+    if e.errno == errno.ENOENT:
+        return PictureFileError("no such file (or a symbolic link to a missing file)", code="not_found")
+    if e.errno == errno.ELOOP:
+        return PictureFileError("a loop of symbolic links", code="symlink_loop")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return PictureFileError("permission denied", code="permission_denied")
+    if e.errno == errno.EISDIR:
+        return PictureFileError("not a regular file: a folder", code="not_a_file")
+    return PictureFileError(f"cannot read it: {e.strerror or type(e).__name__}", code="read_error")
+
+
+def _check(st: os.stat_result, max_bytes: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise PictureFileError(f"not a regular file: {_kind(st.st_mode)}", code="not_a_file")
+    if st.st_size > max_bytes:
+        raise PictureFileError(
+            f"{st.st_size:,} bytes, over the {max_bytes:,}-byte limit (HEADSCOPE_MAX_UPLOAD_BYTES)",
+            413,
+            "file_too_large",
+        )
+
+
+def read_picture_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The bytes of a picture file, read safely: the one way a picture file is read.
+
+    Symbolic links to files are followed. What is not a regular file (a FIFO, a device, a socket,
+    a folder) is refused from its ``stat`` without being opened, so a FIFO cannot block the
+    caller; a file over ``max_bytes`` is refused before a byte is read (a sparse 2 GiB file costs
+    nothing). The file is then opened without blocking and checked again on the open descriptor
+    (it may have been replaced meanwhile), and at most ``max_bytes`` are read (it may have grown).
+
+    Args:
+        path: the file.
+        max_bytes: the largest file accepted (``Settings.max_upload_bytes``, the server's upload
+            limit, 20 MiB by default: a file is refused where an upload of it would be).
+
+    Raises:
+        PictureFileError: the file is missing, not a regular file, unreadable, empty or too
+            large; ``code`` says which.
+    """
+    path = Path(path)
+    try:
+        _check(path.stat(), max_bytes)  # follows links; a FIFO or device is never opened
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise _os_error(e) from None
+    try:
+        _check(os.fstat(fd), max_bytes)  # the file opened, in case it changed since the stat
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # one byte more tells a file that grew past the limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise _os_error(e) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise PictureFileError(f"over the {max_bytes:,}-byte limit (HEADSCOPE_MAX_UPLOAD_BYTES)", 413, "file_too_large")
+    if not data:
+        raise PictureFileError("the file is empty", code="empty_file")
+    return data

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from ..engine.forward import forward_capture
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS, HeadStats
 from ..serving import images
-from ..serving.pictures import Pictures
+from ..serving.pictures import Pictures, read_picture_file
 from ..zoo.registry import Registry
 from . import schema
 from .sources import Item
@@ -114,10 +113,13 @@ class Surveyor:
 
     # -- reading --------------------------------------------------------------------------
     def prepare(self, item: Item) -> Prepared:
-        """Read one picture and prepare it as the server does; raises ImageError/OSError."""
-        data = Path(item.path).read_bytes()
-        if not data:
-            raise images.ImageError("the file is empty", code="empty_file")
+        """Read one picture and prepare it as the server does; raises ImageError (PictureFileError).
+
+        The file is read by :func:`~app.serving.pictures.read_picture_file`: a FIFO or device
+        is refused without blocking, a file over the upload limit (``max_upload_bytes``)
+        before a byte of it is read.
+        """
+        data = read_picture_file(item.path, self.settings.max_upload_bytes)
         prep = self.pictures.prepare(data)
         return Prepared(item, prep.pixels, prep.image_size, prep.input_size)
 
@@ -128,11 +130,9 @@ class Surveyor:
         for it in items:
             try:
                 ok.append(self.prepare(it))
-            except images.ImageError as e:
+            except images.ImageError as e:  # PictureFileError included: missing, FIFO, too large...
                 failed.append((it.image, e.code, str(e)))
-            except FileNotFoundError:
-                failed.append((it.image, "not_found", f"no such file: {it.path}"))
-            except OSError as e:
+            except OSError as e:  # the decoder's own reads
                 failed.append((it.image, "read_error", f"{type(e).__name__}: {e.strerror or e}"))
         return ok, failed
 

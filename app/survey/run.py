@@ -19,8 +19,8 @@ from .compute import Result
 from .output import SurveyOutput, check_target
 from .sources import list_images
 
-# Settings the workers take from the driver (decoding, resize, precision, where models live).
-SHARED_SETTINGS = ("model", "models_dir", "max_image_pixels", "max_aspect", "resize", "precision")
+# Settings the workers take from the driver (file size, decoding, resize, precision, where models live).
+SHARED_SETTINGS = ("model", "models_dir", "max_upload_bytes", "max_image_pixels", "max_aspect", "resize", "precision")
 
 
 @dataclass

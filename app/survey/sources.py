@@ -39,20 +39,20 @@ def walk_folder(root: Path) -> list[Item]:
     """Image files under ``root``, recursively, sorted by their relative path.
 
     Hidden files and folders (names starting with ``.``) are skipped, symbolic links to folders
-    are not followed (no cycles), links to files are.
+    are not followed (no cycles), links to files are. Every other entry with an image's name is
+    listed, also when it cannot be read (a FIFO, a socket, a broken symbolic link, a loop of
+    links): reading it fails without blocking, and the survey records why in its failures
+    table, as for any unreadable picture.
     """
     root = root.resolve()
     out: list[Item] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         rel_dir = Path(dirpath).relative_to(root)
-        for f in filenames:
+        for f in filenames:  # os.walk puts everything that is not a folder (or a link to one) here
             if f.startswith(".") or not is_image_name(f):
                 continue
-            full = Path(dirpath) / f
-            if not full.is_file():
-                continue
-            out.append(Item((rel_dir / f).as_posix(), str(full)))
+            out.append(Item((rel_dir / f).as_posix(), str(Path(dirpath) / f)))
     out.sort(key=lambda it: it.image)
     return out
 
@@ -98,6 +98,9 @@ def list_images(source: Path | str) -> list[Item]:
     Args:
         source: the folder, list file or image.
 
+    An image SOURCE that cannot be read (a FIFO named ``x.png``...) is listed: the survey
+    records it as a failure. A list SOURCE must be a regular file (a FIFO would block).
+
     Raises:
         FileNotFoundError: SOURCE does not exist.
         SourceError: SOURCE is a file that is neither an image nor a text list.
@@ -109,4 +112,6 @@ def list_images(source: Path | str) -> list[Item]:
         raise FileNotFoundError(f"no such folder or file: {src}")
     if is_image_name(src.name):
         return [Item(src.name, str(src.resolve()))]
+    if not src.is_file():
+        raise SourceError(f"{src} is neither a folder, an image nor a list of image paths (not a regular file)")
     return read_list(src)

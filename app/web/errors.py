@@ -162,11 +162,13 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
+        # The code the upload form's own check gives (api/attention.py): one code for a bad
+        # parameter, whichever the method and wherever it is read.
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
             parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-        return logged_error_response(request.scope, 422, "invalid_request", "; ".join(parts) or "invalid request")
+        return logged_error_response(request.scope, 422, "invalid_parameter", "; ".join(parts) or "invalid parameter")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

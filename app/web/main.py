@@ -26,7 +26,7 @@ from ..serving.service import AttentionService
 from ..serving.worker import Worker
 from ..zoo.registry import Registry
 from . import errors
-from .middleware import BodyLimit, HeadAsGet, RequestId, SecurityHeaders, SingleParams
+from .middleware import AllowedHosts, BodyLimit, HeadAsGet, RequestId, SecurityHeaders, SingleParams
 
 # Room for the multipart framing and the text fields around the file.
 FORM_OVERHEAD_BYTES = 64 * 1024
@@ -127,6 +127,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(SingleParams)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FORM_OVERHEAD_BYTES)
+    # Before anything else reads the request: a Host that is not this server's (DNS rebinding) is
+    # refused; inside HeadAsGet (a HEAD gets no body) and RequestId (the answer has its id).
+    app.add_middleware(AllowedHosts, bind_host=settings.host, allowed=settings.allowed_hosts)
     app.add_middleware(HeadAsGet)
     app.add_middleware(RequestId)  # outermost: BodyLimit's 413 carries the id too
     return app

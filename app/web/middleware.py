@@ -1,10 +1,12 @@
-"""ASGI middleware: request ids, the request body limit (checked while the body streams), security
-headers, HEAD for every GET route, and no repeated query parameters."""
+"""ASGI middleware: request ids, the allowed Host names, the request body limit (checked while the
+body streams), security headers, HEAD for every GET route, and no repeated query parameters."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections import Counter
+from collections.abc import Iterable
 from urllib.parse import parse_qsl
 
 from . import errors
@@ -177,3 +179,108 @@ class SingleParams:
                 )
                 return await resp(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+# Names that only ever mean this machine: a page elsewhere cannot make a browser send them.
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_PORT = re.compile(r"[0-9]{0,5}")
+_HOST_HEADER = b"host"
+
+
+def split_host(value: str) -> str | None:
+    """The host name of a ``Host`` header value, lower case, without port or brackets.
+
+    ``"LocalHost:8000"`` -> ``"localhost"``, ``"[::1]:8000"`` -> ``"::1"``, ``"example.org."``
+    -> ``"example.org"``; None when it is malformed (a bare IPv6 address, a port that is not
+    ASCII digits, an empty name).
+    """
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, bracket, rest = value[1:].partition("]")
+        if not bracket or (rest and not (rest.startswith(":") and _PORT.fullmatch(rest[1:]))):
+            return None
+    else:
+        name, colon, port = value.partition(":")
+        if colon and (":" in port or not _PORT.fullmatch(port)):
+            return None
+    name = name.removesuffix(".")
+    return name or None
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def bound_to_loopback(bind_host: str) -> bool:
+    """Whether the server listens on this machine only (``127.0.0.1``, ``::1``, ``localhost``)."""
+    ip = _ip(bind_host.strip("[]"))
+    return bind_host.lower() == "localhost" or (ip is not None and ip.is_loopback)
+
+
+class AllowedHosts:
+    """Refuse a request whose ``Host`` header is not a name of this server (400 ``bad_host``).
+
+    A server on loopback without authentication is reachable from any page in the user's
+    browser through DNS rebinding: the attacker's name is made to resolve to 127.0.0.1, and the
+    browser then calls the API as a page of that name, with the name in ``Host``. Only the names
+    the server is really reached by are answered (Starlette's ``TrustedHostMiddleware``, but
+    with the one JSON error body and any port):
+
+    - always ``localhost``, ``127.0.0.1``, ``[::1]`` and any other loopback address;
+    - bound to a non-loopback address (``0.0.0.0``, ``::``, a LAN address), also any IP address
+      written as such (``http://192.168.1.5:8000``): rebinding needs a *name*, so addresses are
+      safe, and the machine's own ones need no configuration (nor do Docker's published ports);
+    - the bind address itself when it is a name (``--host myhost.lan``);
+    - ``allowed``: more names (``HEADSCOPE_ALLOWED_HOSTS``): ``example.org``, ``*.example.org``
+      for its sub-domains, or ``*`` for any (only behind a proxy that checks ``Host`` itself).
+
+    Args:
+        app: the ASGI app.
+        bind_host: the address the server listens on (``Settings.host``).
+        allowed: more host names (``Settings.allowed_hosts``).
+    """
+
+    def __init__(self, app, bind_host: str, allowed: Iterable[str] = ()):
+        self.app = app
+        extra = [a.strip().lower() for a in allowed if a.strip()]
+        self.any_host = "*" in extra
+        self.suffixes = tuple(a[1:] for a in extra if a.startswith("*."))  # ".example.org"
+        names = {split_host(a) for a in extra if not a.startswith("*")}
+        bind = bind_host.strip().lower()
+        ip = _ip(bind.strip("[]"))
+        if ip is None and bind:
+            names.add(split_host(bind))
+        self.names = frozenset(n for n in names if n) | LOOPBACK_NAMES
+        self.any_ip = not bound_to_loopback(bind_host)
+
+    def allows(self, name: str | None) -> bool:
+        if self.any_host:
+            return True
+        if name is None:
+            return False
+        if name in self.names or (self.suffixes and name.endswith(self.suffixes)):
+            return True
+        ip = _ip(name)
+        return ip is not None and (ip.is_loopback or self.any_ip)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or self.any_host:
+            return await self.app(scope, receive, send)
+        values = [v for k, v in scope.get("headers") or [] if k == _HOST_HEADER]
+        name = split_host(values[0].decode("latin-1")) if len(values) == 1 else None
+        if self.allows(name):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        shown = values[0].decode("latin-1")[:100] if len(values) == 1 else ""
+        message = (
+            f"this server does not answer to the host {shown!r}; reach it by an address it answers to, "
+            "or add the name to HEADSCOPE_ALLOWED_HOSTS"
+            if shown
+            else "the request needs exactly one Host header"
+        )
+        resp = errors.logged_error_response(scope, 400, "bad_host", message)
+        await resp(scope, receive, send)

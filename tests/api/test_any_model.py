@@ -110,7 +110,7 @@ def test_catalogue_lists_supported_families_only(server):
     exact = get(q="vit_small_patch14_dinov2.lvd142m").json()
     assert exact["models"][0]["name"] == "vit_small_patch14_dinov2.lvd142m"
     r = get(limit=0)
-    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter"
 
 
 def test_names_only_never_a_url_or_a_path(server, hub):

@@ -274,7 +274,7 @@ def test_readers_that_never_read_hold_little_memory_and_few_slots(srv, wide):
 @pytest.mark.parametrize("split", [False, True], ids=["one-read", "many-reads"])
 def test_oversized_headers_get_431(srv, split):
     port = srv.port
-    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
     if split:
         with socket.create_connection(("127.0.0.1", port)) as s:
             for i in range(0, len(head), 4096):
@@ -292,10 +292,10 @@ def test_oversized_headers_get_431(srv, split):
 
 def test_slow_or_idle_clients_are_timed_out(srv):
     port = srv.port
-    out = raw(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+    out = raw(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finishes its headers
     assert out.startswith(b"HTTP/1.1 408")
     with socket.create_connection(("127.0.0.1", port)) as s:  # keep-alive, then idle
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         got = b""
         while chunk := s.recv(65536):  # the server closes it after the keep-alive timeout
             got += chunk
@@ -307,7 +307,7 @@ def test_a_client_that_drops_mid_upload_leaves_no_traceback(srv):
     uploads = 'headscope_admitted{pool="upload"}'
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
         s.sendall(
-            b"POST /api/v1/attention HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            b"POST /api/v1/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=b\r\n"
             b"Content-Length: 1000000\r\n\r\n" + body
         )
         wait_for(lambda: metric(srv.url, uploads) == 1)  # the server is reading the body
@@ -438,7 +438,7 @@ def test_every_request_that_takes_worker_time_has_a_deadline(server_factory, pac
     wait_for(lambda: metric(s.url, "headscope_queue_depth") == 0)
     # An upload whose body stops arriving.
     head = (
-        b"POST /api/v1/attention HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        b"POST /api/v1/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=b\r\n"
         b'Content-Length: 100000\r\n\r\n--b\r\nContent-Disposition: form-data; name="image"; filename="x"\r\n\r\n'
     )
     with socket.create_connection(("127.0.0.1", s.port)) as sock:
@@ -463,7 +463,8 @@ def test_the_body_of_a_refused_upload_is_not_taken_for_headers(server_factory, p
         out = b""
         with socket.create_connection(("127.0.0.1", s.port), timeout=T) as sock:
             sock.sendall(
-                b"POST /api/v1/attention HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                b"POST /api/v1/attention HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: multipart/form-data; boundary=b\r\n"
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )

@@ -102,16 +102,16 @@ def test_explain_safetensors_holds_the_same_tensors(base_url, cat_id):
         ({"layer": "12"}, 422, "bad_selection"),
         ({"layer": "-13"}, 422, "bad_selection"),
         ({"head": "6"}, 422, "bad_selection"),
-        ({"layer": "x"}, 422, "invalid_request"),
-        ({"head": "1.5"}, 422, "invalid_request"),
+        ({"layer": "x"}, 422, "invalid_parameter"),
+        ({"head": "1.5"}, 422, "invalid_parameter"),
         ({"query": "all"}, 422, "bad_selection"),
         ({"query": "0,1"}, 422, "bad_selection"),
         ({"query": "patch:16,0"}, 422, "bad_selection"),
         ({"query": "patch:1,2;3,4"}, 422, "bad_selection"),
         ({"query": "9999"}, 422, "bad_selection"),
-        ({"format": "npy"}, 422, "invalid_request"),
+        ({"format": "npy"}, 422, "invalid_parameter"),
         ({"model": "nope"}, 404, "unknown_model"),
-        ({"bogus": "1"}, 422, "invalid_request"),
+        ({"bogus": "1"}, 422, "invalid_parameter"),
     ],
 )
 def test_explain_bad_parameters(base_url, cat_id, params, status, code):
@@ -177,7 +177,7 @@ BAD_TEMPERATURES = ["0", "-1", "-0.5", "nan", "NaN", "inf", "-inf", "Infinity", 
 @pytest.mark.parametrize("value", BAD_TEMPERATURES)
 def test_bad_temperatures_are_refused_by_post_and_get(base_url, cat, cat_id, value):
     assert_error(post(base_url, cat, temperature=value), 422, "invalid_parameter")
-    assert_error(get(base_url, cat_id, temperature=value), 422, "invalid_request")
+    assert_error(get(base_url, cat_id, temperature=value), 422, "invalid_parameter")
 
 
 def test_extreme_but_valid_temperatures(base_url, cat_id):

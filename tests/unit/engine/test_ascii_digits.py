@@ -1,0 +1,98 @@
+"""Every parser of a number a user writes takes ASCII digits only (issue 33, item 9).
+
+``int()`` and ``\\d`` read Arabic-Indic (``٣``), fullwidth (``３``) and mathematical (``𝟑``)
+digits too; the grammar the docs give is ASCII. One test per parser: the layers/heads indices,
+the query (tokens and cells), ``ablate``, the relevance target (box and class), the
+faithfulness fractions, and the command line's integer options.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from relevance_reference import FAMILIES, load_family
+from server import ROOT
+
+from app import cli
+from app.engine.ablation import AblationError, parse_ablate
+from app.engine.faithfulness import FractionsError, parse_fractions
+from app.engine.layout import TokenLayout
+from app.engine.relevance import TargetError, parse_target
+from app.engine.selection import SelectionError, parse_indices, parse_query
+from app.zoo import loaders
+
+# Each: a spelling of 3 (or 1, 2) in other digits, and one that mixes scripts.
+FOREIGN = ["٣", "３", "𝟑", "۳", "३", "1٣"]
+
+
+@pytest.fixture(scope="module")
+def layout() -> TokenLayout:
+    return TokenLayout(["cls"], (16, 16), (14, 14))
+
+
+@pytest.mark.parametrize("digit", FOREIGN)
+def test_layers_and_heads(digit):
+    for spec in (digit, f"0,{digit}", f"0-{digit}", f"-{digit}"):
+        with pytest.raises(SelectionError, match="cannot read"):
+            parse_indices(spec, 12, "layers")
+    assert parse_indices("3", 12, "layers") == [3]
+
+
+@pytest.mark.parametrize("digit", FOREIGN)
+def test_query_tokens_and_cells(digit, layout):
+    for spec in (digit, f"0,{digit}", f"patch:{digit},0", f"patch:0,{digit}", f"patch:-{digit},0"):
+        with pytest.raises(SelectionError, match="cannot read"):
+            parse_query(spec, layout)
+    assert parse_query("3", layout) == [3] and parse_query("patch:0,3", layout) == [4]
+
+
+@pytest.mark.parametrize("spec", ["١:٢", "１:２", "𝟏:𝟐", "0:١", "٣:0", "-１:0", "0:1\n,2:3"])
+def test_ablate(spec):
+    with pytest.raises(AblationError, match="cannot read"):
+        parse_ablate(spec, 12, 6)
+    assert parse_ablate("1:2", 12, 6) == ((1, 2),)
+
+
+@pytest.fixture(scope="module")
+def saliency():
+    return loaders.load_embedded(ROOT / "models")
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    _, arch, kwargs, classes, _ = next(f for f in FAMILIES if f[0] == "vit")
+    return load_family(arch, kwargs, classes)
+
+
+@pytest.mark.parametrize("digit", FOREIGN)
+def test_relevance_targets(digit, saliency, classifier):
+    with pytest.raises(TargetError, match="write box"):
+        parse_target(f"box:0,0,{digit},4", saliency, (224, 224))
+    with pytest.raises(TargetError, match="write class"):
+        parse_target(f"class:{digit}", classifier)
+    assert parse_target("class:3", classifier).index == 3
+
+
+@pytest.mark.parametrize("digit", FOREIGN)
+def test_faithfulness_fractions(digit):
+    for spec in (f"0.{digit}", f"0,0.{digit}", f"{digit}e-1"):
+        with pytest.raises(FractionsError, match="cannot read"):
+            parse_fractions(spec)
+    assert parse_fractions("0,0.3") == (0.0, 0.3)
+
+
+@pytest.mark.parametrize("digit", FOREIGN)
+def test_command_line_integers(digit):
+    parser = cli.build_parser()
+    for argv in (
+        ["survey", "x", "--out", "y", "--batch-size", digit],
+        ["survey", "x", "--out", "y", "--limit", digit],
+        ["serve", "--port", f"80{digit}0"],
+        ["serve", "--max-loaded-models", digit],
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+    assert parser.parse_args(["survey", "x", "--out", "y", "--batch-size", "3"]).batch_size == 3
+    with pytest.raises(argparse.ArgumentTypeError, match="ASCII digits only"):
+        cli.ascii_int(digit)
