@@ -36,7 +36,8 @@ def test_pandas_is_an_extra_and_the_readme_says_how_to_install_it():
 
 def test_the_readme_examples_run_on_a_survey(surveyed, monkeypatch):
     monkeypatch.chdir(surveyed)
-    code = re.search(r"```python\n(import pandas as pd[^\n]*\n\nrows = pd.read_parquet\(\"survey.parquet\"\).*?)```", README, re.S).group(1)
+    example = r"```python\n(import pandas as pd[^\n]*\n\nrows = pd.read_parquet\(\"survey.parquet\"\).*?)```"
+    code = re.search(example, README, re.S).group(1)
     scope: dict = {}
     exec(compile(code, "docs/survey.md", "exec"), scope)
     assert len(scope["rows"]) == 6 * 2 and scope["failures"].empty  # test_vit: 6 layers x 2 heads, one picture
