@@ -2,7 +2,7 @@
 #   make serve   set up the app (no test tools) and serve the embedded default model at
 #                http://127.0.0.1:8000 (another port: make serve PORT=9000)
 #   make serve TORCH=cpu   the same with PyTorch's CPU build: ~0.4 GB to download instead of
-#                ~3 GB, a venv of ~1.3 GB instead of ~5.1 GB (no CUDA libraries; no GPU use)
+#                ~3 GB, a venv of ~1.3 GB instead of ~5.7 GB (no CUDA libraries; no GPU use)
 #   make test    set up the app with the test and lint tools, run the whole test suite
 #   make lint    ruff (lint, format check) and mypy on app/
 #   make docs    the documentation site into site/ (mkdocs build --strict, offline); docs-serve previews it
@@ -45,7 +45,7 @@ ifneq ($(TORCH),)
 	@echo "==> 2/2 headscope and its other dependencies from PyPI (timm, FastAPI, ONNX, pyarrow...): ~0.2 GB to download"
 else
 	@echo "==> headscope and its dependencies from PyPI: ~3 GB to download (PyTorch with its CUDA libraries ~2.8 GB of it),"
-	@echo "    ~5 GB installed, a few minutes; without an NVIDIA GPU, make clean && make serve TORCH=cpu needs ~0.4 GB"
+	@echo "    ~5.7 GB installed, a few minutes; without an NVIDIA GPU, make clean && make serve TORCH=cpu needs ~0.4 GB"
 endif
 	$(PY) -m pip install $(PIP_FLAGS) -e .
 	@echo "$(TORCH_FLAVOUR)" > $(VENV)/.torch

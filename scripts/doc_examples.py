@@ -17,7 +17,12 @@ compare line by line, their numbers to 0.5 % as well.
 
 A file whose examples need a server with other settings says so once, in a line
 ``<!-- examples-env: HEADSCOPE_EXTRA_MODELS=["random:swin_tiny_patch4_window7_224"] -->``: they
-run against a server started with that environment.
+run against a server started with that environment. A line
+``<!-- examples-hub: vit_tiny_patch16_224.augreg_in21k_ft_in1k -->`` gives that server a local
+stand-in for the Hugging Face hub (tests/helpers/hub_standin.py) that serves random weights of the timm
+names listed (same shapes, so the same file size as the real ones), and an empty Hugging Face
+cache: the examples can load those models on demand, with a real download, and no request
+leaves the machine.
 
 Blocks that talk to the server but cannot run in a test (a cluster, Docker) say why:
 ``<!-- not tested: REASON -->``; every other block naming ``http://127.0.0.1:8000`` must be tested
@@ -39,6 +44,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS_URL = "http://127.0.0.1:8000"
 FENCE = re.compile(r"^(```+|~~~+)\s*([A-Za-z0-9_+-]*)[^\n]*$")
 ENV = re.compile(r"^<!--\s*examples-env:\s*([A-Z0-9_]+)=(.*?)\s*-->\s*$", re.M)
+HUB = re.compile(r"^<!--\s*examples-hub:\s*([A-Za-z0-9_.,\s-]+?)\s*-->\s*$", re.M)
 MARKER = re.compile(r"^<!--\s*(test|answer|not tested:[^>]*?)\s*-->\s*$")
 RUNNABLE = {"sh": "sh", "bash": "sh", "shell": "sh", "console": "sh", "python": "python", "py": "python"}
 # Lists longer than MAX keep their first KEEP items: numbers 3 of more than 6, nested lists and
@@ -55,7 +63,7 @@ LIST_KEEP, LIST_MAX = 3, 6
 NESTED_KEEP, NESTED_MAX = 2, 3
 SIGNIFICANT = 4
 # Fields whose values change from run to run: compared by type (dicts: by keys) only.
-VOLATILE = {"timing_ms", "cached", "request_id", "eta_s", "elapsed_s"}
+VOLATILE = {"timing_ms", "cached", "request_id", "eta_s", "elapsed_s", "seconds"}
 BLOCK_TIMEOUT_S = 900
 
 
@@ -127,6 +135,35 @@ def blocks(path: Path) -> list[Block]:
 def server_env(path: Path) -> dict[str, str]:
     """The server settings a file's examples need (``<!-- examples-env: NAME=VALUE -->`` lines)."""
     return dict(ENV.findall(path.read_text(encoding="utf-8")))
+
+
+def hub_models(path: Path) -> list[str]:
+    """The timm names a file's stand-in hub serves (``<!-- examples-hub: NAME ... -->`` lines)."""
+    return [n for m in HUB.findall(path.read_text(encoding="utf-8")) for n in m.replace(",", " ").split()]
+
+
+@contextmanager
+def stand_in_hub(names: list[str], folder: Path) -> Iterator[dict[str, str]]:
+    """A local stand-in for the Hugging Face hub serving random weights of the timm ``names``
+    (``timm/NAME/model.safetensors``), and the server environment that reaches it, with an empty
+    cache under ``folder``. Nothing (and no environment) when ``names`` is empty."""
+    if not names:
+        yield {}
+        return
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from helpers.hub_standin import StandInHub, weights
+
+    hub = StandInHub({f"timm/{n}/model.safetensors": weights(n) for n in names}, seconds=2.0)
+    try:
+        yield {
+            "HF_HOME": str(folder / "hf-home"),
+            "HF_HUB_CACHE": str(folder / "hf-home" / "hub"),
+            "HF_ENDPOINT": hub.url,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+        }
+    finally:
+        hub.stop()
 
 
 def tested(path: Path) -> list[Block]:
@@ -363,11 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     from helpers.server import Server
 
     servers: dict[str, Server] = {}
+    hubs = ExitStack()
 
-    def url_for(f: Path) -> str:
+    def url_for(f: Path, tmp: Path) -> str:
         env = server_env(f)
-        if a.url and not env:
+        names = hub_models(f)
+        if a.url and not env and not names:
             return a.url
+        if names:  # a stand-in hub and a fresh cache of its own: a server of its own
+            env = {**env, **hubs.enter_context(stand_in_hub(names, Path(tempfile.mkdtemp(dir=tmp))))}
         key = json.dumps(env, sort_keys=True)
         if key not in servers:
             servers[key] = Server(env)
@@ -378,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             for f in files:
                 if not tested(f):
                     continue
-                outcomes = run_file(f, url_for(f), Path(tmp))
+                outcomes = run_file(f, url_for(f, Path(tmp)), Path(tmp))
                 if a.write:
                     n = rewrite_answers(f, outcomes)
                     print(f"{f.relative_to(ROOT)}: {len(outcomes)} examples, {n} answers rewritten")
@@ -389,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.stop()
+        hubs.close()
     for p in problems:
         print(p, file=sys.stderr)
     return 1 if problems else 0

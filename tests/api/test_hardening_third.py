@@ -8,8 +8,9 @@ import socket
 import httpx
 import numpy as np
 import pytest
-from server import HTTP_TIMEOUT
 from test_api import API, assert_error, post
+
+from helpers.server import HTTP_TIMEOUT
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ The examples are the fenced blocks marked ``<!-- test -->`` (scripts/doc_example
 rules): each file's examples run in order, in a fresh folder holding the sample photos, with
 the server's address in place of http://127.0.0.1:8000; an ``<!-- answer -->`` block after one
 must match what it prints. A file that needs other server settings names them
-(``<!-- examples-env: ... -->``) and gets a server of its own.
+(``<!-- examples-env: ... -->``) and gets a server of its own; so does a file whose examples load
+models on demand from a local stand-in for the Hugging Face hub (``<!-- examples-hub: ... -->``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def test_every_example_that_names_the_server_is_tested(path):
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_examples_work_as_written(path, base_url, server_factory, tmp_path):
     env = doc_examples.server_env(path)
-    url = server_factory(env).url if env else base_url
-    outcomes = doc_examples.run_file(path, url, tmp_path)
+    names = doc_examples.hub_models(path)
+    with doc_examples.stand_in_hub(names, tmp_path) as hub_env:
+        url = server_factory({**env, **hub_env}).url if env or names else base_url
+        outcomes = doc_examples.run_file(path, url, tmp_path)
     assert len(outcomes) == len(doc_examples.tested(path))
     problems = [p for o in outcomes for p in o.problems]
     hint = "\n(after a deliberate change, `python scripts/doc_examples.py --write` rewrites the answers shown)"

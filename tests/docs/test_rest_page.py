@@ -4,6 +4,7 @@ example that calls it."""
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 
@@ -17,9 +18,18 @@ PAGE = ROOT / "docs" / "api.md"
 METHODS = {"get", "post", "put", "patch", "delete"}
 
 
+@functools.cache
+def spec() -> dict:
+    return create_app().openapi()  # the schema the server serves at /openapi.json, built in-process
+
+
 def operations() -> set[tuple[str, str]]:
-    spec = create_app().openapi()  # the schema the server serves at /openapi.json, built in-process
-    return {(m.upper(), path) for path, item in spec["paths"].items() for m in item if m in METHODS}
+    return {(m.upper(), path) for path, item in spec()["paths"].items() for m in item if m in METHODS}
+
+
+def takes_a_form(method: str, path: str) -> bool:
+    body = spec()["paths"][path][method.lower()].get("requestBody") or {}
+    return "multipart/form-data" in body.get("content", {})
 
 
 def sections() -> set[tuple[str, str]]:
@@ -40,9 +50,13 @@ def test_every_endpoint_has_a_section():
 def test_every_endpoint_has_a_tested_example():
     tested = doc_examples.tested(PAGE)
     for method, path in sorted(operations()):
-        # the path with a real image id, followed by a query, a quote, a space or the line's end
-        pattern = re.escape(path).replace(r"\{image_id\}", "[0-9a-f]{24}") + r"(\?|\"|\s|$)"
+        # the path with a real image id (and real values of its other parameters), followed by a
+        # query, a quote, a space or the line's end
+        pattern = re.escape(path).replace(r"\{image_id\}", "[0-9a-f]{24}")
+        pattern = re.sub(r"\\\{[a-z_]+\\\}", "[A-Za-z0-9_.-]+", pattern) + r"(\?|\"|\s|$)"
         hits = [b for b in tested if re.search(pattern, b.code, re.M)]
         assert hits, f"{method} {path}: no tested example in docs/api.md calls it"
-        if method == "POST":
+        if takes_a_form(method, path):
             assert any("-F " in b.code for b in hits), f"{method} {path}: no example posts a form"
+        elif method == "POST":
+            assert any("-X POST" in b.code for b in hits), f"{method} {path}: no example posts to it"

@@ -7,8 +7,9 @@ import json
 
 import pytest
 from safetensors import safe_open
-from server import SAMPLES
 from test_cli_unreadable_files import CLI_TIMEOUT_S, MODEL, assert_clean, run
+
+from helpers.server import SAMPLES
 
 pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
 

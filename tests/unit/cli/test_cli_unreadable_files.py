@@ -18,7 +18,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from safetensors import safe_open
-from server import ROOT, SAMPLES
+
+from helpers.server import ROOT, SAMPLES
 
 CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine; a hang ends here
 pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)

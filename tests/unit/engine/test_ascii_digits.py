@@ -12,7 +12,6 @@ import argparse
 
 import pytest
 from relevance_reference import FAMILIES, load_family
-from server import ROOT
 
 from app import cli
 from app.engine.ablation import AblationError, parse_ablate
@@ -21,6 +20,7 @@ from app.engine.layout import TokenLayout
 from app.engine.relevance import TargetError, parse_target
 from app.engine.selection import SelectionError, parse_indices, parse_query
 from app.zoo import loaders
+from helpers.server import ROOT
 
 # Each: a spelling of 3 (or 1, 2) in other digits, and one that mixes scripts.
 FOREIGN = ["٣", "３", "𝟑", "۳", "३", "1٣"]

@@ -11,9 +11,9 @@ import socket
 from pathlib import Path
 
 import pytest
-from server import SAMPLES
 
 from app.serving.pictures import ImageError, PictureFileError, read_picture_file
+from helpers.server import SAMPLES
 
 pytestmark = pytest.mark.timeout(60)  # a read that blocks on a FIFO fails here instead of hanging
 LIMIT = 1000
