@@ -56,6 +56,15 @@ def pace(live_server) -> Pace:
 
 
 @pytest.fixture
+def pace_now(live_server, pace) -> Pace:
+    """This machine's speed when the test starts, for latency bounds measured over a whole test: the
+    parallel run's other worker may have started something heavy since the session's :func:`pace`
+    was measured. Never faster than that."""
+    now = measure_pace(live_server.url)
+    return now if now.forward_s > pace.forward_s else pace
+
+
+@pytest.fixture
 def server_factory():
     started: list[Server] = []
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from relevance_reference import FAMILIES, load_family
 
 from app import cli
 from app.engine.ablation import AblationError, parse_ablate
@@ -20,6 +19,7 @@ from app.engine.layout import TokenLayout
 from app.engine.relevance import TargetError, parse_target
 from app.engine.selection import SelectionError, parse_indices, parse_query
 from app.zoo import loaders
+from helpers.relevance_reference import FAMILIES, load_family
 from helpers.server import ROOT
 
 # Each: a spelling of 3 (or 1, 2) in other digits, and one that mixes scripts.

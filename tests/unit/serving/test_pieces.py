@@ -12,15 +12,13 @@ from PIL import Image
 
 from app.config import Settings
 from app.engine.forward import forward_capture
-from app.serving import answers, images
-from app.serving.admission import Admission
-from app.serving.cache import ByteLRU
+from app.serving import answers
 from app.serving.explain import ExplainParams, explain, explained
-from app.serving.metrics import Metrics
 from app.serving.params import AttentionParams
+from app.serving.pictures import Pictures
 from app.serving.service import AttentionService
 from app.serving.store import Entry, Found
-from app.serving.uploads import Upload, Uploads, image_id_of
+from app.serving.uploads import Upload, image_id_of
 from app.serving.worker import Worker
 from app.zoo.registry import Registry
 from helpers.api import png
@@ -42,9 +40,7 @@ def test_the_pieces_answer_as_the_service_does(tmp_path):
     how = ExplainParams(layer=-1, head=1, query="patch:2,3")
 
     # Plain Python: decode and prepare as the server does, one forward, then the answers.
-    uploads = Uploads(settings, ByteLRU(2**30), Admission(4, Metrics()))
-    probe = images.probe(data, settings.max_image_pixels, uploads.fit(lm))
-    prep = uploads.prepare(images.load(probe), lm)
+    prep = Pictures.for_model(lm, settings).prepare(data)
     att = forward_capture(lm, prep.pixels[None])[0]
     found = Found(Entry(lm.id, lm.captured(att, prep.input_size), prep.image_size), False, {})
     image_id = image_id_of(data)
