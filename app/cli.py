@@ -264,6 +264,7 @@ def _extract(args) -> int:
 
 def _survey(args) -> int:
     """Per-head statistics of every picture of SOURCE into a Parquet dataset (app/survey/)."""
+    from .engine.selection import SelectionError
     from .serving.malloc import tune_malloc
     from .survey.output import OutputError
     from .survey.ray_engine import RayMissing
@@ -287,8 +288,11 @@ def _survey(args) -> int:
             ranks=args.ranks,
             actors=args.actors,
             progress=not args.quiet,
+            faithfulness=args.faithfulness,
+            target=args.target,
+            fractions=args.fractions,
         )
-    except (OutputError, SourceError, RayMissing, ModelLoadError, UnknownModelError) as e:
+    except (OutputError, SourceError, RayMissing, ModelLoadError, UnknownModelError, SelectionError) as e:
         print(f"headscope survey: {e}", file=sys.stderr)
         return 2
     print(
@@ -297,6 +301,7 @@ def _survey(args) -> int:
         f"{s.images_per_s:.2f} img/s; {s.failed} could not be read"
         + (f" (see {Path(args.out) / '_failures'})" if s.failed else "")
         + (f"; {s.skipped} already in {args.out}" if s.skipped else "")
+        + (f"; faithfulness: {s.tests} row(s) in {s.tests_out}" if s.tests_out is not None else "")
     )
     if s.interrupted:
         print(f"the rows computed so far are in {args.out}; run again with --resume to continue", file=sys.stderr)
@@ -315,6 +320,13 @@ def _report(args) -> int:
         print(f"headscope report: {e}", file=sys.stderr)
         return 2
     print(f"wrote {path}")
+    from .survey.faithfulness_table import markdown, summarise
+    from .survey.output import read_faithfulness
+
+    tests = read_faithfulness(args.survey) if Path(args.survey).is_dir() else None
+    if tests is not None and tests.num_rows:
+        # the table a paper prints, also here: mean AUC per method, t-based 95 % interval over the pictures
+        print("\nfaithfulness (mean AUC over pictures, t-based 95 % interval):\n" + markdown(summarise(tests)))
     return 0
 
 
@@ -407,6 +419,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--ranks", action="store_true", help="also the per-layer rank columns of the head outputs (slower on a CPU)"
     )
     v.add_argument("--actors", type=ascii_int, help="Ray actors (default: one per GPU, else one per node)")
+    v.add_argument(
+        "--faithfulness",
+        metavar="METHODS",
+        help="also the perturbation test of these relevance maps, e.g. chefer,grad_attention,attention,rollout,"
+        "random: AUCs and curves per picture and method in a second table beside OUT "
+        "(survey.parquet -> survey.faithfulness.parquet); slower: about 2 forwards per method and fraction",
+    )
+    v.add_argument(
+        "--target",
+        help="with --faithfulness: the scalar of the output the maps explain: output or box:X0,Y0,X1,Y1 "
+        "(saliency), top or class:N (classes), embedding (default: the model's: output, top, embedding)",
+    )
+    v.add_argument(
+        "--fractions",
+        help="with --faithfulness: the fractions of patches removed, in [0, 1), ascending, at most 50 "
+        "(default 0,0.1,...,0.9)",
+    )
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=_survey)
 

@@ -61,6 +61,32 @@ class PruningKey:
     points: int
 
 
+@dataclass(frozen=True)
+class RelevanceKey:
+    """Every relevance map of an image for one target (``target``: its normalised spelling, e.g.
+    ``output``, ``box:0,0,8,8``; ``ablate`` as in CaptureKey). One forward and one backward give
+    all the methods, so the key has none."""
+
+    image_id: str
+    model_id: str
+    ablate: tuple[tuple[int, int], ...]
+    target: str
+
+
+@dataclass(frozen=True)
+class FaithfulnessKey:
+    """The perturbation test of an image: ``methods`` sorted (the request's order is the
+    answer's, not the key's), ``fractions`` as numbers, ``seed`` 0 unless ``random`` is tested."""
+
+    image_id: str
+    model_id: str
+    ablate: tuple[tuple[int, int], ...]
+    target: str
+    methods: tuple[str, ...]
+    fractions: tuple[float, ...]
+    seed: int
+
+
 class ByteLRU:
     """Least-recently-used mapping charged by the bytes its values keep alive.
 

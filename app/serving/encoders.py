@@ -166,13 +166,13 @@ def short_meta(meta: dict[str, Any], limit: int = META_HEADER_MAX_BYTES) -> str:
     return text
 
 
-def binary_header(fmt: str, meta: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    """What precedes the array's bytes in a safetensors or npy answer."""
+def binary_header(
+    fmt: str, meta: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype, key: str = "attention"
+) -> bytes:
+    """What precedes the array's bytes in a safetensors or npy answer (``key``: the tensor's name)."""
     if fmt == "safetensors":
         meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
-        return safetensors_header(
-            None, "attention", {"headscope": meta_json, "shape": json.dumps(list(shape))}, shape, dtype
-        )
+        return safetensors_header(None, key, {"headscope": meta_json, "shape": json.dumps(list(shape))}, shape, dtype)
     if fmt == "npy":
         return npy_header(None, shape, dtype)
     raise ValueError(f"unknown format {fmt!r}")
@@ -192,12 +192,13 @@ def binary_headers(fmt: str, meta: dict[str, Any], name: str | None = None) -> d
 
 
 def encode(
-    array: np.ndarray, meta: dict[str, Any], fmt: str, name: str | None = None
+    array: np.ndarray, meta: dict[str, Any], fmt: str, name: str | None = None, key: str = "attention"
 ) -> tuple[list[Part], dict[str, str]]:
     """Encode ``array`` (``[layers, heads, queries, tokens]``) with its metadata.
 
     ``name``: the download name of a binary answer without its extension (``download_stem``);
-    ``attention-<image id>`` when not given.
+    ``attention-<image id>`` when not given. ``key``: the array's name in the JSON answer and
+    the safetensors file (``relevance`` for a relevance map).
 
     Returns:
         The body as parts to be sent in order (``b"".join(parts)`` is the whole body), and extra
@@ -207,8 +208,8 @@ def encode(
         header (JSON, ASCII).
     """
     if fmt == "json":
-        return [orjson.dumps({**meta, "attention": array}, option=orjson.OPT_SERIALIZE_NUMPY)], {}
+        return [orjson.dumps({**meta, key: array}, option=orjson.OPT_SERIALIZE_NUMPY)], {}
     if fmt in ("safetensors", "npy"):
-        head = binary_header(fmt, meta, tuple(array.shape), array.dtype)
+        head = binary_header(fmt, meta, tuple(array.shape), array.dtype, key)
         return [head, _raw(array)], binary_headers(fmt, meta, name)
     raise ValueError(f"unknown format {fmt!r}")

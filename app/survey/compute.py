@@ -13,7 +13,7 @@ the values the stats endpoint gives for that picture.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from ..serving import images
 from ..serving.pictures import Pictures, read_picture_file
 from ..zoo.registry import Registry
 from . import schema
+from .faithfulness import FaithfulnessPlan
 from .sources import Item
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,18 @@ class Prepared:
 
 @dataclass
 class Result:
-    """A batch's output: rows of the pictures that worked, records of those that did not."""
+    """A batch's output: rows of the pictures that worked, records of those that did not, and
+    (``--faithfulness``) the perturbation test's rows."""
 
     rows: pa.Table
     failures: pa.Table
+    faithfulness: pa.Table = field(default_factory=schema.empty_faithfulness)
 
     @property
     def images(self) -> int:
-        """Pictures this result accounts for (surveyed or failed)."""
-        return len(set(self.rows.column("image").to_pylist())) + self.failures.num_rows
+        """Pictures this result accounts for (surveyed or failed; a picture whose survey rows
+        are there but whose test failed counts once)."""
+        return len(set(self.rows.column("image").to_pylist()) | set(self.failures.column("image").to_pylist()))
 
 
 class Surveyor:
@@ -71,6 +75,8 @@ class Surveyor:
             environment when None, as the server reads them).
         lm: an already loaded model to use (then ``model`` is ignored; ``device`` must be
             where it is).
+        faithfulness: also run the perturbation test of these relevance maps (a second table);
+            its target is checked against the model here (TargetError, RelevanceUnsupportedError).
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class Surveyor:
         settings: Settings | None = None,
         ranks: bool = False,
         lm: LoadedModel | None = None,
+        faithfulness: FaithfulnessPlan | None = None,
     ):
         self.settings = settings or Settings()
         if self.settings.threads > 0:
@@ -95,12 +102,15 @@ class Surveyor:
         self.batch_size = max(1, batch_size)
         self.similarity = similarity
         self.ranks = ranks
+        self.faithfulness = faithfulness
+        if faithfulness is not None:
+            faithfulness.resolve(lm)  # the target's kind, before a picture is read
 
     @property
     def meta(self) -> dict[str, Any]:
         """What decides the rows' values, written into every part and checked on ``--resume``."""
         s = self.settings
-        return {
+        meta = {
             "model": self.lm.id,
             "arch": self.lm.arch,
             "resize": s.resize,
@@ -110,6 +120,9 @@ class Surveyor:
             "similarity": self.similarity,
             "ranks": self.ranks,
         }
+        if self.faithfulness is not None:
+            meta["faithfulness"] = self.faithfulness.meta()
+        return meta
 
     # -- reading --------------------------------------------------------------------------
     def prepare(self, item: Item) -> Prepared:
@@ -149,14 +162,24 @@ class Surveyor:
         for prep in ok:
             groups.setdefault(tuple(prep.pixels.shape), []).append(prep)
         tables: list[pa.Table] = []
+        tests: list[pa.Table] = []
         for group in groups.values():
             for i in range(0, len(group), self.batch_size):
-                self._run(group[i : i + self.batch_size], tables, failed)
+                self._run(group[i : i + self.batch_size], tables, failed, tests)
         rows = pa.concat_tables(tables) if tables else schema.empty_rows()
-        return Result(rows, schema.failures_table(failed))
+        faith = pa.concat_tables(tests) if tests else schema.empty_faithfulness()
+        return Result(rows, schema.failures_table(failed), faith)
 
-    def _run(self, batch: list[Prepared], tables: list[pa.Table], failed: list[tuple[str, str, str]]) -> None:
-        """One forward for ``batch``; on out-of-memory split it, on an error isolate the culprit."""
+    def _run(
+        self,
+        batch: list[Prepared],
+        tables: list[pa.Table],
+        failed: list[tuple[str, str, str]],
+        tests: list[pa.Table] | None = None,
+    ) -> None:
+        """One forward for ``batch`` (and its perturbation tests); on out-of-memory split it, on
+        an error isolate the culprit."""
+        tests = [] if tests is None else tests
         try:
             x = torch.stack([prep.pixels for prep in batch]).to(self.device)  # B, 3, H, W
             input_size = batch[0].input_size
@@ -168,18 +191,27 @@ class Surveyor:
             # The batch's maps together, as the forward left them, where they are one batch tensor.
             stats = stats_batch(captured, DEFAULT_MASS, similarity=self.similarity, ranks=self.ranks)
             done = [self._rows(prep, image, st) for prep, image, st in zip(batch, captured, stats)]
-            # All or nothing: on an error below, every picture of the batch is run again alone.
+            del atts, captured, stats
+            test: pa.Table | None = None
+            refused: list[tuple[str, str, str]] = []
+            if self.faithfulness is not None:
+                names = [prep.item.image for prep in batch]
+                test, refused = self.faithfulness.table(self.lm, names, x, self.amp, self.batch_size)
+            # All or nothing: on an error above, every picture of the batch is run again alone.
             tables.extend(done)
+            if test is not None:
+                tests.append(test)
+            failed.extend(refused)
         except Exception as e:
             if len(batch) > 1:
                 if is_oom(e):
                     release_memory(self.device)
                     half = len(batch) // 2
-                    self._run(batch[:half], tables, failed)
-                    self._run(batch[half:], tables, failed)
+                    self._run(batch[:half], tables, failed, tests)
+                    self._run(batch[half:], tables, failed, tests)
                 else:
                     for prep in batch:
-                        self._run([prep], tables, failed)
+                        self._run([prep], tables, failed, tests)
                 return
             code = "out_of_memory" if is_oom(e) else "compute_error"
             if code == "out_of_memory":

@@ -23,12 +23,16 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from . import schema
 from .compute import Result
 from .sources import Item
+
+if TYPE_CHECKING:
+    from .faithfulness import FaithfulnessPlan
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,10 @@ CODE_ROOT = Path(__file__).resolve().parents[2]
 
 class RayMissing(RuntimeError):
     """``--engine ray`` without Ray installed."""
+
+
+class ActorRefused(ValueError):
+    """An actor could not survey with these options (``--target`` of the wrong kind for the model)."""
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -56,34 +64,57 @@ class SurveyActor:
     """Holds the model on one Ray worker; turns a batch of paths into survey rows.
 
     Ray Data calls it with a batch of ``{"image", "path"}`` rows and gets back one row per
-    batch: the rows and failures as Arrow IPC streams (two tables of their own schemas in
-    one output block) and the number of pictures.
+    batch: the rows, failures and (``--faithfulness``) the perturbation test's rows as Arrow IPC
+    streams (tables of their own schemas in one output block), the number of pictures, and an
+    ``error`` that stops the run: a ``--target`` the model does not take (found once the actor
+    has the model; the driver has no model to check it against).
     """
 
     def __init__(
-        self, model: str | None, device: str | None, batch_size: int, similarity: bool, ranks: bool, settings: dict
+        self,
+        model: str | None,
+        device: str | None,
+        batch_size: int,
+        similarity: bool,
+        ranks: bool,
+        settings: dict,
+        faithfulness: dict | None = None,
     ):
         import ray
         import torch
 
         from ..config import Settings
+        from ..engine.selection import SelectionError
         from ..serving.malloc import tune_malloc
         from .compute import Surveyor
+        from .faithfulness import FaithfulnessPlan
 
         tune_malloc()
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         if cpus:
             torch.set_num_threads(max(1, int(cpus)))
-        self.surveyor = Surveyor(model, device, batch_size, similarity, Settings(**settings), ranks)
+        plan = FaithfulnessPlan.from_meta(faithfulness) if faithfulness is not None else None
+        self.error = ""
+        try:
+            self.surveyor = Surveyor(
+                model, device, batch_size, similarity, Settings(**settings), ranks, faithfulness=plan
+            )
+        except SelectionError as e:  # the target's kind, a windowed model
+            self.error = str(e)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         items = [Item(i, p) for i, p in zip(batch.column("image").to_pylist(), batch.column("path").to_pylist())]
-        res = self.surveyor.process(items)
+        if self.error:
+            res = Result(schema.empty_rows(), schema.empty_failures())
+        else:
+            res = self.surveyor.process(items)
         return pa.table(
             {
                 "rows": pa.array([_ipc(res.rows)], pa.large_binary()),
                 "failures": pa.array([_ipc(res.failures)], pa.large_binary()),
+                "faithfulness": pa.array([_ipc(res.faithfulness)], pa.large_binary()),
                 "images": pa.array([len(items)], pa.int64()),
+                "error": pa.array([self.error], pa.string()),
             }
         )
 
@@ -176,12 +207,17 @@ class RayEngine:
         similarity: bool,
         ranks: bool,
         settings: dict,
+        faithfulness: FaithfulnessPlan | None = None,
     ) -> None:
         """Survey ``items``, handing each batch's :class:`Result` to ``emit`` on the driver.
 
         Args:
             settings: the driver's decoding, resize and precision settings (workers use these,
                 not their own environment, so every node computes the same rows).
+            faithfulness: also the perturbation test of these maps (a second table).
+
+        Raises:
+            ActorRefused: the actors cannot run these options on this model (``--target``).
         """
         import ray.data
 
@@ -198,6 +234,7 @@ class RayEngine:
                 similarity=similarity,
                 ranks=ranks,
                 settings=settings,
+                faithfulness=faithfulness.meta() if faithfulness is not None else None,
             ),
             batch_size=batch_size,
             batch_format="pyarrow",
@@ -206,8 +243,12 @@ class RayEngine:
         )
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             out = batch if isinstance(batch, pa.Table) else pa.table(batch)
-            for rows, fails in zip(out.column("rows").to_pylist(), out.column("failures").to_pylist()):
-                emit(Result(_from_ipc(rows), _from_ipc(fails)))
+            for error in out.column("error").to_pylist():
+                if error:
+                    raise ActorRefused(error)
+            columns = (out.column(c).to_pylist() for c in ("rows", "failures", "faithfulness"))
+            for rows, fails, tests in zip(*columns):
+                emit(Result(_from_ipc(rows), _from_ipc(fails), _from_ipc(tests)))
 
     def stop(self) -> None:
         import ray

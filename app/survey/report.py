@@ -8,7 +8,9 @@ quantiles per head), so the page stays small however many pictures the survey ho
 Charts: mean attention distance against depth, one dot per head (the ViT paper's fig. 7);
 entropy per head as distributions (all query rows, and the CLS row); prefix and artifact mass
 per layer; a map of the heads (entropy against distance); the rank of the head outputs per
-layer; and tables of the most similar head pairs and the most specialised heads.
+layer; and tables of the most similar head pairs and the most specialised heads. A survey run
+with ``--faithfulness`` adds the faithfulness table (mean AUC per relevance method with its 95 %
+interval, :mod:`app.survey.faithfulness_table`) and the mean perturbation curves.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .output import read_failures, read_table, survey_meta
+from .faithfulness_table import HEADER, cells, summarise
+from .output import read_failures, read_faithfulness, read_table, survey_meta
 
 QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
 COLUMNS = [
@@ -59,6 +62,8 @@ th,td{text-align:right;padding:3px 8px;border-bottom:1px solid #eef0f4}
 th:first-child,td:first-child{text-align:left}
 .two{display:grid;grid-template-columns:1fr 1fr;gap:16px;align-items:start}
 @media (max-width:900px){.two{grid-template-columns:1fr}}
+#faithfulness-table{overflow-x:auto} #faithfulness-table td{white-space:nowrap}
+#faithfulness-table th:nth-child(2),#faithfulness-table td:nth-child(2){text-align:left}
 """
 
 
@@ -216,6 +221,68 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def faithfulness_section(tests: pa.Table) -> str:
+    """The faithfulness table and the mean perturbation curves of a survey's ``--faithfulness`` rows."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    summaries = summarise(tests)
+    fractions = tests.column("fractions")[0].as_py()
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.1,
+        subplot_titles=("positive: most relevant removed first (lower is better)", "negative: least relevant first"),
+    )
+    palette = ["#2563eb", "#db2777", "#059669", "#d97706", "#7c3aed", "#0891b2"]
+    for i, summ in enumerate(summaries):
+        rows = tests.filter(
+            pc.and_(pc.equal(tests.column("method"), summ.method), pc.equal(tests.column("target"), summ.target))
+        )
+        name = summ.method if len({s.target for s in summaries}) == 1 else f"{summ.method} ({summ.target})"
+        dash = "dash" if summ.method == "random" else "solid"
+        color = "#6b7280" if summ.method == "random" else palette[i % len(palette)]
+        for col, curve in enumerate(("positive", "negative"), 1):
+            ys = np.array(rows.column(curve).to_pylist(), dtype=float)  # images, fractions
+            fig.add_trace(
+                go.Scatter(
+                    x=fractions,
+                    y=np.nanmean(ys, axis=0),
+                    mode="lines+markers",
+                    name=f"{name}: AUC+ {summ.auc_positive.mean:.3f}, AUC− {summ.auc_negative.mean:.3f}",
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    line=dict(color=color, dash=dash, width=2),
+                    marker=dict(size=5),
+                    hovertemplate=f"{name}<br>%{{x:.2f}} removed: y / y₀ = %{{y:.3f}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(title_text="fraction of patches removed", range=[0, max(fractions) + 0.02])
+    fig.update_yaxes(title_text="y(perturbed) / y (mean over images)", col=1)
+    fig.update_layout(
+        height=420, margin=dict(t=40, r=10), template="plotly_white", legend=dict(orientation="h", y=-0.22)
+    )
+    target = ", ".join(dict.fromkeys(s.target for s in summaries))  # as resolved: output, top...
+    methods_text = ", ".join(dict.fromkeys(s.method for s in summaries))
+    return (
+        "<h2>How faithful each relevance map is</h2>"
+        '<p class="note">The perturbation test (Chefer et al. 2021) on every picture, for the target '
+        f"<b>{html.escape(str(target))}</b> ({html.escape(methods_text)}): remove the patches a map calls most "
+        "relevant (<i>positive</i>: the target should fall, a low area is better) or least relevant (<i>negative</i>: "
+        "it should hold, a high area is better), fractions "
+        f"{html.escape(', '.join(f'{f:g}' for f in fractions))}. Means over the pictures with a <b>t-based 95 % "
+        "confidence interval</b> (mean ± t(0.975, n−1)·s/√n over pictures) in brackets; the differences to the "
+        "random map are paired, picture by picture. A method is worth showing where it beats random on both "
+        "curves.</p>"
+        + '<div class="card" id="faithfulness-table">'
+        + _table(HEADER, [cells(s) for s in summaries])
+        + "</div>"
+        + _fig_html(fig, "fig-faithfulness")
+    )
 
 
 def build_report(survey: Path | str, title: str | None = None) -> str:
@@ -533,6 +600,11 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
             )
             + "</div></div>"
         )
+
+    # -- 7. the faithfulness of relevance maps (--faithfulness) ------------------------------
+    tests = read_faithfulness(survey) if survey.is_dir() else None
+    if tests is not None and tests.num_rows:
+        sections.append(faithfulness_section(tests))
 
     # -- the page --------------------------------------------------------------------------
     grids = t.filter(pc.and_(pc.equal(t.column("layer"), 0), pc.equal(t.column("head"), 0)))

@@ -16,6 +16,7 @@ from ..engine.device import autocast_dtype
 from ..engine.stats import DEFAULT_MASS
 from ..zoo.ids import ModelSpec
 from .compute import Result
+from .faithfulness import FaithfulnessPlan
 from .output import SurveyOutput, check_target
 from .sources import list_images
 
@@ -34,16 +35,25 @@ class Summary:
     rows: int
     seconds: float
     interrupted: bool = False
+    tests: int = 0  # --faithfulness: rows (picture x method) of the perturbation test written
+    tests_out: Path | None = None  # where they are
 
     @property
     def images_per_s(self) -> float:
         return (self.surveyed + self.failed) / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_meta(model_id: str, device_type: str, settings: Settings, similarity: bool, ranks: bool) -> dict[str, Any]:
+def run_meta(
+    model_id: str,
+    device_type: str,
+    settings: Settings,
+    similarity: bool,
+    ranks: bool,
+    faithfulness: FaithfulnessPlan | None = None,
+) -> dict[str, Any]:
     """What decides a run's values: written into every part, compared on ``--resume``."""
     amp = autocast_dtype(device_type, settings.precision)
-    return {
+    meta = {
         "model": model_id,
         "resize": settings.resize,
         "max_aspect": settings.max_aspect,
@@ -52,6 +62,9 @@ def run_meta(model_id: str, device_type: str, settings: Settings, similarity: bo
         "similarity": similarity,
         "ranks": ranks,
     }
+    if faithfulness is not None:  # absent otherwise: surveys written before the option resume as they were
+        meta["faithfulness"] = faithfulness.meta()
+    return meta
 
 
 @contextmanager
@@ -89,6 +102,9 @@ def survey(
     progress: bool = True,
     part_images: int = 256,
     settings: Settings | None = None,
+    faithfulness: str | None = None,
+    target: str | None = None,
+    fractions: str | None = None,
 ) -> Summary:
     """Survey every picture of ``source`` into the Parquet dataset folder ``out``.
 
@@ -108,6 +124,12 @@ def survey(
         progress: show a progress bar (pictures/s) on stderr.
         part_images: pictures per written part.
         settings: decoding and model settings (default: from the environment).
+        faithfulness: relevance methods (``chefer,grad_attention,attention,rollout,random``) whose
+            perturbation test goes into a second table, ``OUT.faithfulness.parquet``
+            (:func:`~app.survey.output.faithfulness_path`); None: no test.
+        target: the target the maps explain (default: the model's; see
+            :func:`app.engine.relevance.parse_target`).
+        fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
     """
     if engine not in ("local", "ray"):
         raise ValueError(f"engine {engine!r}: use local or ray")
@@ -115,17 +137,21 @@ def survey(
         raise ValueError("--batch-size must be at least 1")
     if limit is not None and limit < 0:
         raise ValueError("--limit must be 0 or more")
+    if faithfulness is None and (target is not None or fractions is not None):
+        raise ValueError("--target and --fractions belong to --faithfulness METHODS")
+    # methods, fractions and the target's spelling are checked before anything loads
+    plan = FaithfulnessPlan.parse(faithfulness, target, fractions) if faithfulness is not None else None
     settings = settings or Settings()
     model_id = ModelSpec.parse(model or settings.model).id
     t0 = time.monotonic()
     items = list_images(source)
-    check_target(out, resume)
+    check_target(out, resume, faithfulness=plan is not None)
 
     surveyor = ray_engine = None
     if engine == "local":
         from .compute import Surveyor
 
-        surveyor = Surveyor(model, device, batch_size, similarity, settings, ranks)
+        surveyor = Surveyor(model, device, batch_size, similarity, settings, ranks, faithfulness=plan)
         device_type = surveyor.device.type
     else:
         from .ray_engine import RayEngine
@@ -133,8 +159,8 @@ def survey(
         ray_engine = RayEngine(address, actors, device)
         device_type = ray_engine.start()
     try:
-        meta = run_meta(model_id, device_type, settings, similarity, ranks)
-        output = SurveyOutput(out, meta, resume=resume, part_images=part_images)
+        meta = run_meta(model_id, device_type, settings, similarity, ranks, plan)
+        output = SurveyOutput(out, meta, resume=resume, part_images=part_images, faithfulness=plan is not None)
     except BaseException:
         if ray_engine is not None:
             ray_engine.stop()
@@ -159,7 +185,7 @@ def survey(
     counts = {"failed": 0}
 
     def emit(res: Result) -> None:
-        output.add(res.rows, res.failures, res.images)
+        output.add(res.rows, res.failures, res.images, res.faithfulness)
         counts["failed"] += res.failures.num_rows
         bar.update(res.images)
         if counts["failed"]:
@@ -180,7 +206,14 @@ def survey(
                 shared = settings.model_dump(include=set(SHARED_SETTINGS))
                 shared["models_dir"] = str(shared["models_dir"])
                 ray_engine.run(
-                    todo, emit, model=model, batch_size=batch_size, similarity=similarity, ranks=ranks, settings=shared
+                    todo,
+                    emit,
+                    model=model,
+                    batch_size=batch_size,
+                    similarity=similarity,
+                    ranks=ranks,
+                    settings=shared,
+                    faithfulness=plan,
                 )
     except KeyboardInterrupt:
         interrupted = True
@@ -197,4 +230,6 @@ def survey(
         rows=output.rows_written,
         seconds=time.monotonic() - t0,
         interrupted=interrupted,
+        tests=output.tests_written,
+        tests_out=output.faith_out,
     )

@@ -28,6 +28,9 @@ the layers' head counts), ``entropy`` is over each query's window (/ log of its 
 ``prefix_mass``, ``artifact_mass``, ``mass_patches`` and ``cls_cosine`` are null (no CLS, no
 prefix tokens; artifact tokens exist only on the last stage's grid). ``stage`` is null for a
 plain ViT.
+
+With ``--faithfulness`` a second table, :data:`FAITHFULNESS`, holds one row per picture and
+relevance method: the perturbation test's AUCs and curves (``GET …/faithfulness``'s values).
 """
 
 from __future__ import annotations
@@ -66,6 +69,26 @@ ROWS = pa.schema(
     ]
 )
 
+# ``--faithfulness``: one row per (image, method) in a table of its own (OUT.faithfulness.parquet):
+# the perturbation test of app/engine/faithfulness.py, what GET …/faithfulness answers.
+FAITHFULNESS = pa.schema(
+    [
+        pa.field("image", pa.string(), nullable=False),
+        pa.field("method", pa.string(), nullable=False),  # chefer, grad_attention, attention, rollout, random
+        pa.field("target", pa.string(), nullable=False),  # normalised: output, box:X0,Y0,X1,Y1, top, class:N...
+        pa.field("class_index", pa.int32()),  # top / class:N: the class whose logit y is
+        pa.field("y", pa.float64(), nullable=False),  # the target's unperturbed value
+        pa.field("auc_positive", pa.float64()),  # lower is better (null when y = 0)
+        pa.field("auc_negative", pa.float64()),  # higher is better
+        pa.field("fractions", pa.list_(pa.float64()), nullable=False),
+        pa.field("positive", pa.list_(pa.float64()), nullable=False),  # y(most relevant removed) / y
+        pa.field("negative", pa.list_(pa.float64()), nullable=False),  # y(least relevant removed) / y
+        pa.field("removed", pa.list_(pa.int32()), nullable=False),  # patches removed at each fraction
+        pa.field("num_patches", pa.int32(), nullable=False),
+        pa.field("seed", pa.int32()),  # method=random: the map's seed
+    ]
+)
+
 FAILURES = pa.schema(
     [
         pa.field("image", pa.string(), nullable=False),
@@ -89,6 +112,10 @@ def meta_of(schema: pa.Schema) -> dict[str, Any]:
 
 def empty_rows() -> pa.Table:
     return ROWS.empty_table()
+
+
+def empty_faithfulness() -> pa.Table:
+    return FAITHFULNESS.empty_table()
 
 
 def empty_failures() -> pa.Table:

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from ..serving.answers import Answer
 from ..serving.metrics import Metrics
-from .errors import to_api_error
+from .errors import JSONBody, to_api_error
 from .responses import PartsResponse, StreamedResponse
 
 T = TypeVar("T")
@@ -40,3 +40,10 @@ def respond(answer: Answer) -> Response:
     if answer.stream is not None:
         return StreamedResponse(answer.stream, answer.length, media_type=answer.media_type, headers=answer.headers)
     return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
+
+
+def long_answer(body: dict) -> JSONBody:
+    """A long computation's final JSON, or 202 with its progress when ``wait`` ran out first."""
+    if "pending" in body:
+        return JSONBody(body["pending"], status_code=202, headers={"Retry-After": "1"})
+    return JSONBody(body)

@@ -13,6 +13,7 @@ from ..serving.ablation import AblationService
 from ..serving.admission import FOLLOW_UP, HEAVY, UPLOAD, Admission, Ticket
 from ..serving.metrics import Metrics
 from ..serving.model_loads import ModelLoads
+from ..serving.relevance import RelevanceService
 from ..serving.service import AttentionService
 from ..serving.uploads import is_image_id
 from ..zoo.registry import Registry
@@ -25,6 +26,10 @@ def get_service(request: Request) -> AttentionService:
 
 def get_ablation(request: Request) -> AblationService:
     return request.app.state.ablation
+
+
+def get_relevance(request: Request) -> RelevanceService:
+    return request.app.state.relevance
 
 
 def get_settings_dep(request: Request) -> Settings:
@@ -97,6 +102,7 @@ def _admit(cls: str):
 
 ServiceDep = Annotated[AttentionService, Depends(get_service)]
 AblationDep = Annotated[AblationService, Depends(get_ablation)]
+RelevanceDep = Annotated[RelevanceService, Depends(get_relevance)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
@@ -107,7 +113,7 @@ TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]
 # Every route that takes worker time or decodes declares its class (admission.py):
 AdmitUpload = Annotated[Ticket, Depends(_admit(UPLOAD))]  # a new picture: decode + forward
 AdmitFollowUp = Annotated[Ticket, Depends(_admit(FOLLOW_UP))]  # about a picture already sent
-AdmitHeavy = Annotated[Ticket, Depends(_admit(HEAVY))]  # seconds of worker time (ablation)
+AdmitHeavy = Annotated[Ticket, Depends(_admit(HEAVY))]  # seconds of worker time (ablation, relevance)
 # The one admission dependency there was before the classes: the follow-up class, which fits
 # the GET routes written against it.
 AdmitDep = AdmitFollowUp

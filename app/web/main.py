@@ -22,6 +22,7 @@ from ..serving.images import plan_size
 from ..serving.malloc import tune_malloc
 from ..serving.metrics import Metrics
 from ..serving.model_loads import ModelLoads
+from ..serving.relevance import RelevanceService
 from ..serving.service import AttentionService
 from ..serving.worker import Worker
 from ..zoo.registry import Registry
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         st.service = AttentionService(settings, st.registry, st.worker, st.metrics, st.admission)
         st.ablation = AblationService(st.service)
+        st.relevance = RelevanceService(st.service)
         st.model_loads = ModelLoads(st.registry, st.worker, errors.describe)
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
@@ -103,13 +105,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
 
-    from .api import ablation, attention, docs, explain, health, models, pages
+    from .api import ablation, attention, docs, explain, health, models, pages, relevance
 
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(attention.router)
     app.include_router(explain.router)
     app.include_router(ablation.router)
+    app.include_router(relevance.router)
     app.include_router(pages.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")

@@ -328,13 +328,84 @@ class ProgressResponse(BaseModel):
     state: Literal["idle", "running", "done"] = Field(
         description="idle: not started (the GET starts it); running; done: cached, the GET answers at once"
     )
-    task: Literal["importance", "pruning"]
+    task: Literal["importance", "pruning", "faithfulness"]
     stage: str | None = None
     done: float
     total: float | None
     fraction: float
     elapsed_s: float | None = None
     eta_s: float | None = None
+
+
+class RelevanceResponse(BaseModel):
+    """One relevance map: how much each patch contributes to one scalar of the output."""
+
+    model: str
+    image_id: str
+    kind: Literal["saliency", "classes", "embedding"] = Field(description="the model's output kind")
+    method: Literal["chefer", "grad_attention", "rollout", "attention", "random"]
+    method_text: str = Field(description="the method's definition in one line")
+    target: str = Field(description="the target explained, normalised (`output`, `box:X0,Y0,X1,Y1`, ...)")
+    y: float = Field(description="the target's value for this picture")
+    class_index: int | None = Field(description="classes: the class whose logit y is")
+    class_label: str | None = Field(description="its ImageNet name, where the head has ImageNet's classes")
+    relevance: list[list[float]] = Field(description="[rows][cols] on the patch grid, summing to 1")
+    grid: list[int] = Field(description="(rows, cols) of the patch grid")
+    patch_size: list[int]
+    input_size: list[int]
+    image_size: list[int]
+    rows: Literal["cls", "mean"] = Field(
+        description="rollout and attention read the CLS row (`cls`), or the mean over all rows for models "
+        "without a CLS token (`mean`)"
+    )
+    seed: int | None = Field(description="method=random: the seed of the map")
+    uniform: bool = Field(description="the map was zero everywhere and is answered as the uniform map")
+    shape: list[int]
+    dtype: str
+    ablated: list[list[int]] = Field(description="[layer, head] pairs removed (`ablate`)")
+    ablate: str
+    cached: bool = Field(
+        description="the maps came from the server's cache (every method of the target is computed at once)"
+    )
+    timing_ms: dict[str, float]
+
+
+class FaithfulnessCurves(BaseModel):
+    positive: list[float | None] = Field(
+        description="y(most relevant patches removed) / y at each fraction: lower is better (null when y = 0)"
+    )
+    negative: list[float | None] = Field(description="y(least relevant removed) / y: higher is better")
+    auc_positive: float | None = Field(description="trapezoid area under `positive`, (0, 1) included")
+    auc_negative: float | None
+    removed: list[int] = Field(description="patches removed at each fraction: floor(f x patches)")
+
+
+class FaithfulnessResponse(BaseModel):
+    """The perturbation test of several relevance maps on one picture, for one target."""
+
+    model: str
+    image_id: str
+    kind: Literal["saliency", "classes", "embedding"]
+    target: str
+    y: float = Field(description="the target's unperturbed value (every curve's denominator)")
+    class_index: int | None
+    class_label: str | None
+    fractions: list[float]
+    methods: dict[str, FaithfulnessCurves] = Field(description="by method, in the order of the request")
+    method_text: dict[str, str]
+    num_patches: int
+    grid: list[int]
+    patch_size: list[int]
+    input_size: list[int]
+    image_size: list[int]
+    rows: Literal["cls", "mean"]
+    forwards: int = Field(description="forwards the test ran (the unperturbed picture included)")
+    batch_size: int
+    seed: int | None = Field(description="the random map's seed, when `random` is tested")
+    ablated: list[list[int]]
+    ablate: str
+    cached: bool
+    timing_ms: dict[str, float]
 
 
 class ErrorDetail(BaseModel):

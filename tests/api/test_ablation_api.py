@@ -11,13 +11,11 @@ from functools import partial
 import httpx
 import numpy as np
 import pytest
-import timm
-import torch
 from safetensors.numpy import load as st_load
-from safetensors.torch import save_file
 
 from helpers import api
 from helpers.api import API, assert_error
+from helpers.models import write_classifier
 
 T = 600  # generous: these tests must pass on a loaded machine
 post = partial(api.post_json, timeout=T)  # a POST that must succeed: its JSON
@@ -272,13 +270,8 @@ def test_unknown_images_and_bad_parameters(base_url, cat_id):
 # -- classifiers and models with neither -----------------------------------------------------
 @pytest.fixture(scope="module")
 def other_models(server_factory_module, tmp_path_factory):
-    torch.manual_seed(3)
-    model = timm.create_model("test_vit", pretrained=False)
-    with torch.no_grad():
-        model.head.weight.mul_(50)
-    path = tmp_path_factory.mktemp("w") / "vit_head.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-    srv = server_factory_module({"HEADSCOPE_EXTRA_MODELS": json.dumps([f"local:test_vit@{path}", "random:test_vit"])})
+    clf = write_classifier(tmp_path_factory.mktemp("w") / "vit_head.safetensors")
+    srv = server_factory_module({"HEADSCOPE_EXTRA_MODELS": json.dumps([clf, "random:test_vit"])})
     return srv.url, "local:test_vit@vit_head.safetensors", "random:test_vit"
 
 

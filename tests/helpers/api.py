@@ -65,3 +65,11 @@ def fresh_png(seed: int | None = None, size: tuple[int, int] = (120, 80)) -> byt
     img = Image.new("RGB", size, (seed * 37 % 255, 60, 140))
     img.putpixel((seed % size[0], 7), (255, 255, 255))
     return png(img)
+
+
+def fresh_photo(path, seed: int) -> bytes:
+    """A real photo (``path``, e.g. a sample) that no other test sends: one pixel set by ``seed``,
+    as PNG (the server caches by content, so a test that counts computations needs its own bytes)."""
+    img = Image.open(path).convert("RGB")
+    img.putpixel((seed % img.width, (seed // img.width) % img.height), (seed * 37 % 256, 255, 0))
+    return png(img)

@@ -35,3 +35,16 @@ def make(name: str, kwargs: dict, dynamic: bool = True) -> torch.nn.Module:
             elif "relative_position_bias_table" in n:  # BEiT's starts at zero: no bias at all
                 p.add_(torch.randn_like(p))
     return m.eval()
+
+
+def write_classifier(path) -> str:
+    """A ``test_vit`` classifier of random weights (its 1000-class head made to matter) saved at
+    ``path`` (safetensors); returns the id a server offers it under as ``local:test_vit@path``."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    model = timm.create_model("test_vit", pretrained=False)
+    with torch.no_grad():
+        model.head.weight.mul_(50)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return f"local:test_vit@{path}"

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from ...serving.ablation import DEFAULT_POINTS
 from ...serving.params import Ablate
+from ..calls import long_answer as _long_answer
 from ..calls import measured
 from ..deps import AblationDep, AdmitDep, AdmitHeavy, ImageIdDep, MetricsDep
 from ..errors import JSONBody
@@ -46,13 +47,6 @@ _OUTPUT_CONTENT = {
         "metadata in the X-Headscope-Meta header",
     },
 }
-
-
-def _long_answer(body: dict) -> JSONBody:
-    """The final JSON, or 202 with the progress when ``wait`` ran out first."""
-    if "pending" in body:
-        return JSONBody(body["pending"], status_code=202, headers={"Retry-After": "1"})
-    return JSONBody(body)
 
 
 @router.get(

@@ -137,8 +137,8 @@ def test_an_interrupted_run_keeps_what_it_computed_and_resume_finishes_it(folder
     real_add = run_mod.SurveyOutput.add
     calls = {"n": 0}
 
-    def add_then_ctrl_c(self, rows, failures, n):
-        real_add(self, rows, failures, n)
+    def add_then_ctrl_c(self, rows, failures, n, *more):
+        real_add(self, rows, failures, n, *more)
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt  # as Ctrl-C (or SIGTERM) arrives mid-run

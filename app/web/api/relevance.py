@@ -1,0 +1,95 @@
+"""GET …/relevance (why the output: one relevance map) and …/faithfulness (with its …/progress)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from ...serving.relevance import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
+from ..calls import long_answer, measured, respond
+from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
+from ..errors import JSONBody
+from ..schemas import ERROR_RESPONSES, FaithfulnessResponse, ProgressResponse, RelevanceResponse
+
+router = APIRouter(prefix="/api/v1", tags=["relevance"])
+
+_RELEVANCE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    200: {
+        "content": {
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "format=npy (the [rows, cols] float32 map) or safetensors (tensor `relevance`); "
+                "metadata in the X-Headscope-Meta header (and the safetensors header)",
+            }
+        }
+    },
+}
+
+
+# Admission: a relevance map costs a forward that keeps every layer's softmax maps in the autograd
+# graph and a backward through them (about 2.5 forwards, and L x H x N^2 floats twice over in
+# memory); the test runs tens of forwards. Both take the heavy class: few at once, after uploads
+# and follow-ups on the worker.
+@router.get(
+    "/attention/{image_id}/relevance",
+    summary="Why the output: how much each patch contributes to one scalar of it",
+    response_model=RelevanceResponse,
+    responses=_RELEVANCE_RESPONSES,
+)
+async def get_relevance(
+    request: Request,
+    relevance: RelevanceDep,
+    metrics: MetricsDep,
+    _: AdmitHeavy,
+    image_id: ImageIdDep,
+    params: Annotated[RelevanceParams, Query()],
+) -> Response:
+    """A relevance map on the patch grid (`relevance[rows][cols]`, summing to 1) for one
+    `target` of the model's output (saliency: `output` or a `box`; classes: `top` or `class:N`;
+    embedding: `embedding`) by one `method`. One forward that keeps the attention maps and one
+    backward give every method's map of the target: they are cached together, so another
+    method of the same target answers from the cache. Windowed models (Swin): 422
+    `relevance_unsupported`."""
+    return respond(await measured(metrics, relevance.relevance(image_id, params, request.is_disconnected), "relevance"))
+
+
+@router.get(
+    "/attention/{image_id}/faithfulness",
+    summary="How faithful each relevance map is: the perturbation test",
+    response_model=FaithfulnessResponse,
+    responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
+)
+async def get_faithfulness(
+    request: Request,
+    relevance: RelevanceDep,
+    metrics: MetricsDep,
+    _: AdmitHeavy,
+    image_id: ImageIdDep,
+    params: Annotated[FaithfulnessParams, Query()],
+):
+    """For each method, remove the most relevant patches first (`positive`: the target should
+    fall, lower is better) and the least relevant first (`negative`: it should hold, higher is
+    better) at each fraction; each curve is y(perturbed) / y, with its area (`auc_positive`,
+    `auc_negative`). The perturbed pictures run in batches on the worker; takes seconds:
+    `…/faithfulness/progress` reports how far it is. Cached per image, model, target, methods,
+    fractions and ablation set."""
+    call = relevance.faithfulness(image_id, params, request.is_disconnected)
+    return long_answer(await measured(metrics, call, "faithfulness"))
+
+
+@router.get(
+    "/attention/{image_id}/faithfulness/progress",
+    summary="How far the faithfulness test is",
+    response_model=ProgressResponse,
+    responses={404: ERROR_RESPONSES[404], 422: ERROR_RESPONSES[422]},
+)
+async def get_faithfulness_progress(
+    relevance: RelevanceDep, image_id: ImageIdDep, params: Annotated[FaithfulnessQuery, Query()]
+):
+    """Poll this while `GET …/faithfulness` runs, with the same parameters (less `wait`):
+    `state` (`idle`, `running`, `done`), `done` of `total` forwards, `fraction`, `eta_s`,
+    `stage`. Takes no worker time and no admission slot."""
+    return JSONBody(relevance.progress(image_id, params))

@@ -1,0 +1,318 @@
+"""GET …/relevance, …/faithfulness and …/faithfulness/progress against a real server.
+
+The answers are compared with the engine's functions (app/engine/relevance.py, faithfulness.py:
+exact against independent references in tests/unit/engine/) run in this process on the same
+prepared pixels. One server for the module: the default model, a classifier of random weights
+(targets ``top`` and ``class:N``) and a Swin model (refused), so no other server is needed.
+Requests are kept light (few fractions) where the defaults are not what a test is about.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+from safetensors.numpy import load as st_load
+
+from helpers import api
+from helpers.api import API, assert_error, fresh_photo
+from helpers.models import write_classifier
+from helpers.server import ROOT, Server
+from helpers.swin_reference import SWIN_V1
+
+T = 300  # generous: these tests must pass on a loaded machine
+post = partial(api.post_json, timeout=T)
+get = partial(api.get, timeout=T)
+CLF = "local:test_vit@why_head.safetensors"  # the id the server lists the classifier under
+BOX = "box:40,30,200,150"
+
+
+@pytest.fixture(scope="module")
+def clf_spec(tmp_path_factory) -> str:
+    return write_classifier(tmp_path_factory.mktemp("why") / "why_head.safetensors")
+
+
+@pytest.fixture(scope="module")
+def why(clf_spec):
+    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([clf_spec, SWIN_V1]), "HEADSCOPE_MAX_WAIT_MS": "20"})
+    yield srv.url
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from app.zoo.loaders import load_embedded
+
+    return load_embedded(ROOT / "models")
+
+
+@pytest.fixture(scope="module")
+def clf_lm(clf_spec):
+    from app.zoo.registry import Registry
+
+    return Registry([clf_spec], ROOT / "models").get()
+
+
+def pixels(lm, data: bytes):
+    """The picture as the server prepares it (the one preparation path, the server's settings)."""
+    from app.config import Settings
+    from app.serving.pictures import Pictures
+
+    return Pictures.for_model(lm, Settings()).prepare(data).pixels
+
+
+def rel(base: str, image_id: str, **params) -> dict:
+    r = get(base, f"{API}/{image_id}/relevance", **params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def faith(base: str, image_id: str, **params) -> dict:
+    """GET …/faithfulness; under heavy load a 504 (the test goes on, cached): ask again."""
+    for _ in range(20):
+        r = get(base, f"{API}/{image_id}/faithfulness", **params)
+        if r.status_code == 200:
+            return r.json()
+        assert_error(r, 504, "timeout")
+    raise AssertionError("the faithfulness test never finished")
+
+
+def grid_of(body: dict) -> np.ndarray:
+    return np.asarray(body["relevance"], np.float32)
+
+
+def tensor_of(body: dict):
+    import torch
+
+    return torch.from_numpy(grid_of(body))
+
+
+@pytest.fixture(scope="module")
+def cat(samples) -> bytes:
+    return fresh_photo(samples["cat"], 1)
+
+
+@pytest.fixture(scope="module")
+def cat_id(why, cat) -> str:
+    return post(why, cat, "cat.png", layers="-1")["image_id"]
+
+
+def test_every_method_equals_the_engine_and_one_computation_answers_them_all(why, lm, cat, cat_id):
+    from app.engine.relevance import METHODS, relevance
+
+    x = pixels(lm, cat)
+    for target in ("", BOX):
+        want = relevance(lm, x[None], target or None, METHODS)[0]
+        for i, method in enumerate(METHODS):
+            body = rel(why, cat_id, method=method, target=target)
+            got = grid_of(body)
+            assert body["method"] == method and body["target"] == str(want.target) == (target or "output")
+            assert body["grid"] == list(want.grid) == list(got.shape) == body["shape"] == [16, 24]
+            assert body["input_size"] == [224, 336] and body["rows"] == "cls" and body["kind"] == "saliency"
+            np.testing.assert_allclose(got, want.maps[method].numpy(), rtol=1e-4, atol=1e-7)
+            assert got.sum() == pytest.approx(1.0, abs=1e-5) and got.min() >= 0
+            assert body["y"] == pytest.approx(want.y, rel=1e-5)
+            # one forward and backward gave every method: the first request computed, the others read
+            assert body["cached"] is (i > 0), (target, method)
+            assert body["seed"] == (0 if method == "random" else None)
+    chefer, attention = grid_of(rel(why, cat_id, method="chefer")), grid_of(rel(why, cat_id, method="attention"))
+    assert np.abs(chefer - attention).max() > 10 * np.abs(chefer).max() * 1e-4  # the methods differ
+
+
+def test_equivalent_requests_share_one_computation(why, samples):
+    image_id = post(why, fresh_photo(samples["coffee"], 2), "coffee.png", layers="-1")["image_id"]
+    assert rel(why, image_id, target="box:10,20,100,120")["cached"] is False
+    for spelling in ("BOX: 10, 20, 100, 120", "box:10,20,100,120"):
+        body = rel(why, image_id, target=spelling, method="rollout")
+        assert body["cached"] is True and body["target"] == "box:10,20,100,120"
+    assert rel(why, image_id)["cached"] is False  # another target: computed
+    assert rel(why, image_id, target="output", method="grad_attention")["cached"] is True  # the default, spelt
+
+
+def test_the_random_map_follows_its_seed(why, cat_id):
+    from app.engine.relevance import random_map
+
+    zero = rel(why, cat_id, method="random")
+    seven = rel(why, cat_id, method="random", seed=7)
+    assert seven["seed"] == 7 and seven["cached"] is True  # drawn from the seed: no forward
+    np.testing.assert_array_equal(grid_of(seven), random_map(16 * 24, 7).reshape(16, 24).numpy())
+    np.testing.assert_array_equal(grid_of(zero), random_map(16 * 24, 0).reshape(16, 24).numpy())
+    assert rel(why, cat_id, method="chefer", seed=7)["seed"] is None  # no seed in a deterministic map
+
+
+def test_the_three_formats_carry_the_same_map(why, cat_id):
+    body = rel(why, cat_id, method="chefer", target=BOX)
+    want = grid_of(body)
+    r = get(why, f"{API}/{cat_id}/relevance", method="chefer", target=BOX, format="npy")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    assert r.headers["content-disposition"] == (
+        f'attachment; filename="relevance-{cat_id[:12]}-dinov2-s14-focus-chefer-box-40_30_200_150.npy"'
+    )
+    np.testing.assert_array_equal(np.load(io.BytesIO(r.content)), want)
+    meta = json.loads(r.headers["x-headscope-meta"])
+    assert (meta["method"], meta["target"], meta["shape"], meta["y"]) == ("chefer", BOX, [16, 24], body["y"])
+    r = get(why, f"{API}/{cat_id}/relevance", method="chefer", target=BOX, format="safetensors")
+    assert r.status_code == 200 and r.headers["content-disposition"].endswith('.safetensors"')
+    np.testing.assert_array_equal(st_load(r.content)["relevance"], want)
+    n = int.from_bytes(r.content[:8], "little")
+    inside = json.loads(json.loads(r.content[8 : 8 + n])["__metadata__"]["headscope"])
+    assert inside["target"] == BOX and inside["grid"] == [16, 24] and inside["image_id"] == cat_id
+
+
+def test_ablate_composes_with_the_maps_and_the_test(why, lm, cat, cat_id):
+    from app.engine.faithfulness import faithfulness
+    from app.engine.relevance import relevance
+
+    x = pixels(lm, cat)
+    body = rel(why, cat_id, method="chefer", target=BOX, ablate="3:2, 0:1")
+    assert body["ablated"] == [[0, 1], [3, 2]] and body["ablate"] == "0:1,3:2" and body["cached"] is False
+    want = relevance(lm, x[None], BOX, ["chefer"], ablate=((0, 1), (3, 2)))[0]
+    np.testing.assert_allclose(grid_of(body), want.maps["chefer"].numpy(), rtol=1e-4, atol=1e-7)
+    plain = grid_of(rel(why, cat_id, method="chefer", target=BOX))
+    assert np.abs(grid_of(body) - plain).max() > 1e-4  # the removed heads change the map
+    assert rel(why, cat_id, method="attention", target=BOX, ablate="0:1,3:2")["cached"] is True
+    test = faith(why, cat_id, methods="chefer", target=BOX, fractions="0,0.5", ablate="0:1,3:2")
+    assert test["ablated"] == [[0, 1], [3, 2]]
+    res = faithfulness(lm, x, {"chefer": tensor_of(body)}, BOX, [0, 0.5], ablate=((0, 1), (3, 2)))
+    np.testing.assert_allclose(test["methods"]["chefer"]["positive"], res.methods["chefer"].positive, rtol=1e-4)
+    np.testing.assert_allclose(test["methods"]["chefer"]["negative"], res.methods["chefer"].negative, rtol=1e-4)
+
+
+def test_faithfulness_equals_the_engine_in_the_requested_order(why, lm, cat, cat_id):
+    from app.engine.faithfulness import faithfulness
+
+    x = pixels(lm, cat)
+    methods = ["attention", "chefer", "random"]
+    body = faith(why, cat_id, methods=",".join(methods), target=BOX, fractions="0,0.3,0.6")
+    assert list(body["methods"]) == methods and list(body["method_text"]) == methods
+    assert body["fractions"] == [0, 0.3, 0.6] and body["target"] == BOX and body["cached"] is False
+    assert body["num_patches"] == 384 and body["grid"] == [16, 24] and body["seed"] == 0
+    # the server's own maps (relevance answers, checked against the engine above) ranked the patches
+    maps = {m: tensor_of(rel(why, cat_id, method=m, target=BOX)) for m in methods}
+    want = faithfulness(lm, x, maps, BOX, [0, 0.3, 0.6])
+    assert body["forwards"] == want.forwards and body["y"] == pytest.approx(want.y, rel=1e-5)
+    for m in methods:
+        got, ref = body["methods"][m], want.methods[m]
+        np.testing.assert_allclose(got["positive"], ref.positive, rtol=1e-4)
+        np.testing.assert_allclose(got["negative"], ref.negative, rtol=1e-4)
+        assert got["auc_positive"] == pytest.approx(ref.auc_positive, rel=1e-4)
+        assert got["auc_negative"] == pytest.approx(ref.auc_negative, rel=1e-4)
+        assert got["removed"] == [0, 115, 230] and got["positive"][0] == 1.0
+    # the same test spelt otherwise (order, duplicates, digits): one computation, the request's order
+    again = faith(
+        why, cat_id, methods="random,chefer,attention,chefer", target="box: 40,30,200,150", fractions="0.0,0.30,0.6"
+    )
+    assert again["cached"] is True and list(again["methods"]) == ["random", "chefer", "attention"]
+    assert again["methods"]["chefer"] == body["methods"]["chefer"]
+    # the seed is part of the test only where the random map is
+    assert faith(why, cat_id, methods="chefer,attention", target=BOX, fractions="0,0.3", seed=5)["cached"] is False
+    assert faith(why, cat_id, methods="chefer,attention", target=BOX, fractions="0,0.3", seed=9)["cached"] is True
+    assert faith(why, cat_id, methods="chefer,random", target=BOX, fractions="0,0.3", seed=5)["cached"] is False
+    assert faith(why, cat_id, methods="chefer,random", target=BOX, fractions="0,0.3", seed=9)["cached"] is False
+
+
+def test_progress_and_wait(why, samples, pace):
+    image_id = post(why, fresh_photo(samples["rocket"], 3), "rocket.png", layers="-1")["image_id"]
+    q = dict(methods="chefer,random", target="box:0,0,100,100", fractions="0,0.2,0.4,0.6")
+    progress = f"{API}/{image_id}/faithfulness/progress"
+    assert get(why, progress, **q).json()["state"] == "idle"
+    r = get(why, f"{API}/{image_id}/faithfulness", wait=0, **q)
+    assert r.status_code == 202 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["task"] == "faithfulness" and r.json()["state"] == "running"
+    seen, deadline = [], time.monotonic() + pace.s(60)
+    while time.monotonic() < deadline:
+        p = get(why, progress, **q).json()
+        if p["state"] == "done":
+            break
+        assert p["state"] == "running" and p["task"] == "faithfulness"
+        seen.append(p["fraction"])
+        time.sleep(0.1)
+    assert p["state"] == "done", p
+    assert seen == sorted(seen)
+    r = get(why, f"{API}/{image_id}/faithfulness", wait=0, **q)
+    assert r.status_code == 200 and r.json()["cached"] is True
+    assert list(r.json()["methods"]) == ["chefer", "random"] and len(r.json()["fractions"]) == 4
+
+
+def test_every_bad_parameter_is_a_4xx_in_the_one_error_shape(why, cat_id):
+    unknown = "0123456789abcdef01234567"
+    for path in ("relevance", "faithfulness", "faithfulness/progress"):
+        assert_error(get(why, f"{API}/{unknown}/{path}"), 404, "image_not_found")
+        assert_error(get(why, f"{API}/not-hex/{path}"), 422, "invalid_image_id")
+        assert_error(get(why, f"{API}/{cat_id}/{path}", colour="red"), 422, "invalid_parameter")
+        assert_error(get(why, f"{API}/{cat_id}/{path}", model="nope"), 404, "unknown_model")
+        assert_error(get(why, f"{API}/{cat_id}/{path}", seed=-1), 422, "invalid_parameter")
+        assert_error(get(why, f"{API}/{cat_id}/{path}", ablate="12:0"), 422, "bad_ablate")
+        for target in (
+            "top",
+            "class:3",
+            "embedding",
+            "box:1,2",
+            "box:5,5,5,9",
+            "box:0,0,337,10",
+            "nonsense",
+            "x" * 5000,
+        ):
+            if target == "box:0,0,337,10" and path.endswith("progress"):
+                continue  # progress checks a box's spelling only: it does not decode the picture
+            r = get(why, f"{API}/{cat_id}/{path}", target=target)
+            assert_error(r, 422, "bad_target" if len(target) < 5000 else "invalid_parameter")
+        assert "output, box:X0,Y0,X1,Y1" in get(why, f"{API}/{cat_id}/{path}", target="top").json()["error"]["message"]
+    rel_path = f"{API}/{cat_id}/relevance"
+    for method in ("magic", "chefer,random", "", "attnlrp"):
+        assert_error(get(why, rel_path, method=method), 422, "invalid_parameter")
+    assert_error(get(why, rel_path, format="xml"), 422, "invalid_parameter")
+    assert_error(get(why, rel_path, methods="chefer"), 422, "invalid_parameter")  # that is …/faithfulness's
+    for path in ("faithfulness", "faithfulness/progress"):
+        test_path = f"{API}/{cat_id}/{path}"
+        for methods in ("magic", "", "chefer,,random"):
+            assert_error(get(why, test_path, methods=methods), 422, "bad_method")
+        for fractions in ("0.5,0.2", "0,0.5,0.5", "1", "0,1.5", "-0.1", "nan", "abc", ",".join(["0.1"] * 3)):
+            assert_error(get(why, test_path, fractions=fractions), 422, "bad_fractions")
+        assert_error(get(why, test_path, fractions=",".join(f"{i / 100:g}" for i in range(51))), 422, "bad_fractions")
+        assert_error(get(why, test_path, method="chefer"), 422, "invalid_parameter")  # that is …/relevance's
+    assert_error(get(why, f"{API}/{cat_id}/faithfulness", wait=-1), 422, "invalid_parameter")
+    assert_error(get(why, f"{API}/{cat_id}/faithfulness", wait=4000), 422, "invalid_parameter")
+    assert_error(get(why, f"{API}/{cat_id}/faithfulness/progress", wait=1), 422, "invalid_parameter")
+    assert rel(why, cat_id)["target"] == "output"  # and the server goes on serving
+
+
+def test_a_classifier_explains_its_top_class_or_any_class(why, clf_lm, samples):
+    from app.engine.faithfulness import faithfulness
+    from app.engine.relevance import relevance
+
+    data = fresh_photo(samples["astronaut"], 4)
+    image_id = post(why, data, "astronaut.png", model=CLF, layers="-1")["image_id"]
+    x = pixels(clf_lm, data)
+    want = relevance(clf_lm, x[None], None, ["chefer"])[0]
+    body = rel(why, image_id, model=CLF)
+    assert body["kind"] == "classes" and body["target"] == "top" and body["class_index"] == want.class_index
+    assert body["class_label"] and body["class_label"] != f"class {want.class_index}"  # ImageNet's name
+    np.testing.assert_allclose(grid_of(body), want.maps["chefer"].numpy(), rtol=1e-4, atol=1e-7)
+    assert body["y"] == pytest.approx(want.y, rel=1e-5)
+    five = rel(why, image_id, model=CLF, target="class:5")
+    assert five["target"] == "class:5" and five["class_index"] == 5 and five["cached"] is False
+    assert five["y"] == pytest.approx(relevance(clf_lm, x[None], "class:5", ["random"])[0].y, rel=1e-5)
+    r = get(why, f"{API}/{image_id}/relevance", model=CLF, target="output")
+    assert_error(r, 422, "bad_target")
+    assert "top, class:N" in r.json()["error"]["message"]
+    assert_error(get(why, f"{API}/{image_id}/relevance", model=CLF, target="class:1000"), 422, "bad_target")
+    test = faith(why, image_id, model=CLF, methods="chefer,random", target="class:5", fractions="0,0.5")
+    res = faithfulness(clf_lm, x, {"chefer": tensor_of(five)}, "class:5", [0, 0.5])
+    assert test["class_index"] == 5
+    np.testing.assert_allclose(test["methods"]["chefer"]["positive"], res.methods["chefer"].positive, rtol=1e-4)
+
+
+def test_windowed_models_are_refused_with_the_reason(why, samples):
+    image_id = post(why, fresh_photo(samples["cat"], 5), "cat.png", model=SWIN_V1, layers="0", query="patch:0,0")[
+        "image_id"
+    ]
+    for path in ("relevance", "faithfulness", "faithfulness/progress"):
+        r = get(why, f"{API}/{image_id}/{path}", model=SWIN_V1)
+        assert_error(r, 422, "relevance_unsupported")
+        assert "windowed" in r.json()["error"]["message"] and "Swin" in r.json()["error"]["message"]

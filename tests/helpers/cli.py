@@ -1,0 +1,29 @@
+"""Running ``headscope`` as a user runs it: a fresh Python process from the checkout, on the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .server import ROOT
+
+# A command starts a Python that imports torch and timm and loads a model: on a loaded 2-core
+# machine that alone can take minutes, so the limit is generous.
+CLI_TIMEOUT_S = 600
+
+
+def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m app.cli ARGS`` in the checkout: the checkout's models, the CPU, no Ray cluster
+    (a survey with ``--engine ray`` starts its own local Ray)."""
+    full = {
+        **os.environ,
+        "HEADSCOPE_MODELS_DIR": str(ROOT / "models"),
+        "HEADSCOPE_DEVICE": "cpu",
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    full.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout
+    )
