@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -224,6 +225,38 @@ class Attention:
         with computing(self.lm):
             meta, hc = explain_fields(self.image_id, self.filename, self.lm, self._found, how, self.ablate)
         return {**meta, **dict.fromkeys(hc.OPTIONAL), **hc.tensors()}
+
+    # -- the interactive view (app/python/view.py) ------------------------------------------
+    def widget(self, max_bytes: int = 64 * 2**20) -> Any:
+        """The interactive view as an anywidget (its ``layer``, ``head``, ``query``,
+        ``temperature`` follow the clicks); needs ``headscope[notebook]``.
+
+        Args:
+            max_bytes: refuse (ValueError) a view shipping more (every row of the result's layers,
+                float16).
+        """
+        from . import view
+
+        return view.widget(self, max_bytes)
+
+    def show(self, max_bytes: int = 64 * 2**20) -> None:
+        """Draw the interactive view in the notebook (overlay, layer and head controls, the heads
+        at a glance, click a patch to make it the query, the temperature); see :meth:`widget`."""
+        from . import view
+
+        view.show(self, max_bytes)
+
+    def to_html(self, path: str | Path, max_bytes: int = 64 * 2**20) -> Path:
+        """Write the interactive view to one self-contained HTML file that opens offline in any
+        browser (data embedded); returns the path. See :meth:`widget`."""
+        from . import view
+
+        return view.to_html(self, path, max_bytes)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        from . import view
+
+        return view.mimebundle(self, **kwargs)
 
     # -- pictures -------------------------------------------------------------------------
     @cached_property
