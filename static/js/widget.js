@@ -131,8 +131,8 @@ export function render({ model, el: root }) {
   options(cmapSel, COLORMAPS.map((c) => [c, c]));
   const canvas = el("canvas", { class: "hs-overlay", testid: "hs-overlay" });
   const bar = el("canvas", { class: "hs-colorbar" });
-  const lo = el("span");
-  const hi = el("span");
+  const lo = el("span", { testid: "hs-legend-min" });
+  const hi = el("span", { testid: "hs-legend-max" });
   const readout = el("div", { testid: "hs-readout" });
   const strip = el("div", { class: "hs-strip", testid: "hs-strip" });
   const caption = el("div", { class: "hs-caption", testid: "hs-caption" });
@@ -150,7 +150,7 @@ export function render({ model, el: root }) {
     strip, caption,
   ]);
   root.replaceChildren(view);
-  caption.textContent = [model.get("model_id"), model.get("filename") || model.get("image_id")].join(" · ");
+  caption.textContent = [model.get("model_name"), model.get("filename") || model.get("image_id")].join(" · ");
 
   let image = null;
   let thumb = null;
