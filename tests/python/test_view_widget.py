@@ -233,3 +233,52 @@ def test_standalone_html_opens_offline_and_a_click_changes_the_query(att, page, 
     hot = torch.softmax(torch.from_numpy(_logp(w))[-1, 0, q] / 2.51, -1)[1:]
     shown = float(page.text_content("[data-testid=hs-legend-max]"))
     assert shown == pytest.approx(float(hot.max()), rel=5e-3, abs=6e-4)
+
+
+def test_notebook_kernel_displays_the_widget_with_binary_buffers(tmp_path):
+    """In a real ipykernel (through nbclient): ``att`` as a cell's last line and ``att.show()`` give
+    the widget's view, and its state reaches the front end with ``logp`` and ``image`` as binary
+    buffers (base64 in the saved notebook), the rest as JSON."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    load = f"import headscope\nscope = headscope.load(device='cpu')\natt = scope.attention({str(SAMPLE)!r}, layers=-1)"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (load, "att", "att.show()")])
+    where = {"metadata": {"path": str(tmp_path)}}
+    run = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources=where)
+    run.execute()
+    views = []
+    for cell in nb.cells[1:]:
+        (out,) = [o for o in cell.outputs if o.output_type == "display_data" or o.output_type == "execute_result"]
+        views.append(out.data["application/vnd.jupyter.widget-view+json"]["model_id"])
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    for model_id in views:
+        widget = state[model_id]
+        assert widget["model_name"] == "AnyModel"
+        values = widget["state"]
+        assert values["shape"][:2] == [1, 6] and values["layers"] == [11] and values["model_name"] == "dinov2-s14-focus"
+        buffers = {tuple(b["path"]): base64.b64decode(b["data"]) for b in widget["buffers"]}
+        assert set(buffers) == {("logp",), ("image",)}
+        assert len(buffers[("logp",)]) == int(np.prod(values["shape"])) * 2
+        assert buffers[("image",)].startswith(b"\x89PNG")
+
+
+@pytest.mark.browser
+def test_swin_view_covers_one_stage(page, tmp_path):
+    """A windowed model: the view of one stage's layers (its grid, rows zero outside the query's
+    window), every layer refused with the way out; a click picks the stage grid's cell."""
+    swin = headscope.load("random:swin_tiny_patch4_window7_224", device="cpu", models_dir=tmp_path / "models")
+    with pytest.raises(ValueError, match="one stage"):
+        swin.attention(SAMPLE, query="patch:0,0").to_html(tmp_path / "all.html")
+    att = swin.attention(SAMPLE, layers="-2,-1", query="patch:0,0")
+    w = att.widget()
+    logp = _logp(w)
+    N = att.tokens["count"]
+    assert w.shape == [2, att.maps.shape[1], N, N] and att.tokens["window"]
+    _assert_rounded(torch.from_numpy(logp[:, :, 0]), att.maps[:, :, 0])
+    page.goto(att.to_html(tmp_path / "swin.html").as_uri())
+    page.wait_for_selector("[data-drawn='1']", timeout=60_000)
+    assert page.text_content("[data-testid=hs-query]") == "patch:0,0"
+    box = page.locator("[data-testid=hs-overlay]").bounding_box()
+    R, C = att.grid
+    page.mouse.click(box["x"] + box["width"] * ((C - 0.5) / C), box["y"] + box["height"] * ((R - 0.5) / R))
+    assert page.text_content("[data-testid=hs-query]") == f"patch:{R - 1},{C - 1}"
