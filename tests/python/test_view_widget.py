@@ -7,7 +7,6 @@ the query. The first draw's time is printed (``-s``), never asserted."""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import shutil
 import sys
@@ -19,10 +18,9 @@ import torch
 
 import headscope
 from headscope.python import view
+from helpers.view_host import click_cell, draw_widget, open_file, widget_values
 
-SAMPLE = Path("/work/shared/samples/cat.png")
-if not SAMPLE.is_file():
-    SAMPLE = Path(__file__).resolve().parents[2] / "static" / "samples" / "cat.png"
+SAMPLE = Path(__file__).resolve().parents[2] / "static" / "samples" / "cat.png"
 CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
@@ -114,54 +112,16 @@ def test_view_refuses_too_many_bytes_and_names_the_extra(att, monkeypatch):
         view._widget_class.cache_clear()
 
 
-# A minimal anywidget host: the widget's own ES module text, imported from a blob: URL, given a
-# model over the widget's synced state (bytes traits as DataViews, as anywidget gives them).
-HOST = """
-async ([esm, values, binary]) => {
-  for (const k of binary) {
-    const s = atob(values[k]);
-    const b = new Uint8Array(s.length);
-    for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i);
-    values[k] = new DataView(b.buffer);
-  }
-  const handlers = {};
-  window.saved = [];
-  const model = {
-    get: (k) => values[k],
-    set: (k, v) => { values[k] = v; (handlers["change:" + k] || []).forEach((f) => f()); },
-    save_changes: () => window.saved.push({ ...values, logp: null, image: null }),
-    on: (e, f) => { (handlers[e] = handlers[e] || []).push(f); },
-    off: (e, f) => { handlers[e] = (handlers[e] || []).filter((g) => g !== f); },
-  };
-  const url = URL.createObjectURL(new Blob([esm], { type: "text/javascript" }));
-  const mod = await import(url);
-  const el = document.createElement("div");
-  document.body.append(el);
-  window.cleanup = mod.default.render({ model, el });
-}
-"""
-
-
 @pytest.mark.browser
 def test_widget_esm_draws_in_chromium(att, page, tmp_path):
     w = att.widget()
-    state = w.get_state()
-    binary = ["logp", "image"]
-    values = {k: state[k] for k in w.keys if not k.startswith("_") and k not in ("comm", "layout", "log")}
-    for k in binary:
-        values[k] = base64.b64encode(getattr(w, k)).decode()
-    host = tmp_path / "host.html"
-    host.write_text("<!doctype html><meta charset=utf-8><body></body>")
-    page.goto(host.as_uri())
-    page.evaluate(HOST, [w._esm, json.loads(json.dumps(values)), binary])
-    page.wait_for_selector("[data-drawn='1']", timeout=30_000)
-    ms = page.get_attribute("[data-testid=hs-view]", "data-first-draw-ms")
+    assert set(widget_values(w)) >= {"logp", "image", "shape", "layers", "tokens", "layer", "head", "query"}
+    ms = draw_widget(page, w, tmp_path)
     print(f"\nwidget first draw (render -> overlay): {ms} ms")
     assert page.text_content("[data-testid=hs-query]") == "cls"
     assert page.locator(".hs-tile").count() == att.maps.shape[1]
-    box = page.locator("[data-testid=hs-overlay]").bounding_box()
     R, C = att.grid
-    page.mouse.click(box["x"] + box["width"] * (2.5 / C), box["y"] + box["height"] * (1.5 / R))
+    click_cell(page, 1, 2, att.grid)
     assert page.text_content("[data-testid=hs-query]") == "patch:1,2"
     assert page.evaluate("window.saved.at(-1).query") == 1 + 1 * C + 2  # what the kernel would get
     page.locator(".hs-tile").nth(3).click()
@@ -203,21 +163,18 @@ def _picture_difference(page) -> float:
 def test_standalone_html_opens_offline_and_a_click_changes_the_query(att, page, tmp_path):
     path = att.to_html(tmp_path / "view.html")
     size = path.stat().st_size
-    page.goto(path.as_uri())
-    page.wait_for_selector("[data-drawn='1']", timeout=60_000)
-    view_el = "[data-testid=hs-view]"
+    after_render, after_start = open_file(page, path)
     print(
-        f"\nto_html: {size / 1e6:.1f} MB; first draw {page.get_attribute(view_el, 'data-first-draw-ms')} ms "
-        f"after render(), {page.get_attribute(view_el, 'data-since-start-ms')} ms after the file began to load"
+        f"\nto_html: {size / 1e6:.1f} MB; first draw {after_render} ms after render(), "
+        f"{after_start} ms after the file began to load"
     )
     assert page.text_content("[data-testid=hs-query]") == "cls"
     assert page.text_content("[data-testid=hs-caption]") == f"{att.model} · {SAMPLE.name}"
     # The overlay is drawn over the picture: colour-mapped attention, not the bare photo.
     assert _picture_difference(page) > 10
     before = _pixels(page)
-    box = page.locator("[data-testid=hs-overlay]").bounding_box()
     R, C = att.grid
-    page.mouse.click(box["x"] + box["width"] * (5.5 / C), box["y"] + box["height"] * (7.5 / R))
+    click_cell(page, 7, 5, att.grid)
     assert page.text_content("[data-testid=hs-query]") == "patch:7,5"
     after = _pixels(page)
     assert len(after) == len(before) and after != before
@@ -275,10 +232,8 @@ def test_swin_view_covers_one_stage(page, tmp_path):
     N = att.tokens["count"]
     assert w.shape == [2, att.maps.shape[1], N, N] and att.tokens["window"]
     _assert_rounded(torch.from_numpy(logp[:, :, 0]), att.maps[:, :, 0])
-    page.goto(att.to_html(tmp_path / "swin.html").as_uri())
-    page.wait_for_selector("[data-drawn='1']", timeout=60_000)
+    open_file(page, att.to_html(tmp_path / "swin.html"))
     assert page.text_content("[data-testid=hs-query]") == "patch:0,0"
-    box = page.locator("[data-testid=hs-overlay]").bounding_box()
     R, C = att.grid
-    page.mouse.click(box["x"] + box["width"] * ((C - 0.5) / C), box["y"] + box["height"] * ((R - 0.5) / R))
+    click_cell(page, R - 1, C - 1, att.grid)
     assert page.text_content("[data-testid=hs-query]") == f"patch:{R - 1},{C - 1}"
