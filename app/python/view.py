@@ -24,7 +24,9 @@ HTML file); for one layer, 1.8 MB. Past ``max_bytes`` (64 MiB by default) the vi
 the size and asks for fewer layers (``scope.attention(image, layers="-1")``). Float16 log-probabilities
 keep each weight within ``2^-11 |log p|`` of its value (0.34 % at p = 0.001, 0.05 % at p = 0.37):
 the view is for looking, ``att.maps`` holds the exact numbers. A
-Swin model's view covers the layers of one stage.
+Swin model's view covers the layers of one stage. The view shows every head unfused and every
+key column: a result fused over heads (``aggregate=``) or with dropped columns (``drop=``) opens
+on head 0 of its layers.
 
 The view needs the notebook extra (``pip install 'headscope[notebook]'``: anywidget);
 ``to_html`` needs nothing beyond Headscope itself.
@@ -45,6 +47,7 @@ import torch
 from ..serving import answers
 from . import params as P
 from .esm import assemble, entry_var
+from .extras import need
 from .modes import computing
 
 if TYPE_CHECKING:
@@ -123,8 +126,6 @@ def esm() -> str:
 
 @functools.cache
 def _widget_class() -> type:
-    from .result import need
-
     anywidget = need("anywidget", "The interactive view (att.show(), att.widget())")
     import traitlets as t
 
