@@ -17,7 +17,7 @@ const MAIN_PX = 440; // the overlay's longer side, CSS pixels
 const TILE_PX = 96;
 
 const CSS = `
-.hs-view { font: 13px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1e293b; max-width: 760px; }
+.hs-view { font: 13px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: inherit; max-width: 760px; }
 .hs-view .hs-bar { display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center; margin-bottom: 8px; }
 .hs-view label { display: inline-flex; gap: 4px; align-items: center; }
 .hs-view select, .hs-view button { font: inherit; }
