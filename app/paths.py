@@ -1,8 +1,9 @@
 """Where the app finds its web assets and keeps its models, wherever it is installed.
 
 Web assets (``static/``, ``templates/``) live in the repository's top-level folders. A wheel
-ships them inside the package (``app/static``, ``app/templates``, mapped by ``pyproject.toml``);
-a checkout or an editable install reads the top-level folders. Neither depends on the current
+ships them inside the package (``headscope/static``, ``headscope/templates``, mapped by
+``pyproject.toml``; the wheel's ``headscope`` is the repository's ``app/``); a checkout or an
+editable install reads the top-level folders. Neither depends on the current
 directory.
 
 Models (downloads and converted weights), first match wins:
@@ -24,7 +25,8 @@ APP_NAME = "headscope"
 
 
 def is_checkout() -> bool:
-    """True when ``app`` is imported from a source tree (plain or editable), not from a wheel."""
+    """True when the package is imported from a source tree (``app/``, plain or editable, also as
+    ``headscope``), not from a wheel."""
     return (CHECKOUT_DIR / "pyproject.toml").is_file() and (CHECKOUT_DIR / "app" / "__init__.py").is_file()
 
 

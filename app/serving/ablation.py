@@ -84,20 +84,7 @@ def output_answer(
 ) -> OutputAnswer:
     """The answer of ``GET …/output``: ``out`` (with ``pairs`` removed) and its change against ``base``."""
     kind = lm.output_kind
-    meta: dict[str, Any] = {
-        "model": lm.id,
-        "image_id": image_id,
-        "kind": kind,
-        "ablated": [list(pair) for pair in pairs],
-        "ablate": ablate_text(pairs),
-        "metric": METRICS[kind],
-        "metric_text": METRIC_TEXT[METRICS[kind]],
-        "input_size": list(out.input_size),
-        "image_size": list(out.image_size),
-        "note": lm.output_note or None,
-        "change": describe_change(lm, base.tensor, out.tensor) if pairs else None,
-        "cached": cached,
-    }
+    meta = output_meta(image_id, lm, pairs, base, out, cached)
     if fmt == "json":
         meta["output"] = describe(lm, out.tensor)
         meta["timing_ms"] = {"total": (time.perf_counter() - t0) * 1000}
@@ -121,6 +108,26 @@ def output_answer(
         body = buf.getvalue()
         headers["Content-Disposition"] = f'attachment; filename="{name}.npy"'
     return OutputAnswer([body], headers, "application/octet-stream")
+
+
+def output_meta(image_id: str, lm: LoadedModel, pairs: Ablation, base: Output, out: Output, cached: bool) -> dict:
+    """What the answer of ``GET …/output`` says besides the output itself (and its timing): the
+    answer (:func:`output_answer`) and the Python API (``Scope.output``) both come from here."""
+    kind = lm.output_kind
+    return {
+        "model": lm.id,
+        "image_id": image_id,
+        "kind": kind,
+        "ablated": [list(pair) for pair in pairs],
+        "ablate": ablate_text(pairs),
+        "metric": METRICS[kind],
+        "metric_text": METRIC_TEXT[METRICS[kind]],
+        "input_size": list(out.input_size),
+        "image_size": list(out.image_size),
+        "note": lm.output_note or None,
+        "change": describe_change(lm, base.tensor, out.tensor) if pairs else None,
+        "cached": cached,
+    }
 
 
 def _plain(kind: str, t: torch.Tensor) -> np.ndarray:

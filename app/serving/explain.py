@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.ablation import Ablation
-from ..engine.explain import inner_steps
+from ..engine.explain import HeadComputation, inner_steps
 from ..engine.model import LoadedModel
 from ..engine.selection import MAX_SPEC
 from .answers import Answer, server_timing
@@ -54,6 +54,39 @@ def explained(
 ) -> Answer:
     """The explain answer (JSON or safetensors) of a capture in hand (worker thread)."""
     t0 = time.perf_counter()
+    meta, hc = explain_fields(image_id, filename, lm, found, params, ablate)
+    tensors = {name: t.numpy() for name, t in hc.tensors().items()}
+    timing = {**found.timing, "encode": (time.perf_counter() - t0) * 1000}
+    meta["timing_ms"] = dict(timing)
+    if params.format == "json":
+        import orjson
+
+        empty = dict.fromkeys(hc.OPTIONAL)
+        body = orjson.dumps({**meta, **empty, **tensors}, option=orjson.OPT_SERIALIZE_NUMPY)
+        headers: dict[str, str] = {}
+        media = "application/json"
+    else:
+        from safetensors.numpy import save
+
+        # The metadata travels in the file only: with key_tokens it grows with N, too long for a header.
+        meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
+        body = save(tensors, metadata={"headscope": meta_json})
+        layer, head, query = meta["layer"], meta["head"], meta["query"]
+        headers = {
+            "Content-Disposition": f'attachment; filename="explain-{image_id}-L{layer}-H{head}-T{query}.safetensors"'
+        }
+        media = "application/octet-stream"
+    timing["encode"] = (time.perf_counter() - t0) * 1000
+    headers["Server-Timing"] = server_timing(timing)
+    return Answer([body], headers, media, meta)
+
+
+def explain_fields(
+    image_id: str, filename: str | None, lm: LoadedModel, found: Found, params: ExplainParams, ablate: Ablation = ()
+) -> tuple[dict[str, Any], HeadComputation]:
+    """What the explain answer says of a capture in hand: its fields besides the tensors (no
+    timing), and the head's computation, whose ``tensors()`` are the answer's arrays. The
+    answer (:func:`explained`) and the Python API (``Attention.explain``) both come from here."""
     entry = found.entry
     image = entry.image
     layer, head, query = image.explain_target(params.layer, params.head, params.query)
@@ -81,29 +114,7 @@ def explained(
         **hc.meta(),
         "steps": {**inner_steps(lm.model, attn), **hc.steps()},
     }
-    tensors = {name: t.numpy() for name, t in hc.tensors().items()}
-    timing = {**found.timing, "encode": (time.perf_counter() - t0) * 1000}
-    meta["timing_ms"] = dict(timing)
-    if params.format == "json":
-        import orjson
-
-        empty = dict.fromkeys(hc.OPTIONAL)
-        body = orjson.dumps({**meta, **empty, **tensors}, option=orjson.OPT_SERIALIZE_NUMPY)
-        headers: dict[str, str] = {}
-        media = "application/json"
-    else:
-        from safetensors.numpy import save
-
-        # The metadata travels in the file only: with key_tokens it grows with N, too long for a header.
-        meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
-        body = save(tensors, metadata={"headscope": meta_json})
-        headers = {
-            "Content-Disposition": f'attachment; filename="explain-{image_id}-L{layer}-H{head}-T{query}.safetensors"'
-        }
-        media = "application/octet-stream"
-    timing["encode"] = (time.perf_counter() - t0) * 1000
-    headers["Server-Timing"] = server_timing(timing)
-    return Answer([body], headers, media, meta)
+    return meta, hc
 
 
 async def explain(

@@ -1,7 +1,8 @@
 """What a request for attention asks for: the same fields as POST form fields or GET query.
 
 :data:`Ablate` is the one declaration of the ``ablate`` parameter, the same in every request
-that takes it (attention, statistics, explain, output).
+that takes it (attention, statistics, explain, output); :data:`Mass` that of the statistics'
+``mass`` (the stats endpoint and the Python API's ``Attention.stats``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,16 @@ Ablate = Annotated[
         description="remove heads first: layer:head pairs '0:1,11:5' (each head's output is zeroed before W_O "
         "in its block; everything after it, later layers' maps included, is recomputed)",
         examples=["", "0:1", "3:0,3:1,11:5"],
+    ),
+]
+
+
+Mass = Annotated[
+    float,
+    Query(
+        gt=0,
+        le=1,
+        description="DINO mass threshold: mass_patches counts the fewest patches that hold this share of the CLS row",
     ),
 ]
 

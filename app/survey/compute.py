@@ -220,8 +220,16 @@ class Surveyor:
             failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
 
     def _rows(self, prep: Prepared, image: CapturedImage, st: HeadStats) -> pa.Table:
+        return self.head_rows(prep.item.image, prep.image_size, prep.input_size, image, st)
+
+    @staticmethod
+    def head_rows(
+        name: str, image_size: tuple[int, int], input_size: tuple[int, int], image: CapturedImage, st: HeadStats
+    ) -> pa.Table:
         """The rows of one picture: one per layer and head, ``sum_l H_l`` (each layer of a windowed
-        model has its stage's heads).
+        model has its stage's heads). ``name`` goes into the ``image`` column; ``image_size`` and
+        ``input_size`` are the picture's and the model input's (height, width). The Python API's
+        ``Attention.stats()`` builds its DataFrame here too.
 
         The values are those of ``GET …/stats`` for the picture (:class:`HeadStats`); what the
         statistics leave out (not asked for, or meaningless for the model: no prefix, no CLS, no
@@ -255,7 +263,7 @@ class Surveyor:
             return pa.array(np.full(n, v), dtype)
 
         cols = {
-            "image": pa.array([prep.item.image] * n, pa.string()),
+            "image": pa.array([name] * n, pa.string()),
             "layer": pa.array(np.repeat(np.arange(L), heads), pa.int16()),
             "head": pa.array(np.concatenate([np.arange(h) for h in heads]), pa.int16()),
             "entropy": per_head(st.entropy, pa.float32()),
@@ -268,10 +276,10 @@ class Surveyor:
             "similarity": pairs(st.similarity),
             "rank_numerical": per_layer(_listed(st.rank_numerical), pa.int32()),
             "rank_effective": per_layer(_listed(st.rank_effective), pa.float64()),
-            "image_height": const(prep.image_size[0], pa.int32()),
-            "image_width": const(prep.image_size[1], pa.int32()),
-            "input_height": const(prep.input_size[0], pa.int32()),
-            "input_width": const(prep.input_size[1], pa.int32()),
+            "image_height": const(image_size[0], pa.int32()),
+            "image_width": const(image_size[1], pa.int32()),
+            "input_height": const(input_size[0], pa.int32()),
+            "input_width": const(input_size[1], pa.int32()),
             "grid_rows": per_layer([lo.grid[0] for lo in layouts], pa.int16()),
             "grid_cols": per_layer([lo.grid[1] for lo in layouts], pa.int16()),
             "tokens": per_layer([lo.count for lo in layouts], pa.int32()),

@@ -126,11 +126,12 @@ def _init(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     if address or os.environ.get("RAY_ADDRESS"):
-        # The driver ships its own ``app`` package to the workers, so every node runs the code
-        # that wrote the output's metadata; the workers need the dependencies installed.
+        # The driver ships its own package (``headscope`` from a wheel, ``app/`` in a checkout) to
+        # the workers, so every node runs the code that wrote the output's metadata; the workers
+        # need the dependencies installed.
         ray.init(
             address=address,
-            runtime_env={"py_modules": [str(CODE_ROOT / "app")]},
+            runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]},
             logging_level=logging.ERROR,
             log_to_driver=False,
         )

@@ -12,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from .. import paths
+from .. import __version__, paths
 from ..config import Settings, get_settings
 from ..engine.device import resolve_device
 from ..engine.forward import forward_capture
@@ -92,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="Headscope",
-        version="0.1.0",
+        version=__version__,
         description="What every attention head of a Vision Transformer looks at. Post an image, "
         "get per-layer, per-head softmax attention back as JSON, safetensors or npy.",
         lifespan=lifespan,

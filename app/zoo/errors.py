@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 
-class UnknownModelError(KeyError):
-    """A model id that the server does not offer (or an architecture timm does not know)."""
+class UnknownModelError(KeyError, ValueError):
+    """A model id that the server does not offer (or an architecture timm does not know).
+
+    A ``KeyError`` (an unknown name) and a ``ValueError`` (a bad argument: the Python API's
+    ``headscope.load("no-such-model")``)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])

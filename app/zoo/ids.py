@@ -21,7 +21,8 @@ from typing import Literal
 from .embedded import MODEL_ID as EMBEDDED_ID
 from .errors import UnknownModelError
 
-Source = Literal["embedded", "timm-hub", "local", "random"]
+# "memory": a timm module already in memory (the Python API's ``headscope.load(model)``), no id to parse.
+Source = Literal["embedded", "timm-hub", "local", "random", "memory"]
 
 
 @dataclass(frozen=True)

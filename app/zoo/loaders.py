@@ -85,10 +85,12 @@ def _finish(
     mean=None,
     std=None,
     description: str = "",
+    keep_state: bool = False,
 ) -> LoadedModel:
     from timm.data import resolve_model_data_config
 
-    model.eval().requires_grad_(False)
+    if not keep_state:  # a model built here; a caller's module (wrap_module) keeps its state
+        model.eval().requires_grad_(False)
     capture = capture_for(model)  # raises UnsupportedModelError early
     cfg = resolve_model_data_config(model)
     ps: Any = model.patch_embed.patch_size  # type: ignore[union-attr]  # int or (h, w)
@@ -225,6 +227,31 @@ def load_random(spec: ModelSpec, **kwargs) -> LoadedModel:
     torch.manual_seed(RANDOM_SEED)
     model, dynamic = _create(spec.arch, pretrained=False, num_classes=0, **kwargs)
     return _finish(spec, model, dynamic)
+
+
+def wrap_module(model: nn.Module, model_id: str | None = None) -> LoadedModel:
+    """A timm model already in memory (one just fine-tuned, say) as a :class:`LoadedModel`.
+
+    The module is used as it is: its weights, its device, its head (a classifier shows its
+    classes). Nothing of it changes here (not its mode, not its parameters' ``requires_grad``);
+    capture hooks attach only while a computation runs (``capture.capturing()``), and a caller
+    that may hold a module in training mode runs it in eval mode meanwhile (the Python API does).
+    Input size, mean and std come from the module's ``pretrained_cfg``, as for every other source.
+
+    Args:
+        model: a timm model of a supported family (global attention blocks, or Swin v1/v2).
+        model_id: the id answers and figures show (default: the architecture's name).
+
+    Raises:
+        UnsupportedModelError: its attention cannot be captured (the message lists the families).
+    """
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    arch = str(cfg.get("architecture") or type(model).__name__)
+    tag = cfg.get("tag")
+    name = model_id or (f"{arch}.{tag}" if tag else arch)
+    spec = ModelSpec(name, "memory", arch)
+    # dynamic_img_size: timm's flag for a model built to take any grid (ViT and kin, Swin)
+    return _finish(spec, model, bool(getattr(model, "dynamic_img_size", False)), keep_state=True)
 
 
 def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:

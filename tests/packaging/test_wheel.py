@@ -4,13 +4,15 @@ directory and serve the page, its static files, the API docs and the API.
 
 The fresh venv gets the wheel only (``--no-deps``); its dependencies come from this
 environment's site-packages through a ``.pth`` line, so the test needs no network and no second
-copy of torch. A ``.pth`` line does not run the editable install's import hook, so ``app`` can
-only come from the wheel (asserted).
+copy of torch. A ``.pth`` line does not run the editable install's import hook, so
+``headscope`` can only come from the wheel (asserted), and the wheel installs no top-level
+``app`` (``import app`` fails there). The installed package also runs the Python API on a sample.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -20,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from helpers.server import ROOT, Server
@@ -92,14 +95,19 @@ def test_sdist_and_wheel_carry_the_web_assets(dist):
     assert set(want) <= names, sorted(set(want) - names)
     with zipfile.ZipFile(next(dist.glob("*.whl"))) as zf:
         names = set(zf.namelist())
-    assert {"app/" + w for w in want} <= names, sorted({"app/" + w for w in want} - names)
-    assert not any(n.startswith(("static/", "templates/", "models/", "tests/")) for n in names)
+    assert {"headscope/" + w for w in want} <= names, sorted({"headscope/" + w for w in want} - names)
+    assert not any(n.startswith(("app/", "static/", "templates/", "models/", "tests/")) for n in names)
+    tops = {n.split("/", 1)[0] for n in names if "/" in n and ".dist-info/" not in n}
+    assert tops == {"headscope"}, tops  # one top-level package, no `app` to collide with the user's
 
 
 def test_installed_wheel_fetches_into_the_user_cache_and_serves_page_and_api(installed, samples):
     py, cwd, env = installed["py"], installed["cwd"], installed["env"]
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     where = run(
-        [py, "-c", "import app, app.paths as p; print(app.__file__); print(p.default_models_dir())"], cwd=cwd, env=env
+        [py, "-c", "import headscope, headscope.paths as p; print(headscope.__file__); print(p.default_models_dir())"],
+        cwd=cwd,
+        env=env,
     ).stdout.split()
     assert Path(where[0]).is_relative_to(installed["purelib"]), where  # the wheel, not the checkout
     models = Path(where[1])
@@ -128,10 +136,28 @@ def test_installed_wheel_fetches_into_the_user_cache_and_serves_page_and_api(ins
                 r = client.post("/api/v1/attention", files={"image": ("cat.png", f, "image/png")})
             assert r.status_code == 200, r.text
             body = r.json()
+            np.save(cwd / "served.npy", np.asarray(body["attention"], dtype=np.float32))
             assert body["model"] == "dinov2-s14-focus" and body["tokens"]["grid"] == [16, 24]
     finally:
         assert srv.stop() == 0
     assert "Traceback" not in srv.log()
+
+    # The Python API of the installed package: the same numbers as the server just answered.
+    code = f"""
+import importlib.util, headscope, numpy as np
+assert importlib.util.find_spec("app") is None, "the wheel installed a top-level `app`"
+assert headscope.__version__ == "{version}", headscope.__version__
+scope = headscope.load()
+att = scope.attention({str(samples["cat"])!r})
+assert att.grid == (16, 24) and tuple(att.maps.shape) == (12, 6, 1, 385), att
+assert att.image_id == {body["image_id"]!r}
+np.testing.assert_allclose(att.numpy(), np.load("served.npy"), rtol=0, atol=1e-6)
+df = att.stats()
+assert len(df) == 72 and "entropy" in df.columns
+print("python api ok", headscope.__file__)
+"""
+    out = run([py, "-c", code], cwd=cwd, env=env).stdout
+    assert "python api ok" in out and Path(out.split()[-1]).is_relative_to(installed["purelib"]), out
 
 
 def test_fetch_and_serve_never_read_the_current_directory(installed):
@@ -140,8 +166,8 @@ def test_fetch_and_serve_never_read_the_current_directory(installed):
     (cwd / "static").mkdir(exist_ok=True)
     (cwd / "templates").mkdir(exist_ok=True)
     got = run(
-        [py, "-c", "from app.config import Settings; s = Settings(); print(s.static_dir); print(s.templates_dir)"],
+        [py, "-c", "from headscope.config import Settings; s = Settings(); print(s.static_dir, s.templates_dir)"],
         cwd=cwd,
         env=env,
     ).stdout.split()
-    assert all(Path(p).is_relative_to(installed["purelib"] / "app") for p in got), got
+    assert all(Path(p).is_relative_to(installed["purelib"] / "headscope") for p in got), got

@@ -14,7 +14,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 
 from ...engine.stats import DEFAULT_MASS
-from ...serving.params import Ablate
+from ...serving.params import Ablate, Mass
 from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
 from ..calls import measured, respond
@@ -192,15 +192,7 @@ async def get_stats(
     model: Annotated[
         str | None, Query(description="model id, one of GET /api/v1/models (default: the server's default model)")
     ] = None,
-    mass: Annotated[
-        float,
-        Query(
-            gt=0,
-            le=1,
-            description="DINO mass threshold: mass_patches counts the fewest patches that hold this share of "
-            "the CLS row",
-        ),
-    ] = DEFAULT_MASS,
+    mass: Mass = DEFAULT_MASS,
     ablate: Ablate = "",
 ):
     """Entropy, mean attention distance, attention to prefix and artifact tokens, head

@@ -1,0 +1,112 @@
+"""Python arguments -> the API's parameters, validated by the API's own models.
+
+The Python API takes what reads naturally in Python (``layers=-1``, ``layers=[0, 5]``,
+``query=(3, 5)``, ``ablate=[(0, 1)]``) as well as the API's text grammar (``layers="0-3"``,
+``query="patch:3,5"``), writes it in that grammar, and validates it with the models the routes
+use (:class:`~app.serving.params.AttentionParams`, :class:`~app.serving.explain.ExplainParams`,
+the routes' annotated query types). A bad value raises ``ValueError`` (pydantic's
+``ValidationError`` is one) or ``TypeError`` with the text the API answers in its 422: the
+``loc: msg`` of each error, as the routes write them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+
+class ParameterError(ValueError):
+    """A parameter the API would answer with 422 ``invalid_parameter``; the message is the API's."""
+
+    code = "invalid_parameter"
+
+
+def validation_message(e: ValidationError, name: str | None = None) -> str:
+    """The API's text for a validation error: ``loc: msg`` per error (at most 5), ``"; "``-joined.
+
+    Args:
+        name: the parameter's name, for a value validated alone (its errors have no ``loc``).
+    """
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+        loc = ".".join(p for p in (name, loc) if p)
+        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts) or "invalid parameter"
+
+
+def build(model: type, **fields: Any) -> Any:
+    """``model(**fields)``, a :class:`ParameterError` with the API's text where it fails."""
+    try:
+        return model(**fields)
+    except ValidationError as e:
+        raise ParameterError(validation_message(e)) from None
+
+
+def check(annotated: Any, name: str, value: Any) -> Any:
+    """``value`` validated (and converted) as a route's annotated query parameter ``name``."""
+    try:
+        return TypeAdapter(annotated).validate_python(value)
+    except ValidationError as e:
+        raise ParameterError(validation_message(e, name)) from None
+
+
+def _is_int(v: Any) -> bool:
+    import numbers
+
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def indices(value: Any, name: str) -> str:
+    """``layers`` / ``heads`` in the API's grammar: None -> ``all``; an int; a sequence of ints
+    (a ``range`` too); or the text itself (``"0-3,-1"``)."""
+    if value is None:
+        return "all"
+    if isinstance(value, str):
+        return value
+    if _is_int(value):
+        return str(int(value))
+    if isinstance(value, (Sequence, range)) and all(_is_int(v) for v in value):
+        return ",".join(str(int(v)) for v in value)
+    raise TypeError(f"{name}: None (all), an int, a sequence of ints or the API's text like '0-3,-1'; got {value!r}")
+
+
+def _cell(v: Any) -> bool:
+    return isinstance(v, tuple) and len(v) == 2 and all(_is_int(x) for x in v)
+
+
+def query(value: Any) -> str:
+    """``query`` in the API's grammar: ``"cls"``, ``"all"``, a token index (int), a grid cell
+    ``(row, col)``, a list of token indices or of cells, or the text itself (``"patch:3,5"``)."""
+    if value is None:
+        return "cls"
+    if isinstance(value, str):
+        return value
+    if _is_int(value):
+        return str(int(value))
+    if _cell(value):
+        return f"patch:{int(value[0])},{int(value[1])}"
+    if isinstance(value, (list, range)) and value and all(_is_int(v) for v in value):
+        return ",".join(str(int(v)) for v in value)
+    if isinstance(value, list) and value and all(_cell(v) for v in value):
+        return "patch:" + ";".join(f"{int(r)},{int(c)}" for r, c in value)
+    raise TypeError(
+        "query: 'cls', 'all', a token index, a cell (row, col), a list of either, or the API's text like "
+        f"'patch:3,5'; got {value!r}"
+    )
+
+
+def ablate(value: Any) -> str:
+    """``ablate`` in the API's grammar: None or empty -> ``""``; ``(layer, head)`` pairs; or the
+    text itself (``"0:1,11:5"``)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if _cell(value):
+        value = [value]
+    if isinstance(value, (list, tuple, set, frozenset)) and all(_cell(v) for v in value):
+        return ",".join(f"{int(a)}:{int(b)}" for a, b in sorted(value))
+    raise TypeError(f"ablate: (layer, head) pairs, or the API's text like '0:1,11:5'; got {value!r}")

@@ -1,0 +1,268 @@
+"""What ``Scope.attention`` gives back: :class:`Attention`, one picture's maps and its capture.
+
+The maps are the API's answer for the same picture and parameters (computed by
+:func:`app.serving.answers.maps`, described by :func:`app.serving.answers.meta`); the capture
+behind them stays, so the statistics, one head's computation, the interactive view and the
+figures come from it without another forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..config import Settings
+from ..engine.ablation import Ablation
+from ..engine.captured import CapturedImage
+from ..engine.hooks import Attention as Capture
+from ..engine.model import LoadedModel
+from ..engine.stats import DEFAULT_MASS
+from ..serving import answers
+from ..serving.params import AttentionParams, Mass
+from ..serving.store import Entry, Found
+from . import params as P
+from .inputs import Prepped
+from .modes import computing
+
+if TYPE_CHECKING:
+    import pandas
+
+
+NOTEBOOK_EXTRA = "pip install 'headscope[notebook]'"
+
+
+def need(module: str, what: str) -> Any:
+    """Import an optional dependency of the notebook extra, or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(
+            f"{what} needs {module.split('.')[0]}, part of the notebook extra: {NOTEBOOK_EXTRA}"
+        ) from None
+
+
+@dataclass
+class Part:
+    """One answer's worth of an :class:`Attention`: the request's parameters, what they select
+    and the maps (a windowed model asked for every layer has one part per stage)."""
+
+    asked: answers.Asked
+    maps: torch.Tensor  # [layers, heads, queries, tokens] float32, on the host
+    meta: dict[str, Any]
+
+    @classmethod
+    def of(cls, found: Found, image_id: str, filename: str | None, params: AttentionParams, pairs: Ablation) -> Part:
+        """The API's answer for ``params`` of a capture: its maps and metadata."""
+        sel = answers.selection(params, found.entry.image)
+        asked = answers.Asked(image_id, filename, found, params, sel, pairs)
+        array = answers.maps(found.entry.image, sel, asked.dropped(), "float32")
+        return cls(asked, torch.from_numpy(array), answers.meta(asked, array.shape))
+
+
+def found_of(lm: LoadedModel, item: Prepped, att: Capture) -> Found:
+    """A capture as the server's store keeps it (an :class:`~app.serving.store.Entry`)."""
+    image = lm.captured(att, item.prep.input_size)
+    return Found(Entry(lm.id, image, item.prep.image_size), False, {})
+
+
+class Attention:
+    """The softmax attention of one picture under one model, as the REST API answers it.
+
+    ``maps`` is ``[layers, heads, queries, tokens]`` (float32, on the host), the same numbers
+    as the API's ``attention`` for the same picture and parameters. For a windowed model (Swin)
+    asked for every layer, ``maps``, ``grid``, ``tokens`` and ``meta`` are lists, one item per
+    stage (each stage has its own grid and heads).
+    """
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        settings: Settings,
+        item: Prepped,
+        found: Found,
+        parts: list[Part],
+        params: AttentionParams,
+        ablate: Ablation,
+        per_stage: bool,
+    ):
+        self.lm = lm
+        self.settings = settings
+        self._item = item
+        self._found = found
+        self._parts = parts
+        self.params = params
+        self.ablate: Ablation = ablate
+        self.per_stage = per_stage
+
+    def _one(self, values: list) -> Any:
+        return values if self.per_stage else values[0]
+
+    # -- the answer -----------------------------------------------------------------------
+    @property
+    def maps(self) -> torch.Tensor | list[torch.Tensor]:
+        """``[layers, heads, queries, tokens]`` float32 (per stage for Swin's every layer)."""
+        return self._one([p.maps for p in self._parts])
+
+    def numpy(self) -> np.ndarray | list[np.ndarray]:
+        """:attr:`maps` as numpy arrays (the same memory)."""
+        return self._one([p.maps.numpy() for p in self._parts])
+
+    @property
+    def meta(self) -> dict[str, Any] | list[dict[str, Any]]:
+        """What the API's answer says besides the maps (model, image_id, tokens, layers, heads,
+        query, shape, dropped, temperature, ablated, ...)."""
+        return self._one([p.meta for p in self._parts])
+
+    @property
+    def tokens(self) -> dict[str, Any] | list[dict[str, Any]]:
+        """The token layout of the maps: ``count``, ``num_prefix``, ``prefix`` (index and kind:
+        cls, dist, reg), ``grid`` (rows, cols), ``patch_size`` (and a Swin stage's ``window``)."""
+        return self._one([p.meta["tokens"] for p in self._parts])
+
+    @property
+    def grid(self) -> tuple[int, int] | list[tuple[int, int]]:
+        """The patch grid ``(rows, cols)`` of the maps."""
+        return self._one([tuple(p.meta["tokens"]["grid"]) for p in self._parts])
+
+    @property
+    def layers(self) -> list[int] | list[list[int]]:
+        """The layers of the maps' first axis (resolved: non-negative)."""
+        return self._one([p.meta["layers"] for p in self._parts])
+
+    @property
+    def heads(self) -> list[Any] | list[list[Any]]:
+        """The heads of the second axis (or ``["mean"]``, ``["max"]``, ``["rollout"]``)."""
+        return self._one([p.meta["heads"] for p in self._parts])
+
+    @property
+    def query(self) -> list[int] | list[list[int]]:
+        """The query tokens of the third axis."""
+        return self._one([p.meta["query"] for p in self._parts])
+
+    @property
+    def model(self) -> str:
+        """The model's id."""
+        return self.lm.id
+
+    @property
+    def image_id(self) -> str:
+        """The server's id of this picture: the content hash of :attr:`image_bytes`."""
+        return self._item.image_id
+
+    @property
+    def filename(self) -> str | None:
+        return self._item.picture.filename
+
+    @property
+    def image_bytes(self) -> bytes:
+        """The picture's bytes as the server would be sent them (PNG for images and arrays)."""
+        return self._item.picture.data
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """``(height, width)`` of the picture."""
+        return self._item.prep.image_size
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """``(height, width)`` the model saw."""
+        return self._item.prep.input_size
+
+    @property
+    def capture(self) -> CapturedImage:
+        """The capture behind the maps: every layer's and head's attention, any row, any temperature."""
+        return self._found.entry.image
+
+    def __repr__(self) -> str:
+        shapes = ", ".join("x".join(map(str, p.maps.shape)) for p in self._parts)
+        name = f" {self.filename!r}" if self.filename else ""
+        return f"<headscope.Attention{name} {self.image_id} {self.model!r}: maps {shapes}>"
+
+    # -- more of the same capture ---------------------------------------------------------
+    def stats(self, mass: float = DEFAULT_MASS) -> pandas.DataFrame:
+        """Every head's statistics (``GET …/stats``), one row per layer and head, with the
+        survey's Parquet columns (``entropy``, ``entropy_cls``, ``distance_px``, ``prefix_mass``,
+        ``artifact_mass``, ``mass_patches``, ``cls_cosine``, ``similarity``, the ranks, the sizes).
+
+        Args:
+            mass: the CLS-row mass fraction ``mass_patches`` counts patches for (0 < mass <= 1).
+        """
+        from ..survey.compute import Surveyor
+
+        need("pandas", "Attention.stats()")
+        mass = P.check(Mass, "mass", mass)
+        image = self.capture
+        with computing(self.lm):
+            st = image.stats(None)  # as the endpoint: everything once, then the mass thresholds
+            patches = image.mass_patches(mass)
+        if patches is not None:
+            st.mass, st.mass_patches = mass, torch.tensor(patches, dtype=torch.int64)
+        name = self.filename or self.image_id
+        return Surveyor.head_rows(name, self.image_size, self.input_size, image, st).to_pandas()
+
+    def explain(self, layer: int = -1, head: int = 0, query: Any = None) -> dict[str, Any]:
+        """One head's whole computation for one query token (``GET …/explain``): the answer's
+        fields, its arrays as torch tensors (``q``, ``k``, ``v``, ``scores``, ``attention``,
+        ``output``, ...).
+
+        Args:
+            layer: block index (negative counts from the end).
+            head: head index (within the layer's stage for Swin).
+            query: one token: ``"cls"``, an index, a cell ``(row, col)`` or ``"patch:R,C"``;
+                None for the CLS token (the first patch without one; Swin: cell 0).
+        """
+        from ..serving.explain import ExplainParams, explain_fields
+
+        q = None if query is None else P.query(query)
+        how = P.build(ExplainParams, layer=layer, head=head, query=q)
+        with computing(self.lm):
+            meta, hc = explain_fields(self.image_id, self.filename, self.lm, self._found, how, self.ablate)
+        return {**meta, **dict.fromkeys(hc.OPTIONAL), **hc.tensors()}
+
+    # -- the interactive view (app/python/view.py) ------------------------------------------
+    def widget(self, max_bytes: int = 64 * 2**20) -> Any:
+        """The interactive view as an anywidget (its ``layer``, ``head``, ``query``,
+        ``temperature`` follow the clicks); needs ``headscope[notebook]``.
+
+        Args:
+            max_bytes: refuse (ValueError) a view shipping more (every row of the result's layers,
+                float16).
+        """
+        from . import view
+
+        return view.widget(self, max_bytes)
+
+    def show(self, max_bytes: int = 64 * 2**20) -> None:
+        """Draw the interactive view in the notebook (overlay, layer and head controls, the heads
+        at a glance, click a patch to make it the query, the temperature); see :meth:`widget`."""
+        from . import view
+
+        view.show(self, max_bytes)
+
+    def to_html(self, path: str | Path, max_bytes: int = 64 * 2**20) -> Path:
+        """Write the interactive view to one self-contained HTML file that opens offline in any
+        browser (data embedded); returns the path. See :meth:`widget`."""
+        from . import view
+
+        return view.to_html(self, path, max_bytes)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        from . import view
+
+        return view.mimebundle(self, **kwargs)
+
+    # -- pictures -------------------------------------------------------------------------
+    @cached_property
+    def display_png(self) -> bytes:
+        """The picture as the page shows it (``GET /api/v1/images/{id}``: upright, longer side at
+        most 1600 pixels), PNG."""
+        from ..serving.pictures import display_finish, display_probe
+
+        return display_finish(display_probe(self.image_bytes, self.settings.max_image_pixels))

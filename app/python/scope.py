@@ -1,0 +1,453 @@
+"""``headscope.load()`` and :class:`Scope`: the server's numbers in plain Python.
+
+A :class:`Scope` holds one model (a :class:`~app.engine.model.LoadedModel`) on its device and
+computes what the REST API answers, synchronously, with the server's own pieces: pictures are
+prepared by :class:`~app.serving.pictures.Pictures` (the one decode and resize path, early
+reduction of large photos included), captured by :func:`~app.engine.forward.forward_capture`
+(the one forward), read through :class:`~app.engine.captured.CapturedImage` and sliced by
+:mod:`app.serving.answers`; the long computations run the server's works
+(:func:`~app.serving.ablation.importance_work`, ...) with :func:`~app.serving.tasks.run_now`.
+No worker thread, no asyncio, no HTTP; a list of pictures runs as batches on the model's device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from ..config import Settings
+from ..engine.ablation import refuse_windowed
+from ..engine.device import autocast_dtype, resolve_device
+from ..engine.forward import forward_capture
+from ..engine.layout import WindowedLayout
+from ..engine.model import LoadedModel
+from ..serving.images import ImageError
+from ..serving.pictures import Pictures
+from . import params as P
+from .inputs import PICTURE_TYPES, Prepped, is_many, picture
+from .modes import computing
+
+if TYPE_CHECKING:
+    from .result import Attention
+
+DEFAULT_BATCH = 8
+
+
+class Scope:
+    """One model, ready to answer what the REST API answers, in Python.
+
+    Made by :func:`load`. Every method takes a picture (a path, bytes, a ``PIL.Image`` or an
+    ``HxWx3`` uint8 array) or a list of them (one result each, in order).
+
+    Args:
+        lm: the loaded model.
+        settings: decoding limits and how pictures are resized (the server's ``Settings``).
+        precision: ``auto``, ``fp32``, ``fp16`` or ``bf16`` (autocast on the model's device).
+        batch_size: most pictures per forward when a list is given.
+    """
+
+    def __init__(self, lm: LoadedModel, settings: Settings, precision: str = "auto", batch_size: int = DEFAULT_BATCH):
+        self.lm = lm
+        self.settings = settings
+        self.device = _device_of(lm.model)
+        self.precision = precision
+        self.amp_dtype = autocast_dtype(self.device.type, precision)
+        self.batch_size = max(1, int(batch_size))
+        self.pictures = Pictures.for_model(lm, settings)
+
+    # -- what it is -----------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The timm module itself (Headscope's hooks are attached only while it computes)."""
+        return self.lm.model
+
+    @property
+    def id(self) -> str:
+        """The model's id, as answers and figures name it."""
+        return self.lm.id
+
+    def info(self) -> dict[str, Any]:
+        """What ``GET /api/v1/models`` says of the model (layers, heads, patch and input size, ...)."""
+        return {"id": self.lm.id, **self.lm.info()}
+
+    def __repr__(self) -> str:
+        lm = self.lm
+        return (
+            f"<headscope.Scope {lm.id!r}: {lm.arch}, {lm.num_layers} layers x {lm.num_heads} heads, "
+            f"patch {lm.patch_size[0]}x{lm.patch_size[1]}, output {lm.output_kind}, on {self.device}>"
+        )
+
+    # -- pictures -------------------------------------------------------------------------
+    def _read(self, image: Any) -> list[Prepped]:
+        """Read and prepare one picture or a list (one ``Prepped`` each); errors name the item."""
+        many = is_many(image)
+        items = list(image) if many else [image]
+        if many and not items:
+            raise ValueError(f"an empty list of pictures; give {PICTURE_TYPES}, or a list of them")
+        out = []
+        for i, item in enumerate(items):
+            try:
+                pic = picture(item, self.settings.max_upload_bytes)
+                out.append(Prepped(pic, self.pictures.prepare(pic.data)))
+            except ImageError as e:
+                if not many:
+                    raise
+                raise type(e)(f"pictures[{i}]: {e}", e.status, e.code) from None
+            except (TypeError, ValueError) as e:
+                if not many:
+                    raise
+                raise type(e)(f"pictures[{i}]: {e}") from None
+        return out
+
+    def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:
+        """The model in eval mode while Headscope computes (see :func:`~app.python.modes.computing`)."""
+        return computing(self.lm, lock)
+
+    def _batches(self, items: list[Prepped]) -> Iterator[list[int]]:
+        """Indices of ``items`` in batches of one input size, at most ``batch_size`` each."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, it in enumerate(items):
+            groups.setdefault(tuple(it.prep.pixels.shape), []).append(i)
+        for idx in groups.values():
+            for j in range(0, len(idx), self.batch_size):
+                yield idx[j : j + self.batch_size]
+
+    def _pixels(self, items: list[Prepped], idx: list[int]) -> torch.Tensor:
+        x = torch.stack([items[i].prep.pixels for i in idx])  # B, 3, H, W
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device)
+
+    # -- attention ------------------------------------------------------------------------
+    def attention(
+        self,
+        image: Any,
+        query: Any = "cls",
+        layers: Any = None,
+        heads: Any = None,
+        temperature: float = 1.0,
+        ablate: Any = None,
+        *,
+        aggregate: str = "none",
+        drop: str = "none",
+        rollout_start: int = 0,
+        head_fusion: str = "mean",
+        discard_ratio: float = 0.0,
+    ) -> Attention | list[Attention]:
+        """The softmax attention of one picture (or of each picture of a list), as the API answers it.
+
+        The parameters are those of ``POST /api/v1/attention`` (the same grammar, the same
+        validation, the same messages), in Python spellings too.
+
+        Args:
+            image: a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, or a list of these.
+            query: ``"cls"``, ``"all"``, a token index, a grid cell ``(row, col)``, lists of
+                either, or the API's text (``"patch:3,5"``, ``"0,17"``).
+            layers: None (every layer), an int, ints, or the API's text (``"0-3,-1"``). A
+                windowed model (Swin) answers within one stage: None gives every stage
+                (``Attention.maps`` is then a list, one tensor per stage), explicit layers must
+                be of one stage.
+            heads: None (every head), an int, ints, or text (counted within a Swin stage).
+            temperature: every map is ``softmax(scores / temperature)``; 1 is the model itself.
+            ablate: heads removed first: ``(layer, head)`` pairs or the text ``"0:1,11:5"``.
+            aggregate: ``none``, ``mean``, ``max`` (over the heads) or ``rollout``.
+            drop: ``none``, ``prefix``, ``artifacts`` or ``prefix,artifacts``: key tokens zeroed
+                and rows renormalised.
+            rollout_start, head_fusion, discard_ratio: the rollout's options.
+
+        Returns:
+            An :class:`~app.python.result.Attention`, or a list of them for a list of pictures.
+
+        Raises:
+            ValueError: a bad parameter or picture, with the API's 4xx message.
+            TypeError: an argument of the wrong type.
+        """
+        from .result import Attention, Part, found_of
+
+        fields = dict(
+            layers=P.indices(layers, "layers"),
+            heads=P.indices(heads, "heads"),
+            query=P.query(query),
+            temperature=temperature,
+            ablate=P.ablate(ablate),
+            aggregate=aggregate,
+            drop=drop,
+            rollout_start=rollout_start,
+            head_fusion=head_fusion,
+            discard_ratio=discard_ratio,
+        )
+        from ..serving.params import AttentionParams
+
+        params = P.build(AttentionParams, **fields)
+        pairs = self.lm.ablation(params.ablate)
+        items = self._read(image)
+        every_stage = self.lm.windowed and layers is None
+        results: list[Attention | None] = [None] * len(items)
+        for idx in self._batches(items):
+            input_size = items[idx[0]].prep.input_size
+            materialise = params.needs_every_row and self.lm.keeps_maps(input_size)
+            with self.computing():
+                atts = forward_capture(
+                    self.lm, self._pixels(items, idx), materialise=materialise, amp_dtype=self.amp_dtype, ablate=pairs
+                )
+            for i, att in zip(idx, atts):
+                it = items[i]
+                found = found_of(self.lm, it, att)
+                try:
+                    parts = [
+                        Part.of(found, it.image_id, it.picture.filename, p, pairs)
+                        for p in _stage_params(self.lm, params, input_size, every_stage)
+                    ]
+                except ValueError as e:
+                    if not is_many(image):
+                        raise
+                    raise type(e)(f"pictures[{i}]: {e}") from None
+                results[i] = Attention(self.lm, self.settings, it, found, parts, params, pairs, every_stage)
+        out = [r for r in results if r is not None]
+        return out if is_many(image) else out[0]
+
+    # -- the model's output, ablation, importance -----------------------------------------
+    def output(self, image: Any, ablate: Any = None) -> dict[str, Any] | list[dict[str, Any]]:
+        """The model's own output (``GET …/output``): saliency, classes or embedding, and with
+        ``ablate`` its change against the unablated output. Arrays are torch tensors."""
+        from ..engine.output import describe
+        from ..serving.ablation import Output, output_meta, outputs
+
+        pairs = self.lm.ablation(P.ablate(ablate))
+        items = self._read(image)
+        res = []
+        for it in items:
+            with self.computing(lock=False):  # outputs() takes the model's lock
+                base_t, out_t = outputs(self.lm, it.prep.pixels, [(), pairs], self.amp_dtype, self.device)
+            base = Output(base_t, it.prep.input_size, it.prep.image_size)
+            out = Output(out_t, it.prep.input_size, it.prep.image_size)
+            meta = output_meta(it.image_id, self.lm, pairs, base, out, False)
+            meta["output"] = _tensors(describe(self.lm, out.tensor))
+            res.append(meta)
+        return res if is_many(image) else res[0]
+
+    def importance(self, image: Any, method: str = "ablation") -> dict[str, Any] | list[dict[str, Any]]:
+        """Every head's importance (``GET …/importance``): ``importance`` ``[layers, heads]``.
+
+        Args:
+            method: ``ablation`` (exact: the output change with each head removed alone) or
+                ``gradient`` (Michel et al.'s ``|d loss / d m_h|``, one forward and backward).
+        """
+        from ..web.api.ablation import MethodQ
+
+        method = P.check(MethodQ, "method", method)
+        refuse_windowed(self.lm.windowed, "importance")
+        res = [self._importance(it, method) for it in self._read(image)]
+        return (
+            [_arrays(r, ("importance", "kl")) for r in res] if is_many(image) else _arrays(res[0], ("importance", "kl"))
+        )
+
+    def _importance(self, it: Prepped, method: str) -> dict[str, Any]:
+        from ..serving.ablation import importance_work
+        from ..serving.tasks import Progress, run_now
+
+        with self.computing(lock=False):  # each piece takes the model's lock
+            work = importance_work(
+                it.image_id, self.lm, it.prep, method, Progress("importance"), self.amp_dtype, self.device
+            )
+            return run_now(work)
+
+    def pruning(
+        self, image: Any, method: str = "ablation", points: int | None = None
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """The pruning curve (``GET …/pruning``): heads removed least important first, the
+        output change after each step (``change``); the importance by ``method`` first."""
+        from ..serving.ablation import DEFAULT_POINTS, pruning_work
+        from ..serving.tasks import Progress, run_now
+        from ..web.api.ablation import MethodQ, PointsQ
+
+        method = P.check(MethodQ, "method", method)
+        points = P.check(PointsQ, "points", DEFAULT_POINTS if points is None else points)
+        refuse_windowed(self.lm.windowed, "pruning")
+        res = []
+        for it in self._read(image):
+            ranking = self._importance(it, method)
+            with self.computing(lock=False):  # each piece takes the model's lock
+                work = pruning_work(
+                    it.image_id, self.lm, it.prep, ranking, points, Progress("pruning"), self.amp_dtype, self.device
+                )
+                res.append(_arrays(run_now(work), ("change", "kl")))
+        return res if is_many(image) else res[0]
+
+    # -- relevance and faithfulness -------------------------------------------------------
+    def relevance(
+        self, image: Any, method: str = "chefer", target: str | None = None, ablate: Any = None
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """A relevance map for one scalar of the model's output (Chefer et al. 2021 and baselines).
+
+        Args:
+            method: ``chefer``, ``grad_attention``, ``rollout``, ``attention`` or ``random``.
+            target: ``output`` / ``box:X0,Y0,X1,Y1`` (saliency), ``top`` / ``class:N``
+                (classes), ``embedding``; None for the model's default.
+            ablate: heads removed first.
+
+        Returns:
+            ``relevance`` (``[rows, cols]`` on the patch grid, summing to 1), ``method``,
+            ``target``, ``y`` (the target's value), ``grid`` and the map's metadata.
+        """
+        from ..engine.relevance import MethodError, parse_methods, relevance
+        from ..engine.relevance import refuse_windowed as refuse_relevance
+
+        refuse_relevance(self.lm)
+        names = parse_methods(method)
+        if len(names) != 1:
+            raise MethodError(
+                f"method: one method per map; faithfulness(methods=...) compares several (got {method!r})"
+            )
+        name = names[0]
+        pairs = self.lm.ablation(P.ablate(ablate))
+        out = []
+        for it in self._read(image):
+            x = it.prep.pixels[None].to(self.device)
+            with self.computing():
+                rel = relevance(self.lm, x, target, [name], amp_dtype=self.amp_dtype, ablate=pairs)[0]
+            out.append(
+                {
+                    "model": self.lm.id,
+                    "image_id": it.image_id,
+                    "method": name,
+                    **rel.info(),
+                    "ablated": [list(p) for p in pairs],
+                    "relevance": rel.maps[name],
+                }
+            )
+        return out if is_many(image) else out[0]
+
+    def faithfulness(
+        self,
+        image: Any,
+        methods: Any = None,
+        target: str | None = None,
+        fractions: Any = None,
+        ablate: Any = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """The perturbation test of each method's relevance map: remove the most (``positive``)
+        or least (``negative``) relevant patches and watch the target; the curves and their AUC.
+
+        Args:
+            methods: names (``["chefer", "attention", "random"]`` or ``"chefer,random"``); None: all.
+            target: as for :meth:`relevance`.
+            fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
+            ablate: heads removed first (maps and perturbed forwards alike).
+        """
+        from ..engine.faithfulness import faithfulness, parse_fractions
+        from ..engine.relevance import parse_methods, relevance
+        from ..engine.relevance import refuse_windowed as refuse_relevance
+
+        refuse_relevance(self.lm)
+        names = parse_methods(methods)
+        fracs = parse_fractions(fractions)
+        pairs = self.lm.ablation(P.ablate(ablate))
+        out = []
+        for it in self._read(image):
+            x = it.prep.pixels[None].to(self.device)
+            with self.computing():
+                rel = relevance(self.lm, x, target, names, amp_dtype=self.amp_dtype, ablate=pairs)[0]
+                res = faithfulness(self.lm, x[0], rel.maps, rel.target, fracs, amp_dtype=self.amp_dtype, ablate=pairs)
+            out.append(
+                {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
+            )
+        return out if is_many(image) else out[0]
+
+
+def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
+    """The request's parameters once, or for a windowed model asked for every layer, once per
+    stage (its layers; a rollout starting at the stage's first layer)."""
+    if not every_stage:
+        return [params]
+    layout = lm.layout(input_size)
+    assert isinstance(layout, WindowedLayout)
+    return [
+        params.model_copy(update={"layers": f"{s.first_layer}-{s.last_layer}", "rollout_start": s.first_layer})
+        for s in layout.stages
+    ]
+
+
+def _tensors(value: Any) -> Any:
+    """numpy arrays in a JSON-ready value as torch tensors (dicts and lists walked)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {k: _tensors(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tensors(v) for v in value]
+    return value
+
+
+def _arrays(res: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """``res`` with the number lists under ``keys`` as float32 tensors (the API's float32 values)."""
+    return {k: torch.tensor(v, dtype=torch.float32) if k in keys and v is not None else v for k, v in res.items()}
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def load(
+    model_or_id: str | nn.Module | LoadedModel | None = None,
+    device: str | torch.device = "auto",
+    precision: str = "auto",
+    models_dir: str | Path | None = None,
+    *,
+    settings: Settings | None = None,
+    batch_size: int = DEFAULT_BATCH,
+) -> Scope:
+    """A model ready for :meth:`Scope.attention` and the rest.
+
+    Args:
+        model_or_id: a model id as the server takes it (None: the default, the embedded
+            ``dinov2-s14-focus`` unless ``HEADSCOPE_MODEL`` says otherwise; ``timm:NAME``,
+            ``local:ARCH@/path/weights.safetensors``, ``random:ARCH``), or a timm model object
+            already in memory (one just fine-tuned: used as it is, on its device).
+        device: ``auto`` (CUDA, then MPS, then CPU; a model object stays where it is), ``cpu``,
+            ``cuda``, ``cuda:N`` or ``mps``. A model object given another device is moved there.
+        precision: ``auto`` (bf16/fp16 autocast on CUDA, fp32 elsewhere), ``fp32``, ``fp16``, ``bf16``.
+        models_dir: where models are converted and kept (default as the server's:
+            ``HEADSCOPE_MODELS_DIR``, a checkout's ``models/``, else the user's cache).
+        settings: the server's ``Settings`` (default: from ``HEADSCOPE_*`` variables, as the
+            server and the command line read them): decoding limits, resize mode.
+        batch_size: most pictures per forward when a list is given.
+
+    Raises:
+        ValueError: an unknown model id (also a ``KeyError``), device or precision.
+        TypeError: ``model_or_id`` of another type.
+    """
+    settings = settings or Settings()
+    if models_dir is not None:
+        settings = settings.model_copy(update={"models_dir": Path(models_dir)})
+    if precision not in ("auto", "fp32", "fp16", "bf16"):
+        raise ValueError(f"precision {precision!r}: use auto, fp32, fp16 or bf16")
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+    if isinstance(model_or_id, (LoadedModel, nn.Module)):
+        from ..zoo.loaders import wrap_module
+
+        lm = model_or_id if isinstance(model_or_id, LoadedModel) else wrap_module(model_or_id)
+        if str(device) != "auto":
+            lm.to(resolve_device(str(device)))
+    elif model_or_id is None or isinstance(model_or_id, str):
+        from ..zoo.registry import Registry
+
+        dev = resolve_device(str(device))
+        lm = Registry([model_or_id or settings.model], settings.models_dir, dev).get()
+    else:
+        raise TypeError(
+            f"load() takes a model id, a timm model or nothing (the default model); got {type(model_or_id).__name__}"
+        )
+    return Scope(lm, settings, precision, batch_size)
+
+
+__all__ = ["Scope", "load"]

@@ -1,0 +1,204 @@
+"""The interactive view of an :class:`~app.python.result.Attention`: in a notebook, or one HTML file.
+
+In Jupyter, JupyterLab, VS Code or Colab, ``att.show()`` (or ``att`` as a cell's last line: the
+result's rich display) draws the picture with the attention of one layer, head and query over
+it, the colour bar, the layer and head controls, the heads of the layer at a glance (a click on
+a thumbnail picks the head), the query (a click on a patch of the picture makes it the query;
+"first token" goes back to CLS) and the softmax temperature (a log-scale slider, 0.1 to 10).
+``att.widget()`` gives the widget itself: its ``layer``, ``head``, ``query`` (a token index),
+``temperature`` and ``colormap`` follow the clicks and can be set from Python.
+
+``att.to_html("view.html")`` writes the same view as one self-contained file: the data, the
+picture and the script are inside it, so it opens offline in any browser, from disk or mail,
+without a server or a kernel.
+
+What travels. The view ships every row of every head of the result's layers (``layers=`` of
+``scope.attention``), as log-probabilities at temperature 1 in float16: ``layers x heads x N x N
+x 2`` bytes for N tokens, sent as a binary buffer (a ``bytes`` trait, a ``DataView`` in the
+browser; base64 in the HTML file), never as JSON lists, plus the picture as PNG. The browser
+takes the row of the clicked query from them, and a temperature T as ``softmax(logp / T)``, which
+is ``softmax(scores / T)`` since log-probabilities differ from the scores by a constant per row:
+clicks and the slider need no kernel and no forward. For the default model and a 224 x 336
+picture (16 x 24 patches, N = 385): 12 x 6 x 385 x 385 x 2 bytes = 21 MB (28 MB of base64 in the
+HTML file); for one layer, 1.8 MB. Past ``max_bytes`` (64 MiB by default) the view refuses with
+the size and asks for fewer layers (``scope.attention(image, layers="-1")``). Float16 log-probabilities
+keep each weight within ``2^-11 |log p|`` of its value (0.34 % at p = 0.001, 0.05 % at p = 0.37):
+the view is for looking, ``att.maps`` holds the exact numbers. A
+Swin model's view covers the layers of one stage. The view shows every head unfused and every
+key column: a result fused over heads (``aggregate=``) or with dropped columns (``drop=``) opens
+on head 0 of its layers.
+
+The view needs the notebook extra (``pip install 'headscope[notebook]'``: anywidget);
+``to_html`` needs nothing beyond Headscope itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..serving import answers
+from . import params as P
+from .esm import assemble, entry_var
+from .extras import need
+from .modes import computing
+
+if TYPE_CHECKING:
+    from .result import Attention
+
+MAX_BYTES = 64 * 2**20
+ENTRY = "widget"
+BINARY = ("logp", "image")
+
+
+def _layers(att: Attention) -> list[int]:
+    if att.per_stage:
+        raise ValueError(
+            "the view shows the layers of one stage of a windowed model: ask for them, e.g. "
+            "scope.attention(image, layers='-1')"
+        )
+    return list(att.layers)  # type: ignore[arg-type]
+
+
+def rows_logp(att: Attention, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+    """Every row of every head of the result's layers at temperature 1, as the API answers
+    ``query=all`` for them, in log space and float16: ``([layers, heads, N, N] float16, meta)``.
+
+    Args:
+        att: the result.
+        max_bytes: refuse (ValueError) past this many bytes.
+    """
+    layers = _layers(att)
+    image = att.capture
+    params = P.build(type(att.params), layers=",".join(map(str, layers)), heads="all", query="all", temperature=1.0)
+    sel = answers.selection(params, image)
+    heads = len(sel.heads)
+    n = image.tokens(sel.stage)["count"]
+    size = len(sel.layers) * heads * n * n * 2
+    if size > max_bytes:
+        raise ValueError(
+            f"the view would ship {size / 2**20:.1f} MiB (every row of {len(sel.layers)} layers x {heads} heads x "
+            f"{n} tokens, float16), more than max_bytes={max_bytes}: ask for fewer layers, e.g. "
+            "scope.attention(image, layers='-1'), or pass a larger max_bytes"
+        )
+    with computing(att.lm):
+        maps = torch.from_numpy(answers.maps(image, sel, [], "float32"))  # may share the capture's memory
+        logp = torch.log(maps).to(torch.float16).numpy()
+    return logp, {"layers": list(sel.layers), "tokens": image.tokens(sel.stage)}
+
+
+def _state(att: Attention, max_bytes: int) -> dict[str, Any]:
+    """The view's traits: the binary ones as bytes, the rest plain JSON values."""
+    logp, meta = rows_logp(att, max_bytes)
+    layers = meta["layers"]
+    shown = [h for h in att.heads if isinstance(h, int)]
+    asked_layers: list[int] = att.layers  # type: ignore[assignment]  # one stage (see _layers)
+    return {
+        "logp": logp.astype("<f2", copy=False).tobytes(),
+        "shape": list(logp.shape),
+        "layers": layers,
+        "tokens": meta["tokens"],
+        "image": att.display_png,
+        "model_name": att.model,
+        "image_id": att.image_id,
+        "filename": att.filename or "",
+        "layer": asked_layers[-1] if asked_layers else layers[-1],
+        "head": shown[0] if shown else 0,
+        "query": att.query[0],
+        "temperature": float(att.params.temperature),
+        "colormap": "viridis",
+        "opacity": 0.6,
+    }
+
+
+@functools.cache
+def esm() -> str:
+    """The widget's ES module: the page's modules assembled (:mod:`app.python.esm`)."""
+    return assemble(ENTRY) + f"export default {{ render: {entry_var(ENTRY)}.render }};\n"
+
+
+@functools.cache
+def _widget_class() -> type:
+    anywidget = need("anywidget", "The interactive view (att.show(), att.widget())")
+    import traitlets as t
+
+    class AttentionWidget(anywidget.AnyWidget):  # type: ignore[name-defined]
+        """One picture's attention, drawn by the page's modules; the traits are the view's state."""
+
+        _esm = esm()
+        logp = t.Bytes().tag(sync=True)
+        shape = t.List(t.Int()).tag(sync=True)
+        layers = t.List(t.Int()).tag(sync=True)
+        tokens = t.Dict().tag(sync=True)
+        image = t.Bytes().tag(sync=True)
+        model_name = t.Unicode().tag(sync=True)  # (ipywidgets owns model_id: the comm id)
+        image_id = t.Unicode().tag(sync=True)
+        filename = t.Unicode().tag(sync=True)
+        layer = t.Int().tag(sync=True)
+        head = t.Int().tag(sync=True)
+        query = t.Int().tag(sync=True)
+        temperature = t.Float(1.0).tag(sync=True)
+        colormap = t.Unicode("viridis").tag(sync=True)
+        opacity = t.Float(0.6).tag(sync=True)
+
+    return AttentionWidget
+
+
+def widget(att: Attention, max_bytes: int = MAX_BYTES) -> Any:
+    """The anywidget of ``att`` (needs the notebook extra)."""
+    cls = _widget_class()
+    return cls(**_state(att, max_bytes))
+
+
+def show(att: Attention, max_bytes: int = MAX_BYTES) -> None:
+    """Display the view of ``att`` in the notebook (needs the notebook extra)."""
+    w = widget(att, max_bytes)
+    from IPython.display import display
+
+    display(w)
+
+
+def html_text(att: Attention, max_bytes: int = MAX_BYTES) -> str:
+    """The view of ``att`` as one self-contained HTML page."""
+    state = _state(att, max_bytes)
+    for name in BINARY:
+        state[name] = base64.b64encode(state[name]).decode("ascii")
+    data = json.dumps({"values": state, "binary": list(BINARY)}, separators=(",", ":"))
+    data = data.replace("</", "<\\/")  # nothing in the data may close the script element
+    title = html.escape(f"Headscope · {att.filename or att.image_id} · {att.model}")
+    host = (
+        f"const {{ render, localModel }} = {entry_var(ENTRY)};\n"
+        'const state = JSON.parse(document.getElementById("headscope-state").textContent);\n'
+        'render({ model: localModel(state), el: document.getElementById("headscope-view") });\n'
+    )
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{title}</title>\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '</head>\n<body style="margin: 16px; background: #fff">\n<div id="headscope-view"></div>\n'
+        f'<script type="application/json" id="headscope-state">{data}</script>\n'
+        f'<script type="module">\n{assemble(ENTRY)}{host}</script>\n</body>\n</html>\n'
+    )
+
+
+def to_html(att: Attention, path: str | Path, max_bytes: int = MAX_BYTES) -> Path:
+    """Write the view of ``att`` to ``path`` (one file, opens offline); returns the path."""
+    out = Path(path)
+    out.write_text(html_text(att, max_bytes), encoding="utf-8")
+    return out
+
+
+def mimebundle(att: Attention, **kwargs: Any) -> Any:
+    """The result's rich display: the widget where anywidget is installed, else its text."""
+    try:
+        w = widget(att)
+    except (ImportError, ValueError) as e:  # a display shows the text and why, never a traceback
+        return {"text/plain": f"{att!r}\n(no interactive view: {e})"}
+    return w._repr_mimebundle_(**kwargs)

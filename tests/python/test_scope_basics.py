@@ -1,0 +1,143 @@
+"""``headscope.load`` / ``Scope.attention`` in-process, on a tiny random-weight ViT: the maps
+against an independent softmax(q k^T) of the timm module, list and picture inputs, the
+result's fields, statistics, explain, and bad arguments."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+import headscope
+from headscope.python.inputs import png_bytes
+
+MODEL = "random:test_vit"
+
+
+@pytest.fixture(scope="module")
+def scope(tmp_path_factory):
+    return headscope.load(MODEL, device="cpu", models_dir=tmp_path_factory.mktemp("models"))
+
+
+def _picture(seed: int, hw=(60, 90)) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (*hw, 3), dtype=np.uint8)
+
+
+def _reference(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Every block's softmax(q k^T * scale), from the block's input and its own qkv weights."""
+    inputs: list[torch.Tensor] = []
+    hooks = [b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in model.blocks]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for blk, h in zip(model.blocks, inputs):
+        a = blk.attn
+        B, N, C = h.shape  # batch, tokens, channels
+        qkv = a.qkv(h).reshape(B, N, 3, a.num_heads, C // a.num_heads).permute(2, 0, 3, 1, 4)
+        q, k = a.q_norm(qkv[0]), a.k_norm(qkv[1])
+        out.append(((q * a.scale) @ k.transpose(-2, -1)).softmax(-1))  # B, H, N, N
+    return out
+
+
+def test_maps_are_the_models_softmax(scope):
+    att = scope.attention(_picture(0), query="all")
+    assert isinstance(scope.model, torch.nn.Module) and scope.model is scope.lm.model
+    x = scope.pictures.prepare(att.image_bytes).pixels[None]
+    ref = torch.stack([r[0] for r in _reference(scope.model, x)])  # L, H, N, N
+    assert att.maps.shape == ref.shape
+    torch.testing.assert_close(att.maps, ref, atol=2e-6, rtol=1e-5)
+    assert np.shares_memory(att.numpy(), att.maps.numpy())
+    rows, cols = att.grid
+    assert att.tokens["count"] == ref.shape[-1] == att.tokens["num_prefix"] + rows * cols
+    # the hooks are gone once Headscope is done: the module is the user's again
+    assert all(not b.attn._forward_hooks and not b.attn._forward_pre_hooks for b in scope.model.blocks)
+
+
+def test_pictures_of_every_kind_and_lists(scope, tmp_path):
+    arr = _picture(1)
+    pil = Image.fromarray(arr)
+    path = tmp_path / "p.png"
+    pil.save(path)
+    data = path.read_bytes()
+    one = scope.attention(arr, layers=-1, heads=[1, 0], query=(1, 2))
+    many = scope.attention([arr, pil, path, data, str(path)], layers=-1, heads=[1, 0], query=(1, 2))
+    assert len(many) == 5
+    png = png_bytes(arr)
+    assert one.image_id == hashlib.sha256(png).hexdigest()[:24]  # the server's id of the PNG bytes
+    assert [a.image_id for a in many[:2]] == [one.image_id] * 2
+    assert {a.image_id for a in many[2:]} == {hashlib.sha256(data).hexdigest()[:24]}
+    assert many[2].filename == "p.png"
+    for a in many:
+        torch.testing.assert_close(a.maps, one.maps, atol=1e-6, rtol=0)  # batched == alone
+    assert one.maps.shape[:3] == (1, 2, 1) and one.layers == [scope.lm.num_layers - 1] and one.heads == [1, 0]
+    assert Image.open(io.BytesIO(png)).tobytes() == arr.tobytes()  # lossless
+
+
+def test_stats_and_explain(scope):
+    from headscope.survey.schema import ROWS
+
+    att = scope.attention(_picture(2))
+    df = att.stats()
+    L, H = scope.lm.num_layers, scope.lm.num_heads
+    assert list(df.columns) == ROWS.names and len(df) == L * H
+    assert df["layer"].tolist() == np.repeat(np.arange(L), H).tolist()
+    ex = att.explain(-1, 1, "cls")
+    assert ex["layer"] == L - 1 and ex["head"] == 1 and ex["query"] == 0
+    torch.testing.assert_close(ex["attention"].reshape(-1), att.maps[-1, 1, 0], atol=1e-6, rtol=0)
+
+
+def test_a_module_in_memory_keeps_its_state():
+    model = timm.create_model("test_vit", pretrained=False, num_classes=3)
+    model.train()
+    scope = headscope.load(model)
+    assert scope.model is model and scope.lm.output_kind == "classes"
+    att = scope.attention(_picture(3), layers=0)
+    assert att.maps.shape[0] == 1 and model.training and all(m.training for m in model.modules())
+    assert all(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"layers": 99}, ValueError, "layers: index 99 is out of range"),
+        ({"temperature": 0}, ValueError, "temperature: Input should be greater than 0"),
+        ({"query": "patch:99,99"}, ValueError, "query: patch (99, 99) is outside"),
+        ({"heads": [0.5]}, TypeError, "heads: None (all), an int"),
+        ({"aggregate": "median"}, ValueError, "aggregate: Input should be"),
+    ],
+)
+def test_bad_arguments(scope, kwargs, error, message):
+    with pytest.raises(error) as e:
+        scope.attention(_picture(4), **kwargs)
+    assert str(e.value).startswith(message)
+
+
+def test_bad_pictures(scope, tmp_path):
+    with pytest.raises(TypeError, match="a picture is a path, bytes"):
+        scope.attention(3.5)
+    with pytest.raises(TypeError, match="uint8"):
+        scope.attention(np.zeros((8, 8, 3), np.float32))
+    with pytest.raises(ValueError, match=r"pictures\[1\]: .*missing.png"):
+        scope.attention([_picture(5), tmp_path / "missing.png"])
+    with pytest.raises(ValueError, match="not an image"):
+        scope.attention(b"not a picture")
+    with pytest.raises(ValueError, match="has no architecture named"):
+        headscope.load("random:no_such_arch_xyz")
+
+
+def test_version_and_lazy_import():
+    import subprocess
+    import sys
+
+    assert headscope.__version__ and headscope.__version__[0].isdigit()
+    code = "import sys, headscope; assert 'torch' not in sys.modules, 'import headscope pulled in torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,239 @@
+"""The interactive view (``att.widget()``, ``att.show()``, the rich display, ``att.to_html()``) on
+the embedded model and a sample photo: the widget's binary traits hold the API's rows (any query,
+any temperature), its ES module loads and draws in real Chromium through a minimal anywidget
+host, and the standalone file opened from disk shows the overlay and takes a click on a patch as
+the query. The first draw's time is printed (``-s``), never asserted."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import headscope
+from headscope.python import view
+from helpers.view_host import click_cell, draw_widget, open_file, widget_values
+
+SAMPLE = Path(__file__).resolve().parents[2] / "static" / "samples" / "cat.png"
+CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def scope():
+    return headscope.load(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def att(scope):
+    return scope.attention(SAMPLE)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (set HEADSCOPE_CHROMIUM)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1000, "height": 800})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    # Offline: nothing but the file itself, data: and blob: URLs may load.
+    local = ("file:", "data:", "blob:")
+    context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(local) else r.abort())
+    yield pg
+    context.close()
+    assert errors == []
+
+
+def _logp(w) -> np.ndarray:
+    return np.frombuffer(w.logp, dtype="<f2").reshape(w.shape).astype(np.float32)
+
+
+def _assert_rounded(view_logp: torch.Tensor, api: torch.Tensor, T: float = 1.0) -> None:
+    """``softmax(view_logp / T)`` equals the API's rows within float16 rounding of the log-probabilities:
+    half an ulp is at most 2^-11 |log p| per value (a row's renormalisation moves it by about as much)."""
+    got = torch.log_softmax(view_logp / T, -1)
+    want = api.log()
+    bound = 2 * 2**-11 * view_logp.abs().amax(-1, keepdim=True) / T + 1e-5
+    finite = want > -80
+    assert torch.all((got - want).abs()[finite] <= bound.expand_as(got)[finite])
+
+
+def test_widget_traits_hold_every_row_as_float16_bytes(scope, att):
+    w = att.widget()
+    L, H, N = len(att.layers), att.maps.shape[1], att.tokens["count"]
+    assert w.shape == [L, H, N, N] and w.layers == att.layers
+    assert isinstance(w.logp, bytes) and len(w.logp) == L * H * N * N * 2
+    assert w.image == att.display_png and w.tokens == att.tokens
+    assert (w.layer, w.head, w.query, w.temperature) == (att.layers[-1], 0, 0, 1.0)
+    logp = torch.from_numpy(_logp(w))
+    # The CLS rows are the API's maps; another query's rows are the API's answer for that query.
+    _assert_rounded(logp[:, :, 0], att.maps[:, :, 0])
+    other = scope.attention(SAMPLE, query="patch:3,5")
+    q = other.query[0]
+    assert q == 1 + 3 * att.grid[1] + 5
+    _assert_rounded(logp[:, :, q], other.maps[:, :, 0])
+    # Any temperature from the same bytes: softmax(logp / T) is the API's answer at T.
+    hot = scope.attention(SAMPLE, temperature=2.5)
+    _assert_rounded(logp[:, :, 0], hot.maps[:, :, 0], T=2.5)
+    # The rich display is the widget's.
+    bundle = att._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert "application/vnd.jupyter.widget-view+json" in data
+
+
+def test_view_refuses_too_many_bytes_and_names_the_extra(att, monkeypatch):
+    with pytest.raises(ValueError, match=r"MiB .*fewer layers"):
+        att.widget(max_bytes=1000)
+    view._widget_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "anywidget", None)  # as if it were not installed
+    try:
+        with pytest.raises(ImportError, match=r"pip install 'headscope\[notebook\]'"):
+            att.show()
+        text = att._repr_mimebundle_()["text/plain"]
+        assert "headscope[notebook]" in text and att.image_id in text
+    finally:
+        view._widget_class.cache_clear()
+
+
+@pytest.mark.browser
+def test_widget_esm_draws_in_chromium(att, page, tmp_path):
+    w = att.widget()
+    assert set(widget_values(w)) >= {"logp", "image", "shape", "layers", "tokens", "layer", "head", "query"}
+    ms = draw_widget(page, w, tmp_path)
+    print(f"\nwidget first draw (render -> overlay): {ms} ms")
+    assert page.text_content("[data-testid=hs-query]") == "cls"
+    assert page.locator(".hs-tile").count() == att.maps.shape[1]
+    R, C = att.grid
+    click_cell(page, 1, 2, att.grid)
+    assert page.text_content("[data-testid=hs-query]") == "patch:1,2"
+    assert page.evaluate("window.saved.at(-1).query") == 1 + 1 * C + 2  # what the kernel would get
+    page.locator(".hs-tile").nth(3).click()
+    assert page.evaluate("window.saved.at(-1).head") == 3
+
+
+def _pixels(page) -> list[int]:
+    return page.evaluate(
+        """() => { const c = document.querySelector("[data-testid=hs-overlay]");
+        return Array.from(c.getContext("2d").getImageData(0, 0, c.width, c.height).data); }"""
+    )
+
+
+def _picture_difference(page) -> float:
+    """Mean absolute difference between the drawn overlay and the bare picture at its size."""
+    return page.evaluate(
+        """async () => {
+        const c = document.querySelector("[data-testid=hs-overlay]");
+        const bare = document.createElement("canvas");
+        bare.width = c.width; bare.height = c.height;
+        const state = JSON.parse(document.getElementById("headscope-state").textContent);
+        const blob = await (await fetch("data:image/png;base64," + state.values.image)).blob();
+        const bmp = await createImageBitmap(blob);
+        const ctx = bare.getContext("2d");
+        ctx.imageSmoothingQuality = "high";
+        ctx.drawImage(bmp, 0, 0, c.width, c.height);
+        const a = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+        const b = ctx.getImageData(0, 0, c.width, c.height).data;
+        let d = 0;
+        for (let i = 0; i < a.length; i += 4) {
+          for (let k = 0; k < 3; k++) d += Math.abs(a[i + k] - b[i + k]);
+        }
+        return d / (3 * a.length / 4);
+        }"""
+    )
+
+
+@pytest.mark.browser
+def test_standalone_html_opens_offline_and_a_click_changes_the_query(att, page, tmp_path):
+    path = att.to_html(tmp_path / "view.html")
+    size = path.stat().st_size
+    after_render, after_start = open_file(page, path)
+    print(
+        f"\nto_html: {size / 1e6:.1f} MB; first draw {after_render} ms after render(), "
+        f"{after_start} ms after the file began to load"
+    )
+    assert page.text_content("[data-testid=hs-query]") == "cls"
+    assert page.text_content("[data-testid=hs-caption]") == f"{att.model} · {SAMPLE.name}"
+    # The overlay is drawn over the picture: colour-mapped attention, not the bare photo.
+    assert _picture_difference(page) > 10
+    before = _pixels(page)
+    R, C = att.grid
+    click_cell(page, 7, 5, att.grid)
+    assert page.text_content("[data-testid=hs-query]") == "patch:7,5"
+    after = _pixels(page)
+    assert len(after) == len(before) and after != before
+    # The legend's maximum is the patch maximum of that row (layer 11, head 0) at the temperature.
+    w = att.widget()
+    q = 1 + 7 * C + 5
+    row = torch.softmax(torch.from_numpy(_logp(w))[-1, 0, q] / 1.0, -1)[1:]
+    shown = float(page.text_content("[data-testid=hs-legend-max]"))
+    assert shown == pytest.approx(float(row.max()), rel=5e-3, abs=6e-4)
+    # The temperature slider re-tempers the rows in the page (log scale: 10^0.4 = 2.51).
+    page.locator("[data-testid=hs-temperature]").fill("0.4")
+    assert page.text_content("[data-testid=hs-temperature-value]") == "2.51"
+    hot = torch.softmax(torch.from_numpy(_logp(w))[-1, 0, q] / 2.51, -1)[1:]
+    shown = float(page.text_content("[data-testid=hs-legend-max]"))
+    assert shown == pytest.approx(float(hot.max()), rel=5e-3, abs=6e-4)
+
+
+def test_notebook_kernel_displays_the_widget_with_binary_buffers(tmp_path):
+    """In a real ipykernel (through nbclient): ``att`` as a cell's last line and ``att.show()`` give
+    the widget's view, and its state reaches the front end with ``logp`` and ``image`` as binary
+    buffers (base64 in the saved notebook), the rest as JSON."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    load = f"import headscope\nscope = headscope.load(device='cpu')\natt = scope.attention({str(SAMPLE)!r}, layers=-1)"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (load, "att", "att.show()")])
+    where = {"metadata": {"path": str(tmp_path)}}
+    run = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources=where)
+    run.execute()
+    views = []
+    for cell in nb.cells[1:]:
+        (out,) = [o for o in cell.outputs if o.output_type == "display_data" or o.output_type == "execute_result"]
+        views.append(out.data["application/vnd.jupyter.widget-view+json"]["model_id"])
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    for model_id in views:
+        widget = state[model_id]
+        assert widget["model_name"] == "AnyModel"
+        values = widget["state"]
+        assert values["shape"][:2] == [1, 6] and values["layers"] == [11] and values["model_name"] == "dinov2-s14-focus"
+        buffers = {tuple(b["path"]): base64.b64decode(b["data"]) for b in widget["buffers"]}
+        assert set(buffers) == {("logp",), ("image",)}
+        assert len(buffers[("logp",)]) == int(np.prod(values["shape"])) * 2
+        assert buffers[("image",)].startswith(b"\x89PNG")
+
+
+@pytest.mark.browser
+def test_swin_view_covers_one_stage(page, tmp_path):
+    """A windowed model: the view of one stage's layers (its grid, rows zero outside the query's
+    window), every layer refused with the way out; a click picks the stage grid's cell."""
+    swin = headscope.load("random:swin_tiny_patch4_window7_224", device="cpu", models_dir=tmp_path / "models")
+    with pytest.raises(ValueError, match="one stage"):
+        swin.attention(SAMPLE, query="patch:0,0").to_html(tmp_path / "all.html")
+    att = swin.attention(SAMPLE, layers="-2,-1", query="patch:0,0")
+    w = att.widget()
+    logp = _logp(w)
+    N = att.tokens["count"]
+    assert w.shape == [2, att.maps.shape[1], N, N] and att.tokens["window"]
+    _assert_rounded(torch.from_numpy(logp[:, :, 0]), att.maps[:, :, 0])
+    open_file(page, att.to_html(tmp_path / "swin.html"))
+    assert page.text_content("[data-testid=hs-query]") == "patch:0,0"
+    R, C = att.grid
+    click_cell(page, R - 1, C - 1, att.grid)
+    assert page.text_content("[data-testid=hs-query]") == f"patch:{R - 1},{C - 1}"
