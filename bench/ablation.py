@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from app.engine import importance as imp
-from app.engine.model import LoadedModel
-from app.engine.output import change, head_output
+from headscope.engine import importance as imp
+from headscope.engine.model import LoadedModel
+from headscope.engine.output import change, head_output
 
 from .common import BenchFailure, Variant, run_interleaved, summary
 from .inproc import SAMPLES, Checks
@@ -35,8 +35,8 @@ SWEEP_TARGET = 0.60  # (0.54 backbone + 0.22 decoder) / (1 + 0.22): docs/bench.m
 
 
 def _pixels(lm: LoadedModel, name: str, square: bool, device) -> torch.Tensor:
-    from app.config import Settings
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
 
     pictures = Pictures.for_model(lm, Settings(resize="square" if square else "aspect"))
     return pictures.prepare((SAMPLES / name).read_bytes()).pixels[None].to(device)
@@ -71,7 +71,7 @@ def variants(lm: LoadedModel, x: torch.Tensor, last: dict[str, Any]) -> list[Var
         return [imp.sweep_features(lm, base, layer) for layer in range(L)]
 
     def whole_backbone():
-        from app.engine.ablation import batch_masks, heads_masked
+        from headscope.engine.ablation import batch_masks, heads_masked
 
         out = []
         with torch.inference_mode():
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from app.serving.malloc import tune_malloc
-    from app.zoo.loaders import load_embedded
+    from headscope.serving.malloc import tune_malloc
+    from headscope.zoo.loaders import load_embedded
 
     p = argparse.ArgumentParser(prog="python -m bench.ablation", description=__doc__)
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (default 5)")

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from app.serving.uploads import image_id_of
+from headscope.serving.uploads import image_id_of
 from tests.helpers.server import Server
 
 from .common import BenchFailure, progress, summary
@@ -51,7 +51,7 @@ KIND_LABELS = {
 
 
 def start_server(env: dict[str, str], log_dir: Path, timeout: float = 180) -> Server:
-    """``python -m app.cli serve`` on a free loopback port, as the tests start it
+    """``python -m headscope.cli serve`` on a free loopback port, as the tests start it
     (``tests/helpers/server.py``), its output in ``log_dir/server.log`` (the last run's)."""
     try:
         return Server(env, timeout=timeout, log_path=log_dir / "server.log")

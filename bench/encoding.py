@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from app.serving.encoders import encode
+from headscope.serving.encoders import encode
 
 from .common import BenchFailure, Variant
 

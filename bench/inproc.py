@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from app.engine.analysis import attention_tensor
-from app.engine.model import LoadedModel
-from app.engine.selection import Selection
+from headscope.engine.analysis import attention_tensor
+from headscope.engine.model import LoadedModel
+from headscope.engine.selection import Selection
 
 from . import peers
 from .ceiling import MatmulsOnly
@@ -26,8 +26,8 @@ def sample_pixels(lm: LoadedModel, n: int, device: str | torch.device = "cpu") -
     """``n`` preprocessed 224x224 sample pictures (cycled, nudged so they differ): ``[n, 3, H, W]``."""
     import dataclasses
 
-    from app.config import Settings
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
 
     pictures = dataclasses.replace(Pictures.for_model(lm, Settings(resize="square")), input_size=INPUT)
     files = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")) if SAMPLES.is_dir() else []

@@ -36,7 +36,7 @@ def build_timm_extract(sd: dict[str, torch.Tensor], grid: tuple[int, int] = (37,
     import timm
     from timm.utils import AttentionExtract
 
-    from app.zoo.pos_embed import install_exact_pos_embed
+    from headscope.zoo.pos_embed import install_exact_pos_embed
 
     model = timm.create_model(ARCH, pretrained=False, num_classes=0, img_size=grid[0] * 14, dynamic_img_size=True)
     model.load_state_dict(sd)

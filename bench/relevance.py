@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from app.engine.faithfulness import PerturbationTest
-from app.engine.model import LoadedModel
-from app.engine.output import head_output
-from app.engine.relevance import relevance
+from headscope.engine.faithfulness import PerturbationTest
+from headscope.engine.model import LoadedModel
+from headscope.engine.output import head_output
+from headscope.engine.relevance import relevance
 
 from .common import BenchFailure, Variant, run_interleaved, summary
 from .inproc import SAMPLES, Checks
@@ -39,8 +39,8 @@ SMOKE_FORWARDS = 4  # --smoke: one batch each, the mechanics only
 
 
 def _pixels(lm: LoadedModel, device) -> torch.Tensor:
-    from app.config import Settings
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
 
     pictures = Pictures.for_model(lm, Settings(resize="square"))
     return pictures.prepare((SAMPLES / "astronaut.png").read_bytes()).pixels[None].to(device)
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from app.serving.malloc import tune_malloc
-    from app.zoo.loaders import load_embedded
+    from headscope.serving.malloc import tune_malloc
+    from headscope.zoo.loaders import load_embedded
 
     p = argparse.ArgumentParser(prog="python -m bench.relevance", description=__doc__)
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (default 5)")

@@ -147,14 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
     import torch
 
-    from app.serving.malloc import tune_malloc
+    from headscope.serving.malloc import tune_malloc
 
     tune_malloc()  # as the server does at start-up, so the in-process rows see the same allocator
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from app.engine.forward import forward_capture
-    from app.zoo.loaders import load_embedded
+    from headscope.engine.forward import forward_capture
+    from headscope.zoo.loaders import load_embedded
 
     from . import encoding, inproc, peers, report
     from .common import BenchFailure, LoadMonitor, peak_rss_mib, run_interleaved, summary, throughput_stats, vm_hwm_mib
@@ -286,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- encoding ---------------------------------------------------------------------------------
     if not args.no_encoding:
-        from app.engine.analysis import attention_tensor
-        from app.engine.selection import Selection
+        from headscope.engine.analysis import attention_tensor
+        from headscope.engine.selection import Selection
 
         cls_arr = attention_tensor(att, Selection(list(range(L)), list(range(H)), [0])).numpy()
         full_arr = attention_tensor(att, Selection(list(range(L)), list(range(H)), None)).numpy()

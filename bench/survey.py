@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from app.config import Settings
-from app.engine.forward import forward_capture
-from app.engine.model import LoadedModel
-from app.serving.store import Entry
-from app.survey.compute import Surveyor
-from app.survey.sources import Item
+from headscope.config import Settings
+from headscope.engine.forward import forward_capture
+from headscope.engine.model import LoadedModel
+from headscope.serving.store import Entry
+from headscope.survey.compute import Surveyor
+from headscope.survey.sources import Item
 
 from .common import BenchFailure, Variant
 from .inproc import INPUT, SAMPLES, sample_pixels

@@ -323,7 +323,7 @@ def session_dir(parent: Path) -> Path:
     for folder in (bin_dir, venv_bin):
         shim = folder / "headscope"
         # This checkout's code, whatever the venv's entry point was installed from.
-        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m app.cli "$@"\n')
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m headscope.cli "$@"\n')
         shim.chmod(0o755)
     (venv_bin / "python").symlink_to(sys.executable)
     return work

@@ -31,12 +31,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.engine import analysis, stats  # noqa: E402
-from app.engine.capture import temper_  # noqa: E402
-from app.engine.layout import TokenLayout  # noqa: E402
-from app.engine.selection import SelectionError, parse_query  # noqa: E402
-from app.engine.windows import WindowIndex  # noqa: E402
-from app.serving.encoders import download_stem  # noqa: E402
+from headscope.engine import analysis, stats  # noqa: E402
+from headscope.engine.capture import temper_  # noqa: E402
+from headscope.engine.layout import TokenLayout  # noqa: E402
+from headscope.engine.selection import SelectionError, parse_query  # noqa: E402
+from headscope.engine.windows import WindowIndex  # noqa: E402
+from headscope.serving.encoders import download_stem  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "parity.json"
 SEED = 18

@@ -52,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write every curve as JSON")
     a = p.parse_args(argv)
 
-    from app.config import Settings
-    from app.engine.faithfulness import faithfulness, mean_aucs
-    from app.engine.relevance import METHODS, random_map, relevance
-    from app.serving.pictures import Pictures
-    from app.zoo.loaders import load_embedded
+    from headscope.config import Settings
+    from headscope.engine.faithfulness import faithfulness, mean_aucs
+    from headscope.engine.relevance import METHODS, random_map, relevance
+    from headscope.serving.pictures import Pictures
+    from headscope.zoo.loaders import load_embedded
 
     lm = load_embedded(a.models_dir)
     photos = sorted(q for q in a.samples.iterdir() if q.suffix in (".png", ".jpg"))

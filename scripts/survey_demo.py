@@ -72,7 +72,7 @@ def main() -> int:
     if not pictures.exists():
         print(f"made {make_variants(pictures, a.variants)} pictures in {pictures}")
     survey = a.out / "survey.parquet"
-    run = [sys.executable, "-m", "app.cli"]
+    run = [sys.executable, "-m", "headscope.cli"]
     if not survey.exists():
         subprocess.run(
             [*run, "survey", str(pictures), "--out", str(survey), "--engine", a.engine, "--similarity", "--ranks"],

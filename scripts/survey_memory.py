@@ -3,7 +3,7 @@
     python scripts/survey_memory.py --images 10000 [--model random:test_vit] [--engine local|ray]
 
 Writes N JPEGs of mixed sizes and aspect ratios (so several input sizes share the batching
-buckets) into a temporary folder, runs ``python -m app.cli survey`` on them in a child process,
+buckets) into a temporary folder, runs ``python -m headscope.cli survey`` on them in a child process,
 and samples the resident set size (VmRSS) of that process and all its descendants (a local
 Ray's raylet and workers included) once a second, together with how many pictures the
 progress bar says are done. Prints RSS at every tenth of the run and the verdict: the growth
@@ -83,7 +83,7 @@ def main() -> int:
         make_pictures(src, a.images)
         print(f"generated {a.images} pictures in {time.monotonic() - t0:.0f} s", flush=True)
     out = folder / f"survey-{int(time.time())}.parquet"
-    cmd = [sys.executable, "-m", "app.cli", "survey", str(src), "--out", str(out), "--model", a.model]
+    cmd = [sys.executable, "-m", "headscope.cli", "survey", str(src), "--out", str(out), "--model", a.model]
     cmd += ["--engine", a.engine, "--batch-size", str(a.batch_size)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)

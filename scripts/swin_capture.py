@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from app.engine.forward import forward_capture
-from app.zoo.ids import ModelSpec
-from app.zoo.loaders import load_random
+from headscope.engine.forward import forward_capture
+from headscope.zoo.ids import ModelSpec
+from headscope.zoo.loaders import load_random
 
 CASES = [
     ("swin_tiny_patch4_window7_224", (224, 224)),

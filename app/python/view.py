@@ -39,7 +39,7 @@ import functools
 import html
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -51,7 +51,39 @@ from .extras import need
 from .modes import computing
 
 if TYPE_CHECKING:
-    from .result import Attention
+    from ..engine.captured import CapturedImage
+    from ..engine.model import LoadedModel
+
+
+class Attention(Protocol):
+    """What the view reads of a result (:class:`~app.python.result.Attention`, which calls this
+    module: a Protocol rather than an import keeps the two modules out of a circle)."""
+
+    @property
+    def capture(self) -> CapturedImage: ...
+    @property
+    def display_png(self) -> bytes: ...
+    @property
+    def filename(self) -> str | None: ...
+    @property
+    def heads(self) -> Any: ...
+    @property
+    def image_id(self) -> Any: ...
+    @property
+    def layers(self) -> Any: ...
+    @property
+    def lm(self) -> LoadedModel: ...
+    @property
+    def maps(self) -> Any: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def params(self) -> Any: ...
+    @property
+    def per_stage(self) -> bool: ...
+    @property
+    def query(self) -> Any: ...
+
 
 MAX_BYTES = 64 * 2**20
 ENTRY = "widget"
@@ -64,7 +96,7 @@ def _layers(att: Attention) -> list[int]:
             "the view shows the layers of one stage of a windowed model: ask for them, e.g. "
             "scope.attention(image, layers='-1')"
         )
-    return list(att.layers)  # type: ignore[arg-type]
+    return list(att.layers)
 
 
 def rows_logp(att: Attention, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
@@ -99,7 +131,7 @@ def _state(att: Attention, max_bytes: int) -> dict[str, Any]:
     logp, meta = rows_logp(att, max_bytes)
     layers = meta["layers"]
     shown = [h for h in att.heads if isinstance(h, int)]
-    asked_layers: list[int] = att.layers  # type: ignore[assignment]  # one stage (see _layers)
+    asked_layers: list[int] = att.layers  # one stage (see _layers)
     return {
         "logp": logp.astype("<f2", copy=False).tobytes(),
         "shape": list(logp.shape),

@@ -43,10 +43,10 @@ def assert_422(r: httpx.Response, code: str) -> str:
 
 
 def test_a_windowed_classifier_shows_its_classes_exactly(swin, checkpoint, samples):
-    from app.config import Settings
-    from app.serving.pictures import Pictures
-    from app.zoo.ids import ModelSpec
-    from app.zoo.loaders import build
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
+    from headscope.zoo.ids import ModelSpec
+    from headscope.zoo.loaders import build
 
     url, model = swin
     data = samples["cat"].read_bytes()

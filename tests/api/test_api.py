@@ -24,16 +24,16 @@ def cat(samples):
 
 @pytest.fixture(scope="module")
 def local_model():
-    from app.zoo.loaders import load_embedded
+    from headscope.zoo.loaders import load_embedded
 
     return load_embedded(ROOT / "models")
 
 
 def reference(lm, data: bytes):
     """The same image through the engine in this process, for comparison with the server."""
-    from app.config import Settings
-    from app.engine.forward import forward_capture
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.engine.forward import forward_capture
+    from headscope.serving.pictures import Pictures
 
     prep = Pictures.for_model(lm, Settings()).prepare(data)
     return forward_capture(lm, prep.pixels[None])[0], prep

@@ -13,8 +13,8 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from app.config import Settings  # noqa: E402
-from app.web.main import create_app  # noqa: E402
+from headscope.config import Settings  # noqa: E402
+from headscope.web.main import create_app  # noqa: E402
 
 schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi())
 

@@ -46,22 +46,22 @@ def why(clf_spec):
 
 @pytest.fixture(scope="module")
 def lm():
-    from app.zoo.loaders import load_embedded
+    from headscope.zoo.loaders import load_embedded
 
     return load_embedded(ROOT / "models")
 
 
 @pytest.fixture(scope="module")
 def clf_lm(clf_spec):
-    from app.zoo.registry import Registry
+    from headscope.zoo.registry import Registry
 
     return Registry([clf_spec], ROOT / "models").get()
 
 
 def pixels(lm, data: bytes):
     """The picture as the server prepares it (the one preparation path, the server's settings)."""
-    from app.config import Settings
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
 
     return Pictures.for_model(lm, Settings()).prepare(data).pixels
 
@@ -103,7 +103,7 @@ def cat_id(why, cat) -> str:
 
 
 def test_every_method_equals_the_engine_and_one_computation_answers_them_all(why, lm, cat, cat_id):
-    from app.engine.relevance import METHODS, relevance
+    from headscope.engine.relevance import METHODS, relevance
 
     x = pixels(lm, cat)
     for target in ("", BOX):
@@ -135,7 +135,7 @@ def test_equivalent_requests_share_one_computation(why, samples):
 
 
 def test_the_random_map_follows_its_seed(why, cat_id):
-    from app.engine.relevance import random_map
+    from headscope.engine.relevance import random_map
 
     zero = rel(why, cat_id, method="random")
     seven = rel(why, cat_id, method="random", seed=7)
@@ -165,8 +165,8 @@ def test_the_three_formats_carry_the_same_map(why, cat_id):
 
 
 def test_ablate_composes_with_the_maps_and_the_test(why, lm, cat, cat_id):
-    from app.engine.faithfulness import faithfulness
-    from app.engine.relevance import relevance
+    from headscope.engine.faithfulness import faithfulness
+    from headscope.engine.relevance import relevance
 
     x = pixels(lm, cat)
     body = rel(why, cat_id, method="chefer", target=BOX, ablate="3:2, 0:1")
@@ -184,7 +184,7 @@ def test_ablate_composes_with_the_maps_and_the_test(why, lm, cat, cat_id):
 
 
 def test_faithfulness_equals_the_engine_in_the_requested_order(why, lm, cat, cat_id):
-    from app.engine.faithfulness import faithfulness
+    from headscope.engine.faithfulness import faithfulness
 
     x = pixels(lm, cat)
     methods = ["attention", "chefer", "random"]
@@ -283,8 +283,8 @@ def test_every_bad_parameter_is_a_4xx_in_the_one_error_shape(why, cat_id):
 
 
 def test_a_classifier_explains_its_top_class_or_any_class(why, clf_lm, samples):
-    from app.engine.faithfulness import faithfulness
-    from app.engine.relevance import relevance
+    from headscope.engine.faithfulness import faithfulness
+    from headscope.engine.relevance import relevance
 
     data = fresh_photo(samples["astronaut"], 4)
     image_id = post(why, data, "astronaut.png", model=CLF, layers="-1")["image_id"]

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from app.survey.output import read_failures, read_table
+from headscope.survey.output import read_failures, read_table
 from helpers.api import API
 from helpers.server import ROOT, Server
 
@@ -33,7 +33,12 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     }
     env.pop("RAY_ADDRESS", None)  # the test starts its own local Ray
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "headscope.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

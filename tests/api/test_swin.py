@@ -60,8 +60,8 @@ def safetensors_of(r: httpx.Response) -> tuple[np.ndarray, dict]:
 
 def local_model(model_id: str, checkpoint):
     """The model the server builds for ``model_id``, built the same way in this process."""
-    from app.zoo.ids import ModelSpec
-    from app.zoo.loaders import build
+    from headscope.zoo.ids import ModelSpec
+    from headscope.zoo.loaders import build
 
     spec = ModelSpec.parse(f"local:{ARCH}@{checkpoint}" if model_id == "local" else model_id)
     return build(spec, ROOT / "models")
@@ -75,8 +75,8 @@ def probe_cells(grid: tuple[int, int]) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("which", [V1, V2, "local"], ids=["v1-random", "v2-random", "v1-local"])
 def test_rows_of_every_stage_equal_an_independent_windowing(swin_server, samples, checkpoint, which):
-    from app.config import Settings
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
 
     model_id = which if which != "local" else f"local:{ARCH}@{checkpoint.name}"
     data = samples["cat"].read_bytes()  # 451 x 300: a wide grid, padding on the last stage
@@ -182,8 +182,8 @@ def test_stage_rules_are_422s_that_say_what_to_ask(swin_server, samples):
 
 
 def test_rollout_within_a_stage_and_stats(swin_server, samples):
-    from app.config import Settings
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
 
     url = swin_server.url
     data = samples["rocket"].read_bytes()
@@ -234,8 +234,8 @@ def test_explain_keys_are_the_window_with_bias_and_shift_mask(swin_server, sampl
     """GET .../explain for Swin: the query's window is the keys; every field against the
     independent windowing of the block's weights, on a shifted block whose window wraps round the
     image and on a block whose window holds padding (the cat's wide grid)."""
-    from app.config import Settings
-    from app.serving.pictures import Pictures
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
 
     version = "v2" if "v2" in which else "v1"
     data = samples["cat"].read_bytes()

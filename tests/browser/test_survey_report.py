@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from app.config import Settings
-from app.survey.compute import Surveyor
-from app.survey.output import SurveyOutput
-from app.survey.report import build_report, write_report
-from app.survey.run import run_meta
-from app.survey.sources import list_images
+from headscope.config import Settings
+from headscope.survey.compute import Surveyor
+from headscope.survey.output import SurveyOutput
+from headscope.survey.report import build_report, write_report
+from headscope.survey.run import run_meta
+from headscope.survey.sources import list_images
 
 pytestmark = pytest.mark.browser
 

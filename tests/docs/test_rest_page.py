@@ -8,7 +8,7 @@ import functools
 import re
 import sys
 
-from app.web.main import create_app
+from headscope.web.main import create_app
 from helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from app.serving.uploads import image_id_of as image_id  # noqa: F401  # the app's own, never re-derived
+from headscope.serving.uploads import image_id_of as image_id  # noqa: F401  # the app's own, never re-derived
 
 from .server import HTTP_TIMEOUT
 

@@ -14,7 +14,7 @@ CLI_TIMEOUT_S = 600
 
 
 def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m app.cli ARGS`` in the checkout: the checkout's models, the CPU, no Ray cluster
+    """``python -m headscope.cli ARGS`` in the checkout: the checkout's models, the CPU, no Ray cluster
     (a survey with ``--engine ray`` starts its own local Ray)."""
     full = {
         **os.environ,
@@ -25,5 +25,10 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S, env: dict | None = None)
     }
     full.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "headscope.cli", *args],
+        cwd=ROOT,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

@@ -7,7 +7,7 @@ import math
 
 import httpx
 
-from app.serving.uploads import image_id_of as image_id  # the app's own, never re-derived
+from headscope.serving.uploads import image_id_of as image_id  # the app's own, never re-derived
 
 OVERLAY = "[data-testid=overlay]"
 STATUS = "[data-testid=status]"

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from app.zoo import loaders
-from app.zoo.ids import ModelSpec
+from headscope.zoo import loaders
+from headscope.zoo.ids import ModelSpec
 
 TINY = dict(embed_dim=64, num_heads=4)
 

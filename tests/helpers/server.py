@@ -96,7 +96,7 @@ class Server:
             env: extra environment variables for the server.
             wait_ready: wait for /readyz (the model loaded), else only for /healthz.
             timeout: seconds to wait for it.
-            command: the program that serves (default: this checkout's ``python -m app.cli``);
+            command: the program that serves (default: this checkout's ``python -m headscope.cli``);
                 ``serve --port N --log-level warning`` is appended.
             cwd: where it runs.
             models_dir: ``HEADSCOPE_MODELS_DIR``; None leaves it unset (the app picks its default).
@@ -117,7 +117,7 @@ class Server:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [
-                *(command or [sys.executable, "-m", "app.cli"]),
+                *(command or [sys.executable, "-m", "headscope.cli"]),
                 "serve",
                 "--port",
                 str(self.port),

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from app.web.middleware import AllowedHosts, bound_to_loopback, split_host
+from headscope.web.middleware import AllowedHosts, bound_to_loopback, split_host
 
 
 def answer(mw_args: dict, host: bytes | list[bytes] | None) -> tuple[int, dict | None]:

@@ -7,8 +7,8 @@ import re
 import platformdirs
 import pytest
 
-from app import paths
-from app.config import Settings
+from headscope import paths
+from headscope.config import Settings
 from helpers.server import ROOT
 
 # Read by the command line, not a Settings field (it configures logging before Settings exist).
@@ -51,7 +51,7 @@ def test_assets_come_from_the_package_then_the_checkout_never_the_cwd(monkeypatc
 
 
 def test_serve_refuses_to_start_without_its_web_assets(tmp_path):
-    from app.web.main import create_app
+    from headscope.web.main import create_app
 
     with pytest.raises(FileNotFoundError, match="HEADSCOPE_TEMPLATES_DIR"):
         create_app(Settings(templates_dir=tmp_path / "templates", models_dir=tmp_path))

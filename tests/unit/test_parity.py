@@ -17,12 +17,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from app.engine import analysis, stats
-from app.engine.capture import temper_
-from app.engine.layout import TokenLayout
-from app.engine.selection import SelectionError, parse_query
-from app.engine.windows import WindowIndex
-from app.serving.encoders import download_stem
+from headscope.engine import analysis, stats
+from headscope.engine.capture import temper_
+from headscope.engine.layout import TokenLayout
+from headscope.engine.selection import SelectionError, parse_query
+from headscope.engine.windows import WindowIndex
+from headscope.serving.encoders import download_stem
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "parity.json"

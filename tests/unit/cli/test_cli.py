@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(2 * CLI_TIMEOUT_S)
 
 def cli(*args, timeout=CLI_TIMEOUT_S):
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "headscope.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

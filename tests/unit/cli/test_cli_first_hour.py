@@ -13,7 +13,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from app import cli
+from headscope import cli
 from helpers.server import ROOT, SAMPLES
 
 CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
 
 def run(*args, umask: int | None = None):
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "headscope.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -29,7 +29,7 @@ HUGE = 2 * 1024**3  # the probe's sparse 2 GiB ".png": read whole, it took the s
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "headscope.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

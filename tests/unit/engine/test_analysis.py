@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.engine.analysis import attention_tensor
-from app.engine.capture import AttentionCapture
-from app.engine.selection import Selection, SelectionError
+from headscope.engine.analysis import attention_tensor
+from headscope.engine.capture import AttentionCapture
+from headscope.engine.selection import Selection, SelectionError
 from helpers.models import make
 
 

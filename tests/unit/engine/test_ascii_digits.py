@@ -12,13 +12,13 @@ import argparse
 
 import pytest
 
-from app import cli
-from app.engine.ablation import AblationError, parse_ablate
-from app.engine.faithfulness import FractionsError, parse_fractions
-from app.engine.layout import TokenLayout
-from app.engine.relevance import TargetError, parse_target
-from app.engine.selection import SelectionError, parse_indices, parse_query
-from app.zoo import loaders
+from headscope import cli
+from headscope.engine.ablation import AblationError, parse_ablate
+from headscope.engine.faithfulness import FractionsError, parse_fractions
+from headscope.engine.layout import TokenLayout
+from headscope.engine.relevance import TargetError, parse_target
+from headscope.engine.selection import SelectionError, parse_indices, parse_query
+from headscope.zoo import loaders
 from helpers.relevance_reference import FAMILIES, load_family
 from helpers.server import ROOT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.engine.device import autocast_dtype, is_oom, resolve_device
+from headscope.engine.device import autocast_dtype, is_oom, resolve_device
 
 
 def test_auto_picks_cpu_here_and_cpu_is_fp32():
@@ -43,8 +43,8 @@ def test_oom_detection():
 
 def test_bf16_autocast_capture_stays_close_to_fp32():
     """The reduced-precision path (as on a GPU) runs on CPU too; its error is bounded."""
-    from app.engine.capture import AttentionCapture
-    from app.engine.device import autocast
+    from headscope.engine.capture import AttentionCapture
+    from headscope.engine.device import autocast
     from helpers.models import make
 
     model = make("vit_small_patch16_224", dict(depth=2, embed_dim=64, num_heads=4, img_size=64))

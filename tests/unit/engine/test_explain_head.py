@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
 
-from app.engine.capture import AttentionCapture
-from app.engine.explain import explain_head, inner_steps
-from app.engine.forward import forward_capture
-from app.zoo import embedded, loaders
+from headscope.engine.capture import AttentionCapture
+from headscope.engine.explain import explain_head, inner_steps
+from headscope.engine.forward import forward_capture
+from headscope.zoo import embedded, loaders
 from helpers.models import FAMILIES, TINY, make
 from helpers.server import ROOT
 

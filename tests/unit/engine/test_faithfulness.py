@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from app.engine.faithfulness import (
+from headscope.engine.faithfulness import (
     DEFAULT_FRACTIONS,
     MAX_FRACTIONS,
     Cancelled,
@@ -22,8 +22,8 @@ from app.engine.faithfulness import (
     removal_order,
     removed_count,
 )
-from app.engine.relevance import TargetError, relevance
-from app.web.errors import to_api_error
+from headscope.engine.relevance import TargetError, relevance
+from headscope.web.errors import to_api_error
 from helpers.relevance_reference import FAMILIES, load_family
 
 FAMILY = {f[0]: f for f in FAMILIES}

@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-from app.engine import gram
-from app.engine.gram import gram_eigvalsh
+from headscope.engine import gram
+from headscope.engine.gram import gram_eigvalsh
 
 
 def _reference(x: torch.Tensor) -> torch.Tensor:

@@ -9,10 +9,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
 
-from app.engine.ablation import AblationError, ablate_text, head_masks, heads_masked, parse_ablate
-from app.engine.forward import forward_capture
-from app.zoo.ids import ModelSpec
-from app.zoo.loaders import _finish
+from headscope.engine.ablation import AblationError, ablate_text, head_masks, heads_masked, parse_ablate
+from headscope.engine.forward import forward_capture
+from headscope.zoo.ids import ModelSpec
+from headscope.zoo.loaders import _finish
 from helpers.models import FAMILIES, TINY, make
 
 # Every family of the capture tests, plus a ViT that normalises the heads' outputs before W_O
@@ -162,7 +162,7 @@ def test_per_image_masks_in_one_batch_equal_separate_forwards():
     torch.manual_seed(2)
     x = torch.randn(1, 3, 56, 56)
     sets = [(), ((0, 1),), ((1, 0), (1, 3))]
-    from app.engine.ablation import batch_masks
+    from headscope.engine.ablation import batch_masks
 
     with torch.no_grad():
         with heads_masked(lm.model, batch_masks(sets, 4)):

@@ -8,10 +8,10 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from app.engine import importance as imp
-from app.engine.output import change, class_names, describe, describe_change, kl_divergence
-from app.zoo import loaders
-from app.zoo.ids import ModelSpec
+from headscope.engine import importance as imp
+from headscope.engine.output import change, class_names, describe, describe_change, kl_divergence
+from headscope.zoo import loaders
+from headscope.zoo.ids import ModelSpec
 from helpers.server import ROOT
 
 
@@ -92,7 +92,7 @@ def finite_difference(lm, x, layer, head, loss_of, eps=1e-2):
     def loss(value):
         gates = {layer: torch.ones(lm.num_heads)}
         gates[layer][head] = value
-        from app.engine.ablation import heads_masked
+        from headscope.engine.ablation import heads_masked
 
         with torch.no_grad(), heads_masked(lm.model, gates):
             out = imp.head_output(lm, lm.model.forward_features(x), tuple(x.shape[-2:]))

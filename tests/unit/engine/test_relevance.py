@@ -10,10 +10,10 @@ import threading
 import pytest
 import torch
 
-from app.engine.analysis import attention_tensor
-from app.engine.capture import AttentionCapture, CaptureError
-from app.engine.forward import forward_capture, forward_maps
-from app.engine.relevance import (
+from headscope.engine.analysis import attention_tensor
+from headscope.engine.capture import AttentionCapture, CaptureError
+from headscope.engine.forward import forward_capture, forward_maps
+from headscope.engine.relevance import (
     DEFAULT_TARGETS,
     METHODS,
     MethodError,
@@ -25,10 +25,10 @@ from app.engine.relevance import (
     random_map,
     relevance,
 )
-from app.engine.selection import Selection
-from app.web.errors import to_api_error
-from app.zoo import loaders
-from app.zoo.ids import ModelSpec
+from headscope.engine.selection import Selection
+from headscope.web.errors import to_api_error
+from headscope.zoo import loaders
+from headscope.zoo.ids import ModelSpec
 from helpers.relevance_reference import FAMILIES, load_family
 from helpers.server import ROOT
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.engine.faithfulness import faithfulness
-from app.engine.relevance import METHODS, relevance
+from headscope.engine.faithfulness import faithfulness
+from headscope.engine.relevance import METHODS, relevance
 from helpers.relevance_reference import (
     FAMILIES,
     class_logit,

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.config import Settings
-from app.engine.faithfulness import faithfulness
-from app.engine.relevance import METHODS, relevance
-from app.serving.pictures import Pictures
-from app.zoo import embedded, loaders
+from headscope.config import Settings
+from headscope.engine.faithfulness import faithfulness
+from headscope.engine.relevance import METHODS, relevance
+from headscope.serving.pictures import Pictures
+from headscope.zoo import embedded, loaders
 from helpers.relevance_reference import box_mean, curves, differentiate, mean_of_map, relevance_maps, trapezoid
 from helpers.server import ROOT, SAMPLES
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.layout import TokenLayout
-from app.engine.selection import SelectionError, parse_indices, parse_query
+from headscope.engine.layout import TokenLayout
+from headscope.engine.selection import SelectionError, parse_indices, parse_query
 
 LAYOUT = TokenLayout(["cls", "reg"], (3, 4), (14, 14))  # N = 2 + 12
 

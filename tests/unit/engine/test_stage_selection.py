@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.layout import Stage, WindowedLayout
-from app.engine.selection import SelectionError, StageSpanError, resolve_windowed
+from headscope.engine.layout import Stage, WindowedLayout
+from headscope.engine.selection import SelectionError, StageSpanError, resolve_windowed
 
 # Swin-T's stages (any input): 2 + 2 + 6 + 2 layers, 3/6/12/24 heads, 7 x 7 windows.
 SPECS = [

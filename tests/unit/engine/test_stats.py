@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from app.engine.layout import TokenLayout
-from app.engine.stats import (
+from headscope.engine.layout import TokenLayout
+from headscope.engine.stats import (
     artifact_tokens,
     cosine_similarity,
     js_similarity,
@@ -208,8 +208,8 @@ TINY_FAMILIES = [
 def _capture(name, kwargs, hw, materialise=False, seed=0):
     import timm
 
-    from app.engine.capture import AttentionCapture
-    from app.zoo.loaders import prefix_kinds
+    from headscope.engine.capture import AttentionCapture
+    from headscope.zoo.loaders import prefix_kinds
 
     torch.manual_seed(seed)
     try:
@@ -229,7 +229,7 @@ def _capture(name, kwargs, hw, materialise=False, seed=0):
 @pytest.mark.parametrize("materialise", [False, True], ids=["qk", "maps"])
 @pytest.mark.parametrize("name,kwargs,hw", TINY_FAMILIES, ids=[f[0] for f in TINY_FAMILIES])
 def test_vectorised_stats_equal_the_reference(name, kwargs, hw, materialise):
-    from app.engine.stats import compute_stats
+    from headscope.engine.stats import compute_stats
 
     atts, layout = _capture(name, kwargs, hw, materialise)
     for att in atts:  # batch-mates: views of one batch's tensors
@@ -257,7 +257,7 @@ def test_vectorised_stats_equal_the_reference(name, kwargs, hw, materialise):
 def test_batched_stats_equal_the_reference_image_by_image(name, kwargs, hw, monkeypatch):
     """compute_stats_batch (the survey's: one layer of every image at once, on the forward's own
     batch tensors) gives each image the reference values; a batch with maps takes that path."""
-    from app.engine import stats
+    from headscope.engine import stats
 
     atts, layout = _capture(name, kwargs, hw, True)
     assert len(atts) > 1
@@ -281,7 +281,7 @@ def test_batched_stats_equal_the_reference_image_by_image(name, kwargs, hw, monk
 
 
 def test_chunked_layers_give_the_same_stats():
-    from app.engine.stats import compute_stats
+    from headscope.engine.stats import compute_stats
 
     atts, layout = _capture("vit_small_patch16_224", dict(depth=5, embed_dim=64, num_heads=4, img_size=64), (64, 80))
     whole = compute_stats(atts[0], layout)
@@ -292,7 +292,7 @@ def test_chunked_layers_give_the_same_stats():
 
 
 def test_only_what_is_asked_for_is_computed():
-    from app.engine.stats import compute_stats
+    from headscope.engine.stats import compute_stats
 
     atts, layout = _capture("test_vit", {}, (64, 64))
     st = compute_stats(atts[0], layout, similarity=False, with_ranks=False)
@@ -301,7 +301,7 @@ def test_only_what_is_asked_for_is_computed():
 
 
 def test_gram_singular_values_match_an_svd_down_to_tiny_ones():
-    from app.engine.stats import singular_values
+    from headscope.engine.stats import singular_values
 
     torch.manual_seed(1)
     # Singular values spread over 9 decades, as real head outputs have (layer 0 of the default

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.engine.capture import CaptureError
-from app.engine.window_explain import explain_window_head
-from app.engine.windows import WindowCapture, WindowedAttention
+from headscope.engine.capture import CaptureError
+from headscope.engine.window_explain import explain_window_head
+from headscope.engine.windows import WindowCapture, WindowedAttention
 from helpers.swin_reference import make, reference_explain, reference_maps, swin_blocks
 
 SMALL = dict(depths=(2, 2, 2), embed_dim=16, num_heads=(1, 2, 4))

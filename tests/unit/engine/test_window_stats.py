@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from app.engine.layout import Stage
-from app.engine.window_stats import UNAVAILABLE, window_stats
-from app.engine.windows import WindowedAttention, WindowIndex
+from headscope.engine.layout import Stage
+from headscope.engine.window_stats import UNAVAILABLE, window_stats
+from headscope.engine.windows import WindowedAttention, WindowIndex
 
 
 def capture(probs: torch.Tensor, grid=(4, 4), window=(2, 2), shift=(0, 0), cell=(8, 8)) -> WindowedAttention:

@@ -11,10 +11,10 @@ import pytest
 import timm
 import torch
 
-from app.engine.capture import CaptureError, UnsupportedModelError
-from app.engine.layout import WindowedLayout
-from app.engine.windows import WindowCapture, WindowedAttention, is_windowed
-from app.zoo.loaders import capture_for
+from headscope.engine.capture import CaptureError, UnsupportedModelError
+from headscope.engine.layout import WindowedLayout
+from headscope.engine.windows import WindowCapture, WindowedAttention, is_windowed
+from headscope.zoo.loaders import capture_for
 from helpers.swin_reference import make, reference_maps, swin_blocks
 
 SMALL = dict(depths=(2, 2, 2, 2), embed_dim=16, num_heads=(1, 2, 2, 4))

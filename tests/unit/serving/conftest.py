@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.zoo.registry import Registry
+from headscope.zoo.registry import Registry
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from app.serving.admission import (
+from headscope.serving.admission import (
     FOLLOW_UP,
     HEAVY,
     PRIORITY,
@@ -17,7 +17,7 @@ from app.serving.admission import (
     TooLargeToDecode,
     current_ticket,
 )
-from app.serving.metrics import Metrics
+from headscope.serving.metrics import Metrics
 
 
 def test_admission_refuses_at_once_when_every_slot_is_taken_and_frees_slots_on_error():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.serving.cache import ByteLRU
+from headscope.serving.cache import ByteLRU
 
 
 def test_byte_lru_evicts_least_recent():

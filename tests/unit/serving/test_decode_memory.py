@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.serving import images
-from app.serving.pictures import Pictures
+from headscope.serving import images
+from headscope.serving.pictures import Pictures
 from helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -32,7 +32,7 @@ MiB = 2**20
 _MEASURE = """
 import json, sys
 from pathlib import Path
-from app.serving.pictures import Pictures
+from headscope.serving.pictures import Pictures
 data = Path(sys.argv[1]).read_bytes()
 pictures = Pictures((224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3)
 def status():

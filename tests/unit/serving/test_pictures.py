@@ -8,8 +8,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from app.serving import images
-from app.serving.pictures import Pictures
+from headscope.serving import images
+from headscope.serving.pictures import Pictures
 from helpers.server import ROOT
 
 # The steps of a decode: only app/serving/pictures.py puts them together.
@@ -72,7 +72,7 @@ def test_a_large_picture_is_reduced_early_and_planned_from_its_original_size():
 
 
 def test_the_display_picture_is_bounded():
-    from app.serving.pictures import display_finish, display_probe
+    from headscope.serving.pictures import display_finish, display_probe
 
     data = _png(Image.new("RGB", (4000, 1000), (10, 20, 30)))
     shown = Image.open(io.BytesIO(display_finish(display_probe(data, 40_000_000))))

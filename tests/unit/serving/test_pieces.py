@@ -10,17 +10,17 @@ import orjson
 import torch
 from PIL import Image
 
-from app.config import Settings
-from app.engine.forward import forward_capture
-from app.serving import answers
-from app.serving.explain import ExplainParams, explain, explained
-from app.serving.params import AttentionParams
-from app.serving.pictures import Pictures
-from app.serving.service import AttentionService
-from app.serving.store import Entry, Found
-from app.serving.uploads import Upload, image_id_of
-from app.serving.worker import Worker
-from app.zoo.registry import Registry
+from headscope.config import Settings
+from headscope.engine.forward import forward_capture
+from headscope.serving import answers
+from headscope.serving.explain import ExplainParams, explain, explained
+from headscope.serving.params import AttentionParams
+from headscope.serving.pictures import Pictures
+from headscope.serving.service import AttentionService
+from headscope.serving.store import Entry, Found
+from headscope.serving.uploads import Upload, image_id_of
+from headscope.serving.worker import Worker
+from headscope.zoo.registry import Registry
 from helpers.api import png
 
 TIMING = ("timing_ms", "cached")  # how an answer was got, not what it says

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.serving.pictures import ImageError, PictureFileError, read_picture_file
+from headscope.serving.pictures import ImageError, PictureFileError, read_picture_file
 from helpers.server import SAMPLES
 
 pytestmark = pytest.mark.timeout(60)  # a read that blocks on a FIFO fails here instead of hanging

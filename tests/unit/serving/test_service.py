@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from app.serving.cache import CaptureKey
-from app.serving.worker import Worker
+from headscope.serving.cache import CaptureKey
+from headscope.serving.worker import Worker
 
 
 def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm, tmp_path):
-    from app.config import Settings
-    from app.serving.service import AttentionService
-    from app.serving.store import Entry
+    from headscope.config import Settings
+    from headscope.serving.service import AttentionService
+    from headscope.serving.store import Entry
 
     w = Worker(torch.device("cpu"))
     svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w, metrics=w.metrics)

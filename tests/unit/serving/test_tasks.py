@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from app.serving.admission import QueueFullError
-from app.serving.tasks import Progress, Tasks
-from app.serving.waiting import ClientGone
+from headscope.serving.admission import QueueFullError
+from headscope.serving.tasks import Progress, Tasks
+from headscope.serving.waiting import ClientGone
 
 
 def far() -> float:

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from app.serving.admission import FOLLOW_UP, UPLOAD, Admission
-from app.serving.faults import InjectedFault
-from app.serving.metrics import Metrics
-from app.serving.worker import Job, OutOfMemory, Worker
+from headscope.serving.admission import FOLLOW_UP, UPLOAD, Admission
+from headscope.serving.faults import InjectedFault
+from headscope.serving.metrics import Metrics
+from headscope.serving.worker import Job, OutOfMemory, Worker
 
 
 def jobs_for(lm, faults):

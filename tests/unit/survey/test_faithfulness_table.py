@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from app.survey import schema
-from app.survey.faithfulness_table import Interval, markdown, summarise, t975
+from headscope.survey import schema
+from headscope.survey.faithfulness_table import Interval, markdown, summarise, t975
 
 
 def test_t_quantiles_match_the_tables():

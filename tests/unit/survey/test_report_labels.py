@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.survey.report import _outlier_labels
+from headscope.survey.report import _outlier_labels
 
 
 def names(n: int) -> list[str]:

@@ -11,16 +11,16 @@ import pytest
 import torch
 from PIL import Image
 
-from app.config import Settings
-from app.engine.forward import forward_capture
-from app.engine.stats import compute_stats
-from app.serving.pictures import Pictures
-from app.survey import run as run_mod
-from app.survey import schema
-from app.survey.compute import Surveyor
-from app.survey.output import read_failures, read_table
-from app.survey.run import survey
-from app.survey.sources import list_images
+from headscope.config import Settings
+from headscope.engine.forward import forward_capture
+from headscope.engine.stats import compute_stats
+from headscope.serving.pictures import Pictures
+from headscope.survey import run as run_mod
+from headscope.survey import schema
+from headscope.survey.compute import Surveyor
+from headscope.survey.output import read_failures, read_table
+from headscope.survey.run import survey
+from headscope.survey.sources import list_images
 
 MODEL = "random:test_vit"
 STAT_COLUMNS = ["entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass"]

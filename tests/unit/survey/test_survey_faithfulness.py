@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from app.survey.output import faithfulness_path, parts, read_faithfulness, read_table
+from headscope.survey.output import faithfulness_path, parts, read_faithfulness, read_table
 from helpers.cli import CLI_TIMEOUT_S, run_cli
 from helpers.server import ROOT
 
@@ -62,11 +62,11 @@ def sorted_tests(out):
 
 
 def test_the_table_holds_the_engines_perturbation_test(local, source):
-    from app.config import Settings
-    from app.engine.faithfulness import faithfulness
-    from app.engine.relevance import relevance
-    from app.serving.pictures import Pictures
-    from app.zoo.loaders import load_embedded
+    from headscope.config import Settings
+    from headscope.engine.faithfulness import faithfulness
+    from headscope.engine.relevance import relevance
+    from headscope.serving.pictures import Pictures
+    from headscope.zoo.loaders import load_embedded
 
     assert faithfulness_path(local).name == "local.faithfulness.parquet"
     t = sorted_tests(local)
@@ -137,20 +137,20 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_settings(tmp_path_factory):
-    from app.config import Settings
+    from headscope.config import Settings
 
     return Settings(models_dir=tmp_path_factory.mktemp("models"), device="cpu")
 
 
 def tiny_survey(source, out, settings, **more):
-    from app.survey.run import survey as run_survey
+    from headscope.survey.run import survey as run_survey
 
     options = {"model": TINY, **TINY_OPTIONS, **more}
     return run_survey(source, out, batch_size=2, progress=False, settings=settings, **options)
 
 
 def test_resume_skips_what_is_done_and_repairs_a_half_written_flush(tiny, tiny_settings, tmp_path):
-    from app.survey.output import OutputError
+    from headscope.survey.output import OutputError
 
     whole = tmp_path / "whole.parquet"
     s = tiny_survey(tiny, whole, tiny_settings, part_images=1)
@@ -187,8 +187,8 @@ def test_resume_skips_what_is_done_and_repairs_a_half_written_flush(tiny, tiny_s
 
 
 def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny_settings, tmp_path):
-    from app.engine.faithfulness import FractionsError
-    from app.engine.relevance import MethodError, RelevanceUnsupportedError, TargetError
+    from headscope.engine.faithfulness import FractionsError
+    from headscope.engine.relevance import MethodError, RelevanceUnsupportedError, TargetError
 
     out = tmp_path / "x.parquet"
     cases = [

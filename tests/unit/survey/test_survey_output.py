@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.survey import output as out_mod
-from app.survey import schema
-from app.survey.output import OutputError, SurveyOutput, read_failures, read_table
+from headscope.survey import output as out_mod
+from headscope.survey import schema
+from headscope.survey.output import OutputError, SurveyOutput, read_failures, read_table
 
 META = {"model": "m", "resize": "aspect"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_ray_actors_are_one_per_gpu_else_one_per_node():
-    from app.survey.ray_engine import plan_actors
+    from headscope.survey.ray_engine import plan_actors
 
     gpu_nodes = [{"Alive": True, "Resources": {"CPU": 16, "GPU": 2}}] * 2
     assert plan_actors({"CPU": 32, "GPU": 4}, gpu_nodes, None) == (4, {"num_gpus": 1, "num_cpus": 1})

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from app.survey.run import survey
+from headscope.survey.run import survey
 from helpers.server import ROOT, SAMPLES
 
 README = (ROOT / "docs" / "survey.md").read_text()

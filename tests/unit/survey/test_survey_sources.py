@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.survey.sources import Item, SourceError, list_images
+from headscope.survey.sources import Item, SourceError, list_images
 
 
 def touch(p, data=b"x"):

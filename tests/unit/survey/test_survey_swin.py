@@ -7,17 +7,17 @@ import pyarrow.compute as pc
 import pytest
 from PIL import Image
 
-from app.config import Settings
-from app.engine.forward import forward_capture
-from app.engine.window_stats import window_stats
-from app.serving.pictures import Pictures
-from app.survey import schema
-from app.survey.compute import Surveyor
-from app.survey.output import SurveyOutput
-from app.survey.report import build_report
-from app.survey.sources import list_images
-from app.zoo.ids import ModelSpec
-from app.zoo.loaders import load_random
+from headscope.config import Settings
+from headscope.engine.forward import forward_capture
+from headscope.engine.window_stats import window_stats
+from headscope.serving.pictures import Pictures
+from headscope.survey import schema
+from headscope.survey.compute import Surveyor
+from headscope.survey.output import SurveyOutput
+from headscope.survey.report import build_report
+from headscope.survey.sources import list_images
+from headscope.zoo.ids import ModelSpec
+from headscope.zoo.loaders import load_random
 
 NULL_FOR_WINDOWS = ["entropy_cls", "prefix_mass", "artifact_mass", "mass_patches", "cls_cosine"]
 KEY = [("layer", "ascending"), ("head", "ascending")]

@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from app.engine.capture import UnsupportedModelError
-from app.zoo import catalog, loaders
-from app.zoo.errors import UnknownModelError
-from app.zoo.ids import ModelSpec
-from app.zoo.registry import Registry
+from headscope.engine.capture import UnsupportedModelError
+from headscope.zoo import catalog, loaders
+from headscope.zoo.errors import UnknownModelError
+from headscope.zoo.ids import ModelSpec
+from headscope.zoo.registry import Registry
 
 
 def builds_and_captures(name: str) -> bool:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from app.config import Settings
-from app.engine.importance import masked_outputs
-from app.engine.output import change, describe, describe_change
-from app.serving.pictures import Pictures
-from app.zoo import embedded, loaders
+from headscope.config import Settings
+from headscope.engine.importance import masked_outputs
+from headscope.engine.output import change, describe, describe_change
+from headscope.serving.pictures import Pictures
+from headscope.zoo import embedded, loaders
 from helpers.server import ROOT, SAMPLES
 
 MODELS = ROOT / "models"

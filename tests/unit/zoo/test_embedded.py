@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from app.engine.forward import forward_capture
-from app.serving import images
-from app.zoo import embedded, loaders
+from headscope.engine.forward import forward_capture
+from headscope.serving import images
+from headscope.zoo import embedded, loaders
 from helpers.server import ROOT, SAMPLES
 
 MODELS = ROOT / "models"

@@ -7,9 +7,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from app.zoo.errors import ModelLoadError, UnknownModelError
-from app.zoo.ids import ModelSpec
-from app.zoo.registry import Registry
+from headscope.zoo.errors import ModelLoadError, UnknownModelError
+from headscope.zoo.ids import ModelSpec
+from headscope.zoo.registry import Registry
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
