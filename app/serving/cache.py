@@ -1,4 +1,9 @@
-"""A byte-bounded LRU cache for uploads and their captured attention, and its key types."""
+"""A byte-bounded LRU cache for uploads and their captured attention, and its key types.
+
+Every field of a key is canonical: a request's parameters are resolved before they become a key
+(the model's id, ``ablate`` as sorted ``(layer, head)`` pairs, the points a pruning curve really
+has), so that two spellings of one question share one entry and one computation.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +58,8 @@ class ImportanceKey:
 
 @dataclass(frozen=True)
 class PruningKey:
-    """The pruning curve of an image: heads removed in ``method``'s order, ``points`` steps."""
+    """The pruning curve of an image: heads removed in ``method``'s order, ``points`` steps (the
+    points the curve has: at most heads + 1, whatever the request asked for)."""
 
     image_id: str
     model_id: str

@@ -1,0 +1,71 @@
+"""Issue 33 against a real server: one computation per question however it is spelled (item 4)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from helpers.api import API, fresh_png, get, post
+from helpers.server import Server
+
+MODEL = "random:test_vit"  # 6 layers x 2 heads: a pruning curve has at most 13 points
+CACHE_BYTES = 8_000_000  # about eight captures of a fresh_png under MODEL (0.93 MB each)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    """A server of its own: a tiny default model, a small cache."""
+    server = Server(
+        {
+            "HEADSCOPE_MODEL": MODEL,
+            "HEADSCOPE_CACHE_BYTES": str(CACHE_BYTES),
+        }
+    )
+    yield server
+    assert server.stop() == 0
+    log = server.log()
+    assert "Traceback" not in log and "never retrieved" not in log, f"see {server.log_path}"
+
+
+def uploaded(base: str, seed: int, name: str = "img.png") -> str:
+    r = post(base, fresh_png(seed), name, layers="-1", heads="0")
+    assert r.status_code == 200, r.text
+    return r.json()["image_id"]
+
+
+def ok(r: httpx.Response) -> dict:
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# -- item 4: parameters are normalised before they become a cache or task key ----------------------
+
+
+def test_pruning_points_beyond_the_curve_share_one_computation(srv):
+    iid = uploaded(srv.url, 401)
+    path = f"{API}/{iid}/pruning"
+    first = ok(get(srv.url, path, method="gradient", points=1000))
+    assert first["cached"] is False and first["removed"] == list(range(13))  # capped at heads + 1
+    for points in (1001, 1025, 13):
+        again = ok(get(srv.url, path, method="gradient", points=points))
+        assert again["cached"] is True, points  # the same curve: no second computation
+        assert again["change"] == first["change"] and again["removed"] == first["removed"]
+        progress = ok(get(srv.url, f"{path}/progress", method="gradient", points=points))
+        assert progress["state"] == "done", points
+    smaller = ok(get(srv.url, path, method="gradient", points=12))  # a different curve
+    assert smaller["cached"] is False and len(smaller["removed"]) == 12
+
+
+def test_one_ablation_set_or_model_spelled_two_ways_is_one_entry(srv):
+    iid = uploaded(srv.url, 402)
+    first = ok(get(srv.url, f"{API}/{iid}", layers="-1", ablate="0:1,1:0"))
+    assert first["cached"] is False and first["ablated"] == [[0, 1], [1, 0]]
+    # The same heads, in another order, counted from the end, and the default model by name.
+    again = ok(get(srv.url, f"{API}/{iid}", layers="-1", ablate=" 1:0, -6:-1", model=MODEL))
+    assert again["cached"] is True and again["ablated"] == [[0, 1], [1, 0]]
+    out = ok(get(srv.url, f"{API}/{iid}/output", ablate="1:0,0:1"))
+    assert out["cached"] is False
+    assert ok(get(srv.url, f"{API}/{iid}/output", ablate="-5:0,0:1", model=MODEL))["cached"] is True
+    imp = ok(get(srv.url, f"{API}/{iid}/importance", method="gradient"))
+    assert ok(get(srv.url, f"{API}/{iid}/importance", method="gradient", model=MODEL))["cached"] is True
+    assert imp["cached"] is False
