@@ -65,7 +65,7 @@ class AttentionService:
             metrics.cache_bytes.set(nbytes)
             metrics.cache_entries.set(entries)
 
-        self.cache = ByteLRU(settings.cache_bytes, on_change)
+        self.cache = ByteLRU(settings.cache_bytes, on_change, settings.variant_bytes)
         self.uploads = Uploads(settings, self.cache, self.admission)
         self.store = CaptureStore(settings, self.cache, self.uploads, worker, metrics)
         self.answers = Answers(settings, worker, self.admission)

@@ -1,15 +1,19 @@
-"""Issue 33 against a real server: one computation per question however it is spelled (item 4)."""
+"""Issue 33 against a real server: one computation per question however it is spelled (item 4), and
+one image's ablated variants cannot flush other uploads (item 5)."""
 
 from __future__ import annotations
+
+import re
 
 import httpx
 import pytest
 
 from helpers.api import API, fresh_png, get, post
-from helpers.server import Server
+from helpers.server import HTTP_TIMEOUT, Server
 
 MODEL = "random:test_vit"  # 6 layers x 2 heads: a pruning curve has at most 13 points
 CACHE_BYTES = 8_000_000  # about eight captures of a fresh_png under MODEL (0.93 MB each)
+VARIANT_BYTES = 2_500_000  # about two of them
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +23,7 @@ def srv():
         {
             "HEADSCOPE_MODEL": MODEL,
             "HEADSCOPE_CACHE_BYTES": str(CACHE_BYTES),
+            "HEADSCOPE_MAX_VARIANT_BYTES": str(VARIANT_BYTES),
         }
     )
     yield server
@@ -69,3 +74,30 @@ def test_one_ablation_set_or_model_spelled_two_ways_is_one_entry(srv):
     imp = ok(get(srv.url, f"{API}/{iid}/importance", method="gradient"))
     assert ok(get(srv.url, f"{API}/{iid}/importance", method="gradient", model=MODEL))["cached"] is True
     assert imp["cached"] is False
+
+
+# -- item 5: many ablated variants of one image evict each other, not other uploads ---------------
+
+
+def metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=HTTP_TIMEOUT).text
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def test_many_ablated_variants_of_one_image_do_not_evict_other_uploads(srv):
+    others = [uploaded(srv.url, 500 + i) for i in range(2)]
+    flood = uploaded(srv.url, 510)
+    sets = [f"{layer}:{head}" for layer in range(6) for head in range(2)]  # 12 sets: 11 MB of captures
+    for spec in sets:
+        ok(get(srv.url, f"{API}/{flood}", layers="-1", ablate=spec))
+        ok(get(srv.url, f"{API}/{flood}/output", ablate=spec))
+        assert metric(srv.url, "headscope_cache_bytes") <= CACHE_BYTES
+    for iid in others:  # their uploads and captures are still there
+        body = ok(get(srv.url, f"{API}/{iid}", layers="0", heads="1"))
+        assert body["cached"] is True
+    # The newest variants stay (a follow-up on the last set is answered from the cache), the
+    # oldest went; the image itself and its unablated capture stay too.
+    assert ok(get(srv.url, f"{API}/{flood}", layers="0", ablate=sets[-1]))["cached"] is True
+    assert ok(get(srv.url, f"{API}/{flood}/output", ablate=sets[-1]))["cached"] is True
+    assert ok(get(srv.url, f"{API}/{flood}", layers="0", ablate=sets[0]))["cached"] is False
+    assert ok(get(srv.url, f"{API}/{flood}", layers="0"))["cached"] is True
