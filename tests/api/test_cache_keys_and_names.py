@@ -1,14 +1,16 @@
-"""Issue 33 against a real server: one computation per question however it is spelled (item 4), and
-one image's ablated variants cannot flush other uploads (item 5)."""
+"""Issue 33 against a real server: one computation per question however it is spelled (item 4),
+one image's ablated variants cannot flush other uploads (item 5), and an upload's name stays
+with the request that gave it (item 6)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
 import pytest
 
-from helpers.api import API, fresh_png, get, post
+from helpers.api import API, fresh_png, get, image_id, post
 from helpers.server import HTTP_TIMEOUT, Server
 
 MODEL = "random:test_vit"  # 6 layers x 2 heads: a pruning curve has at most 13 points
@@ -101,3 +103,43 @@ def test_many_ablated_variants_of_one_image_do_not_evict_other_uploads(srv):
     assert ok(get(srv.url, f"{API}/{flood}/output", ablate=sets[-1]))["cached"] is True
     assert ok(get(srv.url, f"{API}/{flood}", layers="0", ablate=sets[0]))["cached"] is False
     assert ok(get(srv.url, f"{API}/{flood}", layers="0"))["cached"] is True
+
+
+# -- item 6: an upload's name stays with the request that gave it ----------------------------------
+
+
+def test_a_second_upload_of_the_same_bytes_does_not_rename_the_first_ones_follow_ups(srv):
+    data = fresh_png(601)
+    iid = image_id(data)
+    alice = post(srv.url, data, "alice-passport-scan.png", layers="-1")
+    assert ok(alice)["filename"] == "alice-passport-scan.png"
+    assert alice.headers["cache-control"] == "no-store"
+    bob = post(srv.url, data, "bob.png", layers="-1", format="npy")
+    assert bob.status_code == 200 and bob.headers["cache-control"] == "no-store"
+    assert json.loads(bob.headers["x-headscope-meta"])["filename"] == "bob.png"
+    again = ok(post(srv.url, data, "alice-passport-scan.png", layers="-1"))  # her own answer: her name
+    assert again["filename"] == "alice-passport-scan.png" and again["image_id"] == iid
+
+    # Follow-ups of that id, by anyone who has it: no name, neither hers nor his.
+    follow_ups = [
+        get(srv.url, f"{API}/{iid}", layers="-1"),
+        get(srv.url, f"{API}/{iid}", layers="-1", format="npy"),
+        get(srv.url, f"{API}/{iid}", layers="-1", format="safetensors"),
+        get(srv.url, f"{API}/{iid}/explain", layer="-1"),
+    ]
+    for r in follow_ups:
+        assert r.status_code == 200, r.text
+        assert b"alice" not in r.content and b"bob" not in r.content
+        assert "alice" not in str(r.headers) and "bob" not in str(r.headers)
+    assert follow_ups[0].json()["filename"] is None and follow_ups[3].json()["filename"] is None
+    assert json.loads(follow_ups[1].headers["x-headscope-meta"])["filename"] is None
+
+
+def test_an_upload_without_a_name_is_not_marked_no_store(srv):
+    r = httpx.post(
+        srv.url + API,
+        files={"image": ("uploads/", fresh_png(602), "image/png")},  # no name left once cleaned
+        data={"layers": "-1"},
+        timeout=HTTP_TIMEOUT,
+    )
+    assert ok(r)["filename"] is None and "cache-control" not in r.headers
