@@ -1,11 +1,13 @@
 """Issue 33 against a real server: one computation per question however it is spelled (item 4),
-one image's ablated variants cannot flush other uploads (item 5), and an upload's name stays
-with the request that gave it (item 6)."""
+one image's ablated variants cannot flush other uploads (item 5), an upload's name stays with
+the request that gave it (item 6), and a client that leaves mid-request leaves no traceback."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 
 import httpx
 import pytest
@@ -20,12 +22,13 @@ VARIANT_BYTES = 2_500_000  # about two of them
 
 @pytest.fixture(scope="module")
 def srv():
-    """A server of its own: a tiny default model, a small cache."""
+    """A server of its own: a tiny default model, a small cache, fault injection for the waits."""
     server = Server(
         {
             "HEADSCOPE_MODEL": MODEL,
             "HEADSCOPE_CACHE_BYTES": str(CACHE_BYTES),
             "HEADSCOPE_MAX_VARIANT_BYTES": str(VARIANT_BYTES),
+            "HEADSCOPE_ENABLE_FAULT_INJECTION": "1",
         }
     )
     yield server
@@ -143,3 +146,35 @@ def test_an_upload_without_a_name_is_not_marked_no_store(srv):
         timeout=HTTP_TIMEOUT,
     )
     assert ok(r)["filename"] is None and "cache-control" not in r.headers
+
+
+# -- a client that leaves while its request waits -----------------------------------------------
+
+
+def leave_early(port: int, path: str, after_s: float) -> None:
+    """Send ``GET path`` (each worker call held for a while by an injected fault) and close
+    the connection before the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Headscope-Fault: sleep:{3 * after_s}\r\n\r\n".encode())
+        time.sleep(after_s)
+
+
+def test_a_client_that_leaves_mid_request_leaves_no_traceback(srv, pace):
+    iid = uploaded(srv.url, 701)
+    paths = [
+        *(f"{API}/{iid}/output?ablate={layer}:1" for layer in range(4)),  # each a new ablated output
+        f"{API}/{iid}/stats",
+        f"{API}/{iid}?layers=-1&ablate=2:0",
+        f"{API}/{iid}/explain?ablate=3:0",
+    ]
+    before = srv.log().count(" 499 ")
+    for path in paths:
+        leave_early(srv.port, path, pace.s(0.3))
+    deadline = time.monotonic() + pace.s(30)
+    while srv.log().count(" 499 ") < before + len(paths) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert srv.log().count(" 499 ") == before + len(paths), srv.log()[-3000:]
+    time.sleep(pace.s(1))  # what the waits left behind has ended (and would have been logged)
+    assert httpx.get(srv.url + "/healthz", timeout=HTTP_TIMEOUT).status_code == 200
+    log = srv.log()
+    assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
