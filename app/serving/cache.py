@@ -4,10 +4,11 @@ Every field of a key is canonical: a request's parameters are resolved before th
 (the model's id, ``ablate`` as sorted ``(layer, head)`` pairs, the points a pruning curve really
 has), so that two spellings of one question share one entry and one computation.
 
-A key whose ``variant_of`` is not None is one of many possible variants of an image (its
-captures and outputs with heads removed): each such group may take at most ``max_variant_bytes``
-of the cache, so that one client asking for many variants of one image evicts that image's
-variants, not other people's uploads.
+A key with a non-empty ``ablate`` field is one of many possible variants of its image (a capture,
+an output, anything else computed with heads removed): the variants of one image, per key type,
+may take at most ``max_variant_bytes`` of the cache, so that one client asking for many variants
+of one image evicts that image's variants, not other people's uploads. A new key type gets this
+by naming its fields ``image_id`` and ``ablate``.
 """
 
 from __future__ import annotations
@@ -42,11 +43,6 @@ class CaptureKey:
     model_id: str
     ablate: tuple[tuple[int, int], ...] = ()
 
-    @property
-    def variant_of(self) -> Hashable | None:
-        """The group of the image's ablated captures (any model); None for the model as it is."""
-        return ("capture", self.image_id) if self.ablate else None
-
 
 @dataclass(frozen=True)
 class OutputKey:
@@ -55,11 +51,6 @@ class OutputKey:
     image_id: str
     model_id: str
     ablate: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def variant_of(self) -> Hashable | None:
-        """The group of the image's ablated outputs (any model); None for the model as it is."""
-        return ("output", self.image_id) if self.ablate else None
 
 
 @dataclass(frozen=True)
@@ -90,7 +81,7 @@ class ByteLRU:
     one cached value uses them; the total is then what the cache really keeps alive, and
     evicting a value frees its shared buffers only with the last value that uses them.
 
-    A key with a ``variant_of`` attribute that is not None belongs to that group of variants
+    A key with a non-empty ``ablate`` belongs to the group of its image's variants of its type
     (an image's ablated captures): when a group's values take more than ``max_variant_bytes``
     (each charged its own bytes and all of its shared buffers), the group's least recently used
     values are evicted first, before anything else; the newest one always stays.
@@ -247,5 +238,7 @@ class _Group:
 
 
 def _group_of(key: Hashable) -> Hashable | None:
-    """The group of variants ``key`` belongs to, if any (its ``variant_of``)."""
-    return getattr(key, "variant_of", None)
+    """The group of variants ``key`` belongs to: its type and image when it has heads removed."""
+    if not getattr(key, "ablate", None):
+        return None
+    return type(key).__name__, getattr(key, "image_id", None)

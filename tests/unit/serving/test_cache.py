@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from app.serving.cache import ByteLRU, CaptureKey, ImageKey, OutputKey
 
 
@@ -80,3 +82,23 @@ def test_a_variant_evicted_for_bytes_leaves_its_group():
     assert c.get(CaptureKey("img", "m", ((0, 2),))) == "c" and c.get("x") == "x"  # the group counted anew
     c.put(CaptureKey("img", "m", ((0, 2),)), "c again", 20)  # replacing a value does not count twice
     assert c.get(CaptureKey("img", "m", ((0, 3),))) == "d" and len(c) == 3
+
+
+def test_any_key_with_an_image_and_heads_removed_is_a_variant():
+    """A key type added later (relevance maps, say) is bounded per image by naming its fields."""
+
+    @dataclass(frozen=True)
+    class LaterKey:
+        image_id: str
+        ablate: tuple[tuple[int, int], ...]
+        target: str
+
+    c = ByteLRU(1000, max_variant_bytes=250)
+    c.put(ImageKey("other"), "other upload", 100)
+    for i in range(5):
+        c.put(LaterKey("img", ((0, i),), "output"), i, 100)
+    c.put(LaterKey("img", (), "output"), "plain", 100)  # no heads removed: not a variant
+    assert [i for i in range(5) if c.get(LaterKey("img", ((0, i),), "output")) is not None] == [3, 4]
+    assert c.get(ImageKey("other")) == "other upload" and c.get(LaterKey("img", (), "output")) == "plain"
+    c.put(CaptureKey("img", "m", ((0, 0),)), "capture", 200)  # another key type: a group of its own
+    assert c.get(LaterKey("img", ((0, 4),), "output")) == 4
