@@ -105,6 +105,13 @@ class Settings(BaseSettings):
         1024 * 1024 * 1024,
         description="uploads and captures kept for follow-up queries; captures kept on a GPU count here too",
     )
+    max_variant_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="cache bytes the ablated variants of one image may take, of each kind (its captures "
+        "with heads removed, its ablated outputs; any model): past it, the least recently used of them "
+        "is evicted, not other images (the newest always stays). Default: an eighth of cache_bytes",
+    )
     capture_store: Literal["device", "host"] = Field(
         "device",
         description="where captures are kept: 'device' (where the forward ran, no transfer; "
@@ -131,6 +138,11 @@ class Settings(BaseSettings):
             first, *rest = [m.strip() for m in self.model.split(",") if m.strip()]
             self.model, self.extra_models = first, [*rest, *self.extra_models]
         return self
+
+    @property
+    def variant_bytes(self) -> int:
+        """:attr:`max_variant_bytes`, or its default: an eighth of the cache."""
+        return self.max_variant_bytes or max(1, self.cache_bytes // 8)
 
     @property
     def model_ids(self) -> list[str]:

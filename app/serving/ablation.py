@@ -249,6 +249,13 @@ def pruning_work(
     return res
 
 
+def pruning_key(image_id: str, lm: LoadedModel, method: str, points: int) -> PruningKey:
+    """The cache and task key of a pruning curve: ``points`` as the curve has them (at most
+    heads + 1: ``points=1000`` and ``points=1001`` are one curve, computed once)."""
+    total = lm.num_layers * lm.num_heads
+    return PruningKey(image_id, lm.id, method, len(imp.pruning_steps(total, points)))
+
+
 # -- the service --------------------------------------------------------------------------------
 class AblationService(ImageTasks):
     """Model output, ablation and importance on top of :class:`~.service.AttentionService`."""
@@ -345,7 +352,7 @@ class AblationService(ImageTasks):
         (``wait`` as for :meth:`importance`); the importance first if needed."""
         lm = await self.svc.model(model_id)
         refuse_windowed(lm.windowed, "pruning")
-        key = PruningKey(image_id, lm.id, method, points)
+        key = pruning_key(image_id, lm, method, points)
         hit = self.cache.get(key)
         if hit is not None:
             return {**hit, "cached": True}
@@ -361,7 +368,7 @@ class AblationService(ImageTasks):
 
         async def compute(progress: Progress) -> dict:
             prep = await self.prepared(image_id, lm)
-            work = pruning_work(image_id, lm, prep, ranking, points, progress, self.worker.amp_dtype, self.device)
+            work = pruning_work(image_id, lm, prep, ranking, key.points, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
 
         return await self.result(key, "pruning", image_id, compute, is_disconnected, wait)
@@ -370,7 +377,7 @@ class AblationService(ImageTasks):
     def _key(self, what: str, image_id: str, lm: LoadedModel, method: str, points: int = DEFAULT_POINTS):
         if what == "importance":
             return ImportanceKey(image_id, lm.id, method)
-        return PruningKey(image_id, lm.id, method, points)
+        return pruning_key(image_id, lm, method, points)
 
     def progress(
         self, what: str, image_id: str, model_id: str | None, method: str, points: int = DEFAULT_POINTS

@@ -290,12 +290,18 @@ class Answers:
     async def answer(
         self, image_id: str, filename: str | None, found: Found, params: AttentionParams, ablate: Ablation = ()
     ) -> Answer:
-        """The answer, sized first; a large binary one is streamed."""
+        """The answer, sized first; a large binary one is streamed. One that carries a
+        ``filename`` (the answer to an upload) is sent with ``Cache-Control: no-store``."""
         sel, size = self.plan(found, params)
         asked = Asked(image_id, filename, found, params, sel, ablate)
         if params.format != "json" and size >= STREAM_MIN_BYTES:
-            return await self.worker.run_in_worker(self._streamed, asked)
-        return await self.worker.run_in_worker(built, asked)
+            answer = await self.worker.run_in_worker(self._streamed, asked)
+        else:
+            answer = await self.worker.run_in_worker(built, asked)
+        if filename is not None:
+            # The name an uploader gave (in the body or X-Headscope-Meta): no cache keeps it.
+            answer.headers["Cache-Control"] = "no-store"
+        return answer
 
     def _streamed(self, asked: Asked) -> Answer:
         """A large binary answer: the header now, the layers when the socket has room for them.

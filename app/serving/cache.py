@@ -1,4 +1,15 @@
-"""A byte-bounded LRU cache for uploads and their captured attention, and its key types."""
+"""A byte-bounded LRU cache for uploads and their captured attention, and its key types.
+
+Every field of a key is canonical: a request's parameters are resolved before they become a key
+(the model's id, ``ablate`` as sorted ``(layer, head)`` pairs, the points a pruning curve really
+has), so that two spellings of one question share one entry and one computation.
+
+A key with a non-empty ``ablate`` field is one of many possible variants of its image (a capture,
+an output, anything else computed with heads removed): the variants of one image, per key type,
+may take at most ``max_variant_bytes`` of the cache, so that one client asking for many variants
+of one image evicts that image's variants, not other people's uploads. A new key type gets this
+by naming its fields ``image_id`` and ``ablate``.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +64,8 @@ class ImportanceKey:
 
 @dataclass(frozen=True)
 class PruningKey:
-    """The pruning curve of an image: heads removed in ``method``'s order, ``points`` steps."""
+    """The pruning curve of an image: heads removed in ``method``'s order, ``points`` steps (the
+    points the curve has: at most heads + 1, whatever the request asked for)."""
 
     image_id: str
     model_id: str
@@ -95,15 +107,28 @@ class ByteLRU:
     one cached value uses them; the total is then what the cache really keeps alive, and
     evicting a value frees its shared buffers only with the last value that uses them.
 
+    A key with a non-empty ``ablate`` belongs to the group of its image's variants of its type
+    (an image's ablated captures): when a group's values take more than ``max_variant_bytes``
+    (each charged its own bytes and all of its shared buffers), the group's least recently used
+    values are evicted first, before anything else; the newest one always stays.
+
     Args:
         max_bytes: evict least-recently-used entries until the total fits this.
         on_change: called with (bytes, entries) after every change (metrics).
+        max_variant_bytes: bytes each group of variants may take (None: no bound but the total).
     """
 
-    def __init__(self, max_bytes: int, on_change: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        max_bytes: int,
+        on_change: Callable[[int, int], None] | None = None,
+        max_variant_bytes: int | None = None,
+    ):
         self.max_bytes = max_bytes
+        self.max_variant_bytes = max_variant_bytes
         self._data: OrderedDict[Hashable, tuple[Any, int, tuple[Hashable, ...]]] = OrderedDict()
         self._shared: dict[Hashable, list[int]] = {}  # buffer key -> [nbytes, values using it]
+        self._groups: dict[Hashable, _Group] = {}  # variant group -> its values, least recently used first
         self._bytes = 0
         self._lock = threading.Lock()
         self._on_change = on_change
@@ -121,6 +146,9 @@ class ByteLRU:
             if item is None:
                 return None
             self._data.move_to_end(key)
+            group = self._groups.get(_group_of(key))
+            if group is not None:
+                group.sizes.move_to_end(key)
             return item[0]
 
     def put(self, key: Hashable, value: Any, size: int, shared: Mapping[Hashable, int] | None = None) -> bool:
@@ -146,6 +174,7 @@ class ByteLRU:
                     self._bytes += n
                 else:
                     ref[1] += 1
+            self._add_variant(key, size + sum(shared.values()))
             while self._bytes > self.max_bytes:
                 self._drop(next(iter(self._data)))
             self._changed()
@@ -161,6 +190,10 @@ class ByteLRU:
             value, old, shared = item
             self._data[key] = (value, size, shared)
             self._bytes += size - old
+            group = self._groups.get(_group_of(key))
+            if group is not None:
+                group.resize(key, group.sizes[key] + size - old)
+                self._trim(group)
             while self._bytes > self.max_bytes and self._data:
                 victim = next(iter(self._data))
                 if victim == key and len(self._data) > 1:
@@ -179,9 +212,29 @@ class ByteLRU:
             self._changed()
             return before - self._bytes
 
+    def _add_variant(self, key: Hashable, nbytes: int) -> None:
+        """Count ``key`` in its group of variants, if it has one, and keep the group in bounds."""
+        group_key = _group_of(key)
+        if group_key is None:
+            return
+        group = self._groups.setdefault(group_key, _Group())
+        group.resize(key, nbytes)
+        self._trim(group)
+
+    def _trim(self, group: _Group) -> None:
+        """Evict a group's least recently used values while it is over its bound (the newest stays)."""
+        while self.max_variant_bytes is not None and group.nbytes > self.max_variant_bytes and len(group.sizes) > 1:
+            self._drop(next(iter(group.sizes)))
+
     def _drop(self, key: Hashable) -> None:
         _, size, shared = self._data.pop(key)
         self._bytes -= size
+        group_key = _group_of(key)
+        group = self._groups.get(group_key)
+        if group is not None:
+            group.remove(key)
+            if not group.sizes:
+                del self._groups[group_key]
         for buf in shared:
             ref = self._shared[buf]
             ref[1] -= 1
@@ -192,3 +245,26 @@ class ByteLRU:
     def _changed(self) -> None:
         if self._on_change:
             self._on_change(self._bytes, len(self._data))
+
+
+class _Group:
+    """The values of one group of variants, least recently used first, and the bytes they take."""
+
+    def __init__(self) -> None:
+        self.sizes: OrderedDict[Hashable, int] = OrderedDict()
+        self.nbytes = 0
+
+    def resize(self, key: Hashable, nbytes: int) -> None:
+        self.nbytes += nbytes - self.sizes.get(key, 0)
+        self.sizes[key] = nbytes
+        self.sizes.move_to_end(key)
+
+    def remove(self, key: Hashable) -> None:
+        self.nbytes -= self.sizes.pop(key, 0)
+
+
+def _group_of(key: Hashable) -> Hashable | None:
+    """The group of variants ``key`` belongs to: its type and image when it has heads removed."""
+    if not getattr(key, "ablate", None):
+        return None
+    return type(key).__name__, getattr(key, "image_id", None)

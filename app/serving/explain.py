@@ -125,6 +125,5 @@ async def explain(
     # With heads removed, the capture of the ablated model (cached per ablation set like the maps').
     ablate = lm.ablation(params.ablate)
     found = await service.store.get(image_id, lm, is_disconnected=is_disconnected, ablate=ablate)
-    upload = service.uploads.get(image_id)
-    filename = upload.filename if upload else None
-    return await service.worker.run_in_worker(explained, image_id, filename, lm, found, params, ablate)
+    # No filename: a follow-up never carries one (whoever sent the same bytes may have named them).
+    return await service.worker.run_in_worker(explained, image_id, None, lm, found, params, ablate)

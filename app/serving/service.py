@@ -65,7 +65,7 @@ class AttentionService:
             metrics.cache_bytes.set(nbytes)
             metrics.cache_entries.set(entries)
 
-        self.cache = ByteLRU(settings.cache_bytes, on_change)
+        self.cache = ByteLRU(settings.cache_bytes, on_change, settings.variant_bytes)
         self.uploads = Uploads(settings, self.cache, self.admission)
         self.store = CaptureStore(settings, self.cache, self.uploads, worker, metrics)
         self.answers = Answers(settings, worker, self.admission)
@@ -97,6 +97,7 @@ class AttentionService:
 
         Args:
             upload: the image, when the request brought it (POST); GETs find it in the cache.
+                Only then does the answer carry a ``filename``.
 
         Raises:
             ImageNotFound: the image is no longer cached (404).
@@ -112,8 +113,8 @@ class AttentionService:
             is_disconnected=is_disconnected,
             ablate=ablate,
         )
-        upload = upload or self.uploads.get(image_id)
-        filename = upload.filename if upload else None
+        # The name only in the answer to the upload that gave it (see Uploads.keep).
+        filename = upload.filename if upload is not None else None
         return await self.answers.answer(image_id, filename, found, params, ablate)
 
     async def post(

@@ -30,6 +30,8 @@ T = TypeVar("T")
 
 @dataclass
 class Upload:
+    """An uploaded picture: its bytes, and the name its request gave it (shown, never a path)."""
+
     data: bytes
     filename: str | None
 
@@ -76,9 +78,15 @@ class Uploads:
         self.admission = admission
 
     def keep(self, upload: Upload) -> str:
-        """Keep an upload (for follow-up requests and the page); returns its id."""
+        """Keep an upload's bytes (for follow-up requests and the page); returns its id.
+
+        The name is not kept: the id is the content's, so two people who send the same bytes
+        share it, and a name one of them gave must not show in the other's follow-ups. It is in
+        the answer to the request that sent it, and nowhere else.
+        """
         image_id = image_id_of(upload.data)
-        self.cache.put(ImageKey(image_id), upload, len(upload.data) + UPLOAD_OVERHEAD_BYTES)
+        kept = Upload(upload.data, None)
+        self.cache.put(ImageKey(image_id), kept, len(upload.data) + UPLOAD_OVERHEAD_BYTES)
         return image_id
 
     def get(self, image_id: str) -> Upload | None:

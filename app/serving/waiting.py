@@ -4,7 +4,8 @@ while watching for its client to leave. One helper, one exception.
 Every wait on behalf of a request goes through :func:`wait_for_result`: a request that passes
 its deadline gets ``asyncio.TimeoutError`` (504), one whose client has gone gets
 :class:`ClientGone` (499, nobody reads it), and either way the awaited future is cancelled, so
-that work nobody waits for any more is dropped before it starts. A computation other requests
+that work nobody waits for any more is dropped before it starts, and its outcome is marked seen
+(an exception nobody reads is not logged as "never retrieved"). A computation other requests
 may still wait for is passed in ``asyncio.shield(...)``: it goes on.
 """
 
@@ -58,4 +59,13 @@ async def wait_for_result(
     except BaseException:
         if not fut.done():
             fut.cancel()
+        # Whatever ``fut`` ends with now (it may have failed while we looked away, e.g. with its
+        # own ClientGone), nobody will read it: mark it seen, or asyncio logs "Task exception
+        # was never retrieved" with a traceback.
+        fut.add_done_callback(_seen)
         raise
+
+
+def _seen(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -1,12 +1,17 @@
-"""Dependencies: the heavy objects are built in the lifespan and reached only through these aliases."""
+"""Dependencies: the heavy objects are built in the lifespan and reached only through these aliases;
+:func:`declared_query_only`, which every route of the API gets from ``create_app``."""
 
 from __future__ import annotations
 
+import types
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import Depends, Path, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel
 
 from ..config import Settings
 from ..serving.ablation import AblationService
@@ -72,6 +77,66 @@ async def image_id_path(
     if not is_image_id(image_id):
         raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
     return image_id
+
+
+def _param_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model of a parameter declared as one (``Annotated[Model, Query()]``), else None."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else None
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters ``dependant`` and its sub-dependencies declare, by the name a client
+    sends (a parameter model's fields by their alias)."""
+    names: set[str] = set()
+    for field in dependant.query_params:
+        model = _param_model(field.field_info.annotation)
+        if model is None:
+            names.add(field.alias)
+        else:
+            names.update(info.alias or name for name, info in model.model_fields.items())
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+# id(route) -> (route, its names); the route is kept so that its id is never reused meanwhile.
+_DECLARED: dict[int, tuple[APIRoute, frozenset[str]]] = {}
+
+
+def declared_query(route: APIRoute) -> frozenset[str]:
+    """The query parameters ``route`` takes (its OpenAPI parameters ``in: query``), worked out once."""
+    known = _DECLARED.get(id(route))
+    if known is None or known[0] is not route:
+        known = _DECLARED[id(route)] = (route, frozenset(_query_names(route.dependant)))
+    return known[1]
+
+
+MAX_NAMES_SHOWN = 200  # characters of the unknown names echoed back
+
+
+async def declared_query_only(request: Request) -> None:
+    """Refuse a query parameter the route does not declare (422 ``invalid_parameter``).
+
+    Installed for every route by ``create_app`` (``FastAPI(dependencies=...)``), ahead of the
+    route's own dependencies (admission included): a route in the API schema takes exactly the
+    query parameters it declares, whether as function parameters, through a dependency, or as a
+    pydantic model (``Annotated[Model, Query()]``). Anything else (``x=1``, or ``ablate`` sent to
+    an endpoint that takes none) would otherwise be ignored in silence. Routes left out of the
+    schema (the page, whose query string is for its script) are not checked.
+    """
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not route.include_in_schema:
+        return
+    allowed = declared_query(route)
+    unknown = [name for name in dict.fromkeys(request.query_params.keys()) if name not in allowed]
+    if not unknown:
+        return
+    shown = ", ".join(repr(name[:40]) for name in unknown)[:MAX_NAMES_SHOWN]
+    takes = f"it takes {', '.join(sorted(allowed))}" if allowed else "it takes no query parameters"
+    raise ApiError(422, "invalid_parameter", f"unknown query parameter(s) {shown} for {route.path}; {takes}")
 
 
 async def _client_gone(request: Request) -> bool:

@@ -7,7 +7,7 @@ import logging
 from contextlib import asynccontextmanager
 
 import torch
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -27,6 +27,7 @@ from ..serving.service import AttentionService
 from ..serving.worker import Worker
 from ..zoo.registry import Registry
 from . import errors
+from .deps import declared_query_only
 from .middleware import AllowedHosts, BodyLimit, HeadAsGet, RequestId, SecurityHeaders, SingleParams
 
 # Room for the multipart framing and the text fields around the file.
@@ -96,6 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="What every attention head of a Vision Transformer looks at. Post an image, "
         "get per-layer, per-head softmax attention back as JSON, safetensors or npy.",
         lifespan=lifespan,
+        # Every route, also those of routers included later: a query parameter it does not declare is a 422.
+        dependencies=[Depends(declared_query_only)],
         docs_url=None,  # /docs and /redoc come from api/docs.py: local bundles, no inline script
         redoc_url=None,
     )

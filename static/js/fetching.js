@@ -201,6 +201,40 @@ function storeOf(ans, t) {
   return { meta, store };
 }
 
+// The server names an image only in the answer to its upload (the id is the content's: whoever
+// sends the same bytes shares it, and must not see the name another gave it). The page keeps the
+// names it gave in the tab's sessionStorage, so a reload shows them again; they never leave the browser.
+const NAMES_KEY = "headscope.names";
+const MAX_NAMES = 100;
+
+function savedNames() {
+  try {
+    const names = JSON.parse(sessionStorage.getItem(NAMES_KEY) || "{}");
+    return names && typeof names === "object" && !Array.isArray(names) ? names : {};
+  } catch {
+    return {}; // storage off, or not ours: the page works without it
+  }
+}
+
+/** The name this tab gave the upload `id`, if any. */
+function savedName(id) {
+  const name = savedNames()[id];
+  return typeof name === "string" ? name : null;
+}
+
+function saveName(id, name) {
+  const names = savedNames();
+  delete names[id];
+  names[id] = name; // the newest last; the oldest are dropped past MAX_NAMES
+  const ids = Object.keys(names);
+  for (const old of ids.slice(0, Math.max(0, ids.length - MAX_NAMES))) delete names[old];
+  try {
+    sessionStorage.setItem(NAMES_KEY, JSON.stringify(names));
+  } catch {
+    // full or off: the name shows until the page is left, as before
+  }
+}
+
 /** Remember an image opened in this session (for the compare image pickers). */
 function rememberImage(s, id, filename, sample = null) {
   const known = s.session.find((x) => x.id === id);
@@ -222,8 +256,10 @@ async function adopt(s, ans, my, want = {}, sample = null) {
     s.compare.failed.clear();
   }
   const keep = { layer: s.layer, head: s.head };
+  if (ans.filename) saveName(ans.image_id, ans.filename); // an upload's answer: the only one with the name
   Object.assign(s, {
-    meta, store, image, imageId: ans.image_id, filename: ans.filename || s.filename, model: ans.model,
+    meta, store, image, imageId: ans.image_id, model: ans.model,
+    filename: ans.filename || s.filename || savedName(ans.image_id),
   });
   rememberImage(s, ans.image_id, s.filename, sample);
   const { L, H, N } = dims(meta);
@@ -320,7 +356,7 @@ async function openOther(s, id, app) {
     const image = await loadImage(id);
     const { meta, store } = storeOf(ans, s.temperature);
     const entry = s.session.find((x) => x.id === id);
-    const filename = (entry && entry.filename) || ans.filename || "image";
+    const filename = (entry && entry.filename) || ans.filename || savedName(id) || "image";
     s.compare.others.set(key, { store, image, meta, tokens: meta.tokens, filename });
   })();
   s.compare.loading.set(key, p);
@@ -351,6 +387,7 @@ async function openSample(s, url, app) {
     const image = await loadImage(ans.image_id);
     const { meta, store } = storeOf(ans, s.temperature);
     rememberImage(s, ans.image_id, file.name, url);
+    if (ans.filename) saveName(ans.image_id, ans.filename);
     s.compare.others.set(otherKey(ans.model, ans.image_id), { store, image, meta, tokens: meta.tokens, filename: file.name });
     retarget(s, key, ans.image_id);
   })();

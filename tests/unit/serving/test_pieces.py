@@ -46,7 +46,7 @@ def test_the_pieces_answer_as_the_service_does(tmp_path):
     image_id = image_id_of(data)
     sel = answers.selection(params, found.entry.image)
     plain = _json(answers.built(answers.Asked(image_id, "x.png", found, params, sel)))
-    plain_explain = _json(explained(image_id, "x.png", lm, found, how))
+    plain_explain = _json(explained(image_id, None, lm, found, how))  # a follow-up: no uploader's name
     plain_stats = answers.stats_body(image_id, found, found.entry.stats(0.4))
 
     async def served():
