@@ -24,6 +24,8 @@ const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random"]; /
 const BASELINE = ["chefer", "attention", "random"]; // always tested, with the chosen method
 const FRACTIONS = { quick: "0,0.25,0.5,0.75", full: "" }; // "": the server's default, 0, 0.1, …, 0.9
 const DEFAULT_TARGET = { saliency: "output", classes: "top", embedding: "embedding" };
+const TRANSIENT = new Set(["busy", "timeout"]); // worth another try before the page shows an error
+const TRIES = 3;
 
 const sleep = (ms) => new Promise((r) => { setTimeout(r, ms); });
 
@@ -51,6 +53,7 @@ function freshData(key, imageId, model, ablate) {
     progress: new Map(),   // the same keys -> progress answer while the test runs
     loading: new Set(),
     failed: new Set(),
+    retries: new Map(),    // key -> failed attempts (busy, timeout)
   };
 }
 
@@ -81,7 +84,15 @@ function track(s, d, key, promise, onAnswer, app) {
   d.loading.add(key);
   promise
     .then(onAnswer)
-    .catch((e) => {
+    .catch(async (e) => {
+      // A busy server (the heavy slots are few) is asked again after a pause: the next need()
+      // starts the request again once this one is off the loading list.
+      const tries = (d.retries.get(key) || 0) + 1;
+      d.retries.set(key, tries);
+      if (TRANSIENT.has(e && e.code) && tries < TRIES) {
+        await sleep(1000 * tries);
+        return;
+      }
       d.failed.add(key);
       if (dataOf(s) === d) app.fail(e);
     })
@@ -100,9 +111,12 @@ function fetchOutput(s, d, app) {
 
 function fetchMap(s, d, method, target, app) {
   const key = `${method}|${target}`;
-  if (d.maps.has(key) || d.loading.has(key) || d.failed.has(key)) return false;
+  if (d.maps.has(key) || d.loading.has(`map|${key}`) || d.failed.has(`map|${key}`)) return false;
+  // One map at a time: a target or method chosen meanwhile is asked for when it is in (every
+  // method of a target comes from one computation the server caches, so the next is quick).
+  if ([...d.loading].some((k) => k.startsWith("map|"))) return false;
   const params = { model: d.model, ablate: d.ablate, method, target };
-  return track(s, d, key, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app);
+  return track(s, d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app);
 }
 
 /** GET …/faithfulness with progress polling, asking again after each 202 until the answer is there. */
@@ -156,7 +170,8 @@ function need(s, app) {
   const target = targetOf(s.why, d.output.kind);
   if (target === null) return started;
   started = fetchMap(s, d, s.why.method, target, app) || started;
-  started = fetchMap(s, d, RAW, target, app) || started;
+  // the raw attention once the chosen map is in: the server answers it from the same computation
+  if (d.maps.has(`${s.why.method}|${target}`)) started = fetchMap(s, d, RAW, target, app) || started;
   if (s.why.asked.includes(key)) started = fetchTest(s, d, target, app) || started;
   return started;
 }
@@ -216,10 +231,11 @@ function render(s, act, shown) {
   renderWhyOutput($("why-output"), { answer: out, image: s.image, box: s.why.box, boxOn: !!target && target.startsWith("box:") });
   const mapKey = `${s.why.method}|${target}`;
   renderRelevance($("relevance-figure"), {
-    image: s.image, answer: d.maps.get(mapKey) || null, loading: d.loading.has(mapKey), role: "relevance",
+    image: s.image, answer: d.maps.get(mapKey) || null, loading: !d.maps.has(mapKey) && !d.failed.has(`map|${mapKey}`) && target !== null, role: "relevance",
   });
+  const rawKey = `${RAW}|${target}`;
   renderRelevance($("raw-figure"), {
-    image: s.image, answer: d.maps.get(`${RAW}|${target}`) || null, loading: d.loading.has(`${RAW}|${target}`), role: "raw",
+    image: s.image, answer: d.maps.get(rawKey) || null, loading: !d.maps.has(rawKey) && !d.failed.has(`map|${rawKey}`) && target !== null, role: "raw",
   });
   const note = $("why-target-note");
   const whole = out && out.kind === "saliency" && target === "output";

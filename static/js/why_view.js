@@ -85,12 +85,10 @@ export function renderWhyOutput(fig, view) {
   const b = view.box;
   boxEl.hidden = !(canvas && b);
   if (!canvas || !b) return;
+  // In percent of the canvas (the figure scales with the page's width).
   const [h, w] = answer.input_size;
-  const cw = parseFloat(canvas.style.width) / w;
-  const ch = parseFloat(canvas.style.height) / h;
-  Object.assign(boxEl.style, {
-    left: `${b[0] * cw}px`, top: `${b[1] * ch}px`, width: `${(b[2] - b[0]) * cw}px`, height: `${(b[3] - b[1]) * ch}px`,
-  });
+  const pc = (v, n) => `${(100 * v) / n}%`;
+  Object.assign(boxEl.style, { left: pc(b[0], w), top: pc(b[1], h), width: pc(b[2] - b[0], w), height: pc(b[3] - b[1], h) });
   boxEl.classList.toggle("off", !view.boxOn);
   boxEl.classList.toggle("dragging", !!view.dragging);
 }
@@ -159,23 +157,35 @@ export function renderFaithfulness(elm, answer, waiting) {
       });
     }
   }
+  // Side by side on a wide screen, one above the other on a narrow one (a phone).
+  const narrow = elm.clientWidth > 0 && elm.clientWidth < 560;
   const pct = { ...AXIS, tickformat: ".0%", rangemode: "tozero" };
-  const layout = base({
-    height: 380,
-    margin: { l: 48, r: 12, b: 140 },
-    xaxis: { ...pct, domain: [0, 0.46], title: { text: "patches removed, most relevant first" } },
-    xaxis2: { ...pct, domain: [0.54, 1], anchor: "y2", title: { text: "patches removed, least relevant first" } },
-    yaxis: { ...AXIS, title: { text: "target / unperturbed" }, rangemode: "tozero" },
-    yaxis2: { ...AXIS, anchor: "x2", rangemode: "tozero" },
-    showlegend: true, legend: { ...LEGEND_BELOW, y: -0.3 },
-    annotations: [
-      { xref: "paper", yref: "paper", x: 0, y: 1.02, xanchor: "left", yanchor: "bottom", showarrow: false,
-        text: "<b>positive</b>: lower is better", font: { size: 12 } },
-      { xref: "paper", yref: "paper", x: 0.54, y: 1.02, xanchor: "left", yanchor: "bottom", showarrow: false,
-        text: "<b>negative</b>: higher is better", font: { size: 12 } },
-    ],
+  const ratio = { ...AXIS, rangemode: "tozero", title: { text: "target / unperturbed" } };
+  const head = (text, x, y) => ({
+    xref: "paper", yref: "paper", x, y, xanchor: "left", yanchor: "bottom", showarrow: false, text, font: { size: 12 },
   });
-  const key = `faith|${answer.image_id}|${answer.model}|${answer.target}|${Object.keys(answer.methods)}|${answer.fractions}|${answer.ablate}`;
+  const layout = base(narrow
+    ? {
+      height: 640,
+      margin: { l: 48, r: 12, b: 150 },
+      xaxis: { ...pct, anchor: "y", title: { text: "removed, most relevant first" } },
+      xaxis2: { ...pct, anchor: "y2", title: { text: "removed, least relevant first" } },
+      yaxis: { ...ratio, domain: [0.62, 1] },
+      yaxis2: { ...ratio, domain: [0, 0.36] },
+      showlegend: true, legend: { ...LEGEND_BELOW, y: -0.12 },
+      annotations: [head("<b>positive</b>: lower is better", 0, 1.01), head("<b>negative</b>: higher is better", 0, 0.37)],
+    }
+    : {
+      height: 380,
+      margin: { l: 48, r: 12, b: 140 },
+      xaxis: { ...pct, domain: [0, 0.46], title: { text: "patches removed, most relevant first" } },
+      xaxis2: { ...pct, domain: [0.54, 1], anchor: "y2", title: { text: "patches removed, least relevant first" } },
+      yaxis: ratio,
+      yaxis2: { ...AXIS, anchor: "x2", rangemode: "tozero" },
+      showlegend: true, legend: { ...LEGEND_BELOW, y: -0.3 },
+      annotations: [head("<b>positive</b>: lower is better", 0, 1.02), head("<b>negative</b>: higher is better", 0.54, 1.02)],
+    });
+  const key = `faith|${answer.image_id}|${answer.model}|${answer.target}|${Object.keys(answer.methods)}|${answer.fractions}|${answer.ablate}|${narrow}`;
   plotKeyed(elm, key, traces, layout);
   elm.setAttribute("aria-label", Object.entries(answer.methods)
     .map(([m, c]) => `${m}: AUC positive ${c.auc_positive}, negative ${c.auc_negative}`).join("; "));

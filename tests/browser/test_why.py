@@ -9,6 +9,7 @@ error, an uncaught exception, a dialog or a request to another host.
 
 from __future__ import annotations
 
+import json
 import re
 from urllib.parse import parse_qs, urlsplit
 
@@ -16,7 +17,10 @@ import httpx
 import pytest
 
 from helpers.charts import assert_matrix, plot_data
+from helpers.models import write_classifier
 from helpers.page import image_id, open_page, upload
+from helpers.server import Server
+from helpers.swin_reference import SWIN_V1
 
 pytestmark = pytest.mark.browser
 
@@ -24,6 +28,17 @@ VIEW = "[data-testid=why-view]"
 MAP = "[data-testid=relevance-map]"
 RAW = "[data-testid=raw-attention]"
 SLOW_MS = 240_000  # every forward here competes with the rest of the suite on a loaded machine
+CLF = "local:test_vit@why_page_head.safetensors"  # the id the server lists the classifier under
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory):  # the page fixtures (guard, routes) follow this server
+    """The default model, a small classifier (class targets) and a Swin (refused), one server."""
+    clf = write_classifier(tmp_path_factory.mktemp("why-page") / "why_page_head.safetensors")
+    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([clf, SWIN_V1])})
+    yield srv.url
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
 
 
 def api(base_url, iid, what, **params) -> dict:
@@ -146,3 +161,31 @@ def test_why_view_maps_pickers_box_and_faithfulness_chart(page, base_url, sample
         assert f"AUC {curves['auc_' + meta['sign']]:.3f}" in trace["name"]
         assert dash == ("dash" if meta["method"] == "random" else "solid")
     assert {m["sign"] for m, _ in styles} == {"positive", "negative"}
+
+
+def test_a_classifier_explains_a_class_of_its_top_5_and_a_swin_says_why_not(page, base_url, samples):
+    page.set_default_timeout(SLOW_MS)
+    seen: list[str] = []
+    page.on("request", lambda r: seen.append(r.url))
+    open_page(page, base_url, f"?model={CLF}&view=why")
+    assert page.is_visible(VIEW)
+    upload(page, samples["coffee"])
+    iid = image_id(samples["coffee"].read_bytes())
+    wait_map(page, MAP, method="chefer", target="top")
+    top5 = api(base_url, iid, "output", model=CLF)["output"]["top5"]
+    options = page.eval_on_selector_all("[data-testid=relevance-target] option", "o => o.map(x => x.value)")
+    assert options == ["top"] + [f"class:{c['index']}" for c in top5]
+    third = f"class:{top5[2]['index']}"
+    page.select_option("[data-testid=relevance-target]", third)
+    wait_map(page, MAP, method="chefer", target=third)
+    assert any(q.get("target") == third and q.get("model") == CLF for q in queries(seen, "relevance"))
+    assert page.is_hidden("[data-testid=why-target-note]")
+
+    # A windowed model: the view says why, and asks the server for nothing it would refuse.
+    before = len(queries(seen, "relevance"))
+    open_page(page, base_url, f"?model={SWIN_V1}&view=why")
+    upload(page, samples["coffee"])
+    page.wait_for_selector("[data-testid=why-windowed]", state="visible")
+    assert "Swin" in page.inner_text("[data-testid=why-windowed]")
+    assert page.is_hidden("#why-body") and page.is_hidden("#faithfulness-panel")
+    assert len(queries(seen, "relevance")) == before
