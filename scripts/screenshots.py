@@ -40,6 +40,7 @@ SWIN = f"local:{SWIN_ARCH}@{SWIN_CHECKPOINT}"  # the id the server lists the che
 WAIT_MS = 600_000  # a loaded 2-core machine takes minutes for an importance sweep
 CAT = SAMPLES / "cat.png"
 CAT_ID = hashlib.sha256(CAT.read_bytes()).hexdigest()[:24]
+WHY_BOX = (60, 40, 150, 120)  # the cat's head on its 336 x 224 output map (docs/relevance.md's box)
 
 
 class Shots:
@@ -117,7 +118,7 @@ class Shots:
             pg.wait_for_timeout(200)
             pg.locator(selector).first.screenshot(path=str(path))
         pg.close()
-        print(f"  {path.relative_to(ROOT)}")
+        print(f"  {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
     # ------------------------------------------------------------------ the pictures
     def screenshot(self) -> None:
@@ -209,6 +210,37 @@ class Shots:
         pg.wait_for_selector("[data-testid=importance-progress][data-state=done]")
         self.save(pg, "ablation", "[data-testid=ablation-view]")
 
+    def why(self, viewport: dict | None = None, name: str = "why") -> None:
+        """Why: Chefer's map of a box drawn on the cat's head, the raw attention beside it, and the
+        faithfulness test of the box with the paper's fractions."""
+        self.post()
+        pg = self.page(f"?image={CAT_ID}&view=why", viewport or {"width": 1280, "height": 800})
+        pg.wait_for_selector("[data-testid=why-output][data-state=ready]")
+        canvas = pg.locator("[data-testid=why-saliency]")
+        canvas.scroll_into_view_if_needed()
+        r = canvas.bounding_box()
+        assert r is not None
+        x0, y0, x1, y1 = WHY_BOX
+        h, w = 224, 336  # the cat's output map (the model's input size)
+        pg.mouse.move(r["x"] + x0 / w * r["width"], r["y"] + y0 / h * r["height"])
+        pg.mouse.down()
+        pg.mouse.move(r["x"] + x1 / w * r["width"], r["y"] + y1 / h * r["height"], steps=5)
+        pg.mouse.up()
+        pg.wait_for_function(
+            """() => ['relevance-map', 'raw-attention'].every(id => {
+                const c = document.querySelector(`[data-testid=${id}]`);
+                return c.closest('figure').dataset.state === 'ready' && c.dataset.target.startsWith('box:'); })"""
+        )
+        pg.select_option("[data-testid=faithfulness-steps]", "full")
+        pg.click("[data-testid=faithfulness-run]")
+        pg.wait_for_function("() => document.querySelector('[data-testid=faithfulness-chart] svg.main-svg')")
+        pg.wait_for_selector("[data-testid=faithfulness-progress][data-state=done]")
+        self.save(pg, name, "[data-testid=why-view]")
+
+    def why_phone(self) -> None:
+        """The same on a phone (390 x 844)."""
+        self.why({"width": 390, "height": 844}, "why-phone")
+
     def swin_shifted_window(self) -> None:
         """Swin-T, a shifted layer of stage 1, the query in the bottom-left corner."""
         self.post(model=SWIN)
@@ -235,6 +267,8 @@ NAMES: dict[str, Callable[[Shots], None]] = {
     "page-compare": Shots.page_compare,
     "learn": Shots.learn,
     "ablation": Shots.ablation,
+    "why": Shots.why,
+    "why-phone": Shots.why_phone,
     "swin-shifted-window": Shots.swin_shifted_window,
     "learn-swin": Shots.learn_swin,
 }

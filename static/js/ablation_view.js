@@ -55,7 +55,7 @@ function figureSize(image) {
 }
 
 /** A [h][w] map of values (lo..hi) colour-mapped into an offscreen canvas of w x h pixels. */
-function mapCanvas(rows, lo, hi, colormap) {
+export function mapCanvas(rows, lo, hi, colormap) {
   const h = rows.length;
   const w = rows[0].length;
   const c = document.createElement("canvas");
@@ -82,7 +82,7 @@ function mapCanvas(rows, lo, hi, colormap) {
 }
 
 /** The picture with a map laid over it (the model input is a resize of the whole picture). */
-function drawOver(canvas, image, map, opacity) {
+export function drawOver(canvas, image, map, opacity) {
   const { w, h } = figureSize(image);
   const ctx = sized(canvas, w, h);
   ctx.imageSmoothingQuality = "high";

@@ -7,6 +7,7 @@
 //   maps.js      the "Attention maps" view (viewer.js, compare.js, grid.js, rollout.js, analytics.js…)
 //   learn.js     the "Inside a head" view (one head's computation, its temperature slider)
 //   ablation.js  the "Ablation" view (heads off, the model's output, importance, pruning)
+//   why.js       the "Why" view (relevance maps of a target, the faithfulness test)
 //   fetching.js  what the view needs from the server, image loads, cancellation
 //   intake.js    file, drop, paste, samples, model switch, shared URL
 //   model-picker.js  the any-model picker (--any-model): search, load with progress, switch

@@ -64,6 +64,10 @@ export const state = {
   // the Ablation view (ablation.js): heads off ("l:h"), the importance method, importance asked for
   // ("image|model|method"), a method to try again; `data`: the server's answers for the shown image
   ablation: { off: [], method: "ablation", asked: [], retry: null, data: null },
+  // the Why view (why.js): the relevance method, the target ("" = the model's default, "box" = `box`,
+  // [x0, y0, x1, y1] in output-map pixels), the test's fractions, the tests asked for
+  // ("image|model|ablate"); `data`: the server's answers for the shown image, model and heads off
+  why: { method: "chefer", target: "", box: null, steps: "quick", asked: [], data: null },
   // requests in flight: `gen` bumps on every new image or model load, so late answers of an
   // older one are dropped; the controllers cancel the image load and the statistics.
   requests: { gen: 0, load: null, stats: null },

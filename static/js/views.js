@@ -29,8 +29,9 @@
 import { ablationView } from "./ablation.js";
 import { learnView } from "./learn.js";
 import { mapsView } from "./maps.js";
+import { whyView } from "./why.js";
 
-export const VIEWS = [mapsView, learnView, ablationView];
+export const VIEWS = [mapsView, learnView, ablationView, whyView];
 
 /** The view names the page has, in tab order. */
 export function viewNames() {

@@ -22,15 +22,15 @@ test("one way to write a temperature: dom.js fmtTemperature", () => {
   assert.deepEqual(defining, ["dom.js"]);
 });
 
-test("the chrome imports nothing from the Inside a head and Ablation views", () => {
+test("the chrome imports nothing from the Inside a head, Ablation and Why views", () => {
   for (const f of CHROME) {
-    const bad = [...source[f].matchAll(/from\s+"\.\/((learn|ablation)[^"]*)"/g)].map((m) => m[1]);
+    const bad = [...source[f].matchAll(/from\s+"\.\/((learn|ablation|why)[^"]*)"/g)].map((m) => m[1]);
     assert.deepEqual(bad, [], `${f} imports ${bad}`);
   }
 });
 
-test("the views keep their answers in the state: no module variables in learn*.js and ablation*.js", () => {
-  for (const f of files.filter((x) => /^(learn|ablation)/.test(x))) {
+test("the views keep their answers in the state: no module variables in learn*.js, ablation*.js and why*.js", () => {
+  for (const f of files.filter((x) => /^(learn|ablation|why)/.test(x))) {
     const lets = source[f].split("\n").filter((line) => /^let\s/.test(line));
     assert.deepEqual(lets, [], `${f} keeps module state`);
     // (a constant in capitals, such as a set of error codes, is no state)

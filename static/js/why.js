@@ -1,0 +1,315 @@
+// The "Why" view (#27): which patches made the model output what it did. The relevance map of one
+// target of the output (GET …/relevance) beside the raw attention it improves on (the same
+// answer's `attention` method: one forward and backward give both), a method and a target picker
+// (the whole saliency output, a box drawn on it, or a class of the top 5), and the faithfulness
+// test of the maps (GET …/faithfulness, with progress). why_view.js draws.
+//
+// Its part of the state is state.why: what the person chose ({method, target: "" (the model's
+// default) | "output" | "box" | "top" | "class:N" | "embedding", box: [x0, y0, x1, y1] in output-map
+// pixels or null, steps: "quick" | "full", asked: ["image|model|ablate", …] (the test asked for)})
+// and, in `data`, what the server answered for the shown image, model and heads off (need()
+// fetches into it).
+
+import { getLong, getOutput, getProgress } from "./api.js";
+import { renderProgress } from "./ablation_view.js";
+import { $, setOptions } from "./dom.js";
+import { ablateText, ablatedPairs } from "./state.js";
+import { renderFaithfulness, renderRelevance, renderWhyOutput } from "./why_view.js";
+import { isWindowed } from "./windows.js";
+
+const POLL_MS = 250;
+const WAIT_S = 20; // …/faithfulness answers within this (202 with the progress when not done)
+const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row
+const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random"]; // the test's order
+const BASELINE = ["chefer", "attention", "random"]; // always tested, with the chosen method
+const FRACTIONS = { quick: "0,0.25,0.5,0.75", full: "" }; // "": the server's default, 0, 0.1, …, 0.9
+const DEFAULT_TARGET = { saliency: "output", classes: "top", embedding: "embedding" };
+const TRANSIENT = new Set(["busy", "timeout"]); // worth another try before the page shows an error
+const TRIES = 3;
+
+const sleep = (ms) => new Promise((r) => { setTimeout(r, ms); });
+
+/** The heads switched off in the Ablation view, as the `ablate` text (they compose). */
+function ablateOf(s) {
+  return ablateText(ablatedPairs(s.meta, s.ablation.off));
+}
+
+/** The answers' key of the shown image, model and heads off ("" before an image). */
+function keyOf(s) {
+  return s.imageId && s.model && s.meta ? `${s.imageId}|${s.model}|${ablateOf(s)}` : "";
+}
+
+function dataOf(s) {
+  const d = s.why.data;
+  return d && d.key === keyOf(s) ? d : null;
+}
+
+function freshData(key, imageId, model, ablate) {
+  return {
+    key, imageId, model, ablate,
+    output: null,          // GET …/output answer (its kind, the saliency map, the top 5)
+    maps: new Map(),       // "method|target" -> GET …/relevance answer
+    tests: new Map(),      // "target|methods|fractions" -> GET …/faithfulness answer
+    progress: new Map(),   // the same keys -> progress answer while the test runs
+    loading: new Set(),
+    failed: new Set(),
+    retries: new Map(),    // key -> failed attempts (busy, timeout)
+  };
+}
+
+/** The API target the state asks for, given the output kind; null while a box is asked but not drawn. */
+export function targetOf(why, kind) {
+  const t = why.target || DEFAULT_TARGET[kind] || "";
+  if (t === "box") {
+    if (!why.box) return null;
+    return `box:${why.box.join(",")}`;
+  }
+  if (kind === "saliency" && !["output", "box"].includes(t)) return "output";
+  if (kind === "classes" && t !== "top" && !t.startsWith("class:")) return "top";
+  if (kind === "embedding") return "embedding";
+  return t;
+}
+
+/** The methods the test compares: the chosen one and the baseline set, in a fixed order. */
+function testedMethods(method) {
+  return TESTED.filter((m) => m === method || BASELINE.includes(m)).join(",");
+}
+
+function testKey(target, methods, fractions) {
+  return `${target}|${methods}|${fractions}`;
+}
+
+// ---------------------------------------------------------------- fetching (into s.why.data)
+function track(s, d, key, promise, onAnswer, app) {
+  d.loading.add(key);
+  promise
+    .then(onAnswer)
+    .catch(async (e) => {
+      // A busy server (the heavy slots are few) is asked again after a pause: the next need()
+      // starts the request again once this one is off the loading list.
+      const tries = (d.retries.get(key) || 0) + 1;
+      d.retries.set(key, tries);
+      if (TRANSIENT.has(e && e.code) && tries < TRIES) {
+        await sleep(1000 * tries);
+        return;
+      }
+      d.failed.add(key);
+      if (dataOf(s) === d) app.fail(e);
+    })
+    .finally(() => {
+      d.loading.delete(key);
+      if (dataOf(s) === d) app.update();
+    });
+  return true;
+}
+
+function fetchOutput(s, d, app) {
+  if (d.output || d.loading.has("output") || d.failed.has("output")) return false;
+  const params = { model: d.model, ablate: d.ablate };
+  return track(s, d, "output", getOutput(d.imageId, params), (ans) => { d.output = ans; }, app);
+}
+
+function fetchMap(s, d, method, target, app) {
+  const key = `${method}|${target}`;
+  if (d.maps.has(key) || d.loading.has(`map|${key}`) || d.failed.has(`map|${key}`)) return false;
+  // One map at a time: a target or method chosen meanwhile is asked for when it is in (every
+  // method of a target comes from one computation the server caches, so the next is quick).
+  if ([...d.loading].some((k) => k.startsWith("map|"))) return false;
+  const params = { model: d.model, ablate: d.ablate, method, target };
+  return track(s, d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app);
+}
+
+/** GET …/faithfulness with progress polling, asking again after each 202 until the answer is there. */
+async function testRequest(s, d, key, params, app) {
+  let open = true;
+  const poll = async () => {
+    while (open) {
+      try {
+        const p = await getProgress(d.imageId, "faithfulness", params);
+        if (!open) break;
+        d.progress.set(key, p);
+        if (dataOf(s) === d) app.update();
+      } catch {
+        // progress is a nicety: the answer itself reports errors
+      }
+      await sleep(POLL_MS);
+    }
+  };
+  poll();
+  try {
+    for (;;) {
+      const ans = await getLong(d.imageId, "faithfulness", { ...params, wait: WAIT_S });
+      if (ans.done) return ans.body;
+    }
+  } finally {
+    open = false;
+    d.progress.delete(key);
+  }
+}
+
+function fetchTest(s, d, target, app) {
+  const methods = testedMethods(s.why.method);
+  const fractions = FRACTIONS[s.why.steps] ?? "";
+  const key = testKey(target, methods, fractions);
+  if (d.tests.has(key) || d.loading.has(key) || d.failed.has(key)) return false;
+  const params = { model: d.model, ablate: d.ablate, methods, target, fractions };
+  return track(s, d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app);
+}
+
+/**
+ * Start what the view lacks: the model's output (its kind, the saliency map, the top 5), the
+ * chosen method's map and the raw attention for the target, and the test once asked for.
+ */
+function need(s, app) {
+  const key = keyOf(s);
+  if (!key || !s.image || isWindowed(s.meta)) return false;
+  if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s));
+  const d = s.why.data;
+  let started = fetchOutput(s, d, app);
+  if (!d.output) return started;
+  const target = targetOf(s.why, d.output.kind);
+  if (target === null) return started;
+  started = fetchMap(s, d, s.why.method, target, app) || started;
+  // the raw attention once the chosen map is in: the server answers it from the same computation
+  if (d.maps.has(`${s.why.method}|${target}`)) started = fetchMap(s, d, RAW, target, app) || started;
+  if (s.why.asked.includes(key)) started = fetchTest(s, d, target, app) || started;
+  return started;
+}
+
+// ---------------------------------------------------------------- render
+function targetOptions(why, output) {
+  if (!output) return [["", "…"]];
+  if (output.kind === "saliency") {
+    const b = why.box;
+    return [
+      ["output", "the whole output (mean saliency)"],
+      ["box", b ? `the box x ${b[0]}–${b[2]}, y ${b[1]}–${b[3]}` : "a box: draw one on the output", !b],
+    ];
+  }
+  if (output.kind === "classes") {
+    const top = output.output.top5;
+    return [
+      ["top", `the top class (${top[0].label})`],
+      ...top.map((c) => [`class:${c.index}`, `${c.label} (${(100 * c.probability).toFixed(1)}%)`]),
+    ];
+  }
+  return [["embedding", "the embedding (its projection on itself)"]];
+}
+
+function testProgress(d, key) {
+  if (d.loading.has(key)) {
+    const p = d.progress.get(key) || { fraction: 0 };
+    return { ...p, state: "running", label: "Removing patches and running the model" };
+  }
+  if (d.failed.has(key)) return { state: "failed", label: "The faithfulness test" };
+  const ans = d.tests.get(key);
+  if (ans) {
+    return { state: "done", fraction: 1, label: `${ans.forwards} forwards in ${(ans.timing_ms.compute / 1000).toFixed(1)} s on the server` };
+  }
+  return { state: "idle", fraction: 0 };
+}
+
+const EMPTY = freshData("", null, null, "");
+
+/** Bring the view up to date with the state (reads it, writes the DOM only). */
+function render(s, act, shown) {
+  if (!shown) return;
+  const windowed = !!(s.meta && isWindowed(s.meta));
+  const ready = !!(keyOf(s) && s.image) && !windowed;
+  $("why-empty").hidden = !!(keyOf(s) && s.image);
+  $("why-windowed").hidden = !windowed;
+  $("why-body").hidden = !ready;
+  $("faithfulness-panel").hidden = !ready;
+  $("relevance-method").value = s.why.method;
+  $("faithfulness-steps").value = s.why.steps;
+  if (!ready) return;
+  const d = dataOf(s) || EMPTY;
+  const out = d.output;
+  const target = out ? targetOf(s.why, out.kind) : null;
+  setOptions($("relevance-target"), targetOptions(s.why, out));
+  if (out) $("relevance-target").value = target && target.startsWith("box:") ? "box" : target || "box";
+  renderWhyOutput($("why-output"), { answer: out, image: s.image, box: s.why.box, boxOn: !!target && target.startsWith("box:") });
+  const mapKey = `${s.why.method}|${target}`;
+  renderRelevance($("relevance-figure"), {
+    image: s.image, answer: d.maps.get(mapKey) || null, loading: !d.maps.has(mapKey) && !d.failed.has(`map|${mapKey}`) && target !== null, role: "relevance",
+  });
+  const rawKey = `${RAW}|${target}`;
+  renderRelevance($("raw-figure"), {
+    image: s.image, answer: d.maps.get(rawKey) || null, loading: !d.maps.has(rawKey) && !d.failed.has(`map|${rawKey}`) && target !== null, role: "raw",
+  });
+  const note = $("why-target-note");
+  const whole = out && out.kind === "saliency" && target === "output";
+  const noBox = out && out.kind === "saliency" && target === null;
+  note.hidden = !(whole || noBox);
+  note.textContent = noBox
+    ? "Drag on the model output to draw a box: the maps then explain the saliency inside it."
+    : "The whole saliency map is a poor target: removing the patches the model looks at moves its saliency "
+      + "elsewhere, so the total hardly falls and on the sample photos every map scored worse than random. "
+      + "Drag on the model output to draw a box and ask about one region.";
+  const key = target === null ? "" : testKey(target, testedMethods(s.why.method), FRACTIONS[s.why.steps] ?? "");
+  const asked = s.why.asked.includes(keyOf(s));
+  renderProgress($("faithfulness-progress"), key ? testProgress(d, key) : { state: "idle", fraction: 0 });
+  $("faithfulness-run").disabled = !key || d.loading.has(key) || d.tests.has(key);
+  renderFaithfulness($("faithfulness-chart"), key ? d.tests.get(key) || null : null,
+    asked && key ? "Running the test…" : null);
+}
+
+/** Map pixels of the output figure under a pointer event (clamped to the map). */
+function mapPoint(e, canvas, size) {
+  const r = canvas.getBoundingClientRect();
+  const [h, w] = size;
+  const x = Math.round(((e.clientX - r.left) / r.width) * w);
+  const y = Math.round(((e.clientY - r.top) / r.height) * h);
+  return [Math.max(0, Math.min(w, x)), Math.max(0, Math.min(h, y))];
+}
+
+/** Wire the view's own controls (s: the one state, read when an event comes). */
+function bind(act, s) {
+  $("relevance-method").addEventListener("change", (e) => act.setIn("why", { method: e.target.value }));
+  $("relevance-target").addEventListener("change", (e) => act.setIn("why", { target: e.target.value }));
+  $("faithfulness-steps").addEventListener("change", (e) => act.setIn("why", { steps: e.target.value }));
+  $("faithfulness-run").addEventListener("click", () => {
+    const key = keyOf(s);
+    if (key) act.setIn("why", { asked: [...new Set([...s.why.asked, key])] });
+  });
+  // A box drawn on the saliency output: the drag is kept on the box element (DOM, not module
+  // state); its end writes the box, in output-map pixels, to the state.
+  const fig = $("why-output");
+  const boxEl = $("why-box");
+  const answer = () => { const d = dataOf(s); return d && d.output && d.output.kind === "saliency" ? d.output : null; };
+  fig.addEventListener("pointerdown", (e) => {
+    const out = answer();
+    const canvas = fig.querySelector("canvas");
+    if (!out || !canvas || e.target !== canvas) return;
+    e.preventDefault();
+    canvas.setPointerCapture(e.pointerId);
+    boxEl.dataset.start = JSON.stringify(mapPoint(e, canvas, out.input_size));
+  });
+  fig.addEventListener("pointermove", (e) => {
+    const out = answer();
+    const canvas = fig.querySelector("canvas");
+    if (!out || !canvas || !boxEl.dataset.start) return;
+    const [x0, y0] = JSON.parse(boxEl.dataset.start);
+    const [x1, y1] = mapPoint(e, canvas, out.input_size);
+    const b = [Math.min(x0, x1), Math.min(y0, y1), Math.max(x0, x1), Math.max(y0, y1)];
+    renderWhyOutput(fig, { answer: out, image: s.image, box: b, boxOn: true, dragging: true });
+  });
+  const end = (e) => {
+    const out = answer();
+    const canvas = fig.querySelector("canvas");
+    if (!boxEl.dataset.start) return;
+    const [x0, y0] = JSON.parse(boxEl.dataset.start);
+    delete boxEl.dataset.start;
+    if (!out || !canvas) return;
+    const [x1, y1] = mapPoint(e, canvas, out.input_size);
+    const b = [Math.min(x0, x1), Math.min(y0, y1), Math.max(x0, x1), Math.max(y0, y1)];
+    // A click (or a sliver) is not a box: keep the target there was.
+    if (b[2] - b[0] < 4 || b[3] - b[1] < 4) return act.update();
+    return act.setIn("why", { box: b, target: "box" });
+  };
+  fig.addEventListener("pointerup", end);
+  fig.addEventListener("pointercancel", end);
+}
+
+/** The view object (views.js): its answers live in state.why.data. */
+export const whyView = { name: "why", render, need, bind };
