@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.serving.cache import ByteLRU, CaptureKey, ImageKey, OutputKey
+from headscope.serving.cache import ByteLRU, CaptureKey, ImageKey, OutputKey
 
 
 def test_byte_lru_evicts_least_recent():

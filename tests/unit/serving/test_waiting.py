@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from app.serving.waiting import ClientGone, wait_for_result
+from headscope.serving.waiting import ClientGone, wait_for_result
 
 
 def test_a_piece_that_fails_while_its_waiter_sees_the_client_leave_is_not_logged():
