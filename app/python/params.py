@@ -37,10 +37,10 @@ def validation_message(e: ValidationError, name: str | None = None) -> str:
     return "; ".join(parts) or "invalid parameter"
 
 
-def build(model: type, **fields: Any) -> Any:
-    """``model(**fields)``, a :class:`ParameterError` with the API's text where it fails."""
+def build(schema: type, /, **fields: Any) -> Any:
+    """``schema(**fields)``, a :class:`ParameterError` with the API's text where it fails."""
     try:
-        return model(**fields)
+        return schema(**fields)
     except ValidationError as e:
         raise ParameterError(validation_message(e)) from None
 

@@ -24,7 +24,6 @@ from ..config import Settings
 from ..engine.ablation import refuse_windowed
 from ..engine.device import autocast_dtype, resolve_device
 from ..engine.forward import forward_capture
-from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
 from ..serving.images import ImageError
 from ..serving.pictures import Pictures
@@ -167,7 +166,7 @@ class Scope:
             ValueError: a bad parameter or picture, with the API's 4xx message.
             TypeError: an argument of the wrong type.
         """
-        from .result import Attention, Part, found_of
+        from .result import Attention, found_of
 
         fields = dict(
             layers=P.indices(layers, "layers"),
@@ -199,15 +198,11 @@ class Scope:
                 it = items[i]
                 found = found_of(self.lm, it, att)
                 try:
-                    parts = [
-                        Part.of(found, it.image_id, it.picture.filename, p, pairs)
-                        for p in _stage_params(self.lm, params, input_size, every_stage)
-                    ]
+                    results[i] = Attention.of(self.lm, self.settings, it, found, params, pairs, every_stage)
                 except ValueError as e:
                     if not is_many(image):
                         raise
                     raise type(e)(f"pictures[{i}]: {e}") from None
-                results[i] = Attention(self.lm, self.settings, it, found, parts, params, pairs, every_stage)
         out = [r for r in results if r is not None]
         return out if is_many(image) else out[0]
 
@@ -358,19 +353,6 @@ class Scope:
                 {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
             )
         return out if is_many(image) else out[0]
-
-
-def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
-    """The request's parameters once, or for a windowed model asked for every layer, once per
-    stage (its layers; a rollout starting at the stage's first layer)."""
-    if not every_stage:
-        return [params]
-    layout = lm.layout(input_size)
-    assert isinstance(layout, WindowedLayout)
-    return [
-        params.model_copy(update={"layers": f"{s.first_layer}-{s.last_layer}", "rollout_start": s.first_layer})
-        for s in layout.stages
-    ]
 
 
 def _tensors(value: Any) -> Any:
