@@ -3,7 +3,7 @@
 Drawn with matplotlib's object API (a ``Figure`` of its own: no pyplot state, no backend
 change in the user's session). SVG and PDF keep text, axes and colour bar as vectors (text as
 text: ``svg.fonttype = none``, TrueType in PDF); the picture and the map over it are embedded
-rasters. The map is the API's for the same parameters (:meth:`Attention.select` of the result's
+rasters. The map is the API's for the same parameters (`Attention.select` of the result's
 capture: any layer, head and query without another forward); the patch tokens only, on the patch
 grid, stretched over the whole picture (the model saw the whole picture, resized).
 """
@@ -102,10 +102,10 @@ def map_figure(
     """One map over the picture with its colour bar and a caption (model, layer, head, query).
 
     Args:
-        att: an :class:`~app.python.result.Attention`.
+        att: an `Attention`.
         layer: a layer (default: the result's first); negative counts from the end.
         head: a head (default: the result's first), or ``mean`` / ``max`` (over the result's heads).
-        query: one query token as :meth:`Scope.attention` spells it (default: the result's first).
+        query: one query token as `Scope.attention` spells it (default: the result's first).
     """
     need("matplotlib", "Attention.save()")
     from matplotlib.cm import ScalarMappable
@@ -151,7 +151,7 @@ def map_figure(
 def save_map(
     att: Any, path: Any, layer: Any, head: Any, query: Any, *, colormap: str, opacity: float, dpi: int
 ) -> Path:
-    """:func:`map_figure` saved to ``path`` (``.svg``, ``.pdf`` or ``.png``); the path."""
+    """`map_figure` saved to ``path`` (``.svg``, ``.pdf`` or ``.png``); the path."""
     _format_of(path)
     return _save(map_figure(att, layer, head, query, colormap=colormap, opacity=opacity), path, dpi)
 
@@ -168,7 +168,7 @@ def grid_figure(
     """A layers x heads grid of maps over the picture, one colour scale and colour bar for all.
 
     Args:
-        layers, heads: as :meth:`Scope.attention` takes them (default: the result's; a Swin
+        layers, heads: as `Scope.attention` takes them (default: the result's; a Swin
             result of every stage: its last stage).
         query: one query token (default: the result's first).
         path: saved there too when given (``.svg``, ``.pdf``, ``.png``).

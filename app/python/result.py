@@ -1,7 +1,7 @@
-"""What ``Scope.attention`` gives back: :class:`Attention`, one picture's maps and its capture.
+"""What ``Scope.attention`` gives back: `Attention`, one picture's maps and its capture.
 
 The maps are the API's answer for the same picture and parameters (computed by
-:func:`app.serving.answers.maps`, described by :func:`app.serving.answers.meta`); the capture
+`app.serving.answers.maps`, described by `app.serving.answers.meta`); the capture
 behind them stays, so the statistics, one head's computation, the interactive view and the
 figures come from it without another forward.
 """
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Part:
-    """One answer's worth of an :class:`Attention`: the request's parameters, what they select
+    """One answer's worth of an `Attention`: the request's parameters, what they select
     and the maps (a windowed model asked for every layer has one part per stage)."""
 
     asked: answers.Asked
@@ -67,7 +67,7 @@ def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], eve
 
 
 def found_of(lm: LoadedModel, item: Prepped, att: Capture) -> Found:
-    """A capture as the server's store keeps it (an :class:`~app.serving.store.Entry`)."""
+    """A capture as the server's store keeps it (an `Entry`)."""
     image = lm.captured(att, item.prep.input_size)
     return Found(Entry(lm.id, image, item.prep.image_size), False, {})
 
@@ -126,7 +126,7 @@ class Attention:
         Args:
             **fields: ``query``, ``layers``, ``heads``, ``temperature``, ``aggregate``, ``drop``,
                 ``rollout_start``, ``head_fusion``, ``discard_ratio``, spelled as for
-                :meth:`~app.python.scope.Scope.attention`; the ones left out keep this result's
+                `attention`; the ones left out keep this result's
                 values. The heads removed (``ablate``) are the capture's own.
 
         Raises:
@@ -153,7 +153,7 @@ class Attention:
         return self._one([p.maps for p in self._parts])
 
     def numpy(self) -> np.ndarray | list[np.ndarray]:
-        """:attr:`maps` as numpy arrays (the same memory)."""
+        """`maps` as numpy arrays (the same memory)."""
         return self._one([p.maps.numpy() for p in self._parts])
 
     @property
@@ -195,7 +195,7 @@ class Attention:
 
     @property
     def image_id(self) -> str:
-        """The server's id of this picture: the content hash of :attr:`image_bytes`."""
+        """The server's id of this picture: the content hash of `image_bytes`."""
         return self._item.image_id
 
     @property
@@ -331,10 +331,10 @@ class Attention:
         dpi: int = 200,
     ) -> Any:
         """A layers x heads grid of maps over the picture with one colour scale and colour bar
-        (a matplotlib ``Figure``), saved to ``path`` when given, as :meth:`save` saves.
+        (a matplotlib ``Figure``), saved to ``path`` when given, as `save` saves.
 
         Args:
-            layers: as :meth:`~app.python.scope.Scope.attention` takes them (default: this
+            layers: as `attention` takes them (default: this
                 result's; a Swin result of every stage: its last stage).
             heads: likewise (default: this result's).
             query: one query token (default: this result's first).

@@ -1,12 +1,12 @@
-"""``headscope.load()`` and :class:`Scope`: the server's numbers in plain Python.
+"""``headscope.load()`` and `Scope`: the server's numbers in plain Python.
 
-A :class:`Scope` holds one model (a :class:`~app.engine.model.LoadedModel`) on its device and
+A `Scope` holds one model (a `LoadedModel`) on its device and
 computes what the REST API answers, synchronously, with the server's own pieces: pictures are
-prepared by :class:`~app.serving.pictures.Pictures` (the one decode and resize path, early
-reduction of large photos included), captured by :func:`~app.engine.forward.forward_capture`
-(the one forward), read through :class:`~app.engine.captured.CapturedImage` and sliced by
-:mod:`app.serving.answers`; the long computations run the server's works
-(:func:`~app.serving.ablation.importance_work`, ...) with :func:`~app.serving.tasks.run_now`.
+prepared by `Pictures` (the one decode and resize path, early
+reduction of large photos included), captured by `forward_capture`
+(the one forward), read through `CapturedImage` and sliced by
+`app.serving.answers`; the long computations run the server's works
+(`importance_work`, ...) with `run_now`.
 No worker thread, no asyncio, no HTTP; a list of pictures runs as batches on the model's device.
 """
 
@@ -40,7 +40,7 @@ DEFAULT_BATCH = 8
 class Scope:
     """One model, ready to answer what the REST API answers, in Python.
 
-    Made by :func:`load`. Every method takes a picture (a path, bytes, a ``PIL.Image`` or an
+    Made by `load`. Every method takes a picture (a path, bytes, a ``PIL.Image`` or an
     ``HxWx3`` uint8 array) or a list of them (one result each, in order).
 
     Args:
@@ -104,7 +104,7 @@ class Scope:
         return out
 
     def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:
-        """The model in eval mode while Headscope computes (see :func:`~app.python.modes.computing`)."""
+        """The model in eval mode while Headscope computes (see `computing`)."""
         return computing(self.lm, lock)
 
     def _batches(self, items: list[Prepped]) -> Iterator[list[int]]:
@@ -157,10 +157,12 @@ class Scope:
             aggregate: ``none``, ``mean``, ``max`` (over the heads) or ``rollout``.
             drop: ``none``, ``prefix``, ``artifacts`` or ``prefix,artifacts``: key tokens zeroed
                 and rows renormalised.
-            rollout_start, head_fusion, discard_ratio: the rollout's options.
+            rollout_start: the rollout's first layer.
+            head_fusion: how the rollout fuses heads: ``mean``, ``max`` or ``min``.
+            discard_ratio: the share of each row's smallest weights the rollout sets to 0.
 
         Returns:
-            An :class:`~app.python.result.Attention`, or a list of them for a list of pictures.
+            An `Attention`, or a list of them for a list of pictures.
 
         Raises:
             ValueError: a bad parameter or picture, with the API's 4xx message.
@@ -331,7 +333,7 @@ class Scope:
 
         Args:
             methods: names (``["chefer", "attention", "random"]`` or ``"chefer,random"``); None: all.
-            target: as for :meth:`relevance`.
+            target: as for `relevance`.
             fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
             ablate: heads removed first (maps and perturbed forwards alike).
         """
@@ -387,7 +389,7 @@ def load(
     settings: Settings | None = None,
     batch_size: int = DEFAULT_BATCH,
 ) -> Scope:
-    """A model ready for :meth:`Scope.attention` and the rest.
+    """A model ready for `Scope.attention` and the rest.
 
     Args:
         model_or_id: a model id as the server takes it (None: the default, the embedded

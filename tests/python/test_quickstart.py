@@ -25,3 +25,15 @@ def test_the_quickstart_notebook_runs(tmp_path):
     text = "\n".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert "<headscope.Scope 'dinov2-s14-focus'" in text and "torch.Size([12, 6, 1, 385])" in text
     assert {p.name for p in tmp_path.iterdir()} >= {"head.svg", "head.pdf", "head.png", "heads.pdf"}
+
+
+def test_the_python_page_shows_the_notebooks_code():
+    """docs/python.md's Quickstart is the notebook's code, cell by cell, in order."""
+    import re
+
+    page = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
+    quick = page.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    shown = [b.strip() for b in re.findall(r"```python\n(.*?)```", quick, re.S)]
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c.source.strip() for c in nb.cells if c.cell_type == "code"]
+    assert shown == cells
