@@ -2,8 +2,8 @@
 
 The maps are the API's answer for the same picture and parameters (computed by
 `app.serving.answers.maps`, described by `app.serving.answers.meta`); the capture
-behind them stays, so the statistics, one head's computation, the interactive view and the
-figures come from it without another forward.
+behind them stays, so other selections (`Attention.select`), the statistics, one head's
+computation and the figures come from it without another forward.
 """
 
 from __future__ import annotations
