@@ -17,7 +17,7 @@ The data path, one sub-package per stage:
 * :mod:`app.serving` - the request path: decode, admission, cache, the batching worker, encoders;
 * :mod:`app.engine` - the model computation: token layout, capture hooks, selection, analysis, stats;
 * :mod:`app.zoo` - model ids and sources, loaders, weight files, position tables, the embedded model;
-* :mod:`app.python` - the same numbers in plain Python: ``load()``, ``Scope``, the notebook view.
+* :mod:`app.python` - the same numbers in plain Python: ``load()``, ``Scope``, figures.
 """
 
 from __future__ import annotations

@@ -41,6 +41,28 @@ def sample_pixels(lm: LoadedModel, n: int, device: str | torch.device = "cpu") -
     return torch.stack(out).to(device)
 
 
+def sample_pictures(n: int) -> list[bytes]:
+    """``n`` sample pictures as 224 x 224 PNG files (bytes), distinct (one pixel nudged each): what
+    the Python API's rows take, so that the model sees a 224 px input as in the other rows."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    files = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".png", ".jpg")) if SAMPLES.is_dir() else []
+    out = []
+    for i in range(n):
+        if files:
+            a = np.array(Image.open(files[i % len(files)]).convert("RGB").resize(INPUT[::-1], Image.BICUBIC))
+        else:
+            a = np.random.default_rng(i).integers(0, 256, (*INPUT, 3), dtype=np.uint8)
+        a[0, 0, 0] = i % 256
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, "PNG", compress_level=1)
+        out.append(buf.getvalue())
+    return out
+
+
 def bf16_status(device: str = "cpu") -> tuple[bool, str]:
     """Whether bf16 autocast is native here (CUDA with bf16; CPU with AVX512-BF16 / AMX)."""
     if device.startswith("cuda"):
@@ -194,6 +216,16 @@ def build_variants(
             note="informative (server precision=bf16)",
         ),
     ]
+    variants.append(
+        Variant(
+            "py_cls",
+            "Python API scope.attention(picture), CLS rows",
+            python_api(lm, device),
+            _per_image_check(cls_shape),
+            "headscope",
+            note="224 px PNG bytes in: decode, resize, forward, answer",
+        )
+    )
     for v in variants:
         if hasattr(v.fn, "variant"):
             v.fn.variant = v
@@ -243,6 +275,27 @@ def build_variants(
             Variant("hf_full", "HF Dinov2Model eager, full maps", hf_full, _per_image_check(full_shape), "peer"),
         ]
     return variants
+
+
+def python_api(lm: LoadedModel, device: str):
+    """``scope.attention(picture, query="cls")`` of the Python API on the same model: one picture
+    at batch 1, a list of B pictures (one batched forward) above; the pictures are PNG bytes of
+    224 x 224 (the timed call decodes and prepares them, as a user's call does)."""
+    from app.config import Settings
+    from app.python.scope import Scope
+
+    scope = Scope(lm, Settings(), precision="fp32" if torch.device(device).type == "cpu" else "auto")
+    pictures: dict[int, list[bytes]] = {}
+
+    def fn(x):
+        B = x.shape[0]
+        if B not in pictures:
+            pictures[B] = sample_pictures(B)
+            scope.batch_size = max(scope.batch_size, B)
+        out = scope.attention(pictures[B] if B > 1 else pictures[B][0], query="cls")
+        return [a.maps for a in (out if isinstance(out, list) else [out])]
+
+    return fn
 
 
 def cross_check(variants: list[Variant], x: torch.Tensor, checks: Checks) -> list[Variant]:

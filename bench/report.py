@@ -15,6 +15,8 @@ PEER_MIN = 1.10
 TARGET_CONCURRENCY = 4
 STATS_MAX = 0.30  # statistics of one 224 px image, in forwards (time ratio)
 SURVEY_MIN = 0.85  # survey marginal throughput at batch 8, over the bare forward's
+PYTHON_MIN = 0.95  # the Python API's scope.attention (a list of B at batch B), over the bare forward's
+PYTHON_PEER_MIN = 1.0  # ... over timm's AttentionExtract, CLS rows at batch 1
 
 
 def _ref_ips(results: dict, batch: str) -> float | None:
@@ -76,6 +78,24 @@ def targets(results: dict) -> list[dict[str, Any]]:
                     r >= PEER_MIN,
                     detail=detail,
                 )
+    for b in results.get("inproc", {}):
+        r = _ratio(results, b, "py_cls")
+        what = "scope.attention(img)" if b == "1" else f"scope.attention(list of {b})"
+        add(
+            f"Python API {what}, CLS (B={b}) >= {PYTHON_MIN:.2f}x bare fp32",
+            r,
+            PYTHON_MIN,
+            r is not None and r >= PYTHON_MIN,
+        )
+        timm = _ratio(results, b, "timm_cls")
+        if b == "1" and r and timm:
+            add(
+                f"Python API scope.attention(img), CLS (B=1) >= {PYTHON_PEER_MIN:.1f}x timm AttentionExtract",
+                r / timm,
+                PYTHON_PEER_MIN,
+                r / timm >= PYTHON_PEER_MIN,
+                detail="ratio of paired ratios to the same bare forward",
+            )
     abl = results.get("ablation")
     if abl:
         from .ablation import SWEEP_TARGET

@@ -333,7 +333,8 @@ def environment(work: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADSCOPE_")}
     env.update(
         PATH=f"{work / '.bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(ROOT),
+        # The checkout first; a PYTHONPATH already set (a worktree's `headscope` link) after it.
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         PYTHONUNBUFFERED="1",
         HEADSCOPE_MODELS_DIR=str(ROOT / "models"),
     )

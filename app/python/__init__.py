@@ -9,8 +9,8 @@
     att.maps.shape                                    # [layers, heads, queries, tokens]
     att.stats()                                       # every head's statistics, a DataFrame
 
-:func:`load` gives a :class:`Scope` (one model on its device); :meth:`Scope.attention` gives an
-:class:`Attention` per picture. Everything is computed by the server's own pieces (the one
+`load` gives a `Scope` (one model on its device); `Scope.attention` gives an
+`Attention` per picture. Everything is computed by the server's own pieces (the one
 picture path, the one forward, the answers' functions), so every number equals the REST API's
 for the same picture; bad arguments raise ``ValueError`` / ``TypeError`` with the API's message.
 """

@@ -2,10 +2,10 @@
 
 A picture is a path (``str`` or ``os.PathLike``), the file's bytes, a ``PIL.Image.Image`` or an
 ``HxWx3`` ``uint8`` array (``HxWx4`` RGBA and ``HxW`` grey too). Paths are read as the survey and
-``headscope extract`` read them (:func:`~app.serving.pictures.read_picture_file`: regular files
+``headscope extract`` read them (`read_picture_file`: regular files
 only, at most ``HEADSCOPE_MAX_UPLOAD_BYTES``); bytes are taken as they are. Images and arrays are
-encoded losslessly as PNG (:func:`png_bytes`), so that every picture reaches the model as bytes,
-through the server's one preparation path (:class:`~app.serving.pictures.Pictures`), and its
+encoded losslessly as PNG (`png_bytes`), so that every picture reaches the model as bytes,
+through the server's one preparation path (`Pictures`), and its
 ``image_id`` is the id the server gives the same bytes. Images and arrays are taken as their
 pixels are: an EXIF orientation a ``PIL.Image`` carries is not applied (``ImageOps.exif_transpose``
 first where it should be); paths and bytes go the server's way, orientation applied.
@@ -99,7 +99,7 @@ def picture(image: Any, max_file_bytes: int) -> Picture:
 
     Raises:
         TypeError: not a picture type.
-        ValueError: an unreadable file (:class:`~app.serving.pictures.PictureFileError`, whose
+        ValueError: an unreadable file (`PictureFileError`, whose
             message names the file), an empty bytes object, an array of the wrong shape.
     """
     if isinstance(image, (str, os.PathLike)):

@@ -3,7 +3,7 @@
 The Python API takes what reads naturally in Python (``layers=-1``, ``layers=[0, 5]``,
 ``query=(3, 5)``, ``ablate=[(0, 1)]``) as well as the API's text grammar (``layers="0-3"``,
 ``query="patch:3,5"``), writes it in that grammar, and validates it with the models the routes
-use (:class:`~app.serving.params.AttentionParams`, :class:`~app.serving.explain.ExplainParams`,
+use (`AttentionParams`, `ExplainParams`,
 the routes' annotated query types). A bad value raises ``ValueError`` (pydantic's
 ``ValidationError`` is one) or ``TypeError`` with the text the API answers in its 422: the
 ``loc: msg`` of each error, as the routes write them.
@@ -37,10 +37,10 @@ def validation_message(e: ValidationError, name: str | None = None) -> str:
     return "; ".join(parts) or "invalid parameter"
 
 
-def build(model: type, **fields: Any) -> Any:
-    """``model(**fields)``, a :class:`ParameterError` with the API's text where it fails."""
+def build(schema: type, /, **fields: Any) -> Any:
+    """``schema(**fields)``, a `ParameterError` with the API's text where it fails."""
     try:
-        return model(**fields)
+        return schema(**fields)
     except ValidationError as e:
         raise ParameterError(validation_message(e)) from None
 

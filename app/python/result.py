@@ -1,9 +1,9 @@
-"""What ``Scope.attention`` gives back: :class:`Attention`, one picture's maps and its capture.
+"""What ``Scope.attention`` gives back: `Attention`, one picture's maps and its capture.
 
 The maps are the API's answer for the same picture and parameters (computed by
-:func:`app.serving.answers.maps`, described by :func:`app.serving.answers.meta`); the capture
-behind them stays, so the statistics, one head's computation, the interactive view and the
-figures come from it without another forward.
+`app.serving.answers.maps`, described by `app.serving.answers.meta`); the capture
+behind them stays, so other selections (`Attention.select`), the statistics, one head's
+computation and the figures come from it without another forward.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from ..config import Settings
 from ..engine.ablation import Ablation
 from ..engine.captured import CapturedImage
 from ..engine.hooks import Attention as Capture
+from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
 from ..serving import answers
 from ..serving.params import AttentionParams, Mass
 from ..serving.store import Entry, Found
 from . import params as P
+from .extras import need
 from .inputs import Prepped
 from .modes import computing
 
@@ -33,24 +35,9 @@ if TYPE_CHECKING:
     import pandas
 
 
-NOTEBOOK_EXTRA = "pip install 'headscope[notebook]'"
-
-
-def need(module: str, what: str) -> Any:
-    """Import an optional dependency of the notebook extra, or say how to install it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(
-            f"{what} needs {module.split('.')[0]}, part of the notebook extra: {NOTEBOOK_EXTRA}"
-        ) from None
-
-
 @dataclass
 class Part:
-    """One answer's worth of an :class:`Attention`: the request's parameters, what they select
+    """One answer's worth of an `Attention`: the request's parameters, what they select
     and the maps (a windowed model asked for every layer has one part per stage)."""
 
     asked: answers.Asked
@@ -66,8 +53,21 @@ class Part:
         return cls(asked, torch.from_numpy(array), answers.meta(asked, array.shape))
 
 
+def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
+    """The request's parameters once, or for a windowed model asked for every layer, once per
+    stage (its layers; a rollout starting at the stage's first layer)."""
+    if not every_stage:
+        return [params]
+    layout = lm.layout(input_size)
+    assert isinstance(layout, WindowedLayout)
+    return [
+        params.model_copy(update={"layers": f"{s.first_layer}-{s.last_layer}", "rollout_start": s.first_layer})
+        for s in layout.stages
+    ]
+
+
 def found_of(lm: LoadedModel, item: Prepped, att: Capture) -> Found:
-    """A capture as the server's store keeps it (an :class:`~app.serving.store.Entry`)."""
+    """A capture as the server's store keeps it (an `Entry`)."""
     image = lm.captured(att, item.prep.input_size)
     return Found(Entry(lm.id, image, item.prep.image_size), False, {})
 
@@ -101,6 +101,48 @@ class Attention:
         self.ablate: Ablation = ablate
         self.per_stage = per_stage
 
+    @classmethod
+    def of(
+        cls,
+        lm: LoadedModel,
+        settings: Settings,
+        item: Prepped,
+        found: Found,
+        params: AttentionParams,
+        ablate: Ablation,
+        per_stage: bool,
+    ) -> Attention:
+        """The API's answer for ``params`` of a capture (per stage for Swin's every layer)."""
+        parts = [
+            Part.of(found, item.image_id, item.picture.filename, p, ablate)
+            for p in _stage_params(lm, params, item.prep.input_size, per_stage)
+        ]
+        return cls(lm, settings, item, found, parts, params, ablate, per_stage)
+
+    def select(self, **fields: Any) -> Attention:
+        """Another selection of the same capture, without another forward: the API's answer for
+        these parameters (``GET /api/v1/attention/{image_id}`` of the cached picture).
+
+        Args:
+            **fields: ``query``, ``layers``, ``heads``, ``temperature``, ``aggregate``, ``drop``,
+                ``rollout_start``, ``head_fusion``, ``discard_ratio``, spelled as for
+                `attention`; the ones left out keep this result's
+                values. The heads removed (``ablate``) are the capture's own.
+
+        Raises:
+            ValueError: a bad value (the API's message); TypeError: an unknown field.
+        """
+        spell = {"layers": lambda v: P.indices(v, "layers"), "heads": lambda v: P.indices(v, "heads"), "query": P.query}
+        allowed = set(AttentionParams.model_fields) - {"ablate", "model", "format", "dtype", "stats"}
+        unknown = sorted(set(fields) - allowed)
+        if unknown:
+            raise TypeError(f"select() takes {', '.join(sorted(allowed))}; got {', '.join(unknown)}")
+        update = {k: spell[k](v) if k in spell else v for k, v in fields.items()}
+        params = P.build(AttentionParams, **{**self.params.model_dump(), **update})
+        # Swin: every layer is one answer per stage, as in Scope.attention
+        per_stage = self.lm.windowed and fields["layers"] is None if "layers" in fields else self.per_stage
+        return Attention.of(self.lm, self.settings, self._item, self._found, params, self.ablate, per_stage)
+
     def _one(self, values: list) -> Any:
         return values if self.per_stage else values[0]
 
@@ -111,7 +153,7 @@ class Attention:
         return self._one([p.maps for p in self._parts])
 
     def numpy(self) -> np.ndarray | list[np.ndarray]:
-        """:attr:`maps` as numpy arrays (the same memory)."""
+        """`maps` as numpy arrays (the same memory)."""
         return self._one([p.maps.numpy() for p in self._parts])
 
     @property
@@ -153,7 +195,7 @@ class Attention:
 
     @property
     def image_id(self) -> str:
-        """The server's id of this picture: the content hash of :attr:`image_bytes`."""
+        """The server's id of this picture: the content hash of `image_bytes`."""
         return self._item.image_id
 
     @property
@@ -266,3 +308,70 @@ class Attention:
         from ..serving.pictures import display_finish, display_probe
 
         return display_finish(display_probe(self.image_bytes, self.settings.max_image_pixels))
+
+    # -- figures --------------------------------------------------------------------------
+    def save(
+        self,
+        path: Any,
+        layer: Any = None,
+        head: Any = None,
+        query: Any = None,
+        *,
+        colormap: str = "viridis",
+        opacity: float = 0.6,
+        dpi: int = 200,
+    ) -> Path:
+        """A figure of one map over the picture, with its colour bar and a caption (model, layer,
+        head, query): ``.svg`` and ``.pdf`` keep text, axes and colour bar as vectors (the
+        picture and the map are embedded rasters), ``.png`` is a raster at ``dpi``.
+
+        Any layer, head and query of the capture can be drawn, not only this result's (the same
+        capture, no forward): the map is the API's for them.
+
+        Args:
+            path: where (its suffix picks the format).
+            layer: a layer (default: this result's first); negative counts from the end.
+            head: a head (default: this result's first), or ``"mean"`` / ``"max"`` over this
+                result's heads.
+            query: one query token: ``"cls"``, a token index, a cell ``(row, col)`` or
+                ``"patch:R,C"`` (default: this result's first).
+            colormap: a matplotlib colormap name.
+            opacity: the map's opacity over the picture (0..1).
+            dpi: the resolution of ``.png`` (and of the rasters inside ``.svg`` / ``.pdf``).
+
+        Returns:
+            The path written.
+
+        Raises:
+            ImportError: matplotlib is missing (the ``notebook`` extra).
+            ValueError: a bad layer, head or query (the API's message), a query of several
+                tokens, an unknown suffix.
+        """
+        from .figures import save_map
+
+        return save_map(self, path, layer, head, query, colormap=colormap, opacity=opacity, dpi=dpi)
+
+    def figure(
+        self,
+        layers: Any = None,
+        heads: Any = None,
+        query: Any = None,
+        path: Any = None,
+        *,
+        colormap: str = "viridis",
+        opacity: float = 0.6,
+        dpi: int = 200,
+    ) -> Any:
+        """A layers x heads grid of maps over the picture with one colour scale and colour bar
+        (a matplotlib ``Figure``), saved to ``path`` when given, as `save` saves.
+
+        Args:
+            layers: as `attention` takes them (default: this
+                result's; a Swin result of every stage: its last stage).
+            heads: likewise (default: this result's).
+            query: one query token (default: this result's first).
+            path: ``.svg``, ``.pdf`` or ``.png``, or None to only return the figure.
+        """
+        from .figures import grid_figure
+
+        return grid_figure(self, layers, heads, query, path, colormap=colormap, opacity=opacity, dpi=dpi)

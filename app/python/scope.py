@@ -1,12 +1,12 @@
-"""``headscope.load()`` and :class:`Scope`: the server's numbers in plain Python.
+"""``headscope.load()`` and `Scope`: the server's numbers in plain Python.
 
-A :class:`Scope` holds one model (a :class:`~app.engine.model.LoadedModel`) on its device and
+A `Scope` holds one model (a `LoadedModel`) on its device and
 computes what the REST API answers, synchronously, with the server's own pieces: pictures are
-prepared by :class:`~app.serving.pictures.Pictures` (the one decode and resize path, early
-reduction of large photos included), captured by :func:`~app.engine.forward.forward_capture`
-(the one forward), read through :class:`~app.engine.captured.CapturedImage` and sliced by
-:mod:`app.serving.answers`; the long computations run the server's works
-(:func:`~app.serving.ablation.importance_work`, ...) with :func:`~app.serving.tasks.run_now`.
+prepared by `Pictures` (the one decode and resize path, early
+reduction of large photos included), captured by `forward_capture`
+(the one forward), read through `CapturedImage` and sliced by
+`app.serving.answers`; the long computations run the server's works
+(`importance_work`, ...) with `run_now`.
 No worker thread, no asyncio, no HTTP; a list of pictures runs as batches on the model's device.
 """
 
@@ -24,7 +24,6 @@ from ..config import Settings
 from ..engine.ablation import refuse_windowed
 from ..engine.device import autocast_dtype, resolve_device
 from ..engine.forward import forward_capture
-from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
 from ..serving.images import ImageError
 from ..serving.pictures import Pictures
@@ -41,7 +40,7 @@ DEFAULT_BATCH = 8
 class Scope:
     """One model, ready to answer what the REST API answers, in Python.
 
-    Made by :func:`load`. Every method takes a picture (a path, bytes, a ``PIL.Image`` or an
+    Made by `load`. Every method takes a picture (a path, bytes, a ``PIL.Image`` or an
     ``HxWx3`` uint8 array) or a list of them (one result each, in order).
 
     Args:
@@ -105,7 +104,7 @@ class Scope:
         return out
 
     def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:
-        """The model in eval mode while Headscope computes (see :func:`~app.python.modes.computing`)."""
+        """The model in eval mode while Headscope computes (see `computing`)."""
         return computing(self.lm, lock)
 
     def _batches(self, items: list[Prepped]) -> Iterator[list[int]]:
@@ -158,16 +157,18 @@ class Scope:
             aggregate: ``none``, ``mean``, ``max`` (over the heads) or ``rollout``.
             drop: ``none``, ``prefix``, ``artifacts`` or ``prefix,artifacts``: key tokens zeroed
                 and rows renormalised.
-            rollout_start, head_fusion, discard_ratio: the rollout's options.
+            rollout_start: the rollout's first layer.
+            head_fusion: how the rollout fuses heads: ``mean``, ``max`` or ``min``.
+            discard_ratio: the share of each row's smallest weights the rollout sets to 0.
 
         Returns:
-            An :class:`~app.python.result.Attention`, or a list of them for a list of pictures.
+            An `Attention`, or a list of them for a list of pictures.
 
         Raises:
             ValueError: a bad parameter or picture, with the API's 4xx message.
             TypeError: an argument of the wrong type.
         """
-        from .result import Attention, Part, found_of
+        from .result import Attention, found_of
 
         fields = dict(
             layers=P.indices(layers, "layers"),
@@ -199,15 +200,11 @@ class Scope:
                 it = items[i]
                 found = found_of(self.lm, it, att)
                 try:
-                    parts = [
-                        Part.of(found, it.image_id, it.picture.filename, p, pairs)
-                        for p in _stage_params(self.lm, params, input_size, every_stage)
-                    ]
+                    results[i] = Attention.of(self.lm, self.settings, it, found, params, pairs, every_stage)
                 except ValueError as e:
                     if not is_many(image):
                         raise
                     raise type(e)(f"pictures[{i}]: {e}") from None
-                results[i] = Attention(self.lm, self.settings, it, found, parts, params, pairs, every_stage)
         out = [r for r in results if r is not None]
         return out if is_many(image) else out[0]
 
@@ -336,7 +333,7 @@ class Scope:
 
         Args:
             methods: names (``["chefer", "attention", "random"]`` or ``"chefer,random"``); None: all.
-            target: as for :meth:`relevance`.
+            target: as for `relevance`.
             fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
             ablate: heads removed first (maps and perturbed forwards alike).
         """
@@ -358,19 +355,6 @@ class Scope:
                 {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
             )
         return out if is_many(image) else out[0]
-
-
-def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
-    """The request's parameters once, or for a windowed model asked for every layer, once per
-    stage (its layers; a rollout starting at the stage's first layer)."""
-    if not every_stage:
-        return [params]
-    layout = lm.layout(input_size)
-    assert isinstance(layout, WindowedLayout)
-    return [
-        params.model_copy(update={"layers": f"{s.first_layer}-{s.last_layer}", "rollout_start": s.first_layer})
-        for s in layout.stages
-    ]
 
 
 def _tensors(value: Any) -> Any:
@@ -405,7 +389,7 @@ def load(
     settings: Settings | None = None,
     batch_size: int = DEFAULT_BATCH,
 ) -> Scope:
-    """A model ready for :meth:`Scope.attention` and the rest.
+    """A model ready for `Scope.attention` and the rest.
 
     Args:
         model_or_id: a model id as the server takes it (None: the default, the embedded

@@ -236,7 +236,9 @@ def wrap_module(model: nn.Module, model_id: str | None = None) -> LoadedModel:
     classes). Nothing of it changes here (not its mode, not its parameters' ``requires_grad``);
     capture hooks attach only while a computation runs (``capture.capturing()``), and a caller
     that may hold a module in training mode runs it in eval mode meanwhile (the Python API does).
-    Input size, mean and std come from the module's ``pretrained_cfg``, as for every other source.
+    Mean and std come from the module's ``pretrained_cfg``, as for every other source; the input
+    size is the one the module was built for (``patch_embed.img_size``: a model created with
+    ``img_size=384`` takes 384 px, whatever its ``pretrained_cfg`` says), else the config's.
 
     Args:
         model: a timm model of a supported family (global attention blocks, or Swin v1/v2).
@@ -250,8 +252,11 @@ def wrap_module(model: nn.Module, model_id: str | None = None) -> LoadedModel:
     tag = cfg.get("tag")
     name = model_id or (f"{arch}.{tag}" if tag else arch)
     spec = ModelSpec(name, "memory", arch)
+    built = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    input_size = (built, built) if isinstance(built, int) else tuple(built) if built is not None else None
     # dynamic_img_size: timm's flag for a model built to take any grid (ViT and kin, Swin)
-    return _finish(spec, model, bool(getattr(model, "dynamic_img_size", False)), keep_state=True)
+    dynamic = bool(getattr(model, "dynamic_img_size", False))
+    return _finish(spec, model, dynamic, input_size=input_size, keep_state=True)
 
 
 def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:

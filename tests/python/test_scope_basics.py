@@ -141,3 +141,14 @@ def test_version_and_lazy_import():
     assert headscope.__version__ and headscope.__version__[0].isdigit()
     code = "import sys, headscope; assert 'torch' not in sys.modules, 'import headscope pulled in torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_select_is_another_answer_of_the_same_capture(scope):
+    pic = _picture(6)
+    att = scope.attention(pic, layers=0, query="cls", temperature=0.5)
+    again = att.select(layers=[1, -1], heads=1, query=(0, 1))
+    want = scope.attention(pic, layers=[1, -1], heads=1, query=(0, 1), temperature=0.5)
+    torch.testing.assert_close(again.maps, want.maps, atol=0, rtol=0)
+    assert again.params.temperature == 0.5 and again.image_id == att.image_id
+    with pytest.raises(TypeError, match="select\\(\\) takes"):
+        att.select(ablate="0:1")
