@@ -281,8 +281,8 @@ def python_api(lm: LoadedModel, device: str):
     """``scope.attention(picture, query="cls")`` of the Python API on the same model: one picture
     at batch 1, a list of B pictures (one batched forward) above; the pictures are PNG bytes of
     224 x 224 (the timed call decodes and prepares them, as a user's call does)."""
-    from app.config import Settings
-    from app.python.scope import Scope
+    from headscope.config import Settings
+    from headscope.python.scope import Scope
 
     scope = Scope(lm, Settings(), precision="fp32" if torch.device(device).type == "cpu" else "auto")
     pictures: dict[int, list[bytes]] = {}
