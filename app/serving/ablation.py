@@ -260,14 +260,6 @@ def pruning_key(image_id: str, lm: LoadedModel, method: str, points: int) -> Pru
 class AblationService(ImageTasks):
     """Model output, ablation and importance on top of :class:`~.service.AttentionService`."""
 
-    @property
-    def worker(self):
-        return self.svc.worker
-
-    @property
-    def device(self):
-        return self.svc.registry.device
-
     # -- the model's output ----------------------------------------------------------------
     async def outputs(
         self,

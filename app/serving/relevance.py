@@ -347,14 +347,6 @@ class RelevanceService(ImageTasks):
         super().__init__(service, max_tasks)
         self.map_tasks = Tasks(max_tasks)  # the maps: joined by a test that needs the same ones
 
-    @property
-    def worker(self):
-        return self.svc.worker
-
-    @property
-    def device(self):
-        return self.svc.registry.device
-
     async def _model(self, model_id: str | None) -> LoadedModel:
         lm = await self.svc.model(model_id)
         refuse_windowed(lm)

@@ -191,6 +191,14 @@ class ImageTasks:
     def cache(self) -> ByteLRU:
         return self.svc.cache
 
+    @property
+    def worker(self):
+        return self.svc.worker
+
+    @property
+    def device(self):
+        return self.svc.registry.device
+
     def deadline(self, wait: float | None = None) -> float:
         """A request's deadline, or ``wait`` seconds from now when that is sooner."""
         deadline = time.monotonic() + self.svc.settings.request_timeout_s

@@ -12,17 +12,15 @@
 // that request is open the page polls GET …/importance/progress every 250 ms ({state, fraction,
 // eta_s, stage}) and shows a bar; after a 202 it asks again.
 
-import { getLong, getOutput, getProgress } from "./api.js";
+import { getOutput } from "./api.js";
 import {
   renderDifference, renderImportance, renderModelOutput, renderPicture, renderProgress, renderPruning, renderToggles,
 } from "./ablation_view.js";
 import { $ } from "./dom.js";
 import { ablateText, ablatedPairs, dims } from "./state.js";
+import { longRequest, track } from "./long_requests.js";
 import { isWindowed } from "./windows.js";
 
-const POLL_MS = 250;
-const WAIT_S = 20; // a long request is answered within this (202 with the progress when not done)
-const TRANSIENT = new Set(["busy", "timeout"]);
 const LABELS = { ablation: "exact ablation sweep", gradient: "gradient (Michel et al.)" };
 
 /** The answers' key of the shown image and model ("" before an image). */
@@ -62,62 +60,28 @@ function asked(s, method) {
 }
 
 // ---------------------------------------------------------------- fetching (into s.ablation.data)
-const sleep = (ms) => new Promise((r) => { setTimeout(r, ms); });
-
 function fetchOutput(s, d, text, app) {
   const key = `output|${text}`;
   if (d.outputs.has(text) || d.loading.has(key) || d.failed.has(key)) return false;
   // One ablated output at a time: clicks made meanwhile are answered by the next request.
   if (text && [...d.loading].some((k) => k.startsWith("output|") && k !== "output|")) return false;
-  d.loading.add(key);
-  getOutput(d.imageId, { model: d.model, ablate: text })
-    .then((ans) => {
-      d.outputs.set(text, ans);
-      if (text === ablateText(offPairs(s))) d.shown = text;
-    })
-    .catch(async (e) => {
-      // A busy or slow server is worth a second try before the page shows an error.
-      const tries = (d.retries.get(key) || 0) + 1;
-      d.retries.set(key, tries);
-      if (TRANSIENT.has(e && e.code) && tries < 3) {
-        await sleep(1000 * tries);
-        return;
-      }
-      d.failed.add(key);
-      if (dataOf(s) === d) app.fail(e);
-    })
-    .finally(() => {
-      d.loading.delete(key);
-      if (dataOf(s) === d) app.update();
-    });
-  return true;
+  const onAnswer = (ans) => {
+    d.outputs.set(text, ans);
+    if (text === ablateText(offPairs(s))) d.shown = text;
+  };
+  return track(d, key, getOutput(d.imageId, { model: d.model, ablate: text }), onAnswer, app, () => dataOf(s) === d);
 }
 
-/** GET …/{what} with progress polling, asking again after each 202 until the answer is there. */
-async function longRequest(s, d, what, params, app) {
+/** GET …/importance or …/pruning with its progress in d.progress while it runs. */
+async function longAnswer(s, d, what, params, app) {
   const pkey = `${what}|${params.method}`;
-  let open = true;
-  const poll = async () => {
-    while (open) {
-      try {
-        const p = await getProgress(d.imageId, what, params);
-        if (!open) break;
-        d.progress.set(pkey, p);
-        if (dataOf(s) === d) app.update();
-      } catch {
-        // progress is a nicety: the answer itself reports errors
-      }
-      await sleep(POLL_MS);
-    }
+  const onProgress = (p) => {
+    d.progress.set(pkey, p);
+    if (dataOf(s) === d) app.update();
   };
-  poll();
   try {
-    for (;;) {
-      const ans = await getLong(d.imageId, what, { ...params, wait: WAIT_S });
-      if (ans.done) return ans.body;
-    }
+    return await longRequest(d.imageId, what, params, onProgress);
   } finally {
-    open = false;
     d.progress.delete(pkey);
   }
 }
@@ -126,18 +90,8 @@ function fetchLong(s, d, what, method, app) {
   const key = `${what}|${method}`;
   const have = what === "importance" ? d.importance : d.pruning;
   if (have.has(method) || d.loading.has(key) || d.failed.has(key)) return false;
-  d.loading.add(key);
-  longRequest(s, d, what, { model: d.model, method }, app)
-    .then((ans) => { have.set(method, ans); })
-    .catch((e) => {
-      d.failed.add(key);
-      if (dataOf(s) === d) app.fail(e);
-    })
-    .finally(() => {
-      d.loading.delete(key);
-      if (dataOf(s) === d) app.update();
-    });
-  return true;
+  const answer = longAnswer(s, d, what, { model: d.model, method }, app);
+  return track(d, key, answer, (ans) => { have.set(method, ans); }, app, () => dataOf(s) === d);
 }
 
 /**

@@ -10,24 +10,19 @@
 // and, in `data`, what the server answered for the shown image, model and heads off (need()
 // fetches into it).
 
-import { getLong, getOutput, getProgress } from "./api.js";
+import { getLong, getOutput } from "./api.js";
 import { renderProgress } from "./ablation_view.js";
 import { $, setOptions } from "./dom.js";
 import { ablateText, ablatedPairs } from "./state.js";
+import { longRequest, track } from "./long_requests.js";
 import { renderFaithfulness, renderRelevance, renderWhyOutput } from "./why_view.js";
 import { isWindowed } from "./windows.js";
 
-const POLL_MS = 250;
-const WAIT_S = 20; // …/faithfulness answers within this (202 with the progress when not done)
 const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row
 const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random"]; // the test's order
 const BASELINE = ["chefer", "attention", "random"]; // always tested, with the chosen method
 const FRACTIONS = { quick: "0,0.25,0.5,0.75", full: "" }; // "": the server's default, 0, 0.1, …, 0.9
 const DEFAULT_TARGET = { saliency: "output", classes: "top", embedding: "embedding" };
-const TRANSIENT = new Set(["busy", "timeout"]); // worth another try before the page shows an error
-const TRIES = 3;
-
-const sleep = (ms) => new Promise((r) => { setTimeout(r, ms); });
 
 /** The heads switched off in the Ablation view, as the `ablate` text (they compose). */
 function ablateOf(s) {
@@ -80,33 +75,10 @@ function testKey(target, methods, fractions) {
 }
 
 // ---------------------------------------------------------------- fetching (into s.why.data)
-function track(s, d, key, promise, onAnswer, app) {
-  d.loading.add(key);
-  promise
-    .then(onAnswer)
-    .catch(async (e) => {
-      // A busy server (the heavy slots are few) is asked again after a pause: the next need()
-      // starts the request again once this one is off the loading list.
-      const tries = (d.retries.get(key) || 0) + 1;
-      d.retries.set(key, tries);
-      if (TRANSIENT.has(e && e.code) && tries < TRIES) {
-        await sleep(1000 * tries);
-        return;
-      }
-      d.failed.add(key);
-      if (dataOf(s) === d) app.fail(e);
-    })
-    .finally(() => {
-      d.loading.delete(key);
-      if (dataOf(s) === d) app.update();
-    });
-  return true;
-}
-
 function fetchOutput(s, d, app) {
   if (d.output || d.loading.has("output") || d.failed.has("output")) return false;
   const params = { model: d.model, ablate: d.ablate };
-  return track(s, d, "output", getOutput(d.imageId, params), (ans) => { d.output = ans; }, app);
+  return track(d, "output", getOutput(d.imageId, params), (ans) => { d.output = ans; }, app, () => dataOf(s) === d);
 }
 
 function fetchMap(s, d, method, target, app) {
@@ -116,33 +88,18 @@ function fetchMap(s, d, method, target, app) {
   // method of a target comes from one computation the server caches, so the next is quick).
   if ([...d.loading].some((k) => k.startsWith("map|"))) return false;
   const params = { model: d.model, ablate: d.ablate, method, target };
-  return track(s, d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app);
+  return track(d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app, () => dataOf(s) === d);
 }
 
-/** GET …/faithfulness with progress polling, asking again after each 202 until the answer is there. */
+/** GET …/faithfulness with its progress in d.progress while it runs. */
 async function testRequest(s, d, key, params, app) {
-  let open = true;
-  const poll = async () => {
-    while (open) {
-      try {
-        const p = await getProgress(d.imageId, "faithfulness", params);
-        if (!open) break;
-        d.progress.set(key, p);
-        if (dataOf(s) === d) app.update();
-      } catch {
-        // progress is a nicety: the answer itself reports errors
-      }
-      await sleep(POLL_MS);
-    }
+  const onProgress = (p) => {
+    d.progress.set(key, p);
+    if (dataOf(s) === d) app.update();
   };
-  poll();
   try {
-    for (;;) {
-      const ans = await getLong(d.imageId, "faithfulness", { ...params, wait: WAIT_S });
-      if (ans.done) return ans.body;
-    }
+    return await longRequest(d.imageId, "faithfulness", params, onProgress);
   } finally {
-    open = false;
     d.progress.delete(key);
   }
 }
@@ -153,7 +110,7 @@ function fetchTest(s, d, target, app) {
   const key = testKey(target, methods, fractions);
   if (d.tests.has(key) || d.loading.has(key) || d.failed.has(key)) return false;
   const params = { model: d.model, ablate: d.ablate, methods, target, fractions };
-  return track(s, d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app);
+  return track(d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app, () => dataOf(s) === d);
 }
 
 /**

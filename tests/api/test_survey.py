@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -18,28 +15,11 @@ import pytest
 
 from headscope.survey.output import read_failures, read_table
 from helpers.api import API
-from helpers.server import ROOT, Server
+from helpers.cli import run_cli as cli
+from helpers.server import Server
 
 STATS = ["entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass"]
 KEY = [("image", "ascending"), ("layer", "ascending"), ("head", "ascending")]
-
-
-def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "HEADSCOPE_MODELS_DIR": str(ROOT / "models"),
-        "HEADSCOPE_DEVICE": "cpu",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("RAY_ADDRESS", None)  # the test starts its own local Ray
-    return subprocess.run(
-        [sys.executable, "-m", "headscope.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 # Photos from a phone or camera are far larger than the model's input: the server shrinks them

@@ -13,9 +13,11 @@ from .server import ROOT
 CLI_TIMEOUT_S = 600
 
 
-def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = CLI_TIMEOUT_S, env: dict | None = None, umask: int | None = None
+) -> subprocess.CompletedProcess:
     """``python -m headscope.cli ARGS`` in the checkout: the checkout's models, the CPU, no Ray cluster
-    (a survey with ``--engine ray`` starts its own local Ray)."""
+    (a survey with ``--engine ray`` starts its own local Ray); ``umask`` for the child process."""
     full = {
         **os.environ,
         "HEADSCOPE_MODELS_DIR": str(ROOT / "models"),
@@ -31,4 +33,5 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S, env: dict | None = None)
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
     )

@@ -12,23 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers.server import ROOT, SAMPLES, free_port
+from helpers.cli import run_cli as cli
+from helpers.server import SAMPLES, free_port
 
 # Each command starts a Python that imports torch and timm (and extract loads a model): on a loaded
 # 2-core machine that alone took over 2 minutes, so the limits are generous, not tight.
 CLI_TIMEOUT_S = 600
 pytestmark = pytest.mark.timeout(2 * CLI_TIMEOUT_S)
-
-
-def cli(*args, timeout=CLI_TIMEOUT_S):
-    return subprocess.run(
-        [sys.executable, "-m", "headscope.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**__import__("os").environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models")},
-    )
 
 
 def test_extract_many_files_into_one_safetensors(tmp_path):

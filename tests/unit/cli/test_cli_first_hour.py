@@ -5,31 +5,17 @@ model cannot answer before the model loads; `serve --model` repeated."""
 from __future__ import annotations
 
 import argparse
-import os
 import stat
-import subprocess
-import sys
 
 import pytest
 from safetensors.torch import load_file
 
 from headscope import cli
-from helpers.server import ROOT, SAMPLES
+from helpers.cli import run_cli as run
+from helpers.server import SAMPLES
 
 CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine
 pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
-
-
-def run(*args, umask: int | None = None):
-    return subprocess.run(
-        [sys.executable, "-m", "headscope.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        env={**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models")},
-        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
-    )
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

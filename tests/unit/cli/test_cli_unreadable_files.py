@@ -12,30 +12,19 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from safetensors import safe_open
 
-from helpers.server import ROOT, SAMPLES
+from helpers.cli import run_cli as run
+from helpers.server import SAMPLES
 
 CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine; a hang ends here
 pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
 MODEL = "random:test_vit"
 HUGE = 2 * 1024**3  # the probe's sparse 2 GiB ".png": read whole, it took the survey to 2.98 GB
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "headscope.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        env={**os.environ, "HEADSCOPE_MODELS_DIR": str(ROOT / "models"), **(env or {})},
-    )
 
 
 def unreadable(path: Path) -> Path:
