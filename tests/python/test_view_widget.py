@@ -7,8 +7,6 @@ the query. The first draw's time is printed (``-s``), never asserted."""
 from __future__ import annotations
 
 import base64
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,11 +16,10 @@ import torch
 
 import headscope
 from headscope.python import view
+from helpers.chromium import chromium
 from helpers.view_host import click_cell, draw_widget, open_file, widget_values
 
 SAMPLE = Path(__file__).resolve().parents[2] / "static" / "samples" / "cat.png"
-CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +34,8 @@ def att(scope):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (set HEADSCOPE_CHROMIUM)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
