@@ -348,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
 
         env = {"HEADSCOPE_THREADS": str(args.threads)} if args.threads > 0 else {}
         env["HEADSCOPE_DEVICE"] = str(device)
+        # The load measures throughput: at concurrency C every client may be building a large
+        # answer (safetensors of all maps), which the default admission caps at 4 (429 beyond).
+        env["HEADSCOPE_MAX_LARGE_ANSWERS"] = str(max(4, *args.concurrency))
         env.update(kv.split("=", 1) for kv in args.server_env)
         results["server_env"] = env
         print("  API: starting server ...", end="", flush=True)
