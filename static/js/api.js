@@ -44,6 +44,16 @@ export async function getModels() {
   return (await request("/api/v1/models")).json();
 }
 
+/** GET /api/v1/models/catalog?q=&limit=: timm's pretrained models of the supported families. */
+export async function searchCatalog(params, signal) {
+  return (await request(`/api/v1/models/catalog?${query(params)}`, { signal })).json();
+}
+
+/** GET (the state) or POST (start it) /api/v1/models/catalog/{name}/load. */
+export async function catalogLoad(name, method = "GET") {
+  return (await request(`/api/v1/models/catalog/${encodeURIComponent(name)}/load`, { method })).json();
+}
+
 /** Flatten the nested [L][H][Q][N] lists of an answer into one Float32Array. */
 export function flatten(nested, shape) {
   const [L, H, Q, N] = shape;

@@ -3,31 +3,13 @@
 // the server runs with --any-model (GET /api/v1/models says so). Self-contained: main.js calls
 // bindModelPicker() once the model list is in; its own small state lives here, like learn.js's.
 
-import { ApiError, getModels } from "./api.js";
+import { catalogLoad, getModels, searchCatalog } from "./api.js";
 import { $, debounce, fmtBytes } from "./dom.js";
 import { switchModel } from "./intake.js";
 import { state } from "./state.js";
 
 const POLL_MS = 400;
 const picker = { query: null, loading: null, timer: 0, searchAbort: null };
-
-async function call(url, options = {}) {
-  let resp;
-  try {
-    resp = await fetch(url, { credentials: "same-origin", ...options });
-  } catch (e) {
-    if (e && e.name === "AbortError") throw e;
-    throw new ApiError(0, "network", "the server could not be reached; is it still running?");
-  }
-  const body = await resp.json().catch(() => null);
-  if (!resp.ok) {
-    const err = (body && body.error) || {};
-    throw new ApiError(resp.status, err.code || `http_${resp.status}`, err.message || `${resp.status} error`);
-  }
-  return body;
-}
-
-const loadUrl = (name) => `/api/v1/models/catalog/${encodeURIComponent(name)}/load`;
 
 function tags(m) {
   const t = [m.family];
@@ -68,8 +50,7 @@ async function search(q) {
   picker.searchAbort = ctrl;
   picker.query = q;
   try {
-    const qs = new URLSearchParams({ q, limit: "50" });
-    renderResults(await call(`/api/v1/models/catalog?${qs}`, { signal: ctrl.signal }));
+    renderResults(await searchCatalog({ q, limit: 50 }, ctrl.signal));
   } catch (e) {
     if (e && e.name === "AbortError") return;
     $("model-results").replaceChildren();
@@ -111,7 +92,7 @@ async function poll(name) {
   if (picker.loading !== name) return;
   let st;
   try {
-    st = await call(loadUrl(name));
+    st = await catalogLoad(name);
   } catch (e) {
     renderLoad({ name, state: "failed", fraction: null, error: { message: e.message } });
     picker.loading = null;
@@ -133,7 +114,7 @@ async function load(name) {
   picker.loading = name;
   renderLoad({ name, state: "queued", fraction: null, bytes_total: null });
   try {
-    const st = await call(loadUrl(name), { method: "POST" });
+    const st = await catalogLoad(name, "POST");
     renderLoad(st);
     if (st.state === "ready") {
       picker.loading = null;
