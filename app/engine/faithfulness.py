@@ -41,6 +41,7 @@ from .model import LoadedModel
 from .output import head_output, timm_model
 from .relevance import Target, check_target, parse_target, refuse_windowed
 from .selection import MAX_SPEC, SelectionError
+from .verdicts import Verdict, verdicts
 
 DEFAULT_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))
 MAX_FRACTIONS = 50
@@ -178,6 +179,10 @@ class Faithfulness:
     batch_size: int
     class_index: int | None = None
 
+    def verdicts(self) -> dict[str, Verdict]:
+        """Each method's verdict against the random map (:mod:`app.engine.verdicts`)."""
+        return verdicts({name: c.as_dict() for name, c in self.methods.items()})
+
     def as_dict(self) -> dict:
         return {
             "fractions": self.fractions,
@@ -188,6 +193,7 @@ class Faithfulness:
             "forwards": self.forwards,
             "batch_size": self.batch_size,
             "methods": {name: c.as_dict() for name, c in self.methods.items()},
+            "verdicts": {name: v.as_dict() for name, v in self.verdicts().items()},
         }
 
 

@@ -23,6 +23,7 @@ from ..engine.hooks import Attention as Capture
 from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
+from ..engine.verdicts import Verdict
 from ..serving import answers
 from ..serving.params import AttentionParams, Mass
 from ..serving.store import Entry, Found
@@ -375,3 +376,42 @@ class Attention:
         from .figures import grid_figure
 
         return grid_figure(self, layers, heads, query, path, colormap=colormap, opacity=opacity, dpi=dpi)
+
+
+class FaithfulnessResult(dict):
+    """What ``Scope.faithfulness`` gives back for one picture: the API's answer (a dict: ``methods``
+    with the curves and AUCs, ``verdicts``, ``target``, ``y``, ...) that also says what it means.
+
+    ``result.verdicts`` is each method's verdict against the random map
+    (:class:`app.engine.verdicts.Verdict`: ``verdict`` is ``both``, ``positive``, ``negative`` or
+    ``neither``, with the margins and a sentence in ``text``); ``repr`` prints them, one line per
+    method, so a notebook shows the verdict and not only the numbers.
+    """
+
+    @property
+    def verdicts(self) -> dict[str, Verdict]:
+        """Each method's verdict, in the order of the methods (computed once by the engine)."""
+        return {
+            m: Verdict(method=m, **{k: v for k, v in d.items() if k != "above_one"})
+            for m, d in self["verdicts"].items()
+        }
+
+    def __repr__(self) -> str:
+        head = (
+            f"FaithfulnessResult(model={self.get('model')!r}, target={self.get('target')!r}, y={self.get('y', 0):.4g}"
+        )
+        lines = [head + f", {len(self.get('fractions', []))} fractions,"]
+        width = max((len(m) for m in self.get("methods", {})), default=0)
+        for m, c in self.get("methods", {}).items():
+            v = self.get("verdicts", {}).get(m, {})
+            pos, neg = c.get("auc_positive"), c.get("auc_negative")
+            aucs = f"AUC+ {_num(pos)}  AUC− {_num(neg)}"
+            lines.append(f"  {m:<{width}}  {aucs}  {v.get('text', '')}")
+        return "\n".join(lines) + "\n)"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython prints this, not the dict
+        p.text(repr(self))
+
+
+def _num(v: Any) -> str:
+    return "–" if v is None or not np.isfinite(v) else f"{v:.3f}"

@@ -32,7 +32,7 @@ from .inputs import PICTURE_TYPES, Prepped, is_many, picture
 from .modes import computing
 
 if TYPE_CHECKING:
-    from .result import Attention
+    from .result import Attention, FaithfulnessResult
 
 DEFAULT_BATCH = 8
 
@@ -327,7 +327,7 @@ class Scope:
         target: str | None = None,
         fractions: Any = None,
         ablate: Any = None,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
+    ) -> FaithfulnessResult | list[FaithfulnessResult]:
         """The perturbation test of each method's relevance map: remove the most (``positive``)
         or least (``negative``) relevant patches and watch the target; the curves and their AUC.
 
@@ -336,10 +336,16 @@ class Scope:
             target: as for `relevance`.
             fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
             ablate: heads removed first (maps and perturbed forwards alike).
+
+        Returns:
+            The API's answer as a dict (``methods``: curves and AUCs) whose ``verdicts``
+            attribute (and key) says, per method, whether it beat the random map on both
+            curves, one or neither, and by how much; its ``repr`` prints that in words.
         """
         from ..engine.faithfulness import faithfulness, parse_fractions
         from ..engine.relevance import parse_methods, relevance
         from ..engine.relevance import refuse_windowed as refuse_relevance
+        from .result import FaithfulnessResult
 
         refuse_relevance(self.lm)
         names = parse_methods(methods)
@@ -352,7 +358,9 @@ class Scope:
                 rel = relevance(self.lm, x, target, names, amp_dtype=self.amp_dtype, ablate=pairs)[0]
                 res = faithfulness(self.lm, x[0], rel.maps, rel.target, fracs, amp_dtype=self.amp_dtype, ablate=pairs)
             out.append(
-                {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
+                FaithfulnessResult(
+                    {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
+                )
             )
         return out if is_many(image) else out[0]
 

@@ -330,7 +330,10 @@ def faithfulness_work(
 def ordered(res: dict, methods: Sequence[str]) -> dict:
     """A cached answer with its methods in the request's order."""
     texts = {m: METHOD_TEXT[m] for m in methods}
-    return {**res, "methods": {m: res["methods"][m] for m in methods}, "method_text": texts}
+    out = {**res, "methods": {m: res["methods"][m] for m in methods}, "method_text": texts}
+    if "verdicts" in res:
+        out["verdicts"] = {m: res["verdicts"][m] for m in methods}
+    return out
 
 
 # -- the service --------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..engine.verdicts import beats
+
 # Student's t, the 0.975 quantile, for 1..30 degrees of freedom.
 _T975 = [
     12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
@@ -108,7 +110,7 @@ def summarise(table: pa.Table) -> list[MethodSummary]:
                 dp = np.array([per[i][0] - random[i][0] for i in both])
                 dn = np.array([per[i][1] - random[i][1] for i in both])
                 s.vs_random_positive, s.vs_random_negative = Interval.of(dp), Interval.of(dn)
-                s.beats_random = int(sum(1 for i in both if per[i][0] < random[i][0] and per[i][1] > random[i][1]))
+                s.beats_random = int(sum(1 for i in both if all(beats(*per[i], *random[i]))))
             out.append(s)
     return out
 

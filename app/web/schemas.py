@@ -380,6 +380,18 @@ class FaithfulnessCurves(BaseModel):
     removed: list[int] = Field(description="patches removed at each fraction: floor(f x patches)")
 
 
+class FaithfulnessVerdict(BaseModel):
+    verdict: Literal["both", "positive", "negative", "neither", "baseline", "untested", "undefined"] = Field(
+        description="better than the random map on both curves, on the positive or the negative one only, on "
+        "neither; `baseline` for random itself, `untested` without a random map, `undefined` where y = 0"
+    )
+    margin_positive: float | None = Field(description="AUC+(random) - AUC+(method): above 0 is better")
+    margin_negative: float | None = Field(description="AUC-(method) - AUC-(random): above 0 is better")
+    max_ratio: float | None = Field(description="the highest point of the method's two curves")
+    above_one: bool = Field(description="a curve rose above 1: removing patches raised the target")
+    text: str = Field(description="the verdict in words, with the margins (what the page shows)")
+
+
 class FaithfulnessResponse(BaseModel):
     """The perturbation test of several relevance maps on one picture, for one target."""
 
@@ -392,6 +404,10 @@ class FaithfulnessResponse(BaseModel):
     class_label: str | None
     fractions: list[float]
     methods: dict[str, FaithfulnessCurves] = Field(description="by method, in the order of the request")
+    verdicts: dict[str, FaithfulnessVerdict] = Field(
+        description="by method, in the same order: each one against the random map (docs: relevance.md, "
+        "Reading the verdict)"
+    )
     method_text: dict[str, str]
     num_patches: int
     grid: list[int]

@@ -62,3 +62,15 @@ def test_faithfulness_equals_the_reference(scope, picture):
     for direction in ("positive", "negative"):
         np.testing.assert_allclose(chefer[direction], want[direction], rtol=1e-4, atol=1e-5)
         assert chefer[f"auc_{direction}"] == pytest.approx(trapezoid(fractions, want[direction]), rel=1e-4, abs=1e-5)
+
+
+def test_faithfulness_says_its_verdict_in_the_result_and_its_repr(scope, picture):
+    got = scope.faithfulness(picture, methods="chefer,random", target="top", fractions=[0.0, 0.5])
+    v = got.verdicts["chefer"]
+    c, r = got["methods"]["chefer"], got["methods"]["random"]
+    assert v.verdict in ("both", "positive", "negative", "neither")
+    assert v.margin_positive == pytest.approx(r["auc_positive"] - c["auc_positive"])
+    assert got["verdicts"]["chefer"]["text"] == v.text and got.verdicts["random"].verdict == "baseline"
+    shown = repr(got)
+    assert shown.startswith("FaithfulnessResult(") and v.text in shown and "the baseline" in shown
+    assert isinstance(got, dict) and got["target"] == "top"  # still the API's answer
