@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     templates_dir: Path = Field(
         default_factory=lambda: paths.asset_dir("templates"), description="the page's Jinja2 templates (in the wheel)"
     )
+    docs_url: str = Field(
+        "",
+        max_length=500,
+        description="the documentation site the page links to for explanations (the Why view's verdicts); "
+        "empty: the site `make docs` built into the checkout's site/, served at /guide/ when it is there",
+    )
 
     # worker
     max_batch_size: int = 8

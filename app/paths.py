@@ -60,3 +60,9 @@ def default_models_dir() -> Path:
     from platformdirs import user_cache_path
 
     return user_cache_path(APP_NAME, appauthor=False) / "models"
+
+
+def built_docs_dir() -> Path | None:
+    """The documentation site ``make docs`` built into the checkout's ``site/``, if it is there."""
+    site = CHECKOUT_DIR / "site"
+    return site if is_checkout() and (site / "index.html").is_file() else None

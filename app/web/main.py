@@ -32,6 +32,7 @@ from .middleware import AllowedHosts, BodyLimit, HeadAsGet, RequestId, SecurityH
 
 # Room for the multipart framing and the text fields around the file.
 FORM_OVERHEAD_BYTES = 64 * 1024
+GUIDE_URL = "/guide"  # the documentation site, when the checkout has it built (paths.built_docs_dir)
 
 log = logging.getLogger("headscope")
 
@@ -120,6 +121,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")
     app.mount(docs.ASSETS_URL, StaticFiles(directory=str(docs.assets_dir())), name="docs-assets")
+    site = None if settings.docs_url else paths.built_docs_dir()
+    if site is not None:  # `make docs` built the site: the page's "how to read it" links open it here
+        app.mount(GUIDE_URL, StaticFiles(directory=str(site), html=True), name="guide")
+    app.state.docs_url = settings.docs_url or (GUIDE_URL if site is not None else "")
 
     if settings.cors_origins:
         # An explicit allow-list only: never "*" with credentials, never a reflected origin.

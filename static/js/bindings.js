@@ -2,7 +2,7 @@
 // Image intake (file, drop, paste, samples, model) is in intake.js.
 
 import { actions as act, update } from "./actions.js";
-import { SIDES, sideData } from "./compare.js";
+import { SIDES, revealCompare, sideData } from "./compare.js";
 import { $, debounce, fmtTemperature, sliderTemperature } from "./dom.js";
 import { downloadMap } from "./export.js";
 import { resized } from "./maps.js";
@@ -50,7 +50,10 @@ function bindControls() {
 }
 
 function bindCompare() {
-  $("compare-toggle").addEventListener("change", (e) => act.setCompare(e.target.checked));
+  $("compare-toggle").addEventListener("change", (e) => {
+    act.setCompare(e.target.checked);
+    if (e.target.checked) revealCompare(); // drawn by now: update() renders synchronously
+  });
   $("compare-mode").addEventListener("change", (e) => act.setCompareMode(e.target.value));
   for (const name of SIDES) {
     $(`compare-${name}-image`).addEventListener("change", (e) => act.setSide(name, { image: e.target.value }));

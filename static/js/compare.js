@@ -155,3 +155,19 @@ export function renderCompare(s) {
   $("compare-mode").value = s.compare.mode;
   for (const name of SIDES) renderSide(s, name);
 }
+
+/**
+ * Bring the compare panel into sight once "compare" is ticked: it opens below the map, under the
+ * fold of a 1280x800 window (#41). Scrolls only when its top is out of view or under the sticky
+ * top bar; its top then sits just below the bar.
+ */
+export function revealCompare() {
+  const panel = $("compare-panel");
+  if (panel.hidden) return;
+  const bar = $("topbar");
+  const sticky = bar && getComputedStyle(bar).position === "sticky" ? bar.getBoundingClientRect().height : 0;
+  const top = panel.getBoundingClientRect().top;
+  if (top >= sticky && top < window.innerHeight * 0.6) return;
+  const smooth = !window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+  window.scrollBy({ top: top - sticky - 8, behavior: smooth ? "smooth" : "auto" });
+}

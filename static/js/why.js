@@ -15,7 +15,8 @@ import { renderProgress } from "./ablation_view.js";
 import { $, setOptions } from "./dom.js";
 import { ablateText, ablatedPairs } from "./state.js";
 import { longRequest, track } from "./long_requests.js";
-import { renderFaithfulness, renderRelevance, renderWhyOutput } from "./why_view.js";
+import { renderVerdict } from "./why_verdict.js";
+import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why_view.js";
 import { isWindowed } from "./windows.js";
 
 const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row
@@ -179,6 +180,7 @@ function render(s, act, shown) {
   $("faithfulness-panel").hidden = !ready;
   $("relevance-method").value = s.why.method;
   $("faithfulness-steps").value = s.why.steps;
+  $("relevance-hint").textContent = methodHint(s.why.method);
   if (!ready) return;
   const d = dataOf(s) || EMPTY;
   const out = d.output;
@@ -207,8 +209,9 @@ function render(s, act, shown) {
   const asked = s.why.asked.includes(keyOf(s));
   renderProgress($("faithfulness-progress"), key ? testProgress(d, key) : { state: "idle", fraction: 0 });
   $("faithfulness-run").disabled = !key || d.loading.has(key) || d.tests.has(key);
-  renderFaithfulness($("faithfulness-chart"), key ? d.tests.get(key) || null : null,
-    asked && key ? "Running the test…" : null);
+  const test = key ? d.tests.get(key) || null : null;
+  renderFaithfulness($("faithfulness-chart"), test, asked && key ? "Running the test…" : null);
+  renderVerdict($("why-verdict"), test, METHOD_NAMES, document.body.dataset.docsUrl || "");
 }
 
 /** Map pixels of the output figure under a pointer event (clamped to the map). */

@@ -121,16 +121,64 @@ export function renderRelevance(fig, view) {
     caption.textContent = view.loading ? "Computing the map (one forward and one backward pass)…" : "";
     return;
   }
+  caption.textContent = view.role === "raw" ? rawCaption(answer) : mapCaption(answer);
+}
+
+// Methods whose map follows the target's gradient; the others (attention alone, a seeded random
+// map) are the same map whatever the target is, and their captions say so.
+export const GRADIENT_METHODS = ["chefer", "grad_attention"];
+
+function rowsWords(answer) {
+  return answer.rows === "cls" ? "where the class token looks" : "the mean over every token's row";
+}
+
+/** The caption of the raw attention beside the chosen map. */
+export function rawCaption(answer) {
+  return `Raw attention, for comparison: the last layer, ${rowsWords(answer)}, averaged over heads. `
+    + "It shows where the model looks, not what made this output.";
+}
+
+/** The caption of one method's map for its target: what it is, true for that method. */
+export function mapCaption(answer) {
   const what = targetWords(answer.target, answer);
-  if (view.role === "raw") {
-    const rows = answer.rows === "cls" ? "where the class token looks" : "the mean over every token's row";
-    caption.textContent = `Raw attention, for comparison: the last layer, ${rows}, averaged over heads. `
-      + "It shows where the model looks, not what made this output.";
-  } else {
-    caption.textContent = `${METHOD_NAMES[answer.method]}: how much each patch pushed ${what} up`
-      + ` (${answer.target === "output" || answer.target.startsWith("box:") ? "mean saliency" : "value"} ${answer.y.toPrecision(3)}).`
-      + (answer.uniform ? " The map is flat: no patch pushed the target up." : "");
+  const value = `${answer.target === "output" || answer.target.startsWith("box:") ? "mean saliency" : "value"} ${answer.y.toPrecision(3)}`;
+  const flat = answer.uniform ? " The map is flat: no patch pushed the target up." : "";
+  switch (answer.method) {
+    case "chefer":
+      return `${METHOD_NAMES.chefer}: how much each patch pushed ${what} up (${value}), every layer's attention `
+        + `weighted by its gradient and chained through the layers.${flat}`;
+    case "grad_attention":
+      return `${METHOD_NAMES.grad_attention}: how much each patch pushed ${what} up (${value}), from the last `
+        + `layer's attention weighted by its gradient.${flat}`;
+    case "rollout":
+      return "Attention rollout: how much attention flows from each patch "
+        + `${answer.rows === "cls" ? "to the class token" : "to the tokens (the mean over every row)"} through all `
+        + "the layers, averaged over heads. It comes from the attention alone: the same map for every target.";
+    case "attention":
+      return `Raw attention: the last layer, ${rowsWords(answer)}, averaged over heads. `
+        + "It comes from the attention alone: the same map for every target.";
+    case "random":
+      return `Random (seed ${answer.seed}): a seeded random map, the baseline the test compares every map with. `
+        + "It depends on neither the picture nor the target.";
+    default:
+      return `${METHOD_NAMES[answer.method] || answer.method}: the map for ${what} (${value}).${flat}`;
   }
+}
+
+/** The hint above the maps, for the chosen method (the gradient is named only where it is used). */
+export function methodHint(method) {
+  const common = " Bright patches matter most; the map sums to 1.";
+  if (GRADIENT_METHODS.includes(method)) {
+    return "A relevance map says how much each patch of the picture pushed one number of the model's output (the "
+      + "target) up: attention combined with the gradient of that number, so it follows what the model computed, "
+      + `not only where its heads look.${common}`;
+  }
+  if (method === "random") {
+    return "A random map is the baseline: the faithfulness test below says whether the other maps do better than "
+      + "patches picked at random.";
+  }
+  return "This map comes from the attention alone (no gradient): it shows where the model looks, the same for "
+    + `every target; the faithfulness test below says whether that explains the target.${common}`;
 }
 
 function curveName(method, sign, auc) {

@@ -33,6 +33,7 @@ async def index(request: Request, templates: TemplatesDep, registry: RegistryDep
         {
             "default_model": registry.default,
             "max_upload_bytes": settings.max_upload_bytes,
+            "docs_url": request.app.state.docs_url,
         },
     )
 

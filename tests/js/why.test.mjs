@@ -1,0 +1,51 @@
+// The Why view's words (static/js/why_view.js, why_verdict.js), in Node: one caption per method
+// and target, true for it; the hint names the gradient only for gradient methods; the verdict's
+// headline follows the server's verdicts.
+
+import assert from "node:assert/strict";
+import test from "node:test";
+
+import { verdictHeadline } from "../../static/js/why_verdict.js";
+import { METHOD_NAMES, mapCaption, methodHint } from "../../static/js/why_view.js";
+
+const answer = (method, target = "box:60,40,150,120", extra = {}) => ({
+  method, target, y: 0.977, rows: "cls", seed: method === "random" ? 0 : null, uniform: false, ...extra,
+});
+
+test("a gradient method's caption names the target; attention, rollout and random say they do not depend on it", () => {
+  for (const m of ["chefer", "grad_attention"]) {
+    const c = mapCaption(answer(m));
+    assert.match(c, /pushed the box x 60–150, y 40–120 up/);
+    assert.match(c, /gradient/);
+  }
+  for (const m of ["attention", "rollout"]) {
+    const c = mapCaption(answer(m));
+    assert.doesNotMatch(c, /pushed/);
+    assert.match(c, /the same map for every target/);
+    assert.doesNotMatch(c, /box/); // nothing about the target it does not depend on
+  }
+  const r = mapCaption(answer("random"));
+  assert.match(r, /seed 0/);
+  assert.match(r, /depends on neither the picture nor the target/);
+  assert.doesNotMatch(r, /pushed/);
+  assert.match(mapCaption(answer("chefer", "class:281", { class_label: "tabby" })), /pushed “tabby” up \(value 0.977\)/);
+  assert.match(mapCaption(answer("attention", "top", { rows: "mean" })), /the mean over every token's row/);
+});
+
+test("the hint names the gradient only for the gradient methods", () => {
+  for (const m of ["chefer", "grad_attention"]) assert.match(methodHint(m), /combined with the gradient/);
+  for (const m of ["attention", "rollout", "random"]) assert.doesNotMatch(methodHint(m), /combined with the gradient/);
+  assert.match(methodHint("attention"), /no gradient/);
+  assert.match(methodHint("random"), /baseline/);
+});
+
+test("the verdict's headline: who beat random on both curves, or that none did", () => {
+  const v = (verdict) => ({ verdict, text: "", above_one: false });
+  const both = { verdicts: { chefer: v("both"), attention: v("neither"), random: v("baseline") } };
+  assert.equal(verdictHeadline(both, METHOD_NAMES), "Chefer et al. beats the random map on both curves.");
+  const two = { verdicts: { chefer: v("both"), grad_attention: v("both"), random: v("baseline") } };
+  assert.match(verdictHeadline(two, METHOD_NAMES), /^Chefer et al. and attention × gradient beat the random map/);
+  const none = { verdicts: { chefer: v("positive"), attention: v("neither"), random: v("baseline") } };
+  assert.match(verdictHeadline(none, METHOD_NAMES), /^No map beat the random one on both curves/);
+  assert.match(verdictHeadline({ verdicts: { chefer: v("untested") } }, METHOD_NAMES), /random map was not tested/);
+});
