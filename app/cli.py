@@ -70,11 +70,11 @@ def _serve(args) -> int:
     if hint:
         print(f"headscope serve: {hint}", file=sys.stderr)
         return 1
-    from .zoo import embedded
-
-    if args.fetch_first and embedded.MODEL_ID in settings.model_ids:
-        embedded.fetch(settings.models_dir)
+    problems = _check_models(settings, args.fetch_first)
+    if problems is None:
+        return 1
     app = create_app(settings)
+    app.state.startup_problems = problems  # the page says which model failed and why
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
     # handler that was installed before it: a no-op here, so a graceful stop exits with 0.
     stop_signals = []
@@ -82,7 +82,7 @@ def _serve(args) -> int:
         signal.signal(sig, lambda signum, frame: stop_signals.append(signum))
     from .web.protocol import protocol_class
 
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -94,7 +94,57 @@ def _serve(args) -> int:
         h11_max_incomplete_event_size=settings.max_header_bytes,
         timeout_keep_alive=settings.keep_alive_s,
     )
+    server = uvicorn.Server(config)
+    # No model could load at start-up (the lifespan tried each one): stop, and exit non-zero.
+    app.state.on_fatal = lambda: setattr(server, "should_exit", True)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C while stopping
+        pass
+    fatal = getattr(app.state, "fatal", None)
+    if fatal:
+        print(f"headscope serve: {fatal}", file=sys.stderr)
+        return 1
+    if not server.started:
+        return 3  # uvicorn's own exit status for a start-up that failed (it logged why)
     return 0
+
+
+def _check_models(settings, fetch_first: bool) -> dict[str, tuple[str, bool]] | None:
+    """Check every model the server is asked to offer before anything loads (app/zoo/suggest.py).
+
+    Returns:
+        The models that cannot load, id -> (why, permanent), printed on the terminal, when at
+        least one other model may; None when none can (the messages are printed; serve exits 1).
+    """
+    from .zoo import embedded
+    from .zoo.suggest import preflight
+
+    problems: dict[str, tuple[str, bool]] = {}
+    for mid in settings.model_ids:
+        if mid == embedded.MODEL_ID:
+            if fetch_first:
+                try:
+                    embedded.fetch(settings.models_dir)
+                except (embedded.FetchError, OSError) as e:
+                    problems[mid] = (str(e), False)
+            continue
+        found = preflight(mid, settings.models_dir)
+        if found:
+            problems[mid] = found
+    for mid, (why, _) in problems.items():
+        print(f"headscope serve: model {mid} cannot load: {why}", file=sys.stderr)
+    if problems and len(problems) == len(set(settings.model_ids)):
+        print(
+            "headscope serve: no model to serve; fix the model id (--model, HEADSCOPE_MODEL) or serve another "
+            "(headscope serve --model dinov2-s14-focus serves the embedded default)",
+            file=sys.stderr,
+        )
+        return None
+    if problems:
+        ok = [m for m in settings.model_ids if m not in problems]
+        print(f"headscope serve: serving {', '.join(ok)}; the page says which model failed and why", file=sys.stderr)
+    return problems
 
 
 def _fetch(args) -> int:

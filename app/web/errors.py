@@ -30,7 +30,7 @@ from ..serving.images import ImageError
 from ..serving.uploads import ImageNotFound
 from ..serving.waiting import ClientGone
 from ..serving.worker import OutOfMemory
-from ..zoo.errors import HubUnreachableError, ModelLoadError, UnknownModelError
+from ..zoo.errors import HubUnreachableError, ModelLoadError, ModelRefusedError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return ApiError(422, exc.code, str(exc))
     if isinstance(exc, ImageNotFound):
         return ApiError(404, "image_not_found", str(exc))
+    if isinstance(exc, ModelRefusedError):
+        return ApiError(422, "model_refused", str(exc))
     if isinstance(exc, UnknownModelError):
         return ApiError(404, "unknown_model", str(exc))
     if isinstance(exc, UnsupportedModelError):
@@ -126,6 +128,7 @@ KNOWN_ERRORS: tuple[type[Exception], ...] = (
     ImageError,
     ImageNotFound,
     SelectionError,
+    ModelRefusedError,
     UnknownModelError,
     UnsupportedModelError,
     ModelLoadError,

@@ -37,9 +37,9 @@ GUIDE_URL = "/guide"  # the documentation site, when the checkout has it built (
 log = logging.getLogger("headscope")
 
 
-def _load_default(registry: Registry) -> None:
-    """Load and warm up the default model (runs on the worker thread)."""
-    lm = registry.get()
+def _load_default(registry: Registry, model_id: str | None = None) -> None:
+    """Load and warm up the default model, or ``model_id`` (runs on the worker thread)."""
+    lm = registry.get(model_id)
     h, w = plan_size(*lm.input_size[::-1], lm.input_size, lm.patch_size)
     forward_capture(lm, torch.zeros(1, 3, h, w, device=registry.device))
 
@@ -74,13 +74,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
 
+        for raw, (why, permanent) in st.startup_problems.items():  # found by `headscope serve` before this
+            if permanent:
+                st.registry.refuse(raw, why)
+
         async def load():
-            try:
-                await st.worker.run_in_worker(_load_default, st.registry)
+            # The default first; if it cannot load, the first other configured model that does is
+            # served as the default (the page says which failed and why). None: the server stops.
+            failed: dict[str, str] = {}
+            for mid in st.registry.start_order():
+                try:
+                    await st.worker.run_in_worker(_load_default, st.registry, mid)
+                except Exception as e:
+                    failed[mid] = str(e)
+                    st.registry.fail(mid, str(e))
+                    log.error("model %s failed to load: %s", mid, e)
+                    continue
+                if mid != st.registry.default:
+                    log.warning("serving %s as the default: %s failed to load", mid, st.registry.default)
+                    st.registry.use_default(mid)
                 st.ready = True
-                log.info("ready: %s on %s", settings.model, device)
-            except Exception as e:
-                log.error("default model %s failed to load: %s", settings.model, e)
+                log.info("ready: %s on %s", mid, device)
+                return
+            refused = {m: st.registry.error(m) or "" for m in st.registry.ids if m not in failed}
+            why = "; ".join(f"{m}: {e}" for m, e in {**refused, **failed}.items())
+            st.fatal = f"no model could be loaded ({why})"
+            log.error("%s", st.fatal)
+            if st.on_fatal is not None:
+                st.on_fatal()
 
         loader = asyncio.create_task(load())
         try:
@@ -106,6 +127,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.ready = False
     app.state.shutting_down = False
+    app.state.startup_problems = {}  # model id -> (why, permanent): `headscope serve` checked them first
+    app.state.fatal = None  # why no model could load at start-up
+    app.state.on_fatal = None  # called then (`headscope serve` stops the server and exits 1)
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
 

@@ -19,3 +19,9 @@ class ModelLoadError(RuntimeError):
 
 class HubUnreachableError(ModelLoadError):
     """The Hugging Face hub cannot be reached and the weights are not in the local cache."""
+
+
+class ModelRefusedError(ValueError):
+    """A configured model that cannot load while the server runs (a misspelt name, a family
+    Headscope cannot capture, a weights file that is not there): found at start-up, answered
+    without trying again (sending the request again cannot help)."""

@@ -19,6 +19,7 @@ from .errors import ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
 from .pos_embed import install_exact_pos_embed
+from .suggest import did_you_mean
 from .weights import load_state_file
 
 RANDOM_SEED = 0  # random:ARCH models are the same on every start
@@ -64,7 +65,7 @@ def _check_arch(arch: str) -> None:
     import timm
 
     if not timm.is_model(arch):
-        raise UnknownModelError(f"timm has no architecture named {arch!r}")
+        raise UnknownModelError(f"timm has no architecture named {arch!r}.{did_you_mean(arch)}")
 
 
 def capture_for(model: nn.Module) -> CaptureHooks:
@@ -182,7 +183,11 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
 
     name = spec.arch
     if not timm.is_model(name.split(".")[0]) and name not in timm.list_pretrained(name):
-        raise UnknownModelError(f"timm has no model named {name!r}")
+        raise UnknownModelError(f"timm has no model named {name!r}.{did_you_mean(name, 'timm:')}")
+    # Refuse a family Headscope cannot capture before any download (the architecture on the meta
+    # device, no weights): its error lists the supported families.
+    with torch.device("meta"):
+        capture_for(_create(name, pretrained=False)[0])
     try:
         # Unreachable hub: use the local cache only, and fail in seconds instead of a minute of retries.
         with hub_offline(not hub_reachable()):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..engine.model import LoadedModel
-from .errors import UnknownModelError
+from .errors import ModelRefusedError, UnknownModelError
 from .ids import ModelSpec
 from .loaders import build, windowed_arch
 
@@ -47,6 +47,7 @@ class Registry:
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._errors: dict[str, str] = {}
+        self._refused: set[str] = set()  # failed for good at start-up: never built again
         self._on_demand: set[str] = set()
         self._lock = threading.Lock()  # held while a model builds: never taken on the event loop
         self._offer_lock = threading.Lock()  # short: adding an id
@@ -71,6 +72,31 @@ class Registry:
                 self.ids = [m for m in self.ids if m != model_id]
                 self._errors.pop(model_id, None)
 
+    def refuse(self, raw: str, why: str) -> str:
+        """Mark a configured model as one that cannot load while the server runs (found at
+        start-up: a misspelt name, an unsupported family); asking for it answers ``why`` at once.
+        Returns its id."""
+        mid = ModelSpec.parse(raw).id if raw not in self.specs else raw
+        if mid in self.specs:
+            self._refused.add(mid)
+            self._errors[mid] = why
+        return mid
+
+    def fail(self, model_id: str, why: str) -> None:
+        """Record why a model failed to load (the page and ``/api/v1/models`` show it)."""
+        self._errors[model_id] = why
+
+    def use_default(self, model_id: str) -> None:
+        """Serve ``model_id`` as the default (the configured default failed to load at start-up)."""
+        self.resolve(model_id)
+        self.default = model_id
+
+    def start_order(self) -> list[str]:
+        """The configured models in the order start-up tries them: the default, then the others
+        (the first that loads is served as the default); refused ones left out."""
+        order = dict.fromkeys([self.default, *self.ids])
+        return [m for m in order if m not in self._refused and m not in self._on_demand]
+
     def is_loaded(self, model_id: str) -> bool:
         """Whether the model is in memory now (does not count as a use)."""
         return model_id in self._loaded
@@ -84,6 +110,8 @@ class Registry:
     def get(self, model_id: str | None = None) -> LoadedModel:
         """Return the loaded model, loading it on first use (and unloading the least recently used)."""
         mid = self.resolve(model_id)
+        if mid in self._refused:
+            raise ModelRefusedError(f"{mid} cannot be loaded: {self._errors.get(mid, 'refused at start-up')}")
         with self._lock:
             if mid not in self._loaded:
                 try:

@@ -168,6 +168,7 @@ export function describeError(err) {
     image_not_found: "This image is no longer on the server.",
     unknown_model: "Unknown model.",
     model_unavailable: "The model is not available.",
+    model_refused: "This model cannot be loaded.",
     out_of_memory: "The server ran out of memory.",
     timeout: "The computation took too long.",
     network: "No connection to the server.",

@@ -26,6 +26,17 @@ function renderModels(s) {
   $("model").value = s.model;
   const info = s.models.find((m) => m.id === s.model);
   $("model").title = info ? [info.description, info.arch, info.source].filter(Boolean).join(" · ") : "";
+  renderModelFailures(s);
+}
+
+/** Which configured models failed to load at start-up, and why (the server serves the others). */
+function renderModelFailures(s) {
+  const failed = s.models.filter((m) => m.error && !m.on_demand);
+  const note = $("model-failures");
+  note.hidden = !failed.length;
+  const lines = failed.map((m) => `${m.id} could not be loaded: ${m.error}`);
+  const serving = s.models.find((m) => m.default && !m.error);
+  note.textContent = lines.join(" ") + (failed.length && serving ? ` Serving ${serving.id}.` : "");
 }
 
 export function renderControls(s) {
