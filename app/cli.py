@@ -472,14 +472,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--faithfulness",
         metavar="METHODS",
-        help="also the perturbation test of these relevance maps, e.g. chefer,grad_attention,attention,rollout,"
-        "random: AUCs and curves per picture and method in a second table beside OUT "
+        nargs="?",
+        const="all",
+        help="also the perturbation test of these relevance maps (alone or 'all': every method; or a list, e.g. "
+        "chefer,attention,random): AUCs and curves per picture and method in a second table beside OUT "
         "(survey.parquet -> survey.faithfulness.parquet); slower: about 2 forwards per method and fraction",
     )
     v.add_argument(
         "--target",
-        help="with --faithfulness: the scalar of the output the maps explain: output or box:X0,Y0,X1,Y1 "
-        "(saliency), top or class:N (classes), embedding (default: the model's: output, top, embedding)",
+        help="with --faithfulness: the scalar of the output the maps explain: region, box:X0,Y0,X1,Y1 or output "
+        "(saliency), top or class:N (classes), embedding. Default: one thing the model decided on each picture: "
+        "a classifier's predicted class (top); a saliency model's predicted region (region: the box around the "
+        "pixels at least half as salient as the map's peak, per picture; the whole map, output, is a poor target "
+        "that removing patches hardly moves, and it gets a warning); an embedding model's embedding",
     )
     v.add_argument(
         "--fractions",

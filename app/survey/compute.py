@@ -13,6 +13,7 @@ the values the stats endpoint gives for that picture.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,9 @@ class Surveyor:
         self.similarity = similarity
         self.ranks = ranks
         self.faithfulness = faithfulness
+        # Called with the share of a picture each batch of perturbed forwards did (the command
+        # line's progress bar moves with them, not only when a picture's test is done).
+        self.on_progress: Callable[[float], None] | None = None
         if faithfulness is not None:
             faithfulness.resolve(lm)  # the target's kind, before a picture is read
 
@@ -196,7 +200,9 @@ class Surveyor:
             refused: list[tuple[str, str, str]] = []
             if self.faithfulness is not None:
                 names = [prep.item.image for prep in batch]
-                test, refused = self.faithfulness.table(self.lm, names, x, self.amp, self.batch_size)
+                test, refused = self.faithfulness.table(
+                    self.lm, names, x, self.amp, self.batch_size, progress=self.on_progress
+                )
             # All or nothing: on an error above, every picture of the batch is run again alone.
             tables.extend(done)
             if test is not None:

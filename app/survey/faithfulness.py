@@ -17,15 +17,17 @@ are kept.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import torch
 
+from ..engine.device import autocast
 from ..engine.faithfulness import DEFAULT_BATCH, faithfulness, parse_fractions
 from ..engine.model import LoadedModel
+from ..engine.output import head_output, timm_model
 from ..engine.relevance import (
     TargetError,
     check_target,
@@ -36,7 +38,22 @@ from ..engine.relevance import (
 )
 from . import schema
 
-TARGET_HEADS = ("output", "box", "top", "class", "embedding", "default")
+TARGET_HEADS = ("output", "box", "top", "class", "embedding", "default", "region")
+ALL = "all"  # --faithfulness with no value: every method
+# The target a survey explains by default, by the model's output kind: one thing the model decided
+# on each picture. A saliency model's *predicted region* (REGION): the box around the output-map
+# pixels at least REGION_SHARE of the map's peak, found per picture from its unperturbed output.
+# The whole map (`output`) is a poor target: removing the patches the model looks at moves its
+# saliency elsewhere, the total hardly falls, and on the sample photos no map beat random on it.
+REGION = "region"
+REGION_SHARE = 0.5
+DEFAULT_TARGETS = {"saliency": REGION, "classes": "top", "embedding": "embedding"}
+# Targets a survey warns about (docs/relevance.md, "What it measured on the four sample photos").
+WEAK_TARGETS = {
+    "output": "the whole saliency map is a poor target: removing the patches the model looks at moves its "
+    "saliency elsewhere, so the total hardly falls and no map may beat random (on the sample photos none did); "
+    "leave --target out for the predicted region of each picture, or give a box:X0,Y0,X1,Y1",
+}
 
 
 @dataclass(frozen=True)
@@ -60,14 +77,25 @@ class FaithfulnessPlan:
         cls, methods: str | Sequence[str], target: str | None = None, fractions: str | Sequence[float] | None = None
     ) -> FaithfulnessPlan:
         """Check what needs no model (raises MethodError, FractionsError, TargetError)."""
-        names = parse_methods(methods)
+        every = isinstance(methods, str) and methods.strip().lower() == ALL
+        names = parse_methods(None if every else methods)
         text = (target or "").strip().lower().replace(" ", "") or None
         if text is not None and text.split(":", 1)[0] not in TARGET_HEADS:
             raise TargetError(
-                f"target {text[:40]!r}: unknown; use output or box:X0,Y0,X1,Y1 (saliency), top or class:N "
-                "(classes), embedding"
+                f"target {text[:40]!r}: unknown; use region, output or box:X0,Y0,X1,Y1 (saliency), top or "
+                "class:N (classes), embedding"
             )
+        if text == "default":
+            text = None
         return cls(names, text, parse_fractions(fractions))
+
+    def weak(self) -> str | None:
+        """Why the asked target makes a poor test (None: it does not)."""
+        return WEAK_TARGETS.get(self.target or "")
+
+    def target_for(self, lm: LoadedModel) -> str:
+        """The target's spelling for this model: the one asked for, else the kind's default."""
+        return self.target or DEFAULT_TARGETS.get(lm.output_kind, "")
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> FaithfulnessPlan:
@@ -82,7 +110,12 @@ class FaithfulnessPlan:
         """The target against the model: its normalised spelling (raises TargetError,
         RelevanceUnsupportedError for a windowed model)."""
         refuse_windowed(lm)
-        return str(parse_target(self.target, lm))
+        spelled = self.target_for(lm)
+        if spelled == REGION:
+            if lm.output_kind != "saliency":
+                raise TargetError(f"target 'region' is for saliency models; this model's output is {lm.output_kind}")
+            return REGION
+        return str(parse_target(spelled, lm))
 
     def table(
         self,
@@ -91,6 +124,7 @@ class FaithfulnessPlan:
         x: torch.Tensor,
         amp_dtype: torch.dtype | None = None,
         batch_size: int = DEFAULT_BATCH,
+        progress: Callable[[float], None] | None = None,
     ) -> tuple[pa.Table, list[tuple[str, str, str]]]:
         """The rows of a batch of pictures of one input size, and the pictures that failed.
 
@@ -100,26 +134,50 @@ class FaithfulnessPlan:
             x: ``[B, 3, H, W]`` their normalised pixels on the model's device.
             amp_dtype: autocast dtype, or None for plain fp32.
             batch_size: perturbed pictures per forward.
+            progress: called after each batch of perturbed forwards with the share of one
+                picture's test it did (a picture's whole test adds up to 1).
         """
-        target = parse_target(self.target, lm)
         hw = (int(x.shape[-2]), int(x.shape[-1]))
-        try:
-            check_target(target, hw)
-        except TargetError as e:
-            return schema.empty_faithfulness(), [(name, "bad_target", str(e)) for name in images]
+        region = self.target_for(lm) == REGION
+        boxes: list[list[int] | None]
+        if region:
+            boxes = [list(b) for b in predicted_boxes(lm, x, amp_dtype)]
+            targets = [parse_target("box:" + ",".join(map(str, b)), lm) for b in boxes]  # type: ignore[arg-type]
+        else:
+            target = parse_target(self.target_for(lm), lm)
+            try:
+                check_target(target, hw)
+            except TargetError as e:
+                return schema.empty_faithfulness(), [(name, "bad_target", str(e)) for name in images]
+            boxes, targets = [None] * len(images), [target] * len(images)
         with lm.lock:
-            rels = relevance(lm, x, target, self.methods, seed=self.seed, amp_dtype=amp_dtype)
+            if region:  # a box per picture: one relevance computation each
+                rels = [
+                    relevance(lm, x[i : i + 1], t, self.methods, seed=self.seed, amp_dtype=amp_dtype)[0]
+                    for i, t in enumerate(targets)
+                ]
+            else:
+                rels = relevance(lm, x, targets[0], self.methods, seed=self.seed, amp_dtype=amp_dtype)
         rows: dict[str, list] = {f.name: [] for f in schema.FAITHFULNESS}
-        for name, pixels, rel in zip(images, x, rels):
+        for name, pixels, rel, box in zip(images, x, rels, boxes):
+            tick = _shares(progress)
             with lm.lock:
                 res = faithfulness(
-                    lm, pixels, rel.maps, rel.target, self.fractions, batch_size=batch_size, amp_dtype=amp_dtype
+                    lm,
+                    pixels,
+                    rel.maps,
+                    rel.target,
+                    self.fractions,
+                    batch_size=batch_size,
+                    amp_dtype=amp_dtype,
+                    progress=tick,
                 )
             for method in self.methods:
                 c = res.methods[method]
                 rows["image"].append(name)
                 rows["method"].append(method)
-                rows["target"].append(res.target)
+                rows["target"].append(REGION if region else res.target)
+                rows["box"].append(box)
                 rows["class_index"].append(res.class_index)
                 rows["y"].append(res.y)
                 rows["auc_positive"].append(_finite(c.auc_positive))
@@ -131,6 +189,37 @@ class FaithfulnessPlan:
                 rows["num_patches"].append(res.num_patches)
                 rows["seed"].append(self.seed if method == "random" else None)
         return pa.table(rows, schema=schema.FAITHFULNESS), []
+
+
+def predicted_boxes(lm: LoadedModel, x: torch.Tensor, amp_dtype: torch.dtype | None = None) -> list[tuple[int, ...]]:
+    """Each picture's predicted region of a saliency model: the box ``(X0, Y0, X1, Y1)`` (output-map
+    pixels, end-exclusive) around the pixels at least :data:`REGION_SHARE` of its map's peak.
+
+    Args:
+        x: ``[B, 3, H, W]`` normalised pixels on the model's device.
+    """
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    with lm.lock, torch.inference_mode(), autocast(x.device.type, amp_dtype):
+        out = head_output(lm, timm_model(lm).forward_features(x), hw)  # B, H, W saliency
+    boxes = []
+    for m in out.float():
+        ys, xs = torch.nonzero(m >= REGION_SHARE * m.max(), as_tuple=True)
+        boxes.append((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1))
+    return boxes
+
+
+def _shares(progress: Callable[[float], None] | None) -> Callable[[int, int], None] | None:
+    """The engine's ``progress(done, total)`` as the share of one picture each step added."""
+    if progress is None:
+        return None
+    said = [0.0]
+
+    def tick(done: int, total: int) -> None:
+        if total:
+            progress(done / total - said[0])
+            said[0] = done / total
+
+    return tick
 
 
 def _finite(v: float) -> float | None:

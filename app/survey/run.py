@@ -141,6 +141,9 @@ def survey(
         raise ValueError("--target and --fractions belong to --faithfulness METHODS")
     # methods, fractions and the target's spelling are checked before anything loads
     plan = FaithfulnessPlan.parse(faithfulness, target, fractions) if faithfulness is not None else None
+    weak = plan.weak() if plan is not None else None
+    if weak:
+        print(f"headscope survey: warning: --target {plan.target}: {weak}", file=sys.stderr)  # type: ignore[union-attr]
     settings = settings or Settings()
     model_id = ModelSpec.parse(model or settings.model).id
     t0 = time.monotonic()
@@ -182,12 +185,20 @@ def survey(
         dynamic_ncols=True,
         smoothing=0.05,
     )
-    counts = {"failed": 0}
+    counts: dict[str, float] = {"failed": 0, "ahead": 0.0}
+
+    def ahead(share: float) -> None:  # a batch of perturbed forwards: part of a picture done
+        bar.update(share)
+        counts["ahead"] += share
+
+    if surveyor is not None and plan is not None:
+        surveyor.on_progress = ahead
 
     def emit(res: Result) -> None:
         output.add(res.rows, res.failures, res.images, res.faithfulness)
         counts["failed"] += res.failures.num_rows
-        bar.update(res.images)
+        bar.update(max(0.0, res.images - counts["ahead"]))  # what the perturbed forwards did not say yet
+        counts["ahead"] = 0.0
         if counts["failed"]:
             bar.set_postfix(failed=counts["failed"], refresh=False)
 

@@ -86,6 +86,7 @@ FAITHFULNESS = pa.schema(
         pa.field("removed", pa.list_(pa.int32()), nullable=False),  # patches removed at each fraction
         pa.field("num_patches", pa.int32(), nullable=False),
         pa.field("seed", pa.int32()),  # method=random: the map's seed
+        pa.field("box", pa.list_(pa.int32())),  # target region: the picture's box [X0, Y0, X1, Y1]
     ]
 )
 

@@ -72,7 +72,7 @@ def test_the_table_holds_the_engines_perturbation_test(local, source):
     t = sorted_tests(local)
     assert t.column_names == [
         "image", "method", "target", "class_index", "y", "auc_positive", "auc_negative",
-        "fractions", "positive", "negative", "removed", "num_patches", "seed",
+        "fractions", "positive", "negative", "removed", "num_patches", "seed", "box",
     ]  # fmt: skip
     assert t.column("image").to_pylist() == [p for p in PICTURES for _ in METHODS]
     assert t.column("method").to_pylist() == METHODS * 2
