@@ -39,7 +39,7 @@ def rows(aucs: dict[str, list[tuple[float | None, float | None]]]) -> pa.Table:
         for i, (pos, neg) in enumerate(values):
             for k, v in dict(image=f"p{i}.png", method=method, target="output", class_index=None, y=1.0,
                              auc_positive=pos, auc_negative=neg, fractions=[0.0], positive=[1.0], negative=[1.0],
-                             removed=[0], num_patches=4, seed=None).items():  # fmt: skip
+                             removed=[0], num_patches=4, seed=None, box=None).items():  # fmt: skip
                 out[k].append(v)
     return pa.table(out, schema=schema.FAITHFULNESS)
 
