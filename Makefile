@@ -21,7 +21,6 @@ ARGS ?=
 # (a mirror). Switching builds needs a fresh venv: make clean first.
 TORCH ?=
 TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH)
-TORCH_FLAVOUR = $(if $(TORCH),$(TORCH),pypi)
 # serve --any-model (load any pretrained timm model from the page, downloaded on demand): on
 # when the server listens on loopback only (HOST empty, 127.0.0.1, localhost or ::1), where only
 # this machine's user can trigger downloads; ANY_MODEL=0 turns it off, ANY_MODEL=1 on anywhere.
@@ -48,7 +47,8 @@ else
 	@echo "    ~5.7 GB installed, a few minutes; without an NVIDIA GPU, make clean && make serve TORCH=cpu needs ~0.4 GB"
 endif
 	$(PY) -m pip install $(PIP_FLAGS) -e .
-	@echo "$(TORCH_FLAVOUR)" > $(VENV)/.torch
+	@# The build really installed (torch.version.cuda) into .torch; a loud warning if it is not TORCH's.
+	$(PY) scripts/torch_build.py --asked "$(TORCH)" --record $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
@@ -62,10 +62,15 @@ $(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
 	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,ray]'
 	touch $@
 
-# A venv built with another PyTorch than TORCH asks for is kept as it is: say so.
+# A venv built with another PyTorch than TORCH asks for is kept as it is: say so. .torch holds the
+# build really installed (cpu, cu126...; older venvs: the flavour asked for, pypi included).
 check-torch:
-	@if [ -f $(VENV)/.torch ] && [ "$$(cat $(VENV)/.torch)" != "$(TORCH_FLAVOUR)" ]; then \
-		echo "note: $(VENV) has PyTorch from '$$(cat $(VENV)/.torch)', not '$(TORCH_FLAVOUR)'; make clean first to switch"; \
+	@if [ -f $(VENV)/.torch ]; then had="$$(cat $(VENV)/.torch)"; \
+		if [ -n "$(TORCH)" ] && [ "$$had" != "$(TORCH)" ]; then \
+			echo "note: $(VENV) has the PyTorch build '$$had', not '$(TORCH)'; make clean first to switch"; \
+		elif [ -z "$(TORCH)" ] && [ "$$had" = "cpu" ]; then \
+			echo "note: $(VENV) has PyTorch's CPU build, not PyPI's; make clean first to switch"; \
+		fi; \
 	fi
 
 # MkDocs Material and mkdocstrings for the documentation site (and tests/docs' strict build).

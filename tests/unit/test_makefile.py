@@ -74,3 +74,51 @@ def test_serve_turns_any_model_on_for_loopback_only(tmp_path, args, any_model):
     serve = [line for line in dry_run(tmp_path, "serve", *args) if "headscope serve" in line]
     assert len(serve) == 1
     assert ("--any-model" in serve[0]) is any_model, serve[0]
+
+
+def test_the_install_records_the_torch_build_really_installed(tmp_path):
+    lines = dry_run(tmp_path, "setup", "TORCH=cpu")
+    check = [line for line in lines if "scripts/torch_build.py" in line]
+    assert check == [
+        f'{tmp_path / "venv"}/bin/python scripts/torch_build.py --asked "cpu" --record {tmp_path / "venv"}/.torch'
+    ]
+    assert lines.index(check[0]) > lines.index(pip_installs(lines)[-1])  # after pip had its last word
+    assert not [line for line in lines if "> " in line and ".torch" in line]  # no longer what was asked
+
+
+def test_a_torch_build_other_than_the_one_asked_is_said_loudly(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    real = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
+    other = "cu999" if real == "cpu" else "cpu"
+    record = tmp_path / ".torch"
+    cmd = [sys.executable, "scripts/torch_build.py", "--asked", other, "--record", str(record)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr  # the venv works: a warning, not a failure
+    assert record.read_text() == real + "\n"  # what is really there, not what was asked
+    assert f"you asked for the '{other}' build (TORCH={other}), but the venv has torch" in r.stderr
+    assert f"the '{real}' build" in r.stderr and f"make clean && make serve TORCH={other}" in r.stderr
+    assert r.stderr.startswith("!!!!")
+    same = subprocess.run([*cmd[:3], real, *cmd[4:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and same.stderr == "" and f"the '{real}' build, as asked" in same.stdout
+
+
+def test_check_torch_compares_the_recorded_build(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    said = {}
+    for had, torch_arg in [("cu130", "cpu"), ("cpu", ""), ("cpu", "cpu"), ("cu126", "")]:
+        (venv / ".torch").write_text(had + "\n")
+        r = subprocess.run(
+            ["make", "--no-print-directory", f"VENV={venv}", "check-torch", f"TORCH={torch_arg}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        said[(had, torch_arg)] = r.stdout.strip()
+    assert (
+        said[("cu130", "cpu")] == f"note: {venv} has the PyTorch build 'cu130', not 'cpu'; make clean first to switch"
+    )
+    assert "CPU build, not PyPI's" in said[("cpu", "")]
+    assert said[("cpu", "cpu")] == "" and said[("cu126", "")] == ""
