@@ -138,7 +138,10 @@ def map_figure(
     ax.set_xlabel("x (pixels)", fontsize=8)
     ax.set_ylabel("y (pixels)", fontsize=8)
     ax.tick_params(labelsize=7)
-    _vector_colorbar(fig, ScalarMappable(norm, colormap), ax=ax, shrink=0.85, label="attention weight")
+    # The bar in the map's own axes coordinates: exactly the picture's height, whatever its aspect
+    # (a colour bar beside the axes is as tall as the layout's box, taller than a landscape picture).
+    cax = ax.inset_axes((1.04, 0.0, 0.04, 1.0))
+    _vector_colorbar(fig, ScalarMappable(norm, colormap), cax=cax, label="attention weight")
     head_text = head if fused else f"head {sel.heads[0]}"
     ax.set_title(
         f"{att.model}  ·  layer {sel.layers[0]}  ·  {head_text}  ·  query {_query_text(sel, sel.query[0])}"

@@ -87,3 +87,21 @@ def test_without_matplotlib_the_error_names_the_extra(att, tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(ImportError, match="needs pandas"):
         att.stats()
+
+
+@pytest.mark.parametrize("shape", [(90, 120, 3), (120, 90, 3), (60, 240, 3)], ids=["landscape", "portrait", "wide"])
+def test_the_colour_bar_is_as_tall_as_the_picture(tmp_path_factory, shape):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    scope = headscope.load("random:test_vit", device="cpu", models_dir=tmp_path_factory.mktemp("models"))
+    picture = np.random.default_rng(5).integers(0, 256, shape, dtype=np.uint8)
+    att = scope.attention(picture, layers=[-1], heads=[1], query="all")
+    fig = figures.map_figure(att, -1, 1, (0, 0))
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    (cax,) = ax.child_axes
+    im, bar = ax.get_window_extent(), cax.get_window_extent()
+    assert bar.height == pytest.approx(im.height, abs=1.0) and bar.y0 == pytest.approx(im.y0, abs=1.0)
+    assert bar.x0 > im.x1  # beside the picture, not over it
+    tight = fig.get_tightbbox(fig.canvas.get_renderer())
+    assert tight.x1 * fig.dpi <= fig.bbox.x1 + 1  # its labels inside the figure
