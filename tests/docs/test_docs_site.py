@@ -120,3 +120,11 @@ def test_the_benchmark_tables_are_generated_from_the_json(site):
     assert "| 1234.50 |" in bench.render(changed, "bench/run.json")
     html = (site / "performance" / "index.html").read_text(encoding="utf-8")
     assert f"{fwd:.2f}" in html and "<!-- bench-tables:" not in html
+
+
+def test_the_sidebar_title_is_left_out_on_a_wide_screen(site):
+    # the header names the site; the sidebar's own "Headscope" crowded "Home" below it (#41)
+    html = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="stylesheets/extra.css"' in html
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert ".md-nav--primary > .md-nav__title { display: none; }" in css and "min-width: 76.25em" in css
