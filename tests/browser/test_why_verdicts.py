@@ -23,13 +23,14 @@ pytestmark = pytest.mark.browser
 SLOW_MS = 240_000
 CLF = "local:test_vit@why_verdict_head.safetensors"
 DOCS = "http://docs.invalid/headscope"  # never requested: only the link's address is checked
+TYPO = "timm:vit_smal_patch16_224"  # offered too: `serve` finds it cannot load, serves the others
 SIZES = [(1280, 800), (390, 844)]
 
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory):
     clf = write_classifier(tmp_path_factory.mktemp("why-verdict") / "why_verdict_head.safetensors")
-    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([clf]), "HEADSCOPE_DOCS_URL": DOCS})
+    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([clf, TYPO]), "HEADSCOPE_DOCS_URL": DOCS})
     yield srv.url
     assert srv.stop() == 0
     assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
@@ -140,3 +141,33 @@ def test_ticking_compare_brings_the_panel_into_view(page_at, base_url, samples, 
     # the sides are in sight too, not only the panel's heading
     side = page.eval_on_selector("[data-testid=compare-a]", "e => e.getBoundingClientRect().top")
     assert side < size[1], side
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["1280x800", "phone"])
+def test_the_page_says_which_model_failed_and_the_model_menu_is_not_cut(page_at, base_url, size):
+    page = page_at(*size)
+    open_page(page, base_url)
+    note = page.locator("[data-testid=model-failures]")
+    note.wait_for(state="visible")
+    text = note.inner_text()
+    assert f"{TYPO} could not be loaded: timm has no architecture named 'vit_smal_patch16_224'" in text
+    assert "Did you mean vit_small_patch16_224" in text and "Serving dinov2-s14-focus." in text
+    assert page.eval_on_selector("[data-testid=model-failures]", "e => e.scrollWidth <= e.clientWidth + 1")
+    # the failed model is in the menu, disabled; no "Try again" anywhere
+    option = page.locator(f"[data-testid=model] option[value='{TYPO}']")
+    assert option.is_disabled() and "(failed to load)" in option.inner_text()
+    assert page.is_hidden("[data-testid=error]")
+    # the shown model's id fits its menu (it was cut to "dinov2-" on a phone)
+    fits = page.eval_on_selector(
+        "[data-testid=model]",
+        """s => { const c = document.createElement('canvas').getContext('2d');
+                  const cs = getComputedStyle(s); c.font = `${cs.fontSize} ${cs.fontFamily}`;
+                  const text = c.measureText(s.options[s.selectedIndex].textContent).width;
+                  const room = s.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) - 16;
+                  return [text, room, s.getBoundingClientRect().right]; }""",
+    )
+    assert fits[0] <= fits[1], fits
+    assert fits[2] <= size[0], fits  # inside the screen
+    # the model dialog lists the families from the code, dinov2, siglip and flexivit among them
+    families = " ".join(page.text_content("[data-testid=model-families]").split())  # the dialog, closed
+    assert "dinov2 (with and without registers), flexivit, siglip" in families
