@@ -118,7 +118,7 @@ def _check_models(settings, fetch_first: bool) -> dict[str, tuple[str, bool]] | 
         least one other model may; None when none can (the messages are printed; serve exits 1).
     """
     from .zoo import embedded
-    from .zoo.suggest import preflight
+    from .zoo.preflight import preflight
 
     problems: dict[str, tuple[str, bool]] = {}
     for mid in settings.model_ids:

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from headscope.zoo.suggest import nearest, preflight
+from headscope.zoo.preflight import preflight
+from headscope.zoo.suggest import nearest
 from helpers.cli import run_cli as run
 from helpers.server import ROOT, SAMPLES, Server, free_port
 
