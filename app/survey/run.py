@@ -138,7 +138,7 @@ def survey(
     if limit is not None and limit < 0:
         raise ValueError("--limit must be 0 or more")
     if faithfulness is None and (target is not None or fractions is not None):
-        raise ValueError("--target and --fractions belong to --faithfulness METHODS")
+        raise ValueError("--target and --fractions belong to --faithfulness [METHODS]")
     # methods, fractions and the target's spelling are checked before anything loads
     plan = FaithfulnessPlan.parse(faithfulness, target, fractions) if faithfulness is not None else None
     weak = plan.weak() if plan is not None else None
