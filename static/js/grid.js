@@ -30,6 +30,7 @@ export function makeTile(layer, head, caption) {
   b.dataset.layer = String(layer);
   b.dataset.head = head;
   b.title = `layer ${layer}, ${headLabel(head)}`;
+  b.setAttribute("aria-label", b.title);
   const c = document.createElement("canvas");
   b.append(c);
   if (caption) {
