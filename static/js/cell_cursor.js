@@ -82,6 +82,8 @@ export function bindCellCursor(canvas, mark, opts) {
     }
     const sel = show();
     if (sel) announce(describe(sel));
+    // the words may have moved the page under it: keep it clear of the fixed bars (scroll-padding)
+    requestAnimationFrame(() => canvas.scrollIntoView({ block: "nearest", inline: "nearest" }));
   });
   canvas.addEventListener("blur", () => { mark.hidden = true; });
   canvas.addEventListener("keydown", (e) => {
