@@ -103,13 +103,17 @@ export function chartTable(el, data, layout, label) {
     details.setAttribute("data-testid", "chart-table");
     const summary = document.createElement("summary");
     summary.textContent = "Show as table";
+    // a long table scrolls in its box: the box takes focus, so the keys scroll it (WCAG 2.1.1)
     const body = document.createElement("div");
     body.className = "chart-table-body";
+    body.tabIndex = 0;
+    body.setAttribute("role", "region");
     details.append(summary, body);
     details.addEventListener("toggle", () => { if (details.open) buildTable(details, el); });
     el.after(details);
   }
   details.hidden = false;
+  details.querySelector(".chart-table-body").setAttribute("aria-label", `${label || titleOf(el)}: the numbers`);
   if (details.open) buildTable(details, el);
 }
 
