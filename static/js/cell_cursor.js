@@ -64,7 +64,7 @@ export function bindCellCursor(canvas, mark, opts) {
   const show = () => {
     const cur = parse(canvas.dataset.cursor);
     const anchor = parse(canvas.dataset.anchor) || cur;
-    if (!cur || !opts.grid() || document.activeElement !== canvas) {
+    if (!cur || !opts.grid() || document.activeElement !== canvas || !("ownKeys" in canvas.dataset)) {
       mark.hidden = true;
       return null;
     }
@@ -72,9 +72,14 @@ export function bindCellCursor(canvas, mark, opts) {
     place(mark, canvas, sel, frac);
     return sel;
   };
+  // Focus from a click is the mouse's: the page's arrow shortcuts keep working, no cursor shows.
+  canvas.addEventListener("pointerdown", () => {
+    delete canvas.dataset.ownKeys;
+    mark.hidden = true;
+  });
   canvas.addEventListener("focus", () => {
     const g = opts.grid();
-    if (!g) return;
+    if (!g || !("ownKeys" in canvas.dataset)) return;
     if (!parse(canvas.dataset.cursor)) {
       const [r, c] = opts.start();
       canvas.dataset.cursor = `${r},${c}`;
@@ -85,9 +90,12 @@ export function bindCellCursor(canvas, mark, opts) {
     // the words may have moved the page under it: keep it clear of the fixed bars (scroll-padding)
     requestAnimationFrame(() => canvas.scrollIntoView({ block: "nearest", inline: "nearest" }));
   });
-  canvas.addEventListener("blur", () => { mark.hidden = true; });
+  canvas.addEventListener("blur", () => {
+    mark.hidden = true;
+    canvas.dataset.ownKeys = "";
+  });
   canvas.addEventListener("keydown", (e) => {
-    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    if (e.ctrlKey || e.metaKey || e.altKey || !("ownKeys" in canvas.dataset)) return;
     const g = opts.grid();
     if (!g) return;
     const cur = parse(canvas.dataset.cursor) || opts.start();
