@@ -4,7 +4,8 @@
 
 - focus never hides under the fixed layer/head dock or the sticky top bar (scroll-padding);
 - the view tabs follow the WAI-ARIA tabs pattern: the arrows move along the tabs, not the head;
-- the attention map takes focus: a cell cursor on the arrows, Enter queries that patch;
+- the attention map (and the softmax map of "Inside a head") takes focus: a cell cursor on the
+  arrows, Enter queries that patch;
 - the tile grids and the ablation toggles are one Tab stop each, with the arrows inside, and a
   toggle is named "layer L, head H, on/off";
 - Plotly's toolbar shows a visible focus ring, and each chart has a "Show as table" twin.
@@ -256,3 +257,24 @@ def test_chart_toolbars_show_a_focus_ring_and_every_chart_has_a_table(kpage, bas
         ".js-plotly-plot", "cs => cs.map(c => !!c.nextElementSibling?.matches('details.chart-table'))"
     )
     assert charts and all(charts)
+
+
+def test_inside_a_head_the_softmax_map_takes_a_cell_cursor(kpage, base_url, samples):
+    page = kpage
+    open_page(page, base_url, "?view=learn")
+    upload(page, samples["cat"])
+    wait_learn(page, image=image_id(samples["cat"].read_bytes()))
+    tab_to(page, "[data-testid=learn-weights]", most=60)
+    words = announced(page)
+    m = re.match(r"row (\d+), column (\d+)\. Enter queries this patch\.", words)
+    assert m, words
+    r, c = int(m[1]), int(m[2])
+    page.keyboard.press("ArrowUp")
+    page.wait_for_function(
+        "w => document.querySelector('[data-testid=announce]').textContent.startsWith(w)", arg=f"row {r - 1},"
+    )
+    assert page.is_visible("[data-testid=learn-cursor]")
+    page.keyboard.press("Enter")
+    page.wait_for_function("q => new URLSearchParams(location.search).get('q') === q", arg=f"patch:{r - 1},{c}")
+    wait_learn(page, image=image_id(samples["cat"].read_bytes()))
+    assert focused(page)["testid"] == "learn-weights"
