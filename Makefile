@@ -98,6 +98,13 @@ browser-deps:
 		else echo "note: /usr/bin/chromium missing (apt install chromium); browser tests will be skipped"; fi; \
 	fi
 
+# axe-core (package.json's devDependencies) for the browser tests' accessibility check: npm ci
+# installs the locked version into node_modules/, which the tests inject into the page (nothing
+# from a CDN). Without npm the check skips itself, saying why.
+node_modules/.installed: package.json package-lock.json
+	@if command -v npm >/dev/null 2>&1; then npm ci --no-audit --no-fund && touch $@; \
+	else echo "note: npm missing (apt install npm); the accessibility check (axe-core) will be skipped"; fi
+
 # The suite runs in parallel (pytest-xdist, a test file per worker: module-scoped servers are
 # started once): most tests wait on real servers and browsers, and on 2 cores two workers take
 # 15 minutes instead of 20. The suite is CPU-bound beyond that, so at most 4 workers. PASSIVE:
@@ -106,7 +113,7 @@ browser-deps:
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps
+test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps node_modules/.installed
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
 
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch
@@ -143,4 +150,4 @@ docker-test:
 	bash tests/docker/run.sh
 
 clean:
-	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist site ./*.egg-info
+	rm -rf $(VENV) node_modules test-artifacts .pytest_cache .mypy_cache .ruff_cache build dist site ./*.egg-info

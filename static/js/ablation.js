@@ -17,6 +17,7 @@ import {
   renderDifference, renderImportance, renderModelOutput, renderPicture, renderProgress, renderPruning, renderToggles,
 } from "./ablation_view.js";
 import { $ } from "./dom.js";
+import { bindRoving, syncRoving } from "./keys.js";
 import { ablateText, ablatedPairs, dims } from "./state.js";
 import { longRequest, track } from "./long_requests.js";
 import { isWindowed } from "./windows.js";
@@ -174,6 +175,7 @@ function render(s, act, shown) {
     act.setIn("ablation", { off });
   };
   renderToggles($("ablate-grid"), { L, H, off: new Set(pairs.map(([l, h]) => `${l}:${h}`)), importance: imp ? imp.importance : null }, toggle);
+  syncRoving($("ablate-grid"), ".ablate-head");
   $("ablate-count").textContent = pairs.length
     ? `${pairs.length} of ${L * H} heads off${loading ? " · updating…" : ""}`
     : `all ${L * H} heads on`;
@@ -190,6 +192,8 @@ function render(s, act, shown) {
 
 /** Wire the view's own controls (s: the one state, read when an event comes). */
 function bind(act, s) {
+  // the toggles: one Tab stop, arrows inside (layers down, heads across)
+  bindRoving($("ablate-grid"), ".ablate-head", (b) => [Number(b.dataset.layer), Number(b.dataset.head)]);
   for (const id of ["ablate-reset", "maps-ablated-reset"]) $(id).addEventListener("click", () => act.setIn("ablation", { off: [] }));
   const ask = (method) => `${keyOf(s)}|${method}`;
   $("importance-method").addEventListener("change", (e) => {

@@ -274,6 +274,7 @@ export function renderToggles(container, view, onToggle) {
     b.classList.toggle("off", off);
     const v = view.importance ? view.importance[Number(b.dataset.layer)][Number(b.dataset.head)] : null;
     b.textContent = off ? "✕" : "";
+    b.setAttribute("aria-label", `layer ${b.dataset.layer}, head ${b.dataset.head}, ${off ? "off" : "on"}`);
     b.title = `layer ${b.dataset.layer}, head ${b.dataset.head}: ${off ? "removed (click to restore)" : "on (click to remove)"}`
       + (v === null ? "" : ` · importance ${fmt(v, 4)}`);
     if (v !== null && max > 0) {
@@ -305,6 +306,9 @@ export function renderProgress(box, view) {
   } else if (view.state === "failed") {
     text.textContent = `${view.label} failed.`;
   }
+  // a progress bar's children are not read: its value in words carries the text (the time left)
+  if (view.state === "idle") box.removeAttribute("aria-valuetext");
+  else box.setAttribute("aria-valuetext", text.textContent);
 }
 
 /** The importance heat map. view: null | {L, H, answer, off}; onPick(layer, head) toggles a head. */

@@ -6,8 +6,10 @@ import { SIDES, revealCompare, sideData } from "./compare.js";
 import { $, debounce, fmtTemperature, sliderTemperature } from "./dom.js";
 import { downloadMap } from "./export.js";
 import { resized } from "./maps.js";
+import { bindCellCursor } from "./cell_cursor.js";
+import { followDockHeight, ownsKeys } from "./keys.js";
 import { cellAt } from "./overlay.js";
-import { mapQuery, state } from "./state.js";
+import { defaultQuery, mapQuery, parseQuery, state } from "./state.js";
 import { renderReadout } from "./viewer.js";
 import { VIEWS, bindViews } from "./views.js";
 
@@ -81,13 +83,35 @@ function bindOverlay() {
     if (cell && (state.hover || e.shiftKey)) act.setQuery(`patch:${cell.r},${cell.c}`);
   });
   canvas.addEventListener("pointerleave", () => renderReadout(state, null));
+  // Without a mouse: a cell cursor (arrows), Enter queries its patch, Escape back to the default row.
+  const tokens = () => (state.meta && state.store ? state.meta.tokens : null);
+  const cursor = bindCellCursor(canvas, $("overlay-cursor"), {
+    grid: () => (tokens() ? tokens().grid : null),
+    frac: (r, c) => {
+      const [R, C] = tokens().grid;
+      const [ey, ex] = tokens().extent || [1, 1];
+      return [(c / C) * ex, (r / R) * ey];
+    },
+    start: () => {
+      const q = parseQuery(state.query, tokens());
+      const [R, C] = tokens().grid;
+      return q && q.kind === "patch" ? [q.r, q.c] : [Math.floor(R / 2), Math.floor(C / 2)];
+    },
+    onPick: ([r, c]) => act.setQuery(`patch:${r},${c}`),
+    onEscape: () => act.setQuery(defaultQuery(state.meta.tokens)),
+    describe: ([r, c]) => {
+      renderReadout(state, { r, c });
+      return `${$("readout").textContent}. Enter queries this patch.`;
+    },
+  });
+  canvas.addEventListener("blur", () => renderReadout(state, null));
+  new ResizeObserver(() => cursor.refresh()).observe(canvas);
 }
 
 function bindKeys() {
   document.addEventListener("keydown", (e) => {
     if (e.ctrlKey || e.metaKey || e.altKey || !state.store) return;
-    const t = e.target;
-    if (t && t.closest && t.closest("select, textarea, input:not([type=checkbox]):not([type=file]), [contenteditable]")) return;
+    if (ownsKeys(e.target)) return; // tabs, grids, the map's cursor, dialogs: their own keys
     const keys = {
       ArrowUp: () => act.stepLayer(1), ArrowDown: () => act.stepLayer(-1),
       ArrowRight: () => act.stepHead(1), ArrowLeft: () => act.stepHead(-1),
@@ -107,6 +131,7 @@ export function bindAll() {
   bindCompare();
   bindOverlay();
   bindKeys();
+  followDockHeight($("view-dock"));
   for (const view of VIEWS) if (view.bind) view.bind(act, state); // the one state, read when an event comes
   const onResize = debounce(() => {
     resized();

@@ -2,6 +2,7 @@
 // the current row over token index. SVG traces only: they need no eval, so the page's CSP holds.
 // The layers x heads charts of the analytics panel are in analytics.js.
 
+import { chartTable, hideTable } from "./chart_table.js";
 import { plotlyScale } from "./colormaps.js";
 import { fmt } from "./overlay.js";
 import { headLabel, prefixLabel } from "./state.js";
@@ -42,6 +43,7 @@ export function unavailable(el) {
 
 export function clear(el) {
   if (plotlyReady() && el.classList.contains("js-plotly-plot")) window.Plotly.purge(el);
+  hideTable(el);
   el.replaceChildren();
   delete el.dataset.rendered;
   delete el.dataset.key;
@@ -80,6 +82,7 @@ export function plotKeyed(el, key, traces, layout) {
   window.Plotly.react(el, traces, layout, plotConfig());
   el.dataset.rendered = "1";
   el.dataset.key = key;
+  chartTable(el, traces, layout);
   return true;
 }
 
@@ -167,7 +170,7 @@ export function renderRow(el, view) {
   el.dataset.rendered = "1";
   el.dataset.layer = String(layer);
   el.dataset.head = head;
-  el.setAttribute("aria-label", `Attention row of ${headLabel(head)} at layer ${layer}; max ${fmt(Math.max(...ys))}`);
+  chartTable(el, traces, layout, `Attention row of ${headLabel(head)} at layer ${layer}; max ${fmt(Math.max(...ys))}`);
   return undefined;
 }
 

@@ -30,6 +30,8 @@ export function makeTile(layer, head, caption) {
   b.dataset.layer = String(layer);
   b.dataset.head = head;
   b.title = `layer ${layer}, ${headLabel(head)}`;
+  // a tile without a caption is named by its title (a caption names the others: its words are on show)
+  if (!caption) b.setAttribute("aria-label", b.title);
   const c = document.createElement("canvas");
   b.append(c);
   if (caption) {

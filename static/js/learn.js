@@ -17,6 +17,7 @@ import { $, fmtTemperature, sliderTemperature } from "./dom.js";
 import { renderAnswer } from "./learn-stages.js";
 import { isWindowAnswer } from "./learn-window.js";
 import { tokenLabel } from "./learn-words.js";
+import { bindCellCursor, selectionWords } from "./cell_cursor.js";
 import { cellAt } from "./overlay.js";
 import { apiQuery, markerAt, tokensAt } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
@@ -165,6 +166,29 @@ function bind(act, state) {
       act.setQuery(`patch:${(cell.r * t.patch_size[0]) / s0[0]},${(cell.c * t.patch_size[1]) / s0[1]}`);
     });
   }
+  // Without a mouse: a cell cursor on the softmax map (the hovered key follows it), Enter queries it.
+  const canvas = $("learn-weights");
+  const pick = (r, c) => {
+    const t = gridOf();
+    const s0 = t.window ? state.meta.stages[0].cell_size : t.patch_size;
+    act.setQuery(`patch:${(r * t.patch_size[0]) / s0[0]},${(c * t.patch_size[1]) / s0[1]}`);
+  };
+  bindCellCursor(canvas, $("learn-cursor"), {
+    grid: () => (state.meta ? gridOf().grid : null),
+    frac: (r, c) => {
+      const t = gridOf();
+      const [ey, ex] = t.extent || [1, 1];
+      return [(c / t.grid[1]) * ex, (r / t.grid[0]) * ey];
+    },
+    start: () => { const [R, C] = gridOf().grid; return [Math.floor(R / 2), Math.floor(C / 2)]; },
+    describe: (sel) => {
+      const t = gridOf();
+      act.setIn("learn", { hover: t.num_prefix + sel[0] * t.grid[1] + sel[1] });
+      return `${selectionWords(sel)}. Enter queries this patch.`;
+    },
+    onPick: ([r, c]) => pick(r, c),
+    onEscape: () => act.setIn("learn", { hover: null }),
+  });
 }
 
 /** The view object (views.js): its answers live in state.learn. */

@@ -12,6 +12,7 @@ import { rolloutKey } from "./data.js";
 import { $ } from "./dom.js";
 import { need } from "./fetching.js";
 import { renderHeadGrid, renderModelView } from "./grid.js";
+import { bindRoving, screenPos, syncRoving } from "./keys.js";
 import { renderRolloutStrip } from "./rollout.js";
 import { artifactTokens, shownRow } from "./sinks.js";
 import { headChoices, markerAt, parseQuery, tokensAt } from "./state.js";
@@ -48,6 +49,7 @@ export function render(s, act) {
   renderRolloutStrip($("rollout-strip"), view, (l) => act.pick(l, "rollout"));
   renderCompare(s);
   renderHeadGrid($("head-grid"), view, act.pick);
+  for (const id of ["head-grid", "rollout-strip"]) syncRoving($(id), ".tile", selectedTile);
   renderMapsAblated(s); // the maps say when the Ablation view's heads are off
 }
 
@@ -57,6 +59,7 @@ export function renderSlow(s, act) {
     act.pick(l, h);
     $("overlay").scrollIntoView({ behavior: "smooth", block: "center" });
   });
+  syncRoving($("model-view"), ".tile", selectedTile);
   const els = analyticsEls();
   renderAnalytics(els, view && {
     ...view, entropyKind: s.entropyKind, sinkKind: s.sinkKind, simKind: s.simKind,
@@ -74,4 +77,14 @@ export function resized() {
   resizeCharts({ ...els, row: $("chart-row") });
 }
 
-export const mapsView = { name: "viewer", render, renderSlow, need };
+/** The tile that shows the current layer and head: the tile grid's Tab stop. */
+function selectedTile(tiles) {
+  return tiles.find((t) => t.classList.contains("selected"));
+}
+
+/** The tile grids (heads at a glance, rollout strip, model view): one Tab stop each, arrows inside. */
+function bind() {
+  for (const id of ["head-grid", "rollout-strip", "model-view"]) bindRoving($(id), ".tile", screenPos);
+}
+
+export const mapsView = { name: "viewer", render, renderSlow, need, bind };

@@ -53,6 +53,9 @@ export function renderViews(s) {
     const on = b.dataset.viewTab === view;
     b.setAttribute("aria-selected", on ? "true" : "false");
     b.classList.toggle("active", on);
+    // the WAI-ARIA tabs pattern: one Tab stop (the shown tab), the arrows move between tabs,
+    // except while focus is on another tab the arrows moved it to
+    if (!b.parentElement.contains(document.activeElement)) b.tabIndex = on ? 0 : -1;
   }
   for (const p of document.querySelectorAll("[data-view-panel]")) p.hidden = p.dataset.viewPanel !== view;
   document.body.dataset.view = view;
@@ -60,7 +63,33 @@ export function renderViews(s) {
 
 /** Wire the tab buttons: a click asks for that view (act.setView). */
 export function bindViews(act) {
-  for (const b of document.querySelectorAll("[data-view-tab]")) {
+  const tabs = [...document.querySelectorAll("[data-view-tab]")];
+  for (const b of tabs) {
     b.addEventListener("click", () => act.setView(b.dataset.viewTab));
+    const panel = document.querySelector(`[data-view-panel="${b.dataset.viewTab}"]`);
+    if (!b.id) b.id = `tab-${b.dataset.viewTab}`;
+    if (panel) {
+      if (!panel.id) panel.id = `${b.dataset.viewTab}-view`;
+      b.setAttribute("aria-controls", panel.id);
+      panel.setAttribute("aria-labelledby", b.id);
+    }
   }
+  // Arrows, Home and End move focus along the tabs (a wrap at the ends); Enter or Space shows
+  // the focused one (manual activation: a view can take a while to load).
+  const list = tabs.length ? tabs[0].closest("[role=tablist]") : null;
+  if (!list) return;
+  list.addEventListener("keydown", (e) => {
+    const i = tabs.indexOf(e.target);
+    if (i < 0 || e.ctrlKey || e.metaKey || e.altKey) return;
+    const n = tabs.length;
+    const to = { ArrowRight: (i + 1) % n, ArrowLeft: (i - 1 + n) % n, Home: 0, End: n - 1 }[e.key];
+    if (to === undefined) return;
+    e.preventDefault();
+    for (const t of tabs) t.tabIndex = t === tabs[to] ? 0 : -1;
+    tabs[to].focus();
+  });
+  list.addEventListener("focusout", (e) => {
+    if (list.contains(e.relatedTarget)) return;
+    for (const t of tabs) t.tabIndex = t.getAttribute("aria-selected") === "true" ? 0 : -1;
+  });
 }

@@ -17,6 +17,8 @@ import { ablateText, ablatedPairs } from "./state.js";
 import { longRequest, track } from "./long_requests.js";
 import { renderVerdict } from "./why_verdict.js";
 import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why_view.js";
+import { bindSaliencyKeys } from "./why_keys.js";
+import { renderFaithfulnessLive, renderFaithfulnessResults } from "./why_live.js";
 import { isWindowed } from "./windows.js";
 
 const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row
@@ -141,7 +143,7 @@ function targetOptions(why, output) {
     const b = why.box;
     return [
       ["output", "the whole output (mean saliency)"],
-      ["box", b ? `the box x ${b[0]}–${b[2]}, y ${b[1]}–${b[3]}` : "a box: draw one on the output", !b],
+      ["box", b ? `the box x ${b[0]}–${b[2]}, y ${b[1]}–${b[3]}` : "a box: draw one on the output (or with its keys)", !b],
     ];
   }
   if (output.kind === "classes") {
@@ -188,6 +190,7 @@ function render(s, act, shown) {
   setOptions($("relevance-target"), targetOptions(s.why, out));
   if (out) $("relevance-target").value = target && target.startsWith("box:") ? "box" : target || "box";
   renderWhyOutput($("why-output"), { answer: out, image: s.image, box: s.why.box, boxOn: !!target && target.startsWith("box:") });
+  bindSaliencyKeys($("why-output"), s, act, () => (out && out.kind === "saliency" ? (dataOf(s) || EMPTY).output : null));
   const mapKey = `${s.why.method}|${target}`;
   renderRelevance($("relevance-figure"), {
     image: s.image, answer: d.maps.get(mapKey) || null, loading: !d.maps.has(mapKey) && !d.failed.has(`map|${mapKey}`) && target !== null, role: "relevance",
@@ -201,17 +204,30 @@ function render(s, act, shown) {
   const noBox = out && out.kind === "saliency" && target === null;
   note.hidden = !(whole || noBox);
   note.textContent = noBox
-    ? "Drag on the model output to draw a box: the maps then explain the saliency inside it."
+    ? "Drag on the model output to draw a box (or focus it: arrows, Shift+arrows, Enter): the maps then explain the saliency inside it."
     : "The whole saliency map is a poor target: removing the patches the model looks at moves its saliency "
       + "elsewhere, so the total hardly falls and on the sample photos every map scored worse than random. "
-      + "Drag on the model output to draw a box and ask about one region.";
+      + "Drag on the model output to draw a box and ask about one region (without a mouse: Tab to the output, "
+      + "move the cell cursor with the arrows, grow a box with Shift+arrows, Enter).";
   const key = target === null ? "" : testKey(target, testedMethods(s.why.method), FRACTIONS[s.why.steps] ?? "");
   const asked = s.why.asked.includes(keyOf(s));
-  renderProgress($("faithfulness-progress"), key ? testProgress(d, key) : { state: "idle", fraction: 0 });
-  $("faithfulness-run").disabled = !key || d.loading.has(key) || d.tests.has(key);
+  const progress = key ? testProgress(d, key) : { state: "idle", fraction: 0 };
+  renderProgress($("faithfulness-progress"), progress);
+  renderRunButton($("faithfulness-run"), !key || d.loading.has(key) || d.tests.has(key));
   const test = key ? d.tests.get(key) || null : null;
   renderFaithfulness($("faithfulness-chart"), test, asked && key ? "Running the test…" : null);
+  renderFaithfulnessResults($("faithfulness-results"), test);
   renderVerdict($("why-verdict"), test, METHOD_NAMES, document.body.dataset.docsUrl || "");
+  renderFaithfulnessLive($("faithfulness-live"), progress, test);
+}
+
+/**
+ * "Run the test" off while it cannot run: aria-disabled, not disabled, so that focus stays on it
+ * after Enter (a disabled button drops focus to the page) and a screen reader reads it dimmed.
+ */
+function renderRunButton(button, off) {
+  button.setAttribute("aria-disabled", off ? "true" : "false");
+  button.classList.toggle("disabled", off);
 }
 
 /** Map pixels of the output figure under a pointer event (clamped to the map). */
@@ -228,7 +244,8 @@ function bind(act, s) {
   $("relevance-method").addEventListener("change", (e) => act.setIn("why", { method: e.target.value }));
   $("relevance-target").addEventListener("change", (e) => act.setIn("why", { target: e.target.value }));
   $("faithfulness-steps").addEventListener("change", (e) => act.setIn("why", { steps: e.target.value }));
-  $("faithfulness-run").addEventListener("click", () => {
+  $("faithfulness-run").addEventListener("click", (e) => {
+    if (e.currentTarget.getAttribute("aria-disabled") === "true") return;
     const key = keyOf(s);
     if (key) act.setIn("why", { asked: [...new Set([...s.why.asked, key])] });
   });

@@ -3,6 +3,7 @@
 // the picture, and the faithfulness chart. why.js owns the data.
 
 import { drawOver, mapCanvas } from "./ablation_view.js";
+import { paintColorbar } from "./colormaps.js";
 import { AXIS, LEGEND_BELOW, base, note, plotKeyed, plotlyReady, unavailable } from "./charts.js";
 
 export const METHOD_NAMES = {
@@ -13,6 +14,9 @@ export const METHOD_NAMES = {
   random: "random",
 };
 const COLOURS = { chefer: "#38bdf8", grad_attention: "#a78bfa", rollout: "#34d399", attention: "#fbbf24", random: "#94a3b8" };
+// A marker shape per method too: the curves stay apart without colour (deuteranopia mixes the
+// first two colours).
+export const SYMBOLS = { chefer: "circle", grad_attention: "square", rollout: "diamond", attention: "triangle-up", random: "x" };
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -116,6 +120,7 @@ export function renderRelevance(fig, view) {
     drawOver(canvas, view.image, map, 0.78);
     canvas.dataset.method = answer ? answer.method : "";
     canvas.dataset.target = answer ? answer.target : "";
+    renderMapColorbar(fig, answer);
   }
   if (!answer) {
     caption.textContent = view.loading ? "Computing the map (one forward and one backward pass)…" : "";
@@ -181,6 +186,24 @@ export function methodHint(method) {
     + `every target; the faithfulness test below says whether that explains the target.${common}`;
 }
 
+/** The colour bar under a map: inferno from 0 to the map's largest share (the colours are scaled to it). */
+function renderMapColorbar(fig, answer) {
+  const bar = fig.querySelector(".colorbar");
+  if (!bar) return;
+  bar.hidden = !answer;
+  if (!answer) return;
+  let max = 0;
+  for (const row of answer.relevance) for (const v of row) if (v > max) max = v;
+  const canvas = bar.querySelector("canvas");
+  if (!canvas.dataset.painted) {
+    paintColorbar(canvas, "inferno");
+    canvas.dataset.painted = "1";
+  }
+  bar.querySelector(".cb-min").textContent = "0";
+  bar.querySelector(".cb-max").textContent = max > 0 ? max.toPrecision(3) : "0";
+  bar.setAttribute("aria-label", `Colour scale: black 0 to bright yellow ${max > 0 ? max.toPrecision(3) : "0"} of the relevance`);
+}
+
 function curveName(method, sign, auc) {
   const a = auc === null || auc === undefined ? "–" : auc.toFixed(3);
   return `${METHOD_NAMES[method] || method} · AUC ${a}`;
@@ -199,7 +222,7 @@ export function renderFaithfulness(elm, answer, waiting) {
       traces.push({
         type: "scatter", mode: "lines+markers", x: answer.fractions, y: c[sign], xaxis: xa, yaxis: ya,
         name: `${sign === "positive" ? "+" : "−"} ${curveName(method, sign, auc)}`, legendgroup: method,
-        line: { color: colour, width: 2, dash }, marker: { size: 5 },
+        line: { color: colour, width: 2, dash }, marker: { size: 8, symbol: SYMBOLS[method] || "circle" },
         meta: { method, sign, auc },
         hovertemplate: `${METHOD_NAMES[method] || method}, ${sign}<br>%{x:.0%} removed: %{y:.3f} of the target<extra></extra>`,
       });
@@ -235,7 +258,5 @@ export function renderFaithfulness(elm, answer, waiting) {
     });
   const key = `faith|${answer.image_id}|${answer.model}|${answer.target}|${Object.keys(answer.methods)}|${answer.fractions}|${answer.ablate}|${narrow}`;
   plotKeyed(elm, key, traces, layout);
-  elm.setAttribute("aria-label", Object.entries(answer.methods)
-    .map(([m, c]) => `${m}: AUC positive ${c.auc_positive}, negative ${c.auc_negative}`).join("; "));
   return undefined;
 }

@@ -48,9 +48,10 @@ def guard(base_url) -> Guard:
     return Guard(origin=base_url)
 
 
-def guarded_context(browser, base_url, guard, viewport, pace):
-    """A browser context whose pages report to ``guard`` and may only reach the test server."""
-    context = browser.new_context(viewport=viewport, accept_downloads=True)
+def guarded_context(browser, base_url, guard, viewport, pace, **options):
+    """A browser context whose pages report to ``guard`` and may only reach the test server;
+    ``options`` go to Playwright's new_context (``device_scale_factor=2``: 200 % zoom)."""
+    context = browser.new_context(viewport=viewport, accept_downloads=True, **options)
     host = urlsplit(base_url).hostname
 
     def route(r):
@@ -104,11 +105,12 @@ def page(browser, base_url, guard, request, pace):
 
 @pytest.fixture
 def page_at(browser, base_url, guard, request, pace):
-    """Open guarded pages at other viewports: ``page_at(390, 844)`` (a phone) gives a new page."""
+    """Open guarded pages at other viewports: ``page_at(390, 844)`` (a phone) gives a new page;
+    ``page_at(640, 400, device_scale_factor=2)`` a 1280x800 window at 200 % zoom."""
     contexts = []
 
-    def make(width: int, height: int):
-        context = guarded_context(browser, base_url, guard, {"width": width, "height": height}, pace)
+    def make(width: int, height: int, **options):
+        context = guarded_context(browser, base_url, guard, {"width": width, "height": height}, pace, **options)
         contexts.append((context, f"-{width}x{height}"))
         return context.new_page()
 

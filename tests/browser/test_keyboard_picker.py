@@ -1,0 +1,65 @@
+"""The any-model picker without a mouse (#43), in real Chromium against a real --any-model server
+(offline hub: nothing is loaded here), keys only, at 1280x800 and at 200 % zoom: the page's arrow
+and Escape shortcuts stay out of the dialog (Escape closes it from a result, ArrowRight there leaves
+the head behind it alone), and axe-core finds no WCAG 2 / 2.1 A or AA violation with it open.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.keyboard import SCREENS, axe_violations, focus_in, focused, tab_to
+from helpers.page import open_page, upload, view
+from helpers.server import Server
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def picker_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf-keys")
+    srv = Server(
+        {
+            "HF_HOME": str(root / "home"),
+            "HF_HUB_CACHE": str(root / "hub"),
+            "HF_HUB_OFFLINE": "1",
+            "HEADSCOPE_MODEL": "random:test_vit",
+        },
+        args=["--any-model"],
+    )
+    yield srv
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+
+
+@pytest.fixture
+def base_url(picker_server) -> str:  # the page and its guard use this server
+    return picker_server.url
+
+
+@pytest.mark.parametrize("screen", ["1280x800", "zoom200"])
+def test_escape_and_arrows_in_the_model_picker_stay_in_the_dialog(page_at, base_url, samples, screen):
+    width, height, options = SCREENS[screen]
+    page = page_at(width, height, **options)
+    open_page(page, base_url)
+    before = upload(page, samples["cat"])
+    tab_to(page, "[data-testid=model-search-open]", most=10)
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=model-dialog]').open")
+    assert focused(page)["testid"] == "model-search"
+    page.locator("[data-testid=model-result]").first.wait_for()
+    page.keyboard.type("test_vit")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=model-result]').length === 3")
+    tab_to(page, "[data-testid=model-result]", most=5)
+    assert focus_in(page, "[data-testid=model-dialog]")
+    assert axe_violations(page) == []
+    # The arrows belong to the dialog: the head behind it stays.
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowUp")
+    assert (view(page)["layer"], view(page)["head"]) == (before["layer"], before["head"])
+    assert page.input_value("[data-testid=head]") == before["head"]
+    # Escape from a result closes the dialog; focus goes back to the button that opened it.
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => !document.querySelector('[data-testid=model-dialog]').open")
+    assert focused(page)["testid"] == "model-search-open"
+    assert view(page)["query"] == before["query"]  # the page's Escape (back to CLS) did not run either
