@@ -201,7 +201,7 @@ def predicted_boxes(lm: LoadedModel, x: torch.Tensor, amp_dtype: torch.dtype | N
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     with lm.lock, torch.inference_mode(), autocast(x.device.type, amp_dtype):
         out = head_output(lm, timm_model(lm).forward_features(x), hw)  # B, H, W saliency
-    boxes = []
+    boxes: list[tuple[int, ...]] = []
     for m in out.float():
         ys, xs = torch.nonzero(m >= REGION_SHARE * m.max(), as_tuple=True)
         boxes.append((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1))

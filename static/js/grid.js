@@ -23,6 +23,23 @@ function thumbSource(image, side) {
   return c;
 }
 
+/**
+ * Redraw a tile grid with rebuild() (which replaces its tiles) without losing keyboard focus: the
+ * tile of the same layer and head gets it back (a late answer redraws the grid under the keys).
+ */
+export function keepTileFocus(container, rebuild) {
+  const had = container.contains(document.activeElement) ? document.activeElement.closest(".tile") : null;
+  rebuild();
+  if (!had) return;
+  const tiles = [...container.querySelectorAll(".tile")];
+  const again = tiles.find((t) => t.dataset.layer === had.dataset.layer && t.dataset.head === had.dataset.head)
+    || tiles.find((t) => t.dataset.head === had.dataset.head) || tiles[0];
+  if (again) {
+    again.tabIndex = 0;
+    again.focus({ preventScroll: true });
+  }
+}
+
 export function makeTile(layer, head, caption) {
   const b = document.createElement("button");
   b.type = "button";
@@ -78,7 +95,7 @@ export function renderHeadGrid(container, view, onPick) {
   const drawKey = `${view.key}|${view.layer}|${view.store.has(view.query, "0")}|${view.store.has(view.query, "rollout", view.rollout)}`;
   if (container.dataset.key !== drawKey) {
     const tiles = view.heads.map((head) => makeTile(view.layer, head, true));
-    container.replaceChildren(...tiles);
+    keepTileFocus(container, () => container.replaceChildren(...tiles));
     const gap = 8;
     const chrome = 8; // tile padding + border
     const width = Math.max(84, Math.min(150, Math.floor((container.clientWidth - gap * (tiles.length - 1)) / tiles.length) - chrome));
@@ -141,7 +158,7 @@ export function renderModelView(container, view, onPick) {
         cells.push(t);
       }
     }
-    container.replaceChildren(...cells);
+    keepTileFocus(container, () => container.replaceChildren(...cells));
     container.dataset.key = drawKey;
   }
   markSelected(container, view.layer, view.head, false);

@@ -3,7 +3,7 @@
 // controls of the rollout (start layer, head fusion, discard ratio). A click opens that layer.
 
 import { $, setOptions } from "./dom.js";
-import { drawTile, makeTile } from "./grid.js";
+import { drawTile, keepTileFocus, makeTile } from "./grid.js";
 import { fit } from "./overlay.js";
 import { FUSIONS } from "./state.js";
 
@@ -42,7 +42,7 @@ export function renderRolloutStrip(container, view, onPick) {
   if (container.dataset.key !== drawKey) {
     const layers = Array.from({ length: L - start }, (_, i) => start + i);
     const tiles = layers.map((l) => makeTile(l, "rollout", true));
-    container.replaceChildren(...tiles);
+    keepTileFocus(container, () => container.replaceChildren(...tiles));
     const gap = 6;
     const chrome = 8;
     const width = Math.max(56, Math.min(130, Math.floor((container.clientWidth - gap * (tiles.length - 1)) / tiles.length) - chrome));
