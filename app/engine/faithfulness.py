@@ -9,8 +9,11 @@ region perturbation), on one picture, for one target (:mod:`app.engine.relevance
   descending) or least relevant (negative: sorted ascending) are set to 0 in the model's
   **normalised** input, i.e. to the data set's mean colour; ties, either way, take the lower
   patch index first;
-* the curve is ``y(perturbed) / y(unperturbed)``; at ``f = 0`` nothing is removed and it is 1
-  (NaN at every other fraction if ``y(unperturbed)`` is exactly 0: a logit can be);
+* the curve is ``s(perturbed) / s(unperturbed)`` with ``s`` the target's score
+  (:meth:`~app.engine.relevance.Target.score`): for a class the softmax probability of that
+  class, for the other targets their value; ``s`` is positive, so the curve keeps its meaning
+  whatever the sign of a logit. At ``f = 0`` nothing is removed and it is 1 (NaN at every other
+  fraction if ``s(unperturbed)`` is exactly 0);
 * AUC is the trapezoid over the fractions, the point ``f = 0`` (curve 1) included whether or not
   the fractions list it. Default fractions 0, 0.1, ..., 0.9 (the perturbation test's own).
 
@@ -164,9 +167,11 @@ class Curves:
 class Faithfulness:
     """The perturbation test of one picture for one target.
 
-    ``y``: the target's unperturbed value (the denominator of every curve); ``forwards``: the
-    model forwards it took (the unperturbed picture included); ``class_index``: the class of a
-    ``top``/``class`` target.
+    ``y``: the target's unperturbed value; ``score``: what the curves divide (``probability``:
+    the class's softmax probability, for ``top``/``class`` targets; ``target``: ``y`` itself) and
+    ``score0`` its unperturbed value, every curve's denominator; ``forwards``: the model forwards
+    it took (the unperturbed picture included); ``class_index``: the class of a ``top``/``class``
+    target.
     """
 
     fractions: list[float]
@@ -177,12 +182,16 @@ class Faithfulness:
     forwards: int
     batch_size: int
     class_index: int | None = None
+    score: str = "target"
+    score0: float = math.nan
 
     def as_dict(self) -> dict:
         return {
             "fractions": self.fractions,
             "target": self.target,
             "y": self.y,
+            "score": self.score,
+            "score0": self.score0,
             "class_index": self.class_index,
             "num_patches": self.num_patches,
             "forwards": self.forwards,
@@ -301,7 +310,7 @@ class PerturbationTest:
             self._reference, out = out[:1], out[1:]
         if idx:
             assert self._reference is not None  # the first batch brought it, or the caller did
-            for i, v in zip(idx, self.target.value(out, self._reference).tolist()):
+            for i, v in zip(idx, self.target.score(out, self._reference).tolist()):
                 self._values[i] = v
         self.done += len(batch)
         return not self.finished
@@ -313,7 +322,8 @@ class PerturbationTest:
         ref = self._reference
         assert ref is not None
         y0 = float(self.target.value(ref, ref)[0])
-        ys = [v / y0 if y0 != 0 else math.nan for v in self._values]
+        s0 = float(self.target.score(ref, ref)[0])
+        ys = [v / s0 if s0 != 0 else math.nan for v in self._values]
         curves = {}
         for name in self.methods:
             c = {d: [1.0 if k == 0 else ys[self._item[(name, d, k)]] for k in self.counts] for d in DIRECTIONS}
@@ -334,6 +344,8 @@ class PerturbationTest:
             forwards=self.total,
             batch_size=self.batch_size,
             class_index=classes[0] if classes else None,
+            score=self.target.score_name,
+            score0=s0,
         )
 
 

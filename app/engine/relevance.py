@@ -153,6 +153,27 @@ class Target:
         e0 = ref.expand_as(out)  # B, D
         return (out * e0).sum(-1) / (e0 * e0).sum(-1)
 
+    def score(self, out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """What the perturbation test's curve divides: ``[B]``, positive for every input.
+
+        Classes: the target class's softmax probability (a logit's sign is arbitrary: with a
+        negative logit ``y / y0`` falls when the logit rises towards 0, which reads backwards).
+        Saliency: :meth:`value` (a mean of a sigmoid map, in (0, 1)). Embedding: :meth:`value`
+        (1 for the unperturbed picture).
+        """
+        if self.kind not in ("class", "top"):
+            return self.value(out, ref)
+        idx = torch.tensor(self.class_index(ref), device=out.device)
+        if idx.numel() != out.shape[0]:
+            idx = idx[:1].expand(out.shape[0])
+        # float64: a confident model's other classes underflow float32 (a logit gap of 104 is 1e-45)
+        return out.double().softmax(-1).gather(-1, idx[:, None])[:, 0]
+
+    @property
+    def score_name(self) -> str:
+        """``probability`` (classes) or ``target`` (the value itself): what the curve measures."""
+        return "probability" if self.kind in ("class", "top") else "target"
+
     def class_index(self, ref: torch.Tensor) -> list[int] | None:
         """The class y is the logit of, per image (``class`` and ``top``), else None."""
         if self.kind == "class":

@@ -372,9 +372,11 @@ class RelevanceResponse(BaseModel):
 
 class FaithfulnessCurves(BaseModel):
     positive: list[float | None] = Field(
-        description="y(most relevant patches removed) / y at each fraction: lower is better (null when y = 0)"
+        description="protocol=live: score(most relevant patches removed) / score0 at each fraction (see `score`); "
+        "protocol=paper: 1 where the top-1 prediction is still the target's class, else 0; lower is better "
+        "(null when score0 = 0)"
     )
-    negative: list[float | None] = Field(description="y(least relevant removed) / y: higher is better")
+    negative: list[float | None] = Field(description="the same with the least relevant removed first: higher is better")
     auc_positive: float | None = Field(description="trapezoid area under `positive`, (0, 1) included")
     auc_negative: float | None
     removed: list[int] = Field(description="patches removed at each fraction: floor(f x patches)")
@@ -387,7 +389,12 @@ class FaithfulnessResponse(BaseModel):
     image_id: str
     kind: Literal["saliency", "classes", "embedding"]
     target: str
-    y: float = Field(description="the target's unperturbed value (every curve's denominator)")
+    y: float = Field(description="the target's unperturbed value")
+    score: Literal["probability", "target"] = Field(
+        description="what the curves measure: `probability` (class targets: the class's softmax probability, "
+        "positive whatever the logit's sign) or `target` (y itself: saliency means, the embedding target)"
+    )
+    score0: float = Field(description="the score of the unperturbed picture: every curve's denominator")
     class_index: int | None
     class_label: str | None
     fractions: list[float]
