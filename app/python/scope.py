@@ -327,6 +327,7 @@ class Scope:
         target: str | None = None,
         fractions: Any = None,
         ablate: Any = None,
+        protocol: str = "live",
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """The perturbation test of each method's relevance map: remove the most (``positive``)
         or least (``negative``) relevant patches and watch the target; the curves and their AUC.
@@ -336,21 +337,28 @@ class Scope:
             target: as for `relevance`.
             fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
             ablate: heads removed first (maps and perturbed forwards alike).
+            protocol: ``live`` (patches, mean-colour fill, the score's ratio) or ``paper``
+                (Chefer et al. 2021: pixels, black fill, top-1 hits, AUC in percent; class
+                targets only).
         """
-        from ..engine.faithfulness import faithfulness, parse_fractions
-        from ..engine.relevance import parse_methods, relevance
+        from ..engine.faithfulness import check_protocol, faithfulness, parse_fractions, parse_protocol
+        from ..engine.relevance import parse_methods, parse_target, relevance
         from ..engine.relevance import refuse_windowed as refuse_relevance
 
         refuse_relevance(self.lm)
         names = parse_methods(methods)
         fracs = parse_fractions(fractions)
+        proto = parse_protocol(protocol)
+        check_protocol(proto, self.lm, parse_target(target, self.lm))
         pairs = self.lm.ablation(P.ablate(ablate))
         out = []
         for it in self._read(image):
             x = it.prep.pixels[None].to(self.device)
             with self.computing():
                 rel = relevance(self.lm, x, target, names, amp_dtype=self.amp_dtype, ablate=pairs)[0]
-                res = faithfulness(self.lm, x[0], rel.maps, rel.target, fracs, amp_dtype=self.amp_dtype, ablate=pairs)
+                res = faithfulness(
+                    self.lm, x[0], rel.maps, rel.target, fracs, amp_dtype=self.amp_dtype, ablate=pairs, protocol=proto
+                )
             out.append(
                 {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
             )

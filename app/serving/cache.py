@@ -97,6 +97,7 @@ class FaithfulnessKey:
     methods: tuple[str, ...]
     fractions: tuple[float, ...]
     seed: int
+    protocol: str = "live"
 
 
 class ByteLRU:

@@ -123,6 +123,14 @@ class FaithfulnessQuery(BaseModel):
     )
     seed: int = _SEED
     ablate: Ablate = ""
+    protocol: Literal["live", "paper"] = Field(
+        "live",
+        description="`live` (the default: patches removed and set to the mean colour, each curve the target's score "
+        "over its unperturbed value: a class's softmax probability, else the target) or `paper` (Chefer et al. "
+        "2021's protocol: the map upsampled bilinearly to pixels, pixels set to black before normalisation, each "
+        "point 1 where the top-1 class is still the target's class, else 0; AUC trapz(y, x) * 100, in percent; "
+        "class targets only). docs/relevance.md says where they differ",
+    )
 
 
 class FaithfulnessParams(FaithfulnessQuery):
@@ -161,20 +169,32 @@ class FaithfulnessSpec:
     fractions: tuple[float, ...]
     seed: int
     ablate: Ablation
+    protocol: str = faith.DEFAULT_PROTOCOL
 
     def key(self, image_id: str, model_id: str) -> FaithfulnessKey:
         seed = self.seed if "random" in self.methods else 0
         return FaithfulnessKey(
-            image_id, model_id, self.ablate, str(self.target), tuple(sorted(self.methods)), self.fractions, seed
+            image_id,
+            model_id,
+            self.ablate,
+            str(self.target),
+            tuple(sorted(self.methods)),
+            self.fractions,
+            seed,
+            self.protocol,
         )
 
 
 def faithfulness_spec(lm: LoadedModel, q: FaithfulnessQuery) -> FaithfulnessSpec:
-    """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate; a windowed model)."""
+    """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate, protocol; a
+    windowed model)."""
     methods = parse_methods(q.methods)
     fractions = faith.parse_fractions(q.fractions)
     refuse_windowed(lm)
-    return FaithfulnessSpec(methods, parse_target(q.target, lm), fractions, q.seed, lm.ablation(q.ablate))
+    target = parse_target(q.target, lm)
+    protocol = faith.parse_protocol(q.protocol)
+    faith.check_protocol(protocol, lm, target)
+    return FaithfulnessSpec(methods, target, fractions, q.seed, lm.ablation(q.ablate), protocol)
 
 
 # -- the computations (any thread; the server runs them on its worker) ---------------------------
@@ -281,6 +301,7 @@ def _new_test(
         batch_size=batch_size,
         amp_dtype=amp_dtype,
         ablate=spec.ablate,
+        protocol=spec.protocol,
     )
 
 

@@ -24,7 +24,14 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from ..engine.faithfulness import DEFAULT_BATCH, faithfulness, parse_fractions
+from ..engine.faithfulness import (
+    DEFAULT_BATCH,
+    DEFAULT_PROTOCOL,
+    check_protocol,
+    faithfulness,
+    parse_fractions,
+    parse_protocol,
+)
 from ..engine.model import LoadedModel
 from ..engine.relevance import (
     TargetError,
@@ -48,18 +55,24 @@ class FaithfulnessPlan:
         target: the target's spelling (None: the model's default).
         fractions: the fractions of patches removed.
         seed: the random map's seed.
+        protocol: ``live`` or ``paper`` (:class:`app.engine.faithfulness.PerturbationTest`).
     """
 
     methods: tuple[str, ...]
     target: str | None = None
     fractions: tuple[float, ...] = ()
     seed: int = 0
+    protocol: str = DEFAULT_PROTOCOL
 
     @classmethod
     def parse(
-        cls, methods: str | Sequence[str], target: str | None = None, fractions: str | Sequence[float] | None = None
+        cls,
+        methods: str | Sequence[str],
+        target: str | None = None,
+        fractions: str | Sequence[float] | None = None,
+        protocol: str | None = None,
     ) -> FaithfulnessPlan:
-        """Check what needs no model (raises MethodError, FractionsError, TargetError)."""
+        """Check what needs no model (raises MethodError, FractionsError, TargetError, ProtocolError)."""
         names = parse_methods(methods)
         text = (target or "").strip().lower().replace(" ", "") or None
         if text is not None and text.split(":", 1)[0] not in TARGET_HEADS:
@@ -67,22 +80,28 @@ class FaithfulnessPlan:
                 f"target {text[:40]!r}: unknown; use output or box:X0,Y0,X1,Y1 (saliency), top or class:N "
                 "(classes), embedding"
             )
-        return cls(names, text, parse_fractions(fractions))
+        return cls(names, text, parse_fractions(fractions), protocol=parse_protocol(protocol))
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> FaithfulnessPlan:
-        return cls(tuple(meta["methods"]), meta["target"], tuple(meta["fractions"]), int(meta["seed"]))
+        protocol = meta.get("protocol", DEFAULT_PROTOCOL)
+        return cls(tuple(meta["methods"]), meta["target"], tuple(meta["fractions"]), int(meta["seed"]), protocol)
 
     def meta(self) -> dict[str, Any]:
         """What decides the table's values (in the survey's metadata; compared on ``--resume``)."""
         fractions = list(self.fractions)
-        return {"methods": list(self.methods), "target": self.target, "fractions": fractions, "seed": self.seed}
+        out = {"methods": list(self.methods), "target": self.target, "fractions": fractions, "seed": self.seed}
+        if self.protocol != DEFAULT_PROTOCOL:  # absent: surveys written before the option resume as they were
+            out["protocol"] = self.protocol
+        return out
 
     def resolve(self, lm: LoadedModel) -> str:
-        """The target against the model: its normalised spelling (raises TargetError,
+        """The target against the model: its normalised spelling (raises TargetError, ProtocolError,
         RelevanceUnsupportedError for a windowed model)."""
         refuse_windowed(lm)
-        return str(parse_target(self.target, lm))
+        target = parse_target(self.target, lm)
+        check_protocol(self.protocol, lm, target)
+        return str(target)
 
     def table(
         self,
@@ -113,7 +132,14 @@ class FaithfulnessPlan:
         for name, pixels, rel in zip(images, x, rels):
             with lm.lock:
                 res = faithfulness(
-                    lm, pixels, rel.maps, rel.target, self.fractions, batch_size=batch_size, amp_dtype=amp_dtype
+                    lm,
+                    pixels,
+                    rel.maps,
+                    rel.target,
+                    self.fractions,
+                    batch_size=batch_size,
+                    amp_dtype=amp_dtype,
+                    protocol=self.protocol,
                 )
             for method in self.methods:
                 c = res.methods[method]
@@ -130,6 +156,8 @@ class FaithfulnessPlan:
                 rows["removed"].append(c.removed)
                 rows["num_patches"].append(res.num_patches)
                 rows["seed"].append(self.seed if method == "random" else None)
+                rows["protocol"].append(res.protocol)
+                rows["score0"].append(res.score0)
         return pa.table(rows, schema=schema.FAITHFULNESS), []
 
 

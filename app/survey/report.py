@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .faithfulness_table import HEADER, cells, summarise
+from .faithfulness_table import HEADER, PAPER_HEADER, cells, paper_rows, summarise
 from .output import read_failures, read_faithfulness, read_table, survey_meta
 
 QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
@@ -281,7 +281,23 @@ def faithfulness_section(tests: pa.Table) -> str:
         + '<div class="card" id="faithfulness-table">'
         + _table(HEADER, [cells(s) for s in summaries])
         + "</div>"
+        + _paper_section(summaries)
         + _fig_html(fig, "fig-faithfulness")
+    )
+
+
+def _paper_section(summaries) -> str:
+    """The ``--protocol paper`` rows in the paper's units beside its Table 1 ('' without them)."""
+    rows = paper_rows(summaries)
+    if not rows:
+        return ""
+    return (
+        '<p class="note">With <code>--protocol paper</code> (Chefer et al. 2021\'s protocol: pixels of the bilinearly '
+        "upsampled map set to black, top-1 hits of the target's class, AUC = trapz(y, x) &times; 100), in the paper's "
+        "units beside its Table 1 (ViT-B/16, ImageNet validation set, predicted class). Headscope has no labels: "
+        "for <code>top</code> a hit is the unperturbed prediction surviving (x = 0 scores 1, the paper's x = 0 is "
+        "the model's accuracy), so compare rankings of methods, not the digits, unless your pictures and model are "
+        "the paper's.</p>" + '<div class="card" id="faithfulness-paper">' + _table(PAPER_HEADER, rows) + "</div>"
     )
 
 

@@ -86,6 +86,10 @@ FAITHFULNESS = pa.schema(
         pa.field("removed", pa.list_(pa.int32()), nullable=False),  # patches removed at each fraction
         pa.field("num_patches", pa.int32(), nullable=False),
         pa.field("seed", pa.int32()),  # method=random: the map's seed
+        # live (patches, mean-colour fill, score ratios) or paper (Chefer et al. 2021: pixels, black, top-1 hits,
+        # AUC in percent); null in tables written before the option: live
+        pa.field("protocol", pa.string()),
+        pa.field("score0", pa.float64()),  # live: every curve's denominator; paper: the clean picture's hit
     ]
 )
 

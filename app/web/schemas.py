@@ -377,9 +377,14 @@ class FaithfulnessCurves(BaseModel):
         "(null when score0 = 0)"
     )
     negative: list[float | None] = Field(description="the same with the least relevant removed first: higher is better")
-    auc_positive: float | None = Field(description="trapezoid area under `positive`, (0, 1) included")
+    auc_positive: float | None = Field(
+        description="trapezoid area under `positive`; live: (0, 1) included; paper: (0, score0) included, times 100 "
+        "(percent, the paper's units)"
+    )
     auc_negative: float | None
-    removed: list[int] = Field(description="patches removed at each fraction: floor(f x patches)")
+    removed: list[int] = Field(
+        description="removed at each fraction: live, patches (floor(f x patches)); paper, pixels (int(f x pixels))"
+    )
 
 
 class FaithfulnessResponse(BaseModel):
@@ -390,11 +395,15 @@ class FaithfulnessResponse(BaseModel):
     kind: Literal["saliency", "classes", "embedding"]
     target: str
     y: float = Field(description="the target's unperturbed value")
-    score: Literal["probability", "target"] = Field(
-        description="what the curves measure: `probability` (class targets: the class's softmax probability, "
-        "positive whatever the logit's sign) or `target` (y itself: saliency means, the embedding target)"
+    protocol: Literal["live", "paper"] = Field(description="the perturbation protocol the curves follow")
+    score: Literal["probability", "target", "top1"] = Field(
+        description="what the curves measure: `probability` (live, class targets: the class's softmax probability, "
+        "positive whatever the logit's sign), `target` (live: y itself, saliency means and the embedding target) "
+        "or `top1` (paper: 1 while the top-1 class is the target's class, else 0)"
     )
-    score0: float = Field(description="the score of the unperturbed picture: every curve's denominator")
+    score0: float = Field(
+        description="the score of the unperturbed picture: live, every curve's denominator; paper, the curve at x = 0"
+    )
     class_index: int | None
     class_label: str | None
     fractions: list[float]

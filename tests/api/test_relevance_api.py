@@ -316,3 +316,28 @@ def test_windowed_models_are_refused_with_the_reason(why, samples):
         r = get(why, f"{API}/{image_id}/{path}", model=SWIN_V1)
         assert_error(r, 422, "relevance_unsupported")
         assert "windowed" in r.json()["error"]["message"] and "Swin" in r.json()["error"]["message"]
+
+
+def test_the_papers_protocol_is_a_named_choice(why, clf_lm, samples):
+    """protocol=paper equals the engine's paper protocol; it is its own cache entry; a saliency
+    model refuses it (422 bad_protocol: it scores top-1 hits), an unknown protocol is 422."""
+    from headscope.engine.faithfulness import faithfulness
+
+    data = fresh_photo(samples["cat"], 41)
+    image_id = post(why, data, "cat.png", model=CLF, layers="-1")["image_id"]
+    x = pixels(clf_lm, data)
+    maps = {"chefer": tensor_of(rel(why, image_id, model=CLF))}
+    live = faith(why, image_id, model=CLF, methods="chefer", fractions="0,0.3,0.6")
+    paper = faith(why, image_id, model=CLF, methods="chefer", fractions="0,0.3,0.6", protocol="paper")
+    assert live["protocol"] == "live" and live["score"] == "probability"
+    assert paper["protocol"] == "paper" and paper["score"] == "top1" and paper["score0"] == 1.0
+    want = faithfulness(clf_lm, x, maps, "top", [0, 0.3, 0.6], protocol="paper")
+    got = paper["methods"]["chefer"]
+    assert got["positive"] == want.methods["chefer"].positive and set(got["positive"]) <= {0.0, 1.0}
+    assert got["auc_positive"] == pytest.approx(want.methods["chefer"].auc_positive)
+    assert got["removed"] == [0, int(0.3 * x.shape[-2] * x.shape[-1]), int(0.6 * x.shape[-2] * x.shape[-1])]
+    saliency_id = post(why, fresh_photo(samples["cat"], 42), "cat.png", layers="-1")["image_id"]
+    r = get(why, f"{API}/{saliency_id}/faithfulness", protocol="paper")
+    assert_error(r, 422, "bad_protocol")
+    assert "class target" in r.json()["error"]["message"]
+    assert_error(get(why, f"{API}/{image_id}/faithfulness", model=CLF, protocol="ours"), 422, "invalid_parameter")

@@ -187,7 +187,7 @@ def test_resume_skips_what_is_done_and_repairs_a_half_written_flush(tiny, tiny_s
 
 
 def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny_settings, tmp_path):
-    from headscope.engine.faithfulness import FractionsError
+    from headscope.engine.faithfulness import FractionsError, ProtocolError
     from headscope.engine.relevance import MethodError, RelevanceUnsupportedError, TargetError
 
     out = tmp_path / "x.parquet"
@@ -197,6 +197,8 @@ def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny
         (dict(faithfulness="chefr"), MethodError, "method 'chefr': unknown"),
         (dict(fractions="0,2"), FractionsError, r"outside \[0, 1\)"),
         (dict(faithfulness=None, target="top"), ValueError, "belong to --faithfulness"),
+        (dict(protocol="paper"), ProtocolError, "class target"),  # an embedding model: no top-1 to score
+        (dict(protocol="theirs"), ProtocolError, "unknown"),
     ]
     for more, error, words in cases:
         with pytest.raises(error, match=words):
