@@ -428,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--faithfulness",
         metavar="METHODS",
         help="also the perturbation test of these relevance maps, e.g. chefer,grad_attention,attention,rollout,"
-        "random: AUCs and curves per picture and method in a second table beside OUT "
+        "random (also chefer2021, attnlrp): AUCs and curves per picture and method in a second table beside OUT "
         "(survey.parquet -> survey.faithfulness.parquet); slower: about 2 forwards per method and fraction",
     )
     v.add_argument(

@@ -283,7 +283,9 @@ class Scope:
         """A relevance map for one scalar of the model's output (Chefer et al. 2021 and baselines).
 
         Args:
-            method: ``chefer``, ``grad_attention``, ``rollout``, ``attention`` or ``random``.
+            method: ``chefer`` (the GAE rule, ICCV 2021), ``grad_attention``, ``rollout``,
+                ``attention``, ``random``, ``chefer2021`` (the CVPR 2021 rule: LRP x gradient,
+                rolled out) or ``attnlrp`` (AttnLRP, ICML 2024; signed).
             target: ``output`` / ``box:X0,Y0,X1,Y1`` (saliency), ``top`` / ``class:N``
                 (classes), ``embedding``; None for the model's default.
             ablate: heads removed first.

@@ -343,7 +343,7 @@ class RelevanceResponse(BaseModel):
     model: str
     image_id: str
     kind: Literal["saliency", "classes", "embedding"] = Field(description="the model's output kind")
-    method: Literal["chefer", "grad_attention", "rollout", "attention", "random"]
+    method: Literal["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp"]
     method_text: str = Field(description="the method's definition in one line")
     target: str = Field(description="the target explained, normalised (`output`, `box:X0,Y0,X1,Y1`, ...)")
     y: float = Field(description="the target's value for this picture")

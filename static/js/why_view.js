@@ -11,8 +11,13 @@ export const METHOD_NAMES = {
   rollout: "rollout",
   attention: "raw attention",
   random: "random",
+  chefer2021: "Chefer et al. 2021 (LRP)",
+  attnlrp: "AttnLRP",
 };
-const COLOURS = { chefer: "#38bdf8", grad_attention: "#a78bfa", rollout: "#34d399", attention: "#fbbf24", random: "#94a3b8" };
+const COLOURS = {
+  chefer: "#38bdf8", grad_attention: "#a78bfa", rollout: "#34d399", attention: "#fbbf24", random: "#94a3b8",
+  chefer2021: "#f472b6", attnlrp: "#fb923c",
+};
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);

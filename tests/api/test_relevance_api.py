@@ -341,3 +341,20 @@ def test_the_papers_protocol_is_a_named_choice(why, clf_lm, samples):
     assert_error(r, 422, "bad_protocol")
     assert "class target" in r.json()["error"]["message"]
     assert_error(get(why, f"{API}/{image_id}/faithfulness", model=CLF, protocol="ours"), 422, "invalid_parameter")
+
+
+def test_the_lrp_methods_are_served_and_tested_on_demand(why, clf_lm, samples):
+    """method=chefer2021 and method=attnlrp equal the engine's maps (each its own forward under
+    its rules, computed only when asked for), and the faithfulness test takes them by name."""
+    from headscope.engine.relevance import relevance
+
+    data = fresh_photo(samples["astronaut"], 43)
+    image_id = post(why, data, "astronaut.png", model=CLF, layers="-1")["image_id"]
+    x = pixels(clf_lm, data)
+    want = relevance(clf_lm, x[None], None, ["chefer2021", "attnlrp"])[0]
+    for method in ("chefer2021", "attnlrp"):
+        body = rel(why, image_id, model=CLF, method=method)
+        assert body["method"] == method and "Achtibat" in body["method_text"] or "CVPR 2021" in body["method_text"]
+        np.testing.assert_allclose(grid_of(body), want.maps[method].numpy(), rtol=1e-4, atol=1e-6)
+    test = faith(why, image_id, model=CLF, methods="chefer2021,attnlrp,random", fractions="0,0.5")
+    assert list(test["methods"]) == ["chefer2021", "attnlrp", "random"]
