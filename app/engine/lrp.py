@@ -66,11 +66,11 @@ class _Identity(Function):
     """``fn(x)`` forward; relevance passes unchanged."""
 
     @staticmethod
-    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:
         return fn(x)
 
     @staticmethod
-    def backward(ctx, r: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, r: torch.Tensor):
         return None, r
 
 
@@ -78,13 +78,13 @@ class _Lrp0(Function):
     """A parameter-free linear map ``fn`` (mean, interpolation): ``x * J^T (R / fn(x))``."""
 
     @staticmethod
-    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:
         ctx.fn = fn
         ctx.save_for_backward(x)
         return fn(x)
 
     @staticmethod
-    def backward(ctx, r: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, r: torch.Tensor):
         (x,) = ctx.saved_tensors
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
@@ -97,13 +97,13 @@ class _AlphaBeta(Function):
     """``op(x, w) + b`` forward (linear, convolutions); relevance by alpha-beta with alpha 1."""
 
     @staticmethod
-    def forward(ctx, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         ctx.op = op
         ctx.save_for_backward(x, w)
         return op(x, w, b)
 
     @staticmethod
-    def backward(ctx, r: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, r: torch.Tensor):
         x, w = ctx.saved_tensors
         with torch.enable_grad():
             px = x.detach().clamp(min=0).requires_grad_(True)
@@ -120,13 +120,13 @@ class _Product(Function):
     factor's ``x * grad`` for ``R / Z``, halved."""
 
     @staticmethod
-    def forward(ctx, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.op = op
         ctx.save_for_backward(a, b)
         return op(a, b)
 
     @staticmethod
-    def backward(ctx, r: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, r: torch.Tensor):
         a, b = ctx.saved_tensors
         with torch.enable_grad():
             ag, bg = a.detach().requires_grad_(True), b.detach().requires_grad_(True)
@@ -139,12 +139,12 @@ class _Add(Function):
     """``a + b`` of two relevance-carrying tensors: the authors' ``Add`` rule, per picture."""
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(a, b)
         return a + b
 
     @staticmethod
-    def backward(ctx, r: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, r: torch.Tensor):
         a, b = ctx.saved_tensors
         s = safe_divide(r, (a + b).detach())
         ra, rb = a * s, b * s
@@ -173,12 +173,12 @@ class _ScaleGrad(Function):
     """Identity forward; the gradient divided by ``factor`` (the uniform rule)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
         ctx.factor = factor
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, g: torch.Tensor):
         return g / ctx.factor, None
 
 
@@ -257,8 +257,8 @@ class RelevanceMode(TorchFunctionMode):
         if func in (torch.Tensor.mul_, torch.Tensor.div, torch.div, torch.Tensor.__truediv__):
             a = args[0]
             if _grad(a) and not (len(args) > 1 and _grad(args[1])):
-                op = torch.Tensor.mul if func is torch.Tensor.mul_ else func
-                return _Identity.apply(lambda t: op(t, *args[1:], **kwargs), a)
+                scale: Callable[..., Any] = torch.Tensor.mul if func is torch.Tensor.mul_ else func
+                return _Identity.apply(lambda t: scale(t, *args[1:], **kwargs), a)
             return func(*args, **kwargs)
         if func in (torch.Tensor.add, torch.add, torch.Tensor.__add__) and len(args) == 2 and not kwargs:
             a, b = args
@@ -285,13 +285,9 @@ class RelevanceMode(TorchFunctionMode):
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros(attn_mask.shape, device=q.device).masked_fill(~attn_mask, float("-inf"))
         if self.rules == "attnlrp":
+            # the rules sit around the fused kernel (its gradient is the softmax's): no N x N map
             q, k, v = _ScaleGrad.apply(q, 4.0), _ScaleGrad.apply(k, 4.0), _ScaleGrad.apply(v, 2.0)
-            s = (q * scale) @ k.transpose(-2, -1)  # B, H, N, N
-            if attn_mask is not None:
-                s = s + attn_mask
-            a = s.softmax(-1)
-            self.maps.append(a)
-            return a @ v
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
         qs = _Identity.apply(lambda t: t * scale, q)
         s = _Product.apply(torch.matmul, qs, k.transpose(-2, -1))  # B, H, N, N
         if attn_mask is not None:
