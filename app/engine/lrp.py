@@ -61,6 +61,12 @@ def safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a / den * b.ne(0).type(b.type())
 
 
+def _saveable(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Tensors made in inference mode (a position table cached by an earlier served forward)
+    cannot be saved for a backward: a normal copy of those."""
+    return tuple(t.clone() if t is not None and t.is_inference() else t for t in ts)
+
+
 # -- chefer2021: explicit relevance functions ------------------------------------------------
 class _Identity(Function):
     """``fn(x)`` forward; relevance passes unchanged."""
@@ -80,7 +86,7 @@ class _Lrp0(Function):
     @staticmethod
     def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:
         ctx.fn = fn
-        ctx.save_for_backward(x)
+        ctx.save_for_backward(*_saveable(x))
         return fn(x)
 
     @staticmethod
@@ -99,7 +105,7 @@ class _AlphaBeta(Function):
     @staticmethod
     def forward(ctx, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         ctx.op = op
-        ctx.save_for_backward(x, w)
+        ctx.save_for_backward(*_saveable(x, w))
         return op(x, w, b)
 
     @staticmethod
@@ -122,7 +128,7 @@ class _Product(Function):
     @staticmethod
     def forward(ctx, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.op = op
-        ctx.save_for_backward(a, b)
+        ctx.save_for_backward(*_saveable(a, b))
         return op(a, b)
 
     @staticmethod
@@ -140,7 +146,7 @@ class _Add(Function):
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(a, b)
+        ctx.save_for_backward(*_saveable(a, b))
         return a + b
 
     @staticmethod

@@ -88,3 +88,21 @@ def test_every_family_gets_both_lrp_maps_batch_or_alone(name):
         torch.testing.assert_close(both[1].maps[m], alone.maps[m], rtol=1e-4, atol=1e-6)
     assert float(both[0].maps["attnlrp"].sum().abs()) == pytest.approx(1.0, abs=1e-5)
     assert {"chefer2021", "attnlrp"} <= set(METHODS)
+
+
+def test_the_lrp_maps_run_from_inside_inference_mode_after_a_served_forward():
+    """A serving thread runs in inference mode, and an earlier forward may have cached tensors
+    made in it (the default model's position table): the LRP forward copies those it saves."""
+    from pathlib import Path
+
+    from headscope.engine.output import head_output
+    from headscope.zoo.loaders import load_embedded
+
+    lm = load_embedded(Path(__file__).resolve().parents[3] / "models")
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 56, 70)
+    with torch.inference_mode():
+        head_output(lm, lm.model.forward_features(x), (56, 70))
+        rel = relevance(lm, x.clone(), "box:10,10,40,30", ["chefer2021", "attnlrp"])[0]
+    for m in ("chefer2021", "attnlrp"):
+        assert torch.isfinite(rel.maps[m]).all() and rel.maps[m].shape == (4, 5) and not rel.uniform
