@@ -238,10 +238,13 @@ def faithfulness_section(tests: pa.Table) -> str:
     )
     palette = ["#2563eb", "#db2777", "#059669", "#d97706", "#7c3aed", "#0891b2"]
     for i, summ in enumerate(summaries):
-        rows = tests.filter(
-            pc.and_(pc.equal(tests.column("method"), summ.method), pc.equal(tests.column("target"), summ.target))
-        )
+        mine = pc.and_(pc.equal(tests.column("method"), summ.method), pc.equal(tests.column("target"), summ.target))
+        if "protocol" in tests.column_names:  # tables before --protocol: live
+            mine = pc.and_(mine, pc.equal(pc.fill_null(tests.column("protocol"), "live"), summ.protocol))
+        rows = tests.filter(mine)
         name = summ.method if len({s.target for s in summaries}) == 1 else f"{summ.method} ({summ.target})"
+        if summ.protocol == "paper":
+            name += ", paper protocol (AUC %)"
         dash = "dash" if summ.method == "random" else "solid"
         color = "#6b7280" if summ.method == "random" else palette[i % len(palette)]
         for col, curve in enumerate(("positive", "negative"), 1):
@@ -262,7 +265,9 @@ def faithfulness_section(tests: pa.Table) -> str:
                 col=col,
             )
     fig.update_xaxes(title_text="fraction of patches removed", range=[0, max(fractions) + 0.02])
-    fig.update_yaxes(title_text="y(perturbed) / y (mean over images)", col=1)
+    paper = any(s.protocol == "paper" for s in summaries)
+    ylabel = "score / score₀ or top-1 hits (paper protocol)" if paper else "score(perturbed) / score₀"
+    fig.update_yaxes(title_text=f"{ylabel} (mean over images)", col=1)
     fig.update_layout(
         height=420, margin=dict(t=40, r=10), template="plotly_white", legend=dict(orientation="h", y=-0.22)
     )
