@@ -402,33 +402,46 @@ def chefer2021_maps(
     return v
 
 
-def _lrp_forward(lm: LoadedModel, pixels: torch.Tensor, rules: str, tgt: Target, ref: torch.Tensor, ablate: Ablation):
-    """One forward under :func:`app.engine.lrp.relevance_rules` and its relevance backward.
-
-    ``chefer2021``: ``(maps' relevance [L x (B, H, N, N)], readout [B, N])``; ``attnlrp``:
-    ``(None, [B, H, W] pixel relevance)``.
-    """
+def _rules_forward(lm: LoadedModel, pixels: torch.Tensor, rules: str, ablate: Ablation):
+    """One forward under :func:`app.engine.lrp.relevance_rules`: ``(x, features, output, mode)``,
+    ``x`` the graph's leaf (a float copy of the pixels). Call with autograd enabled."""
     from .ablation import head_masks, heads_masked
     from .lrp import relevance_rules
     from .output import head_output
 
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     masks = head_masks(ablate, lm.num_heads, pixels.device)
+    x = pixels.detach().clone().float().requires_grad_(True)
+    with heads_masked(lm.model, masks), relevance_rules(lm.model, rules) as mode:
+        feats = lm.model.forward_features(x)  # type: ignore[operator]  # timm's
+        out = head_output(lm, feats, hw, logits=True)
+    return x, feats, out, mode
+
+
+def _attnlrp_forward(
+    lm: LoadedModel, pixels: torch.Tensor, tgt: Target, ref: torch.Tensor | None, ablate: Ablation
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AttnLRP: ``(pixel relevance [B, H, W], y [B], the output as reference)``, one forward and
+    one backward (``ref`` None: this forward's output is the unperturbed one)."""
     with torch.inference_mode(False), torch.enable_grad():
-        x = pixels.detach().clone().float().requires_grad_(True)
-        with heads_masked(lm.model, masks), relevance_rules(lm.model, rules) as mode:
-            feats = lm.model.forward_features(x)  # type: ignore[operator]  # timm's
-            out = head_output(lm, feats, hw, logits=True)
-        L = lm.num_layers
-        if rules == "attnlrp":
-            y = tgt.value(out, ref)  # B
-            (gx,) = torch.autograd.grad(y.sum(), x)
-            return None, (x.detach() * gx).sum(1)  # B, H, W
-        # the authors start from one-hot at the class: the target's gradient at the output
+        x, _, out, _ = _rules_forward(lm, pixels, "attnlrp", ablate)
+        ref = out.detach() if ref is None else ref
+        y = tgt.value(out, ref)  # B
+        (gx,) = torch.autograd.grad(y.sum(), x)
+    return (x.detach() * gx).sum(1), y.detach(), ref
+
+
+def _chefer2021_forward(
+    lm: LoadedModel, pixels: torch.Tensor, tgt: Target, ref: torch.Tensor, ablate: Ablation
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The CVPR 2021 rule's LRP: ``(relevance at each layer's maps [L x (B, H, N, N)], readout
+    [B, N])``, the relevance starting from ``dy/d(output)`` (one-hot for a class, as the authors')."""
+    with torch.inference_mode(False), torch.enable_grad():
+        _, feats, out, mode = _rules_forward(lm, pixels, "chefer2021", ablate)
         out_leaf = out.detach().requires_grad_(True)
         (r_out,) = torch.autograd.grad(tgt.value(out_leaf, ref).sum(), out_leaf)
-        *r_maps, r_z = torch.autograd.grad(out, [*mode.maps[:L], feats], r_out)
-        return r_maps, r_z.sum(-1).abs()
+        *r_maps, r_z = torch.autograd.grad(out, [*mode.maps[: lm.num_layers], feats], r_out)
+    return [r.detach() for r in r_maps], r_z.detach().sum(-1).abs()
 
 
 def _pixels_to_patches(r: torch.Tensor, grid: tuple[int, int], patch: tuple[int, int]) -> torch.Tensor:
@@ -490,10 +503,19 @@ def relevance(
     tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
     check_target(tgt, hw)
     grad = bool(GRADIENT_METHODS & set(names))
-    fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
-    ref = fwd.output.detach()
     full: dict[str, torch.Tensor] = {}
     g_maps: list[torch.Tensor] = []
+    layout = lm.layout(hw)
+    prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
+    if not set(names) - {"attnlrp", "random"}:
+        # AttnLRP alone: its own forward gives the output too (no forward with the maps kept)
+        r_pix, y_lrp, ref = _attnlrp_forward(lm, pixels, tgt, None, ablate)
+        full["attnlrp"] = _pixels_to_patches(r_pix, grid, lm.patch_size)
+        cls0 = layout.cls_index  # type: ignore[union-attr]
+        captures: list = [None] * int(pixels.shape[0])
+        return _results(names, full, tgt, y_lrp, captures, grid, prefix, cls0, seed, tgt.class_index(ref))
+    fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
+    ref = fwd.output.detach()
     # the caller may be in inference mode (a serving thread): the target joins the graph outside it
     with torch.inference_mode(False), torch.set_grad_enabled(grad):
         y = tgt.value(fwd.output, ref)  # B
@@ -504,24 +526,37 @@ def relevance(
                     [a.detach() for a in fwd.maps], g_maps, fwd.features.detach(), g_z, GRADIENT_METHODS & set(names)
                 )
             del g_z
-    layout = lm.layout(hw)
-    prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
     # the LRP methods: a forward of their own under the rules (fp32: the rules divide by activations)
     if "chefer2021" in names:
-        r_maps, readout = _lrp_forward(lm, pixels, "chefer2021", tgt, ref, ablate)
-        assert r_maps is not None
+        r_maps, readout = _chefer2021_forward(lm, pixels, tgt, ref, ablate)
         with torch.no_grad():
             full["chefer2021"] = chefer2021_maps(g_maps, r_maps, readout, chefer2021_start)
         del r_maps
     if "attnlrp" in names:
-        _, r_pix = _lrp_forward(lm, pixels, "attnlrp", tgt, ref, ablate)
-        full["attnlrp"] = _pixels_to_patches(r_pix.detach(), grid, lm.patch_size)  # B, P: patches only
+        r_pix, _, _ = _attnlrp_forward(lm, pixels, tgt, ref, ablate)
+        full["attnlrp"] = _pixels_to_patches(r_pix, grid, lm.patch_size)  # B, P: patches only
     del g_maps
     cls = layout.cls_index  # type: ignore[union-attr]
-    classes = tgt.class_index(ref)
-    values = y.detach().float().cpu().tolist()
+    return _results(names, full, tgt, y.detach(), fwd.captures, grid, prefix, cls, seed, tgt.class_index(ref))
+
+
+def _results(
+    names: tuple[str, ...],
+    full: dict[str, torch.Tensor],
+    tgt: Target,
+    y: torch.Tensor,
+    captures: list,
+    grid: tuple[int, int],
+    prefix: int,
+    cls: int | None,
+    seed: int,
+    classes: list[int] | None,
+) -> list[Relevance]:
+    """One :class:`Relevance` per picture from the batch's maps (``full``: method -> ``[B, N]``),
+    the captures (rollout and raw attention) and the target's values ``y`` ``[B]``."""
+    values = y.float().cpu().tolist()
     out = []
-    for b, att in enumerate(fwd.captures):
+    for b, att in enumerate(captures):
         maps: dict[str, torch.Tensor] = {}
         uniform: list[str] = []
         for name in names:

@@ -72,8 +72,9 @@ def test_the_table_holds_the_engines_perturbation_test(local, source):
     t = sorted_tests(local)
     assert t.column_names == [
         "image", "method", "target", "class_index", "y", "auc_positive", "auc_negative",
-        "fractions", "positive", "negative", "removed", "num_patches", "seed",
+        "fractions", "positive", "negative", "removed", "num_patches", "seed", "protocol", "score0",
     ]  # fmt: skip
+    assert set(t.column("protocol").to_pylist()) == {"live"}
     assert t.column("image").to_pylist() == [p for p in PICTURES for _ in METHODS]
     assert t.column("method").to_pylist() == METHODS * 2
     assert set(t.column("target").to_pylist()) == {BOX} and t.column("class_index").null_count == 4
@@ -95,6 +96,7 @@ def test_the_table_holds_the_engines_perturbation_test(local, source):
         np.testing.assert_allclose(got["negative"], ref.negative, rtol=1e-4, err_msg=str(row))
         assert got["auc_positive"] == pytest.approx(ref.auc_positive, rel=1e-4)
         assert got["auc_negative"] == pytest.approx(ref.auc_negative, rel=1e-4)
+        assert got["score0"] == pytest.approx(want.score0, rel=1e-5)
 
 
 def test_the_report_prints_the_mean_auc_table_with_its_interval(local, tmp_path):
