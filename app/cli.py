@@ -341,6 +341,7 @@ def _survey(args) -> int:
             faithfulness=args.faithfulness,
             target=args.target,
             fractions=args.fractions,
+            protocol=args.protocol,
         )
     except (OutputError, SourceError, RayMissing, ModelLoadError, UnknownModelError, SelectionError) as e:
         print(f"headscope survey: {e}", file=sys.stderr)
@@ -370,13 +371,17 @@ def _report(args) -> int:
         print(f"headscope report: {e}", file=sys.stderr)
         return 2
     print(f"wrote {path}")
-    from .survey.faithfulness_table import markdown, summarise
+    from .survey.faithfulness_table import markdown, paper_markdown, summarise
     from .survey.output import read_faithfulness
 
     tests = read_faithfulness(args.survey) if Path(args.survey).is_dir() else None
     if tests is not None and tests.num_rows:
         # the table a paper prints, also here: mean AUC per method, t-based 95 % interval over the pictures
-        print("\nfaithfulness (mean AUC over pictures, t-based 95 % interval):\n" + markdown(summarise(tests)))
+        summaries = summarise(tests)
+        print("\nfaithfulness (mean AUC over pictures, t-based 95 % interval):\n" + markdown(summaries))
+        paper = paper_markdown(summaries)
+        if paper:
+            print("\n--protocol paper, in the paper's units beside Chefer et al. 2021's Table 1:\n" + paper)
     return 0
 
 
@@ -475,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="all",
         help="also the perturbation test of these relevance maps (alone or 'all': every method; or a list, e.g. "
-        "chefer,attention,random): AUCs and curves per picture and method in a second table beside OUT "
+        "chefer,chefer2021,attnlrp,attention,random): AUCs and curves per picture and method in a second table "
+        "beside OUT "
         "(survey.parquet -> survey.faithfulness.parquet); slower: about 2 forwards per method and fraction",
     )
     v.add_argument(
@@ -490,6 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fractions",
         help="with --faithfulness: the fractions of patches removed, in [0, 1), ascending, at most 50 "
         "(default 0,0.1,...,0.9)",
+    )
+    v.add_argument(
+        "--protocol",
+        choices=["live", "paper"],
+        help="with --faithfulness: live (default: patches set to the mean colour, the target's score ratio) or paper "
+        "(Chefer et al. 2021: pixels of the upsampled map set to black, top-1 hits, AUC in percent; class targets)",
     )
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=_survey)

@@ -12,8 +12,13 @@ Timed interleaved (``run_interleaved``), the astronaut at 224 x 224, target ``ou
   8 (8 + 8 + 4), the curves and AUCs; the unperturbed output given, so exactly 20 forwards.
 * *plain forwards*: 20 copies of the picture through the same model at batch 8 (8 + 8 + 4).
 
-Both ratios are paired per round (time over time: lower is faster). Targets (issue #27):
-<= 3x for the map, <= 1.15x for the perturbed forwards.
+* *chefer2021 map* and *attnlrp map* (issue #40): the CVPR 2021 rule (the forward with maps and
+  its backward, plus a forward under the LRP rules and the relevance backward to the maps) and
+  AttnLRP (one forward under its rules, one backward to the pixels).
+
+All ratios are paired per round (time over time: lower is faster). Targets (issues #27, #40):
+<= 3x for the chefer map, <= 4x for chefer2021, <= 2x for attnlrp, <= 1.15x for the perturbed
+forwards.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from .common import BenchFailure, Variant, run_interleaved, summary
 from .inproc import SAMPLES, Checks
 
 MAP_TARGET = 3.0  # chefer map / plain forward (time)
+LRP_TARGETS = {"chefer2021": 4.0, "attnlrp": 2.0}  # each LRP map / plain forward (time)
 PERTURBED_TARGET = 1.15  # perturbed forwards / plain forwards at batch 8 (time)
 BATCH = 8
 FORWARDS = 20
@@ -65,6 +71,9 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
     def one_map():
         return relevance(lm, x, "output", ["chefer"])[0]
 
+    def lrp_map(method):
+        return lambda: relevance(lm, x, "output", [method])[0]
+
     def one_forward():
         with torch.inference_mode():
             return head_output(lm, lm.model.forward_features(x), hw)  # type: ignore[operator]
@@ -90,6 +99,8 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
         ("forward", "plain forward (batch 1)", one_forward),
         ("perturbed", f"{forwards} perturbed forwards, one method (batch {BATCH})", perturbed),
         ("plain", f"{forwards} plain forwards (batch {BATCH})", plain),
+        ("chefer2021", "chefer2021 map (CVPR 2021: gradients + LRP)", lrp_map("chefer2021")),
+        ("attnlrp", "attnlrp map (one LRP forward + backward)", lrp_map("attnlrp")),
     ]
     return [Variant(key, label, keep(key, fn), group="relevance") for key, label, fn in rows]
 
@@ -125,6 +136,7 @@ def run(
         "rows": {v.key: {"label": v.label, "ms": summary([s * 1000 for s in v.times])} for v in vs},
         "map_vs_forward": _paired(t["map"], t["forward"]),
         "perturbed_vs_plain": _paired(t["perturbed"], t["plain"]),
+        **{f"{m}_vs_forward": _paired(t[m], t["forward"]) for m in LRP_TARGETS},
         "auc_positive": curve.auc_positive,
         "auc_negative": curve.auc_negative,
     }
@@ -149,6 +161,11 @@ def table(res: dict[str, Any]) -> list[str]:
         f"  {res['forwards']} perturbed / {res['forwards']} plain forwards at batch {res['batch']}: "
         f"{pp['median']:.2f}x [{pp['p10']:.2f}-{pp['p90']:.2f}] (target <= {PERTURBED_TARGET:.2f}x)",
     ]
+    for m, target in LRP_TARGETS.items():
+        r = res.get(f"{m}_vs_forward")
+        if r:
+            span = f"[{r['p10']:.2f}-{r['p90']:.2f}]"
+            lines.append(f"  {m} map / plain forward: {r['median']:.2f}x {span} (target <= {target:.2f}x)")
     return lines
 
 

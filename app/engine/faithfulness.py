@@ -9,10 +9,21 @@ region perturbation), on one picture, for one target (:mod:`app.engine.relevance
   descending) or least relevant (negative: sorted ascending) are set to 0 in the model's
   **normalised** input, i.e. to the data set's mean colour; ties, either way, take the lower
   patch index first;
-* the curve is ``y(perturbed) / y(unperturbed)``; at ``f = 0`` nothing is removed and it is 1
-  (NaN at every other fraction if ``y(unperturbed)`` is exactly 0: a logit can be);
+* the curve is ``s(perturbed) / s(unperturbed)`` with ``s`` the target's score
+  (:meth:`~app.engine.relevance.Target.score`): for a class the softmax probability of that
+  class, for the other targets their value; ``s`` is positive, so the curve keeps its meaning
+  whatever the sign of a logit. At ``f = 0`` nothing is removed and it is 1 (NaN at every other
+  fraction if ``s(unperturbed)`` is exactly 0);
 * AUC is the trapezoid over the fractions, the point ``f = 0`` (curve 1) included whether or not
   the fractions list it. Default fractions 0, 0.1, ..., 0.9 (the perturbation test's own).
+
+That is ``protocol="live"``, the default. ``protocol="paper"`` is the protocol of Chefer et al.'s
+evaluation script (``pertubation_eval_from_hdf5.py``): the map upsampled bilinearly by the patch
+size to pixels (:func:`pixel_map`), ``int(f x pixels)`` pixels removed (most or least relevant,
+ties the lower pixel index first), set to 0 *before* normalisation (black, :func:`black`), and each
+point scored 1 where the top-1 class is still the target's class, else 0 (x = 0: the unperturbed
+picture's hit); AUC ``trapz(y, x) x 100`` over the fractions, in percent. The mean of those AUCs
+over a data set is the paper's AUC of the accuracy curve (the trapezoid is linear).
 
 ``floor`` is taken of ``f x P`` plus 1e-9, so that a fraction whose product with P is an integer
 up to rounding (0.29 x 100 = 28.999999999999996 in binary) removes that integer.
@@ -44,6 +55,8 @@ from .selection import MAX_SPEC, SelectionError
 from .verdicts import Verdict, verdicts
 
 DEFAULT_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))
+PROTOCOLS = ("live", "paper")
+DEFAULT_PROTOCOL = "live"
 MAX_FRACTIONS = 50
 DEFAULT_BATCH = 8
 DIRECTIONS = ("positive", "negative")
@@ -55,6 +68,35 @@ class FractionsError(SelectionError):
     """Fractions outside [0, 1), not ascending, too many or unreadable (answered as 422)."""
 
     code = "bad_fractions"
+
+
+class ProtocolError(SelectionError):
+    """An unknown protocol, or ``paper`` for a model without classes (answered as 422)."""
+
+    code = "bad_protocol"
+
+
+def parse_protocol(spec: str | None) -> str:
+    """``live`` (the default: patches, mean-grey fill, the target's score ratio) or ``paper``
+    (Chefer et al. 2021's: pixels, black fill, top-1 accuracy).
+
+    Raises:
+        ProtocolError: anything else.
+    """
+    name = (spec or DEFAULT_PROTOCOL).strip().lower()
+    if name not in PROTOCOLS:
+        raise ProtocolError(f"protocol {name[:40]!r}: unknown; use live (the default) or paper")
+    return name
+
+
+def check_protocol(protocol: str, lm: LoadedModel, target: Target) -> None:
+    """Raise :class:`ProtocolError` where ``paper`` cannot score: it counts top-1 hits of a class."""
+    if protocol == "paper" and target.kind not in ("top", "class"):
+        raise ProtocolError(
+            f"protocol=paper scores whether the top-1 class survives (Chefer et al. 2021's top-1 accuracy): it needs "
+            f"a class target (top or class:N) of a classifier; this model's output is {lm.output_kind}, the "
+            f"target {target}; use protocol=live"
+        )
 
 
 class Cancelled(Exception):
@@ -111,12 +153,52 @@ def removal_order(relevance: torch.Tensor, direction: str) -> torch.Tensor:
     return torch.sort(m, descending=direction == "positive", stable=True).indices
 
 
-def auc(fractions: Sequence[float], curve: Sequence[float]) -> float:
-    """Trapezoid area under ``curve`` over ``fractions``, with the point (0, 1) included."""
+def auc(fractions: Sequence[float], curve: Sequence[float], start: float = 1.0) -> float:
+    """Trapezoid area under ``curve`` over ``fractions``, with the point (0, ``start``) included."""
     xs, ys = list(fractions), list(curve)
     if not xs or xs[0] != 0.0:
-        xs, ys = [0.0, *xs], [1.0, *ys]
+        xs, ys = [0.0, *xs], [start, *ys]
     return float(sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:])))
+
+
+def pixel_map(relevance: torch.Tensor, grid: tuple[int, int], patch: tuple[int, int]) -> torch.Tensor:
+    """A patch map upsampled to pixels as the paper's code does: bilinear, ``align_corners=False``,
+    by the patch size (``F.interpolate(Res, scale_factor=16, mode="bilinear")`` for 16 px
+    patches): ``[rows * ph, cols * pw]`` float64 on the host."""
+    m = relevance.detach().double().cpu().reshape(1, 1, *grid)
+    size = (grid[0] * patch[0], grid[1] * patch[1])
+    return torch.nn.functional.interpolate(m, size=size, mode="bilinear", align_corners=False)[0, 0]
+
+
+def pixel_order(relevance: torch.Tensor, direction: str) -> torch.Tensor:
+    """Pixel indices (row-major) in the order a direction removes them: the paper's ``topk`` of the
+    map (positive) or of its negation (negative), ties the lower pixel index first."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r}: use positive or negative")
+    return torch.sort(relevance.flatten(), descending=direction == "positive", stable=True).indices
+
+
+def black(lm: LoadedModel, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """Pixel value 0 (black) after the model's normalisation: ``(0 - mean) / std``, ``[3, 1, 1]``."""
+    mean = torch.tensor(lm.mean, dtype=torch.float64)
+    std = torch.tensor(lm.std, dtype=torch.float64)
+    return (-mean / std).to(device=device, dtype=dtype)[:, None, None]
+
+
+def blacked(pixels: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """Copies of one picture with pixels set to ``fill``: ``[K, 3, H, W]``.
+
+    Args:
+        pixels: ``[3, H, W]`` normalised picture.
+        removed: ``[K, h, w]`` bool, True where a pixel is removed (``h <= H``, ``w <= W``: the
+            pixels the patch grid covers; those beyond are never removed).
+        fill: ``[3, 1, 1]`` the normalised value of a removed pixel.
+    """
+    C, H, W = pixels.shape  # channels, height, width
+    mask = removed.to(pixels.device)
+    if mask.shape[-2:] != (H, W):
+        mask = torch.nn.functional.pad(mask, (0, W - mask.shape[-1], 0, H - mask.shape[-2]))
+    return torch.where(mask[:, None], fill, pixels)
 
 
 def perturbed(
@@ -165,9 +247,11 @@ class Curves:
 class Faithfulness:
     """The perturbation test of one picture for one target.
 
-    ``y``: the target's unperturbed value (the denominator of every curve); ``forwards``: the
-    model forwards it took (the unperturbed picture included); ``class_index``: the class of a
-    ``top``/``class`` target.
+    ``y``: the target's unperturbed value; ``score``: what the curves divide (``probability``:
+    the class's softmax probability, for ``top``/``class`` targets; ``target``: ``y`` itself) and
+    ``score0`` its unperturbed value, every curve's denominator; ``forwards``: the model forwards
+    it took (the unperturbed picture included); ``class_index``: the class of a ``top``/``class``
+    target.
     """
 
     fractions: list[float]
@@ -178,6 +262,9 @@ class Faithfulness:
     forwards: int
     batch_size: int
     class_index: int | None = None
+    score: str = "target"
+    score0: float = math.nan
+    protocol: str = DEFAULT_PROTOCOL
 
     def verdicts(self) -> dict[str, Verdict]:
         """Each method's verdict against the random map (:mod:`app.engine.verdicts`)."""
@@ -185,9 +272,12 @@ class Faithfulness:
 
     def as_dict(self) -> dict:
         return {
+            "protocol": self.protocol,
             "fractions": self.fractions,
             "target": self.target,
             "y": self.y,
+            "score": self.score,
+            "score0": self.score0,
             "class_index": self.class_index,
             "num_patches": self.num_patches,
             "forwards": self.forwards,
@@ -219,6 +309,10 @@ class PerturbationTest:
             same ablated model).
         reference: the unperturbed output (``[1, ...]`` or ``[...]``, logits for classifiers), if
             the caller has it from the same kind of forward; None runs it in the first batch.
+        protocol: ``live`` (patches removed, filled with 0 after normalisation, the score's
+            ratio) or ``paper`` (Chefer et al. 2021: the map upsampled bilinearly to pixels,
+            pixels removed and filled with black, 0 before normalisation; each point 1 where the
+            top-1 class is still the target's class, else 0; AUC ``trapz(y, x) * 100``).
     """
 
     def __init__(
@@ -233,8 +327,10 @@ class PerturbationTest:
         amp_dtype: torch.dtype | None = None,
         ablate: Ablation = (),
         reference: torch.Tensor | None = None,
+        protocol: str = DEFAULT_PROTOCOL,
     ):
         refuse_windowed(lm)
+        self.protocol = parse_protocol(protocol)
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size}: at least 1")
         if not maps:
@@ -246,23 +342,32 @@ class PerturbationTest:
         self.input_hw = (int(self.pixels.shape[-2]), int(self.pixels.shape[-1]))
         self.target = target if isinstance(target, Target) else parse_target(target, lm, self.input_hw)
         check_target(self.target, self.input_hw)
+        check_protocol(self.protocol, lm, self.target)
         self.fractions = parse_fractions(fractions)
         layout = lm.layout(self.input_hw)
         self.grid: tuple[int, int] = layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
         P = self.grid[0] * self.grid[1]
         self.num_patches = P
-        self.counts = [removed_count(f, P) for f in self.fractions]
-        # Every (method, direction, k > 0) names one set of removed patches; equal sets run once.
+        paper = self.protocol == "paper"
+        ph, pw = lm.patch_size
+        # the units removed: patches (live) or the pixels the patch grid covers (paper)
+        units = P * ph * pw if paper else P
+        # the paper's int(base_size * step); live's floor with 1e-9 against binary rounding
+        self.counts = [int(units * f) if paper else removed_count(f, P) for f in self.fractions]
+        if paper:
+            self._fill = black(lm, self.pixels.device, self.pixels.dtype)
+        # Every (method, direction, k > 0) names one set of removed units; equal sets run once.
         self._item: dict[tuple[str, str, int], int] = {}
         sets: dict[bytes, int] = {}
         rows: list[torch.Tensor] = []
         for name, m in maps.items():
             if m.numel() != P:
                 raise ValueError(f"map {name!r} has {m.numel()} values, the picture has {P} patches")
+            px = pixel_map(m, self.grid, lm.patch_size) if paper else None
             for direction in DIRECTIONS:
-                order = removal_order(m, direction)
+                order = pixel_order(px, direction) if px is not None else removal_order(m, direction)
                 for k in sorted(set(self.counts) - {0}):
-                    row = torch.zeros(P, dtype=torch.bool)
+                    row = torch.zeros(units, dtype=torch.bool)
                     row[order[:k]] = True
                     key = row.numpy().tobytes()
                     if key not in sets:
@@ -270,7 +375,7 @@ class PerturbationTest:
                         rows.append(row)
                     self._item[(name, direction, k)] = sets[key]
         self.methods = list(maps)
-        self._removed = torch.stack(rows) if rows else torch.zeros(0, P, dtype=torch.bool)  # K, P
+        self._removed = torch.stack(rows) if rows else torch.zeros(0, units, dtype=torch.bool)  # K, units
         self._reference = None if reference is None else reference.reshape(1, *reference.shape[-self._out_dims() :])
         # Work list: None stands for the unperturbed picture, then the perturbed ones by index.
         self._queue: list[int | None] = ([] if reference is not None else [None]) + list(range(len(rows)))
@@ -300,17 +405,29 @@ class PerturbationTest:
         if batch[0] is None:
             parts.append(self.pixels[None])
         idx = [i for i in batch if i is not None]
-        if idx:
+        if idx and self.protocol == "paper":
+            (gh, gw), (ph, pw) = self.grid, self.lm.patch_size
+            parts.append(blacked(self.pixels, self._removed[idx].reshape(-1, gh * ph, gw * pw), self._fill))
+        elif idx:
             parts.append(perturbed(self.pixels, self._removed[idx], self.grid, self.lm.patch_size))
         out = self._forward(torch.cat(parts) if len(parts) > 1 else parts[0])
         if batch[0] is None:
             self._reference, out = out[:1], out[1:]
         if idx:
             assert self._reference is not None  # the first batch brought it, or the caller did
-            for i, v in zip(idx, self.target.value(out, self._reference).tolist()):
+            for i, v in zip(idx, self._scores(out).tolist()):
                 self._values[i] = v
         self.done += len(batch)
         return not self.finished
+
+    def _scores(self, out: torch.Tensor) -> torch.Tensor:
+        """live: the target's score; paper: 1.0 where the top-1 class is the target's class."""
+        assert self._reference is not None
+        if self.protocol == "live":
+            return self.target.score(out, self._reference)
+        want = self.target.class_index(self._reference)
+        assert want is not None  # check_protocol: a class target
+        return (out.argmax(-1) == want[0]).double()
 
     def result(self) -> Faithfulness:
         """The curves and AUCs (after the last :meth:`step`)."""
@@ -319,15 +436,22 @@ class PerturbationTest:
         ref = self._reference
         assert ref is not None
         y0 = float(self.target.value(ref, ref)[0])
-        ys = [v / y0 if y0 != 0 else math.nan for v in self._values]
+        if self.protocol == "paper":
+            # the clean picture's hit is the curve at x = 0; the area in percent, as np.trapz(y, x) * 100
+            s0 = float(self._scores(ref)[0])
+            ys, scale = list(self._values), 100.0
+        else:
+            s0 = float(self.target.score(ref, ref)[0])
+            ys, scale = [v / s0 if s0 != 0 else math.nan for v in self._values], 1.0
+        start = s0 if self.protocol == "paper" else 1.0
         curves = {}
         for name in self.methods:
-            c = {d: [1.0 if k == 0 else ys[self._item[(name, d, k)]] for k in self.counts] for d in DIRECTIONS}
+            c = {d: [start if k == 0 else ys[self._item[(name, d, k)]] for k in self.counts] for d in DIRECTIONS}
             curves[name] = Curves(
                 positive=c["positive"],
                 negative=c["negative"],
-                auc_positive=auc(self.fractions, c["positive"]),
-                auc_negative=auc(self.fractions, c["negative"]),
+                auc_positive=auc(self.fractions, c["positive"], start) * scale,
+                auc_negative=auc(self.fractions, c["negative"], start) * scale,
                 removed=list(self.counts),
             )
         classes = self.target.class_index(ref)
@@ -340,6 +464,9 @@ class PerturbationTest:
             forwards=self.total,
             batch_size=self.batch_size,
             class_index=classes[0] if classes else None,
+            score="top1" if self.protocol == "paper" else self.target.score_name,
+            score0=s0,
+            protocol=self.protocol,
         )
 
 
@@ -355,19 +482,30 @@ def faithfulness(
     ablate: Ablation = (),
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
 ) -> Faithfulness:
     """The perturbation test of one picture for each map (see :class:`PerturbationTest`).
 
     Args:
         progress: called with ``(forwards done, forwards in all)`` after each batch.
         cancelled: checked before each batch; True stops the test with :class:`Cancelled`.
+        protocol: ``live`` or ``paper`` (see :class:`PerturbationTest`).
 
     Raises:
-        TargetError, FractionsError, RelevanceUnsupportedError: bad arguments (422 in the API).
+        TargetError, FractionsError, ProtocolError, RelevanceUnsupportedError: bad arguments (422
+            in the API).
         Cancelled: ``cancelled()`` returned True.
     """
     test = PerturbationTest(
-        lm, pixels, maps, target, fractions, batch_size=batch_size, amp_dtype=amp_dtype, ablate=ablate
+        lm,
+        pixels,
+        maps,
+        target,
+        fractions,
+        batch_size=batch_size,
+        amp_dtype=amp_dtype,
+        ablate=ablate,
+        protocol=protocol,
     )
     while not test.finished:
         if cancelled is not None and cancelled():

@@ -53,8 +53,13 @@ from .forward import forward_maps
 from .model import LoadedModel
 from .selection import MAX_SPEC, Selection, SelectionError
 
-METHODS = ("chefer", "grad_attention", "rollout", "attention", "random")
-GRADIENT_METHODS = frozenset({"chefer", "grad_attention"})
+METHODS = ("chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp")
+GRADIENT_METHODS = frozenset({"chefer", "grad_attention", "chefer2021"})
+LRP_METHODS = frozenset({"chefer2021", "attnlrp"})
+SIGNED_METHODS = frozenset({"attnlrp"})  # maps with negative patches: divided by |sum|, not clipped
+# The CVPR 2021 rule's first layer, as the authors' evaluation (generate_visualizations.py) calls
+# generate_LRP(..., start_layer=1): layer 0's map is left out of the product.
+CHEFER2021_START_LAYER = 1
 
 METHOD_TEXT = {
     "chefer": "Chefer et al. 2021: R = I; R += mean_h max(0, dy/dA_l * A_l) @ R over the layers; "
@@ -64,6 +69,12 @@ METHOD_TEXT = {
     "rollout": "attention rollout (Abnar & Zuidema 2020): prod_l rownorm(0.5 A_l + 0.5 I), heads fused by the mean",
     "attention": "the last layer's raw attention, mean over heads",
     "random": "a seeded random map: the baseline",
+    "chefer2021": "Chefer, Gur & Wolf, CVPR 2021 (transformer attribution): LRP relevance of each attention map "
+    "(alpha-beta rules) times its gradient, positive part, mean over heads, rolled out from layer 1 "
+    "(R = prod_l (I + cam_l)), read out by each final token's relevance",
+    "attnlrp": "AttnLRP (Achtibat et al., ICML 2024): one backward pass with LRP rules for softmax, the attention "
+    "products, LayerNorm and the non-linearities; gradient x input per patch (signed: negative patches speak "
+    "against the target)",
 }
 
 # Output kind -> the targets it takes (spelled as a user writes them) and its default.
@@ -152,6 +163,27 @@ class Target:
             return out.gather(-1, top)[:, 0]
         e0 = ref.expand_as(out)  # B, D
         return (out * e0).sum(-1) / (e0 * e0).sum(-1)
+
+    def score(self, out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """What the perturbation test's curve divides: ``[B]``, positive for every input.
+
+        Classes: the target class's softmax probability (a logit's sign is arbitrary: with a
+        negative logit ``y / y0`` falls when the logit rises towards 0, which reads backwards).
+        Saliency: :meth:`value` (a mean of a sigmoid map, in (0, 1)). Embedding: :meth:`value`
+        (1 for the unperturbed picture).
+        """
+        if self.kind not in ("class", "top"):
+            return self.value(out, ref)
+        idx = torch.tensor(self.class_index(ref), device=out.device)
+        if idx.numel() != out.shape[0]:
+            idx = idx[:1].expand(out.shape[0])
+        # float64: a confident model's other classes underflow float32 (a logit gap of 104 is 1e-45)
+        return out.double().softmax(-1).gather(-1, idx[:, None])[:, 0]
+
+    @property
+    def score_name(self) -> str:
+        """``probability`` (classes) or ``target`` (the value itself): what the curve measures."""
+        return "probability" if self.kind in ("class", "top") else "target"
 
     def class_index(self, ref: torch.Tensor) -> list[int] | None:
         """The class y is the logit of, per image (``class`` and ``top``), else None."""
@@ -342,6 +374,84 @@ def gradient_maps(
     return out
 
 
+def _signed_patch_map(v: torch.Tensor, prefix: int) -> tuple[torch.Tensor, bool]:
+    """``[P]`` signed patch relevance divided by ``|sum|`` (sums to 1, or -1 where the target's total
+    relevance is negative); the order, signs included, is kept."""
+    p = v[prefix:].double() if prefix else v.double()
+    s = abs(float(p.sum()))
+    if not s > 0:
+        return torch.full(p.shape, 1.0 / p.numel(), dtype=torch.float32), True
+    return (p / s).float(), False
+
+
+def chefer2021_maps(
+    grads: list[torch.Tensor], lrp: list[torch.Tensor], readout: torch.Tensor, start_layer: int = CHEFER2021_START_LAYER
+) -> torch.Tensor:
+    """The CVPR 2021 rule over all tokens: ``[B, N]``.
+
+    Args:
+        grads: per layer ``[B, H, N, N]``: ``dy/dA_l``.
+        lrp: per layer ``[B, H, N, N]``: the LRP relevance arriving at ``A_l``.
+        readout: ``[B, N]`` weights of the final tokens (the CLS token alone for a CLS classifier).
+        start_layer: the product starts at this layer (the authors' ``start_layer``).
+    """
+    v = readout.float()
+    for g, r in reversed(list(zip(grads, lrp))[start_layer:]):
+        cam = (g.float() * r.float()).clamp(min=0).mean(1)  # B, N, N
+        v = v + (v[:, None, :] @ cam)[:, 0]  # B, N
+    return v
+
+
+def _rules_forward(lm: LoadedModel, pixels: torch.Tensor, rules: str, ablate: Ablation):
+    """One forward under :func:`app.engine.lrp.relevance_rules`: ``(x, features, output, mode)``,
+    ``x`` the graph's leaf (a float copy of the pixels). Call with autograd enabled."""
+    from .ablation import head_masks, heads_masked
+    from .lrp import relevance_rules
+    from .output import head_output
+
+    hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
+    masks = head_masks(ablate, lm.num_heads, pixels.device)
+    x = pixels.detach().clone().float().requires_grad_(True)
+    with heads_masked(lm.model, masks), relevance_rules(lm.model, rules) as mode:
+        feats = lm.model.forward_features(x)  # type: ignore[operator]  # timm's
+        out = head_output(lm, feats, hw, logits=True)
+    return x, feats, out, mode
+
+
+def _attnlrp_forward(
+    lm: LoadedModel, pixels: torch.Tensor, tgt: Target, ref: torch.Tensor | None, ablate: Ablation
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AttnLRP: ``(pixel relevance [B, H, W], y [B], the output as reference)``, one forward and
+    one backward (``ref`` None: this forward's output is the unperturbed one)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        x, _, out, _ = _rules_forward(lm, pixels, "attnlrp", ablate)
+        ref = out.detach() if ref is None else ref
+        y = tgt.value(out, ref)  # B
+        (gx,) = torch.autograd.grad(y.sum(), x)
+    return (x.detach() * gx).sum(1), y.detach(), ref
+
+
+def _chefer2021_forward(
+    lm: LoadedModel, pixels: torch.Tensor, tgt: Target, ref: torch.Tensor, ablate: Ablation
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The CVPR 2021 rule's LRP: ``(relevance at each layer's maps [L x (B, H, N, N)], readout
+    [B, N])``, the relevance starting from ``dy/d(output)`` (one-hot for a class, as the authors')."""
+    with torch.inference_mode(False), torch.enable_grad():
+        _, feats, out, mode = _rules_forward(lm, pixels, "chefer2021", ablate)
+        out_leaf = out.detach().requires_grad_(True)
+        (r_out,) = torch.autograd.grad(tgt.value(out_leaf, ref).sum(), out_leaf)
+        *r_maps, r_z = torch.autograd.grad(out, [*mode.maps[: lm.num_layers], feats], r_out)
+    return [r.detach() for r in r_maps], r_z.detach().sum(-1).abs()
+
+
+def _pixels_to_patches(r: torch.Tensor, grid: tuple[int, int], patch: tuple[int, int]) -> torch.Tensor:
+    """``[B, H, W]`` pixel relevance summed over each patch: ``[B, rows * cols]`` (pixels beyond the
+    last whole patch, which no token sees, left out)."""
+    (gh, gw), (ph, pw) = grid, patch
+    B = r.shape[0]
+    return r[:, : gh * ph, : gw * pw].reshape(B, gh, ph, gw, pw).sum((2, 4)).reshape(B, gh * gw)
+
+
 def _attention_row(att: ImageAttention, layer: int, cls: int | None) -> torch.Tensor:
     """Mean over heads of ``layer``'s CLS row, or of every row without a CLS token: ``[N]``."""
     if cls is not None:
@@ -367,6 +477,7 @@ def relevance(
     seed: int = 0,
     amp_dtype: torch.dtype | None = None,
     ablate: Ablation = (),
+    chefer2021_start: int = CHEFER2021_START_LAYER,
 ) -> list[Relevance]:
     """Relevance maps of a batch of images for one target: one :class:`Relevance` per image.
 
@@ -380,6 +491,8 @@ def relevance(
         seed: the ``random`` map's seed.
         amp_dtype: autocast dtype, or None for plain fp32.
         ablate: ``(layer, head)`` pairs removed before anything is computed.
+        chefer2021_start: the first layer of the CVPR 2021 rule's product (the authors'
+            ``start_layer``; 1 as their evaluation uses it).
 
     Raises:
         TargetError, MethodError, RelevanceUnsupportedError: bad arguments (422 in the API).
@@ -390,9 +503,19 @@ def relevance(
     tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
     check_target(tgt, hw)
     grad = bool(GRADIENT_METHODS & set(names))
+    full: dict[str, torch.Tensor] = {}
+    g_maps: list[torch.Tensor] = []
+    layout = lm.layout(hw)
+    prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
+    if not set(names) - {"attnlrp", "random"}:
+        # AttnLRP alone: its own forward gives the output too (no forward with the maps kept)
+        r_pix, y_lrp, ref = _attnlrp_forward(lm, pixels, tgt, None, ablate)
+        full["attnlrp"] = _pixels_to_patches(r_pix, grid, lm.patch_size)
+        cls0 = layout.cls_index  # type: ignore[union-attr]
+        captures: list = [None] * int(pixels.shape[0])
+        return _results(names, full, tgt, y_lrp, captures, grid, prefix, cls0, seed, tgt.class_index(ref))
     fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
     ref = fwd.output.detach()
-    full: dict[str, torch.Tensor] = {}
     # the caller may be in inference mode (a serving thread): the target joins the graph outside it
     with torch.inference_mode(False), torch.set_grad_enabled(grad):
         y = tgt.value(fwd.output, ref)  # B
@@ -402,14 +525,38 @@ def relevance(
                 full = gradient_maps(
                     [a.detach() for a in fwd.maps], g_maps, fwd.features.detach(), g_z, GRADIENT_METHODS & set(names)
                 )
-            del g_maps, g_z
-    layout = lm.layout(hw)
-    prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
+            del g_z
+    # the LRP methods: a forward of their own under the rules (fp32: the rules divide by activations)
+    if "chefer2021" in names:
+        r_maps, readout = _chefer2021_forward(lm, pixels, tgt, ref, ablate)
+        with torch.no_grad():
+            full["chefer2021"] = chefer2021_maps(g_maps, r_maps, readout, chefer2021_start)
+        del r_maps
+    if "attnlrp" in names:
+        r_pix, _, _ = _attnlrp_forward(lm, pixels, tgt, ref, ablate)
+        full["attnlrp"] = _pixels_to_patches(r_pix, grid, lm.patch_size)  # B, P: patches only
+    del g_maps
     cls = layout.cls_index  # type: ignore[union-attr]
-    classes = tgt.class_index(ref)
-    values = y.detach().float().cpu().tolist()
+    return _results(names, full, tgt, y.detach(), fwd.captures, grid, prefix, cls, seed, tgt.class_index(ref))
+
+
+def _results(
+    names: tuple[str, ...],
+    full: dict[str, torch.Tensor],
+    tgt: Target,
+    y: torch.Tensor,
+    captures: list,
+    grid: tuple[int, int],
+    prefix: int,
+    cls: int | None,
+    seed: int,
+    classes: list[int] | None,
+) -> list[Relevance]:
+    """One :class:`Relevance` per picture from the batch's maps (``full``: method -> ``[B, N]``),
+    the captures (rollout and raw attention) and the target's values ``y`` ``[B]``."""
+    values = y.float().cpu().tolist()
     out = []
-    for b, att in enumerate(fwd.captures):
+    for b, att in enumerate(captures):
         maps: dict[str, torch.Tensor] = {}
         uniform: list[str] = []
         for name in names:
@@ -422,7 +569,10 @@ def relevance(
             else:
                 maps[name] = random_map(grid[0] * grid[1], seed).reshape(grid)
                 continue
-            m, flat = _patch_map(v.detach().cpu(), prefix)
+            if name in SIGNED_METHODS:  # already over patches
+                m, flat = _signed_patch_map(v.detach().cpu(), 0)
+            else:
+                m, flat = _patch_map(v.detach().cpu(), prefix)
             maps[name] = m.reshape(grid)
             if flat:
                 uniform.append(name)

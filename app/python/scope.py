@@ -283,7 +283,9 @@ class Scope:
         """A relevance map for one scalar of the model's output (Chefer et al. 2021 and baselines).
 
         Args:
-            method: ``chefer``, ``grad_attention``, ``rollout``, ``attention`` or ``random``.
+            method: ``chefer`` (the GAE rule, ICCV 2021), ``grad_attention``, ``rollout``,
+                ``attention``, ``random``, ``chefer2021`` (the CVPR 2021 rule: LRP x gradient,
+                rolled out) or ``attnlrp`` (AttnLRP, ICML 2024; signed).
             target: ``output`` / ``box:X0,Y0,X1,Y1`` (saliency), ``top`` / ``class:N``
                 (classes), ``embedding``; None for the model's default.
             ablate: heads removed first.
@@ -327,6 +329,7 @@ class Scope:
         target: str | None = None,
         fractions: Any = None,
         ablate: Any = None,
+        protocol: str = "live",
     ) -> FaithfulnessResult | list[FaithfulnessResult]:
         """The perturbation test of each method's relevance map: remove the most (``positive``)
         or least (``negative``) relevant patches and watch the target; the curves and their AUC.
@@ -336,27 +339,34 @@ class Scope:
             target: as for `relevance`.
             fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
             ablate: heads removed first (maps and perturbed forwards alike).
+            protocol: ``live`` (patches, mean-colour fill, the score's ratio) or ``paper``
+                (Chefer et al. 2021: pixels, black fill, top-1 hits, AUC in percent; class
+                targets only).
 
         Returns:
             The API's answer as a dict (``methods``: curves and AUCs) whose ``verdicts``
             attribute (and key) says, per method, whether it beat the random map on both
             curves, one or neither, and by how much; its ``repr`` prints that in words.
         """
-        from ..engine.faithfulness import faithfulness, parse_fractions
-        from ..engine.relevance import parse_methods, relevance
+        from ..engine.faithfulness import check_protocol, faithfulness, parse_fractions, parse_protocol
+        from ..engine.relevance import parse_methods, parse_target, relevance
         from ..engine.relevance import refuse_windowed as refuse_relevance
         from .result import FaithfulnessResult
 
         refuse_relevance(self.lm)
         names = parse_methods(methods)
         fracs = parse_fractions(fractions)
+        proto = parse_protocol(protocol)
+        check_protocol(proto, self.lm, parse_target(target, self.lm))
         pairs = self.lm.ablation(P.ablate(ablate))
         out = []
         for it in self._read(image):
             x = it.prep.pixels[None].to(self.device)
             with self.computing():
                 rel = relevance(self.lm, x, target, names, amp_dtype=self.amp_dtype, ablate=pairs)[0]
-                res = faithfulness(self.lm, x[0], rel.maps, rel.target, fracs, amp_dtype=self.amp_dtype, ablate=pairs)
+                res = faithfulness(
+                    self.lm, x[0], rel.maps, rel.target, fracs, amp_dtype=self.amp_dtype, ablate=pairs, protocol=proto
+                )
             out.append(
                 FaithfulnessResult(
                     {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}

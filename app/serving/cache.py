@@ -83,6 +83,7 @@ class RelevanceKey:
     model_id: str
     ablate: tuple[tuple[int, int], ...]
     target: str
+    group: str = ""  # "": the methods of one forward and backward; else an LRP method, its own forward
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class FaithfulnessKey:
     methods: tuple[str, ...]
     fractions: tuple[float, ...]
     seed: int
+    protocol: str = "live"
 
 
 class ByteLRU:

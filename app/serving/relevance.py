@@ -38,6 +38,7 @@ from ..engine.ablation import Ablation, ablate_text
 from ..engine.model import LoadedModel
 from ..engine.output import class_names
 from ..engine.relevance import (
+    LRP_METHODS,
     METHOD_TEXT,
     METHODS,
     Relevance,
@@ -59,8 +60,20 @@ from .tasks import TASK_DEADLINE_S, ImageTasks, Progress, Tasks, Work, run_on
 from .uploads import ImageNotFound
 from .waiting import Disconnected
 
-MethodName = Literal["chefer", "grad_attention", "rollout", "attention", "random"]  # an enum in the schema
+MethodName = Literal[
+    "chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp"
+]  # an enum in the schema
 assert get_args(MethodName) == METHODS
+# The maps of one forward and backward, computed and cached together; each LRP method runs a
+# forward of its own under its rules, so it is computed (and cached) only when asked for.
+BASE_METHODS = tuple(m for m in METHODS if m not in LRP_METHODS)
+
+
+def method_group(method: str) -> tuple[str, ...]:
+    """The methods computed together with ``method``."""
+    return (method,) if method in LRP_METHODS else BASE_METHODS
+
+
 DEFAULT_METHOD: MethodName = "chefer"
 DEFAULT_TEST_METHODS = "chefer,attention,random"
 MAPS_OVERHEAD_BYTES = 4096  # what a cached set of maps costs beyond its arrays
@@ -87,8 +100,11 @@ class RelevanceParams(BaseModel):
     model: str | None = Field(None, description="model id (default: the server's default model)")
     method: MethodName = Field(
         DEFAULT_METHOD,
-        description="chefer (Chefer et al. 2021), grad_attention (the last layer's gradient-weighted attention), "
-        "rollout (attention rollout), attention (the last layer's raw attention), random (a seeded baseline)",
+        description="chefer (Chefer et al., ICCV 2021: the GAE rule), grad_attention (the last layer's "
+        "gradient-weighted attention), rollout (attention rollout), attention (the last layer's raw attention), "
+        "random (a seeded baseline), chefer2021 (Chefer et al., CVPR 2021: LRP relevance of each attention map "
+        "times its gradient, rolled out), attnlrp (AttnLRP, Achtibat et al., ICML 2024: one LRP backward pass; "
+        "signed)",
     )
     target: str | None = _TARGET
     seed: int = _SEED
@@ -110,7 +126,7 @@ class FaithfulnessQuery(BaseModel):
         DEFAULT_TEST_METHODS,
         max_length=MAX_SPEC,
         description="the maps to test, comma-separated (any of chefer, grad_attention, rollout, attention, "
-        "random); the answer lists them in this order",
+        "random, chefer2021, attnlrp); the answer lists them in this order",
         examples=[DEFAULT_TEST_METHODS, "chefer,grad_attention,attention,rollout,random"],
     )
     target: str | None = _TARGET
@@ -123,6 +139,14 @@ class FaithfulnessQuery(BaseModel):
     )
     seed: int = _SEED
     ablate: Ablate = ""
+    protocol: Literal["live", "paper"] = Field(
+        "live",
+        description="`live` (the default: patches removed and set to the mean colour, each curve the target's score "
+        "over its unperturbed value: a class's softmax probability, else the target) or `paper` (Chefer et al. "
+        "2021's protocol: the map upsampled bilinearly to pixels, pixels set to black before normalisation, each "
+        "point 1 where the top-1 class is still the target's class, else 0; AUC trapz(y, x) * 100, in percent; "
+        "class targets only). docs/relevance.md says where they differ",
+    )
 
 
 class FaithfulnessParams(FaithfulnessQuery):
@@ -161,20 +185,32 @@ class FaithfulnessSpec:
     fractions: tuple[float, ...]
     seed: int
     ablate: Ablation
+    protocol: str = faith.DEFAULT_PROTOCOL
 
     def key(self, image_id: str, model_id: str) -> FaithfulnessKey:
         seed = self.seed if "random" in self.methods else 0
         return FaithfulnessKey(
-            image_id, model_id, self.ablate, str(self.target), tuple(sorted(self.methods)), self.fractions, seed
+            image_id,
+            model_id,
+            self.ablate,
+            str(self.target),
+            tuple(sorted(self.methods)),
+            self.fractions,
+            seed,
+            self.protocol,
         )
 
 
 def faithfulness_spec(lm: LoadedModel, q: FaithfulnessQuery) -> FaithfulnessSpec:
-    """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate; a windowed model)."""
+    """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate, protocol; a
+    windowed model)."""
     methods = parse_methods(q.methods)
     fractions = faith.parse_fractions(q.fractions)
     refuse_windowed(lm)
-    return FaithfulnessSpec(methods, parse_target(q.target, lm), fractions, q.seed, lm.ablation(q.ablate))
+    target = parse_target(q.target, lm)
+    protocol = faith.parse_protocol(q.protocol)
+    faith.check_protocol(protocol, lm, target)
+    return FaithfulnessSpec(methods, target, fractions, q.seed, lm.ablation(q.ablate), protocol)
 
 
 # -- the computations (any thread; the server runs them on its worker) ---------------------------
@@ -185,13 +221,34 @@ def relevance_maps(
     ablate: Ablation = (),
     amp_dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
+    methods: Sequence[str] = BASE_METHODS,
 ) -> RelevanceMaps:
-    """Every method's map of one prepared picture for ``target`` (one forward, one backward)."""
+    """The maps of ``methods`` (by default every method of one forward and one backward) of one
+    prepared picture for ``target``."""
     t0 = time.perf_counter()
     check_target(target, prep.input_size)
     with lm.lock:
-        rel = relevance(lm, prep.pixels[None].to(device), target, METHODS, amp_dtype=amp_dtype, ablate=ablate)[0]
+        rel = relevance(lm, prep.pixels[None].to(device), target, methods, amp_dtype=amp_dtype, ablate=ablate)[0]
     return RelevanceMaps(rel, prep.input_size, prep.image_size, (time.perf_counter() - t0) * 1000)
+
+
+def merge_maps(parts: Sequence[RelevanceMaps]) -> RelevanceMaps:
+    """Maps of several groups of one picture and target as one :class:`RelevanceMaps`."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    rel = first.relevance
+    merged = Relevance(
+        target=rel.target,
+        y=rel.y,
+        grid=rel.grid,
+        maps={k: v for p in parts for k, v in p.relevance.maps.items()},
+        class_index=rel.class_index,
+        rows=rel.rows,
+        seed=rel.seed,
+        uniform=[u for p in parts for u in p.relevance.uniform],
+    )
+    return RelevanceMaps(merged, first.input_size, first.image_size, sum(p.compute_ms for p in parts))
 
 
 def method_map(maps: RelevanceMaps, method: str, seed: int = 0) -> torch.Tensor:
@@ -281,6 +338,7 @@ def _new_test(
         batch_size=batch_size,
         amp_dtype=amp_dtype,
         ablate=spec.ablate,
+        protocol=spec.protocol,
     )
 
 
@@ -364,10 +422,11 @@ class RelevanceService(ImageTasks):
         prep: images.Prepared | None = None,
         is_disconnected: Disconnected | None = None,
         deadline: float | None = None,
+        group: tuple[str, ...] = BASE_METHODS,
     ) -> tuple[RelevanceMaps, bool]:
-        """Every method's map for ``target``, from the cache or computed once (joined by
-        identical requests meanwhile); and whether it came from the cache."""
-        key = RelevanceKey(image_id, lm.id, ablate, str(target))
+        """The maps of ``group`` (:func:`method_group`) for ``target``, from the cache or computed
+        once (joined by identical requests meanwhile); and whether it came from the cache."""
+        key = RelevanceKey(image_id, lm.id, ablate, str(target), "" if group == BASE_METHODS else ",".join(group))
         hit = self.cache.get(key)
         if hit is not None:
             return hit, True
@@ -377,7 +436,9 @@ class RelevanceService(ImageTasks):
             p = prep or await self.prepared(image_id, lm)
             check_target(target, p.input_size)  # a box outside this picture's map: 422 before the forward
             progress.stage = "forward and backward pass"
-            m = await self.piece(partial(relevance_maps, lm, p, target, ablate, self.worker.amp_dtype, self.device))
+            m = await self.piece(
+                partial(relevance_maps, lm, p, target, ablate, self.worker.amp_dtype, self.device, group)
+            )
             self.cache.put(key, m, m.nbytes)
             return m
 
@@ -393,7 +454,9 @@ class RelevanceService(ImageTasks):
         lm = await self._model(params.model)
         ablate = lm.ablation(params.ablate)
         target = parse_target(params.target, lm)
-        maps, cached = await self.maps(image_id, lm, ablate, target, is_disconnected=is_disconnected)
+        maps, cached = await self.maps(
+            image_id, lm, ablate, target, is_disconnected=is_disconnected, group=method_group(method)
+        )
         return await self.worker.run_in_worker(
             relevance_answer, image_id, lm, maps, method, params.seed, ablate, params.format, cached, t0
         )
@@ -411,7 +474,12 @@ class RelevanceService(ImageTasks):
             progress.stage = "relevance maps"
             prep = await self.prepared(image_id, lm)
             deadline = time.monotonic() + TASK_DEADLINE_S  # the test outlives the request that started it
-            maps, _ = await self.maps(image_id, lm, spec.ablate, spec.target, prep, deadline=deadline)
+            groups = list(dict.fromkeys(method_group(m) for m in spec.methods))
+            parts = [
+                (await self.maps(image_id, lm, spec.ablate, spec.target, prep, deadline=deadline, group=g))[0]
+                for g in groups
+            ]
+            maps = merge_maps(parts)
             progress.advance(MAPS_UNITS)
             work = faithfulness_work(image_id, lm, prep, maps, spec, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)

@@ -25,7 +25,15 @@ import pyarrow as pa
 import torch
 
 from ..engine.device import autocast
-from ..engine.faithfulness import DEFAULT_BATCH, faithfulness, parse_fractions
+from ..engine.faithfulness import (
+    DEFAULT_BATCH,
+    DEFAULT_PROTOCOL,
+    ProtocolError,
+    check_protocol,
+    faithfulness,
+    parse_fractions,
+    parse_protocol,
+)
 from ..engine.model import LoadedModel
 from ..engine.output import head_output, timm_model
 from ..engine.relevance import (
@@ -65,18 +73,24 @@ class FaithfulnessPlan:
         target: the target's spelling (None: the model's default).
         fractions: the fractions of patches removed.
         seed: the random map's seed.
+        protocol: ``live`` or ``paper`` (:class:`app.engine.faithfulness.PerturbationTest`).
     """
 
     methods: tuple[str, ...]
     target: str | None = None
     fractions: tuple[float, ...] = ()
     seed: int = 0
+    protocol: str = DEFAULT_PROTOCOL
 
     @classmethod
     def parse(
-        cls, methods: str | Sequence[str], target: str | None = None, fractions: str | Sequence[float] | None = None
+        cls,
+        methods: str | Sequence[str],
+        target: str | None = None,
+        fractions: str | Sequence[float] | None = None,
+        protocol: str | None = None,
     ) -> FaithfulnessPlan:
-        """Check what needs no model (raises MethodError, FractionsError, TargetError)."""
+        """Check what needs no model (raises MethodError, FractionsError, TargetError, ProtocolError)."""
         every = isinstance(methods, str) and methods.strip().lower() == ALL
         names = parse_methods(None if every else methods)
         text = (target or "").strip().lower().replace(" ", "") or None
@@ -87,7 +101,7 @@ class FaithfulnessPlan:
             )
         if text == "default":
             text = None
-        return cls(names, text, parse_fractions(fractions))
+        return cls(names, text, parse_fractions(fractions), protocol=parse_protocol(protocol))
 
     def weak(self) -> str | None:
         """Why the asked target makes a poor test (None: it does not)."""
@@ -99,23 +113,34 @@ class FaithfulnessPlan:
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> FaithfulnessPlan:
-        return cls(tuple(meta["methods"]), meta["target"], tuple(meta["fractions"]), int(meta["seed"]))
+        protocol = meta.get("protocol", DEFAULT_PROTOCOL)
+        return cls(tuple(meta["methods"]), meta["target"], tuple(meta["fractions"]), int(meta["seed"]), protocol)
 
     def meta(self) -> dict[str, Any]:
         """What decides the table's values (in the survey's metadata; compared on ``--resume``)."""
         fractions = list(self.fractions)
-        return {"methods": list(self.methods), "target": self.target, "fractions": fractions, "seed": self.seed}
+        out = {"methods": list(self.methods), "target": self.target, "fractions": fractions, "seed": self.seed}
+        if self.protocol != DEFAULT_PROTOCOL:  # absent: surveys written before the option resume as they were
+            out["protocol"] = self.protocol
+        return out
 
     def resolve(self, lm: LoadedModel) -> str:
-        """The target against the model: its normalised spelling (raises TargetError,
+        """The target against the model: its normalised spelling (raises TargetError, ProtocolError,
         RelevanceUnsupportedError for a windowed model)."""
         refuse_windowed(lm)
         spelled = self.target_for(lm)
         if spelled == REGION:
             if lm.output_kind != "saliency":
                 raise TargetError(f"target 'region' is for saliency models; this model's output is {lm.output_kind}")
+            if self.protocol != DEFAULT_PROTOCOL:
+                raise ProtocolError(
+                    f"protocol={self.protocol} scores whether the top-1 class survives: it needs a class target "
+                    "(top or class:N) of a classifier, not a saliency model's predicted region; use protocol=live"
+                )
             return REGION
-        return str(parse_target(spelled, lm))
+        target = parse_target(spelled, lm)
+        check_protocol(self.protocol, lm, target)
+        return str(target)
 
     def table(
         self,
@@ -171,6 +196,7 @@ class FaithfulnessPlan:
                     batch_size=batch_size,
                     amp_dtype=amp_dtype,
                     progress=tick,
+                    protocol=self.protocol,
                 )
             for method in self.methods:
                 c = res.methods[method]
@@ -188,6 +214,8 @@ class FaithfulnessPlan:
                 rows["removed"].append(c.removed)
                 rows["num_patches"].append(res.num_patches)
                 rows["seed"].append(self.seed if method == "random" else None)
+                rows["protocol"].append(res.protocol)
+                rows["score0"].append(res.score0)
         return pa.table(rows, schema=schema.FAITHFULNESS), []
 
 

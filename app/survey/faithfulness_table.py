@@ -85,16 +85,21 @@ class MethodSummary:
     vs_random_positive: Interval | None = None  # mean of AUC+(method) - AUC+(random): < 0 is better
     vs_random_negative: Interval | None = None  # mean of AUC-(method) - AUC-(random): > 0 is better
     beats_random: int | None = None  # pictures where both curves beat random's
+    protocol: str = "live"  # paper: AUCs in percent of top-1 accuracy (Chefer et al. 2021's units)
 
 
 def summarise(table: pa.Table) -> list[MethodSummary]:
     """One :class:`MethodSummary` per (target, method) of a faithfulness table, in the order the
     methods first appear."""
     rows = table.select(["image", "method", "target", "auc_positive", "auc_negative"]).to_pylist()
-    targets = list(dict.fromkeys(r["target"] for r in rows))
+    # tables written before --protocol have no such column: they are live
+    protocols = table.column("protocol").to_pylist() if "protocol" in table.column_names else [None] * len(rows)
+    for r, p in zip(rows, protocols):
+        r["protocol"] = p or "live"
+    groups = list(dict.fromkeys((r["protocol"], r["target"]) for r in rows))
     out: list[MethodSummary] = []
-    for target in targets:
-        mine = [r for r in rows if r["target"] == target]
+    for protocol, target in groups:
+        mine = [r for r in rows if r["target"] == target and r["protocol"] == protocol]
         by: dict[str, dict[str, tuple[float, float]]] = {}
         for r in mine:
             pos = math.nan if r["auc_positive"] is None else r["auc_positive"]
@@ -104,7 +109,7 @@ def summarise(table: pa.Table) -> list[MethodSummary]:
         for method, per in by.items():
             pos = np.array([p for p, _ in per.values()])
             neg = np.array([n for _, n in per.values()])
-            s = MethodSummary(method, target, len(per), Interval.of(pos), Interval.of(neg))
+            s = MethodSummary(method, target, len(per), Interval.of(pos), Interval.of(neg), protocol=protocol)
             if random is not None and method != "random":
                 both = [i for i in per if i in random]
                 dp = np.array([per[i][0] - random[i][0] for i in both])
@@ -131,7 +136,7 @@ def cells(s: MethodSummary) -> list[str]:
     """A summary row as text: means with their 95 % intervals in brackets."""
     vs = [s.vs_random_positive, s.vs_random_negative]
     return [
-        s.target,
+        s.target if s.protocol == "live" else f"{s.target} (paper protocol, %)",
         s.method,
         str(s.images),
         s.auc_positive.text(),
@@ -146,3 +151,65 @@ def markdown(summaries: list[MethodSummary]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells(s)) + " |" for s in summaries]
     return "\n".join(lines)
+
+
+# Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization", CVPR 2021,
+# Table 1: ViT-B/16 on the ImageNet validation set, the predicted class, AUC in percent of top-1
+# accuracy (positive: lower is better; negative: higher is better). Headscope's method of the same
+# rule where there is one (GradCAM there is heads weighted by their mean gradient, LRP the full
+# LRP to the pixels: neither is a Headscope method).
+PAPER_TABLE1 = [
+    ("rollout", "rollout", 20.05, 53.1),
+    ("raw attention", "attention", 23.99, 45.55),
+    ("GradCAM", None, 34.06, 41.52),
+    ("LRP", None, 41.94, 43.49),
+    ("partial LRP", None, 19.64, 50.49),
+    ("transformer attribution (theirs)", "chefer2021", 17.03, 54.16),
+]
+PAPER_HEADER = [
+    "target",
+    "method",
+    "images",
+    "AUC+ % (lower is better)",
+    "Table 1 AUC+",
+    "AUC− % (higher is better)",
+    "Table 1 AUC−",
+]
+
+
+def paper_rows(summaries: list[MethodSummary]) -> list[list[str]]:
+    """The ``protocol=paper`` rows in the paper's units (AUC in percent of top-1 accuracy), each
+    beside the paper's Table 1 figure of the same rule (ViT-B, ImageNet, predicted class), then
+    the paper's rows no method here matches, for reference."""
+    ref = {ours: (pos, neg) for _, ours, pos, neg in PAPER_TABLE1 if ours}
+    out = []
+    for s in summaries:
+        if s.protocol != "paper":
+            continue
+        pos, neg = ref.get(s.method, (None, None))
+        out.append(
+            [
+                s.target,
+                s.method,
+                str(s.images),
+                s.auc_positive.text(2),
+                "" if pos is None else f"{pos:.2f}",
+                s.auc_negative.text(2),
+                "" if neg is None else f"{neg:.2f}",
+            ]
+        )
+    if out:
+        seen = {s.method for s in summaries if s.protocol == "paper"}
+        for name, ours, pos, neg in PAPER_TABLE1:
+            if ours not in seen:
+                out.append(["(Table 1)", name, "", "", f"{pos:.2f}", "", f"{neg:.2f}"])
+    return out
+
+
+def paper_markdown(summaries: list[MethodSummary]) -> str:
+    """:func:`paper_rows` as Markdown ('' when no row used the paper's protocol)."""
+    rows = paper_rows(summaries)
+    if not rows:
+        return ""
+    lines = ["| " + " | ".join(PAPER_HEADER) + " |", "|" + "---|" * len(PAPER_HEADER)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])

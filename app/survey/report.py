@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .faithfulness_table import HEADER, cells, summarise
+from .faithfulness_table import HEADER, PAPER_HEADER, cells, paper_rows, summarise
 from .output import read_failures, read_faithfulness, read_table, survey_meta
 
 QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
@@ -238,10 +238,13 @@ def faithfulness_section(tests: pa.Table) -> str:
     )
     palette = ["#2563eb", "#db2777", "#059669", "#d97706", "#7c3aed", "#0891b2"]
     for i, summ in enumerate(summaries):
-        rows = tests.filter(
-            pc.and_(pc.equal(tests.column("method"), summ.method), pc.equal(tests.column("target"), summ.target))
-        )
+        mine = pc.and_(pc.equal(tests.column("method"), summ.method), pc.equal(tests.column("target"), summ.target))
+        if "protocol" in tests.column_names:  # tables before --protocol: live
+            mine = pc.and_(mine, pc.equal(pc.fill_null(tests.column("protocol"), "live"), summ.protocol))
+        rows = tests.filter(mine)
         name = summ.method if len({s.target for s in summaries}) == 1 else f"{summ.method} ({summ.target})"
+        if summ.protocol == "paper":
+            name += ", paper protocol (AUC %)"
         dash = "dash" if summ.method == "random" else "solid"
         color = "#6b7280" if summ.method == "random" else palette[i % len(palette)]
         for col, curve in enumerate(("positive", "negative"), 1):
@@ -262,7 +265,9 @@ def faithfulness_section(tests: pa.Table) -> str:
                 col=col,
             )
     fig.update_xaxes(title_text="fraction of patches removed", range=[0, max(fractions) + 0.02])
-    fig.update_yaxes(title_text="y(perturbed) / y (mean over images)", col=1)
+    paper = any(s.protocol == "paper" for s in summaries)
+    ylabel = "score / score₀ or top-1 hits (paper protocol)" if paper else "score(perturbed) / score₀"
+    fig.update_yaxes(title_text=f"{ylabel} (mean over images)", col=1)
     fig.update_layout(
         height=420, margin=dict(t=40, r=10), template="plotly_white", legend=dict(orientation="h", y=-0.22)
     )
@@ -281,7 +286,23 @@ def faithfulness_section(tests: pa.Table) -> str:
         + '<div class="card" id="faithfulness-table">'
         + _table(HEADER, [cells(s) for s in summaries])
         + "</div>"
+        + _paper_section(summaries)
         + _fig_html(fig, "fig-faithfulness")
+    )
+
+
+def _paper_section(summaries) -> str:
+    """The ``--protocol paper`` rows in the paper's units beside its Table 1 ('' without them)."""
+    rows = paper_rows(summaries)
+    if not rows:
+        return ""
+    return (
+        '<p class="note">With <code>--protocol paper</code> (Chefer et al. 2021\'s protocol: pixels of the bilinearly '
+        "upsampled map set to black, top-1 hits of the target's class, AUC = trapz(y, x) &times; 100), in the paper's "
+        "units beside its Table 1 (ViT-B/16, ImageNet validation set, predicted class). Headscope has no labels: "
+        "for <code>top</code> a hit is the unperturbed prediction surviving (x = 0 scores 1, the paper's x = 0 is "
+        "the model's accuracy), so compare rankings of methods, not the digits, unless your pictures and model are "
+        "the paper's.</p>" + '<div class="card" id="faithfulness-paper">' + _table(PAPER_HEADER, rows) + "</div>"
     )
 
 

@@ -105,6 +105,7 @@ def survey(
     faithfulness: str | None = None,
     target: str | None = None,
     fractions: str | None = None,
+    protocol: str | None = None,
 ) -> Summary:
     """Survey every picture of ``source`` into the Parquet dataset folder ``out``.
 
@@ -130,6 +131,7 @@ def survey(
         target: the target the maps explain (default: the model's; see
             :func:`app.engine.relevance.parse_target`).
         fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
+        protocol: ``live`` (default) or ``paper`` (Chefer et al. 2021's; class targets only).
     """
     if engine not in ("local", "ray"):
         raise ValueError(f"engine {engine!r}: use local or ray")
@@ -137,10 +139,10 @@ def survey(
         raise ValueError("--batch-size must be at least 1")
     if limit is not None and limit < 0:
         raise ValueError("--limit must be 0 or more")
-    if faithfulness is None and (target is not None or fractions is not None):
-        raise ValueError("--target and --fractions belong to --faithfulness [METHODS]")
-    # methods, fractions and the target's spelling are checked before anything loads
-    plan = FaithfulnessPlan.parse(faithfulness, target, fractions) if faithfulness is not None else None
+    if faithfulness is None and (target is not None or fractions is not None or protocol is not None):
+        raise ValueError("--target, --fractions and --protocol belong to --faithfulness [METHODS]")
+    # methods, fractions, protocol and the target's spelling are checked before anything loads
+    plan = FaithfulnessPlan.parse(faithfulness, target, fractions, protocol) if faithfulness is not None else None
     weak = plan.weak() if plan is not None else None
     if weak:
         print(f"headscope survey: warning: --target {plan.target}: {weak}", file=sys.stderr)  # type: ignore[union-attr]

@@ -87,6 +87,10 @@ FAITHFULNESS = pa.schema(
         pa.field("num_patches", pa.int32(), nullable=False),
         pa.field("seed", pa.int32()),  # method=random: the map's seed
         pa.field("box", pa.list_(pa.int32())),  # target region: the picture's box [X0, Y0, X1, Y1]
+        # live (patches, mean-colour fill, score ratios) or paper (Chefer et al. 2021: pixels, black, top-1 hits,
+        # AUC in percent); null in tables written before the option: live
+        pa.field("protocol", pa.string()),
+        pa.field("score0", pa.float64()),  # live: every curve's denominator; paper: the clean picture's hit
     ]
 )
 

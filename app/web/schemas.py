@@ -343,7 +343,7 @@ class RelevanceResponse(BaseModel):
     model: str
     image_id: str
     kind: Literal["saliency", "classes", "embedding"] = Field(description="the model's output kind")
-    method: Literal["chefer", "grad_attention", "rollout", "attention", "random"]
+    method: Literal["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp"]
     method_text: str = Field(description="the method's definition in one line")
     target: str = Field(description="the target explained, normalised (`output`, `box:X0,Y0,X1,Y1`, ...)")
     y: float = Field(description="the target's value for this picture")
@@ -372,12 +372,19 @@ class RelevanceResponse(BaseModel):
 
 class FaithfulnessCurves(BaseModel):
     positive: list[float | None] = Field(
-        description="y(most relevant patches removed) / y at each fraction: lower is better (null when y = 0)"
+        description="protocol=live: score(most relevant patches removed) / score0 at each fraction (see `score`); "
+        "protocol=paper: 1 where the top-1 prediction is still the target's class, else 0; lower is better "
+        "(null when score0 = 0)"
     )
-    negative: list[float | None] = Field(description="y(least relevant removed) / y: higher is better")
-    auc_positive: float | None = Field(description="trapezoid area under `positive`, (0, 1) included")
+    negative: list[float | None] = Field(description="the same with the least relevant removed first: higher is better")
+    auc_positive: float | None = Field(
+        description="trapezoid area under `positive`; live: (0, 1) included; paper: (0, score0) included, times 100 "
+        "(percent, the paper's units)"
+    )
     auc_negative: float | None
-    removed: list[int] = Field(description="patches removed at each fraction: floor(f x patches)")
+    removed: list[int] = Field(
+        description="removed at each fraction: live, patches (floor(f x patches)); paper, pixels (int(f x pixels))"
+    )
 
 
 class FaithfulnessVerdict(BaseModel):
@@ -399,7 +406,16 @@ class FaithfulnessResponse(BaseModel):
     image_id: str
     kind: Literal["saliency", "classes", "embedding"]
     target: str
-    y: float = Field(description="the target's unperturbed value (every curve's denominator)")
+    y: float = Field(description="the target's unperturbed value")
+    protocol: Literal["live", "paper"] = Field(description="the perturbation protocol the curves follow")
+    score: Literal["probability", "target", "top1"] = Field(
+        description="what the curves measure: `probability` (live, class targets: the class's softmax probability, "
+        "positive whatever the logit's sign), `target` (live: y itself, saliency means and the embedding target) "
+        "or `top1` (paper: 1 while the top-1 class is the target's class, else 0)"
+    )
+    score0: float = Field(
+        description="the score of the unperturbed picture: live, every curve's denominator; paper, the curve at x = 0"
+    )
     class_index: int | None
     class_label: str | None
     fractions: list[float]

@@ -22,7 +22,7 @@ import { renderFaithfulnessLive, renderFaithfulnessResults } from "./why_live.js
 import { isWindowed } from "./windows.js";
 
 const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row
-const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random"]; // the test's order
+const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp"]; // the test's order
 const BASELINE = ["chefer", "attention", "random"]; // always tested, with the chosen method
 const FRACTIONS = { quick: "0,0.25,0.5,0.75", full: "" }; // "": the server's default, 0, 0.1, …, 0.9
 const DEFAULT_TARGET = { saliency: "output", classes: "top", embedding: "embedding" };

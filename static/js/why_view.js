@@ -12,11 +12,19 @@ export const METHOD_NAMES = {
   rollout: "rollout",
   attention: "raw attention",
   random: "random",
+  chefer2021: "Chefer et al. 2021 (LRP)",
+  attnlrp: "AttnLRP",
 };
-const COLOURS = { chefer: "#38bdf8", grad_attention: "#a78bfa", rollout: "#34d399", attention: "#fbbf24", random: "#94a3b8" };
+const COLOURS = {
+  chefer: "#38bdf8", grad_attention: "#a78bfa", rollout: "#34d399", attention: "#fbbf24", random: "#94a3b8",
+  chefer2021: "#f472b6", attnlrp: "#fb923c",
+};
 // A marker shape per method too: the curves stay apart without colour (deuteranopia mixes the
 // first two colours).
-export const SYMBOLS = { chefer: "circle", grad_attention: "square", rollout: "diamond", attention: "triangle-up", random: "x" };
+export const SYMBOLS = {
+  chefer: "circle", grad_attention: "square", rollout: "diamond", attention: "triangle-up", random: "x",
+  chefer2021: "star", attnlrp: "hexagon",
+};
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);

@@ -103,23 +103,31 @@ def cat_id(why, cat) -> str:
 
 
 def test_every_method_equals_the_engine_and_one_computation_answers_them_all(why, lm, cat, cat_id):
-    from headscope.engine.relevance import METHODS, relevance
+    from headscope.engine.relevance import LRP_METHODS, METHODS, relevance
 
     x = pixels(lm, cat)
     for target in ("", BOX):
-        want = relevance(lm, x[None], target or None, METHODS)[0]
-        for i, method in enumerate(METHODS):
+        # the LRP methods (a forward and backward each) for the whole output only: the server's time
+        methods = METHODS if not target else tuple(m for m in METHODS if m not in LRP_METHODS)
+        want = relevance(lm, x[None], target or None, methods)[0]
+        for i, method in enumerate(methods):
             body = rel(why, cat_id, method=method, target=target)
             got = grid_of(body)
             assert body["method"] == method and body["target"] == str(want.target) == (target or "output")
             assert body["grid"] == list(want.grid) == list(got.shape) == body["shape"] == [16, 24]
             assert body["input_size"] == [224, 336] and body["rows"] == "cls" and body["kind"] == "saliency"
             np.testing.assert_allclose(got, want.maps[method].numpy(), rtol=1e-4, atol=1e-7)
-            assert got.sum() == pytest.approx(1.0, abs=1e-5) and got.min() >= 0
             assert body["y"] == pytest.approx(want.y, rel=1e-5)
-            # one forward and backward gave every method: the first request computed, the others read
-            assert body["cached"] is (i > 0), (target, method)
             assert body["seed"] == (0 if method == "random" else None)
+            if method == "attnlrp":  # signed, divided by |sum|
+                assert abs(got.sum()) == pytest.approx(1.0, abs=1e-5)
+            else:
+                assert got.sum() == pytest.approx(1.0, abs=1e-5) and got.min() >= 0
+            if method in LRP_METHODS:  # a forward under its rules of its own, when asked for
+                assert rel(why, cat_id, method=method, target=target)["cached"] is True
+                continue
+            # one forward and backward gave every other method: the first request computed, the others read
+            assert body["cached"] is (i > 0), (target, method)
     chefer, attention = grid_of(rel(why, cat_id, method="chefer")), grid_of(rel(why, cat_id, method="attention"))
     assert np.abs(chefer - attention).max() > 10 * np.abs(chefer).max() * 1e-4  # the methods differ
 
@@ -264,7 +272,7 @@ def test_every_bad_parameter_is_a_4xx_in_the_one_error_shape(why, cat_id):
             assert_error(r, 422, "bad_target" if len(target) < 5000 else "invalid_parameter")
         assert "output, box:X0,Y0,X1,Y1" in get(why, f"{API}/{cat_id}/{path}", target="top").json()["error"]["message"]
     rel_path = f"{API}/{cat_id}/relevance"
-    for method in ("magic", "chefer,random", "", "attnlrp"):
+    for method in ("magic", "chefer,random", "", "lrp"):
         assert_error(get(why, rel_path, method=method), 422, "invalid_parameter")
     assert_error(get(why, rel_path, format="xml"), 422, "invalid_parameter")
     assert_error(get(why, rel_path, methods="chefer"), 422, "invalid_parameter")  # that is …/faithfulness's
@@ -316,3 +324,45 @@ def test_windowed_models_are_refused_with_the_reason(why, samples):
         r = get(why, f"{API}/{image_id}/{path}", model=SWIN_V1)
         assert_error(r, 422, "relevance_unsupported")
         assert "windowed" in r.json()["error"]["message"] and "Swin" in r.json()["error"]["message"]
+
+
+def test_the_papers_protocol_is_a_named_choice(why, clf_lm, samples):
+    """protocol=paper equals the engine's paper protocol; it is its own cache entry; a saliency
+    model refuses it (422 bad_protocol: it scores top-1 hits), an unknown protocol is 422."""
+    from headscope.engine.faithfulness import faithfulness
+
+    data = fresh_photo(samples["cat"], 41)
+    image_id = post(why, data, "cat.png", model=CLF, layers="-1")["image_id"]
+    x = pixels(clf_lm, data)
+    maps = {"chefer": tensor_of(rel(why, image_id, model=CLF))}
+    live = faith(why, image_id, model=CLF, methods="chefer", fractions="0,0.3,0.6")
+    paper = faith(why, image_id, model=CLF, methods="chefer", fractions="0,0.3,0.6", protocol="paper")
+    assert live["protocol"] == "live" and live["score"] == "probability"
+    assert paper["protocol"] == "paper" and paper["score"] == "top1" and paper["score0"] == 1.0
+    want = faithfulness(clf_lm, x, maps, "top", [0, 0.3, 0.6], protocol="paper")
+    got = paper["methods"]["chefer"]
+    assert got["positive"] == want.methods["chefer"].positive and set(got["positive"]) <= {0.0, 1.0}
+    assert got["auc_positive"] == pytest.approx(want.methods["chefer"].auc_positive)
+    assert got["removed"] == [0, int(0.3 * x.shape[-2] * x.shape[-1]), int(0.6 * x.shape[-2] * x.shape[-1])]
+    saliency_id = post(why, fresh_photo(samples["cat"], 42), "cat.png", layers="-1")["image_id"]
+    r = get(why, f"{API}/{saliency_id}/faithfulness", protocol="paper")
+    assert_error(r, 422, "bad_protocol")
+    assert "class target" in r.json()["error"]["message"]
+    assert_error(get(why, f"{API}/{image_id}/faithfulness", model=CLF, protocol="ours"), 422, "invalid_parameter")
+
+
+def test_the_lrp_methods_are_served_and_tested_on_demand(why, clf_lm, samples):
+    """method=chefer2021 and method=attnlrp equal the engine's maps (each its own forward under
+    its rules, computed only when asked for), and the faithfulness test takes them by name."""
+    from headscope.engine.relevance import relevance
+
+    data = fresh_photo(samples["astronaut"], 43)
+    image_id = post(why, data, "astronaut.png", model=CLF, layers="-1")["image_id"]
+    x = pixels(clf_lm, data)
+    want = relevance(clf_lm, x[None], None, ["chefer2021", "attnlrp"])[0]
+    for method in ("chefer2021", "attnlrp"):
+        body = rel(why, image_id, model=CLF, method=method)
+        assert body["method"] == method and "Achtibat" in body["method_text"] or "CVPR 2021" in body["method_text"]
+        np.testing.assert_allclose(grid_of(body), want.maps[method].numpy(), rtol=1e-4, atol=1e-6)
+    test = faith(why, image_id, model=CLF, methods="chefer2021,attnlrp,random", fractions="0,0.5")
+    assert list(test["methods"]) == ["chefer2021", "attnlrp", "random"]

@@ -300,12 +300,15 @@ def curves(
     fractions: list[float],
     grid: tuple[int, int],
     patch: tuple[int, int],
+    score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, list[float]]:
     """Positive and negative perturbation curves of one picture, one forward per point.
 
     The orders are written with Python's ``sorted`` on ``(value, index)`` keys: ties take the
-    lower patch index first in both directions.
+    lower patch index first in both directions. ``score``: what the curve divides (default: the
+    target itself; for a class, :func:`probability_of` it).
     """
+    target = score or target
     P = relevance.numel()
     vals = relevance.flatten().tolist()
     orders = {
@@ -360,3 +363,16 @@ def class_logit(n: int):
 def embedding_ratio(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     e0 = ref.expand_as(out)
     return (out * e0).sum(-1) / (e0 * e0).sum(-1)
+
+
+def probability_of(class_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | int):
+    """The softmax probability of a class: ``class_of`` an index, or ``top_logit`` (the
+    unperturbed top class) written out with ``exp`` over the logits."""
+
+    def f(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        n = out.shape[0]
+        idx = torch.full((n,), class_of) if isinstance(class_of, int) else ref.argmax(-1).expand(n)
+        e = torch.exp(out.double() - out.double().max(-1, keepdim=True).values)
+        return e[torch.arange(out.shape[0]), idx] / e.sum(-1)  # float64: small probabilities stay > 0
+
+    return f

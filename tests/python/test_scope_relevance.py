@@ -14,6 +14,7 @@ from helpers.relevance_reference import (
     differentiate,
     forward,
     load_family,
+    probability_of,
     relevance_maps,
     top_logit,
     trapezoid,
@@ -57,7 +58,8 @@ def test_faithfulness_equals_the_reference(scope, picture):
     fractions = [0.0, 0.25, 0.5]
     got = scope.faithfulness(picture, methods="chefer", target="top", fractions=fractions)
     rel = scope.relevance(picture, method="chefer", target="top")["relevance"]
-    want = curves(lambda t: forward(scope.model, t)[2], x, rel, top_logit, fractions, layout.grid, scope.lm.patch_size)
+    run = lambda t: forward(scope.model, t)[2]  # noqa: E731
+    want = curves(run, x, rel, top_logit, fractions, layout.grid, scope.lm.patch_size, score=probability_of(top_logit))
     chefer = got["methods"]["chefer"]
     for direction in ("positive", "negative"):
         np.testing.assert_allclose(chefer[direction], want[direction], rtol=1e-4, atol=1e-5)
@@ -74,3 +76,17 @@ def test_faithfulness_says_its_verdict_in_the_result_and_its_repr(scope, picture
     shown = repr(got)
     assert shown.startswith("FaithfulnessResult(") and v.text in shown and "the baseline" in shown
     assert isinstance(got, dict) and got["target"] == "top"  # still the API's answer
+
+
+def test_faithfulness_takes_the_papers_protocol(scope, picture):
+    from headscope.engine.faithfulness import ProtocolError, faithfulness
+
+    x = _x(scope, picture)
+    rel = scope.relevance(picture, method="chefer", target="top")["relevance"]
+    got = scope.faithfulness(picture, methods="chefer", target="top", protocol="paper")
+    want = faithfulness(scope.lm, x, {"chefer": rel}, "top", protocol="paper")
+    assert got["protocol"] == "paper" and got["score"] == "top1"
+    assert got["methods"]["chefer"]["positive"] == want.methods["chefer"].positive
+    assert got["methods"]["chefer"]["auc_negative"] == pytest.approx(want.methods["chefer"].auc_negative)
+    with pytest.raises(ProtocolError):
+        scope.faithfulness(picture, methods="chefer", protocol="theirs")

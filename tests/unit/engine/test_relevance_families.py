@@ -17,6 +17,7 @@ from helpers.relevance_reference import (
     embedding_ratio,
     forward,
     load_family,
+    probability_of,
     relevance_maps,
     top_logit,
     trapezoid,
@@ -96,7 +97,13 @@ def test_relevance_equals_the_reference(family):
 def test_perturbation_curves_equal_the_reference(family):
     name, lm, x = family
     fractions = [0.0, 0.2, 0.45, 0.7]
-    spelling, target_fn = targets(lm)[0]
+    # classes: the runner-up class, not top: with logits of tens of units the top class keeps
+    # probability 1 under any perturbation
+    spelling, target_fn = targets(lm)[-1]
+    if lm.output_kind == "classes":
+        with torch.no_grad():
+            second = int(forward(lm.model, x[:1])[2][0].argsort()[-2])
+        spelling, target_fn = f"class:{second}", class_logit(second)
     rel = relevance(lm, x[:1], spelling, ["chefer", "attention"])[0]
     res = faithfulness(lm, x[0], rel.maps, spelling, fractions, batch_size=3)
     grid, patch = rel.grid, lm.patch_size
@@ -104,8 +111,10 @@ def test_perturbation_curves_equal_the_reference(family):
     def run(t):
         return forward(lm.model, t)[2]
 
+    # a class's curve is of its softmax probability (positive whatever the logit's sign)
+    score = probability_of(int(spelling[6:])) if spelling.startswith("class:") else None
     for method in ("chefer", "attention"):
-        want = curves(run, x[0], rel.maps[method], target_fn, fractions, grid, patch)
+        want = curves(run, x[0], rel.maps[method], target_fn, fractions, grid, patch, score=score)
         got = res.methods[method]
         assert got.positive[0] == got.negative[0] == 1.0
         assert got.positive == pytest.approx(want["positive"], rel=1e-4, abs=1e-5), (name, method)

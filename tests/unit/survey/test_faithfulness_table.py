@@ -39,7 +39,8 @@ def rows(aucs: dict[str, list[tuple[float | None, float | None]]]) -> pa.Table:
         for i, (pos, neg) in enumerate(values):
             for k, v in dict(image=f"p{i}.png", method=method, target="output", class_index=None, y=1.0,
                              auc_positive=pos, auc_negative=neg, fractions=[0.0], positive=[1.0], negative=[1.0],
-                             removed=[0], num_patches=4, seed=None, box=None).items():  # fmt: skip
+                             removed=[0], num_patches=4, seed=None, box=None, protocol=None,
+                             score0=1.0).items():  # fmt: skip
                 out[k].append(v)
     return pa.table(out, schema=schema.FAITHFULNESS)
 
@@ -62,3 +63,45 @@ def test_methods_are_compared_with_random_picture_by_picture():
     text = markdown([chefer, random])
     assert text.splitlines()[0].startswith("| target | method | images | AUC+")
     assert "| output | chefer | 3 | 0.400 [" in text and "1 of 2" in text  # of the pictures with both AUCs
+
+
+def test_the_papers_protocol_over_pictures_in_the_papers_units_beside_table_1():
+    """A survey batch with protocol=paper (a tiny random classifier): each row is the engine's
+    paper-protocol test of that picture; the summary is in percent and sits beside Table 1."""
+    import torch
+
+    from headscope.engine.faithfulness import faithfulness
+    from headscope.engine.relevance import relevance
+    from headscope.survey.faithfulness import FaithfulnessPlan
+    from headscope.survey.faithfulness_table import PAPER_TABLE1, paper_markdown, paper_rows
+    from headscope.survey.report import faithfulness_section
+    from helpers.relevance_reference import FAMILIES, load_family
+
+    _, arch, kwargs, classes, hw = next(f for f in FAMILIES if f[0] == "vit")
+    lm = load_family(arch, kwargs, classes)
+    torch.manual_seed(3)
+    x = torch.randn(3, 3, *hw)
+    plan = FaithfulnessPlan.parse("rollout,attention,random", "top", None, "paper")
+    assert plan.meta()["protocol"] == "paper" and FaithfulnessPlan.from_meta(plan.meta()) == plan
+    assert "protocol" not in FaithfulnessPlan.parse("random").meta()  # live surveys' metadata as before
+    assert plan.resolve(lm) == "top"
+    table, failed = plan.table(lm, ["a", "b", "c"], x)
+    assert not failed and set(table.column("protocol").to_pylist()) == {"paper"}
+    rels = relevance(lm, x, "top", plan.methods)
+    want = [faithfulness(lm, x[i], rels[i].maps, "top", protocol="paper") for i in range(3)]
+    got = table.to_pylist()
+    for r in got:
+        w = want["abc".index(r["image"])]
+        assert r["auc_positive"] == pytest.approx(w.methods[r["method"]].auc_positive)
+        assert r["positive"] == w.methods[r["method"]].positive and r["score0"] == 1.0
+    summaries = summarise(table)
+    assert {s.protocol for s in summaries} == {"paper"}
+    rollout = next(s for s in summaries if s.method == "rollout")
+    mean = np.mean([w.methods["rollout"].auc_positive for w in want])
+    assert rollout.auc_positive.mean == pytest.approx(mean) and 0 <= mean <= 90
+    rows_ = paper_rows(summaries)
+    assert rows_[0][:2] == ["top", "rollout"] and rows_[0][4] == "20.05" and rows_[0][6] == "53.10"
+    assert ["(Table 1)", "transformer attribution (theirs)", "", "", "17.03", "", "54.16"] in rows_
+    assert len(rows_) == 3 + len(PAPER_TABLE1) - 2  # rollout and attention are matched
+    assert "Table 1 AUC+" in paper_markdown(summaries) and paper_markdown(summarise(rows({"x": [(0.1, 0.2)]}))) == ""
+    assert 'id="faithfulness-paper"' in faithfulness_section(table)

@@ -72,8 +72,9 @@ def test_the_table_holds_the_engines_perturbation_test(local, source):
     t = sorted_tests(local)
     assert t.column_names == [
         "image", "method", "target", "class_index", "y", "auc_positive", "auc_negative",
-        "fractions", "positive", "negative", "removed", "num_patches", "seed", "box",
+        "fractions", "positive", "negative", "removed", "num_patches", "seed", "box", "protocol", "score0",
     ]  # fmt: skip
+    assert set(t.column("protocol").to_pylist()) == {"live"}
     assert t.column("image").to_pylist() == [p for p in PICTURES for _ in METHODS]
     assert t.column("method").to_pylist() == METHODS * 2
     assert set(t.column("target").to_pylist()) == {BOX} and t.column("class_index").null_count == 4
@@ -95,6 +96,7 @@ def test_the_table_holds_the_engines_perturbation_test(local, source):
         np.testing.assert_allclose(got["negative"], ref.negative, rtol=1e-4, err_msg=str(row))
         assert got["auc_positive"] == pytest.approx(ref.auc_positive, rel=1e-4)
         assert got["auc_negative"] == pytest.approx(ref.auc_negative, rel=1e-4)
+        assert got["score0"] == pytest.approx(want.score0, rel=1e-5)
 
 
 def test_the_report_prints_the_mean_auc_table_with_its_interval(local, tmp_path):
@@ -187,7 +189,7 @@ def test_resume_skips_what_is_done_and_repairs_a_half_written_flush(tiny, tiny_s
 
 
 def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny_settings, tmp_path):
-    from headscope.engine.faithfulness import FractionsError
+    from headscope.engine.faithfulness import FractionsError, ProtocolError
     from headscope.engine.relevance import MethodError, RelevanceUnsupportedError, TargetError
 
     out = tmp_path / "x.parquet"
@@ -197,6 +199,8 @@ def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny
         (dict(faithfulness="chefr"), MethodError, "method 'chefr': unknown"),
         (dict(fractions="0,2"), FractionsError, r"outside \[0, 1\)"),
         (dict(faithfulness=None, target="top"), ValueError, "belong to --faithfulness"),
+        (dict(protocol="paper"), ProtocolError, "class target"),  # an embedding model: no top-1 to score
+        (dict(protocol="theirs"), ProtocolError, "unknown"),
     ]
     for more, error, words in cases:
         with pytest.raises(error, match=words):

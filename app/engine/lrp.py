@@ -1,0 +1,319 @@
+"""Layer-wise relevance propagation through a model's own forward, scoped to one call.
+
+Two relevance methods of :mod:`app.engine.relevance` need rules that differ from the gradient at
+some operations; both run the model's own modules with a ``TorchFunctionMode`` active for that
+forward only (no class is patched, nothing changes for another thread or model), which answers
+the operations that need a rule with a custom autograd function and leaves the others alone:
+
+* ``chefer2021`` (Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention
+  Visualization", CVPR 2021): an *explicit* relevance backward, each function's ``backward``
+  maps the relevance of its output to that of its inputs, with the rules of the authors' LRP
+  layers (``modules/layers_ours.py``; alpha = 1, beta = 0):
+
+  - ``linear``, ``conv2d``, ``conv_transpose2d``: the alpha-beta rule with alpha 1 (positive
+    inputs through positive weights and negative through negative, bias left out);
+  - a product of two tensors that both carry relevance (``q @ k^T``, ``A @ V``, a SwiGLU gate):
+    ``x * grad`` of each factor for ``R / Z``, halved (the authors' ``cam /= 2``);
+  - an addition of two such tensors (the residuals): each side's ``x * R / Z``, rescaled per
+    picture so the sides share ``sum R`` in proportion to ``|sum|`` (the authors' ``Add``);
+  - LayerNorm, GELU/SiLU, softmax, dropout, sigmoid, ReLU, batch norm, and scaling by a constant:
+    the identity (relevance passes unchanged, as their ``RelProp`` base class does);
+  - a mean or an interpolation (pooling heads, the saliency decoder's resize): LRP-0,
+    ``x * J^T (R / Z)``;
+  - a branch point: autograd's sum (their ``Clone`` up to its 1e-9 stabiliser).
+
+  ``safe_divide`` is theirs: ``a / (b + 1e-9)``, 0 where ``b == 0``.
+* ``attnlrp`` (Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for
+  Transformers", ICML 2024): relevance as gradient x input of a forward whose gradient is
+  modified as LXT's efficient rules modify it: the identity rule for element-wise non-linearities
+  (GELU, SiLU, sigmoid: the gradient times ``out / in``), the identity rule for LayerNorm (the
+  standard deviation held constant), the uniform rule for the attention products (the gradient
+  of q and k divided by 4, of v by 2: ``q @ k^T`` and ``A @ V`` each split their relevance in
+  half) and for a SwiGLU gate (halved), the softmax's rule (which is its plain gradient x input)
+  and the epsilon rule for linear layers (their plain gradient, epsilon -> 0).
+
+Attention runs through ``scaled_dot_product_attention`` for every supported family (the mode
+switches ``fused_attn`` on for the call, as the capture does for EVA and BEiT), and the mode
+answers each call with the unfused math, ``softmax(q * scale @ k^T + mask) @ v``, keeping the
+softmax maps ``[B, H, N, N]`` in the graph (:attr:`RelevanceMode.maps`, in call order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd import Function
+from torch.overrides import TorchFunctionMode
+
+from .capture import attention_layers
+
+RULES = ("chefer2021", "attnlrp")
+
+
+def safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The authors' stabilised division: ``a / (b + 1e-9)``, 0 where ``b`` is exactly 0."""
+    den = b.clamp(min=1e-9) + b.clamp(max=1e-9)
+    den = den + den.eq(0).type(den.type()) * 1e-9
+    return a / den * b.ne(0).type(b.type())
+
+
+def _saveable(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Tensors made in inference mode (a position table cached by an earlier served forward)
+    cannot be saved for a backward: a normal copy of those."""
+    return tuple(t.clone() if t is not None and t.is_inference() else t for t in ts)
+
+
+# -- chefer2021: explicit relevance functions ------------------------------------------------
+class _Identity(Function):
+    """``fn(x)`` forward; relevance passes unchanged."""
+
+    @staticmethod
+    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, r: torch.Tensor):
+        return None, r
+
+
+class _Lrp0(Function):
+    """A parameter-free linear map ``fn`` (mean, interpolation): ``x * J^T (R / fn(x))``."""
+
+    @staticmethod
+    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+        ctx.fn = fn
+        ctx.save_for_backward(*_saveable(x))
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, r: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            z = ctx.fn(xg)
+            (c,) = torch.autograd.grad(z, xg, safe_divide(r, z.detach()))
+        return None, x * c
+
+
+class _AlphaBeta(Function):
+    """``op(x, w) + b`` forward (linear, convolutions); relevance by alpha-beta with alpha 1."""
+
+    @staticmethod
+    def forward(ctx, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        ctx.op = op
+        ctx.save_for_backward(*_saveable(x, w))
+        return op(x, w, b)
+
+    @staticmethod
+    def backward(ctx, r: torch.Tensor):
+        x, w = ctx.saved_tensors
+        with torch.enable_grad():
+            px = x.detach().clamp(min=0).requires_grad_(True)
+            nx = x.detach().clamp(max=0).requires_grad_(True)
+            z1 = ctx.op(px, w.clamp(min=0), None)
+            z2 = ctx.op(nx, w.clamp(max=0), None)
+            s = safe_divide(r, (z1 + z2).detach())
+            c1, c2 = torch.autograd.grad([z1, z2], [px, nx], [s, s])
+        return None, px.detach() * c1 + nx.detach() * c2, None, None
+
+
+class _Product(Function):
+    """``op(a, b)`` of two relevance-carrying tensors (matmul, element-wise product): each
+    factor's ``x * grad`` for ``R / Z``, halved."""
+
+    @staticmethod
+    def forward(ctx, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.op = op
+        ctx.save_for_backward(*_saveable(a, b))
+        return op(a, b)
+
+    @staticmethod
+    def backward(ctx, r: torch.Tensor):
+        a, b = ctx.saved_tensors
+        with torch.enable_grad():
+            ag, bg = a.detach().requires_grad_(True), b.detach().requires_grad_(True)
+            z = ctx.op(ag, bg)
+            ca, cb = torch.autograd.grad(z, [ag, bg], safe_divide(r, z.detach()))
+        return None, _unbroadcast(a * ca / 2, a.shape), _unbroadcast(b * cb / 2, b.shape)
+
+
+class _Add(Function):
+    """``a + b`` of two relevance-carrying tensors: the authors' ``Add`` rule, per picture."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*_saveable(a, b))
+        return a + b
+
+    @staticmethod
+    def backward(ctx, r: torch.Tensor):
+        a, b = ctx.saved_tensors
+        s = safe_divide(r, (a + b).detach())
+        ra, rb = a * s, b * s
+        dims = tuple(range(1, r.dim()))  # per picture: the authors sum the whole tensor of one picture
+        a_sum, b_sum, r_sum = (t.sum(dims, keepdim=True) if dims else t for t in (ra, rb, r))
+        total = a_sum.abs() + b_sum.abs()
+        ra = ra * safe_divide(safe_divide(a_sum.abs(), total) * r_sum, a_sum)
+        rb = rb * safe_divide(safe_divide(b_sum.abs(), total) * r_sum, b_sum)
+        return _unbroadcast(ra, a.shape), _unbroadcast(rb, b.shape)
+
+
+def _unbroadcast(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Sum a broadcast result back to ``shape`` (a factor shared across a dimension)."""
+    if t.shape == shape:
+        return t
+    while t.dim() > len(shape):
+        t = t.sum(0)
+    for i, n in enumerate(shape):
+        if n == 1 and t.shape[i] != 1:
+            t = t.sum(i, keepdim=True)
+    return t
+
+
+# -- attnlrp: gradient modifiers (LXT's efficient rules) -------------------------------------
+class _ScaleGrad(Function):
+    """Identity forward; the gradient divided by ``factor`` (the uniform rule)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return g / ctx.factor, None
+
+
+def _identity_rule(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out`` forward, gradient ``out / (x + 1e-10)`` (LXT's ``identity_rule_implicit``)."""
+    ratio = (out / (x + 1e-10)).detach()
+    return out.detach() + (x - x.detach()) * ratio
+
+
+def _grad(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad
+
+
+class RelevanceMode(TorchFunctionMode):
+    """Answers the operations that need a rule (see the module docstring) while active.
+
+    Args:
+        rules: ``chefer2021`` or ``attnlrp``.
+    """
+
+    def __init__(self, rules: str):
+        super().__init__()
+        if rules not in RULES:
+            raise ValueError(f"rules {rules!r}: use one of {', '.join(RULES)}")
+        self.rules = rules
+        self.maps: list[torch.Tensor] = []  # softmax maps of each attention call, in the graph
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self._attention(*args, **kwargs)
+        if not any(_grad(a) for a in args) and not any(_grad(a) for a in kwargs.values()):
+            return func(*args, **kwargs)
+        if self.rules == "attnlrp":
+            return self._attnlrp(func, args, kwargs)
+        return self._chefer(func, args, kwargs)
+
+    # AttnLRP: gradient x input with modified gradients
+    def _attnlrp(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        if func in (F.gelu, F.silu, torch.sigmoid, torch.Tensor.sigmoid, F.sigmoid):
+            x = args[0]
+            return _identity_rule(func(*args, **kwargs), x)
+        if func is F.layer_norm:
+            # LXT's layer_norm_forward: the standard deviation held constant (one pass, no second norm)
+            x, shape = args[0], args[1]
+            w = args[2] if len(args) > 2 else kwargs.get("weight")
+            b = args[3] if len(args) > 3 else kwargs.get("bias")
+            eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
+            dims = tuple(range(-len(shape), 0))
+            xc = x - x.mean(dims, keepdim=True)
+            y = xc / (xc.pow(2).mean(dims, keepdim=True) + eps).sqrt().detach()
+            y = y * w if w is not None else y
+            return y + b if b is not None else y
+        if func in (torch.Tensor.mul, torch.mul) and len(args) == 2 and _grad(args[0]) and _grad(args[1]):
+            return _ScaleGrad.apply(func(*args, **kwargs), 2.0)
+        return func(*args, **kwargs)
+
+    # chefer2021: explicit relevance
+    def _chefer(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        if func in (F.linear, torch.conv2d, F.conv2d, F.conv_transpose2d, torch.conv_transpose2d):
+            rest = dict(kwargs)
+            x = args[0] if args else rest.pop("input")
+            w = args[1] if len(args) > 1 else rest.pop("weight")
+            b = args[2] if len(args) > 2 else rest.pop("bias", None)
+            extra = args[3:]
+
+            def op(x_, w_, b_, func=func, extra=extra, rest=rest):
+                return func(x_, w_, b_, *extra, **rest)
+
+            return _AlphaBeta.apply(op, x, w, b)
+        if func in (torch.Tensor.matmul, torch.matmul, torch.Tensor.__matmul__, torch.Tensor.mul, torch.mul):
+            a, b = args[0], args[1]
+            if _grad(a) and _grad(b):
+                return _Product.apply(func, a, b)
+            return _Identity.apply(lambda t: func(*args, **kwargs), a if _grad(a) else b)
+        if func in (torch.Tensor.mul_, torch.Tensor.div, torch.div, torch.Tensor.__truediv__):
+            a = args[0]
+            if _grad(a) and not (len(args) > 1 and _grad(args[1])):
+                scale: Callable[..., Any] = torch.Tensor.mul if func is torch.Tensor.mul_ else func
+                return _Identity.apply(lambda t: scale(t, *args[1:], **kwargs), a)
+            return func(*args, **kwargs)
+        if func in (torch.Tensor.add, torch.add, torch.Tensor.__add__) and len(args) == 2 and not kwargs:
+            a, b = args
+            if _grad(a) and _grad(b):
+                return _Add.apply(a, b)
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                # a constant added (a bias table, a position embedding): the Add rule, its share dropped
+                const = b if _grad(a) else a
+                return _Add.apply(a if _grad(a) else a.detach(), b if _grad(b) else const.detach())
+            return func(*args, **kwargs)
+        if func in (F.layer_norm, F.gelu, F.silu, F.dropout, F.relu, torch.relu, torch.sigmoid, F.sigmoid,
+                    torch.Tensor.sigmoid, torch.Tensor.softmax, F.softmax, torch.softmax, F.batch_norm):  # fmt: skip
+            x = args[0]
+            return _Identity.apply(lambda t: func(t, *args[1:], **kwargs), x)
+        if func in (torch.Tensor.mean, torch.mean, F.interpolate):
+            x = args[0]
+            return _Lrp0.apply(lambda t: func(t, *args[1:], **kwargs), x)
+        return func(*args, **kwargs)
+
+    def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+        if is_causal or dropout_p:
+            raise ValueError("relevance rules: causal or dropout attention is not supported")
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(attn_mask.shape, device=q.device).masked_fill(~attn_mask, float("-inf"))
+        if self.rules == "attnlrp":
+            # the rules sit around the fused kernel (its gradient is the softmax's): no N x N map
+            q, k, v = _ScaleGrad.apply(q, 4.0), _ScaleGrad.apply(k, 4.0), _ScaleGrad.apply(v, 2.0)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+        qs = _Identity.apply(lambda t: t * scale, q)
+        s = _Product.apply(torch.matmul, qs, k.transpose(-2, -1))  # B, H, N, N
+        if attn_mask is not None:
+            s = _Add.apply(s, attn_mask.detach().expand_as(s))
+        a = _Identity.apply(lambda t: t.softmax(-1), s)
+        self.maps.append(a)
+        return _Product.apply(torch.matmul, a, v)
+
+
+@contextmanager
+def relevance_rules(model: torch.nn.Module, rules: str) -> Iterator[RelevanceMode]:
+    """Run ``model``'s forward (and its head) under :class:`RelevanceMode` inside the block.
+
+    Every block's attention is switched to its fused branch for the block (the mode answers
+    ``scaled_dot_product_attention`` with the rules), and switched back after.
+    """
+    mode = RelevanceMode(rules)
+    with ExitStack() as stack:
+        for attn, _ in attention_layers(model):
+            stack.callback(setattr, attn, "fused_attn", attn.fused_attn)
+            attn.fused_attn = True
+        with mode:
+            yield mode
