@@ -39,6 +39,10 @@ class LoadedModel:
     # others; see app.engine.output for the kinds), and why it is missing where it should be.
     decoder: nn.Module | None = None
     output_note: str = ""
+    # CLIP-style models (open_clip): the text tower (app.engine.clip_text.TextTower) beside this
+    # image tower, for text targets and zero-shot; None elsewhere, with why where it is missing.
+    text: Any = None
+    text_note: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -104,4 +108,5 @@ class LoadedModel:
             windowed=self.windowed,
             stages=[s.as_dict() for s in self.stages] if self.stages is not None else None,
             output=self.output_kind,
+            text=self.text is not None,
         )

@@ -275,6 +275,11 @@ def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
         with torch.device("meta"):
             model, dynamic = _create(str(m["arch"]), False, num_classes=0, img_size=grid[0] * patch[0])
         return _finish(spec, model, dynamic, arch=str(m["arch"]), input_size=m["input_size"])
+    if spec.source == "open_clip":
+        from .open_clip_models import load_open_clip, split_arch
+
+        with torch.device("meta"):  # the architecture alone: random weights, nothing downloaded
+            return load_open_clip(ModelSpec(spec.id, spec.source, split_arch(spec.arch)[0]))
     _check_arch(spec.arch.split(".")[0])
     with torch.device("meta"):  # a pretrained tag's configuration (size, classes) applies without weights
         model, dynamic = _create(spec.arch, pretrained=False)
@@ -289,4 +294,8 @@ def build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
         return load_local(spec)
     if spec.source == "random":
         return load_random(spec)
+    if spec.source == "open_clip":
+        from .open_clip_models import load_open_clip
+
+        return load_open_clip(spec)
     return load_timm_pretrained(spec)
