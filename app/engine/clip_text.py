@@ -108,21 +108,25 @@ class TextTower:
         return self.enc.token_embedding.weight.device
 
     # -- tokens ------------------------------------------------------------------------------------
+    def check(self, phrase: str) -> None:
+        """Raise :class:`TextError` for a phrase whose tokens do not fit the context (the tokenizer
+        would cut it silently). Plain Python: no torch."""
+        encode = getattr(self.tokenizer, "encode", None)
+        if callable(encode):  # open_clip's SimpleTokenizer: 2 special tokens around the words
+            n = len(encode(phrase)) + 2
+            if n > self.context_length:
+                most = self.context_length
+                raise TextError(f"the phrase {phrase[:40]!r} has {n} tokens; this model reads at most {most}")
+
     def tokenize(self, phrases: Sequence[str]) -> torch.Tensor:
         """Token ids ``[B, T]`` (``T`` the context length) on the tower's device.
 
         Raises:
-            TextError: a phrase whose tokens do not fit the context (the tokenizer would cut it).
+            TextError: a phrase whose tokens do not fit the context.
         """
-        ids = self.tokenizer(list(phrases))
-        encode = getattr(self.tokenizer, "encode", None)
-        if callable(encode):  # open_clip's SimpleTokenizer: 2 special tokens around the words
-            for p in phrases:
-                n = len(encode(p)) + 2
-                if n > self.context_length:
-                    most = self.context_length
-                    raise TextError(f"the phrase {p[:40]!r} has {n} tokens; this model reads at most {most}")
-        return ids.to(self.device)
+        for p in phrases:
+            self.check(p)
+        return self.tokenizer(list(phrases)).to(self.device)
 
     def special_ids(self) -> set[int]:
         out = {0}

@@ -64,6 +64,8 @@ METHOD_TEXT = {
     "rollout": "attention rollout (Abnar & Zuidema 2020): prod_l rownorm(0.5 A_l + 0.5 I), heads fused by the mean",
     "attention": "the last layer's raw attention, mean over heads",
     "random": "a seeded random map: the baseline",
+    "legrad": "LeGrad (Bousselham et al. 2024): the last two blocks' mean_queries mean_h max(0, ds_l/dA_l), s_l the "
+    "phrase's cosine with block l's pooled, normed, projected tokens; min-max normalised (phrases only)",
 }
 
 # Output kind -> the targets it takes (spelled as a user writes them) and its default.
@@ -183,6 +185,10 @@ def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] |
         RelevanceUnsupportedError: a windowed model.
     """
     refuse_windowed(lm)
+    if spec and spec.lstrip()[:5].lower() == "text:":  # a phrase keeps its case and spaces
+        from .text_relevance import parse_text_target
+
+        return parse_text_target(spec, lm)
     kind = lm.output_kind
     text = (spec or "").strip().lower().replace(" ", "")
     if len(text) > MAX_SPEC:
@@ -285,6 +291,8 @@ class Relevance:
     rows: str
     seed: int
     uniform: list[str] = field(default_factory=list)
+    # a phrase (text:PHRASE): each of its tokens' relevance (app.engine.text_relevance)
+    text_tokens: list[dict] | None = None
 
     def info(self) -> dict:
         """JSON-ready metadata (everything but the maps)."""
@@ -297,6 +305,7 @@ class Relevance:
             "seed": self.seed,
             "uniform": list(self.uniform),
             "methods": {m: METHOD_TEXT[m] for m in self.maps},
+            "text_tokens": self.text_tokens,
         }
 
 
@@ -385,9 +394,13 @@ def relevance(
         TargetError, MethodError, RelevanceUnsupportedError: bad arguments (422 in the API).
     """
     refuse_windowed(lm)
-    names = parse_methods(methods)
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
+    if tgt.kind == "text":  # a phrase: both towers (app.engine.text_relevance)
+        from .text_relevance import text_relevance
+
+        return text_relevance(lm, pixels, tgt, methods, seed=seed, amp_dtype=amp_dtype, ablate=ablate)  # type: ignore[arg-type]
+    names = parse_methods(methods)
     check_target(tgt, hw)
     grad = bool(GRADIENT_METHODS & set(names))
     fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
