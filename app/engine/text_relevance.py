@@ -207,7 +207,7 @@ def text_relevance(
     feats: list[torch.Tensor] = []
     hooks = []
     if legrad:
-        blocks: Any = lm.model.blocks  # type: ignore[union-attr]
+        blocks: Any = lm.model.blocks
         hooks = [b.register_forward_hook(lambda m, a, o: feats.append(o)) for b in list(blocks)[start:]]
     try:
         fwd = forward_maps(lm, pixels, grad=True, amp_dtype=amp_dtype, ablate=ablate)
