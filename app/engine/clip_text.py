@@ -27,16 +27,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .selection import SelectionError
+from .relevance import TargetError
 
 MAX_PHRASE_CHARS = 300  # a phrase longer than this: 422 (the tokens must also fit the context)
 MAX_LABELS = 64  # zero-shot labels in one request
 EMBEDDING_CACHE = 4096  # phrases whose embedding a model keeps
 
 
-class TextError(SelectionError):
+class TextError(TargetError):
     """A phrase that cannot be a text target (empty, too long, not text) or a model without a text
-    tower (answered as 422)."""
+    tower (answered as 422 ``bad_text``)."""
 
     code = "bad_text"
 

@@ -113,7 +113,10 @@ def text_methods(lm: LoadedModel) -> tuple[str, ...]:
 
 
 def parse_target_methods(
-    spec: str | Iterable[str] | None, target: Target, lm: LoadedModel, default: tuple[str, ...] | None = None
+    spec: str | Iterable[str] | None,
+    target: Target | str | None,
+    lm: LoadedModel,
+    default: tuple[str, ...] | None = None,
 ) -> tuple[str, ...]:
     """Methods for ``target``: :func:`~app.engine.relevance.parse_methods`, plus ``legrad`` for a
     phrase on a model with a CLS token (in the order given; None: ``default`` or every method).
@@ -133,7 +136,7 @@ def parse_target_methods(
     return tuple(dict.fromkeys(items))
 
 
-def check_method(method: str, target: Target, lm: LoadedModel) -> None:
+def check_method(method: str, target: Target | str | None, lm: LoadedModel) -> None:
     """Raise :class:`MethodError` for ``legrad`` without a phrase or on a model without a CLS token."""
     if method not in TEXT_METHODS:
         return

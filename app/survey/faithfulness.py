@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from ..engine.clip_text import check_phrase
 from ..engine.faithfulness import DEFAULT_BATCH, faithfulness, parse_fractions
 from ..engine.model import LoadedModel
 from ..engine.relevance import (
@@ -34,6 +35,7 @@ from ..engine.relevance import (
     refuse_windowed,
     relevance,
 )
+from ..engine.text_relevance import PREFIX, TEXT_METHODS, is_text
 from . import schema
 
 TARGET_HEADS = ("output", "box", "top", "class", "embedding", "default")
@@ -60,6 +62,14 @@ class FaithfulnessPlan:
         cls, methods: str | Sequence[str], target: str | None = None, fractions: str | Sequence[float] | None = None
     ) -> FaithfulnessPlan:
         """Check what needs no model (raises MethodError, FractionsError, TargetError)."""
+        if is_text(target):  # a phrase keeps its case and spaces; legrad is defined for it
+            phrase = PREFIX + check_phrase(str(target).lstrip()[len(PREFIX) :])
+            items = [m.strip().lower() for m in (methods.split(",") if isinstance(methods, str) else methods)]
+            rest = [m for m in items if m not in TEXT_METHODS]
+            names = tuple(
+                dict.fromkeys([*(parse_methods(rest) if rest else ()), *(m for m in items if m in TEXT_METHODS)])
+            )
+            return cls(names, phrase, parse_fractions(fractions))
         names = parse_methods(methods)
         text = (target or "").strip().lower().replace(" ", "") or None
         if text is not None and text.split(":", 1)[0] not in TARGET_HEADS:
