@@ -41,8 +41,9 @@ products instead of L N x N matrix products, the same number.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,6 +76,11 @@ TARGETS = {
     "embedding": ("embedding",),
 }
 DEFAULT_TARGETS = {"saliency": "output", "classes": "top", "embedding": "embedding"}
+
+# Target kinds defined in their own modules, by the prefix of their spelling: ``text`` ->
+# (parse(spec, lm) -> Target, maps(lm, pixels, target, methods, **kw) -> list[Relevance]).
+# app.engine.text_relevance registers ``text:PHRASE`` when imported.
+TARGET_KINDS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
 
 _BOX = re.compile(r"box:([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6})")
 _CLASS = re.compile(r"class:([0-9]{1,7})")
@@ -185,10 +191,9 @@ def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] |
         RelevanceUnsupportedError: a windowed model.
     """
     refuse_windowed(lm)
-    if spec and spec.lstrip()[:5].lower() == "text:":  # a phrase keeps its case and spaces
-        from .text_relevance import parse_text_target
-
-        return parse_text_target(spec, lm)
+    head = (spec or "").lstrip().split(":", 1)[0].lower()
+    if spec and ":" in spec and head in TARGET_KINDS:  # spelled as its own module reads it
+        return TARGET_KINDS[head][0](spec, lm)
     kind = lm.output_kind
     text = (spec or "").strip().lower().replace(" ", "")
     if len(text) > MAX_SPEC:
@@ -396,10 +401,8 @@ def relevance(
     refuse_windowed(lm)
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
-    if tgt.kind == "text":  # a phrase: both towers (app.engine.text_relevance)
-        from .text_relevance import text_relevance
-
-        return text_relevance(lm, pixels, tgt, methods, seed=seed, amp_dtype=amp_dtype, ablate=ablate)  # type: ignore[arg-type]
+    if tgt.kind in TARGET_KINDS:  # a phrase: both towers (app.engine.text_relevance)
+        return TARGET_KINDS[tgt.kind][1](lm, pixels, tgt, methods, seed=seed, amp_dtype=amp_dtype, ablate=ablate)
     names = parse_methods(methods)
     check_target(tgt, hw)
     grad = bool(GRADIENT_METHODS & set(names))

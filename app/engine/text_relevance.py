@@ -40,6 +40,7 @@ from .model import LoadedModel
 from .relevance import (
     GRADIENT_METHODS,
     METHODS,
+    TARGET_KINDS,
     MethodError,
     Relevance,
     Target,
@@ -303,5 +304,7 @@ def zero_shot(lm: LoadedModel, pixels: torch.Tensor, labels: list[str], amp_dtyp
         "rule": "sigmoid" if tower.kind == "siglip" else "softmax",
     }
 
+
+TARGET_KINDS["text"] = (parse_text_target, text_relevance)
 
 __all__ = ["TextError", "TextTarget", "is_text", "parse_text_target", "text_relevance", "zero_shot"]

@@ -229,6 +229,18 @@ def load_random(spec: ModelSpec, **kwargs) -> LoadedModel:
     return _finish(spec, model, dynamic)
 
 
+def load_open_clip(spec: ModelSpec) -> LoadedModel:
+    """An open_clip model (``open_clip:ARCH[/PRETRAINED]``): the image tower as a timm ViT with
+    the same weights, the text tower as ``lm.text`` (see :mod:`.open_clip_models`)."""
+    from .open_clip_models import open_clip_parts
+
+    p = open_clip_parts(spec)
+    # a fixed position table: square inputs at the model's size, as open_clip resizes
+    lm = _finish(spec, p.model, False, input_size=p.input_size, mean=p.mean, std=p.std, description=p.description)
+    lm.text, lm.text_note = p.text, p.text_note
+    return lm
+
+
 def wrap_module(model: nn.Module, model_id: str | None = None) -> LoadedModel:
     """A timm model already in memory (one just fine-tuned, say) as a :class:`LoadedModel`.
 
@@ -276,7 +288,7 @@ def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
             model, dynamic = _create(str(m["arch"]), False, num_classes=0, img_size=grid[0] * patch[0])
         return _finish(spec, model, dynamic, arch=str(m["arch"]), input_size=m["input_size"])
     if spec.source == "open_clip":
-        from .open_clip_models import load_open_clip, split_arch
+        from .open_clip_models import split_arch
 
         with torch.device("meta"):  # the architecture alone: random weights, nothing downloaded
             return load_open_clip(ModelSpec(spec.id, spec.source, split_arch(spec.arch)[0]))
@@ -295,7 +307,5 @@ def build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
     if spec.source == "random":
         return load_random(spec)
     if spec.source == "open_clip":
-        from .open_clip_models import load_open_clip
-
         return load_open_clip(spec)
     return load_timm_pretrained(spec)

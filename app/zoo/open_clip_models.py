@@ -22,15 +22,16 @@ so that the output kind is ``embedding`` (the image embedding ``encode_image`` r
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from ..engine import text_relevance  # noqa: F401  (registers the text:PHRASE target kind)
 from ..engine.clip_text import TextError, TextTower
 from ..engine.hooks import UnsupportedModelError
-from ..engine.model import LoadedModel
 from .errors import ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
@@ -197,10 +198,22 @@ def _tower(clip: nn.Module) -> tuple[nn.Module, str]:
     raise UnsupportedModelError(f"open_clip image tower {type(visual).__name__}: only ViT towers are supported")
 
 
-def load_open_clip(spec: ModelSpec) -> LoadedModel:
-    """An open_clip model: its image tower as a timm ViT, its text tower as ``lm.text``."""
-    from .loaders import _finish
+@dataclass
+class OpenClipParts:
+    """What :func:`app.zoo.loaders.build` makes a :class:`LoadedModel` of: the image tower as a
+    timm model, what feeds it, and the text tower (None, with why, where it cannot be used)."""
 
+    model: nn.Module
+    input_size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    description: str
+    text: TextTower | None
+    text_note: str
+
+
+def open_clip_parts(spec: ModelSpec) -> OpenClipParts:
+    """An open_clip model taken apart: its image tower as a timm ViT, its text tower."""
     oc = _open_clip()
     clip = _create(spec)
     clip.eval().requires_grad_(False)
@@ -220,15 +233,7 @@ def load_open_clip(spec: ModelSpec) -> LoadedModel:
     if text is not None:
         clip.visual = nn.Identity()  # the timm copy serves the image; the text tower keeps the rest
     weights = f"pretrained {tag}" if tag else "random weights"
-    lm = _finish(
-        spec,
-        vit,
-        False,  # a fixed position table: square inputs at the model's size, as open_clip resizes
-        arch=spec.arch,
-        input_size=size,
-        mean=tuple(pre.get("mean")),
-        std=tuple(pre.get("std")),
-        description=f"open_clip {name} ({kind.upper() if kind == 'siglip' else 'CLIP'}, {weights})",
+    label = "SigLIP" if kind == "siglip" else "CLIP"
+    return OpenClipParts(
+        vit, size, tuple(pre["mean"]), tuple(pre["std"]), f"open_clip {name} ({label}, {weights})", text, note
     )
-    lm.text, lm.text_note = text, note
-    return lm
