@@ -378,7 +378,7 @@ class Scope:
             ``labels``: ``[{label, index, logit, probability}]`` ranked (with ``relevance`` and
             ``text_tokens`` when ``maps``), ``rule``, ``logit_scale``, ``logit_bias``.
         """
-        from ..engine.clip_text import check_phrase
+        from ..engine.clip_text import MAX_LABELS, TextError, check_phrase
         from ..engine.relevance import relevance
         from ..engine.text_relevance import check_method, require_text, zero_shot
         from ..serving.zero_shot import parse_labels
@@ -389,7 +389,8 @@ class Scope:
             if isinstance(labels, str)
             else list(dict.fromkeys(check_phrase(str(s)) for s in labels))
         )
-        parse_labels(",".join(["x"] * len(labs)))  # the same cap on how many
+        if len(labs) > MAX_LABELS:
+            raise TextError(f"{len(labs)} labels; at most {MAX_LABELS}")
         for lab in labs:
             tower.check(lab)
         if maps:

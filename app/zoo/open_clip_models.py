@@ -225,7 +225,9 @@ def open_clip_parts(spec: ModelSpec) -> OpenClipParts:
     text: TextTower | None = None
     note = ""
     try:
-        text = TextTower(clip, oc.get_tokenizer(name), kind)
+        with hub_offline(not hub_reachable()):  # a Hugging Face tokenizer (SigLIP): the cache only, offline
+            tokenizer = oc.get_tokenizer(name)
+        text = TextTower(clip, tokenizer, kind)
     except TextError as e:
         note = str(e)
     except Exception as e:  # a Hugging Face tokenizer offline, say

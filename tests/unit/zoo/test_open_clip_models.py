@@ -98,3 +98,25 @@ def test_pretrained_offline_is_refused_clearly(monkeypatch):
         build(ModelSpec.parse("open_clip:ViT-B-32/openai"), None)
     msg = str(e.value)
     assert "headscope fetch open_clip:ViT-B-32/openai" in msg and "open_clip:ViT-B-32 (random weights)" in msg
+
+
+def test_siglip_image_tower_is_timm_trunk_without_cls():
+    """SigLIP's image tower is open_clip's timm trunk itself (attention-pooled, no CLS token); its
+    tokenizer comes from the Hugging Face hub, so offline the text tower is absent, with why."""
+    import open_clip
+
+    from headscope.engine.relevance import parse_target
+    from headscope.engine.text_relevance import TextError
+
+    lm = build(ModelSpec.parse("open_clip:ViT-B-16-SigLIP"), None)
+    assert lm.prefix == [] and lm.output_kind == "embedding" and lm.num_layers == 12
+    torch.manual_seed(0)
+    ref = open_clip.create_model("ViT-B-16-SigLIP", pretrained=None).eval()
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model.forward_head(lm.model.forward_features(x)), ref.encode_image(x))
+    if lm.text is None:
+        with pytest.raises(TextError, match="no text tower"):
+            parse_target("text:a dog", lm)
+    else:  # a machine with transformers and the tokenizer cached: SigLIP's own score (with its bias)
+        assert lm.text.kind == "siglip" and lm.text.logit_bias is not None
