@@ -107,6 +107,11 @@ class TextTower:
     def device(self) -> torch.device:
         return self.enc.token_embedding.weight.device
 
+    def to(self, device) -> TextTower:
+        """Move the text encoder to ``device`` (cached embeddings move with the next use)."""
+        self.clip.to(device)
+        return self
+
     # -- tokens ------------------------------------------------------------------------------------
     def check(self, phrase: str) -> None:
         """Raise :class:`TextError` for a phrase whose tokens do not fit the context (the tokenizer

@@ -63,10 +63,12 @@ class LoadedModel:
         return "classes" if getattr(self.model, "num_classes", 0) else "embedding"
 
     def to(self, device) -> LoadedModel:
-        """Move the backbone and the decoder (if any) to ``device``."""
+        """Move the backbone, the decoder and the text tower (where there are) to ``device``."""
         self.model.to(device)
         if self.decoder is not None:
             self.decoder.to(device)
+        if self.text is not None:
+            self.text.to(device)
         return self
 
     def layout(self, input_hw: tuple[int, int]) -> TokenLayout | WindowedLayout:
