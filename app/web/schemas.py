@@ -443,6 +443,7 @@ class FaithfulnessResponse(BaseModel):
     rows: Literal["cls", "mean"]
     forwards: int = Field(description="forwards the test ran (the unperturbed picture included)")
     batch_size: int
+    text_tokens: list[TextToken] | None = Field(None, description="target=text:PHRASE: the phrase's tokens' relevance")
     seed: int | None = Field(description="the random map's seed, when `random` is tested")
     ablated: list[list[int]]
     ablate: str
