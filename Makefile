@@ -52,14 +52,14 @@ endif
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
-	@echo "==> test and lint tools (pytest, Playwright's driver, onnxruntime, schemathesis, ruff, mypy): ~0.2 GB to download"
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev]'
+	@echo "==> test and lint tools (pytest, Playwright's driver, onnxruntime, schemathesis, ruff, mypy) and open_clip: ~0.2 GB to download"
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,clip]'
 	touch $@
 
 # Ray Data for the survey's Ray engine (heavy: only the tests need it, not lint or serve).
 $(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
 	@echo "==> Ray Data for the survey's Ray engine (tests only): ~0.1 GB to download"
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,ray]'
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,clip,ray]'
 	touch $@
 
 # A venv built with another PyTorch than TORCH asks for is kept as it is: say so. .torch holds the

@@ -39,6 +39,10 @@ class LoadedModel:
     # others; see app.engine.output for the kinds), and why it is missing where it should be.
     decoder: nn.Module | None = None
     output_note: str = ""
+    # CLIP-style models (open_clip): the text tower (app.engine.clip_text.TextTower) beside this
+    # image tower, for text targets and zero-shot; None elsewhere, with why where it is missing.
+    text: Any = None
+    text_note: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -59,10 +63,12 @@ class LoadedModel:
         return "classes" if getattr(self.model, "num_classes", 0) else "embedding"
 
     def to(self, device) -> LoadedModel:
-        """Move the backbone and the decoder (if any) to ``device``."""
+        """Move the backbone, the decoder and the text tower (where there are) to ``device``."""
         self.model.to(device)
         if self.decoder is not None:
             self.decoder.to(device)
+        if self.text is not None:
+            self.text.to(device)
         return self
 
     def layout(self, input_hw: tuple[int, int]) -> TokenLayout | WindowedLayout:
@@ -104,4 +110,5 @@ class LoadedModel:
             windowed=self.windowed,
             stages=[s.as_dict() for s in self.stages] if self.stages is not None else None,
             output=self.output_kind,
+            text=self.text is not None,
         )

@@ -41,8 +41,9 @@ products instead of L N x N matrix products, the same number.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,6 +76,8 @@ METHOD_TEXT = {
     "attnlrp": "AttnLRP (Achtibat et al., ICML 2024): one backward pass with LRP rules for softmax, the attention "
     "products, LayerNorm and the non-linearities; gradient x input per patch (signed: negative patches speak "
     "against the target)",
+    "legrad": "LeGrad (Bousselham et al. 2024): the last two blocks' mean_queries mean_h max(0, ds_l/dA_l), s_l the "
+    "phrase's cosine with block l's pooled, normed, projected tokens; min-max normalised (phrases only)",
 }
 
 # Output kind -> the targets it takes (spelled as a user writes them) and its default.
@@ -84,6 +87,11 @@ TARGETS = {
     "embedding": ("embedding",),
 }
 DEFAULT_TARGETS = {"saliency": "output", "classes": "top", "embedding": "embedding"}
+
+# Target kinds defined in their own modules, by the prefix of their spelling: ``text`` ->
+# (parse(spec, lm) -> Target, maps(lm, pixels, target, methods, **kw) -> list[Relevance]).
+# app.engine.text_relevance registers ``text:PHRASE`` when imported.
+TARGET_KINDS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
 
 _BOX = re.compile(r"box:([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6})")
 _CLASS = re.compile(r"class:([0-9]{1,7})")
@@ -215,6 +223,9 @@ def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] |
         RelevanceUnsupportedError: a windowed model.
     """
     refuse_windowed(lm)
+    head = (spec or "").lstrip().split(":", 1)[0].lower()
+    if spec and ":" in spec and head in TARGET_KINDS:  # spelled as its own module reads it
+        return TARGET_KINDS[head][0](spec, lm)
     kind = lm.output_kind
     text = (spec or "").strip().lower().replace(" ", "")
     if len(text) > MAX_SPEC:
@@ -317,6 +328,8 @@ class Relevance:
     rows: str
     seed: int
     uniform: list[str] = field(default_factory=list)
+    # a phrase (text:PHRASE): each of its tokens' relevance (app.engine.text_relevance)
+    text_tokens: list[dict] | None = None
 
     def info(self) -> dict:
         """JSON-ready metadata (everything but the maps)."""
@@ -329,6 +342,7 @@ class Relevance:
             "seed": self.seed,
             "uniform": list(self.uniform),
             "methods": {m: METHOD_TEXT[m] for m in self.maps},
+            "text_tokens": self.text_tokens,
         }
 
 
@@ -498,9 +512,11 @@ def relevance(
         TargetError, MethodError, RelevanceUnsupportedError: bad arguments (422 in the API).
     """
     refuse_windowed(lm)
-    names = parse_methods(methods)
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
+    if tgt.kind in TARGET_KINDS:  # a phrase: both towers (app.engine.text_relevance)
+        return TARGET_KINDS[tgt.kind][1](lm, pixels, tgt, methods, seed=seed, amp_dtype=amp_dtype, ablate=ablate)
+    names = parse_methods(methods)
     check_target(tgt, hw)
     grad = bool(GRADIENT_METHODS & set(names))
     full: dict[str, torch.Tensor] = {}

@@ -285,20 +285,24 @@ class Scope:
         Args:
             method: ``chefer`` (the GAE rule, ICCV 2021), ``grad_attention``, ``rollout``,
                 ``attention``, ``random``, ``chefer2021`` (the CVPR 2021 rule: LRP x gradient,
-                rolled out) or ``attnlrp`` (AttnLRP, ICML 2024; signed).
+                rolled out), ``attnlrp`` (AttnLRP, ICML 2024; signed) or ``legrad`` (a phrase on
+                a CLIP model).
             target: ``output`` / ``box:X0,Y0,X1,Y1`` (saliency), ``top`` / ``class:N``
-                (classes), ``embedding``; None for the model's default.
+                (classes), ``embedding``, ``text:PHRASE`` (CLIP-style models: the model's score
+                of the picture against the phrase; the answer adds ``text_tokens``); None for the
+                model's default.
             ablate: heads removed first.
 
         Returns:
             ``relevance`` (``[rows, cols]`` on the patch grid, summing to 1), ``method``,
             ``target``, ``y`` (the target's value), ``grid`` and the map's metadata.
         """
-        from ..engine.relevance import MethodError, parse_methods, relevance
+        from ..engine.relevance import MethodError, relevance
         from ..engine.relevance import refuse_windowed as refuse_relevance
+        from ..engine.text_relevance import parse_target_methods
 
         refuse_relevance(self.lm)
-        names = parse_methods(method)
+        names = parse_target_methods(method, target, self.lm)
         if len(names) != 1:
             raise MethodError(
                 f"method: one method per map; faithfulness(methods=...) compares several (got {method!r})"
@@ -349,12 +353,13 @@ class Scope:
             curves, one or neither, and by how much; its ``repr`` prints that in words.
         """
         from ..engine.faithfulness import check_protocol, faithfulness, parse_fractions, parse_protocol
-        from ..engine.relevance import parse_methods, parse_target, relevance
+        from ..engine.relevance import parse_target, relevance
         from ..engine.relevance import refuse_windowed as refuse_relevance
+        from ..engine.text_relevance import parse_target_methods
         from .result import FaithfulnessResult
 
         refuse_relevance(self.lm)
-        names = parse_methods(methods)
+        names = parse_target_methods(methods, target, self.lm)
         fracs = parse_fractions(fractions)
         proto = parse_protocol(protocol)
         check_protocol(proto, self.lm, parse_target(target, self.lm))
@@ -371,6 +376,66 @@ class Scope:
                 FaithfulnessResult(
                     {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
                 )
+            )
+        return out if is_many(image) else out[0]
+
+    def zero_shot(
+        self, image: Any, labels: Any, maps: bool = False, method: str = "chefer"
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Zero-shot classification by a CLIP-style model: each label's probability, highest first.
+
+        CLIP: the softmax over the labels of ``exp(logit_scale)`` times the cosines; SigLIP: each
+        label's sigmoid (``rule``). The labels' text embeddings are cached per model and phrase.
+
+        Args:
+            labels: phrases (``["a dog", "a cat"]``) or one comma-separated string.
+            maps: also each label's relevance map (``method``) and its tokens' relevance.
+            method: the relevance method of the maps.
+
+        Returns:
+            ``labels``: ``[{label, index, logit, probability}]`` ranked (with ``relevance`` and
+            ``text_tokens`` when ``maps``), ``rule``, ``logit_scale``, ``logit_bias``.
+        """
+        from ..engine.clip_text import MAX_LABELS, TextError, check_phrase
+        from ..engine.relevance import relevance
+        from ..engine.text_relevance import check_method, require_text, zero_shot
+        from ..serving.zero_shot import parse_labels
+
+        tower = require_text(self.lm)
+        labs = (
+            parse_labels(labels)
+            if isinstance(labels, str)
+            else list(dict.fromkeys(check_phrase(str(s)) for s in labels))
+        )
+        if len(labs) > MAX_LABELS:
+            raise TextError(f"{len(labs)} labels; at most {MAX_LABELS}")
+        for lab in labs:
+            tower.check(lab)
+        if maps:
+            check_method(method, "text:", self.lm)
+        out = []
+        for it in self._read(image):
+            x = it.prep.pixels[None].to(self.device)
+            with self.computing():
+                res = zero_shot(self.lm, x, labs, amp_dtype=self.amp_dtype)
+                rows = [
+                    {"label": lab, "index": i, "logit": lo, "probability": p}
+                    for i, (lab, lo, p) in enumerate(zip(labs, res["logits"], res["probabilities"]))
+                ]
+                rows.sort(key=lambda r: -r["probability"])
+                if maps:
+                    for r in rows:
+                        rel = relevance(self.lm, x, f"text:{r['label']}", [method], amp_dtype=self.amp_dtype)[0]
+                        r["relevance"], r["text_tokens"] = rel.maps[method], rel.text_tokens
+            out.append(
+                {
+                    "model": self.lm.id,
+                    "image_id": it.image_id,
+                    "rule": res["rule"],
+                    "logit_scale": tower.logit_scale,
+                    "logit_bias": tower.logit_bias,
+                    "labels": rows,
+                }
             )
         return out if is_many(image) else out[0]
 

@@ -23,6 +23,7 @@ and ``output`` are one key), methods as a sorted set, fractions as numbers (``0.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from ..engine.relevance import (
     relevance,
 )
 from ..engine.selection import MAX_SPEC
+from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
 from . import images
 from .answers import Answer, server_timing
 from .cache import FaithfulnessKey, RelevanceKey
@@ -61,9 +63,9 @@ from .uploads import ImageNotFound
 from .waiting import Disconnected
 
 MethodName = Literal[
-    "chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp"
+    "chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"
 ]  # an enum in the schema
-assert get_args(MethodName) == METHODS
+assert get_args(MethodName) == METHODS + TEXT_METHODS
 # The maps of one forward and backward, computed and cached together; each LRP method runs a
 # forward of its own under its rules, so it is computed (and cached) only when asked for.
 BASE_METHODS = tuple(m for m in METHODS if m not in LRP_METHODS)
@@ -87,8 +89,9 @@ _TARGET = Field(
     description="the scalar of the output to explain: `output` (saliency: the mean of the map; the default), "
     "`box:X0,Y0,X1,Y1` (saliency: the mean over output-map rows Y0:Y1, columns X0:X1, pixels, end-exclusive), "
     "`top` (classes: the logit of the top class; the default), `class:N` (the logit of class N), `embedding` "
-    "(models with neither: <e, e0>/|e0|^2; the default)",
-    examples=["output", "box:60,40,150,120", "top", "class:281", "embedding"],
+    "(models with neither: <e, e0>/|e0|^2; the default), `text:PHRASE` (CLIP-style models: the model's score of "
+    "the image against the phrase, URL-encoded, at most 300 characters)",
+    examples=["output", "box:60,40,150,120", "top", "class:281", "embedding", "text:a dog on a sofa"],
 )
 
 
@@ -104,7 +107,7 @@ class RelevanceParams(BaseModel):
         "gradient-weighted attention), rollout (attention rollout), attention (the last layer's raw attention), "
         "random (a seeded baseline), chefer2021 (Chefer et al., CVPR 2021: LRP relevance of each attention map "
         "times its gradient, rolled out), attnlrp (AttnLRP, Achtibat et al., ICML 2024: one LRP backward pass; "
-        "signed)",
+        "signed), legrad (LeGrad, Bousselham et al. 2024: text targets on CLIP models)",
     )
     target: str | None = _TARGET
     seed: int = _SEED
@@ -126,7 +129,7 @@ class FaithfulnessQuery(BaseModel):
         DEFAULT_TEST_METHODS,
         max_length=MAX_SPEC,
         description="the maps to test, comma-separated (any of chefer, grad_attention, rollout, attention, "
-        "random, chefer2021, attnlrp); the answer lists them in this order",
+        "random, chefer2021, attnlrp; legrad for a text target); the answer lists them in this order",
         examples=[DEFAULT_TEST_METHODS, "chefer,grad_attention,attention,rollout,random"],
     )
     target: str | None = _TARGET
@@ -204,10 +207,10 @@ class FaithfulnessSpec:
 def faithfulness_spec(lm: LoadedModel, q: FaithfulnessQuery) -> FaithfulnessSpec:
     """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate, protocol; a
     windowed model)."""
-    methods = parse_methods(q.methods)
-    fractions = faith.parse_fractions(q.fractions)
     refuse_windowed(lm)
     target = parse_target(q.target, lm)
+    methods = parse_target_methods(q.methods, target, lm)
+    fractions = faith.parse_fractions(q.fractions)
     protocol = faith.parse_protocol(q.protocol)
     faith.check_protocol(protocol, lm, target)
     return FaithfulnessSpec(methods, target, fractions, q.seed, lm.ablation(q.ablate), protocol)
@@ -228,6 +231,8 @@ def relevance_maps(
     t0 = time.perf_counter()
     check_target(target, prep.input_size)
     with lm.lock:
+        if is_text(target):  # a phrase: its own forward of both towers gives every map it has
+            methods = text_methods(lm)
         rel = relevance(lm, prep.pixels[None].to(device), target, methods, amp_dtype=amp_dtype, ablate=ablate)[0]
     return RelevanceMaps(rel, prep.input_size, prep.image_size, (time.perf_counter() - t0) * 1000)
 
@@ -283,6 +288,7 @@ def _common(image_id: str, lm: LoadedModel, maps: RelevanceMaps, ablate: Ablatio
         "rows": rel.rows,
         "ablated": [list(pair) for pair in ablate],
         "ablate": ablate_text(ablate),
+        "text_tokens": rel.text_tokens,
     }
 
 
@@ -312,7 +318,7 @@ def relevance_answer(
     }
     timing = {"compute": 0.0 if cached else maps.compute_ms, "total": (time.perf_counter() - t0) * 1000}
     meta["timing_ms"] = timing
-    slug = str(maps.relevance.target).replace(":", "-").replace(",", "_")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(maps.relevance.target).replace(":", "-").replace(",", "_"))[:64]
     stem = f"relevance-{image_id[:12]}-{lm.id}-{method}-{slug}"
     body, headers = encode(np.ascontiguousarray(m.numpy(), np.float32), meta, fmt, stem, key="relevance")
     headers["Server-Timing"] = server_timing(timing)
@@ -454,6 +460,7 @@ class RelevanceService(ImageTasks):
         lm = await self._model(params.model)
         ablate = lm.ablation(params.ablate)
         target = parse_target(params.target, lm)
+        check_method(method, target, lm)
         maps, cached = await self.maps(
             image_id, lm, ablate, target, is_disconnected=is_disconnected, group=method_group(method)
         )
@@ -500,7 +507,9 @@ class RelevanceService(ImageTasks):
                 return state
         else:
             # not loaded yet: check what can be checked without the model
-            parse_methods(params.methods)
+            rest = [m for m in params.methods.split(",") if m.strip().lower() not in TEXT_METHODS]
+            if rest:
+                parse_methods(rest)
             faith.parse_fractions(params.fractions)
         if self.svc.uploads.get(image_id) is None:
             raise ImageNotFound(image_id)

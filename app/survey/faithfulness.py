@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from ..engine.clip_text import check_phrase
 from ..engine.device import autocast
 from ..engine.faithfulness import (
     DEFAULT_BATCH,
@@ -37,6 +38,9 @@ from ..engine.faithfulness import (
 from ..engine.model import LoadedModel
 from ..engine.output import head_output, timm_model
 from ..engine.relevance import (
+    LRP_METHODS,
+    METHODS,
+    MethodError,
     TargetError,
     check_target,
     parse_methods,
@@ -44,6 +48,7 @@ from ..engine.relevance import (
     refuse_windowed,
     relevance,
 )
+from ..engine.text_relevance import PREFIX, TEXT_METHODS, is_text
 from . import schema
 
 TARGET_HEADS = ("output", "box", "top", "class", "embedding", "default", "region")
@@ -92,6 +97,20 @@ class FaithfulnessPlan:
     ) -> FaithfulnessPlan:
         """Check what needs no model (raises MethodError, FractionsError, TargetError, ProtocolError)."""
         every = isinstance(methods, str) and methods.strip().lower() == ALL
+        if is_text(target):  # a phrase keeps its case and spaces; legrad is defined for it
+            phrase = PREFIX + check_phrase(str(target).lstrip()[len(PREFIX) :])
+            if every:
+                items = [m for m in METHODS if m not in LRP_METHODS]
+            else:
+                items = [m.strip().lower() for m in (methods.split(",") if isinstance(methods, str) else methods)]
+            lrp = [m for m in items if m in LRP_METHODS]
+            if lrp:
+                raise MethodError(f"{lrp[0]} is not offered for a phrase: its LRP rules cover the image tower alone")
+            rest = [m for m in items if m not in TEXT_METHODS]
+            names = tuple(
+                dict.fromkeys([*(parse_methods(rest) if rest else ()), *(m for m in items if m in TEXT_METHODS)])
+            )
+            return cls(names, phrase, parse_fractions(fractions), protocol=parse_protocol(protocol))
         names = parse_methods(None if every else methods)
         text = (target or "").strip().lower().replace(" ", "") or None
         if text is not None and text.split(":", 1)[0] not in TARGET_HEADS:

@@ -133,7 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
 
-    from .api import ablation, attention, docs, explain, health, models, pages, relevance
+    from .api import ablation, attention, docs, explain, health, models, pages, relevance, zero_shot
 
     app.include_router(health.router)
     app.include_router(models.router)
@@ -141,6 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(explain.router)
     app.include_router(ablation.router)
     app.include_router(relevance.router)
+    app.include_router(zero_shot.router)
     app.include_router(pages.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")

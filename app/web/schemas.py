@@ -182,6 +182,11 @@ class ModelInfo(BaseModel):
     output: Literal["saliency", "classes", "embedding"] | None = Field(
         None, description="what GET /api/v1/attention/{image_id}/output returns for this model"
     )
+    text: bool | None = Field(
+        None,
+        description="once loaded: a text tower beside the image tower (CLIP-style models: text:PHRASE targets, "
+        "zero-shot)",
+    )
 
 
 class ModelsResponse(BaseModel):
@@ -337,13 +342,21 @@ class ProgressResponse(BaseModel):
     eta_s: float | None = None
 
 
+class TextToken(BaseModel):
+    """One token of a phrase and how much it matters to the image-text score."""
+
+    token: str = Field(description="the token as the tokenizer splits the phrase")
+    position: int = Field(description="its index in the model's token sequence")
+    relevance: float = Field(description="its share of the phrase's relevance (the tokens sum to 1)")
+
+
 class RelevanceResponse(BaseModel):
     """One relevance map: how much each patch contributes to one scalar of the output."""
 
     model: str
     image_id: str
     kind: Literal["saliency", "classes", "embedding"] = Field(description="the model's output kind")
-    method: Literal["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp"]
+    method: Literal["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"]
     method_text: str = Field(description="the method's definition in one line")
     target: str = Field(description="the target explained, normalised (`output`, `box:X0,Y0,X1,Y1`, ...)")
     y: float = Field(description="the target's value for this picture")
@@ -360,6 +373,11 @@ class RelevanceResponse(BaseModel):
     )
     seed: int | None = Field(description="method=random: the seed of the map")
     uniform: bool = Field(description="the map was zero everywhere and is answered as the uniform map")
+    text_tokens: list[TextToken] | None = Field(
+        None,
+        description="target=text:PHRASE: each of the phrase's tokens with its relevance (Chefer et al. 2021's "
+        "bi-modal rule on the text tower, summing to 1); null for other targets",
+    )
     shape: list[int]
     dtype: str
     ablated: list[list[int]] = Field(description="[layer, head] pairs removed (`ablate`)")
@@ -367,6 +385,30 @@ class RelevanceResponse(BaseModel):
     cached: bool = Field(
         description="the maps came from the server's cache (every method of the target is computed at once)"
     )
+    timing_ms: dict[str, float]
+
+
+class ZeroShotLabel(BaseModel):
+    label: str
+    index: int = Field(description="its place in the request's list")
+    logit: float = Field(description="the model's score: exp(logit_scale) x cosine (+ logit_bias for SigLIP)")
+    probability: float = Field(description="CLIP: softmax over the labels; SigLIP: sigmoid of the logit")
+    relevance: list[list[float]] | None = Field(None, description="maps=true: [rows][cols], summing to 1")
+    text_tokens: list[TextToken] | None = Field(None, description="maps=true: the label's tokens' relevance")
+
+
+class ZeroShotResponse(BaseModel):
+    """Zero-shot classification over the request's labels, ranked by probability."""
+
+    model: str
+    image_id: str
+    rule: Literal["softmax", "sigmoid"] = Field(description="how the logits become probabilities")
+    logit_scale: float = Field(description="exp(logit_scale) of the model")
+    logit_bias: float | None = Field(description="SigLIP's bias (null for CLIP)")
+    labels: list[ZeroShotLabel] = Field(description="by probability, highest first")
+    method: str | None = Field(description="maps=true: the relevance method of the maps")
+    grid: list[int] | None = Field(description="maps=true: (rows, cols) of the maps")
+    input_size: list[int]
     timing_ms: dict[str, float]
 
 
@@ -433,6 +475,7 @@ class FaithfulnessResponse(BaseModel):
     rows: Literal["cls", "mean"]
     forwards: int = Field(description="forwards the test ran (the unperturbed picture included)")
     batch_size: int
+    text_tokens: list[TextToken] | None = Field(None, description="target=text:PHRASE: the phrase's tokens' relevance")
     seed: int | None = Field(description="the random map's seed, when `random` is tested")
     ablated: list[list[int]]
     ablate: str

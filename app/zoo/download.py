@@ -10,6 +10,7 @@ entry (timm's own configuration), never from a request.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,44 @@ def cached_weights(entry: Entry) -> Path | None:
         if isinstance(hit, str):
             return Path(hit)
     return None
+
+
+def takes_tqdm_class(fn) -> bool:
+    """Whether this huggingface_hub's ``hf_hub_download`` reports to a tqdm class (1.0 and later)."""
+    import inspect
+
+    return "tqdm_class" in inspect.signature(fn).parameters
+
+
+@contextmanager
+def _watch_partial(repo: str, filename: str, progress: Progress, every_s: float = 0.2):
+    """Progress for a huggingface_hub before 1.0 (no ``tqdm_class``; the test extra's ``lxt`` pins
+    one): the file's size from the hub's metadata, then the bytes of the cache's partial file
+    (``blobs/*.incomplete``) read while the download runs."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+
+    try:
+        progress.start(get_hf_file_metadata(hf_hub_url(repo, filename)).size)
+    except Exception:  # the download itself says what is wrong
+        progress.start(None)
+    blobs = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "blobs"
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(every_s):
+            done = sum(p.stat().st_size for p in blobs.glob("*.incomplete") if p.is_file())
+            if done > progress.done:
+                progress.add(done - progress.done)
+
+    watcher = threading.Thread(target=poll, name="headscope-download-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+        if progress.total:
+            progress.add(max(0, progress.total - progress.done))
 
 
 def _bar(progress: Progress):
@@ -114,7 +153,10 @@ def download_weights(entry: Entry, progress: Progress) -> Path:
 
     for filename in candidates(entry):
         try:
-            return Path(hf_hub_download(entry.repo, filename, tqdm_class=_bar(progress)))
+            if takes_tqdm_class(hf_hub_download):
+                return Path(hf_hub_download(entry.repo, filename, tqdm_class=_bar(progress)))  # type: ignore[call-arg,unused-ignore]
+            with _watch_partial(entry.repo, filename, progress):
+                return Path(hf_hub_download(entry.repo, filename))
         except LocalEntryNotFoundError:  # (a subclass of the next) the connection failed on the way
             raise HubUnreachableError(unreachable_message(entry)) from None
         except EntryNotFoundError:  # the repository has no such file: try the next

@@ -6,6 +6,9 @@ Ids:
     ``local:ARCH@/path/w.safetensors``  a timm architecture with local weights (.safetensors, or
                                     .pth/.pt read with ``torch.load(weights_only=True)``)
     ``random:ARCH``                 random weights (tests, demos of the mechanics)
+    ``open_clip:ARCH/PRETRAINED``   an open_clip model (CLIP, SigLIP) with its pretrained weights,
+                                    downloaded on first use (the ``clip`` extra)
+    ``open_clip:ARCH``              the same architecture with random weights (seeded; offline)
     ``NAME=SPEC``                   any of the above offered under the id NAME
 
 The public id of ``local:ARCH@/dir/w.safetensors`` is ``local:ARCH@w.safetensors``: server paths
@@ -22,7 +25,7 @@ from .embedded import MODEL_ID as EMBEDDED_ID
 from .errors import UnknownModelError
 
 # "memory": a timm module already in memory (the Python API's ``headscope.load(model)``), no id to parse.
-Source = Literal["embedded", "timm-hub", "local", "random", "memory"]
+Source = Literal["embedded", "timm-hub", "local", "random", "memory", "open_clip"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class ModelSpec:
             if not at or not arch or not path:
                 raise UnknownModelError(f"{spec!r}: write local models as local:ARCH@/path/weights.safetensors")
             return cls(f"local:{arch}@{Path(path).name}", "local", arch, Path(path))
+        if spec.startswith("open_clip:"):
+            arch = spec[len("open_clip:") :]
+            if not arch or arch.count("/") > 1 or arch.startswith("/") or arch.endswith("/"):
+                raise UnknownModelError(f"{spec!r}: write open_clip models as open_clip:ARCH[/PRETRAINED]")
+            return cls(spec, "open_clip", arch)
         if spec.startswith("random:"):
             return cls(spec, "random", spec[len("random:") :])
         return cls(spec, "timm-hub", spec.removeprefix("timm:"))

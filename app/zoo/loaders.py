@@ -234,6 +234,18 @@ def load_random(spec: ModelSpec, **kwargs) -> LoadedModel:
     return _finish(spec, model, dynamic)
 
 
+def load_open_clip(spec: ModelSpec) -> LoadedModel:
+    """An open_clip model (``open_clip:ARCH[/PRETRAINED]``): the image tower as a timm ViT with
+    the same weights, the text tower as ``lm.text`` (see :mod:`.open_clip_models`)."""
+    from .open_clip_models import open_clip_parts
+
+    p = open_clip_parts(spec)
+    # a fixed position table: square inputs at the model's size, as open_clip resizes
+    lm = _finish(spec, p.model, False, input_size=p.input_size, mean=p.mean, std=p.std, description=p.description)
+    lm.text, lm.text_note = p.text, p.text_note
+    return lm
+
+
 def wrap_module(model: nn.Module, model_id: str | None = None) -> LoadedModel:
     """A timm model already in memory (one just fine-tuned, say) as a :class:`LoadedModel`.
 
@@ -280,6 +292,11 @@ def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
         with torch.device("meta"):
             model, dynamic = _create(str(m["arch"]), False, num_classes=0, img_size=grid[0] * patch[0])
         return _finish(spec, model, dynamic, arch=str(m["arch"]), input_size=m["input_size"])
+    if spec.source == "open_clip":
+        from .open_clip_models import split_arch
+
+        with torch.device("meta"):  # the architecture alone: random weights, nothing downloaded
+            return load_open_clip(ModelSpec(spec.id, spec.source, split_arch(spec.arch)[0]))
     _check_arch(spec.arch.split(".")[0])
     with torch.device("meta"):  # a pretrained tag's configuration (size, classes) applies without weights
         model, dynamic = _create(spec.arch, pretrained=False)
@@ -294,4 +311,6 @@ def build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
         return load_local(spec)
     if spec.source == "random":
         return load_random(spec)
+    if spec.source == "open_clip":
+        return load_open_clip(spec)
     return load_timm_pretrained(spec)

@@ -67,7 +67,8 @@ export const state = {
   // the Why view (why.js): the relevance method, the target ("" = the model's default, "box" = `box`,
   // [x0, y0, x1, y1] in output-map pixels), the test's fractions, the tests asked for
   // ("image|model|ablate"); `data`: the server's answers for the shown image, model and heads off
-  why: { method: "chefer", target: "", box: null, steps: "quick", asked: [], data: null },
+  // (CLIP-style models: target "text" with the typed `phrase`, zero-shot `labels` comma-separated)
+  why: { method: "chefer", target: "", box: null, steps: "quick", asked: [], data: null, phrase: "", labels: "" },
   // requests in flight: `gen` bumps on every new image or model load, so late answers of an
   // older one are dropped; the controllers cancel the image load and the statistics.
   requests: { gen: 0, load: null, stats: null },

@@ -19,10 +19,13 @@ import { renderVerdict } from "./why_verdict.js";
 import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why_view.js";
 import { bindSaliencyKeys } from "./why_keys.js";
 import { renderFaithfulnessLive, renderFaithfulnessResults } from "./why_live.js";
+import { hasText, labelsText, phraseTarget, renderTokens, renderZeroShot } from "./why_text.js";
 import { isWindowed } from "./windows.js";
 
 const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row
-const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp"]; // the test's order
+// the test's order
+const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"];
+const LRP = ["chefer2021", "attnlrp"]; // their rules cover the image tower alone: not for a phrase
 const BASELINE = ["chefer", "attention", "random"]; // always tested, with the chosen method
 const FRACTIONS = { quick: "0,0.25,0.5,0.75", full: "" }; // "": the server's default, 0, 0.1, …, 0.9
 const DEFAULT_TARGET = { saliency: "output", classes: "top", embedding: "embedding" };
@@ -49,6 +52,7 @@ function freshData(key, imageId, model, ablate) {
     maps: new Map(),       // "method|target" -> GET …/relevance answer
     tests: new Map(),      // "target|methods|fractions" -> GET …/faithfulness answer
     progress: new Map(),   // the same keys -> progress answer while the test runs
+    zeroShot: new Map(),   // labels -> GET …/zero-shot answer
     loading: new Set(),
     failed: new Set(),
     retries: new Map(),    // key -> failed attempts (busy, timeout)
@@ -56,7 +60,11 @@ function freshData(key, imageId, model, ablate) {
 }
 
 /** The API target the state asks for, given the output kind; null while a box is asked but not drawn. */
-export function targetOf(why, kind) {
+export function targetOf(why, kind, text = false) {
+  if (why.target === "text") {
+    if (text) return phraseTarget(why.phrase);
+    why = { ...why, target: "" }; // another model, without a text tower: its default
+  }
   const t = why.target || DEFAULT_TARGET[kind] || "";
   if (t === "box") {
     if (!why.box) return null;
@@ -94,6 +102,13 @@ function fetchMap(s, d, method, target, app) {
   return track(d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app, () => dataOf(s) === d);
 }
 
+function fetchZeroShot(s, d, labels, app) {
+  const key = `zero|${labels}`;
+  if (!labels || d.zeroShot.has(labels) || d.loading.has(key) || d.failed.has(key)) return false;
+  const params = { model: d.model, labels };
+  return track(d, key, getLong(d.imageId, "zero-shot", params).then((a) => a.body), (ans) => { d.zeroShot.set(labels, ans); }, app, () => dataOf(s) === d);
+}
+
 /** GET …/faithfulness with its progress in d.progress while it runs. */
 async function testRequest(s, d, key, params, app) {
   const onProgress = (p) => {
@@ -126,8 +141,9 @@ function need(s, app) {
   if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s));
   const d = s.why.data;
   let started = fetchOutput(s, d, app);
+  if (hasText(s.models, s.model)) started = fetchZeroShot(s, d, labelsText(s.why.labels), app) || started;
   if (!d.output) return started;
-  const target = targetOf(s.why, d.output.kind);
+  const target = targetOf(s.why, d.output.kind, hasText(s.models, s.model));
   if (target === null) return started;
   started = fetchMap(s, d, s.why.method, target, app) || started;
   // the raw attention once the chosen map is in: the server answers it from the same computation
@@ -137,8 +153,12 @@ function need(s, app) {
 }
 
 // ---------------------------------------------------------------- render
-function targetOptions(why, output) {
+function targetOptions(why, output, text) {
   if (!output) return [["", "…"]];
+  if (text) {
+    const p = phraseTarget(why.phrase);
+    return [["embedding", "the embedding (its projection on itself)"], ["text", p ? `the phrase “${p.slice(5)}”` : "a phrase: type it below"]];
+  }
   if (output.kind === "saliency") {
     const b = why.box;
     return [
@@ -186,15 +206,28 @@ function render(s, act, shown) {
   if (!ready) return;
   const d = dataOf(s) || EMPTY;
   const out = d.output;
-  const target = out ? targetOf(s.why, out.kind) : null;
-  setOptions($("relevance-target"), targetOptions(s.why, out));
-  if (out) $("relevance-target").value = target && target.startsWith("box:") ? "box" : target || "box";
+  const text = hasText(s.models, s.model);
+  const target = out ? targetOf(s.why, out.kind, text) : null;
+  const isText = s.why.target === "text" && text;
+  setOptions($("relevance-target"), targetOptions(s.why, out, text));
+  if (out) $("relevance-target").value = isText ? "text" : target && target.startsWith("box:") ? "box" : target || "box";
+  $("relevance-method").querySelector("option[value=legrad]").disabled = !isText;
+  for (const m of LRP) $("relevance-method").querySelector(`option[value=${m}]`).disabled = isText;
+  $("why-text").hidden = !text;
+  if (document.activeElement !== $("relevance-phrase")) $("relevance-phrase").value = s.why.phrase;
+  if (document.activeElement !== $("zero-shot-labels")) $("zero-shot-labels").value = s.why.labels;
   renderWhyOutput($("why-output"), { answer: out, image: s.image, box: s.why.box, boxOn: !!target && target.startsWith("box:") });
   bindSaliencyKeys($("why-output"), s, act, () => (out && out.kind === "saliency" ? (dataOf(s) || EMPTY).output : null));
   const mapKey = `${s.why.method}|${target}`;
   renderRelevance($("relevance-figure"), {
     image: s.image, answer: d.maps.get(mapKey) || null, loading: !d.maps.has(mapKey) && !d.failed.has(`map|${mapKey}`) && target !== null, role: "relevance",
   });
+  renderTokens($("text-tokens"), isText ? d.maps.get(mapKey) || null : null);
+  const labels = labelsText(s.why.labels);
+  const zs = `zero|${labels}`;
+  const zsState = !labels ? "idle" : d.zeroShot.has(labels) ? "ready" : d.failed.has(zs) ? "failed" : "loading";
+  renderZeroShot($("zero-shot-list"), text ? d.zeroShot.get(labels) || null : null, isText ? s.why.phrase.trim() : null,
+    (label) => act.setIn("why", { target: "text", phrase: label }), zsState);
   const rawKey = `${RAW}|${target}`;
   renderRelevance($("raw-figure"), {
     image: s.image, answer: d.maps.get(rawKey) || null, loading: !d.maps.has(rawKey) && !d.failed.has(`map|${rawKey}`) && target !== null, role: "raw",
@@ -243,6 +276,9 @@ function mapPoint(e, canvas, size) {
 function bind(act, s) {
   $("relevance-method").addEventListener("change", (e) => act.setIn("why", { method: e.target.value }));
   $("relevance-target").addEventListener("change", (e) => act.setIn("why", { target: e.target.value }));
+  // the phrase and the labels: taken when typed out (Enter or leaving the box), not per key
+  $("relevance-phrase").addEventListener("change", (e) => act.setIn("why", { phrase: e.target.value.trim(), target: "text" }));
+  $("zero-shot-labels").addEventListener("change", (e) => act.setIn("why", { labels: e.target.value }));
   $("faithfulness-steps").addEventListener("change", (e) => act.setIn("why", { steps: e.target.value }));
   $("faithfulness-run").addEventListener("click", (e) => {
     if (e.currentTarget.getAttribute("aria-disabled") === "true") return;

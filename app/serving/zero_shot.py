@@ -1,0 +1,109 @@
+"""``GET …/zero-shot``: which of a few labels a CLIP-style model finds in a picture (issue #42).
+
+The probabilities are the model's own (:func:`app.engine.text_relevance.zero_shot`: CLIP's
+softmax over the labels of ``exp(logit_scale)`` times the cosines, SigLIP's sigmoid of each
+logit); one forward of the image tower on the worker, each label's text embedding cached per
+model and phrase (:meth:`app.engine.clip_text.TextTower.embeddings`). With ``maps=true`` each
+label also gets its relevance map (``method``) and its tokens' relevance, through the relevance
+service's cache (one forward and backward of both towers per label not yet cached).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, check_phrase
+from ..engine.model import LoadedModel
+from ..engine.text_relevance import TextTarget, check_method, require_text, zero_shot
+from . import images
+from .relevance import DEFAULT_METHOD, MethodName, RelevanceService, method_map
+from .waiting import Disconnected
+
+
+class ZeroShotParams(BaseModel):
+    """``GET …/zero-shot``: the labels, and whether to add each one's relevance map."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str | None = Field(None, description="model id (a CLIP-style model; default: the server's default model)")
+    labels: str = Field(
+        ...,
+        max_length=MAX_LABELS * (MAX_PHRASE_CHARS + 1),
+        description=f"the labels, comma-separated (each a phrase of at most {MAX_PHRASE_CHARS} characters; at most "
+        f"{MAX_LABELS} labels; a repeated label counts once)",
+        examples=["dog,cat,a red car"],
+    )
+    maps: bool = Field(False, description="also each label's relevance map on the patch grid and its tokens' relevance")
+    method: MethodName = Field(DEFAULT_METHOD, description="the relevance method of the maps (with maps=true)")
+
+
+def parse_labels(text: str) -> list[str]:
+    """``dog, cat,a red car`` -> the labels, each checked as a phrase, repeats dropped.
+
+    Raises:
+        TextError: an empty label, one too long or not text, more than :data:`MAX_LABELS`.
+    """
+    raw = text.split(",")
+    if len(raw) > MAX_LABELS:
+        raise TextError(f"{len(raw)} labels; at most {MAX_LABELS}")
+    labels = []
+    for i, r in enumerate(raw):
+        try:
+            labels.append(check_phrase(r))
+        except TextError as e:
+            raise TextError(f"label {i + 1}: {e}") from None
+    return list(dict.fromkeys(labels))
+
+
+def scores(
+    lm: LoadedModel, prep: images.Prepared, labels: list[str], amp_dtype: torch.dtype | None, device
+) -> dict[str, Any]:
+    """The zero-shot scores of one prepared picture (on the worker thread)."""
+    with lm.lock:
+        return zero_shot(lm, prep.pixels[None].to(device), labels, amp_dtype)
+
+
+async def zero_shot_answer(
+    rel: RelevanceService, image_id: str, params: ZeroShotParams, is_disconnected: Disconnected | None = None
+) -> dict[str, Any]:
+    """The answer of ``GET …/zero-shot``: the labels ranked by probability."""
+    t0 = time.perf_counter()
+    lm = await rel._model(params.model)
+    tower = require_text(lm)
+    labels = parse_labels(params.labels)
+    for lab in labels:
+        tower.check(lab)
+    targets = [TextTarget("text", phrase=lab, tower=tower) for lab in labels]
+    if params.maps:
+        check_method(params.method, targets[0], lm)
+    prep = await rel.prepared(image_id, lm)
+    res = await rel.piece(partial(scores, lm, prep, labels, rel.worker.amp_dtype, rel.device))
+    rows: list[dict[str, Any]] = [
+        {"label": lab, "index": i, "logit": lo, "probability": p}
+        for i, (lab, lo, p) in enumerate(zip(labels, res["logits"], res["probabilities"]))
+    ]
+    rows.sort(key=lambda r: -r["probability"])
+    grid = None
+    if params.maps:
+        for r in rows:
+            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, is_disconnected)
+            r["relevance"] = method_map(maps, params.method).tolist()
+            r["text_tokens"] = maps.relevance.text_tokens
+            grid = list(maps.relevance.grid)
+    return {
+        "model": lm.id,
+        "image_id": image_id,
+        "rule": res["rule"],
+        "logit_scale": tower.logit_scale,
+        "logit_bias": tower.logit_bias,
+        "labels": rows,
+        "method": params.method if params.maps else None,
+        "grid": grid,
+        "input_size": list(prep.input_size),
+        "timing_ms": {"total": (time.perf_counter() - t0) * 1000},
+    }

@@ -1,0 +1,241 @@
+"""open_clip models (CLIP, SigLIP) as a :class:`LoadedModel`: the image tower as a timm ViT, the
+text tower beside it (``lm.text``, :class:`app.engine.clip_text.TextTower`).
+
+Ids: ``open_clip:ARCH/PRETRAINED`` (open_clip's pretrained weights, downloaded on first use like
+a timm hub model: offline and not cached, the usual clear error) and ``open_clip:ARCH`` (random
+weights, seeded: tests and offline use).
+
+Why a timm ViT: every view of Headscope (maps, heads at a glance, statistics, inside a head,
+ablation, relevance) reads timm's attention blocks (``qkv``, ``q_norm``/``k_norm``, ``proj``),
+and the captures are checked against them. open_clip's own ViT (OpenAI CLIP, LAION) runs
+``nn.MultiheadAttention`` in ``ResidualAttentionBlock``; its weights map one to one onto a timm
+``VisionTransformer`` built with the same options (pre-norm, CLS token, LayerNorm eps, QuickGELU
+or GELU, layer scale): ``in_proj`` is timm's fused ``qkv`` with the same q, k, v and head order,
+``out_proj`` is ``proj``, ``ln_post`` the final norm, and ``visual.proj`` becomes the head (a
+bias-free linear map). ``tests/unit/zoo/test_open_clip_models.py`` checks the image embedding
+against ``encode_image`` and every layer's maps against open_clip's own block. SigLIP towers
+are timm models already (open_clip's ``TimmModel``): their trunk is used as it is, with
+open_clip's projection (if any) appended to its head. The head is kept with ``num_classes = 0``
+so that the output kind is ``embedding`` (the image embedding ``encode_image`` returns).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..engine import text_relevance  # noqa: F401  (registers the text:PHRASE target kind)
+from ..engine.clip_text import TextError, TextTower
+from ..engine.hooks import UnsupportedModelError
+from .errors import ModelLoadError, UnknownModelError
+from .hub import hub_offline, hub_reachable
+from .ids import ModelSpec
+
+RANDOM_SEED = 0
+
+log = logging.getLogger(__name__)
+
+
+def _open_clip() -> Any:
+    try:
+        import open_clip
+    except ImportError:
+        raise ModelLoadError(
+            "open_clip models need the clip extra: pip install 'headscope[clip]' (open_clip_torch)"
+        ) from None
+    return open_clip
+
+
+def split_arch(arch: str) -> tuple[str, str | None]:
+    """``ARCH/PRETRAINED`` -> ``(ARCH, PRETRAINED)``; ``ARCH`` -> ``(ARCH, None)``."""
+    name, _, tag = arch.partition("/")
+    return name, tag or None
+
+
+def check_name(arch: str) -> tuple[str, str | None]:
+    """The architecture and pretrained tag of an ``open_clip:`` id, checked against open_clip's lists.
+
+    Raises:
+        UnknownModelError: open_clip has no such architecture, or no such pretrained tag for it.
+    """
+    oc = _open_clip()
+    name, tag = split_arch(arch)
+    if name not in oc.list_models():
+        raise UnknownModelError(f"open_clip has no architecture named {name!r} (open_clip.list_models())")
+    if tag is not None and tag not in oc.list_pretrained_tags_by_model(name):
+        tags = ", ".join(oc.list_pretrained_tags_by_model(name)) or "none"
+        raise UnknownModelError(f"open_clip has no pretrained weights {tag!r} for {name} (it has: {tags})")
+    return name, tag
+
+
+def _create(spec: ModelSpec) -> nn.Module:
+    oc = _open_clip()
+    name, tag = check_name(spec.arch)
+    if tag is None:
+        torch.manual_seed(RANDOM_SEED)
+        # under torch.device("meta") (loaders.skeleton) open_clip must not move it off the meta device
+        meta = torch.get_default_device().type == "meta"
+        return oc.create_model(name, pretrained=None, **({"device": "meta"} if meta else {}))
+    try:
+        # Unreachable hub: the local cache only, and a failure in seconds instead of retries.
+        with hub_offline(not hub_reachable()):
+            return oc.create_model(name, pretrained=tag, require_pretrained=True)
+    except Exception as e:
+        raise ModelLoadError(
+            f"could not get the pretrained weights {tag!r} of open_clip model {name} "
+            f"({type(e).__name__}: {str(e)[:200]}). They come from the Hugging Face hub: run "
+            f"`headscope fetch open_clip:{name}/{tag}` on a machine with internet (they land in the HF "
+            f"cache, ~/.cache/huggingface, which you can copy over), or use open_clip:{name} (random weights)."
+        ) from None
+
+
+def _act_name(mlp: nn.Module) -> str:
+    act = type(mlp.gelu).__name__
+    if act == "QuickGELU":
+        return "quick_gelu"
+    if act == "GELU" and getattr(mlp.gelu, "approximate", "none") == "none":
+        return "gelu"
+    raise UnsupportedModelError(f"open_clip ViT with activation {act}: not supported")
+
+
+def timm_vit_of(visual: Any) -> nn.Module:
+    """open_clip's ``VisionTransformer`` as a timm ``VisionTransformer`` with the same weights.
+
+    Raises:
+        UnsupportedModelError: options timm's ViT does not have (attentional pooling, custom
+            blocks, mean pooling, no pre-norm).
+    """
+    from timm.models.vision_transformer import VisionTransformer
+
+    blocks = list(visual.transformer.resblocks)
+    why = None
+    if visual.attn_pool is not None:
+        why = "attentional pooling (CoCa)"
+    elif visual.pool_type != "tok":
+        why = f"pool_type {visual.pool_type!r}"
+    elif isinstance(visual.ln_pre, nn.Identity):
+        why = "no ln_pre"
+    elif any(type(b).__name__ != "ResidualAttentionBlock" or hasattr(b, "ln_1_kv") for b in blocks):
+        why = "custom attention blocks"
+    if why:
+        raise UnsupportedModelError(f"open_clip ViT with {why}: not supported (plain CLIP ViTs and SigLIP are)")
+    b0 = blocks[0]
+    width, heads = int(visual.class_embedding.shape[0]), int(b0.attn.num_heads)
+    ls = getattr(b0.ls_1, "gamma", None)
+    vit = VisionTransformer(
+        img_size=tuple(visual.image_size),
+        patch_size=tuple(visual.patch_size),
+        embed_dim=width,
+        depth=len(blocks),
+        num_heads=heads,
+        mlp_ratio=b0.mlp.c_fc.out_features / width,
+        qkv_bias=True,
+        init_values=1.0 if ls is not None else None,
+        class_token=True,
+        global_pool="token",
+        pre_norm=True,
+        num_classes=0,
+        norm_layer=partial(nn.LayerNorm, eps=b0.ln_1.eps),
+        act_layer=_act_name(b0.mlp),
+        weight_init="skip",  # every weight comes from open_clip next
+    )
+    sd = {
+        "cls_token": visual.class_embedding[None, None],
+        "pos_embed": visual.positional_embedding[None],
+        "patch_embed.proj.weight": visual.conv1.weight,
+        "norm_pre.weight": visual.ln_pre.weight,
+        "norm_pre.bias": visual.ln_pre.bias,
+        "norm.weight": visual.ln_post.weight,
+        "norm.bias": visual.ln_post.bias,
+    }
+    names = {
+        "ln_1": "norm1",
+        "ln_2": "norm2",
+        "attn.in_proj_weight": "attn.qkv.weight",
+        "attn.in_proj_bias": "attn.qkv.bias",
+        "attn.out_proj": "attn.proj",
+        "mlp.c_fc": "mlp.fc1",
+        "mlp.c_proj": "mlp.fc2",
+        "ls_1": "ls1",
+        "ls_2": "ls2",
+    }
+    for i, blk in enumerate(blocks):
+        for k, v in blk.state_dict().items():
+            for a, b in names.items():
+                if k.startswith(a):
+                    k = b + k[len(a) :]
+                    break
+            sd[f"blocks.{i}.{k}"] = v
+    vit.load_state_dict(sd, strict=True)
+    if visual.proj is not None:  # the projection into the joint space: the head, bias-free
+        D, E = visual.proj.shape  # width, embedding
+        head = nn.Linear(D, E, bias=False)
+        head.weight.data.copy_(visual.proj.detach().T)
+        vit.head = head  # num_classes stays 0: the output kind is `embedding`
+    return vit
+
+
+def _tower(clip: nn.Module) -> tuple[nn.Module, str]:
+    """The image tower as a timm model, and the model's kind (``clip`` or ``siglip``)."""
+    from open_clip.timm_model import TimmModel
+    from open_clip.transformer import VisionTransformer as OpenClipViT
+
+    visual: Any = clip.visual
+    kind = "siglip" if getattr(clip, "logit_bias", None) is not None else "clip"
+    if isinstance(visual, OpenClipViT):
+        return timm_vit_of(visual), kind
+    if isinstance(visual, TimmModel):
+        trunk: Any = visual.trunk
+        if len(visual.head) > 0:  # open_clip's projection after the trunk's head
+            trunk.head = nn.Sequential(trunk.head, visual.head)
+        trunk.num_classes = 0
+        return trunk, kind
+    raise UnsupportedModelError(f"open_clip image tower {type(visual).__name__}: only ViT towers are supported")
+
+
+@dataclass
+class OpenClipParts:
+    """What :func:`app.zoo.loaders.build` makes a :class:`LoadedModel` of: the image tower as a
+    timm model, what feeds it, and the text tower (None, with why, where it cannot be used)."""
+
+    model: nn.Module
+    input_size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    description: str
+    text: TextTower | None
+    text_note: str
+
+
+def open_clip_parts(spec: ModelSpec) -> OpenClipParts:
+    """An open_clip model taken apart: its image tower as a timm ViT, its text tower."""
+    oc = _open_clip()
+    clip = _create(spec)
+    clip.eval().requires_grad_(False)
+    name, tag = split_arch(spec.arch)
+    vit, kind = _tower(clip)
+    pre = oc.get_model_preprocess_cfg(clip)
+    size = pre.get("size", 224)
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    text: TextTower | None = None
+    note = ""
+    try:
+        with hub_offline(not hub_reachable()):  # a Hugging Face tokenizer (SigLIP): the cache only, offline
+            tokenizer = oc.get_tokenizer(name)
+        text = TextTower(clip, tokenizer, kind)
+    except TextError as e:
+        note = str(e)
+    except Exception as e:  # a Hugging Face tokenizer offline, say
+        note = f"the text tower could not be loaded ({type(e).__name__}: {str(e)[:200]})"
+    if text is not None:
+        clip.visual = nn.Identity()  # the timm copy serves the image; the text tower keeps the rest
+    weights = f"pretrained {tag}" if tag else "random weights"
+    label = "SigLIP" if kind == "siglip" else "CLIP"
+    return OpenClipParts(
+        vit, size, tuple(pre["mean"]), tuple(pre["std"]), f"open_clip {name} ({label}, {weights})", text, note
+    )

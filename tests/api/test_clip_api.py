@@ -1,0 +1,176 @@
+"""Phrases and zero-shot against a real server with a random-weight open_clip model.
+
+The answers are compared with independent computations in this process on the same prepared
+pixels: open_clip's own model for the scores and zero-shot probabilities, Chefer's CLIP
+``interpret`` and LeGrad's rule written on open_clip's blocks for the maps (tests/helpers/
+clip_reference.py). Bad input gets 422 in the one error shape and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import httpx
+import pytest
+import torch
+
+pytest.importorskip("open_clip")
+
+from helpers import api  # noqa: E402
+from helpers.api import API, assert_error, fresh_png  # noqa: E402
+from helpers.clip_models import MODEL_ID, reference_model  # noqa: E402
+from helpers.clip_reference import interpret, legrad  # noqa: E402
+from helpers.server import Server  # noqa: E402
+
+T = 300  # generous: these tests must pass on a loaded machine
+get = partial(api.get, timeout=T)
+PHRASE = "a red car"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([MODEL_ID]), "HEADSCOPE_MAX_WAIT_MS": "20"})
+    yield srv.url
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+
+
+@pytest.fixture(scope="module")
+def picture() -> bytes:
+    return fresh_png(seed=42, size=(160, 120))
+
+
+@pytest.fixture(scope="module")
+def image_id(server, picture) -> str:
+    return api.post_json(server, picture, timeout=T, model=MODEL_ID, layers="-1", heads="0")["image_id"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from headscope.zoo.ids import ModelSpec
+    from headscope.zoo.loaders import build
+
+    return build(ModelSpec.parse(MODEL_ID), None)
+
+
+@pytest.fixture(scope="module")
+def pixels(lm, picture):
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
+
+    return Pictures.for_model(lm, Settings()).prepare(picture).pixels[None]
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return reference_model(perturb=False)
+
+
+def rel(server, image_id, **params) -> dict:
+    r = get(server, f"{API}/{image_id}/relevance", model=MODEL_ID, **params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _norm(v):
+    return v / v.sum()
+
+
+def test_model_is_listed_with_its_text_tower(server, image_id):
+    models = {m["id"]: m for m in get(server, "/api/v1/models").json()["models"]}
+    assert models[MODEL_ID]["text"] is True and models[MODEL_ID]["output"] == "embedding"
+
+
+def test_phrase_relevance_equals_interpret_and_legrad(server, image_id, lm, pixels, ref):
+    tok = lm.text.tokenize([PHRASE])
+    R_text, want = interpret(ref, pixels, tok, start_layer=0, start_layer_text=0)
+    body = rel(server, image_id, target=f"text:{PHRASE}", method="chefer")
+    assert body["target"] == f"text:{PHRASE}" and body["kind"] == "embedding" and body["grid"] == [7, 7]
+    torch.testing.assert_close(torch.tensor(body["relevance"]).flatten(), _norm(want), atol=1e-6, rtol=1e-4)
+    with torch.no_grad():
+        img, txt, scale = ref(pixels, tok)
+    assert body["y"] == pytest.approx(float(scale * img[0] @ txt[0]), rel=1e-5, abs=1e-5)
+    eot = int(tok[0].argmax())
+    assert [t["token"] for t in body["text_tokens"]] == PHRASE.split()
+    got = torch.tensor([t["relevance"] for t in body["text_tokens"]])
+    torch.testing.assert_close(got, _norm(R_text[eot, 1:eot]), atol=1e-6, rtol=1e-4)
+    lg = rel(server, image_id, target=f"text:{PHRASE}", method="legrad")
+    assert lg["cached"] is True  # every method of the phrase came from one computation
+    torch.testing.assert_close(
+        torch.tensor(lg["relevance"]).flatten(), _norm(legrad(ref, pixels, tok)), atol=1e-6, rtol=1e-4
+    )
+    npy = get(server, f"{API}/{image_id}/relevance", model=MODEL_ID, target=f"text:{PHRASE}", format="npy")
+    assert npy.status_code == 200 and "a_red_car" in npy.headers["content-disposition"]
+
+
+def test_zero_shot_equals_open_clip(server, image_id, lm, pixels, ref):
+    labels = ["a dog", "a cat", PHRASE]
+    r = get(server, f"{API}/{image_id}/zero-shot", model=MODEL_ID, labels=",".join(labels))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    with torch.no_grad():
+        img, txt, scale = ref(pixels, lm.text.tokenize(labels))
+        want = (scale * img @ txt.T).softmax(-1)[0]
+    assert body["rule"] == "softmax" and body["logit_bias"] is None
+    probs = [row["probability"] for row in body["labels"]]
+    assert probs == sorted(probs, reverse=True)
+    got = torch.zeros(3)
+    for row in body["labels"]:
+        assert row["label"] == labels[row["index"]] and "relevance" not in row or row["relevance"] is None
+        got[row["index"]] = row["probability"]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    # maps on request: each label's map is the relevance endpoint's map for text:LABEL
+    r = get(server, f"{API}/{image_id}/zero-shot", model=MODEL_ID, labels=" a dog ,a red car", maps="true")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["method"] == "chefer" and body["grid"] == [7, 7] and len(body["labels"]) == 2
+    for row in body["labels"]:
+        same = rel(server, image_id, target=f"text:{row['label']}", method="chefer")
+        assert same["cached"] is True
+        torch.testing.assert_close(torch.tensor(row["relevance"]), torch.tensor(same["relevance"]), atol=0, rtol=0)
+        assert [t["token"] for t in row["text_tokens"]] == row["label"].split()
+
+
+def test_faithfulness_for_a_phrase(server, image_id):
+    params = dict(model=MODEL_ID, target=f"text:{PHRASE}", methods="legrad,chefer,random", fractions="0,0.5")
+    r = get(server, f"{API}/{image_id}/faithfulness", **params)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["target"] == f"text:{PHRASE}" and list(body["methods"]) == ["legrad", "chefer", "random"]
+    assert body["methods"]["chefer"]["positive"][0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "path, params, code",
+    [
+        ("relevance", {"target": "text:"}, "bad_text"),
+        ("relevance", {"target": "text:   "}, "bad_text"),
+        ("relevance", {"target": "text:" + "a" * 301}, "bad_text"),
+        ("relevance", {"target": "text:" + "a " * 100}, "bad_text"),
+        ("relevance", {"target": "embedding", "method": "legrad"}, "bad_method"),
+        ("relevance", {"target": "text:a dog", "method": "nope"}, None),
+        ("faithfulness", {"target": "text:a dog", "methods": "legrad,nope"}, "bad_method"),
+        ("zero-shot", {"labels": ""}, "bad_text"),
+        ("zero-shot", {"labels": "dog,,cat"}, "bad_text"),
+        ("zero-shot", {"labels": ",".join(f"l{i}" for i in range(65))}, "bad_text"),
+        ("zero-shot", {"labels": "dog", "maps": "true", "method": "nope"}, None),
+        ("zero-shot", {}, None),
+    ],
+)
+def test_bad_input_is_422(server, image_id, path, params, code):
+    r = get(server, f"{API}/{image_id}/{path}", model=MODEL_ID, **params)
+    assert_error(r, 422, code)
+
+
+def test_non_utf8_and_no_text_tower_are_422(server, image_id):
+    for path, query in (("relevance", "target=text:caf%FF"), ("zero-shot", "labels=dog,%C3%28")):
+        r = httpx.get(f"{server}{API}/{image_id}/{path}?model={MODEL_ID}&{query}", timeout=T)
+        assert_error(r, 422)
+    # the default model (no text tower): its own upload, then a phrase
+    other = api.post_json(server, fresh_png(seed=43), timeout=T, layers="-1", heads="0")["image_id"]
+    for path, params in (("relevance", {"target": "text:a dog"}), ("zero-shot", {"labels": "dog,cat"})):
+        r = get(server, f"{API}/{other}/{path}", **params)
+        assert_error(r, 422, "bad_text")
+        assert "no text tower" in r.json()["error"]["message"]
+    assert get(server, "/readyz").status_code == 200

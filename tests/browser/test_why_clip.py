@@ -1,0 +1,93 @@
+"""The Why view's text side in real Chromium against a real server whose default model is a
+random-weight open_clip model: the target picker's "a phrase", the prompt box, the phrase's tokens
+shaded by relevance under it, zero-shot labels as a ranked list whose labels switch the map, and
+LeGrad, each equal to the API's answer.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytest.importorskip("open_clip")
+
+from helpers.clip_models import MODEL_ID  # noqa: E402
+from helpers.page import image_id, open_page, upload  # noqa: E402
+from helpers.server import Server  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+MAP = "[data-testid=relevance-map]"
+SLOW_MS = 240_000
+PHRASE = "a cat on a sofa"
+
+
+@pytest.fixture(scope="module")
+def base_url():  # the page fixtures (guard, routes) follow this server
+    srv = Server(args=["--model", MODEL_ID])
+    yield srv.url
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+
+
+def api(base_url, iid, what, **params) -> dict:
+    r = httpx.get(f"{base_url}/api/v1/attention/{iid}/{what}", params=params, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_map(page, **want) -> dict:
+    page.wait_for_function(
+        """([sel, want]) => {
+            const c = document.querySelector(sel);
+            return c && c.closest('figure').dataset.state === 'ready'
+                && Object.entries(want).every(([k, v]) => (c.dataset[k] || '') === v);
+        }""",
+        arg=[MAP, want],
+    )
+    return page.eval_on_selector(MAP, "c => ({...c.dataset})")
+
+
+@pytest.mark.timeout(900)
+def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples):
+    page.set_default_timeout(SLOW_MS)
+    open_page(page, base_url)
+    upload(page, samples["cat"])
+    iid = image_id(samples["cat"].read_bytes())
+    page.click("[data-testid=why-tab]")
+    page.wait_for_selector("[data-testid=why-text]", state="visible")
+    wait_map(page, method="chefer", target="embedding")
+    options = page.eval_on_selector_all("[data-testid=relevance-target] option", "os => os.map(o => o.value)")
+    assert options == ["embedding", "text"]
+    assert page.is_disabled("[data-testid=relevance-method] option[value=legrad]")
+
+    # A phrase typed into the prompt box becomes the target; its tokens appear under it.
+    page.fill("[data-testid=relevance-phrase]", PHRASE)
+    page.press("[data-testid=relevance-phrase]", "Enter")
+    wait_map(page, method="chefer", target=f"text:{PHRASE}")
+    assert page.input_value("[data-testid=relevance-target]") == "text"
+    want = api(base_url, iid, "relevance", model=MODEL_ID, method="chefer", target=f"text:{PHRASE}")
+    page.wait_for_selector("[data-testid=text-token]")
+    tokens = page.eval_on_selector_all(
+        "[data-testid=text-token]", "ts => ts.map(t => [t.textContent, Number(t.dataset.relevance)])"
+    )
+    assert [t for t, _ in tokens] == [t["token"] for t in want["text_tokens"]] == PHRASE.split()
+    assert [r for _, r in tokens] == pytest.approx([t["relevance"] for t in want["text_tokens"]], rel=1e-6)
+
+    # LeGrad is offered for a phrase.
+    assert page.is_enabled("[data-testid=relevance-method] option[value=legrad]")
+    page.select_option("[data-testid=relevance-method]", "legrad")
+    wait_map(page, method="legrad", target=f"text:{PHRASE}")
+    page.select_option("[data-testid=relevance-method]", "chefer")
+
+    # Zero-shot labels: a ranked list as the API ranks them; a label switches the map to its phrase.
+    page.fill("[data-testid=zero-shot-labels]", "a dog, a cat, a red car")
+    page.press("[data-testid=zero-shot-labels]", "Enter")
+    page.wait_for_selector("[data-testid=zero-shot-list][data-state=ready] [data-testid=zero-shot-label]")
+    shown = page.eval_on_selector_all("[data-testid=zero-shot-label]", "bs => bs.map(b => b.dataset.label)")
+    ranked = api(base_url, iid, "zero-shot", model=MODEL_ID, labels="a dog,a cat,a red car")["labels"]
+    assert shown == [r["label"] for r in ranked]
+    page.click(f"[data-testid=zero-shot-label][data-label='{shown[-1]}']")
+    wait_map(page, method="chefer", target=f"text:{shown[-1]}")
+    assert page.get_attribute(f"[data-testid=zero-shot-label][data-label='{shown[-1]}']", "aria-pressed") == "true"
+    assert page.input_value("[data-testid=relevance-phrase]") == shown[-1]

@@ -1,0 +1,63 @@
+"""``Scope.relevance(img, target="text:...")`` and ``Scope.zero_shot`` on a random-weight open_clip
+model equal open_clip's own scores and Chefer's CLIP ``interpret`` (tests/helpers/clip_reference.py)
+on the picture as the server prepares it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("open_clip")
+
+import headscope  # noqa: E402
+from headscope.engine.relevance import MethodError  # noqa: E402
+from helpers.clip_models import MODEL_ID, reference_model  # noqa: E402
+from helpers.clip_reference import interpret  # noqa: E402
+from helpers.server import SAMPLES  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def scope():
+    return headscope.load(MODEL_ID, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def picture():
+    return SAMPLES / "cat.png"
+
+
+@pytest.fixture(scope="module")
+def pixels(scope, picture):
+    from headscope.config import Settings
+    from headscope.serving.pictures import Pictures
+
+    return Pictures.for_model(scope.lm, Settings()).prepare(picture.read_bytes()).pixels[None]
+
+
+def test_relevance_for_a_phrase(scope, picture, pixels):
+    ref = reference_model(perturb=False)
+    res = scope.relevance(picture, target="text:a cat on a sofa")
+    assert res["target"] == "text:a cat on a sofa" and res["method"] == "chefer"
+    assert [t["token"] for t in res["text_tokens"]] == ["a", "cat", "on", "a", "sofa"]
+    _, want = interpret(ref, pixels, scope.lm.text.tokenize(["a cat on a sofa"]), start_layer=0)
+    torch.testing.assert_close(torch.as_tensor(res["relevance"]).flatten(), want / want.sum(), atol=1e-6, rtol=1e-4)
+    lg = scope.relevance(picture, method="legrad", target="text:a cat")
+    assert lg["method"] == "legrad" and float(torch.as_tensor(lg["relevance"]).sum()) == pytest.approx(1.0)
+    with pytest.raises(MethodError, match="phrase"):
+        scope.relevance(picture, method="legrad")
+
+
+def test_zero_shot(scope, picture, pixels):
+    ref = reference_model(perturb=False)
+    labels = ["a dog", "a cat", "a red car"]
+    res = scope.zero_shot(picture, labels)
+    with torch.no_grad():
+        img, txt, scale = ref(pixels, scope.lm.text.tokenize(labels))
+        want = (scale * img @ txt.T).softmax(-1)[0]
+    got = torch.zeros(3)
+    for row in res["labels"]:
+        got[row["index"]] = row["probability"]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert [r["probability"] for r in res["labels"]] == sorted(got.tolist(), reverse=True)
+    both = scope.zero_shot([picture, picture], "a dog, a cat", maps=True)
+    assert len(both) == 2 and all(r["relevance"].shape == (7, 7) for r in both[0]["labels"])
