@@ -24,6 +24,7 @@ from ..zoo.errors import HubUnreachableError, ModelLoadError
 from ..zoo.hub import hub_reachable
 from ..zoo.registry import Registry
 from .admission import HEAVY, Ticket, using
+from .flights import Flights
 from .tasks import TASK_DEADLINE_S
 from .worker import Worker
 
@@ -47,7 +48,6 @@ class Load:
     error: Exception | None = None
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
-    task: asyncio.Task | None = field(default=None, repr=False)
 
     def as_dict(self, describe: Describe) -> dict[str, Any]:
         err = None
@@ -81,6 +81,7 @@ class ModelLoads:
         self.worker = worker
         self.describe = describe
         self._loads: dict[str, Load] = {}
+        self._flights: Flights[None] = Flights()  # the loads under way: kept, they outlive their requests
         self._download = asyncio.Semaphore(1)
 
     def model_id(self, entry: Entry) -> str:
@@ -122,6 +123,9 @@ class ModelLoads:
         """
         entry = lookup(name)
         self._forget_old()
+        flight = self._flights.get(entry.name)
+        if flight is not None:
+            return flight.about.as_dict(self.describe)
         load = self._loads.get(entry.name)
         if load is not None and load.state != "failed":
             return load.as_dict(self.describe)
@@ -133,7 +137,7 @@ class ModelLoads:
         load = Load(entry, mid)
         self._loads[entry.name] = load
         with using(Ticket(HEAVY, time.monotonic() + TASK_DEADLINE_S)):  # below uploads on the worker
-            load.task = asyncio.ensure_future(self._run(load, mid))
+            self._flights.start(entry.name, lambda: self._run(load, mid), kept=True, about=load)
         return load.as_dict(self.describe)
 
     async def _run(self, load: Load, mid: str) -> None:
@@ -167,7 +171,4 @@ class ModelLoads:
 
     async def stop(self) -> None:
         """Cancel the loads under way (shutdown)."""
-        tasks = [ld.task for ld in self._loads.values() if ld.task is not None and not ld.task.done()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._flights.stop()

@@ -56,7 +56,7 @@ from .cache import FaithfulnessKey, RelevanceKey
 from .encoders import MEDIA_TYPES, encode
 from .params import Ablate
 from .tasks import TASK_DEADLINE_S, ImageTasks, Progress, Tasks, Work, run_on
-from .uploads import ImageNotFound
+from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected
 
 MethodName = Literal["chefer", "grad_attention", "rollout", "attention", "random"]  # an enum in the schema
@@ -335,20 +335,16 @@ def ordered(res: dict, methods: Sequence[str]) -> dict:
 
 # -- the service --------------------------------------------------------------------------------
 class RelevanceService(ImageTasks):
-    """Relevance maps and the faithfulness test on top of :class:`~.service.AttentionService`.
+    """Relevance maps and the faithfulness test of uploaded images (:class:`~.tasks.ImageTasks`;
+    ``max_tasks``: faithfulness tests at once, and relevance computations at once, each its own
+    pool; more get 429)."""
 
-    Args:
-        service: the attention service (uploads, cache, worker, models, settings).
-        max_tasks: faithfulness tests at once, and relevance computations at once (each its own
-            pool); more get 429.
-    """
-
-    def __init__(self, service, max_tasks: int = 4):
-        super().__init__(service, max_tasks)
-        self.map_tasks = Tasks(max_tasks)  # the maps: joined by a test that needs the same ones
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.map_tasks = Tasks(self.tasks.limit)  # the maps: joined by a test that needs the same ones
 
     async def _model(self, model_id: str | None) -> LoadedModel:
-        lm = await self.svc.model(model_id)
+        lm = await self.model(model_id)
         refuse_windowed(lm)
         return lm
 
@@ -361,17 +357,19 @@ class RelevanceService(ImageTasks):
         prep: images.Prepared | None = None,
         is_disconnected: Disconnected | None = None,
         deadline: float | None = None,
+        upload: Upload | None = None,
     ) -> tuple[RelevanceMaps, bool]:
         """Every method's map for ``target``, from the cache or computed once (joined by
-        identical requests meanwhile); and whether it came from the cache."""
+        identical requests meanwhile); and whether it came from the cache (``upload``: the
+        image, when the caller has already looked it up)."""
         key = RelevanceKey(image_id, lm.id, ablate, str(target))
         hit = self.cache.get(key)
         if hit is not None:
             return hit, True
-        self.svc.uploads.require(image_id)
+        picture = upload or self.uploads.require(image_id)
 
         async def job(progress: Progress) -> RelevanceMaps:
-            p = prep or await self.prepared(image_id, lm)
+            p = prep or await self.prepared(picture, lm)
             check_target(target, p.input_size)  # a box outside this picture's map: 422 before the forward
             progress.stage = "forward and backward pass"
             m = await self.piece(partial(relevance_maps, lm, p, target, ablate, self.worker.amp_dtype, self.device))
@@ -403,12 +401,12 @@ class RelevanceService(ImageTasks):
         lm = await self._model(params.model)
         spec = faithfulness_spec(lm, params)
 
-        async def compute(progress: Progress) -> dict:
+        async def compute(progress: Progress, upload: Upload) -> dict:
             progress.total = MAPS_UNITS + 1 + 2 * len(spec.methods) * sum(1 for f in spec.fractions if f > 0)
             progress.stage = "relevance maps"
-            prep = await self.prepared(image_id, lm)
+            prep = await self.prepared(upload, lm)
             deadline = time.monotonic() + TASK_DEADLINE_S  # the test outlives the request that started it
-            maps, _ = await self.maps(image_id, lm, spec.ablate, spec.target, prep, deadline=deadline)
+            maps, _ = await self.maps(image_id, lm, spec.ablate, spec.target, prep, deadline=deadline, upload=upload)
             progress.advance(MAPS_UNITS)
             work = faithfulness_work(image_id, lm, prep, maps, spec, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
@@ -421,8 +419,8 @@ class RelevanceService(ImageTasks):
         """What ``GET …/faithfulness/progress`` reports (ImageNotFound for an unknown image):
         ``state`` ``done`` (cached), ``running`` (``done`` of ``total`` forwards, ``fraction``,
         ``eta_s``, ``stage``) or ``idle``."""
-        mid = self.svc.registry.resolve(params.model)
-        lm = self.svc.registry.loaded(mid)
+        mid = self.registry.resolve(params.model)
+        lm = self.registry.loaded(mid)
         if lm is not None:
             state = self.state(faithfulness_spec(lm, params).key(image_id, lm.id), "faithfulness")
             if state is not None:
@@ -431,6 +429,6 @@ class RelevanceService(ImageTasks):
             # not loaded yet: check what can be checked without the model
             parse_methods(params.methods)
             faith.parse_fractions(params.fractions)
-        if self.svc.uploads.get(image_id) is None:
+        if self.uploads.get(image_id) is None:
             raise ImageNotFound(image_id)
         return {"state": "idle", "task": "faithfulness", "done": 0, "total": None, "fraction": 0.0}

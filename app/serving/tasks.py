@@ -21,14 +21,17 @@ from collections.abc import Awaitable, Callable, Generator, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import Settings
 from ..engine.device import is_oom
 from ..engine.model import LoadedModel
+from ..zoo.registry import Registry
 from . import images
-from .admission import QueueFullError, Ticket, current_ticket, using
+from .admission import Ticket, current_ticket, using
 from .cache import ByteLRU
-from .service import AttentionService
-from .waiting import ClientGone, Disconnected, wait_for_result
-from .worker import OutOfMemory
+from .flights import Flight, Flights
+from .uploads import Upload, Uploads
+from .waiting import Disconnected
+from .worker import OutOfMemory, Worker
 
 Piece = Callable[[], Any]  # one call on the worker thread
 Work = Generator[Piece, Any, dict]  # yields pieces, is sent their results, returns the answer
@@ -75,48 +78,29 @@ class Progress:
         }
 
 
-@dataclass
-class _Task:
-    future: asyncio.Future
-    progress: Progress
-    waiters: int = 0
-
-
 class Tasks:
-    """Single-flight background tasks with progress, at most ``limit`` at once.
+    """Single-flight background tasks with progress, at most ``limit`` at once
+    (:class:`~.flights.Flights`: a request for a running key joins it).
 
     Event-loop only: no lock is needed.
     """
 
     def __init__(self, limit: int = 4):
         self.limit = limit
-        self._tasks: dict[Hashable, _Task] = {}
+        self._flights: Flights[Any] = Flights(limit, "long computations")
 
     def progress(self, key: Hashable) -> Progress | None:
-        task = self._tasks.get(key)
-        return task.progress if task else None
+        flight = self._flights.get(key)
+        return flight.about if flight else None
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._flights)
 
-    def _start(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> _Task:
-        if len(self._tasks) >= self.limit:
-            raise QueueFullError(f"the server is busy ({self.limit} long computations in progress)")
+    def _start(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> Flight[Any]:
         progress = Progress(name)
         parent = current_ticket()
         with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S) if parent else None):
-            future = asyncio.ensure_future(factory(progress))  # the task runs in a copy of this context
-        task = _Task(future, progress)
-        self._tasks[key] = task
-
-        def finished(f: asyncio.Future) -> None:
-            if self._tasks.get(key) is task:
-                del self._tasks[key]
-            if not f.cancelled():
-                f.exception()  # retrieved: the waiters got it; no "never retrieved" warning
-
-        future.add_done_callback(finished)
-        return task
+            return self._flights.start(key, lambda: _awaited(factory(progress)), about=progress)
 
     async def run(
         self,
@@ -141,18 +125,12 @@ class Tasks:
             asyncio.TimeoutError: the deadline passed first (the task goes on).
             ClientGone: the client went away.
         """
-        task = self._tasks.get(key) or self._start(key, name, factory)
-        task.waiters += 1
-        gone = False
-        try:
-            return await wait_for_result(asyncio.shield(task.future), deadline, is_disconnected)
-        except ClientGone:
-            gone = True
-            raise
-        finally:
-            task.waiters -= 1
-            if gone and task.waiters == 0 and not task.future.done():
-                task.future.cancel()
+        flight = self._flights.get(key) or self._start(key, name, factory)
+        return await flight.wait(deadline, is_disconnected, keep_on_timeout=True)
+
+
+async def _awaited(aw: Awaitable[Any]) -> Any:
+    return await aw
 
 
 def run_now(work: Work) -> dict:
@@ -175,43 +153,65 @@ async def run_on(work: Work, run: Callable[[Piece], Awaitable[Any]]) -> dict:
         return done.value
 
 
+async def model_of(registry: Registry, worker: Worker, model_id: str | None) -> LoadedModel:
+    """A model by id (the default for None), loaded on the worker thread on first use."""
+    mid = registry.resolve(model_id)
+    lm = registry.loaded(mid)
+    if lm is not None:
+        return lm
+    # Loading is slow (weights, maybe a download): do it on the worker thread.
+    return await worker.run_in_worker(registry.get, mid)
+
+
 class ImageTasks:
     """Long computations about an uploaded image, as tasks with progress, their results cached.
 
     Args:
-        service: the attention service (its uploads, cache, worker, models and settings).
+        settings: the request timeout.
+        uploads: the uploaded pictures (ImageNotFound once one is gone).
+        worker: the worker thread every piece runs on.
+        cache: where results are kept (the server's byte-bounded cache).
+        registry: the models.
         max_tasks: computations at once; more get 429.
     """
 
-    def __init__(self, service: AttentionService, max_tasks: int = 4):
-        self.svc = service
+    def __init__(
+        self,
+        settings: Settings,
+        uploads: Uploads,
+        worker: Worker,
+        cache: ByteLRU,
+        registry: Registry,
+        max_tasks: int = 4,
+    ):
+        self.settings = settings
+        self.uploads = uploads
+        self.worker = worker
+        self.cache = cache
+        self.registry = registry
         self.tasks = Tasks(max_tasks)
 
     @property
-    def cache(self) -> ByteLRU:
-        return self.svc.cache
-
-    @property
-    def worker(self):
-        return self.svc.worker
-
-    @property
     def device(self):
-        return self.svc.registry.device
+        return self.registry.device
+
+    async def model(self, model_id: str | None) -> LoadedModel:
+        """A model by id (the default for None), loaded on the worker thread on first use."""
+        return await model_of(self.registry, self.worker, model_id)
 
     def deadline(self, wait: float | None = None) -> float:
         """A request's deadline, or ``wait`` seconds from now when that is sooner."""
-        deadline = time.monotonic() + self.svc.settings.request_timeout_s
+        deadline = time.monotonic() + self.settings.request_timeout_s
         return deadline if wait is None else min(deadline, time.monotonic() + wait)
 
-    async def prepared(self, image_id: str, lm: LoadedModel) -> images.Prepared:
-        """The upload as ``lm``'s input (ImageNotFound once it is gone)."""
-        return await self.svc.uploads.prepared(self.svc.uploads.require(image_id), lm)
+    async def prepared(self, upload: Upload, lm: LoadedModel) -> images.Prepared:
+        """The upload as ``lm``'s input."""
+        return await self.uploads.prepared(upload, lm)
 
     async def piece(self, fn: Piece) -> Any:
         """One piece of work on the worker thread; running out of device memory is a 503."""
         try:
-            return await self.svc.worker.run_in_worker(fn)
+            return await self.worker.run_in_worker(fn)
         except RuntimeError as e:
             if is_oom(e):
                 raise OutOfMemory("the image does not fit in device memory; try a smaller image") from None
@@ -222,16 +222,18 @@ class ImageTasks:
         key: Hashable,
         name: str,
         image_id: str,
-        compute: Callable[[Progress], Awaitable[dict]],
+        compute: Callable[[Progress, Upload], Awaitable[dict]],
         is_disconnected: Disconnected | None = None,
         wait: float | None = None,
+        upload: Upload | None = None,
     ) -> dict:
-        """The result for ``key``: from the cache (``cached: true``), else ``compute(progress)``
-        as a task (joined by later requests; its result cached).
+        """The result for ``key``: from the cache (``cached: true``), else ``compute(progress,
+        upload)`` as a task (joined by later requests; its result cached).
 
         Args:
             wait: answer ``{"pending": progress}`` after this many seconds instead of a timeout
                 (the computation goes on; the route answers 202).
+            upload: the image, when the caller has already looked it up.
 
         Raises:
             ImageNotFound: the image is gone.
@@ -240,10 +242,10 @@ class ImageTasks:
         hit = self.cache.get(key)
         if hit is not None:
             return {**hit, "cached": True}
-        self.svc.uploads.require(image_id)
+        picture = upload or self.uploads.require(image_id)
 
         async def job(progress: Progress) -> dict:
-            res = await compute(progress)
+            res = await compute(progress, picture)
             self.cache.put(key, res, RESULT_BYTES)
             return res
 

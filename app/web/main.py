@@ -67,8 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.capture_store,
         )
         st.service = AttentionService(settings, st.registry, st.worker, st.metrics, st.admission)
-        st.ablation = AblationService(st.service)
-        st.relevance = RelevanceService(st.service)
+        image_tasks = (settings, st.service.uploads, st.worker, st.service.cache, st.registry)
+        st.ablation = AblationService(*image_tasks)
+        st.relevance = RelevanceService(*image_tasks)
         st.model_loads = ModelLoads(st.registry, st.worker, errors.describe)
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
