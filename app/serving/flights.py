@@ -62,16 +62,16 @@ class Flight(Generic[T]):
             ClientGone: the client went away.
         """
         self.holders += 1
-        timed_out = False
         try:
             return await wait_for_result(asyncio.shield(self.task), deadline, is_disconnected, what)
         except asyncio.TimeoutError:
-            timed_out = keep_on_timeout
+            # Left on purpose to run on (``wait=``, or the deadline): from now on no client that
+            # joins and disconnects may cancel it (#39).
+            self.kept = self.kept or keep_on_timeout
             raise
         finally:
             self.holders -= 1
-            if not timed_out:
-                self.release()
+            self.release()
 
     def release(self) -> None:
         """Cancel the flight if nobody holds it and nobody kept it (its queued work is skipped)."""

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..zoo.catalog import Entry, lookup
-from ..zoo.download import Progress, cached_weights, download_weights, unreachable_message
-from ..zoo.errors import HubUnreachableError, ModelLoadError
+from ..zoo.catalog import Entry, lookup, parameter_count
+from ..zoo.download import Progress, cached_weights, check_download, download_weights, unreachable_message
+from ..zoo.errors import HubUnreachableError, ModelLoadError, ModelTooLargeError
 from ..zoo.hub import hub_reachable
 from ..zoo.registry import Registry
 from .admission import HEAVY, Ticket, using
@@ -74,9 +74,20 @@ class ModelLoads:
         registry: the models offered; a loaded catalogue model is added to it.
         worker: builds the model on its thread.
         describe: how the API names a failed load's exception (its code and message).
+        max_params: the most parameters a catalogue model may have (checked before a download).
+        max_bytes: the largest weights file it may download (and the disk must have room for it).
     """
 
-    def __init__(self, registry: Registry, worker: Worker, describe: Describe):
+    def __init__(
+        self,
+        registry: Registry,
+        worker: Worker,
+        describe: Describe,
+        max_params: int = 700_000_000,
+        max_bytes: int = 3 * 1024**3,
+    ):
+        self.max_params = max_params
+        self.max_bytes = max_bytes
         self.registry = registry
         self.worker = worker
         self.describe = describe
@@ -119,6 +130,7 @@ class ModelLoads:
 
         Raises:
             UnknownModelError: not a catalogue name (nothing is fetched).
+            ModelTooLargeError: over the size cap, or too little free disk (nothing is fetched).
             HubUnreachableError: not in the cache and the hub cannot be reached (said at once).
         """
         entry = lookup(name)
@@ -132,8 +144,16 @@ class ModelLoads:
         mid = self.model_id(entry)
         if mid in self.registry.ids and self.registry.is_loaded(mid):
             return self.state(name)
-        if await asyncio.to_thread(cached_weights, entry) is None and not await asyncio.to_thread(hub_reachable):
-            raise HubUnreachableError(unreachable_message(entry))
+        params = await asyncio.to_thread(parameter_count, entry)
+        if params > self.max_params:
+            raise ModelTooLargeError(
+                f"{entry.name} has {params / 1e6:,.0f} M parameters, over this server's {self.max_params / 1e6:,.0f} M "
+                "cap (HEADSCOPE_CATALOG_MAX_PARAMS)"
+            )
+        if await asyncio.to_thread(cached_weights, entry) is None:
+            if not await asyncio.to_thread(hub_reachable):
+                raise HubUnreachableError(unreachable_message(entry))
+            await asyncio.to_thread(check_download, entry, self.max_bytes)  # size and free disk first
         load = Load(entry, mid)
         self._loads[entry.name] = load
         with using(Ticket(HEAVY, time.monotonic() + TASK_DEADLINE_S)):  # below uploads on the worker

@@ -49,7 +49,7 @@ from ..engine.relevance import (
     refuse_windowed,
     relevance,
 )
-from ..engine.selection import MAX_SPEC
+from ..engine.selection import MAX_SPEC, SelectionError
 from . import images
 from .answers import Answer, server_timing
 from .cache import FaithfulnessKey, RelevanceKey
@@ -136,6 +136,29 @@ class FaithfulnessParams(FaithfulnessQuery):
         "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
         "timeout and then answers 504 (the computation goes on too).",
     )
+
+
+class TaskTooLargeError(SelectionError):
+    """A faithfulness test that asks for more perturbed forwards than the server allows."""
+
+    code = "task_too_large"
+
+
+def perturbed_forwards(methods: Sequence[str], fractions: Sequence[float]) -> int:
+    """The perturbed forwards a test costs: each method's positive and negative curve, one
+    forward per non-zero fraction (the picture itself is one forward, shared)."""
+    return 2 * len(methods) * sum(1 for f in fractions if f > 0)
+
+
+def check_cost(spec: FaithfulnessSpec, max_forwards: int) -> None:
+    """Raise :class:`TaskTooLargeError` (422) when ``spec`` asks for over ``max_forwards`` forwards."""
+    n = perturbed_forwards(spec.methods, spec.fractions)
+    if n > max_forwards:
+        raise TaskTooLargeError(
+            f"this test would run {n} perturbed forwards (2 x {len(spec.methods)} methods x "
+            f"{n // max(1, 2 * len(spec.methods))} non-zero fractions), over the server's {max_forwards} "
+            "(HEADSCOPE_MAX_TEST_FORWARDS); ask for fewer methods or fractions"
+        )
 
 
 @dataclass
@@ -341,7 +364,10 @@ class RelevanceService(ImageTasks):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.map_tasks = Tasks(self.tasks.limit)  # the maps: joined by a test that needs the same ones
+        self.map_tasks = Tasks(self.tasks.limit, self.tasks.per_client)  # the maps: joined by a test that needs them
+
+    def pools(self) -> list[Tasks]:
+        return [self.tasks, self.map_tasks]
 
     async def _model(self, model_id: str | None) -> LoadedModel:
         lm = await self.model(model_id)
@@ -400,19 +426,30 @@ class RelevanceService(ImageTasks):
         ran out first; the computation goes on)."""
         lm = await self._model(params.model)
         spec = faithfulness_spec(lm, params)
+        check_cost(spec, self.settings.max_test_forwards)
+        key = spec.key(image_id, lm.id)
+        checked: images.Prepared | None = None
+        upload: Upload | None = None
+        if self.cache.get(key) is None and self.tasks.progress(key) is None:
+            # What would fail inside the task fails here, before it takes a slot (a box outside
+            # this picture's output map: 422 now, not on the next request).
+            upload = self.uploads.require(image_id)
+            maps = self.cache.get(RelevanceKey(image_id, lm.id, spec.ablate, str(spec.target)))
+            if maps is None:
+                checked = await self.prepared(upload, lm)
+                check_target(spec.target, checked.input_size)
 
         async def compute(progress: Progress, upload: Upload) -> dict:
-            progress.total = MAPS_UNITS + 1 + 2 * len(spec.methods) * sum(1 for f in spec.fractions if f > 0)
+            progress.total = MAPS_UNITS + 1 + perturbed_forwards(spec.methods, spec.fractions)
             progress.stage = "relevance maps"
-            prep = await self.prepared(upload, lm)
+            prep = checked or await self.prepared(upload, lm)
             deadline = time.monotonic() + TASK_DEADLINE_S  # the test outlives the request that started it
             maps, _ = await self.maps(image_id, lm, spec.ablate, spec.target, prep, deadline=deadline, upload=upload)
             progress.advance(MAPS_UNITS)
             work = faithfulness_work(image_id, lm, prep, maps, spec, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
 
-        key = spec.key(image_id, lm.id)
-        res = await self.result(key, "faithfulness", image_id, compute, is_disconnected, params.wait)
+        res = await self.result(key, "faithfulness", image_id, compute, is_disconnected, params.wait, upload)
         return res if "pending" in res else ordered(res, spec.methods)
 
     def progress(self, image_id: str, params: FaithfulnessQuery) -> dict:

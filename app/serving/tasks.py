@@ -16,6 +16,7 @@ one (another measure of heads) is a subclass with a :data:`Work` and its routes.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Generator, Hashable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from ..engine.device import is_oom
 from ..engine.model import LoadedModel
 from ..zoo.registry import Registry
 from . import images
-from .admission import Ticket, current_ticket, using
+from .admission import QueueFullError, Ticket, current_ticket, using
 from .cache import ByteLRU
 from .flights import Flight, Flights
 from .uploads import Upload, Uploads
@@ -40,6 +41,7 @@ RESULT_BYTES = 64 * 1024  # what a cached result is charged (small JSON)
 # A long computation outlives the request that started it (it caches its result), so its worker
 # calls get a deadline of their own, at the priority of that request's class.
 TASK_DEADLINE_S = 3600.0
+TOKEN_BYTES = 18  # a cancel token: 144 random bits, never guessed
 
 
 @dataclass
@@ -78,29 +80,64 @@ class Progress:
         }
 
 
+@dataclass
+class TaskInfo:
+    """What a task's flight carries: its progress, who started it, and the starter's token to
+    cancel it (``DELETE /api/v1/tasks/{token}``)."""
+
+    progress: Progress
+    client: str | None = None
+    token: str | None = field(default_factory=lambda: secrets.token_urlsafe(TOKEN_BYTES))
+
+
 class Tasks:
     """Single-flight background tasks with progress, at most ``limit`` at once
     (:class:`~.flights.Flights`: a request for a running key joins it).
 
     Event-loop only: no lock is needed.
+
+    Args:
+        limit: tasks at once; one more is a 429.
+        per_client: tasks one client address may have started and running (its share of
+            ``limit``; default half of it): one client cannot take every slot.
     """
 
-    def __init__(self, limit: int = 4):
+    def __init__(self, limit: int = 4, per_client: int | None = None):
         self.limit = limit
+        self.per_client = per_client or max(1, limit // 2)
         self._flights: Flights[Any] = Flights(limit, "long computations")
 
     def progress(self, key: Hashable) -> Progress | None:
         flight = self._flights.get(key)
-        return flight.about if flight else None
+        return flight.about.progress if flight else None
 
     def __len__(self) -> int:
         return len(self._flights)
 
     def _start(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> Flight[Any]:
-        progress = Progress(name)
         parent = current_ticket()
-        with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S) if parent else None):
-            return self._flights.start(key, lambda: _awaited(factory(progress)), about=progress)
+        client = parent.client if parent else None
+        if client is not None:
+            mine = sum(1 for f in self._flights if f.about.client == client and not f.done())
+            if mine >= self.per_client:
+                raise QueueFullError(
+                    f"this client already has {mine} long computations running (its share of the server's "
+                    f"{self.limit}); wait for one, or cancel one with DELETE /api/v1/tasks/{{cancel_token}}"
+                )
+        info = TaskInfo(Progress(name), client)
+        with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S, client=client) if parent else None):
+            return self._flights.start(key, lambda: _awaited(factory(info.progress)), about=info)
+
+    def join(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> tuple[Flight[Any], bool]:
+        """The running task for ``key``, or a new one; and whether this call started it.
+
+        Raises:
+            QueueFullError: ``limit`` other tasks are running, or this client runs its share.
+        """
+        flight = self._flights.get(key)
+        if flight is not None:
+            return flight, False
+        return self._start(key, name, factory), True
 
     async def run(
         self,
@@ -116,17 +153,29 @@ class Tasks:
             name: what it computes, for progress.
             factory: ``factory(progress)`` -> the coroutine to run; it advances ``progress``.
             deadline: ``time.monotonic()`` after which this request gets a timeout (the task
-                goes on and caches its result).
-            is_disconnected: polled while waiting; when every waiting client has gone, the
-                task is cancelled.
+                goes on and caches its result: it is kept, and no later disconnect cancels it).
+            is_disconnected: polled while waiting; when every waiting client has gone and
+                nobody kept the task, it is cancelled.
 
         Raises:
-            QueueFullError: ``limit`` other tasks are running.
+            QueueFullError: ``limit`` other tasks are running, or this client runs its share.
             asyncio.TimeoutError: the deadline passed first (the task goes on).
             ClientGone: the client went away.
         """
-        flight = self._flights.get(key) or self._start(key, name, factory)
+        flight, _ = self.join(key, name, factory)
         return await flight.wait(deadline, is_disconnected, keep_on_timeout=True)
+
+    def cancel(self, token: str) -> str | None:
+        """Give up the task started with ``token``: ``cancelled``, or ``running`` when other
+        requests still wait for it (it goes on for them); None for no such task."""
+        for flight in self._flights:
+            info: TaskInfo = flight.about
+            if info.token is not None and not flight.done() and secrets.compare_digest(info.token, token):
+                info.token = None  # used up
+                flight.kept = False
+                flight.release()
+                return "running" if flight.holders else "cancelled"
+        return None
 
 
 async def _awaited(aw: Awaitable[Any]) -> Any:
@@ -189,7 +238,19 @@ class ImageTasks:
         self.worker = worker
         self.cache = cache
         self.registry = registry
-        self.tasks = Tasks(max_tasks)
+        self.tasks = Tasks(max_tasks, settings.max_heavy_per_client)
+
+    def pools(self) -> list[Tasks]:
+        """Every pool of tasks this service runs (a subclass with more adds them)."""
+        return [self.tasks]
+
+    def cancel(self, token: str) -> str | None:
+        """``DELETE /api/v1/tasks/{token}``: see :meth:`Tasks.cancel`."""
+        for pool in self.pools():
+            state = pool.cancel(token)
+            if state is not None:
+                return state
+        return None
 
     @property
     def device(self):
@@ -249,13 +310,17 @@ class ImageTasks:
             self.cache.put(key, res, RESULT_BYTES)
             return res
 
+        flight, started = self.tasks.join(key, name, job)
         try:
-            res = await self.tasks.run(key, name, job, self.deadline(wait), is_disconnected)
+            res = await flight.wait(self.deadline(wait), is_disconnected, keep_on_timeout=True)
         except asyncio.TimeoutError:
-            progress = self.tasks.progress(key)
-            if wait is None or progress is None:
+            info: TaskInfo = flight.about
+            if wait is None or flight.done():
                 raise
-            return {"pending": progress.as_dict()}
+            pending = info.progress.as_dict()
+            if started and info.token is not None:  # only its starter may cancel it
+                pending["cancel_token"] = info.token
+            return {"pending": pending}
         return {**res, "cached": False}
 
     def state(self, key: Hashable, name: str) -> dict | None:

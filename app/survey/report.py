@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..html_json import script_json
 from .faithfulness_table import HEADER, cells, summarise
 from .output import read_failures, read_faithfulness, read_table, survey_meta
 
@@ -648,7 +648,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         + "</div>"
     )
     # Script content is not HTML-decoded: raw JSON, with "</" broken so it cannot end the tag.
-    meta_json = json.dumps(meta).replace("</", "<\\/")
+    meta_json = script_json(meta)
     return (
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"

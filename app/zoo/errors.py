@@ -19,3 +19,12 @@ class ModelLoadError(RuntimeError):
 
 class HubUnreachableError(ModelLoadError):
     """The Hugging Face hub cannot be reached and the weights are not in the local cache."""
+
+
+class ModelTooLargeError(ValueError):
+    """A catalogue model over the server's size cap (parameters or weights bytes), or without the
+    free disk its download needs; refused before anything is downloaded."""
+
+    def __init__(self, message: str, code: str = "model_too_large"):
+        super().__init__(message)
+        self.code = code
