@@ -26,7 +26,9 @@ import pyarrow.compute as pc
 
 from ..html_json import script_json
 from .faithfulness_table import HEADER, cells, summarise
-from .output import read_failures, read_faithfulness, read_table, survey_meta
+from .output import read_failures, read_faithfulness
+from .report_input import ReportError as ReportError  # raised for the command line (cli.py)
+from .report_input import checked_survey
 
 QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
 COLUMNS = [
@@ -84,10 +86,6 @@ window.addEventListener('load', function () {
   fit();
 });
 """
-
-
-class ReportError(ValueError):
-    """The survey has no rows to report on."""
 
 
 def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -292,11 +290,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     from plotly.subplots import make_subplots
 
     survey = Path(survey)
-    t = read_table(survey)
-    t = t.select([c for c in COLUMNS if c in t.column_names])
-    if t.num_rows == 0:
-        raise ReportError(f"{survey} holds no survey rows")
-    meta = survey_meta(survey) if survey.is_dir() else {}
+    t, meta = checked_survey(survey, COLUMNS)  # a hostile file: ReportError, in bounded time
     failures = read_failures(survey) if survey.is_dir() else None
     L = int(pc.max(t.column("layer")).as_py()) + 1
     H = int(pc.max(t.column("head")).as_py()) + 1
