@@ -101,14 +101,19 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="uploads one client address may have admitted at once (its share of max_queue); more get "
-        "429. Default: a quarter of max_queue",
+        "429. Default: half of max_queue",
     )
     max_heavy_per_client: int | None = Field(
         None,
         ge=1,
-        description="heavy requests one client address may have admitted at once, and long computations "
-        "(importance, pruning, relevance, faithfulness) it may have started and running, of each kind; more get "
-        "429. Default: half of max_heavy, and half of the 4 computations at once",
+        description="heavy requests one client address may have admitted at once; more get 429. Default: the "
+        "whole pool (max_heavy; each is bounded by the request timeout)",
+    )
+    max_tasks_per_client: int = Field(
+        2,
+        ge=1,
+        description="long computations (importance, pruning, relevance, faithfulness; 4 of each kind at once in "
+        "all) one client address may have started and running, of each kind; more get 429",
     )
     max_test_forwards: int = Field(
         256,
@@ -220,13 +225,13 @@ class Settings(BaseSettings):
 
     @property
     def uploads_per_client(self) -> int:
-        """:attr:`max_uploads_per_client`, or its default: a quarter of the upload slots."""
-        return self.max_uploads_per_client or max(1, self.max_queue // 4)
+        """:attr:`max_uploads_per_client`, or its default: half of the upload slots."""
+        return self.max_uploads_per_client or max(1, self.max_queue // 2)
 
     @property
     def heavy_per_client(self) -> int:
-        """:attr:`max_heavy_per_client`, or its default: half of the heavy slots."""
-        return self.max_heavy_per_client or max(1, self.max_heavy // 2)
+        """:attr:`max_heavy_per_client`, or its default: the whole heavy pool."""
+        return self.max_heavy_per_client or self.max_heavy
 
     @field_validator("extra_models", "cors_origins", "allowed_hosts", "trusted_proxies", mode="before")
     @classmethod

@@ -238,7 +238,7 @@ class ImageTasks:
         self.worker = worker
         self.cache = cache
         self.registry = registry
-        self.tasks = Tasks(max_tasks, settings.max_heavy_per_client)
+        self.tasks = Tasks(max_tasks, settings.max_tasks_per_client)
 
     def pools(self) -> list[Tasks]:
         """Every pool of tasks this service runs (a subclass with more adds them)."""

@@ -37,7 +37,8 @@ HEAVY = dict(
 def srv():
     s = Server(
         {
-            "HEADSCOPE_MAX_QUEUE": "8",  # a client's share: 2 uploads
+            "HEADSCOPE_MAX_QUEUE": "8",
+            "HEADSCOPE_MAX_UPLOADS_PER_CLIENT": "2",
             "HEADSCOPE_BODY_GRACE_S": str(GRACE_S),
             "HEADSCOPE_MIN_BODY_BYTES_PER_S": "5000",
             "HEADSCOPE_REQUEST_TIMEOUT_S": "600",  # without the rate, a slow body would hold on this long
