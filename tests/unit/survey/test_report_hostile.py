@@ -101,3 +101,12 @@ def test_a_good_survey_still_reports(tmp_path):
     assert "<html" in build_report(path)
     (tmp_path / "lone").mkdir()
     assert "<html" in build_report(write(tmp_path / "lone", rows(["a.png"]), None, folder=False))
+
+
+def test_a_picture_named_like_markup_is_data_in_the_report(tmp_path):
+    """#39 item 6: the report's embedded JSON (its metadata, Plotly's figures) escapes ``<``."""
+    name = "<!--<script>x.png"
+    path = write(tmp_path, rows([name, "b.png"], L=2, H=3), {"model": name, "similarity": False})
+    page = build_report(path)
+    scripts = page.split("<script", 1)[1]  # everything from the first script element on
+    assert name not in scripts and "\\u003c!--\\u003cscript\\u003ex.png" in scripts
