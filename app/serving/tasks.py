@@ -6,11 +6,14 @@ thread it would hold every upload behind it. Such a computation is written once,
 masked forwards) and gets each piece's result back. :func:`run_now` runs it here and now (a
 notebook, a script); :func:`run_on` awaits the worker once per piece, so queued uploads run
 between pieces. :class:`Tasks` runs such work as an asyncio task, one per key at a time: a
-second request for the same thing joins the running one. The task keeps running when its
-request times out (the result is cached for the next request) and is cancelled between pieces
-once every client that asked for it has gone. :class:`Progress` is what ``GET …/progress``
-reports. :class:`ImageTasks` puts it together for an endpoint about an uploaded image: a new
-one (another measure of heads) is a subclass with a :data:`Work` and its routes.
+second request for the same thing joins the running one (a :class:`~.flights.Flight`). A request
+that leaves it on purpose (``wait=``, or its deadline) *keeps* it: it runs to its end and caches
+its result, and no client that joins and disconnects can cancel it; only its starter can, with
+the token of its 202 answer (:meth:`Tasks.cancel`). A task nobody kept is cancelled between
+pieces once every client that asked for it has gone. One client address may run
+``per_client`` tasks of a kind at once. :class:`Progress` is what ``GET …/progress`` reports.
+:class:`ImageTasks` puts it together for an endpoint about an uploaded image: a new one (another
+measure of heads) is a subclass with a :data:`Work` and its routes.
 """
 
 from __future__ import annotations
