@@ -101,7 +101,7 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="uploads one client address may have admitted at once (its share of max_queue); more get "
-        "429. Default: half of max_queue",
+        "429. Default: half of max_queue (at least 2)",
     )
     max_heavy_per_client: int | None = Field(
         None,
@@ -225,8 +225,9 @@ class Settings(BaseSettings):
 
     @property
     def uploads_per_client(self) -> int:
-        """:attr:`max_uploads_per_client`, or its default: half of the upload slots."""
-        return self.max_uploads_per_client or max(1, self.max_queue // 2)
+        """:attr:`max_uploads_per_client`, or its default: half of the upload slots (at least 2:
+        a pool of 2 or 3 is one client's)."""
+        return self.max_uploads_per_client or max(2, self.max_queue // 2)
 
     @property
     def heavy_per_client(self) -> int:
