@@ -22,11 +22,14 @@ ARGS ?=
 TORCH ?=
 TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH)
 # serve --any-model (load any pretrained timm model from the page, downloaded on demand): on
-# when the server listens on loopback only (HOST empty, 127.0.0.1, localhost or ::1), where only
-# this machine's user can trigger downloads; ANY_MODEL=0 turns it off, ANY_MODEL=1 on anywhere.
+# when the server listens on loopback only (HOST, else HEADSCOPE_HOST: empty, 127.0.0.1,
+# localhost or ::1), where only this machine's user can trigger downloads; ANY_MODEL=0 turns it
+# off, ANY_MODEL=1 asks for it anywhere (the server still refuses it on a network address unless
+# HEADSCOPE_ANY_MODEL_ON_NETWORK=1 says so too).
 ANY_MODEL ?=
 LOOPBACK_HOSTS := 127.0.0.1 localhost ::1
-SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(strip $(HOST)),$(if $(filter $(HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
+SERVE_HOST = $(strip $(or $(HOST),$(HEADSCOPE_HOST)))
+SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(SERVE_HOST),$(if $(filter $(SERVE_HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
 
 .PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
 	docker-test fetch extract docs docs-serve clean

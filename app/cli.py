@@ -61,11 +61,16 @@ def _serve(args) -> int:
         "model": args.model[0] if args.model else None,
         "device": args.device,
         "any_model": args.any_model,
+        "any_model_on_network": args.any_model_on_network,
         "max_loaded_models": args.max_loaded_models,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
     if args.model:  # every --model is offered, the first is the default; HEADSCOPE_EXTRA_MODELS adds more
         settings.extra_models = [*args.model[1:], *settings.extra_models]
+    refusal = settings.any_model_refusal()
+    if refusal:
+        print(f"headscope serve: {refusal}", file=sys.stderr)
+        return 2
     hint = port_in_use_hint(settings.host, settings.port)
     if hint:
         print(f"headscope serve: {hint}", file=sys.stderr)
@@ -93,6 +98,11 @@ def _serve(args) -> int:
         http=protocol_class(settings.max_header_bytes, settings.header_timeout_s, settings.send_timeout_s),
         h11_max_incomplete_event_size=settings.max_header_bytes,
         timeout_keep_alive=settings.keep_alive_s,
+        # The client's address (the per-client shares) comes from X-Forwarded-For only when the
+        # operator names the proxies; uvicorn's own default trusts it from 127.0.0.1, which would
+        # let any local client claim any address.
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=settings.trusted_proxies or None,
     )
     server = uvicorn.Server(config)
     # No model could load at start-up (the lifespan tried each one): stop, and exit non-zero.
@@ -405,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="let the page load any pretrained timm model of a supported family on demand, downloaded "
         "from the Hugging Face hub (env HEADSCOPE_ANY_MODEL; off by default)",
+    )
+    s.add_argument(
+        "--any-model-on-network",
+        action="store_true",
+        default=None,
+        help="allow --any-model on a non-loopback --host (anyone who reaches the server can make it download "
+        "and load models; env HEADSCOPE_ANY_MODEL_ON_NETWORK; refused without it)",
     )
     s.add_argument(
         "--max-loaded-models",

@@ -36,6 +36,23 @@ class Settings(BaseSettings):
         description="let the page load any pretrained timm model of a supported family on demand "
         "(downloads from the Hugging Face hub; names only, checked against timm's list)",
     )
+    any_model_on_network: bool = Field(
+        False,
+        description="allow any_model on a non-loopback host: anyone who reaches the server can then make it "
+        "download and load models (disk, memory, bandwidth); refused at start-up without it",
+    )
+    catalog_max_params: int = Field(
+        700_000_000,
+        ge=1,
+        description="the most parameters a catalogue model may have to be loaded on demand (checked before "
+        "any download; 422 model_too_large)",
+    )
+    catalog_max_bytes: int = Field(
+        3 * 1024**3,
+        ge=1,
+        description="the largest weights file a catalogue model may download (checked before the download; "
+        "422 model_too_large); the disk must also have this file's size free, plus 1 GiB",
+    )
     max_loaded_models: int = Field(
         3,
         ge=1,
@@ -86,6 +103,45 @@ class Settings(BaseSettings):
         16, description="follow-up requests (cached GETs, stats) admitted at once, besides uploads; more get 429"
     )
     max_heavy: int = Field(2, description="heavy requests (ablation) admitted at once; more get 429")
+    max_uploads_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="uploads one client address may have admitted at once (its share of max_queue); more get "
+        "429. Default: half of max_queue (at least 2)",
+    )
+    max_heavy_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="heavy requests one client address may have admitted at once; more get 429. Default: the "
+        "whole pool (max_heavy; each is bounded by the request timeout)",
+    )
+    max_tasks_per_client: int = Field(
+        2,
+        ge=1,
+        description="long computations (importance, pruning, relevance, faithfulness; 4 of each kind at once in "
+        "all) one client address may have started and running, of each kind; more get 429",
+    )
+    max_test_forwards: int = Field(
+        256,
+        ge=1,
+        description="the most perturbed forwards one faithfulness test may ask for (2 x methods x non-zero "
+        "fractions); more is refused with 422 task_too_large",
+    )
+    body_grace_s: float = Field(
+        10.0, ge=0, description="an upload's body may arrive at any pace for this long; then at min_body_bytes_per_s"
+    )
+    min_body_bytes_per_s: float = Field(
+        10_000,
+        ge=0,
+        description="after body_grace_s, an upload's body must have arrived at this average rate or better "
+        "(bytes per second since the grace period ended); slower is refused with 408. 0: no minimum",
+    )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="addresses (or '*') of reverse proxies whose X-Forwarded-For names the client (uvicorn's "
+        "forwarded_allow_ips); the per-client shares count that address. Empty (the default): the headers are "
+        "ignored and the connection's peer address is the client",
+    )
     max_decodes: int = Field(2, description="pictures decoded at once (the others wait their turn)")
     decode_budget_bytes: int = Field(
         512 * 1024 * 1024,
@@ -155,7 +211,36 @@ class Settings(BaseSettings):
         """Every configured model id, the default first."""
         return [self.model, *self.extra_models]
 
-    @field_validator("extra_models", "cors_origins", "allowed_hosts", mode="before")
+    def any_model_refusal(self) -> str | None:
+        """Why this configuration must not serve (``any_model`` on a network address without
+        ``any_model_on_network``), else None."""
+        import ipaddress
+
+        host = self.host.strip("[]").lower()
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not self.any_model or loopback or self.any_model_on_network:
+            return None
+        return (
+            f"--any-model (HEADSCOPE_ANY_MODEL) on {self.host}, a network address, would let anyone who "
+            "reaches the server make it download and load models; serve on 127.0.0.1, or say so explicitly "
+            "with --any-model-on-network (HEADSCOPE_ANY_MODEL_ON_NETWORK=1)"
+        )
+
+    @property
+    def uploads_per_client(self) -> int:
+        """:attr:`max_uploads_per_client`, or its default: half of the upload slots (at least 2:
+        a pool of 2 or 3 is one client's)."""
+        return self.max_uploads_per_client or max(2, self.max_queue // 2)
+
+    @property
+    def heavy_per_client(self) -> int:
+        """:attr:`max_heavy_per_client`, or its default: the whole heavy pool."""
+        return self.max_heavy_per_client or self.max_heavy
+
+    @field_validator("extra_models", "cors_origins", "allowed_hosts", "trusted_proxies", mode="before")
     @classmethod
     def _split(cls, v):
         """Accept a JSON list or a comma-separated string (easier in shells and compose files)."""

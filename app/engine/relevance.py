@@ -221,7 +221,13 @@ def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] |
             outside the map, or a class out of range. The message names the targets the model
             takes.
         RelevanceUnsupportedError: a windowed model.
+        TypeError: ``spec`` is neither a string nor None.
     """
+    if spec is not None and not isinstance(spec, str):
+        raise TypeError(
+            f"target is a string ('output', 'box:X0,Y0,X1,Y1', 'top', 'class:N' or 'embedding') or None (the "
+            f"model's default); got {type(spec).__name__} {str(spec)[:40]} (a class index N is 'class:N')"
+        )
     refuse_windowed(lm)
     head = (spec or "").lstrip().split(":", 1)[0].lower()
     if spec and ":" in spec and head in TARGET_KINDS:  # spelled as its own module reads it

@@ -83,6 +83,8 @@ def _array_image(a: Any):
             f"an array picture holds uint8 values (0..255); got {a.dtype}: convert it, e.g. "
             "(a * 255).round().clip(0, 255).astype(np.uint8) for values in 0..1"
         )
+    if a.size == 0:
+        raise ValueError(f"the array picture has no pixels (shape {a.shape}); it needs a height and width of 1 or more")
     if a.ndim == 2:
         return Image.fromarray(np.ascontiguousarray(a), "L")
     if a.ndim == 3 and a.shape[2] in (3, 4):

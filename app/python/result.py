@@ -1,14 +1,18 @@
 """What ``Scope.attention`` gives back: `Attention`, one picture's maps and its capture.
 
 The maps are the API's answer for the same picture and parameters (computed by
-`app.serving.answers.maps`, described by `app.serving.answers.meta`); the capture
-behind them stays, so other selections (`Attention.select`), the statistics, one head's
-computation and the figures come from it without another forward.
+`app.serving.answers.maps`, described by `app.serving.answers.meta`). A result keeps what it
+was asked for: the maps (its own memory), their metadata and the picture's bytes. The capture
+behind the maps (every layer's q and k: megabytes, and in a batch views of the whole batch's
+buffers) is not kept: other selections (`Attention.select`), the statistics, one head's
+computation and the widget compute it again on first use (one forward of this picture) and keep
+it from then on; ``keep_capture=True`` keeps it from the start (this picture's part only).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +23,7 @@ import torch
 from ..config import Settings
 from ..engine.ablation import Ablation
 from ..engine.captured import CapturedImage
+from ..engine.forward import forward_capture
 from ..engine.hooks import Attention as Capture
 from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
@@ -26,6 +31,7 @@ from ..engine.stats import DEFAULT_MASS
 from ..engine.verdicts import Verdict
 from ..serving import answers
 from ..serving.params import AttentionParams, Mass
+from ..serving.pictures import Pictures
 from ..serving.store import Entry, Found
 from . import params as P
 from .extras import need
@@ -38,11 +44,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class Part:
-    """One answer's worth of an `Attention`: the request's parameters, what they select
-    and the maps (a windowed model asked for every layer has one part per stage)."""
+    """One answer's worth of an `Attention`: the maps and what the answer says of them (a
+    windowed model asked for every layer has one part per stage). Nothing of the capture."""
 
-    asked: answers.Asked
-    maps: torch.Tensor  # [layers, heads, queries, tokens] float32, on the host
+    maps: torch.Tensor  # [layers, heads, queries, tokens] float32, on the host, its own memory
     meta: dict[str, Any]
 
     @classmethod
@@ -51,7 +56,9 @@ class Part:
         sel = answers.selection(params, found.entry.image)
         asked = answers.Asked(image_id, filename, found, params, sel, pairs)
         array = answers.maps(found.entry.image, sel, asked.dropped(), "float32")
-        return cls(asked, torch.from_numpy(array), answers.meta(asked, array.shape))
+        if array.base is not None:  # a view of the capture's buffers would keep them all alive
+            array = array.copy()
+        return cls(torch.from_numpy(array), answers.meta(asked, array.shape))
 
 
 def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
@@ -65,6 +72,32 @@ def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], eve
         params.model_copy(update={"layers": f"{s.first_layer}-{s.last_layer}", "rollout_start": s.first_layer})
         for s in layout.stages
     ]
+
+
+def _without_pixels(item: Prepped) -> Prepped:
+    """``item`` without its input tensor (its bytes and sizes stay)."""
+    light = Prepped(item.picture, replace(item.prep, pixels=torch.empty(0)))
+    return light
+
+
+def _own(found: Found) -> Found:
+    """``found`` with this picture's capture in memory of its own: a capture of a batch holds
+    views of the whole batch's buffers, which one result must not keep alive."""
+
+    def owned(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.clone()
+        if isinstance(v, list):
+            return [owned(x) for x in v]
+        return v
+
+    image: Any = found.entry.image
+    att: Any = image.att
+    if not (hasattr(image, "__dataclass_fields__") and hasattr(att, "__dataclass_fields__")):
+        return found
+    copy = replace(att, **{f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att)})
+    image = replace(image, att=copy)
+    return Found(Entry(found.entry.model_id, image, found.entry.image_size), found.cached, found.timing)
 
 
 def found_of(lm: LoadedModel, item: Prepped, att: Capture) -> Found:
@@ -92,11 +125,15 @@ class Attention:
         params: AttentionParams,
         ablate: Ablation,
         per_stage: bool,
+        amp_dtype: torch.dtype | None = None,
+        keep_capture: bool = False,
     ):
         self.lm = lm
         self.settings = settings
-        self._item = item
-        self._found = found
+        # The picture's bytes and sizes; its input tensor is made again when a capture is needed.
+        self._item = _without_pixels(item)
+        self._found: Found | None = _own(found) if keep_capture else None
+        self._amp_dtype = amp_dtype
         self._parts = parts
         self.params = params
         self.ablate: Ablation = ablate
@@ -112,13 +149,40 @@ class Attention:
         params: AttentionParams,
         ablate: Ablation,
         per_stage: bool,
+        amp_dtype: torch.dtype | None = None,
+        keep_capture: bool = False,
     ) -> Attention:
-        """The API's answer for ``params`` of a capture (per stage for Swin's every layer)."""
+        """The API's answer for ``params`` of a capture (per stage for Swin's every layer).
+
+        Args:
+            amp_dtype: the autocast the capture was computed with (a capture computed again
+                for `select`, `stats`, ... uses it too).
+            keep_capture: keep the capture from the start (else it is computed again on first
+                use, see the module docstring).
+        """
         parts = [
             Part.of(found, item.image_id, item.picture.filename, p, ablate)
             for p in _stage_params(lm, params, item.prep.input_size, per_stage)
         ]
-        return cls(lm, settings, item, found, parts, params, ablate, per_stage)
+        return cls(lm, settings, item, found, parts, params, ablate, per_stage, amp_dtype, keep_capture)
+
+    def _capture_found(self) -> Found:
+        """The capture behind the maps: kept, or computed again now (one forward of this picture,
+        with the same heads removed) and kept from then on."""
+        if self._found is None:
+            prep = Pictures.for_model(self.lm, self.settings).prepare(self._item.picture.data)
+            device = next(self.lm.model.parameters()).device
+            materialise = self.params.needs_every_row and self.lm.keeps_maps(prep.input_size)
+            with computing(self.lm):
+                att = forward_capture(
+                    self.lm,
+                    prep.pixels[None].to(device),
+                    materialise=materialise,
+                    amp_dtype=self._amp_dtype,
+                    ablate=self.ablate,
+                )[0]
+            self._found = found_of(self.lm, Prepped(self._item.picture, prep), att)
+        return self._found
 
     def select(self, **fields: Any) -> Attention:
         """Another selection of the same capture, without another forward: the API's answer for
@@ -142,7 +206,9 @@ class Attention:
         params = P.build(AttentionParams, **{**self.params.model_dump(), **update})
         # Swin: every layer is one answer per stage, as in Scope.attention
         per_stage = self.lm.windowed and fields["layers"] is None if "layers" in fields else self.per_stage
-        return Attention.of(self.lm, self.settings, self._item, self._found, params, self.ablate, per_stage)
+        return Attention.of(
+            self.lm, self.settings, self._item, self._capture_found(), params, self.ablate, per_stage, self._amp_dtype
+        )
 
     def _one(self, values: list) -> Any:
         return values if self.per_stage else values[0]
@@ -221,7 +287,7 @@ class Attention:
     @property
     def capture(self) -> CapturedImage:
         """The capture behind the maps: every layer's and head's attention, any row, any temperature."""
-        return self._found.entry.image
+        return self._capture_found().entry.image
 
     def __repr__(self) -> str:
         shapes = ", ".join("x".join(map(str, p.maps.shape)) for p in self._parts)
@@ -266,7 +332,7 @@ class Attention:
         q = None if query is None else P.query(query)
         how = P.build(ExplainParams, layer=layer, head=head, query=q)
         with computing(self.lm):
-            meta, hc = explain_fields(self.image_id, self.filename, self.lm, self._found, how, self.ablate)
+            meta, hc = explain_fields(self.image_id, self.filename, self.lm, self._capture_found(), how, self.ablate)
         return {**meta, **dict.fromkeys(hc.OPTIONAL), **hc.tensors()}
 
     # -- the interactive view (app/python/view.py) ------------------------------------------

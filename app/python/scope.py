@@ -137,6 +137,7 @@ class Scope:
         rollout_start: int = 0,
         head_fusion: str = "mean",
         discard_ratio: float = 0.0,
+        keep_capture: bool = False,
     ) -> Attention | list[Attention]:
         """The softmax attention of one picture (or of each picture of a list), as the API answers it.
 
@@ -160,6 +161,10 @@ class Scope:
             rollout_start: the rollout's first layer.
             head_fusion: how the rollout fuses heads: ``mean``, ``max`` or ``min``.
             discard_ratio: the share of each row's smallest weights the rollout sets to 0.
+            keep_capture: keep each picture's capture (every layer's q and k, megabytes) with
+                its result; by default a result keeps its maps, their metadata and the picture's
+                bytes, and computes the capture again when `select`, `stats`, `explain` or the
+                widget first need it.
 
         Returns:
             An `Attention`, or a list of them for a list of pictures.
@@ -200,7 +205,9 @@ class Scope:
                 it = items[i]
                 found = found_of(self.lm, it, att)
                 try:
-                    results[i] = Attention.of(self.lm, self.settings, it, found, params, pairs, every_stage)
+                    results[i] = Attention.of(
+                        self.lm, self.settings, it, found, params, pairs, every_stage, self.amp_dtype, keep_capture
+                    )
                 except ValueError as e:
                     if not is_many(image):
                         raise

@@ -37,13 +37,13 @@ from __future__ import annotations
 import base64
 import functools
 import html
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
+from ..html_json import script_json
 from ..serving import answers
 from . import params as P
 from .esm import assemble, entry_var
@@ -202,8 +202,8 @@ def html_text(att: Attention, max_bytes: int = MAX_BYTES) -> str:
     state = _state(att, max_bytes)
     for name in BINARY:
         state[name] = base64.b64encode(state[name]).decode("ascii")
-    data = json.dumps({"values": state, "binary": list(BINARY)}, separators=(",", ":"))
-    data = data.replace("</", "<\\/")  # nothing in the data may close the script element
+    # Nothing in the data (a file name) may end or change the script element.
+    data = script_json({"values": state, "binary": list(BINARY)}, separators=(",", ":"))
     title = html.escape(f"Headscope · {att.filename or att.image_id} · {att.model}")
     host = (
         f"const {{ render, localModel }} = {entry_var(ENTRY)};\n"

@@ -35,7 +35,7 @@ from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_cha
 from . import images
 from .cache import ImportanceKey, OutputKey, PruningKey
 from .tasks import ImageTasks, Progress, Work, run_on
-from .uploads import ImageNotFound
+from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected, wait_for_result
 
 OUTPUT_OVERHEAD_BYTES = 1024
@@ -258,7 +258,7 @@ def pruning_key(image_id: str, lm: LoadedModel, method: str, points: int) -> Pru
 
 # -- the service --------------------------------------------------------------------------------
 class AblationService(ImageTasks):
-    """Model output, ablation and importance on top of :class:`~.service.AttentionService`."""
+    """Model output, ablation and importance of uploaded images (:class:`~.tasks.ImageTasks`)."""
 
     # -- the model's output ----------------------------------------------------------------
     async def outputs(
@@ -277,7 +277,7 @@ class AblationService(ImageTasks):
                 found[a] = hit
         missing = [a for a in dict.fromkeys(ablations) if a not in found]
         if missing:
-            prep = await self.prepared(image_id, lm)
+            prep = await self.prepared(self.uploads.require(image_id), lm)
             piece = partial(outputs, lm, prep.pixels, missing, self.worker.amp_dtype, self.device)
             tensors = await wait_for_result(asyncio.ensure_future(self.piece(piece)), self.deadline(), is_disconnected)
             for a, t in zip(missing, tensors):
@@ -296,7 +296,7 @@ class AblationService(ImageTasks):
     ) -> OutputAnswer:
         """``GET …/output``: the model's output with the ``ablate`` heads removed."""
         t0 = time.perf_counter()
-        lm = await self.svc.model(model_id)
+        lm = await self.model(model_id)
         pairs = lm.ablation(ablate)
         (base, out), cached = await self.outputs(image_id, lm, [(), pairs], is_disconnected)
         return await self.worker.run_in_worker(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
@@ -316,20 +316,26 @@ class AblationService(ImageTasks):
             wait: answer ``{"pending": progress}`` after this many seconds instead of a timeout
                 (the computation goes on; the route answers 202).
         """
-        lm = await self.svc.model(model_id)
+        lm = await self.model(model_id)
         refuse_windowed(lm.windowed, "importance")
         return await self._importance(image_id, lm, method, is_disconnected, wait)
 
     async def _importance(
-        self, image_id: str, lm: LoadedModel, method: str, is_disconnected: Disconnected | None, wait: float | None
+        self,
+        image_id: str,
+        lm: LoadedModel,
+        method: str,
+        is_disconnected: Disconnected | None,
+        wait: float | None,
+        upload: Upload | None = None,
     ) -> dict:
-        async def compute(progress: Progress) -> dict:
-            prep = await self.prepared(image_id, lm)
+        async def compute(progress: Progress, upload: Upload) -> dict:
+            prep = await self.prepared(upload, lm)
             work = importance_work(image_id, lm, prep, method, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
 
         key = ImportanceKey(image_id, lm.id, method)
-        return await self.result(key, "importance", image_id, compute, is_disconnected, wait)
+        return await self.result(key, "importance", image_id, compute, is_disconnected, wait, upload)
 
     async def pruning(
         self,
@@ -342,15 +348,15 @@ class AblationService(ImageTasks):
     ) -> dict:
         """``GET …/pruning``: the output change as heads are removed, least important first
         (``wait`` as for :meth:`importance`); the importance first if needed."""
-        lm = await self.svc.model(model_id)
+        lm = await self.model(model_id)
         refuse_windowed(lm.windowed, "pruning")
         key = pruning_key(image_id, lm, method, points)
         hit = self.cache.get(key)
         if hit is not None:
             return {**hit, "cached": True}
-        self.svc.uploads.require(image_id)
+        upload = self.uploads.require(image_id)
         t_wait = time.monotonic()
-        ranking = await self._importance(image_id, lm, method, is_disconnected, wait)
+        ranking = await self._importance(image_id, lm, method, is_disconnected, wait, upload)
         if "pending" in ranking:
             pending = ranking["pending"]
             stage = f"importance: {pending['stage']}"
@@ -358,12 +364,12 @@ class AblationService(ImageTasks):
         if wait is not None:
             wait = max(0.0, wait - (time.monotonic() - t_wait))
 
-        async def compute(progress: Progress) -> dict:
-            prep = await self.prepared(image_id, lm)
+        async def compute(progress: Progress, upload: Upload) -> dict:
+            prep = await self.prepared(upload, lm)
             work = pruning_work(image_id, lm, prep, ranking, key.points, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
 
-        return await self.result(key, "pruning", image_id, compute, is_disconnected, wait)
+        return await self.result(key, "pruning", image_id, compute, is_disconnected, wait, upload)
 
     # -- progress ------------------------------------------------------------------------
     def _key(self, what: str, image_id: str, lm: LoadedModel, method: str, points: int = DEFAULT_POINTS):
@@ -380,8 +386,8 @@ class AblationService(ImageTasks):
         ``total``, ``fraction``, ``eta_s``) or ``idle`` (nobody asked yet, or a GET is about
         to start it).
         """
-        mid = self.svc.registry.resolve(model_id)
-        lm = self.svc.registry.loaded(mid)
+        mid = self.registry.resolve(model_id)
+        lm = self.registry.loaded(mid)
         idle = {"state": "idle", "task": what, "done": 0, "total": None, "fraction": 0.0}
         if lm is not None:
             refuse_windowed(lm.windowed, what)
@@ -395,6 +401,6 @@ class AblationService(ImageTasks):
                 if first is not None:
                     stage = f"importance: {first.stage}"
                     return {**first.as_dict(), "task": "pruning", "stage": stage, "fraction": 0.0}
-        if self.svc.uploads.get(image_id) is None:
+        if self.uploads.get(image_id) is None:
             raise ImageNotFound(image_id)
         return idle

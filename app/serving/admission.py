@@ -87,6 +87,7 @@ class Ticket:
     is_disconnected: Disconnected | None = None
     fault: str | None = None
     timeout_s: float = 60.0
+    client: str | None = None  # the client's address (a trusted proxy's X-Forwarded-For, else the peer)
     admitted: float = field(default_factory=time.monotonic)
     _releases: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
@@ -235,6 +236,8 @@ class Admission:
         large_answers: large answers in flight at once.
         large_answer_bytes: from this size on an answer is large.
         timeout_s: every admitted request's deadline, from admission.
+        per_client: slots of a class one client address may hold at once (its share; a class
+            not named: the whole pool).
     """
 
     def __init__(
@@ -249,8 +252,11 @@ class Admission:
         large_answers: int = 4,
         large_answer_bytes: int = 8 * MiB,
         timeout_s: float = 60.0,
+        per_client: dict[str, int] | None = None,
     ):
         self.metrics = metrics
+        self.per_client = per_client or {}
+        self._by_client: dict[tuple[str, str], int] = {}
         self.pools = {
             UPLOAD: Pool(UPLOAD, limit, metrics, "queue_full"),
             FOLLOW_UP: Pool(FOLLOW_UP, follow_ups, metrics, "follow_ups_full"),
@@ -273,6 +279,7 @@ class Admission:
             large_answers=settings.max_large_answers,
             large_answer_bytes=settings.large_answer_bytes,
             timeout_s=settings.request_timeout_s,
+            per_client={UPLOAD: settings.uploads_per_client, HEAVY: settings.heavy_per_client},
         )
 
     # -- the upload pool, under the names it had when it was the only one ------------------
@@ -295,20 +302,56 @@ class Admission:
     # -- requests ----------------------------------------------------------------------------
     @contextmanager
     def admit(
-        self, cls: str, is_disconnected: Disconnected | None = None, fault: str | None = None
+        self,
+        cls: str,
+        is_disconnected: Disconnected | None = None,
+        fault: str | None = None,
+        client: str | None = None,
     ) -> Iterator[Ticket]:
         """Hold a slot of ``cls``'s pool and make its :class:`Ticket` current for the block.
 
+        Args:
+            client: the client's address: it holds at most its share of the pool
+                (``per_client``), so that one client cannot take every slot.
+
         Raises:
-            QueueFullError: the pool is full (429).
+            QueueFullError: the pool is full, or this client holds its share (429).
         """
-        with self.pools[cls].slot():
-            ticket = Ticket(cls, time.monotonic() + self.timeout_s, is_disconnected, fault, self.timeout_s)
+        with self._client_share(cls, client), self.pools[cls].slot():
+            ticket = Ticket(cls, time.monotonic() + self.timeout_s, is_disconnected, fault, self.timeout_s, client)
             try:
                 with using(ticket):
                     yield ticket
             finally:
                 ticket.close()
+
+    @contextmanager
+    def _client_share(self, cls: str, client: str | None) -> Iterator[None]:
+        share = self.per_client.get(cls)
+        if share is None or client is None:
+            yield
+            return
+        key = (cls, client)
+        held = self._by_client.get(key, 0)
+        if held >= share:
+            self.metrics.rejections.labels(f"{cls}_client_share").inc()
+            raise QueueFullError(
+                f"this client already has {held} {cls} requests in progress (its share of the server's "
+                f"{self.pools[cls].limit}); retry when one has finished"
+            )
+        self._by_client[key] = held + 1
+        try:
+            yield
+        finally:
+            left = self._by_client[key] - 1
+            if left:
+                self._by_client[key] = left
+            else:
+                del self._by_client[key]
+
+    def client_share(self, cls: str) -> int | None:
+        """The slots of ``cls`` one client may hold (None: the whole pool)."""
+        return self.per_client.get(cls)
 
     def decoding(self, peak_bytes: int):
         """``async with``: reserve decode memory and a decode thread (see :class:`DecodePool`)."""

@@ -18,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..zoo.catalog import Entry, lookup
-from ..zoo.download import Progress, cached_weights, download_weights, unreachable_message
-from ..zoo.errors import HubUnreachableError, ModelLoadError
+from ..zoo.catalog import Entry, lookup, parameter_count
+from ..zoo.download import Progress, cached_weights, check_download, download_weights, unreachable_message
+from ..zoo.errors import HubUnreachableError, ModelLoadError, ModelTooLargeError
 from ..zoo.hub import hub_reachable
 from ..zoo.registry import Registry
 from .admission import HEAVY, Ticket, using
+from .flights import Flights
 from .tasks import TASK_DEADLINE_S
 from .worker import Worker
 
@@ -47,7 +48,6 @@ class Load:
     error: Exception | None = None
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
-    task: asyncio.Task | None = field(default=None, repr=False)
 
     def as_dict(self, describe: Describe) -> dict[str, Any]:
         err = None
@@ -74,13 +74,25 @@ class ModelLoads:
         registry: the models offered; a loaded catalogue model is added to it.
         worker: builds the model on its thread.
         describe: how the API names a failed load's exception (its code and message).
+        max_params: the most parameters a catalogue model may have (checked before a download).
+        max_bytes: the largest weights file it may download (and the disk must have room for it).
     """
 
-    def __init__(self, registry: Registry, worker: Worker, describe: Describe):
+    def __init__(
+        self,
+        registry: Registry,
+        worker: Worker,
+        describe: Describe,
+        max_params: int = 700_000_000,
+        max_bytes: int = 3 * 1024**3,
+    ):
+        self.max_params = max_params
+        self.max_bytes = max_bytes
         self.registry = registry
         self.worker = worker
         self.describe = describe
         self._loads: dict[str, Load] = {}
+        self._flights: Flights[None] = Flights()  # the loads under way: kept, they outlive their requests
         self._download = asyncio.Semaphore(1)
 
     def model_id(self, entry: Entry) -> str:
@@ -118,22 +130,34 @@ class ModelLoads:
 
         Raises:
             UnknownModelError: not a catalogue name (nothing is fetched).
+            ModelTooLargeError: over the size cap, or too little free disk (nothing is fetched).
             HubUnreachableError: not in the cache and the hub cannot be reached (said at once).
         """
         entry = lookup(name)
         self._forget_old()
+        flight = self._flights.get(entry.name)
+        if flight is not None:
+            return flight.about.as_dict(self.describe)
         load = self._loads.get(entry.name)
         if load is not None and load.state != "failed":
             return load.as_dict(self.describe)
         mid = self.model_id(entry)
         if mid in self.registry.ids and self.registry.is_loaded(mid):
             return self.state(name)
-        if await asyncio.to_thread(cached_weights, entry) is None and not await asyncio.to_thread(hub_reachable):
-            raise HubUnreachableError(unreachable_message(entry))
+        params = await asyncio.to_thread(parameter_count, entry)
+        if params > self.max_params:
+            raise ModelTooLargeError(
+                f"{entry.name} has {params / 1e6:,.0f} M parameters, over this server's {self.max_params / 1e6:,.0f} M "
+                "cap (HEADSCOPE_CATALOG_MAX_PARAMS)"
+            )
+        if await asyncio.to_thread(cached_weights, entry) is None:
+            if not await asyncio.to_thread(hub_reachable):
+                raise HubUnreachableError(unreachable_message(entry))
+            await asyncio.to_thread(check_download, entry, self.max_bytes)  # size and free disk first
         load = Load(entry, mid)
         self._loads[entry.name] = load
         with using(Ticket(HEAVY, time.monotonic() + TASK_DEADLINE_S)):  # below uploads on the worker
-            load.task = asyncio.ensure_future(self._run(load, mid))
+            self._flights.start(entry.name, lambda: self._run(load, mid), kept=True, about=load)
         return load.as_dict(self.describe)
 
     async def _run(self, load: Load, mid: str) -> None:
@@ -167,7 +191,4 @@ class ModelLoads:
 
     async def stop(self) -> None:
         """Cancel the loads under way (shutdown)."""
-        tasks = [ld.task for ld in self._loads.values() if ld.task is not None and not ld.task.done()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._flights.stop()

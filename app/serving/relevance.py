@@ -51,7 +51,7 @@ from ..engine.relevance import (
     refuse_windowed,
     relevance,
 )
-from ..engine.selection import MAX_SPEC
+from ..engine.selection import MAX_SPEC, SelectionError
 from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
 from . import images
 from .answers import Answer, server_timing
@@ -59,7 +59,7 @@ from .cache import FaithfulnessKey, RelevanceKey
 from .encoders import MEDIA_TYPES, encode
 from .params import Ablate
 from .tasks import TASK_DEADLINE_S, ImageTasks, Progress, Tasks, Work, run_on
-from .uploads import ImageNotFound
+from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected
 
 MethodName = Literal[
@@ -163,6 +163,29 @@ class FaithfulnessParams(FaithfulnessQuery):
         "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
         "timeout and then answers 504 (the computation goes on too).",
     )
+
+
+class TaskTooLargeError(SelectionError):
+    """A faithfulness test that asks for more perturbed forwards than the server allows."""
+
+    code = "task_too_large"
+
+
+def perturbed_forwards(methods: Sequence[str], fractions: Sequence[float]) -> int:
+    """The perturbed forwards a test costs: each method's positive and negative curve, one
+    forward per non-zero fraction (the picture itself is one forward, shared)."""
+    return 2 * len(methods) * sum(1 for f in fractions if f > 0)
+
+
+def check_cost(spec: FaithfulnessSpec, max_forwards: int) -> None:
+    """Raise :class:`TaskTooLargeError` (422) when ``spec`` asks for over ``max_forwards`` forwards."""
+    n = perturbed_forwards(spec.methods, spec.fractions)
+    if n > max_forwards:
+        raise TaskTooLargeError(
+            f"this test would run {n} perturbed forwards (2 x {len(spec.methods)} methods x "
+            f"{n // max(1, 2 * len(spec.methods))} non-zero fractions), over the server's {max_forwards} "
+            "(HEADSCOPE_MAX_TEST_FORWARDS); ask for fewer methods or fractions"
+        )
 
 
 @dataclass
@@ -402,20 +425,19 @@ def ordered(res: dict, methods: Sequence[str]) -> dict:
 
 # -- the service --------------------------------------------------------------------------------
 class RelevanceService(ImageTasks):
-    """Relevance maps and the faithfulness test on top of :class:`~.service.AttentionService`.
+    """Relevance maps and the faithfulness test of uploaded images (:class:`~.tasks.ImageTasks`;
+    ``max_tasks``: faithfulness tests at once, and relevance computations at once, each its own
+    pool; more get 429)."""
 
-    Args:
-        service: the attention service (uploads, cache, worker, models, settings).
-        max_tasks: faithfulness tests at once, and relevance computations at once (each its own
-            pool); more get 429.
-    """
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.map_tasks = Tasks(self.tasks.limit, self.tasks.per_client)  # the maps: joined by a test that needs them
 
-    def __init__(self, service, max_tasks: int = 4):
-        super().__init__(service, max_tasks)
-        self.map_tasks = Tasks(max_tasks)  # the maps: joined by a test that needs the same ones
+    def pools(self) -> list[Tasks]:
+        return [self.tasks, self.map_tasks]
 
     async def _model(self, model_id: str | None) -> LoadedModel:
-        lm = await self.svc.model(model_id)
+        lm = await self.model(model_id)
         refuse_windowed(lm)
         return lm
 
@@ -429,17 +451,19 @@ class RelevanceService(ImageTasks):
         is_disconnected: Disconnected | None = None,
         deadline: float | None = None,
         group: tuple[str, ...] = BASE_METHODS,
+        upload: Upload | None = None,
     ) -> tuple[RelevanceMaps, bool]:
         """The maps of ``group`` (:func:`method_group`) for ``target``, from the cache or computed
-        once (joined by identical requests meanwhile); and whether it came from the cache."""
+        once (joined by identical requests meanwhile); and whether it came from the cache
+        (``upload``: the image, when the caller has already looked it up)."""
         key = RelevanceKey(image_id, lm.id, ablate, str(target), "" if group == BASE_METHODS else ",".join(group))
         hit = self.cache.get(key)
         if hit is not None:
             return hit, True
-        self.svc.uploads.require(image_id)
+        picture = upload or self.uploads.require(image_id)
 
         async def job(progress: Progress) -> RelevanceMaps:
-            p = prep or await self.prepared(image_id, lm)
+            p = prep or await self.prepared(picture, lm)
             check_target(target, p.input_size)  # a box outside this picture's map: 422 before the forward
             progress.stage = "forward and backward pass"
             m = await self.piece(
@@ -475,15 +499,31 @@ class RelevanceService(ImageTasks):
         ran out first; the computation goes on)."""
         lm = await self._model(params.model)
         spec = faithfulness_spec(lm, params)
+        check_cost(spec, self.settings.max_test_forwards)
+        key = spec.key(image_id, lm.id)
+        checked: images.Prepared | None = None
+        upload: Upload | None = None
+        if self.cache.get(key) is None and self.tasks.progress(key) is None:
+            # What would fail inside the task fails here, before it takes a slot (a box outside
+            # this picture's output map: 422 now, not on the next request).
+            upload = self.uploads.require(image_id)
+            maps = self.cache.get(RelevanceKey(image_id, lm.id, spec.ablate, str(spec.target)))
+            if maps is None:
+                checked = await self.prepared(upload, lm)
+                check_target(spec.target, checked.input_size)
 
-        async def compute(progress: Progress) -> dict:
-            progress.total = MAPS_UNITS + 1 + 2 * len(spec.methods) * sum(1 for f in spec.fractions if f > 0)
+        async def compute(progress: Progress, upload: Upload) -> dict:
+            progress.total = MAPS_UNITS + 1 + perturbed_forwards(spec.methods, spec.fractions)
             progress.stage = "relevance maps"
-            prep = await self.prepared(image_id, lm)
+            prep = checked or await self.prepared(upload, lm)
             deadline = time.monotonic() + TASK_DEADLINE_S  # the test outlives the request that started it
             groups = list(dict.fromkeys(method_group(m) for m in spec.methods))
             parts = [
-                (await self.maps(image_id, lm, spec.ablate, spec.target, prep, deadline=deadline, group=g))[0]
+                (
+                    await self.maps(
+                        image_id, lm, spec.ablate, spec.target, prep, deadline=deadline, group=g, upload=upload
+                    )
+                )[0]
                 for g in groups
             ]
             maps = merge_maps(parts)
@@ -491,16 +531,15 @@ class RelevanceService(ImageTasks):
             work = faithfulness_work(image_id, lm, prep, maps, spec, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
 
-        key = spec.key(image_id, lm.id)
-        res = await self.result(key, "faithfulness", image_id, compute, is_disconnected, params.wait)
+        res = await self.result(key, "faithfulness", image_id, compute, is_disconnected, params.wait, upload)
         return res if "pending" in res else ordered(res, spec.methods)
 
     def progress(self, image_id: str, params: FaithfulnessQuery) -> dict:
         """What ``GET …/faithfulness/progress`` reports (ImageNotFound for an unknown image):
         ``state`` ``done`` (cached), ``running`` (``done`` of ``total`` forwards, ``fraction``,
         ``eta_s``, ``stage``) or ``idle``."""
-        mid = self.svc.registry.resolve(params.model)
-        lm = self.svc.registry.loaded(mid)
+        mid = self.registry.resolve(params.model)
+        lm = self.registry.loaded(mid)
         if lm is not None:
             state = self.state(faithfulness_spec(lm, params).key(image_id, lm.id), "faithfulness")
             if state is not None:
@@ -511,6 +550,6 @@ class RelevanceService(ImageTasks):
             if rest:
                 parse_methods(rest)
             faith.parse_fractions(params.fractions)
-        if self.svc.uploads.get(image_id) is None:
+        if self.uploads.get(image_id) is None:
             raise ImageNotFound(image_id)
         return {"state": "idle", "task": "faithfulness", "done": 0, "total": None, "fraction": 0.0}

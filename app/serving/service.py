@@ -31,6 +31,7 @@ from .cache import ByteLRU
 from .metrics import Metrics
 from .params import AttentionParams
 from .store import CaptureStore
+from .tasks import model_of
 from .uploads import Upload, Uploads
 from .waiting import ClientGone, Disconnected, wait_for_result
 from .worker import Worker
@@ -76,12 +77,7 @@ class AttentionService:
 
     async def model(self, model_id: str | None) -> LoadedModel:
         """A model by id (the default for None), loaded on the worker thread on first use."""
-        mid = self.registry.resolve(model_id)
-        lm = self.registry.loaded(mid)
-        if lm is not None:
-            return lm
-        # Loading is slow (weights, maybe a download): do it on the worker thread.
-        return await self.worker.run_in_worker(self.registry.get, mid)
+        return await model_of(self.registry, self.worker, model_id)
 
     # -- entry points ---------------------------------------------------------------------
     async def attention(

@@ -11,7 +11,6 @@ charged to the cache with it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,9 +26,10 @@ from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
 from .admission import current_ticket
 from .cache import ByteLRU, CaptureKey
+from .flights import Flights
 from .metrics import Metrics
 from .uploads import ImageNotFound, Upload, Uploads
-from .waiting import Disconnected, wait_for_result
+from .waiting import Disconnected
 from .worker import Job, Worker
 
 # What a cached entry costs beyond its buffers (the dataclass, dicts, the key).
@@ -93,14 +93,6 @@ class Found:
     timing: dict[str, float]
 
 
-@dataclass
-class _Flight:
-    """A computation in flight, shared by every request for the same capture."""
-
-    task: asyncio.Task
-    waiters: int = 0
-
-
 class CaptureStore:
     """Captures: the cache, in-flight dedupe, and the forward on the worker.
 
@@ -118,7 +110,7 @@ class CaptureStore:
         self.uploads = uploads
         self.worker = worker
         self.metrics = metrics
-        self._flights: dict[CaptureKey, _Flight] = {}
+        self._flights: Flights[Found] = Flights()
 
     async def get(
         self,
@@ -186,24 +178,16 @@ class CaptureStore:
         deadline = ticket.deadline if ticket else time.monotonic() + self.settings.request_timeout_s
         is_disconnected = is_disconnected or (ticket.is_disconnected if ticket else None)
         flight = self._flights.get(key) if fault is None else None
-        if flight is not None and not flight.task.done():
+        if flight is not None:
             self.metrics.shared_computes.inc()
         else:
-            task = asyncio.create_task(self._compute(key, upload, lm, every_row, fault, deadline, ablate))
-            task.add_done_callback(_retrieve)
-            flight = _Flight(task)
-            if fault is None:
-                self._flights[key] = flight
-                task.add_done_callback(
-                    lambda t: self._flights.pop(key, None) if self._flights.get(key) is flight else None
-                )
-        flight.waiters += 1
-        try:
-            return await wait_for_result(asyncio.shield(flight.task), deadline, is_disconnected)
-        finally:
-            flight.waiters -= 1
-            if flight.waiters == 0 and not flight.task.done():
-                flight.task.cancel()  # nobody waits for it any more: its queued job is skipped
+            flight = self._flights.start(
+                key,
+                lambda: self._compute(key, upload, lm, every_row, fault, deadline, ablate),
+                shared=fault is None,
+            )
+        # Nobody waits for it any more once its last request has gone: its queued job is skipped.
+        return await flight.wait(deadline, is_disconnected)
 
     async def _compute(
         self,
@@ -237,9 +221,3 @@ class CaptureStore:
         # Batch-mates share the forward's buffers: the cache charges each buffer once.
         self.cache.put(key, entry, ENTRY_OVERHEAD_BYTES, shared=computed.att.storages())
         return Found(entry, False, {"queue": computed.queue_ms, "compute": computed.compute_ms})
-
-
-def _retrieve(task: asyncio.Task) -> None:
-    """Mark a shared computation's exception as seen (its waiters may all have gone)."""
-    if not task.cancelled():
-        task.exception()

@@ -6,29 +6,36 @@ thread it would hold every upload behind it. Such a computation is written once,
 masked forwards) and gets each piece's result back. :func:`run_now` runs it here and now (a
 notebook, a script); :func:`run_on` awaits the worker once per piece, so queued uploads run
 between pieces. :class:`Tasks` runs such work as an asyncio task, one per key at a time: a
-second request for the same thing joins the running one. The task keeps running when its
-request times out (the result is cached for the next request) and is cancelled between pieces
-once every client that asked for it has gone. :class:`Progress` is what ``GET …/progress``
-reports. :class:`ImageTasks` puts it together for an endpoint about an uploaded image: a new
-one (another measure of heads) is a subclass with a :data:`Work` and its routes.
+second request for the same thing joins the running one (a :class:`~.flights.Flight`). A request
+that leaves it on purpose (``wait=``, or its deadline) *keeps* it: it runs to its end and caches
+its result, and no client that joins and disconnects can cancel it; only its starter can, with
+the token of its 202 answer (:meth:`Tasks.cancel`). A task nobody kept is cancelled between
+pieces once every client that asked for it has gone. One client address may run
+``per_client`` tasks of a kind at once. :class:`Progress` is what ``GET …/progress`` reports.
+:class:`ImageTasks` puts it together for an endpoint about an uploaded image: a new one (another
+measure of heads) is a subclass with a :data:`Work` and its routes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Generator, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import Settings
 from ..engine.device import is_oom
 from ..engine.model import LoadedModel
+from ..zoo.registry import Registry
 from . import images
 from .admission import QueueFullError, Ticket, current_ticket, using
 from .cache import ByteLRU
-from .service import AttentionService
-from .waiting import ClientGone, Disconnected, wait_for_result
-from .worker import OutOfMemory
+from .flights import Flight, Flights
+from .uploads import Upload, Uploads
+from .waiting import Disconnected
+from .worker import OutOfMemory, Worker
 
 Piece = Callable[[], Any]  # one call on the worker thread
 Work = Generator[Piece, Any, dict]  # yields pieces, is sent their results, returns the answer
@@ -37,6 +44,7 @@ RESULT_BYTES = 64 * 1024  # what a cached result is charged (small JSON)
 # A long computation outlives the request that started it (it caches its result), so its worker
 # calls get a deadline of their own, at the priority of that request's class.
 TASK_DEADLINE_S = 3600.0
+TOKEN_BYTES = 18  # a cancel token: 144 random bits, never guessed
 
 
 @dataclass
@@ -76,47 +84,63 @@ class Progress:
 
 
 @dataclass
-class _Task:
-    future: asyncio.Future
+class TaskInfo:
+    """What a task's flight carries: its progress, who started it, and the starter's token to
+    cancel it (``DELETE /api/v1/tasks/{token}``)."""
+
     progress: Progress
-    waiters: int = 0
+    client: str | None = None
+    token: str | None = field(default_factory=lambda: secrets.token_urlsafe(TOKEN_BYTES))
 
 
 class Tasks:
-    """Single-flight background tasks with progress, at most ``limit`` at once.
+    """Single-flight background tasks with progress, at most ``limit`` at once
+    (:class:`~.flights.Flights`: a request for a running key joins it).
 
     Event-loop only: no lock is needed.
+
+    Args:
+        limit: tasks at once; one more is a 429.
+        per_client: tasks one client address may have started and running (its share of
+            ``limit``; default half of it): one client cannot take every slot.
     """
 
-    def __init__(self, limit: int = 4):
+    def __init__(self, limit: int = 4, per_client: int | None = None):
         self.limit = limit
-        self._tasks: dict[Hashable, _Task] = {}
+        self.per_client = per_client or max(1, limit // 2)
+        self._flights: Flights[Any] = Flights(limit, "long computations")
 
     def progress(self, key: Hashable) -> Progress | None:
-        task = self._tasks.get(key)
-        return task.progress if task else None
+        flight = self._flights.get(key)
+        return flight.about.progress if flight else None
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._flights)
 
-    def _start(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> _Task:
-        if len(self._tasks) >= self.limit:
-            raise QueueFullError(f"the server is busy ({self.limit} long computations in progress)")
-        progress = Progress(name)
+    def _start(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> Flight[Any]:
         parent = current_ticket()
-        with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S) if parent else None):
-            future = asyncio.ensure_future(factory(progress))  # the task runs in a copy of this context
-        task = _Task(future, progress)
-        self._tasks[key] = task
+        client = parent.client if parent else None
+        if client is not None:
+            mine = sum(1 for f in self._flights if f.about.client == client and not f.done())
+            if mine >= self.per_client:
+                raise QueueFullError(
+                    f"this client already has {mine} long computations running (its share of the server's "
+                    f"{self.limit}); wait for one, or cancel one with DELETE /api/v1/tasks/{{cancel_token}}"
+                )
+        info = TaskInfo(Progress(name), client)
+        with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S, client=client) if parent else None):
+            return self._flights.start(key, lambda: _awaited(factory(info.progress)), about=info)
 
-        def finished(f: asyncio.Future) -> None:
-            if self._tasks.get(key) is task:
-                del self._tasks[key]
-            if not f.cancelled():
-                f.exception()  # retrieved: the waiters got it; no "never retrieved" warning
+    def join(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> tuple[Flight[Any], bool]:
+        """The running task for ``key``, or a new one; and whether this call started it.
 
-        future.add_done_callback(finished)
-        return task
+        Raises:
+            QueueFullError: ``limit`` other tasks are running, or this client runs its share.
+        """
+        flight = self._flights.get(key)
+        if flight is not None:
+            return flight, False
+        return self._start(key, name, factory), True
 
     async def run(
         self,
@@ -132,27 +156,33 @@ class Tasks:
             name: what it computes, for progress.
             factory: ``factory(progress)`` -> the coroutine to run; it advances ``progress``.
             deadline: ``time.monotonic()`` after which this request gets a timeout (the task
-                goes on and caches its result).
-            is_disconnected: polled while waiting; when every waiting client has gone, the
-                task is cancelled.
+                goes on and caches its result: it is kept, and no later disconnect cancels it).
+            is_disconnected: polled while waiting; when every waiting client has gone and
+                nobody kept the task, it is cancelled.
 
         Raises:
-            QueueFullError: ``limit`` other tasks are running.
+            QueueFullError: ``limit`` other tasks are running, or this client runs its share.
             asyncio.TimeoutError: the deadline passed first (the task goes on).
             ClientGone: the client went away.
         """
-        task = self._tasks.get(key) or self._start(key, name, factory)
-        task.waiters += 1
-        gone = False
-        try:
-            return await wait_for_result(asyncio.shield(task.future), deadline, is_disconnected)
-        except ClientGone:
-            gone = True
-            raise
-        finally:
-            task.waiters -= 1
-            if gone and task.waiters == 0 and not task.future.done():
-                task.future.cancel()
+        flight, _ = self.join(key, name, factory)
+        return await flight.wait(deadline, is_disconnected, keep_on_timeout=True)
+
+    def cancel(self, token: str) -> str | None:
+        """Give up the task started with ``token``: ``cancelled``, or ``running`` when other
+        requests still wait for it (it goes on for them); None for no such task."""
+        for flight in self._flights:
+            info: TaskInfo = flight.about
+            if info.token is not None and not flight.done() and secrets.compare_digest(info.token, token):
+                info.token = None  # used up
+                flight.kept = False
+                flight.release()
+                return "running" if flight.holders else "cancelled"
+        return None
+
+
+async def _awaited(aw: Awaitable[Any]) -> Any:
+    return await aw
 
 
 def run_now(work: Work) -> dict:
@@ -175,43 +205,77 @@ async def run_on(work: Work, run: Callable[[Piece], Awaitable[Any]]) -> dict:
         return done.value
 
 
+async def model_of(registry: Registry, worker: Worker, model_id: str | None) -> LoadedModel:
+    """A model by id (the default for None), loaded on the worker thread on first use."""
+    mid = registry.resolve(model_id)
+    lm = registry.loaded(mid)
+    if lm is not None:
+        return lm
+    # Loading is slow (weights, maybe a download): do it on the worker thread.
+    return await worker.run_in_worker(registry.get, mid)
+
+
 class ImageTasks:
     """Long computations about an uploaded image, as tasks with progress, their results cached.
 
     Args:
-        service: the attention service (its uploads, cache, worker, models and settings).
+        settings: the request timeout.
+        uploads: the uploaded pictures (ImageNotFound once one is gone).
+        worker: the worker thread every piece runs on.
+        cache: where results are kept (the server's byte-bounded cache).
+        registry: the models.
         max_tasks: computations at once; more get 429.
     """
 
-    def __init__(self, service: AttentionService, max_tasks: int = 4):
-        self.svc = service
-        self.tasks = Tasks(max_tasks)
+    def __init__(
+        self,
+        settings: Settings,
+        uploads: Uploads,
+        worker: Worker,
+        cache: ByteLRU,
+        registry: Registry,
+        max_tasks: int = 4,
+    ):
+        self.settings = settings
+        self.uploads = uploads
+        self.worker = worker
+        self.cache = cache
+        self.registry = registry
+        self.tasks = Tasks(max_tasks, settings.max_tasks_per_client)
 
-    @property
-    def cache(self) -> ByteLRU:
-        return self.svc.cache
+    def pools(self) -> list[Tasks]:
+        """Every pool of tasks this service runs (a subclass with more adds them)."""
+        return [self.tasks]
 
-    @property
-    def worker(self):
-        return self.svc.worker
+    def cancel(self, token: str) -> str | None:
+        """``DELETE /api/v1/tasks/{token}``: see :meth:`Tasks.cancel`."""
+        for pool in self.pools():
+            state = pool.cancel(token)
+            if state is not None:
+                return state
+        return None
 
     @property
     def device(self):
-        return self.svc.registry.device
+        return self.registry.device
+
+    async def model(self, model_id: str | None) -> LoadedModel:
+        """A model by id (the default for None), loaded on the worker thread on first use."""
+        return await model_of(self.registry, self.worker, model_id)
 
     def deadline(self, wait: float | None = None) -> float:
         """A request's deadline, or ``wait`` seconds from now when that is sooner."""
-        deadline = time.monotonic() + self.svc.settings.request_timeout_s
+        deadline = time.monotonic() + self.settings.request_timeout_s
         return deadline if wait is None else min(deadline, time.monotonic() + wait)
 
-    async def prepared(self, image_id: str, lm: LoadedModel) -> images.Prepared:
-        """The upload as ``lm``'s input (ImageNotFound once it is gone)."""
-        return await self.svc.uploads.prepared(self.svc.uploads.require(image_id), lm)
+    async def prepared(self, upload: Upload, lm: LoadedModel) -> images.Prepared:
+        """The upload as ``lm``'s input."""
+        return await self.uploads.prepared(upload, lm)
 
     async def piece(self, fn: Piece) -> Any:
         """One piece of work on the worker thread; running out of device memory is a 503."""
         try:
-            return await self.svc.worker.run_in_worker(fn)
+            return await self.worker.run_in_worker(fn)
         except RuntimeError as e:
             if is_oom(e):
                 raise OutOfMemory("the image does not fit in device memory; try a smaller image") from None
@@ -222,16 +286,18 @@ class ImageTasks:
         key: Hashable,
         name: str,
         image_id: str,
-        compute: Callable[[Progress], Awaitable[dict]],
+        compute: Callable[[Progress, Upload], Awaitable[dict]],
         is_disconnected: Disconnected | None = None,
         wait: float | None = None,
+        upload: Upload | None = None,
     ) -> dict:
-        """The result for ``key``: from the cache (``cached: true``), else ``compute(progress)``
-        as a task (joined by later requests; its result cached).
+        """The result for ``key``: from the cache (``cached: true``), else ``compute(progress,
+        upload)`` as a task (joined by later requests; its result cached).
 
         Args:
             wait: answer ``{"pending": progress}`` after this many seconds instead of a timeout
                 (the computation goes on; the route answers 202).
+            upload: the image, when the caller has already looked it up.
 
         Raises:
             ImageNotFound: the image is gone.
@@ -240,20 +306,24 @@ class ImageTasks:
         hit = self.cache.get(key)
         if hit is not None:
             return {**hit, "cached": True}
-        self.svc.uploads.require(image_id)
+        picture = upload or self.uploads.require(image_id)
 
         async def job(progress: Progress) -> dict:
-            res = await compute(progress)
+            res = await compute(progress, picture)
             self.cache.put(key, res, RESULT_BYTES)
             return res
 
+        flight, started = self.tasks.join(key, name, job)
         try:
-            res = await self.tasks.run(key, name, job, self.deadline(wait), is_disconnected)
+            res = await flight.wait(self.deadline(wait), is_disconnected, keep_on_timeout=True)
         except asyncio.TimeoutError:
-            progress = self.tasks.progress(key)
-            if wait is None or progress is None:
+            info: TaskInfo = flight.about
+            if wait is None or flight.done():
                 raise
-            return {"pending": progress.as_dict()}
+            pending = info.progress.as_dict()
+            if started and info.token is not None:  # only its starter may cancel it
+                pending["cancel_token"] = info.token
+            return {"pending": pending}
         return {**res, "cached": False}
 
     def state(self, key: Hashable, name: str) -> dict | None:

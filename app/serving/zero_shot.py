@@ -81,7 +81,8 @@ async def zero_shot_answer(
     targets = [TextTarget("text", phrase=lab, tower=tower) for lab in labels]
     if params.maps:
         check_method(params.method, targets[0], lm)
-    prep = await rel.prepared(image_id, lm)
+    upload = rel.uploads.require(image_id)
+    prep = await rel.prepared(upload, lm)
     res = await rel.piece(partial(scores, lm, prep, labels, rel.worker.amp_dtype, rel.device))
     rows: list[dict[str, Any]] = [
         {"label": lab, "index": i, "logit": lo, "probability": p}
@@ -91,7 +92,7 @@ async def zero_shot_answer(
     grid = None
     if params.maps:
         for r in rows:
-            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, is_disconnected)
+            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, is_disconnected, upload=upload)
             r["relevance"] = method_map(maps, params.method).tolist()
             r["text_tokens"] = maps.relevance.text_tokens
             grid = list(maps.relevance.grid)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..html_json import script_json
 from .faithfulness_table import HEADER, PAPER_HEADER, cells, paper_rows, summarise
-from .output import read_failures, read_faithfulness, read_table, survey_meta
+from .output import read_failures, read_faithfulness
+from .report_input import ReportError as ReportError  # raised for the command line (cli.py)
+from .report_input import checked_survey
 
 QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
 COLUMNS = [
@@ -84,10 +86,6 @@ window.addEventListener('load', function () {
   fit();
 });
 """
-
-
-class ReportError(ValueError):
-    """The survey has no rows to report on."""
 
 
 def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -313,11 +311,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     from plotly.subplots import make_subplots
 
     survey = Path(survey)
-    t = read_table(survey)
-    t = t.select([c for c in COLUMNS if c in t.column_names])
-    if t.num_rows == 0:
-        raise ReportError(f"{survey} holds no survey rows")
-    meta = survey_meta(survey) if survey.is_dir() else {}
+    t, meta = checked_survey(survey, COLUMNS)  # a hostile file: ReportError, in bounded time
     failures = read_failures(survey) if survey.is_dir() else None
     L = int(pc.max(t.column("layer")).as_py()) + 1
     H = int(pc.max(t.column("head")).as_py()) + 1
@@ -669,7 +663,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         + "</div>"
     )
     # Script content is not HTML-decoded: raw JSON, with "</" broken so it cannot end the tag.
-    meta_json = json.dumps(meta).replace("</", "<\\/")
+    meta_json = script_json(meta)
     return (
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"

@@ -158,7 +158,8 @@ def _admit(cls: str):
         """
         st = request.app.state
         fault = request.headers.get("x-headscope-fault") if st.settings.enable_fault_injection else None
-        with st.admission.admit(cls, lambda: _client_gone(request), fault) as ticket:
+        client = request.client.host if request.client else None  # a trusted proxy's X-Forwarded-For (uvicorn)
+        with st.admission.admit(cls, lambda: _client_gone(request), fault, client) as ticket:
             yield ticket
 
     admitted.__name__ = f"admit_{cls}"

@@ -30,7 +30,13 @@ from ..serving.images import ImageError
 from ..serving.uploads import ImageNotFound
 from ..serving.waiting import ClientGone
 from ..serving.worker import OutOfMemory
-from ..zoo.errors import HubUnreachableError, ModelLoadError, ModelRefusedError, UnknownModelError
+from ..zoo.errors import (
+    HubUnreachableError,
+    ModelLoadError,
+    ModelRefusedError,
+    ModelTooLargeError,
+    UnknownModelError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +100,8 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return ApiError(404, "unknown_model", str(exc))
     if isinstance(exc, UnsupportedModelError):
         return ApiError(422, "unsupported_model", str(exc))
+    if isinstance(exc, ModelTooLargeError):  # 507 where the disk lacks room, else 422
+        return ApiError(507 if exc.code == "insufficient_storage" else 422, exc.code, str(exc))
     if isinstance(exc, HubUnreachableError):
         return ApiError(503, "hub_unreachable", str(exc))
     if isinstance(exc, ModelLoadError):
@@ -132,6 +140,7 @@ KNOWN_ERRORS: tuple[type[Exception], ...] = (
     UnknownModelError,
     UnsupportedModelError,
     ModelLoadError,
+    ModelTooLargeError,
     QueueFullError,
     OutOfMemory,
     asyncio.TimeoutError,

@@ -47,6 +47,9 @@ def _load_default(registry: Registry, model_id: str | None = None) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     paths.check_asset_dirs(settings.static_dir, settings.templates_dir)
+    refusal = settings.any_model_refusal()
+    if refusal:
+        raise ValueError(refusal)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -68,9 +71,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.capture_store,
         )
         st.service = AttentionService(settings, st.registry, st.worker, st.metrics, st.admission)
-        st.ablation = AblationService(st.service)
-        st.relevance = RelevanceService(st.service)
-        st.model_loads = ModelLoads(st.registry, st.worker, errors.describe)
+        image_tasks = (settings, st.service.uploads, st.worker, st.service.cache, st.registry)
+        st.ablation = AblationService(*image_tasks)
+        st.relevance = RelevanceService(*image_tasks)
+        st.model_loads = ModelLoads(
+            st.registry, st.worker, errors.describe, settings.catalog_max_params, settings.catalog_max_bytes
+        )
         st.worker.on_out_of_memory(st.service.free_device_memory)
         await st.worker.start()
 
@@ -133,7 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
 
-    from .api import ablation, attention, docs, explain, health, models, pages, relevance, zero_shot
+    from .api import ablation, attention, docs, explain, health, models, pages, relevance, tasks, zero_shot
 
     app.include_router(health.router)
     app.include_router(models.router)
@@ -142,6 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ablation.router)
     app.include_router(relevance.router)
     app.include_router(zero_shot.router)
+    app.include_router(tasks.router)
     app.include_router(pages.router)
     app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")

@@ -11,14 +11,18 @@ What a form may look like (each case answered by the route, ``api/attention.py``
   both ``filename`` and ``filename*``, ``filename*`` wins (as RFC 6266 says for downloads); one
   that cannot be decoded (a charset other than UTF-8 or ISO-8859-1, bad UTF-8) leaves the part
   a file without a name;
-* the body must have arrived by the request's deadline (408 otherwise), and a client that drops
-  mid-upload ends the request quietly (499 in the log, no traceback).
+* the body must have arrived by the request's deadline, and after a grace period at a minimum
+  average rate (408 otherwise, :func:`paced`); a client that drops mid-upload ends the request
+  quietly (499 in the log, no traceback).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from urllib.parse import unquote_to_bytes
 
 from starlette.datastructures import FormData
@@ -66,17 +70,67 @@ class FormParser(MultiPartParser):
         super().on_headers_finished()
 
 
+class BodyTooSlow(Exception):
+    """The body arrived slower than the minimum rate once its grace period was over (408)."""
+
+
+async def paced(
+    chunks: AsyncIterator[bytes], grace_s: float, min_rate: float, now: Callable[[], float] = time.monotonic
+) -> AsyncGenerator[bytes, None]:
+    """``chunks``, as long as they keep up: after ``grace_s`` the bytes received must average
+    ``min_rate`` per second since the grace period ended (0: no minimum).
+
+    So the time a body may take grows with its size: a slow client cannot hold its upload slot
+    for the whole request deadline with a trickle of bytes. Waiting for the next chunk is bounded
+    by the moment the bytes so far fall behind.
+
+    Raises:
+        BodyTooSlow: the body fell behind.
+    """
+    t0 = now()
+    received = 0
+    it = chunks.__aiter__()
+    while True:
+        if min_rate > 0:
+            behind_at = t0 + grace_s + received / min_rate  # from then on, ``received`` is too little
+            left = behind_at - now()
+            if left <= 0:
+                raise BodyTooSlow(f"{received:,} bytes in {now() - t0:.1f} s")
+            try:
+                chunk = await asyncio.wait_for(it.__anext__(), left)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise BodyTooSlow(f"{received:,} bytes in {now() - t0:.1f} s") from None
+        else:
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                return
+        received += len(chunk)
+        yield chunk
+
+
 async def read_form(
-    request: Request, *, max_files: int, max_fields: int, max_part_size: int, timeout_s: float
+    request: Request,
+    *,
+    max_files: int,
+    max_fields: int,
+    max_part_size: int,
+    timeout_s: float,
+    grace_s: float = math.inf,
+    min_rate: float = 0.0,
 ) -> FormData:
-    """Parse the request's multipart body within ``timeout_s``.
+    """Parse the request's multipart body within ``timeout_s``, at ``min_rate`` bytes per second
+    or better once ``grace_s`` is over (:func:`paced`).
 
     Raises:
         asyncio.TimeoutError: the body did not arrive in time.
+        BodyTooSlow: it arrived too slowly.
         starlette.requests.ClientDisconnect: the client went away mid-body.
         starlette.formparsers.MultiPartException: a malformed body.
     """
-    parser = FormParser(
-        request.headers, request.stream(), max_files=max_files, max_fields=max_fields, max_part_size=max_part_size
-    )
+    stream = paced(request.stream(), grace_s, min_rate)
+    limits = {"max_files": max_files, "max_fields": max_fields, "max_part_size": max_part_size}
+    parser = FormParser(request.headers, stream, **limits)
     return await asyncio.wait_for(parser.parse(), max(0.001, timeout_s))

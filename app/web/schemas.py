@@ -340,6 +340,17 @@ class ProgressResponse(BaseModel):
     fraction: float
     elapsed_s: float | None = None
     eta_s: float | None = None
+    cancel_token: str | None = Field(
+        None,
+        description="in the 202 answer to the request that started the computation only: "
+        "`DELETE /api/v1/tasks/{cancel_token}` gives it up",
+    )
+
+
+class TaskCancelResponse(BaseModel):
+    state: Literal["cancelled", "running"] = Field(
+        description="cancelled; or running: other requests wait for it, it goes on for them"
+    )
 
 
 class TextToken(BaseModel):

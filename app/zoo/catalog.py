@@ -102,3 +102,15 @@ def search(query: str = "", limit: int = 50) -> tuple[int, list[Entry]]:
     q = query.strip().lower()
     hits.sort(key=lambda e: (e.name != q, not e.name.startswith(q), e.name))
     return len(hits), hits[: max(0, min(limit, MAX_LIMIT))]
+
+
+@lru_cache(maxsize=256)
+def parameter_count(entry: Entry) -> int:
+    """The parameters of ``entry``'s model, built on the meta device (no weights, no memory; a
+    second for the largest), so that a size cap is checked before anything is downloaded."""
+    import timm
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(entry.name.split(".")[0], pretrained=False)
+    return sum(p.numel() for p in model.parameters())

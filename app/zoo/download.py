@@ -9,13 +9,14 @@ entry (timm's own configuration), never from a request.
 
 from __future__ import annotations
 
+import shutil
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .catalog import Entry
-from .errors import HubUnreachableError, ModelLoadError
+from .errors import HubUnreachableError, ModelLoadError, ModelTooLargeError
 from .hub import hub_endpoint, hub_offline_by_choice, hub_reachable
 
 # What timm tries when the configuration names no file (timm/models/_hub.py): safetensors first.
@@ -166,3 +167,51 @@ def download_weights(entry: Entry, progress: Progress) -> Path:
                 f"downloading {entry.name} from the hub failed ({type(e).__name__}: {str(e)[:200]})"
             ) from None
     raise ModelLoadError(f"{entry.repo} has none of the weights files timm reads ({', '.join(candidates(entry))})")
+
+
+DISK_MARGIN_BYTES = 1024**3  # left free beside a download (the cache's other files, logs, temp files)
+
+
+def weights_size(entry: Entry) -> int | None:
+    """The size of the weights file on the hub, from its metadata (a HEAD request; no download);
+    None when the hub does not say."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError
+
+    for filename in candidates(entry):
+        try:
+            return get_hf_file_metadata(hf_hub_url(entry.repo, filename)).size
+        except EntryNotFoundError:
+            continue
+        except Exception:  # the hub said nothing usable: the download's own errors will tell
+            return None
+    return None
+
+
+def check_download(entry: Entry, max_bytes: int) -> None:
+    """Refuse a download over ``max_bytes``, or one the disk has no room for (plus a margin),
+    before a byte is fetched (blocking: run it in a thread).
+
+    Raises:
+        ModelTooLargeError: too large (``model_too_large``), or too little disk
+            (``insufficient_storage``).
+    """
+    from huggingface_hub import constants
+
+    size = weights_size(entry)
+    if size is None:
+        return
+    if size > max_bytes:
+        raise ModelTooLargeError(
+            f"the weights of {entry.name} are {size / 2**20:,.0f} MiB, over this server's "
+            f"{max_bytes / 2**20:,.0f} MiB cap (HEADSCOPE_CATALOG_MAX_BYTES)"
+        )
+    cache = Path(constants.HF_HUB_CACHE)
+    probe = cache if cache.exists() else next((p for p in cache.parents if p.exists()), Path("/"))
+    free = shutil.disk_usage(probe).free
+    if free < size + DISK_MARGIN_BYTES:
+        raise ModelTooLargeError(
+            f"downloading {entry.name} needs {size / 2**20:,.0f} MiB and {DISK_MARGIN_BYTES / 2**30:.0f} GiB to "
+            f"spare; the disk of the Hugging Face cache has {free / 2**20:,.0f} MiB free",
+            "insufficient_storage",
+        )

@@ -25,3 +25,12 @@ class ModelRefusedError(ValueError):
     """A configured model that cannot load while the server runs (a misspelt name, a family
     Headscope cannot capture, a weights file that is not there): found at start-up, answered
     without trying again (sending the request again cannot help)."""
+
+
+class ModelTooLargeError(ValueError):
+    """A catalogue model over the server's size cap (parameters or weights bytes), or without the
+    free disk its download needs; refused before anything is downloaded."""
+
+    def __init__(self, message: str, code: str = "model_too_large"):
+        super().__init__(message)
+        self.code = code

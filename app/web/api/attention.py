@@ -20,7 +20,7 @@ from ...serving.waiting import ClientGone
 from ..calls import measured, respond
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
 from ..errors import ApiError, JSONBody
-from ..multipart import is_multipart, read_form
+from ..multipart import BodyTooSlow, is_multipart, read_form
 from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse, StatsResponse
 
 # Each text field of the form is small; the file is bounded by the body limit.
@@ -126,9 +126,18 @@ async def post_attention(
             max_fields=len(_FORM_FIELDS) + 4,
             max_part_size=MAX_FIELD_BYTES,
             timeout_s=ticket.remaining(),
+            grace_s=settings.body_grace_s,
+            min_rate=settings.min_body_bytes_per_s,
         )
     except MultiPartException as e:
         raise ApiError(400, "bad_multipart", f"malformed multipart body: {e.message}") from None
+    except BodyTooSlow as e:
+        raise ApiError(
+            408,
+            "request_timeout",
+            f"the upload arrived too slowly ({e}; after the first {settings.body_grace_s:g} s a body must average "
+            f"{settings.min_body_bytes_per_s:,.0f} bytes/s)",
+        ) from None
     except asyncio.TimeoutError:
         raise ApiError(
             408, "request_timeout", f"the upload did not arrive within {settings.request_timeout_s:g} s"

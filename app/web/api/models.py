@@ -11,7 +11,7 @@ from ...zoo import catalog
 from ...zoo.download import cached_weights
 from ..deps import ModelLoadsDep, RegistryDep, SettingsDep
 from ..errors import ApiError, JSONBody
-from ..schemas import ERROR_RESPONSES, CatalogResponse, LoadStatus, ModelsResponse
+from ..schemas import ERROR_RESPONSES, CatalogResponse, ErrorBody, LoadStatus, ModelsResponse
 
 router = APIRouter(prefix="/api/v1", tags=["models"])
 
@@ -88,14 +88,20 @@ async def search_catalog(
     response_model=LoadStatus,
     status_code=202,
     summary="Load a catalogue model (download, then build), or join its load",
-    responses=_CATALOG_ERRORS,
+    responses={
+        **_CATALOG_ERRORS,
+        507: {"model": ErrorBody, "description": "insufficient_storage: the disk lacks room for the download"},
+    },
 )
 async def load_model(name: NameP, loads: ModelLoadsDep, settings: SettingsDep) -> JSONBody:
     """Starts the download of the weights into the server's Hugging Face cache (one at a time)
     and the build; poll `GET` of the same path for the progress. Once `ready`, the model is in
     `GET /api/v1/models` and every endpoint's `model` parameter takes its `id`. 404
     `unknown_model` for a name outside the catalogue; 503 `hub_unreachable` at once when the
-    weights are not cached and the hub cannot be reached."""
+    weights are not cached and the hub cannot be reached; 422 `model_too_large` for a model over
+    the server's cap (`HEADSCOPE_CATALOG_MAX_PARAMS` parameters, `HEADSCOPE_CATALOG_MAX_BYTES`
+    of weights) and 507 `insufficient_storage` when the disk lacks room, both before any
+    download."""
     _require_any_model(settings)
     return JSONBody(await loads.start(name), status_code=202)
 

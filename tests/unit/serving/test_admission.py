@@ -97,3 +97,24 @@ def test_decode_budget_refuses_a_picture_over_it_and_one_that_does_not_fit_besid
 async def _hold(adm, n):
     async with adm.decoding(n):
         pass
+
+
+def test_one_client_holds_at_most_its_share_of_a_pool():
+    """#39 items 2 and 3: a client address takes at most its share; others still get slots, and
+    a refused or finished request gives its share back."""
+    adm = Admission(8, Metrics(), heavy=4, per_client={UPLOAD: 2, HEAVY: 1})
+    with ExitStack() as held:
+        held.enter_context(adm.admit(UPLOAD, client="10.0.0.1"))
+        held.enter_context(adm.admit(UPLOAD, client="10.0.0.1"))
+        with pytest.raises(QueueFullError, match="this client already has 2 upload"):
+            held.enter_context(adm.admit(UPLOAD, client="10.0.0.1"))
+        held.enter_context(adm.admit(UPLOAD, client="10.0.0.2"))  # another client
+        held.enter_context(adm.admit(HEAVY, client="10.0.0.1"))  # another pool, its own share
+        with pytest.raises(QueueFullError):
+            held.enter_context(adm.admit(HEAVY, client="10.0.0.1"))
+        held.enter_context(adm.admit(FOLLOW_UP, client="10.0.0.1"))  # no share: the whole pool
+        held.enter_context(adm.admit(FOLLOW_UP, client="10.0.0.1"))
+        assert adm.in_use == 3
+    with adm.admit(UPLOAD, client="10.0.0.1"), adm.admit(UPLOAD, client="10.0.0.1"):
+        assert current_ticket().client == "10.0.0.1"
+    assert adm.in_use == 0

@@ -128,6 +128,37 @@ def test_the_task_is_cancelled_once_every_client_has_gone():
     asyncio.run(main())
 
 
+def test_a_task_left_to_run_on_is_not_cancelled_by_a_client_that_joins_and_leaves():
+    """#39 item 1: a ``wait=0`` start (its deadline passes at once) keeps the task; a second
+    client that joins and disconnects leaves it running, and it delivers its result."""
+
+    async def main():
+        tasks = Tasks()
+        release = asyncio.Event()
+
+        async def work(progress):
+            await release.wait()
+            return "done"
+
+        with pytest.raises(asyncio.TimeoutError):  # the wait=0 starter
+            await tasks.run("k", "faithfulness", work, time.monotonic())
+        gone = False
+
+        async def is_disconnected():
+            return gone
+
+        joiner = asyncio.create_task(tasks.run("k", "faithfulness", work, far(), is_disconnected))
+        await asyncio.sleep(0.05)
+        gone = True
+        with pytest.raises(ClientGone):
+            await joiner
+        assert tasks.progress("k") is not None, "the joiner's disconnect cancelled the starter's task"
+        release.set()
+        assert await tasks.run("k", "faithfulness", work, far()) == "done"
+
+    asyncio.run(main())
+
+
 def test_a_failing_task_fails_its_waiters_and_frees_the_key():
     async def main():
         tasks = Tasks()
