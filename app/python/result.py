@@ -24,7 +24,7 @@ from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
 from ..serving import answers
-from ..serving.params import AttentionParams, Mass
+from ..serving.params import AttentionParams, StatsParams
 from ..serving.store import Entry, Found
 from . import params as P
 from .extras import need
@@ -239,7 +239,7 @@ class Attention:
         from ..survey.compute import Surveyor
 
         need("pandas", "Attention.stats()")
-        mass = P.check(Mass, "mass", mass)
+        mass = P.build(StatsParams, mass=mass).mass
         image = self.capture
         with computing(self.lm):
             st = image.stats(None)  # as the endpoint: everything once, then the mass thresholds
