@@ -125,15 +125,28 @@ def build_variants(
     moves only those; the peers' maps are moved with ``.cpu()`` (a no-op on CPU), since that is
     what an API or an analysis script needs.
     """
+    variants = model_variants(lm, device) + headscope_variants(lm, device)
+    if with_peers:
+        variants += peer_variants(lm, checks, models_dir, device)
+    return variants
+
+
+def _tokens(lm: LoadedModel) -> int:
+    """Tokens of a 224 x 224 input: the CLS token and the patches."""
+    return 1 + (INPUT[0] // lm.patch_size[0]) * (INPUT[1] // lm.patch_size[1])
+
+
+def _map_checks(lm: LoadedModel):
+    """The checks of the CLS rows ``[L, H, 1, N]`` and of the full maps ``[L, H, N, N]``, per image."""
+    L, H, N = lm.num_layers, lm.num_heads, _tokens(lm)
+    return _per_image_check(lambda: (L, H, 1, N)), _per_image_check(lambda: (L, H, N, N))
+
+
+def model_variants(lm: LoadedModel, device: str = "cpu") -> list[Variant]:
+    """The model alone: the bare forward (fp32, the reference; bf16 autocast) and the matrix
+    products alone (the fp32 ceiling)."""
     dev_type = torch.device(device).type
-    model, cap = lm.model, lm.capture
-    L, H = lm.num_layers, lm.num_heads
-    N = 1 + (INPUT[0] // lm.patch_size[0]) * (INPUT[1] // lm.patch_size[1])
-    all_l, all_h = list(range(L)), list(range(H))
-    sel_cls = Selection(all_l, all_h, [0])
-    sel_all = Selection(all_l, all_h, None)
-    cls_shape = lambda: (L, H, 1, N)  # noqa: E731
-    full_shape = lambda: (L, H, N, N)  # noqa: E731
+    model, N = lm.model, _tokens(lm)
 
     def bare(x):
         with torch.inference_mode():
@@ -142,6 +155,35 @@ def build_variants(
     def bare_bf16(x):
         with torch.inference_mode(), torch.autocast(dev_type, dtype=torch.bfloat16):
             return model.forward_features(x)
+
+    def check_bare(out, batch):
+        if tuple(out.shape) != (batch, N, model.embed_dim) or not torch.isfinite(out).all():
+            raise BenchFailure(f"forward output of shape {tuple(out.shape)}")
+
+    mm = MatmulsOnly(model, N)
+    _, how = bf16_status(device)
+    return [
+        Variant("fwd_fp32", "bare forward fp32 (reference)", bare, check_bare, "model"),
+        Variant(
+            "fwd_matmuls",
+            "matrix products alone (fp32 ceiling)",
+            mm,
+            None,
+            "ceiling",
+            note=f"{mm.flops_per_image() / 1e9:.1f} GFLOP/img, random inputs",
+        ),
+        Variant("fwd_bf16", "bare forward bf16 autocast", bare_bf16, check_bare, "model", note=f"bf16 {how}"),
+    ]
+
+
+def headscope_variants(lm: LoadedModel, device: str = "cpu") -> list[Variant]:
+    """Headscope's capture (CLS rows, full maps, bf16) with its phases timed, and the Python API."""
+    dev_type = torch.device(device).type
+    model, cap = lm.model, lm.capture
+    all_l, all_h = list(range(lm.num_layers)), list(range(lm.num_heads))
+    sel_cls = Selection(all_l, all_h, [0])
+    sel_all = Selection(all_l, all_h, None)
+    check_cls, check_full = _map_checks(lm)
 
     def headscope(sel, amp=False):
         """What the worker and the service do: hooked forward, results(), attention_tensor().
@@ -170,69 +212,38 @@ def build_variants(
         fn.variant = None  # set below, once the Variant exists
         return fn
 
-    def check_bare(out, batch):
-        if tuple(out.shape) != (batch, N, model.embed_dim) or not torch.isfinite(out).all():
-            raise BenchFailure(f"forward output of shape {tuple(out.shape)}")
-
     variants = [
-        Variant("fwd_fp32", "bare forward fp32 (reference)", bare, check_bare, "model"),
-    ]
-    mm = MatmulsOnly(model, N)
-    variants.append(
-        Variant(
-            "fwd_matmuls",
-            "matrix products alone (fp32 ceiling)",
-            mm,
-            None,
-            "ceiling",
-            note=f"{mm.flops_per_image() / 1e9:.1f} GFLOP/img, random inputs",
-        )
-    )
-    native, how = bf16_status(device)
-    variants.append(
-        Variant("fwd_bf16", "bare forward bf16 autocast", bare_bf16, check_bare, "model", note=f"bf16 {how}")
-    )
-    variants += [
-        Variant(
-            "hs_cls",
-            "Headscope capture, CLS rows (all L,H)",
-            headscope(sel_cls),
-            _per_image_check(cls_shape),
-            "headscope",
-        ),
-        Variant(
-            "hs_full",
-            "Headscope capture, full maps (all L,H)",
-            headscope(sel_all),
-            _per_image_check(full_shape),
-            "headscope",
-        ),
+        Variant("hs_cls", "Headscope capture, CLS rows (all L,H)", headscope(sel_cls), check_cls, "headscope"),
+        Variant("hs_full", "Headscope capture, full maps (all L,H)", headscope(sel_all), check_full, "headscope"),
         Variant(
             "hs_cls_bf16",
             "Headscope capture, CLS rows, bf16 autocast",
             headscope(sel_cls, amp=True),
-            _per_image_check(cls_shape),
+            check_cls,
             "headscope",
             note="informative (server precision=bf16)",
         ),
-    ]
-    variants.append(
         Variant(
             "py_cls",
             "Python API scope.attention(picture), CLS rows",
             python_api(lm, device),
-            _per_image_check(cls_shape),
+            check_cls,
             "headscope",
             note="224 px PNG bytes in: decode, resize, forward, answer",
-        )
-    )
+        ),
+    ]
     for v in variants:
         if hasattr(v.fn, "variant"):
             v.fn.variant = v
-    if not with_peers:
-        return variants
+    return variants
 
+
+def peer_variants(lm: LoadedModel, checks: Checks, models_dir: Path, device: str = "cpu") -> list[Variant]:
+    """The same maps from the peers: timm's ``AttentionExtract`` and Hugging Face's eager
+    ``Dinov2Model``, each skipped with a note where it is not installed."""
+    check_cls, check_full = _map_checks(lm)
     sd = peers.timm_state_dict(models_dir)
+    variants: list[Variant] = []
     try:
         ext = peers.build_timm_extract(sd)
         ext.model.to(device)
@@ -251,8 +262,8 @@ def build_variants(
                 return list(peers.timm_maps(ext, x).cpu().unbind(0))
 
         variants += [
-            Variant("timm_cls", "timm AttentionExtract, CLS rows", timm_cls, _per_image_check(cls_shape), "peer"),
-            Variant("timm_full", "timm AttentionExtract, full maps", timm_full, _per_image_check(full_shape), "peer"),
+            Variant("timm_cls", "timm AttentionExtract, CLS rows", timm_cls, check_cls, "peer"),
+            Variant("timm_full", "timm AttentionExtract, full maps", timm_full, check_full, "peer"),
         ]
     try:
         hf = peers.build_hf(sd).to(device)
@@ -271,8 +282,8 @@ def build_variants(
                 return list(peers.hf_maps(hf, x).cpu().unbind(0))
 
         variants += [
-            Variant("hf_cls", "HF Dinov2Model eager, CLS rows", hf_cls, _per_image_check(cls_shape), "peer"),
-            Variant("hf_full", "HF Dinov2Model eager, full maps", hf_full, _per_image_check(full_shape), "peer"),
+            Variant("hf_cls", "HF Dinov2Model eager, CLS rows", hf_cls, check_cls, "peer"),
+            Variant("hf_full", "HF Dinov2Model eager, full maps", hf_full, check_full, "peer"),
         ]
     return variants
 

@@ -3,10 +3,9 @@
 The Python API takes what reads naturally in Python (``layers=-1``, ``layers=[0, 5]``,
 ``query=(3, 5)``, ``ablate=[(0, 1)]``) as well as the API's text grammar (``layers="0-3"``,
 ``query="patch:3,5"``), writes it in that grammar, and validates it with the models the routes
-use (`AttentionParams`, `ExplainParams`,
-the routes' annotated query types). A bad value raises ``ValueError`` (pydantic's
-``ValidationError`` is one) or ``TypeError`` with the text the API answers in its 422: the
-``loc: msg`` of each error, as the routes write them.
+take (:mod:`app.serving.params`: `AttentionParams`, `ExplainParams`, `PruningQuery`, ...). A bad
+value raises ``ValueError`` or ``TypeError`` with the text the API answers in its 422
+(:func:`~app.serving.params.validation_message`).
 """
 
 from __future__ import annotations
@@ -14,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
+
+from ..serving.params import validation_message
 
 
 class ParameterError(ValueError):
@@ -23,34 +24,12 @@ class ParameterError(ValueError):
     code = "invalid_parameter"
 
 
-def validation_message(e: ValidationError, name: str | None = None) -> str:
-    """The API's text for a validation error: ``loc: msg`` per error (at most 5), ``"; "``-joined.
-
-    Args:
-        name: the parameter's name, for a value validated alone (its errors have no ``loc``).
-    """
-    parts = []
-    for err in e.errors()[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
-        loc = ".".join(p for p in (name, loc) if p)
-        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-    return "; ".join(parts) or "invalid parameter"
-
-
 def build(schema: type, /, **fields: Any) -> Any:
     """``schema(**fields)``, a `ParameterError` with the API's text where it fails."""
     try:
         return schema(**fields)
     except ValidationError as e:
         raise ParameterError(validation_message(e)) from None
-
-
-def check(annotated: Any, name: str, value: Any) -> Any:
-    """``value`` validated (and converted) as a route's annotated query parameter ``name``."""
-    try:
-        return TypeAdapter(annotated).validate_python(value)
-    except ValidationError as e:
-        raise ParameterError(validation_message(e, name)) from None
 
 
 def _is_int(v: Any) -> bool:

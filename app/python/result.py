@@ -30,7 +30,7 @@ from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
 from ..engine.verdicts import Verdict
 from ..serving import answers
-from ..serving.params import AttentionParams, Mass
+from ..serving.params import AttentionParams, StatsParams
 from ..serving.pictures import Pictures
 from ..serving.store import Entry, Found
 from . import params as P
@@ -306,7 +306,7 @@ class Attention:
         from ..survey.compute import Surveyor
 
         need("pandas", "Attention.stats()")
-        mass = P.check(Mass, "mass", mass)
+        mass = P.build(StatsParams, mass=mass).mass
         image = self.capture
         with computing(self.lm):
             st = image.stats(None)  # as the endpoint: everything once, then the mass thresholds

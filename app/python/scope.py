@@ -242,9 +242,9 @@ class Scope:
             method: ``ablation`` (exact: the output change with each head removed alone) or
                 ``gradient`` (Michel et al.'s ``|d loss / d m_h|``, one forward and backward).
         """
-        from ..web.api.ablation import MethodQ
+        from ..serving.params import ImportanceQuery
 
-        method = P.check(MethodQ, "method", method)
+        method = P.build(ImportanceQuery, method=method).method
         refuse_windowed(self.lm.windowed, "importance")
         res = [self._importance(it, method) for it in self._read(image)]
         return (
@@ -266,12 +266,12 @@ class Scope:
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """The pruning curve (``GET …/pruning``): heads removed least important first, the
         output change after each step (``change``); the importance by ``method`` first."""
-        from ..serving.ablation import DEFAULT_POINTS, pruning_work
+        from ..serving.ablation import pruning_work
+        from ..serving.params import PruningQuery
         from ..serving.tasks import Progress, run_now
-        from ..web.api.ablation import MethodQ, PointsQ
 
-        method = P.check(MethodQ, "method", method)
-        points = P.check(PointsQ, "points", DEFAULT_POINTS if points is None else points)
+        asked = P.build(PruningQuery, method=method, **({} if points is None else {"points": points}))
+        method, points = asked.method, asked.points
         refuse_windowed(self.lm.windowed, "pruning")
         res = []
         for it in self._read(image):

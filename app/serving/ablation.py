@@ -34,12 +34,12 @@ from ..engine.model import LoadedModel
 from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_change, kl_divergence
 from . import images
 from .cache import ImportanceKey, OutputKey, PruningKey
+from .params import DEFAULT_POINTS
 from .tasks import ImageTasks, Progress, Work, run_on
 from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected, wait_for_result
 
 OUTPUT_OVERHEAD_BYTES = 1024
-DEFAULT_POINTS = 25  # points of the pruning curve
 
 
 @dataclass

@@ -12,41 +12,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from ..engine.ablation import Ablation
 from ..engine.explain import HeadComputation, inner_steps
 from ..engine.model import LoadedModel
-from ..engine.selection import MAX_SPEC
 from .answers import Answer, server_timing
-from .params import Ablate
+from .params import ExplainParams
 from .service import AttentionService
 from .store import Found
 from .waiting import Disconnected
-
-
-class ExplainParams(BaseModel):
-    """Which head, layer and query token to explain (GET query parameters)."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    model: str | None = Field(None, description="model id (default: the server's default model)")
-    layer: int = Field(-1, ge=-100_000, le=100_000, description="block index; negative counts from the end")
-    head: int = Field(0, ge=-100_000, le=100_000, description="head index; negative counts from the end")
-    query: str | None = Field(
-        None,
-        max_length=MAX_SPEC,
-        description="one query token: 'cls', a token index or 'patch:R,C' "
-        "(default: the CLS token, or the first patch where the model has none; windowed models (Swin): "
-        "a cell of the layer's stage grid, default cell 0)",
-        examples=["cls", "0", "patch:3,5"],
-    )
-    format: Literal["json", "safetensors"] = Field(
-        "json", description="answer format: JSON, or safetensors (every tensor of the computation, exact)"
-    )
-    ablate: Ablate = ""
 
 
 def explained(

@@ -1,22 +1,56 @@
-"""What a request for attention asks for: the same fields as POST form fields or GET query.
+"""Every request's parameters, declared once: the models the routes take and the Python API validates with.
 
-:data:`Ablate` is the one declaration of the ``ablate`` parameter, the same in every request
-that takes it (attention, statistics, explain, output); :data:`Mass` that of the statistics'
-``mass`` (the stats endpoint and the Python API's ``Attention.stats``).
+A route takes one of these models as its query (``Annotated[StatsParams, Query()]``) or, for the
+upload, as its form fields (:class:`AttentionParams`); the Python API builds the same models
+(:mod:`app.python.params`), so a value is accepted or refused with the same words on either side.
+A parameter several requests take is an ``Annotated`` alias here (:data:`Model`, :data:`Ablate`,
+:data:`Wait`, ...), declared once and used by every model that takes it. This module is plain
+pydantic: the ``Query()`` that tells FastAPI where a model comes from is the route's.
+
+:func:`validation_message` is the one text of a refused parameter (the 422 ``invalid_parameter``
+of every route and the Python API's ``ValueError``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Literal, get_args
 
-from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..engine.relevance import METHODS
 from ..engine.selection import MAX_SPEC, needs_every_row
+from ..engine.stats import DEFAULT_MASS
+from ..engine.text_relevance import TEXT_METHODS
+
+MAX_ERRORS = 5  # errors named in one message
+DEFAULT_POINTS = 25  # points of the pruning curve
+DEFAULT_TEST_METHODS = "chefer,attention,random"
+
+
+def validation_message(errors: ValidationError | Iterable[Mapping[str, Any]]) -> str:
+    """The API's text for refused parameters: ``loc: msg`` per error (at most 5), ``"; "``-joined.
+
+    Args:
+        errors: pydantic's error, or its ``errors()`` (FastAPI's ``RequestValidationError.errors()``).
+    """
+    listed = errors.errors() if isinstance(errors, ValidationError) else list(errors)
+    parts = []
+    for err in listed[:MAX_ERRORS]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts) or "invalid parameter"
+
+
+# -- parameters several requests take -------------------------------------------------------
+Model = Annotated[
+    str | None,
+    Field(description="model id, one of GET /api/v1/models (default: the server's default model)"),
+]
 
 Ablate = Annotated[
     str,
-    Query(
+    Field(
         max_length=MAX_SPEC,
         description="remove heads first: layer:head pairs '0:1,11:5' (each head's output is zeroed before W_O "
         "in its block; everything after it, later layers' maps included, is recomputed)",
@@ -24,27 +58,71 @@ Ablate = Annotated[
     ),
 ]
 
-
 Mass = Annotated[
     float,
-    Query(
+    Field(
         gt=0,
         le=1,
         description="DINO mass threshold: mass_patches counts the fewest patches that hold this share of the CLS row",
     ),
 ]
 
+Wait = Annotated[
+    float | None,
+    Field(
+        ge=0,
+        le=3600,
+        description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
+        "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
+        "timeout and then answers 504 (the computation goes on too).",
+    ),
+]
 
-class AttentionParams(BaseModel):
-    """What to return for an image; the same fields as form fields (POST) or query (GET)."""
+ImportanceMethod = Annotated[
+    Literal["ablation", "gradient"],
+    Field(
+        description="ablation: exact output change with each head removed alone; gradient: "
+        "|d loss / d m_h| at m = 1 (Michel et al. 2019), one forward and backward pass"
+    ),
+]
+
+Points = Annotated[int, Field(ge=2, le=1025, description="points of the curve (at most heads + 1 are used)")]
+
+RelevanceMethod = Literal[
+    "chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"
+]  # an enum in the schema
+assert get_args(RelevanceMethod) == METHODS + TEXT_METHODS
+DEFAULT_METHOD: RelevanceMethod = "chefer"
+
+Target = Annotated[
+    str | None,
+    Field(
+        max_length=MAX_SPEC,
+        description="the scalar of the output to explain: `output` (saliency: the mean of the map; the default), "
+        "`box:X0,Y0,X1,Y1` (saliency: the mean over output-map rows Y0:Y1, columns X0:X1, pixels, end-exclusive), "
+        "`top` (classes: the logit of the top class; the default), `class:N` (the logit of class N), `embedding` "
+        "(models with neither: <e, e0>/|e0|^2; the default), `text:PHRASE` (CLIP-style models: the model's score of "
+        "the image against the phrase, URL-encoded, at most 300 characters)",
+        examples=["output", "box:60,40,150,120", "top", "class:281", "embedding", "text:a dog on a sofa"],
+    ),
+]
+
+Seed = Annotated[
+    int, Field(ge=0, le=2**31 - 1, description="the seed of the `random` map (the same seed, the same map)")
+]
+
+
+class _Params(BaseModel):
+    """A request's parameters: nothing else is taken."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model: str | None = Field(
-        None,
-        description="model id, one of GET /api/v1/models (default: the server's default model)",
-        examples=["dinov2-s14-focus"],
-    )
+
+# -- attention (POST /attention, GET …/{image_id}), statistics, explain -----------------------
+class AttentionParams(_Params):
+    """What to return for an image; the same fields as form fields (POST) or query (GET)."""
+
+    model: Model = Field(None, examples=["dinov2-s14-focus"])
     layers: str = Field(
         "all",
         max_length=MAX_SPEC,
@@ -94,3 +172,127 @@ class AttentionParams(BaseModel):
     def needs_every_row(self) -> bool:
         """Whether the answer needs every row of every selected map (``query=all``, rollout)."""
         return needs_every_row(self.query, self.aggregate)
+
+
+class StatsParams(_Params):
+    """``GET …/stats``: per-head statistics."""
+
+    model: Model = None
+    mass: Mass = DEFAULT_MASS
+    ablate: Ablate = ""
+
+
+class ExplainParams(_Params):
+    """``GET …/explain``: which head, layer and query token to explain."""
+
+    model: Model = None
+    layer: int = Field(-1, ge=-100_000, le=100_000, description="block index; negative counts from the end")
+    head: int = Field(0, ge=-100_000, le=100_000, description="head index; negative counts from the end")
+    query: str | None = Field(
+        None,
+        max_length=MAX_SPEC,
+        description="one query token: 'cls', a token index or 'patch:R,C' "
+        "(default: the CLS token, or the first patch where the model has none; windowed models (Swin): "
+        "a cell of the layer's stage grid, default cell 0)",
+        examples=["cls", "0", "patch:3,5"],
+    )
+    format: Literal["json", "safetensors"] = Field(
+        "json", description="answer format: JSON, or safetensors (every tensor of the computation, exact)"
+    )
+    ablate: Ablate = ""
+
+
+# -- the model's output, importance, pruning -------------------------------------------------
+class OutputParams(_Params):
+    """``GET …/output``: the model's own output, with heads removed."""
+
+    model: Model = None
+    ablate: Ablate = ""
+    format: Literal["json", "npy", "safetensors"] = Field(
+        "json", description="answer format: JSON, or the output tensor alone as npy or safetensors"
+    )
+
+
+class ImportanceQuery(_Params):
+    """What names one importance computation (``GET …/importance`` and its ``…/progress``)."""
+
+    model: Model = None
+    method: ImportanceMethod = "ablation"
+
+
+class ImportanceParams(ImportanceQuery):
+    """``GET …/importance``: the computation, and how long to wait for it."""
+
+    wait: Wait = None
+
+
+class PruningQuery(ImportanceQuery):
+    """What names one pruning curve (``GET …/pruning`` and its ``…/progress``)."""
+
+    points: Points = DEFAULT_POINTS
+
+
+class PruningParams(PruningQuery):
+    """``GET …/pruning``: the curve, and how long to wait for it."""
+
+    wait: Wait = None
+
+
+# -- relevance and the faithfulness test -----------------------------------------------------
+class RelevanceParams(_Params):
+    """``GET …/relevance``: one method's map for one target."""
+
+    model: Model = None
+    method: RelevanceMethod = Field(
+        DEFAULT_METHOD,
+        description="chefer (Chefer et al., ICCV 2021: the GAE rule), grad_attention (the last layer's "
+        "gradient-weighted attention), rollout (attention rollout), attention (the last layer's raw attention), "
+        "random (a seeded baseline), chefer2021 (Chefer et al., CVPR 2021: LRP relevance of each attention map "
+        "times its gradient, rolled out), attnlrp (AttnLRP, Achtibat et al., ICML 2024: one LRP backward pass; "
+        "signed), legrad (LeGrad, Bousselham et al. 2024: text targets on CLIP models)",
+    )
+    target: Target = None
+    seed: Seed = 0
+    format: Literal["json", "npy", "safetensors"] = Field(
+        "json",
+        description="answer format: JSON, or the map alone as npy or safetensors (tensor `relevance`), "
+        "metadata in the X-Headscope-Meta header (and the safetensors header)",
+    )
+    ablate: Ablate = ""
+
+
+class FaithfulnessQuery(_Params):
+    """What names one perturbation test (``GET …/faithfulness`` and its ``…/progress``)."""
+
+    model: Model = None
+    methods: str = Field(
+        DEFAULT_TEST_METHODS,
+        max_length=MAX_SPEC,
+        description="the maps to test, comma-separated (any of chefer, grad_attention, rollout, attention, "
+        "random, chefer2021, attnlrp; legrad for a text target); the answer lists them in this order",
+        examples=[DEFAULT_TEST_METHODS, "chefer,grad_attention,attention,rollout,random"],
+    )
+    target: Target = None
+    fractions: str | None = Field(
+        None,
+        max_length=MAX_SPEC,
+        description="the shares of patches removed, comma-separated, in [0, 1), strictly ascending, at most 50 "
+        "(default 0,0.1,...,0.9)",
+        examples=["0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", "0,0.25,0.5"],
+    )
+    seed: Seed = 0
+    ablate: Ablate = ""
+    protocol: Literal["live", "paper"] = Field(
+        "live",
+        description="`live` (the default: patches removed and set to the mean colour, each curve the target's score "
+        "over its unperturbed value: a class's softmax probability, else the target) or `paper` (Chefer et al. "
+        "2021's protocol: the map upsampled bilinearly to pixels, pixels set to black before normalisation, each "
+        "point 1 where the top-1 class is still the target's class, else 0; AUC trapz(y, x) * 100, in percent; "
+        "class targets only). docs/relevance.md says where they differ",
+    )
+
+
+class FaithfulnessParams(FaithfulnessQuery):
+    """``GET …/faithfulness``: the test, and how long to wait for it."""
+
+    wait: Wait = None

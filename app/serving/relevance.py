@@ -28,11 +28,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import faithfulness as faith
 from ..engine.ablation import Ablation, ablate_text
@@ -51,21 +50,17 @@ from ..engine.relevance import (
     refuse_windowed,
     relevance,
 )
-from ..engine.selection import MAX_SPEC, SelectionError
+from ..engine.selection import SelectionError
 from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
 from . import images
 from .answers import Answer, server_timing
 from .cache import FaithfulnessKey, RelevanceKey
 from .encoders import MEDIA_TYPES, encode
-from .params import Ablate
+from .params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
 from .tasks import TASK_DEADLINE_S, ImageTasks, Progress, Tasks, Work, run_on
 from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected
 
-MethodName = Literal[
-    "chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"
-]  # an enum in the schema
-assert get_args(MethodName) == METHODS + TEXT_METHODS
 # The maps of one forward and backward, computed and cached together; each LRP method runs a
 # forward of its own under its rules, so it is computed (and cached) only when asked for.
 BASE_METHODS = tuple(m for m in METHODS if m not in LRP_METHODS)
@@ -76,93 +71,10 @@ def method_group(method: str) -> tuple[str, ...]:
     return (method,) if method in LRP_METHODS else BASE_METHODS
 
 
-DEFAULT_METHOD: MethodName = "chefer"
-DEFAULT_TEST_METHODS = "chefer,attention,random"
 MAPS_OVERHEAD_BYTES = 4096  # what a cached set of maps costs beyond its arrays
 # Units of progress of the relevance maps, in perturbed forwards: one forward keeping the maps
 # and one backward cost about 2.5 plain forwards of one picture.
 MAPS_UNITS = 3.0
-_SEED = Field(0, ge=0, le=2**31 - 1, description="the seed of the `random` map (the same seed, the same map)")
-_TARGET = Field(
-    None,
-    max_length=MAX_SPEC,
-    description="the scalar of the output to explain: `output` (saliency: the mean of the map; the default), "
-    "`box:X0,Y0,X1,Y1` (saliency: the mean over output-map rows Y0:Y1, columns X0:X1, pixels, end-exclusive), "
-    "`top` (classes: the logit of the top class; the default), `class:N` (the logit of class N), `embedding` "
-    "(models with neither: <e, e0>/|e0|^2; the default), `text:PHRASE` (CLIP-style models: the model's score of "
-    "the image against the phrase, URL-encoded, at most 300 characters)",
-    examples=["output", "box:60,40,150,120", "top", "class:281", "embedding", "text:a dog on a sofa"],
-)
-
-
-class RelevanceParams(BaseModel):
-    """``GET …/relevance``: one method's map for one target."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    model: str | None = Field(None, description="model id (default: the server's default model)")
-    method: MethodName = Field(
-        DEFAULT_METHOD,
-        description="chefer (Chefer et al., ICCV 2021: the GAE rule), grad_attention (the last layer's "
-        "gradient-weighted attention), rollout (attention rollout), attention (the last layer's raw attention), "
-        "random (a seeded baseline), chefer2021 (Chefer et al., CVPR 2021: LRP relevance of each attention map "
-        "times its gradient, rolled out), attnlrp (AttnLRP, Achtibat et al., ICML 2024: one LRP backward pass; "
-        "signed), legrad (LeGrad, Bousselham et al. 2024: text targets on CLIP models)",
-    )
-    target: str | None = _TARGET
-    seed: int = _SEED
-    format: Literal["json", "npy", "safetensors"] = Field(
-        "json",
-        description="answer format: JSON, or the map alone as npy or safetensors (tensor `relevance`), "
-        "metadata in the X-Headscope-Meta header (and the safetensors header)",
-    )
-    ablate: Ablate = ""
-
-
-class FaithfulnessQuery(BaseModel):
-    """What names one perturbation test (``GET …/faithfulness`` and its ``…/progress``)."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    model: str | None = Field(None, description="model id (default: the server's default model)")
-    methods: str = Field(
-        DEFAULT_TEST_METHODS,
-        max_length=MAX_SPEC,
-        description="the maps to test, comma-separated (any of chefer, grad_attention, rollout, attention, "
-        "random, chefer2021, attnlrp; legrad for a text target); the answer lists them in this order",
-        examples=[DEFAULT_TEST_METHODS, "chefer,grad_attention,attention,rollout,random"],
-    )
-    target: str | None = _TARGET
-    fractions: str | None = Field(
-        None,
-        max_length=MAX_SPEC,
-        description="the shares of patches removed, comma-separated, in [0, 1), strictly ascending, at most 50 "
-        "(default 0,0.1,...,0.9)",
-        examples=["0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", "0,0.25,0.5"],
-    )
-    seed: int = _SEED
-    ablate: Ablate = ""
-    protocol: Literal["live", "paper"] = Field(
-        "live",
-        description="`live` (the default: patches removed and set to the mean colour, each curve the target's score "
-        "over its unperturbed value: a class's softmax probability, else the target) or `paper` (Chefer et al. "
-        "2021's protocol: the map upsampled bilinearly to pixels, pixels set to black before normalisation, each "
-        "point 1 where the top-1 class is still the target's class, else 0; AUC trapz(y, x) * 100, in percent; "
-        "class targets only). docs/relevance.md says where they differ",
-    )
-
-
-class FaithfulnessParams(FaithfulnessQuery):
-    """``GET …/faithfulness``: the test, and how long to wait for it."""
-
-    wait: float | None = Field(
-        None,
-        ge=0,
-        le=3600,
-        description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
-        "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
-        "timeout and then answers 504 (the computation goes on too).",
-    )
 
 
 class TaskTooLargeError(SelectionError):

@@ -21,7 +21,8 @@ from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, check_ph
 from ..engine.model import LoadedModel
 from ..engine.text_relevance import TextTarget, check_method, require_text, zero_shot
 from . import images
-from .relevance import DEFAULT_METHOD, MethodName, RelevanceService, method_map
+from .params import DEFAULT_METHOD, RelevanceMethod
+from .relevance import RelevanceService, method_map
 from .waiting import Disconnected
 
 
@@ -39,7 +40,7 @@ class ZeroShotParams(BaseModel):
         examples=["dog,cat,a red car"],
     )
     maps: bool = Field(False, description="also each label's relevance map on the patch grid and its tokens' relevance")
-    method: MethodName = Field(DEFAULT_METHOD, description="the relevance method of the maps (with maps=true)")
+    method: RelevanceMethod = Field(DEFAULT_METHOD, description="the relevance method of the maps (with maps=true)")
 
 
 def parse_labels(text: str) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -304,28 +305,80 @@ def _paper_section(summaries) -> str:
     )
 
 
+@dataclass
+class SurveyData:
+    """What every chart of the report reads: the survey's rows and their per-head aggregates."""
+
+    path: Path
+    table: pa.Table
+    meta: dict[str, Any]
+    failures: pa.Table | None
+    layers: int
+    heads: int
+    images: int
+    agg: dict[str, Any]
+    layer: np.ndarray  # per aggregated head: its layer
+    head: np.ndarray  # per aggregated head: its index
+    heads_per_layer: np.ndarray
+    windowed: bool
+
+    @property
+    def model(self) -> str:
+        return self.meta.get("model", "?")
+
+    @property
+    def colors(self) -> list[str]:
+        """One colour per head index, the same in every chart."""
+        return [f"hsl({int(360 * h / self.heads)},65%,45%)" for h in range(self.heads)]
+
+
+def read_survey(survey: Path) -> SurveyData:
+    """The survey at ``survey`` (a dataset folder or one Parquet file), aggregated per head."""
+    t, meta = checked_survey(survey, COLUMNS)  # a hostile file: ReportError, in bounded time
+    if t.num_rows == 0:
+        raise ReportError(f"{survey} holds no survey rows")
+    L = int(pc.max(t.column("layer")).as_py()) + 1
+    agg = _head_aggregates(t)
+    layer = agg["layer"].astype(int)
+    return SurveyData(
+        path=survey,
+        table=t,
+        meta=meta,
+        failures=read_failures(survey) if survey.is_dir() else None,
+        layers=L,
+        heads=int(pc.max(t.column("head")).as_py()) + 1,
+        images=len(pc.unique(t.column("image"))),
+        agg=agg,
+        layer=layer,
+        head=agg["head"].astype(int),
+        heads_per_layer=np.bincount(layer, minlength=L),
+        windowed="stage" in t.column_names and pc.any(pc.invert(pc.is_null(t.column("stage")))).as_py(),
+    )
+
+
 def build_report(survey: Path | str, title: str | None = None) -> str:
     """The report's HTML for the survey at ``survey`` (a dataset folder or one Parquet file)."""
+    s = read_survey(Path(survey))
+    title = title or f"Headscope survey: {s.model}, {s.images:,} images"
+    sections = [
+        distance_section(s),
+        entropy_section(s),
+        mass_section(s),
+        heads_map_section(s),
+        rank_section(s),
+        similar_heads_section(s),
+    ]
+    tests = read_faithfulness(s.path) if s.path.is_dir() else None
+    if tests is not None and tests.num_rows:
+        sections.append(faithfulness_section(tests))
+    return page(title, header_html(s, title), [x for x in sections if x], failures_html(s), s.meta)
+
+
+def distance_section(s: SurveyData) -> str:
+    """Mean attention distance against depth, one dot per head (the ViT paper's fig. 7)."""
     import plotly.graph_objects as go
-    from plotly.offline import get_plotlyjs
-    from plotly.subplots import make_subplots
 
-    survey = Path(survey)
-    t, meta = checked_survey(survey, COLUMNS)  # a hostile file: ReportError, in bounded time
-    failures = read_failures(survey) if survey.is_dir() else None
-    L = int(pc.max(t.column("layer")).as_py()) + 1
-    H = int(pc.max(t.column("head")).as_py()) + 1
-    n_images = len(pc.unique(t.column("image")))
-    agg = _head_aggregates(t)
-    layer, head = agg["layer"].astype(int), agg["head"].astype(int)
-    heads_per_layer = np.bincount(layer, minlength=L)
-    windowed = "stage" in t.column_names and pc.any(pc.invert(pc.is_null(t.column("stage")))).as_py()
-    model = meta.get("model", "?")
-    title = title or f"Headscope survey: {model}, {n_images:,} images"
-    colors = [f"hsl({int(360 * h / H)},65%,45%)" for h in range(H)]
-    sections: list[str] = []
-
-    # -- 1. mean attention distance against depth ------------------------------------------
+    L, H, layer, head, agg, colors = s.layers, s.heads, s.layer, s.head, s.agg, s.colors
     fig = go.Figure()
     for h in range(H):
         m = head == h
@@ -350,17 +403,23 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         legend=dict(orientation="h", y=-0.18),
         template="plotly_white",
     )
-    sections.append(
+    return (
         "<h2>Mean attention distance against depth</h2>"
         '<p class="note">One dot per head: the mean over images of its mean attention distance (for each patch '
         "query, the attention-weighted distance to the patch keys, in input pixels; Dosovitskiy et al. 2021, "
         "fig. 7). Bars: standard deviation over images."
-        + (" Swin: between the cells of each layer's stage grid, within the query's window." if windowed else "")
+        + (" Swin: between the cells of each layer's stage grid, within the query's window." if s.windowed else "")
         + "</p>"
         + _fig_html(fig, "fig-distance")
     )
 
-    # -- 2. entropy per head as distributions ----------------------------------------------
+
+def entropy_section(s: SurveyData) -> str:
+    """Each head's attention entropy as distributions over images, one group of boxes per layer."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    L, H, layer, head, agg, colors = s.layers, s.heads, s.layer, s.head, s.agg, s.colors
     # One group of boxes per layer (12 ticks, not 72), one colour per head as in the chart above.
     fig = make_subplots(
         rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, subplot_titles=("all query rows", "CLS row")
@@ -391,7 +450,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
                 row=r,
                 col=1,
             )
-    fig.update_yaxes(title_text="entropy / log W²" if windowed else "entropy / log N", range=[0, 1.02])
+    fig.update_yaxes(title_text="entropy / log W²" if s.windowed else "entropy / log N", range=[0, 1.02])
     fig.update_xaxes(tickmode="array", tickvals=list(range(L)), range=[-0.5, L - 0.5])
     fig.update_xaxes(title_text="layer", row=2, col=1)
     fig.update_layout(
@@ -403,26 +462,31 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         boxgap=0.1,
         legend=dict(orientation="h", y=-0.12, x=0),
     )
-    sections.append(
+    return (
         "<h2>Entropy per head</h2>"
         '<p class="note">Distribution over images of each head\'s normalised attention entropy (1 = uniform '
         + (
             "over the W x W keys of the query's window, as Swin's softmax runs, 0 = one key). "
-            if windowed
+            if s.windowed
             else "over all tokens, 0 = one token). "
         )
         + "One group of boxes per layer, one box per head (colours as above). "
         + "Boxes: quartiles; whiskers: 5th and 95th percentiles; dashed: mean. "
         + (
             "Mean over all query cells (Swin has no CLS token)."
-            if windowed
+            if s.windowed
             else "Top: mean over all query rows; bottom: the CLS token's row."
         )
         + "</p>"
         + _fig_html(fig, "fig-entropy")
     )
 
-    # -- 3. prefix and artifact mass per layer ---------------------------------------------
+
+def mass_section(s: SurveyData) -> str:
+    """The attention on prefix and on artifact tokens per layer (or why it was not measured)."""
+    import plotly.graph_objects as go
+
+    L, H, layer, head, agg, colors, t = s.layers, s.heads, s.layer, s.head, s.agg, s.colors, s.table
     img_rows = t.filter(pc.and_(pc.equal(t.column("layer"), 0), pc.equal(t.column("head"), 0)))
     arts = _np(img_rows.column("artifact_tokens")) if "artifact_tokens" in t.column_names else np.zeros(0)
     with_art = float((arts > 0).mean()) if arts.size else 0.0
@@ -478,7 +542,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
                 legend=dict(orientation="h", y=-0.22, x=0),
             )
             cards.append(f'<div class="card">{_fig_html(fig, div_id)}</div>')
-        sections.append(
+        return (
             "<h2>Prefix and artifact mass per layer</h2>"
             '<p class="note">Mean over query rows and images of the attention each head gives to the prefix '
             "tokens (CLS, registers) and to high-norm artifact tokens of the last layer (robust z-score of the "
@@ -486,14 +550,19 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
             + (f'<div class="two">{"".join(cards)}</div>' if len(cards) > 1 else cards[0])
         )
     else:
-        sections.append(
+        return (
             "<h2>Prefix and artifact mass per layer</h2>"
             '<p class="note">Not measured for this model: it has no prefix tokens, and its high-norm tokens '
             "(robust z-score of the last layer's token norm above 6) sit on the last stage's grid, which the "
             f"other stages' attention does not address. {art_note}</p>"
         )
 
-    # -- 4. a map of the heads -------------------------------------------------------------
+
+def heads_map_section(s: SurveyData) -> str:
+    """Every head by its mean entropy and mean attention distance; the outliers named."""
+    import plotly.graph_objects as go
+
+    layer, head, agg = s.layer, s.head, s.agg
     # Every head is a dot (its name on hover); only the outliers carry their name, where it has room.
     ent_x, dist_y = agg["entropy_mean"], agg["distance_px_mean"]
     names = [f"L{lh[0]} H{lh[1]}" for lh in zip(layer, head)]
@@ -518,110 +587,115 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         )
     )
     fig.update_layout(
-        xaxis_title="mean entropy / log W²" if windowed else "mean entropy / log N",
+        xaxis_title="mean entropy / log W²" if s.windowed else "mean entropy / log N",
         yaxis_title="mean attention distance (px)",
         height=480,
         margin=dict(t=30, r=10),
         template="plotly_white",
     )
-    sections.append(
+    return (
         "<h2>The heads at a glance</h2>"
         '<p class="note">Each head by its mean entropy and mean attention distance: focused local heads sit '
         "bottom left, broad global heads top right. Colour: the layer. The heads that stand apart are named "
         "(L layer H head); point at any dot for its name.</p>" + _fig_html(fig, "fig-heads")
     )
 
-    # -- 5. ranks --------------------------------------------------------------------------
-    if "rank_effective" in t.column_names and pc.any(pc.invert(pc.is_null(t.column("rank_effective")))).as_py():
-        h0 = t.filter(pc.equal(t.column("head"), 0))
-        g = (
-            h0.group_by("layer")
-            .aggregate([("rank_effective", "mean"), ("rank_effective", "stddev"), ("rank_numerical", "mean")])
-            .sort_by("layer")
-        )
-        fig = go.Figure()
-        fig.add_trace(
-            go.Scatter(
-                x=_np(g.column("layer")),
-                y=_np(g.column("rank_effective_mean")),
-                error_y=dict(type="data", array=_np(g.column("rank_effective_stddev"))),
-                mode="lines+markers",
-                name="effective rank",
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=_np(g.column("layer")),
-                y=_np(g.column("rank_numerical_mean")),
-                mode="lines+markers",
-                name="numerical rank",
-                line=dict(dash="dot"),
-            )
-        )
-        fig.update_layout(
-            xaxis=dict(title="layer", dtick=1),
-            yaxis=dict(title="rank of the head outputs", rangemode="tozero"),
-            height=380,
-            margin=dict(t=20, r=10),
-            template="plotly_white",
-            legend=dict(orientation="h", y=1.12, x=0),
-        )
-        sections.append(
-            "<h2>Rank of the head outputs</h2>"
-            '<p class="note">Per layer, mean over images (bars: standard deviation) of the effective rank (Roy & '
-            "Vetterli 2007) and the numerical rank of the heads' outputs concatenated, tokens x (heads x head "
-            "dim). Heads that duplicate each other lower both.</p>" + _fig_html(fig, "fig-rank")
-        )
 
-    # -- 6. most similar / most specialised heads ------------------------------------------
-    sim, what = _similarity(t, L, H)
-    if sim is not None and H > 1:
-        pairs = sorted(
-            (
-                (float(sim[lyr, i, j]), lyr, i, j)
-                for lyr in range(L)
-                for i in range(heads_per_layer[lyr])
-                for j in range(i + 1, heads_per_layer[lyr])
-            ),
-            reverse=True,
-        )[:10]
-        off = np.nan_to_num(sim, nan=-np.inf)
-        off[:, np.arange(H), np.arange(H)] = -np.inf
-        closest = off.max(-1)  # L, H: similarity to the closest other head of the layer
-        ent = _grid(layer, head, agg["entropy_mean"], L, H)
-        dist = _grid(layer, head, agg["distance_px_mean"], L, H)
-        spec = sorted(
-            (float(closest[lyr, h]), lyr, h)
+def rank_section(s: SurveyData) -> str | None:
+    """The rank of the head outputs per layer; None when the survey did not measure it."""
+    import plotly.graph_objects as go
+
+    t = s.table
+    if "rank_effective" not in t.column_names or not pc.any(pc.invert(pc.is_null(t.column("rank_effective")))).as_py():
+        return None
+    h0 = t.filter(pc.equal(t.column("head"), 0))
+    g = (
+        h0.group_by("layer")
+        .aggregate([("rank_effective", "mean"), ("rank_effective", "stddev"), ("rank_numerical", "mean")])
+        .sort_by("layer")
+    )
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=_np(g.column("layer")),
+            y=_np(g.column("rank_effective_mean")),
+            error_y=dict(type="data", array=_np(g.column("rank_effective_stddev"))),
+            mode="lines+markers",
+            name="effective rank",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=_np(g.column("layer")),
+            y=_np(g.column("rank_numerical_mean")),
+            mode="lines+markers",
+            name="numerical rank",
+            line=dict(dash="dot"),
+        )
+    )
+    fig.update_layout(
+        xaxis=dict(title="layer", dtick=1),
+        yaxis=dict(title="rank of the head outputs", rangemode="tozero"),
+        height=380,
+        margin=dict(t=20, r=10),
+        template="plotly_white",
+        legend=dict(orientation="h", y=1.12, x=0),
+    )
+    return (
+        "<h2>Rank of the head outputs</h2>"
+        '<p class="note">Per layer, mean over images (bars: standard deviation) of the effective rank (Roy & '
+        "Vetterli 2007) and the numerical rank of the heads' outputs concatenated, tokens x (heads x head "
+        "dim). Heads that duplicate each other lower both.</p>" + _fig_html(fig, "fig-rank")
+    )
+
+
+def similar_heads_section(s: SurveyData) -> str | None:
+    """The most similar head pairs and the most specialised heads; None without similarities."""
+    L, H, layer, head, agg, heads_per_layer = s.layers, s.heads, s.layer, s.head, s.agg, s.heads_per_layer
+    sim, what = _similarity(s.table, L, H)
+    if sim is None or H < 2:
+        return None
+    pairs = sorted(
+        (
+            (float(sim[lyr, i, j]), lyr, i, j)
             for lyr in range(L)
-            if heads_per_layer[lyr] > 1
-            for h in range(heads_per_layer[lyr])
-        )[:10]
-        sections.append(
-            "<h2>Most similar and most specialised heads</h2>"
-            f'<p class="note">Similarity: {html.escape(what)}, averaged over images; 1 = identical. '
-            "A head is specialised when even the closest other head of its layer is unlike it.</p>"
-            '<div class="two"><div class="card"><b>Most similar pairs</b>'
-            + _table(
-                ["layer", "heads", "similarity"],
-                [[lyr, f"{i} & {j}", f"{s:.3f}"] for s, lyr, i, j in pairs],
-            )
-            + '</div><div class="card"><b>Most specialised heads</b>'
-            + _table(
-                ["head", "closest other head", "entropy", "distance px"],
-                [
-                    [f"layer {lyr} head {h}", f"{s:.3f}", f"{ent[lyr, h]:.3f}", f"{dist[lyr, h]:.1f}"]
-                    for s, lyr, h in spec
-                ],
-            )
-            + "</div></div>"
+            for i in range(heads_per_layer[lyr])
+            for j in range(i + 1, heads_per_layer[lyr])
+        ),
+        reverse=True,
+    )[:10]
+    off = np.nan_to_num(sim, nan=-np.inf)
+    off[:, np.arange(H), np.arange(H)] = -np.inf
+    closest = off.max(-1)  # L, H: similarity to the closest other head of the layer
+    ent = _grid(layer, head, agg["entropy_mean"], L, H)
+    dist = _grid(layer, head, agg["distance_px_mean"], L, H)
+    spec = sorted(
+        (float(closest[lyr, h]), lyr, h)
+        for lyr in range(L)
+        if heads_per_layer[lyr] > 1
+        for h in range(heads_per_layer[lyr])
+    )[:10]
+    return (
+        "<h2>Most similar and most specialised heads</h2>"
+        f'<p class="note">Similarity: {html.escape(what)}, averaged over images; 1 = identical. '
+        "A head is specialised when even the closest other head of its layer is unlike it.</p>"
+        '<div class="two"><div class="card"><b>Most similar pairs</b>'
+        + _table(
+            ["layer", "heads", "similarity"],
+            [[lyr, f"{i} & {j}", f"{v:.3f}"] for v, lyr, i, j in pairs],
         )
+        + '</div><div class="card"><b>Most specialised heads</b>'
+        + _table(
+            ["head", "closest other head", "entropy", "distance px"],
+            [[f"layer {lyr} head {h}", f"{v:.3f}", f"{ent[lyr, h]:.3f}", f"{dist[lyr, h]:.1f}"] for v, lyr, h in spec],
+        )
+        + "</div></div>"
+    )
 
-    # -- 7. the faithfulness of relevance maps (--faithfulness) ------------------------------
-    tests = read_faithfulness(survey) if survey.is_dir() else None
-    if tests is not None and tests.num_rows:
-        sections.append(faithfulness_section(tests))
 
-    # -- the page --------------------------------------------------------------------------
+def header_html(s: SurveyData, title: str) -> str:
+    """The title, the model, the patch grids and the survey's facts at a glance."""
+    t, L, H = s.table, s.layers, s.heads
     grids = t.filter(pc.and_(pc.equal(t.column("layer"), 0), pc.equal(t.column("head"), 0)))
     grid_counts = (
         grids.group_by(["grid_rows", "grid_cols"])
@@ -633,28 +707,21 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         for r, c, n in zip(*(grid_counts.column(k).to_pylist() for k in ("grid_rows", "grid_cols", "image_count")))
     ]
     top_grids = ", ".join(grid_list[:6]) + (f" and {len(grid_list) - 6} more" if len(grid_list) > 6 else "")
-    n_fail = failures.num_rows if failures is not None else 0
+    n_fail = s.failures.num_rows if s.failures is not None else 0
     facts = [
-        ("images", f"{n_images:,}"),
+        ("images", f"{s.images:,}"),
         ("could not be read", f"{n_fail:,}"),
         (
             ("layers x heads", f"{L} x {H}")
-            if heads_per_layer.min() == H
-            else ("layers, heads per layer", f"{L}, {heads_per_layer.min()}-{H}")
+            if s.heads_per_layer.min() == H
+            else ("layers, heads per layer", f"{L}, {s.heads_per_layer.min()}-{H}")
         ),
         ("rows", f"{t.num_rows:,}"),
     ]
-    fail_html = ""
-    if failures is not None and n_fail:
-        shown = failures.slice(0, 20).to_pylist()
-        fail_html = (
-            "<h2>Pictures that could not be read</h2>"
-            + _table(["image", "error", "message"], [[r["image"], r["error"], r["message"]] for r in shown])
-            + (f'<p class="note">… and {n_fail - 20:,} more (in the _failures table).</p>' if n_fail > 20 else "")
-        )
-    head_html = (
+    meta = s.meta
+    return (
         f"<h1>{html.escape(title)}</h1>"
-        f'<p class="sub">model <b>{html.escape(str(model))}</b>'
+        f'<p class="sub">model <b>{html.escape(str(s.model))}</b>'
         + (f" · precision {html.escape(str(meta.get('precision')))}" if meta.get("precision") else "")
         + f" · patch grids (rows x cols: images): {html.escape(top_grids)}"
         + f" · generated {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>"
@@ -662,6 +729,25 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         + "".join(f"<div><b>{html.escape(v)}</b>{html.escape(k)}</div>" for k, v in facts)
         + "</div>"
     )
+
+
+def failures_html(s: SurveyData) -> str:
+    """The first pictures that could not be read, and how many more; empty when none failed."""
+    n_fail = s.failures.num_rows if s.failures is not None else 0
+    if s.failures is None or not n_fail:
+        return ""
+    shown = s.failures.slice(0, 20).to_pylist()
+    return (
+        "<h2>Pictures that could not be read</h2>"
+        + _table(["image", "error", "message"], [[r["image"], r["error"], r["message"]] for r in shown])
+        + (f'<p class="note">… and {n_fail - 20:,} more (in the _failures table).</p>' if n_fail > 20 else "")
+    )
+
+
+def page(title: str, header: str, sections: list[str], failures: str, meta: dict[str, Any]) -> str:
+    """The self-contained page: Plotly's script inlined, the survey's metadata as JSON."""
+    from plotly.offline import get_plotlyjs
+
     # Script content is not HTML-decoded: raw JSON, with "</" broken so it cannot end the tag.
     meta_json = script_json(meta)
     return (
@@ -669,7 +755,7 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"
         f"<title>{html.escape(title)}</title><style>{CSS}</style>"
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head>"
-        f"<body><main>{head_html}{''.join(sections)}{fail_html}"
+        f"<body><main>{header}{''.join(sections)}{failures}"
         f"<script type='application/json' id='survey-meta'>{meta_json}</script>"
         f"<script type='text/javascript'>{NARROW_SCRIPT}</script>"
         "</main></body></html>\n"

@@ -27,6 +27,7 @@ from ..serving.admission import QueueFullError, TooLargeToDecode
 from ..serving.answers import AnswerTooLarge, StreamAborted
 from ..serving.faults import InjectedFault
 from ..serving.images import ImageError
+from ..serving.params import validation_message
 from ..serving.uploads import ImageNotFound
 from ..serving.waiting import ClientGone
 from ..serving.worker import OutOfMemory
@@ -176,11 +177,7 @@ def install(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError):
         # The code the upload form's own check gives (api/attention.py): one code for a bad
         # parameter, whichever the method and wherever it is read.
-        parts = []
-        for err in exc.errors()[:5]:
-            loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
-            parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-        return logged_error_response(request.scope, 422, "invalid_parameter", "; ".join(parts) or "invalid parameter")
+        return logged_error_response(request.scope, 422, "invalid_parameter", validation_message(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

@@ -1,14 +1,11 @@
-"""Pydantic request and response models (they are also the OpenAPI schema at /docs)."""
+"""Pydantic response models (they are also the OpenAPI schema at /docs); the request models are
+:mod:`app.serving.params`, declared once for the routes and the Python API."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-
-from ..serving.params import AttentionParams
-
-__all__ = ["AttentionParams"]  # re-exported: routers and the OpenAPI schema use it from here
 
 
 class StatsResponse(BaseModel):

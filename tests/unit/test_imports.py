@@ -1,5 +1,6 @@
 """The import graph of app/: no module pair (or longer circle) imports each other, and the layers
-point one way (web -> serving -> engine; zoo builds the engine's models; engine knows none of them).
+point one way (web -> serving -> engine; zoo builds the engine's models; engine knows none of them;
+the Python API and the survey use serving, never the HTTP layer; below web nothing imports FastAPI).
 
 Every import counts, wherever it stands: at the top, inside a function, or under TYPE_CHECKING.
 """
@@ -114,3 +115,37 @@ def test_the_layers_point_one_way():
             if name == layer or name.startswith(layer + "."):
                 wrong += [(name, d) for d in deps if not any(d == o or d.startswith(o + ".") for o in ok)]
     assert not wrong, f"imports against the layers: {wrong}"
+
+
+def test_the_python_api_and_the_survey_never_import_the_http_layer():
+    """python/ and survey/ validate with serving's parameter models (app.serving.params), not a router's."""
+    graph = _graph()
+    wrong = [
+        (name, d)
+        for name, deps in graph.items()
+        if name.startswith(("app.python", "app.survey"))
+        for d in deps
+        if d == "app.web" or d.startswith("app.web.")
+    ]
+    assert not wrong, f"imports of the HTTP layer: {wrong}"
+
+
+def _third_party(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_only_web_imports_fastapi():
+    """Request parameters are plain pydantic below web; the ``Query()`` that places them is the route's."""
+    wrong = [
+        name
+        for name, path in _modules().items()
+        if name.startswith(("app.serving", "app.engine", "app.zoo", "app.python", "app.survey"))
+        and "fastapi" in _third_party(path)
+    ]
+    assert not wrong, f"modules below web that import fastapi: {wrong}"

@@ -3,13 +3,12 @@ their …/progress)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ...serving.ablation import DEFAULT_POINTS
-from ...serving.params import Ablate
+from ...serving.params import ImportanceParams, ImportanceQuery, OutputParams, PruningParams, PruningQuery
 from ..calls import long_answer as _long_answer
 from ..calls import measured
 from ..deps import AblationDep, AdmitDep, AdmitHeavy, ImageIdDep, MetricsDep
@@ -18,26 +17,6 @@ from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
 
 router = APIRouter(prefix="/api/v1", tags=["ablation"])
-
-ModelQ = Annotated[str | None, Query(description="model id (default: the server's default model)")]
-MethodQ = Annotated[
-    Literal["ablation", "gradient"],
-    Query(
-        description="ablation: exact output change with each head removed alone; gradient: "
-        "|d loss / d m_h| at m = 1 (Michel et al. 2019), one forward and backward pass"
-    ),
-]
-PointsQ = Annotated[int, Query(ge=2, le=1025, description="points of the curve (at most heads + 1 are used)")]
-WaitQ = Annotated[
-    float | None,
-    Query(
-        ge=0,
-        le=3600,
-        description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
-        "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
-        "timeout and then answers 504 (the computation goes on too).",
-    ),
-]
 
 _OUTPUT_CONTENT = {
     "application/json": {},
@@ -61,19 +40,14 @@ async def get_output(
     metrics: MetricsDep,
     _: AdmitDep,
     image_id: ImageIdDep,
-    model: ModelQ = None,
-    ablate: Ablate = "",
-    format: Annotated[
-        Literal["json", "npy", "safetensors"],
-        Query(description="answer format: JSON, or the output tensor alone as npy or safetensors"),
-    ] = "json",
+    params: Annotated[OutputParams, Query()],
 ) -> Response:
     """What the model predicts for an image already sent: `saliency` (the default model: where
     people look, `[h][w]` at the model's input size, 0..1), `classes` (a classifier: top 5 with
     ImageNet names and the full probability vector) or `embedding` (neither: the pooled
     embedding and its norm). With `ablate`, the output of the model with those heads removed,
     and its `change` against the unablated output."""
-    call = ablation.output(image_id, model, ablate, format, request.is_disconnected)
+    call = ablation.output(image_id, params.model, params.ablate, params.format, request.is_disconnected)
     answer = await measured(metrics, call, "output")
     return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
 
@@ -90,16 +64,14 @@ async def get_importance(
     metrics: MetricsDep,
     _: AdmitHeavy,
     image_id: ImageIdDep,
-    model: ModelQ = None,
-    method: MethodQ = "ablation",
-    wait: WaitQ = None,
+    params: Annotated[ImportanceParams, Query()],
 ):
     """`importance[l][h]` for every layer and head. `ablation` (exact): the output change when
     that head alone is removed (saliency: mean |difference|; classes: the drop of the unablated
     top class's log-probability, with `kl` beside; embedding: relative L2 change). `gradient`:
     Michel et al.'s |d loss / d m_h| at m = 1 (`loss` says which loss). Computed once per image
     and cached; takes seconds: `…/importance/progress` reports how far it is."""
-    call = ablation.importance(image_id, model, method, request.is_disconnected, wait)
+    call = ablation.importance(image_id, params.model, params.method, request.is_disconnected, params.wait)
     return _long_answer(await measured(metrics, call, "importance"))
 
 
@@ -110,11 +82,11 @@ async def get_importance(
     responses={404: ERROR_RESPONSES[404], 422: ERROR_RESPONSES[422]},
 )
 async def get_importance_progress(
-    ablation: AblationDep, image_id: ImageIdDep, model: ModelQ = None, method: MethodQ = "ablation"
+    ablation: AblationDep, image_id: ImageIdDep, params: Annotated[ImportanceQuery, Query()]
 ):
     """Poll this while `GET …/importance` runs: `state` (`idle`, `running`, `done`), `done` of
     `total` units of work, `fraction`, `eta_s`. Takes no worker time and no admission slot."""
-    return JSONBody(ablation.progress("importance", image_id, model, method))
+    return JSONBody(ablation.progress("importance", image_id, params.model, params.method))
 
 
 @router.get(
@@ -129,15 +101,12 @@ async def get_pruning(
     metrics: MetricsDep,
     _: AdmitHeavy,
     image_id: ImageIdDep,
-    model: ModelQ = None,
-    method: MethodQ = "ablation",
-    points: PointsQ = DEFAULT_POINTS,
-    wait: WaitQ = None,
+    params: Annotated[PruningParams, Query()],
 ):
     """The pruning curve (Michel et al., fig. 2, for one image): heads ordered by `method`'s
     importance, least important first; `change[i]` is the output change with the first
     `removed[i]` of `order` removed together. Computes the importance first if needed."""
-    call = ablation.pruning(image_id, model, method, points, request.is_disconnected, wait)
+    call = ablation.pruning(image_id, params.model, params.method, params.points, request.is_disconnected, params.wait)
     return _long_answer(await measured(metrics, call, "pruning"))
 
 
@@ -150,10 +119,8 @@ async def get_pruning(
 async def get_pruning_progress(
     ablation: AblationDep,
     image_id: ImageIdDep,
-    model: ModelQ = None,
-    method: MethodQ = "ablation",
-    points: PointsQ = DEFAULT_POINTS,
+    params: Annotated[PruningQuery, Query()],
 ):
     """As `…/importance/progress`, for `GET …/pruning` (while its importance is computed first,
     `stage` says so)."""
-    return JSONBody(ablation.progress("pruning", image_id, model, method, points))
+    return JSONBody(ablation.progress("pruning", image_id, params.model, params.method, params.points))

@@ -13,15 +13,14 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 
-from ...engine.stats import DEFAULT_MASS
-from ...serving.params import Ablate, Mass
+from ...serving.params import AttentionParams, StatsParams, validation_message
 from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
 from ..calls import measured, respond
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
 from ..errors import ApiError, JSONBody
 from ..multipart import BodyTooSlow, is_multipart, read_form
-from ..schemas import ERROR_RESPONSES, AttentionParams, AttentionResponse, StatsResponse
+from ..schemas import ERROR_RESPONSES, AttentionResponse, StatsResponse
 
 # Each text field of the form is small; the file is bounded by the body limit.
 MAX_FIELD_BYTES = 64 * 1024
@@ -95,9 +94,7 @@ def _params(fields: dict) -> AttentionParams:
     try:
         return AttentionParams(**fields)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        raise ApiError(422, "invalid_parameter", f"{loc}: {err.get('msg')}") from None
+        raise ApiError(422, "invalid_parameter", validation_message(e)) from None
 
 
 @router.post(
@@ -198,15 +195,12 @@ async def get_stats(
     metrics: MetricsDep,
     _: AdmitFollowUp,
     image_id: ImageIdDep,
-    model: Annotated[
-        str | None, Query(description="model id, one of GET /api/v1/models (default: the server's default model)")
-    ] = None,
-    mass: Mass = DEFAULT_MASS,
-    ablate: Ablate = "",
+    params: Annotated[StatsParams, Query()],
 ):
     """Entropy, mean attention distance, attention to prefix and artifact tokens, head
     similarity, rank of the head outputs and mass-threshold sizes for every layer and head."""
-    body = await measured(metrics, service.stats(image_id, model, mass, request.is_disconnected, ablate), "stats")
+    call = service.stats(image_id, params.model, params.mass, request.is_disconnected, params.ablate)
+    body = await measured(metrics, call, "stats")
     return JSONBody(body)
 
 

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ...serving.explain import ExplainParams, explain
+from ...serving.explain import explain
+from ...serving.params import ExplainParams
 from ..calls import measured, respond
 from ..deps import AdmitDep, ImageIdDep, MetricsDep, ServiceDep
 from ..schemas import ERROR_RESPONSES, ExplainResponse

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ...serving.relevance import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
+from ...serving.params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
 from ..calls import long_answer, measured, respond
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
 from ..errors import JSONBody
