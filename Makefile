@@ -29,7 +29,7 @@ ANY_MODEL ?=
 LOOPBACK_HOSTS := 127.0.0.1 localhost ::1
 SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(strip $(HOST)),$(if $(filter $(HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
 
-.PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
+.PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps js-deps bench bench-smoke \
 	docker-test fetch extract docs docs-serve clean
 
 $(VENV)/bin/python:
@@ -93,6 +93,14 @@ browser-deps:
 		else echo "note: /usr/bin/chromium missing (apt install chromium); browser tests will be skipped"; fi; \
 	fi
 
+# Node runs the page's JavaScript tests (tests/js, from tests/unit/test_parity.py). Without it
+# that test skips on a workstation and fails in CI (CI=true), where `make test` installs it.
+js-deps:
+	@if ! command -v node >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then (apt-get update -q && apt-get install -y -q nodejs) >/dev/null; \
+		else echo "note: node missing (apt install nodejs); the JavaScript tests will be skipped"; fi; \
+	fi
+
 # The suite runs in parallel (pytest-xdist, a test file per worker: module-scoped servers are
 # started once): most tests wait on real servers and browsers, and on 2 cores two workers take
 # 15 minutes instead of 20. The suite is CPU-bound beyond that, so at most 4 workers. PASSIVE:
@@ -101,10 +109,10 @@ browser-deps:
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps
+test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
 
-test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch
+test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser"
 
 lint: setup-dev

@@ -74,3 +74,11 @@ def test_serve_turns_any_model_on_for_loopback_only(tmp_path, args, any_model):
     serve = [line for line in dry_run(tmp_path, "serve", *args) if "headscope serve" in line]
     assert len(serve) == 1
     assert ("--any-model" in serve[0]) is any_model, serve[0]
+
+
+def test_make_test_installs_node_for_the_javascript_tests(tmp_path):
+    """`make test` (and test-fast) run js-deps, which installs node where it is missing, so that
+    tests/unit/test_parity.py runs the JavaScript tests (in CI a missing node fails it)."""
+    for target in ("test", "test-fast"):
+        lines = "\n".join(dry_run(tmp_path, target))
+        assert "apt-get install -y -q nodejs" in lines, target
