@@ -4,6 +4,7 @@
 
 import { drawOver, mapCanvas } from "./ablation_view.js";
 import { AXIS, LEGEND_BELOW, base, note, plotKeyed, plotlyReady, unavailable } from "./charts.js";
+import { el } from "./dom.js";
 
 export const METHOD_NAMES = {
   chefer: "Chefer et al.",
@@ -13,13 +14,6 @@ export const METHOD_NAMES = {
   random: "random",
 };
 const COLOURS = { chefer: "#38bdf8", grad_attention: "#a78bfa", rollout: "#34d399", attention: "#fbbf24", random: "#94a3b8" };
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
 
 /** A target in words: "the whole output", "the box x 60–150, y 40–120", "class 281". */
 export function targetWords(target, answer) {
