@@ -31,7 +31,7 @@ LOOPBACK_HOSTS := 127.0.0.1 localhost ::1
 SERVE_HOST = $(strip $(or $(HOST),$(HEADSCOPE_HOST)))
 SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(SERVE_HOST),$(if $(filter $(SERVE_HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
 
-.PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps bench bench-smoke \
+.PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps js-deps bench bench-smoke \
 	docker-test fetch extract docs docs-serve clean
 
 $(VENV)/bin/python:
@@ -101,10 +101,18 @@ browser-deps:
 		else echo "note: /usr/bin/chromium missing (apt install chromium); browser tests will be skipped"; fi; \
 	fi
 
+# Node runs the page's JavaScript tests (tests/js, from tests/unit/test_parity.py). Without it
+# that test skips on a workstation and fails in CI (CI=true), where `make test` installs it.
+js-deps:
+	@if ! command -v node >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then (apt-get update -q && apt-get install -y -q nodejs npm) >/dev/null; \
+		else echo "note: node missing (apt install nodejs); the JavaScript tests will be skipped"; fi; \
+	fi
+
 # axe-core (package.json's devDependencies) for the browser tests' accessibility check: npm ci
 # installs the locked version into node_modules/, which the tests inject into the page (nothing
 # from a CDN). Without npm the check skips itself, saying why.
-node_modules/.installed: package.json package-lock.json
+node_modules/.installed: package.json package-lock.json | js-deps
 	@if command -v npm >/dev/null 2>&1; then npm ci --no-audit --no-fund && touch $@; \
 	else echo "note: npm missing (apt install npm); the accessibility check (axe-core) will be skipped"; fi
 
@@ -116,10 +124,10 @@ node_modules/.installed: package.json package-lock.json
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps node_modules/.installed
+test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
 
-test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch
+test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser"
 
 lint: setup-dev

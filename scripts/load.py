@@ -65,12 +65,19 @@ async def _post(client: httpx.AsyncClient, data: bytes, **fields) -> tuple[int, 
     return r.status_code, time.perf_counter() - t0, r
 
 
-async def _poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list[float]) -> None:
+async def _poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list[float], failed: list[str]) -> None:
+    """/healthz every 50 ms while the load runs: the times of its 200s in ``out``, anything else in ``failed``."""
     while not stop.is_set():
         t0 = time.perf_counter()
-        r = await client.get("/healthz")
-        if r.status_code == 200:
-            out.append(time.perf_counter() - t0)
+        try:
+            r = await client.get("/healthz")
+        except httpx.HTTPError as e:
+            failed.append(type(e).__name__)
+        else:
+            if r.status_code == 200:
+                out.append(time.perf_counter() - t0)
+            else:
+                failed.append(str(r.status_code))
         await asyncio.sleep(0.05)
 
 
@@ -84,8 +91,9 @@ async def load(url: str, levels: list[int], per_level: int, deadline_s: float, m
         httpx.AsyncClient(base_url=url, timeout=10) as health_client,
     ):
         health: list[float] = []
+        health_failed: list[str] = []
         stop = asyncio.Event()
-        poller = asyncio.create_task(_poll_health(health_client, stop, health))
+        poller = asyncio.create_task(_poll_health(health_client, stop, health, health_failed))
         seq = 0
         for conc in levels:
             if time.monotonic() > end:
@@ -144,6 +152,7 @@ async def load(url: str, levels: list[int], per_level: int, deadline_s: float, m
         "p50": round(pct(health, 50) * 1000, 2),
         "p99": round(pct(health, 99) * 1000, 2),
         "max": round(max(health) * 1000, 2) if health else None,
+        "failed": health_failed,
     }
     return result
 

@@ -7,6 +7,7 @@ import {
   AXIS, LEGEND_BELOW, base, clear, layerHeadHeatmap, note, plotKeyed, plotlyReady, unavailable,
 } from "./charts.js";
 import { lut } from "./colormaps.js";
+import { el } from "./dom.js";
 
 const MAX_SIDE = 300; // CSS pixels of the longer side of a figure
 
@@ -92,13 +93,6 @@ export function drawOver(canvas, image, map, opacity) {
     ctx.drawImage(map, 0, 0, w, h);
     ctx.globalAlpha = 1;
   }
-}
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
 }
 
 /** The picture as the model saw it. view: {image} or null. */

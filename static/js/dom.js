@@ -1,8 +1,16 @@
-// Small DOM helpers shared by the page and its views: the one `$` (element lookup), the one way to
-// fill a <select>, a debounce for work that should wait until a sweep of events rests, and the
+// Small DOM helpers shared by the page and its views: the one `$` (element lookup), the one `el`
+// (a new element with its class and text), the one way to fill a <select>, a debounce for work that should wait until a sweep of events rests, and the
 // page's ways to write numbers and names.
 
 export const $ = (id) => document.getElementById(id);
+
+/** A new <tag> element with class `cls` and text `text` (each optional). */
+export function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
 
 /**
  * Give a <select> these options, [[value, label, disabled?], ...]; nothing happens when it

@@ -5,6 +5,7 @@
 import { drawOver, mapCanvas } from "./ablation_view.js";
 import { paintColorbar } from "./colormaps.js";
 import { AXIS, LEGEND_BELOW, base, note, plotKeyed, plotlyReady, unavailable } from "./charts.js";
+import { el } from "./dom.js";
 
 export const METHOD_NAMES = {
   chefer: "Chefer et al.",
@@ -25,13 +26,6 @@ export const SYMBOLS = {
   chefer: "circle", grad_attention: "square", rollout: "diamond", attention: "triangle-up", random: "x",
   chefer2021: "star", attnlrp: "hexagon",
 };
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
 
 /** A target in words: "the whole output", "the box x 60–150, y 40–120", "class 281". */
 export function targetWords(target, answer) {

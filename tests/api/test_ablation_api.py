@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
 from functools import partial
 
 import httpx
@@ -16,6 +15,8 @@ from safetensors.numpy import load as st_load
 from helpers import api
 from helpers.api import API, assert_error
 from helpers.models import write_classifier
+from helpers.server import HTTP_TIMEOUT
+from helpers.waiting import wait_until
 
 T = 600  # generous: these tests must pass on a loaded machine
 post = partial(api.post_json, timeout=T)  # a POST that must succeed: its JSON
@@ -32,8 +33,11 @@ def long_get(base, image_id: str, what: str, **params) -> dict:
         if r.status_code == 200:
             return r.json()
         assert_error(r, 504, "timeout")
-        while get(base, f"{API}/{image_id}/{what}/progress", **params).json()["state"] == "running":
-            time.sleep(0.5)
+        wait_until(
+            lambda: get(base, f"{API}/{image_id}/{what}/progress", **params).json()["state"] != "running",
+            HTTP_TIMEOUT,
+            f"{what} to finish",
+        )
     raise AssertionError(f"{what} never finished")
 
 
@@ -215,16 +219,21 @@ def test_progress_is_reported_and_uploads_interleave_with_a_sweep(base_url, samp
     t.start()
     seen = []
     upload_done_while_running = None
+
+    def watch() -> bool:
+        """One look at the progress while the sweep runs; True once its request is answered."""
+        nonlocal upload_done_while_running
+        p = get(base_url, f"{API}/{image_id}/importance/progress").json()
+        seen.append(p)
+        if p["state"] == "running" and 0 < p["fraction"] < 0.5 and upload_done_while_running is None:
+            # an upload posted now is answered between two pieces of the sweep
+            post(base_url, samples["astronaut"].read_bytes(), "astronaut.png", layers="-1")
+            after = get(base_url, f"{API}/{image_id}/importance/progress").json()
+            upload_done_while_running = after["state"] == "running"
+        return not t.is_alive()
+
     try:
-        while t.is_alive():
-            p = get(base_url, f"{API}/{image_id}/importance/progress").json()
-            seen.append(p)
-            if p["state"] == "running" and 0 < p["fraction"] < 0.5 and upload_done_while_running is None:
-                # an upload posted now is answered between two pieces of the sweep
-                post(base_url, samples["astronaut"].read_bytes(), "astronaut.png", layers="-1")
-                after = get(base_url, f"{API}/{image_id}/importance/progress").json()
-                upload_done_while_running = after["state"] == "running"
-            time.sleep(0.05)
+        wait_until(watch, HTTP_TIMEOUT, "the importance request to be answered")
     finally:
         t.join()
     running = [p for p in seen if p["state"] == "running"]
@@ -242,8 +251,13 @@ def test_wait_answers_202_with_the_progress_and_the_computation_goes_on(base_url
     if r.status_code == 202:  # (a very fast machine could finish the gradient within the call)
         p = r.json()
         assert p["state"] == "running" and p["task"] == "importance" and r.headers["retry-after"] == "1"
-        while get(base_url, f"{API}/{image_id}/importance/progress", method="gradient").json()["state"] == "running":
-            time.sleep(0.2)
+        wait_until(
+            lambda: (
+                get(base_url, f"{API}/{image_id}/importance/progress", method="gradient").json()["state"] != "running"
+            ),
+            HTTP_TIMEOUT,
+            "the gradient importance to finish",
+        )
     r = get(base_url, f"{API}/{image_id}/importance", method="gradient", wait=0)
     assert r.status_code == 200 and r.json()["method"] == "gradient"
     assert get(base_url, f"{API}/{image_id}/importance/progress", method="gradient").json()["state"] == "done"

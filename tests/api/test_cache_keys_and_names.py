@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import re
 import socket
-import time
 
 import httpx
 import pytest
 
 from helpers.api import API, fresh_png, get, image_id, post
 from helpers.server import HTTP_TIMEOUT, Server
+from helpers.waiting import wait_until
 
 MODEL = "random:test_vit"  # 6 layers x 2 heads: a pruning curve has at most 13 points
 CACHE_BYTES = 8_000_000  # about eight captures of a fresh_png under MODEL (0.93 MB each)
@@ -151,12 +151,19 @@ def test_an_upload_without_a_name_is_not_marked_no_store(srv):
 # -- a client that leaves while its request waits -----------------------------------------------
 
 
-def leave_early(port: int, path: str, after_s: float) -> None:
-    """Send ``GET path`` (each worker call held for a while by an injected fault) and close
-    the connection before the answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Headscope-Fault: sleep:{3 * after_s}\r\n\r\n".encode())
-        time.sleep(after_s)
+def slots_held(base: str) -> float:
+    """Admission slots held now, every pool together: requests the server is working on."""
+    text = httpx.get(base + "/metrics", timeout=HTTP_TIMEOUT).text
+    return sum(float(v) for v in re.findall(r'^headscope_admitted\{pool="\w+"\} (\S+)$', text, re.M))
+
+
+def leave_early(srv, path: str, hold_s: float, timeout: float) -> None:
+    """Send ``GET path`` (each worker call held ``hold_s`` by an injected fault) once the server
+    is idle, and close the connection once the server works on it, before the answer."""
+    wait_until(lambda: slots_held(srv.url) == 0, timeout, "the server to be idle")
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Headscope-Fault: sleep:{hold_s}\r\n\r\n".encode())
+        wait_until(lambda: slots_held(srv.url) > 0, timeout, f"the server to take {path}")
 
 
 def test_a_client_that_leaves_mid_request_leaves_no_traceback(srv, pace):
@@ -169,12 +176,11 @@ def test_a_client_that_leaves_mid_request_leaves_no_traceback(srv, pace):
     ]
     before = srv.log().count(" 499 ")
     for path in paths:
-        leave_early(srv.port, path, pace.s(0.3))
-    deadline = time.monotonic() + pace.s(30)
-    while srv.log().count(" 499 ") < before + len(paths) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        leave_early(srv, path, pace.s(0.9), pace.s(30))
+    wait_until(lambda: srv.log().count(" 499 ") >= before + len(paths), pace.s(30), "a 499 for each client that left")
     assert srv.log().count(" 499 ") == before + len(paths), srv.log()[-3000:]
-    time.sleep(pace.s(1))  # what the waits left behind has ended (and would have been logged)
+    # What the waits left behind has ended (and would have been logged).
+    wait_until(lambda: slots_held(srv.url) == 0, pace.s(30), "the abandoned requests to end")
     assert httpx.get(srv.url + "/healthz", timeout=HTTP_TIMEOUT).status_code == 200
     log = srv.log()
     assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]

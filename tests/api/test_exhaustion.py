@@ -25,6 +25,7 @@ from safetensors.numpy import load as st_load
 from helpers import api
 from helpers.api import API, assert_error, png
 from helpers.server import ROOT, Server
+from helpers.waiting import wait_until
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402
@@ -89,10 +90,7 @@ def status(pid: int) -> dict[str, int]:
 
 def wait_for(condition, limit_s: float = T) -> None:
     """Poll ``condition`` until it holds; fail after ``limit_s`` (a hang guard, not a speed test)."""
-    end = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < end, "timed out waiting for the server"
-        time.sleep(0.1)
+    wait_until(condition, limit_s, "the server")
 
 
 def reset_peak(pid: int) -> int:
@@ -263,9 +261,7 @@ def test_readers_that_never_read_hold_little_memory_and_few_slots(srv, wide):
     res = asyncio.run(loadscript.slow_readers(srv.url, srv.proc.pid, wide, 4, 4.0, "query=all"))
     assert res["codes"] == {200: 2, 429: 2}, res
     assert res["rss_held_growth_mb"] < 150, res  # was the whole answer per reader before
-    deadline = time.monotonic() + 120
-    while metric(srv.url, 'headscope_admitted{pool="large_answer"}') > 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_for(lambda: metric(srv.url, 'headscope_admitted{pool="large_answer"}') == 0, 120)
     r = get(f"{srv.url}{API}/{wide}", params={"query": "all", "format": "npy", "layers": "0-5"})
     assert r.status_code == 200 and np.load(io.BytesIO(r.content)).shape == (6, 6, 769, 769)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from functools import partial
 
 import numpy as np
@@ -23,6 +22,7 @@ from helpers.api import API, assert_error, fresh_photo
 from helpers.models import write_classifier
 from helpers.server import ROOT, Server
 from helpers.swin_reference import SWIN_V1
+from helpers.waiting import wait_until
 
 T = 300  # generous: these tests must pass on a loaded machine
 post = partial(api.post_json, timeout=T)
@@ -232,14 +232,17 @@ def test_progress_and_wait(why, samples, pace):
     r = get(why, f"{API}/{image_id}/faithfulness", wait=0, **q)
     assert r.status_code == 202 and r.headers["retry-after"] == "1", r.text
     assert r.json()["task"] == "faithfulness" and r.json()["state"] == "running"
-    seen, deadline = [], time.monotonic() + pace.s(60)
-    while time.monotonic() < deadline:
+    seen: list[float] = []
+
+    def done() -> dict | None:
         p = get(why, progress, **q).json()
         if p["state"] == "done":
-            break
+            return p
         assert p["state"] == "running" and p["task"] == "faithfulness"
         seen.append(p["fraction"])
-        time.sleep(0.1)
+        return None
+
+    p = wait_until(done, pace.s(60), "the faithfulness test to finish")
     assert p["state"] == "done", p
     assert seen == sorted(seen)
     r = get(why, f"{API}/{image_id}/faithfulness", wait=0, **q)

@@ -9,13 +9,13 @@ error, an uncaught exception, a dialog or a request to another host.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
+from helpers import waiting
 from helpers.charts import assert_matrix, click_plot, plot_data
 from helpers.page import OVERLAY, api_rows, assert_close, canvas_png, image_id, open_page, upload, wait_view
 
@@ -46,14 +46,7 @@ def wait_analytics(page) -> None:
 
 def eventually(check, timeout: float = 15.0):
     """Retry ``check`` (which asserts) until it passes or the time is up."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return check()
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    return waiting.eventually(check, timeout)
 
 
 def mass_count(weights: list[float], fraction: float) -> int:

@@ -122,3 +122,11 @@ def test_check_torch_compares_the_recorded_build(tmp_path):
     )
     assert "CPU build, not PyPI's" in said[("cpu", "")]
     assert said[("cpu", "cpu")] == "" and said[("cu126", "")] == ""
+
+
+def test_make_test_installs_node_for_the_javascript_tests(tmp_path):
+    """`make test` (and test-fast) run js-deps, which installs node where it is missing, so that
+    tests/unit/test_parity.py runs the JavaScript tests (in CI a missing node fails it)."""
+    for target in ("test", "test-fast"):
+        lines = "\n".join(dry_run(tmp_path, target))
+        assert "apt-get install -y -q nodejs" in lines, target

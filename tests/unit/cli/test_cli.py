@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from safetensors.torch import load_file
 
 from helpers.cli import run_cli as cli
 from helpers.server import SAMPLES, free_port
+from helpers.waiting import wait_until
 
 # Each command starts a Python that imports torch and timm (and extract loads a model): on a loaded
 # 2-core machine that alone took over 2 minutes, so the limits are generous, not tight.
@@ -57,10 +57,8 @@ def test_serve_on_a_port_in_use_says_so_in_one_line():
         stderr=subprocess.DEVNULL,
     )
     try:
-        for _ in range(3000):  # until the other process listens (at most about five minutes)
-            if other.poll() is not None or _listening(port):
-                break
-            time.sleep(0.1)
+        # until the other process listens (at most about five minutes)
+        wait_until(lambda: other.poll() is not None or _listening(port), 300, "the other process to listen")
         assert _listening(port), "the other process never listened"
         r = cli("serve", "--port", str(port), "--no-fetch")
         assert r.returncode == 1

@@ -18,6 +18,7 @@ from headscope.serving.admission import (
     current_ticket,
 )
 from headscope.serving.metrics import Metrics
+from helpers.waiting import until
 
 
 def test_admission_refuses_at_once_when_every_slot_is_taken_and_frees_slots_on_error():
@@ -84,8 +85,8 @@ def test_decode_budget_refuses_a_picture_over_it_and_one_that_does_not_fit_besid
                     pass
             # Fits: waits for the one decode thread, holding its reservation meanwhile.
             second = asyncio.create_task(_hold(adm, 40))
-            await asyncio.sleep(0.01)
-            assert adm.decode.reserved == 100 and not second.done()
+            await until(lambda: adm.decode.reserved == 100, 30, "the second decode's reservation")
+            assert not second.done()
         await second
         assert adm.decode.reserved == 0
 

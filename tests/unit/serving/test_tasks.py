@@ -11,6 +11,7 @@ import pytest
 from headscope.serving.admission import QueueFullError
 from headscope.serving.tasks import Progress, Tasks
 from headscope.serving.waiting import ClientGone
+from helpers.waiting import until
 
 
 def far() -> float:
@@ -44,12 +45,12 @@ def test_same_key_runs_once_and_every_waiter_gets_the_result():
 
         a = asyncio.create_task(tasks.run("k", "importance", work, far()))
         b = asyncio.create_task(tasks.run("k", "importance", work, far()))
-        await asyncio.sleep(0.05)
-        assert len(started) == 1 and tasks.progress("k").stage == "half"
+        await until(lambda: started and tasks.progress("k").stage == "half", 30, "the work's first step")
+        assert len(started) == 1
         gate.set()
         assert await a == await b == {"value": 42}
-        await asyncio.sleep(0)
-        assert len(tasks) == 0 and tasks.progress("k") is None
+        await until(lambda: len(tasks) == 0, 30, "the finished task to be forgotten")
+        assert tasks.progress("k") is None
 
     asyncio.run(main())
 
@@ -64,7 +65,7 @@ def test_at_most_limit_tasks_at_once():
             return 1
 
         a = asyncio.create_task(tasks.run("a", "importance", work, far()))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(tasks) == 1, 30, "the first task to start")
         with pytest.raises(QueueFullError):
             await tasks.run("b", "importance", work, far())
         gate.set()
@@ -76,16 +77,17 @@ def test_at_most_limit_tasks_at_once():
 def test_a_timed_out_request_leaves_the_task_running():
     async def main():
         tasks = Tasks()
-        finished = asyncio.Event()
+        finished, release = asyncio.Event(), asyncio.Event()
 
         async def work(progress):
-            await asyncio.sleep(0.3)
+            await release.wait()  # past the request's deadline
             finished.set()
             return "late"
 
         with pytest.raises(asyncio.TimeoutError):
             await tasks.run("k", "importance", work, time.monotonic() + 0.05)
         assert tasks.progress("k") is not None  # still running
+        release.set()
         await asyncio.wait_for(finished.wait(), 5)
         assert finished.is_set()
 
@@ -100,7 +102,7 @@ def test_the_task_is_cancelled_once_every_client_has_gone():
 
         async def work(progress):
             try:
-                await asyncio.sleep(30)
+                await asyncio.Event().wait()  # runs until cancelled
             except asyncio.CancelledError:
                 cancelled.set()
                 raise
@@ -112,18 +114,17 @@ def test_the_task_is_cancelled_once_every_client_has_gone():
             return asyncio.create_task(tasks.run("k", "importance", work, far(), is_disconnected))
 
         a, b = client("a"), client("b")
-        await asyncio.sleep(0.05)
+        await until(lambda: tasks.progress("k") is not None, 30, "the task to start")
         gone["a"] = True
         with pytest.raises(ClientGone):
             await a
-        await asyncio.sleep(0.15)
-        assert not cancelled.is_set(), "b still waits: the task goes on"
+        await asyncio.sleep(0)  # a cancel a's leaving had asked for would be delivered now
+        assert not cancelled.is_set() and not b.done(), "b still waits: the task goes on"
         gone["b"] = True
         with pytest.raises(ClientGone):
             await b
         await asyncio.wait_for(cancelled.wait(), 5)
-        await asyncio.sleep(0)
-        assert len(tasks) == 0
+        await until(lambda: len(tasks) == 0, 30, "the cancelled task to be forgotten")
 
     asyncio.run(main())
 
@@ -168,7 +169,6 @@ def test_a_failing_task_fails_its_waiters_and_frees_the_key():
 
         with pytest.raises(ValueError, match="boom"):
             await tasks.run("k", "importance", work, far())
-        await asyncio.sleep(0)
-        assert len(tasks) == 0
+        await until(lambda: len(tasks) == 0, 30, "the failed task to be forgotten")
 
     asyncio.run(main())

@@ -19,15 +19,18 @@ def test_a_piece_that_fails_while_its_waiter_sees_the_client_leave_is_not_logged
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
-        noticed = asyncio.Event()
+        noticed, ended = asyncio.Event(), asyncio.Event()
 
         async def piece() -> None:
             await noticed.wait()
-            raise ClientGone("the client closed the connection before the answer")
+            try:
+                raise ClientGone("the client closed the connection before the answer")
+            finally:
+                ended.set()
 
         async def is_disconnected() -> bool:
             noticed.set()  # the piece notices too, and ends first
-            await asyncio.sleep(0.01)
+            await ended.wait()
             return True
 
         task = asyncio.ensure_future(piece())

@@ -13,6 +13,7 @@ from headscope.serving.admission import FOLLOW_UP, UPLOAD, Admission
 from headscope.serving.faults import InjectedFault
 from headscope.serving.metrics import Metrics
 from headscope.serving.worker import Job, OutOfMemory, Worker
+from helpers.waiting import until, wait_until
 
 
 def jobs_for(lm, faults):
@@ -78,11 +79,11 @@ def test_cancelled_jobs_are_not_computed(lm):
         await w.start()
         jobs = jobs_for(lm, ["sleep:0.3", None])
         f0 = w.submit(jobs[0])
-        await asyncio.sleep(0.05)
+        await until(lambda: w.inflight, 30, "job 0 on the worker")
         f1 = w.submit(jobs[1])
         f1.cancel()  # the client went away while queued
         await f0
-        await asyncio.sleep(0.05)
+        await until(lambda: not w.depth and not w.inflight, 30, "the worker to reach the cancelled job")
         await w.stop(1)
         return w.jobs_computed
 
@@ -103,7 +104,7 @@ def test_statistics_wait_for_the_uploads_queued_before_them(lm):
             f = w.submit(j)
             f.add_done_callback(lambda _f, i=i: order.append(f"forward {i}"))
             futs.append(f)
-        await asyncio.sleep(0.05)  # forward 0 is running; 1 and 2 are queued
+        await until(lambda: w.inflight and w.depth == 2, 30, "forward 0 running, 1 and 2 queued")
         run = w.run_after_forwards
 
         async def stats() -> None:
@@ -131,17 +132,14 @@ def test_calls_run_by_priority_then_arrival_and_an_upload_forward_overtakes_foll
         adm = w.admission
         release = threading.Event()
         blocker = asyncio.create_task(w.run_in_worker(release.wait, 30))  # occupies the thread
-        while not w.inflight:
-            await asyncio.sleep(0.01)
+        await until(lambda: w.inflight, 30, "the blocker on the thread")
 
         def record(what: str) -> None:
             # Follow-up 0 runs first after the forward; it holds the thread until the upload's
             # encode is queued too (follow-ups 1 and 2 and the encode), so the order below is the
             # queue's, not how fast the event loop hands the encode over on a loaded machine.
             if what == "follow-up 0":
-                until = time.monotonic() + 60
-                while w.depth < 3 and time.monotonic() < until:
-                    time.sleep(0.01)
+                wait_until(lambda: w.depth >= 3, 60, "the upload's encode queued too")
             order.append(what)
 
         async def follow_up(i):
@@ -159,11 +157,9 @@ def test_calls_run_by_priority_then_arrival_and_an_upload_forward_overtakes_foll
         for i in range(3):
             tasks.append(asyncio.create_task(follow_up(i)))
             await asyncio.sleep(0)  # queued in this order
-        while w.depth < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: w.depth >= 3, 30, "the three follow-ups queued")
         tasks.append(asyncio.create_task(upload()))
-        while w.depth < 4:
-            await asyncio.sleep(0.01)
+        await until(lambda: w.depth >= 4, 30, "the upload's forward queued")
         release.set()
         await asyncio.gather(blocker, *tasks)
         await w.stop(1)
@@ -188,16 +184,12 @@ def test_a_call_whose_deadline_passes_while_queued_is_dropped_not_run():
         await w.start()
         release = threading.Event()
         blocker = asyncio.create_task(w.run_in_worker(release.wait, 30))
-        while not w.inflight:
-            await asyncio.sleep(0.01)
+        await until(lambda: w.inflight, 30, "the blocker on the thread")
         asyncio.get_running_loop().call_later(0.5, release.set)
         with w.admission.admit(FOLLOW_UP), pytest.raises(asyncio.TimeoutError):
             await w.run_in_worker(ran.append, 1)
         await blocker
-        for _ in range(30_000):  # the worker reaches the dropped call (a hang guard, not a speed test)
-            if not w.depth:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: not w.depth, 300, "the worker to reach the dropped call")
         await w.stop(1)
         return w.metrics
 
