@@ -216,6 +216,7 @@ def meta(asked: Asked, shape: Sequence[int]) -> dict[str, Any]:
         "dropped": asked.dropped(),
         "temperature": params.temperature,
         "ablated": [list(pair) for pair in asked.ablate],
+        "precision": entry.precision,
         **image.layout_meta(),
     }
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import faithfulness as faith
 from ..engine.ablation import Ablation, ablate_text
+from ..engine.batching import BatchRunner, device_input
 from ..engine.model import LoadedModel
 from ..engine.output import class_names
 from ..engine.relevance import (
@@ -47,7 +48,6 @@ from ..engine.relevance import (
     parse_target,
     random_map,
     refuse_windowed,
-    relevance,
 )
 from ..engine.selection import MAX_SPEC
 from . import images
@@ -146,6 +146,7 @@ class RelevanceMaps:
     input_size: tuple[int, int]
     image_size: tuple[int, int]
     compute_ms: float
+    precision: str = "fp32"  # fp32, bf16 or fp16: what the forward and backward computed in
 
     @property
     def nbytes(self) -> int:
@@ -189,9 +190,11 @@ def relevance_maps(
     """Every method's map of one prepared picture for ``target`` (one forward, one backward)."""
     t0 = time.perf_counter()
     check_target(target, prep.input_size)
+    runner = BatchRunner(lm, amp_dtype)
     with lm.lock:
-        rel = relevance(lm, prep.pixels[None].to(device), target, METHODS, amp_dtype=amp_dtype, ablate=ablate)[0]
-    return RelevanceMaps(rel, prep.input_size, prep.image_size, (time.perf_counter() - t0) * 1000)
+        rel = runner.relevance([prep.raw], target, METHODS, ablate=ablate)[0]
+    ms = (time.perf_counter() - t0) * 1000
+    return RelevanceMaps(rel, prep.input_size, prep.image_size, ms, runner.precision)
 
 
 def method_map(maps: RelevanceMaps, method: str, seed: int = 0) -> torch.Tensor:
@@ -226,6 +229,37 @@ def _common(image_id: str, lm: LoadedModel, maps: RelevanceMaps, ablate: Ablatio
         "rows": rel.rows,
         "ablated": [list(pair) for pair in ablate],
         "ablate": ablate_text(ablate),
+        "precision": maps.precision,
+    }
+
+
+def relevance_meta(
+    image_id: str, lm: LoadedModel, maps: RelevanceMaps, method: str, seed: int = 0, ablate: Ablation = ()
+) -> dict[str, Any]:
+    """The one relevance result: everything ``GET …/relevance`` says of one method's map but the
+    map itself, the request's own fields (``cached``, ``timing_ms``) and the Python API's."""
+    m = method_map(maps, method, seed)
+    return {
+        **_common(image_id, lm, maps, ablate),
+        "method": method,
+        "method_text": METHOD_TEXT[method],
+        "seed": seed if method == "random" else None,
+        "uniform": method in maps.relevance.uniform,
+        "shape": list(m.shape),
+        "dtype": "float32",
+    }
+
+
+def faithfulness_result(
+    image_id: str, lm: LoadedModel, maps: RelevanceMaps, spec: FaithfulnessSpec, result: faith.Faithfulness
+) -> dict[str, Any]:
+    """The one faithfulness result: what ``GET …/faithfulness`` answers but ``cached`` and
+    ``timing_ms`` (the Python API's too); methods in ``spec.methods``' order."""
+    return {
+        **_common(image_id, lm, maps, spec.ablate),
+        **result.as_dict(),
+        "seed": spec.seed if "random" in spec.methods else None,
+        "method_text": {m: METHOD_TEXT[m] for m in spec.methods},
     }
 
 
@@ -243,16 +277,7 @@ def relevance_answer(
     """The answer of ``GET …/relevance``: one method's map with its metadata (JSON, npy or safetensors)."""
     t0 = time.perf_counter() if t0 is None else t0
     m = method_map(maps, method, seed)
-    meta = {
-        **_common(image_id, lm, maps, ablate),
-        "method": method,
-        "method_text": METHOD_TEXT[method],
-        "seed": seed if method == "random" else None,
-        "uniform": method in maps.relevance.uniform,
-        "shape": list(m.shape),
-        "dtype": "float32",
-        "cached": cached,
-    }
+    meta = {**relevance_meta(image_id, lm, maps, method, seed, ablate), "cached": cached}
     timing = {"compute": 0.0 if cached else maps.compute_ms, "total": (time.perf_counter() - t0) * 1000}
     meta["timing_ms"] = timing
     slug = str(maps.relevance.target).replace(":", "-").replace(",", "_")
@@ -274,7 +299,7 @@ def _new_test(
     wanted = {m: method_map(maps, m, spec.seed) for m in spec.methods}
     return faith.PerturbationTest(
         lm,
-        prep.pixels.to(device),
+        device_input(lm, prep.raw, device)[0],
         wanted,
         maps.relevance.target,
         spec.fractions,
@@ -317,13 +342,8 @@ def faithfulness_work(
         progress.advance(test.done - before, f"perturbed forwards: {test.done} of {test.total}")
     result = yield test.result
     progress.stage = "done"
-    res = {
-        **_common(image_id, lm, maps, spec.ablate),
-        **result.as_dict(),
-        "seed": spec.seed if "random" in spec.methods else None,
-        "method_text": {m: METHOD_TEXT[m] for m in spec.methods},
-        "timing_ms": {"maps": maps.compute_ms, "compute": (time.perf_counter() - t0) * 1000},
-    }
+    res = faithfulness_result(image_id, lm, maps, spec, result)
+    res["timing_ms"] = {"maps": maps.compute_ms, "compute": (time.perf_counter() - t0) * 1000}
     return res
 
 
