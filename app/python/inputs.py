@@ -191,5 +191,5 @@ def picture(image: Any, max_file_bytes: int) -> Picture:
 
 
 def is_many(image: Any) -> bool:
-    """Whether ``image`` is a list (or tuple) of pictures rather than one picture."""
-    return isinstance(image, (list, tuple))
+    """Whether ``image`` is several pictures (a list, a tuple, a tensor ``[B, 3, H, W]``) rather than one."""
+    return isinstance(image, (list, tuple)) or (is_tensor(image) and image.dim() == 4)

@@ -66,10 +66,10 @@ def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], eve
     ]
 
 
-def found_of(lm: LoadedModel, item: Prepped, att: Capture) -> Found:
-    """A capture as the server's store keeps it (an `Entry`)."""
+def found_of(lm: LoadedModel, item: Prepped, att: Capture, precision: str = "fp32") -> Found:
+    """A capture as the server's store keeps it (an `Entry`); ``precision``: what it was computed in."""
     image = lm.captured(att, item.prep.input_size)
-    return Found(Entry(lm.id, image, item.prep.image_size), False, {})
+    return Found(Entry(lm.id, image, item.prep.image_size, precision), False, {})
 
 
 class Attention:
@@ -218,6 +218,11 @@ class Attention:
         return self._item.prep.input_size
 
     @property
+    def precision(self) -> str:
+        """What the maps were computed in: ``fp32`` (exact, no TF32), ``bf16`` or ``fp16``."""
+        return self._found.entry.precision
+
+    @property
     def capture(self) -> CapturedImage:
         """The capture behind the maps: every layer's and head's attention, any row, any temperature."""
         return self._found.entry.image
@@ -247,7 +252,7 @@ class Attention:
         if patches is not None:
             st.mass, st.mass_patches = mass, torch.tensor(patches, dtype=torch.int64)
         name = self.filename or self.image_id
-        return Surveyor.head_rows(name, self.image_size, self.input_size, image, st).to_pandas()
+        return Surveyor.head_rows(name, self.image_size, self.input_size, image, st, self.precision).to_pandas()
 
     def explain(self, layer: int = -1, head: int = 0, query: Any = None) -> dict[str, Any]:
         """One head's whole computation for one query token (``GET …/explain``): the answer's

@@ -100,11 +100,11 @@ class Scope:
         The pictures of a list are decoded and resized in parallel (a thread pool the size of
         the machine's cores: Pillow releases the GIL), each exactly as alone.
         """
-        many = is_many(image) or (is_tensor(image) and image.dim() == 4)
+        many = is_many(image)
         if is_tensor(image):
             items: list[Any] = tensor_pictures(image)
         else:
-            items = list(image) if is_many(image) else [image]
+            items = list(image) if many else [image]
         if many and not items:
             raise ValueError(f"an empty list of pictures; give {PICTURE_TYPES}, or a list of them")
 
@@ -231,7 +231,7 @@ class Scope:
                 atts = _raised(self.runner.run(capture, idx))
             for i, att in zip(idx, atts):
                 it = items[i]
-                found = found_of(self.lm, it, att)
+                found = found_of(self.lm, it, att, self.runner.precision)
                 try:
                     results[i] = Attention.of(self.lm, self.settings, it, found, params, pairs, every_stage)
                 except ValueError as e:

@@ -67,7 +67,7 @@ ROWS = pa.schema(
         pa.field("artifact_tokens", pa.int32(), nullable=False),
         pa.field("artifact_threshold", pa.float32(), nullable=False),
         pa.field("stage", pa.int16()),
-        pa.field("precision", pa.string(), nullable=False),
+        pa.field("precision", pa.string()),
     ]
 )
 
