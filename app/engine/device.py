@@ -130,6 +130,12 @@ def exact_fp32() -> Iterator[None]:
         _set_tf32_flags(saved)
 
 
+def exact_fp32_process() -> None:
+    """TF32 off for the rest of the process: for a process Headscope owns (the server), where
+    several threads compute at once and the flags, being the process's, must not flicker."""
+    _set_tf32_flags((False, False, "highest"))
+
+
 def computing_precision(device_type: str, dtype: torch.dtype | None) -> contextlib.ExitStack:
     """The one numeric context of a Headscope computation: :func:`exact_fp32` and, for bf16 or
     fp16, autocast to ``dtype`` on ``device_type``."""

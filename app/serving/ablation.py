@@ -301,7 +301,7 @@ class AblationService(ImageTasks):
         lm = await self.svc.model(model_id)
         pairs = lm.ablation(ablate)
         (base, out), cached = await self.outputs(image_id, lm, [(), pairs], is_disconnected)
-        return await self.worker.run_in_worker(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
+        return await self.worker.run_answer(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
 
     # -- importance and the pruning curve ------------------------------------------------------
     async def importance(

@@ -411,7 +411,7 @@ class RelevanceService(ImageTasks):
         ablate = lm.ablation(params.ablate)
         target = parse_target(params.target, lm)
         maps, cached = await self.maps(image_id, lm, ablate, target, is_disconnected=is_disconnected)
-        return await self.worker.run_in_worker(
+        return await self.worker.run_answer(
             relevance_answer, image_id, lm, maps, method, params.seed, ablate, params.format, cached, t0
         )
 
