@@ -60,6 +60,7 @@ def _serve(args) -> int:
         "port": args.port,
         "model": args.model[0] if args.model else None,
         "device": args.device,
+        "precision": args.precision,
         "any_model": args.any_model,
         "any_model_on_network": args.any_model_on_network,
         "max_loaded_models": args.max_loaded_models,
@@ -240,9 +241,9 @@ def _extract(args) -> int:
 
     from .config import Settings
     from .engine import analysis
+    from .engine.batching import BatchRunner
     from .engine.capture import UnsupportedModelError
     from .engine.device import autocast_dtype, resolve_device
-    from .engine.forward import forward_capture
     from .engine.selection import SelectionError
     from .outputs import publish, refuse_existing, temporary_beside
     from .serving import images
@@ -274,7 +275,7 @@ def _extract(args) -> int:
         return 1
     pictures = Pictures.for_model(lm, settings)
     tensors, meta, failed = {}, {}, []
-    amp = autocast_dtype(device.type, settings.precision)
+    runner = BatchRunner(lm, autocast_dtype(device.type, settings.precision))
     for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
         try:
             # Read safely (no FIFO, nothing over the upload limit), prepared as the server does.
@@ -285,7 +286,8 @@ def _extract(args) -> int:
         except OSError as e:  # the decoder's own reads
             failed.append(f"{f}: cannot read it: {e.strerror or type(e).__name__} (read_error)")
             continue
-        att = forward_capture(lm, prep.pixels[None].to(device), amp_dtype=amp)[0]
+        with lm.lock:
+            att = runner.capture([prep.raw])[0]
         image = lm.captured(att, prep.input_size)
         try:
             # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first layer.
@@ -312,7 +314,8 @@ def _extract(args) -> int:
     refuse_existing(out, args.force)  # made meanwhile by someone else: still not replaced unasked
     tmp = temporary_beside(out)
     try:
-        save_file(tensors, str(tmp), metadata={"model": lm.id, "images": json.dumps(meta)})
+        metadata = {"model": lm.id, "precision": runner.precision, "images": json.dumps(meta)}
+        save_file(tensors, str(tmp), metadata=metadata)
         publish(tmp, out)  # whole or absent, with the user's normal permissions (safetensors writes 0600)
     finally:
         tmp.unlink(missing_ok=True)
@@ -431,6 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default is unloaded (default 3; env HEADSCOPE_MAX_LOADED_MODELS)",
     )
     s.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (env HEADSCOPE_DEVICE)")
+    s.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "auto"],
+        help="fp32 (default, every device: exact, no TF32), bf16 or fp16 autocast, auto = bf16/fp16 on CUDA "
+        "(env HEADSCOPE_PRECISION); every answer says its precision",
+    )
     s.add_argument(
         "--log-level",
         default=os.environ.get("HEADSCOPE_LOG_LEVEL", "info"),

@@ -60,8 +60,10 @@ class Settings(BaseSettings):
         "model other than the default (it stays offered and loads again when asked for)",
     )
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N | mps")
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
-        "auto", description="auto = bf16/fp16 autocast on CUDA, fp32 elsewhere"
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
+        "fp32",
+        description="fp32 (the default on every device: exact, TF32 off), bf16 or fp16 (autocast); "
+        "auto = bf16/fp16 on CUDA, fp32 elsewhere. Every answer says its precision",
     )
     threads: int = Field(0, description="torch intra-op threads on CPU (0 = torch default)")
     models_dir: Path = Field(
@@ -82,8 +84,10 @@ class Settings(BaseSettings):
     )
 
     # worker
-    max_batch_size: int = 8
-    max_wait_ms: float = 5.0
+    max_batch_size: int = Field(8, description="images per forward pass (dynamic batching) on the CPU and MPS")
+    max_wait_ms: float = Field(5.0, description="how long a batch waits for company, on the CPU and MPS")
+    cuda_max_batch_size: int = Field(64, ge=1, description="images per forward pass on CUDA")
+    cuda_max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for company on CUDA")
     max_queue: int = Field(32, description="uploads admitted at once (decoding, queued or computing); more get 429")
     request_timeout_s: float = 60.0
     shutdown_grace_s: float = 20.0
@@ -192,6 +196,12 @@ class Settings(BaseSettings):
     )
     # Fault injection through the X-Headscope-Fault header: for the reliability tests only.
     enable_fault_injection: bool = False
+
+    def batching(self, device_type: str) -> tuple[int, float]:
+        """``(max_batch_size, max_wait_ms)`` for a device: GPU-sized on CUDA, else the CPU's."""
+        if device_type == "cuda":
+            return self.cuda_max_batch_size, self.cuda_max_wait_ms
+        return self.max_batch_size, self.max_wait_ms
 
     @model_validator(mode="after")
     def _several_models(self) -> Settings:

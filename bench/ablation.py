@@ -20,6 +20,7 @@ gradient ranking is compared with the sweep's (Spearman) on the four sample phot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -111,6 +112,7 @@ def run(
     checks: Checks,
     verbose: bool = True,
     all_samples: bool = True,
+    sync: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """Time the rows, check the sweep, rank-correlate the gradient; the results dict.
 
@@ -121,7 +123,7 @@ def run(
     x = _pixels(lm, "astronaut.png", True, device)  # 512 x 512 -> 224 x 224
     last: dict[str, Any] = {}
     vs = variants(lm, x, last)
-    run_interleaved(vs, lambda: None, 1, iters, warmup, verbose)
+    run_interleaved(vs, lambda: None, 1, iters, warmup, verbose, sync)
     got, want = last["sweep"], last["whole"]
     err = float((got - want).abs().max())
     checks.values["ablation_sweep_vs_whole_forwards"] = err

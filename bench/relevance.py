@@ -24,6 +24,7 @@ forwards.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -110,14 +111,21 @@ def _paired(num: list[float], den: list[float]) -> dict[str, float]:
 
 
 def run(
-    lm: LoadedModel, device, iters: int, warmup: int, checks: Checks, verbose: bool = True, smoke: bool = False
+    lm: LoadedModel,
+    device,
+    iters: int,
+    warmup: int,
+    checks: Checks,
+    verbose: bool = True,
+    smoke: bool = False,
+    sync: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """Time the rows and check their results; the results dict."""
     x = _pixels(lm, device)
     forwards = SMOKE_FORWARDS if smoke else FORWARDS
     last: dict[str, Any] = {}
     vs = variants(lm, x, forwards, last)
-    run_interleaved(vs, lambda: None, 1, iters, warmup, verbose)
+    run_interleaved(vs, lambda: None, 1, iters, warmup, verbose, sync)
     rel, test = last["map"], last["perturbed"]
     m = rel.maps["chefer"]
     if m.shape != (16, 16) or abs(float(m.sum()) - 1) > 1e-4:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="API load client: lean = http.client keep-alive threads (default), httpx = httpx.AsyncClient",
     )
     add("--smoke", action="store_true", help="quick CI run (< 60 s): few iterations, concurrency 1 and 4")
+    add(
+        "--gpu-quick",
+        action="store_true",
+        help="the GPU profile (bench/gpu_quick.py, a few minutes on one GPU): capture at batch 1, 32, 128 in "
+        "fp32 and bf16 from tensors and JPEGs, preparation alone, chefer at 1 and 8, the API at concurrency "
+        "1, 16, 64 with the GPU's busy fraction; smoke-sized on the CPU",
+    )
     add("--no-api", action="store_true", help="skip the end-to-end API part")
     add("--no-peers", action="store_true", help="skip timm AttentionExtract and HF transformers")
     add("--no-encoding", action="store_true", help="skip the encoding part")
@@ -77,6 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--models-dir", type=Path, default=ROOT / "models")
     add("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
+    a.batch_sizes_given, a.concurrency_given = a.batch_sizes is not None, a.concurrency is not None
     a.batch_sizes = a.batch_sizes or ([1] if a.smoke else [1, 8])
     a.concurrency = a.concurrency or ([1, 4] if a.smoke else [1, 4, 16])
     a.warmup = a.warmup if a.warmup is not None else (1 if a.smoke else 2)
@@ -137,38 +147,53 @@ def machine_info(threads: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    # SIGTERM (CI timeout, kill): unwind through the finally blocks so the server is stopped too.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    t_start = time.monotonic()
-    os.chdir(ROOT)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+@dataclass
+class Run:
+    """What the steps of one bench run share: the arguments, the model on its device, the
+    device's synchronisation, the checks and the results (written after every step)."""
+
+    args: argparse.Namespace
+    lm: Any
+    device: Any
+    sync: Callable[[], None]
+    checks: Any
+    monitor: Any
+    results: dict[str, Any]
+    verbose: bool
+    t_start: float = field(default_factory=time.monotonic)
+
+    def save(self, done: bool = False) -> None:
+        """The JSON as it stands (``"partial": true`` until the last step): a run stopped by a
+        timeout keeps what it measured."""
+        self.results["partial"] = not done
+        self.results["wall_s"] = time.monotonic() - self.t_start
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.results, indent=1, default=float) + "\n")
+        tmp.replace(self.args.out)
+
+
+def setup(args: argparse.Namespace, argv: list[str] | None) -> Run | None:
+    """The model on the device (every module: ``lm.to``), the machine's description; None when
+    the device asked for is missing."""
     import torch
 
     from headscope.serving.malloc import tune_malloc
 
     tune_malloc()  # as the server does at start-up, so the in-process rows see the same allocator
-
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from headscope.engine.forward import forward_capture
     from headscope.zoo.loaders import load_embedded
 
-    from . import encoding, inproc, peers, report
-    from .common import BenchFailure, LoadMonitor, peak_rss_mib, run_interleaved, summary, throughput_stats, vm_hwm_mib
+    from . import inproc, peers
+    from .common import LoadMonitor
 
-    verbose = not args.quiet
-    monitor = LoadMonitor()
     info = machine_info(args.threads)
     info.update(peers.versions())
     print(
-        f"Headscope bench{' (smoke)' if args.smoke else ''}: {info['cpu']}, {info['cores']} cores, "
-        f"torch {info['torch']}, {info['threads']} threads, input 224x224"
+        f"Headscope bench{' (smoke)' if args.smoke else ''}{' (gpu-quick)' if args.gpu_quick else ''}: "
+        f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}, {info['threads']} threads, input 224x224"
     )
-
-    checks = inproc.Checks()
     results: dict[str, Any] = {
         "meta": info,
         # how to reproduce this run (the docs' Performance page prints it beside the tables)
@@ -179,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             print(f"--device {args.device}: CUDA is not available here", file=sys.stderr)
-            return 2
+            return None
         info["gpu"] = torch.cuda.get_device_name(device)
         sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     else:
@@ -187,16 +212,21 @@ def main(argv: list[str] | None = None) -> int:
     info["device"] = str(device)
     info["bf16"] = inproc.bf16_status(str(device))[1]
     lm = load_embedded(args.models_dir)
-    lm.model.to(device)
-    L, H = lm.num_layers, lm.num_heads
-    N = 1 + (224 // lm.patch_size[0]) * (224 // lm.patch_size[1])
+    lm.to(device)  # every module: the backbone, the saliency decoder, the peers' copies later
+    return Run(args, lm, device, sync, inproc.Checks(), LoadMonitor(), results, not args.quiet)
 
-    # -- 1-3: in-process, interleaved per batch size --------------------------------------------
+
+def step_inproc(run: Run) -> None:
+    """1-3: in-process, interleaved per batch size."""
+    from . import inproc
+    from .common import BenchFailure, run_interleaved, summary, throughput_stats
+
+    args, lm, device, checks = run.args, run.lm, run.device, run.checks
     variants = inproc.build_variants(lm, not args.no_peers, checks, args.models_dir, str(device))
     print("  cross-check on 2 images ...", flush=True)
     variants = inproc.cross_check(variants, inproc.sample_pixels(lm, 2, device), checks)
-    results["inproc"] = {}
-    results["phases"] = {}
+    run.results["inproc"] = {}
+    run.results["phases"] = {}
     for B in args.batch_sizes:
         for v in variants:
             v.clear()
@@ -207,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         try:
-            run_interleaved(variants, lambda: x, B, it, args.warmup, verbose, sync)
+            run_interleaved(variants, lambda: x, B, it, args.warmup, run.verbose, run.sync)
         except Exception as e:  # a variant crashing mid-run is a failure, not a traceback
             checks.fail(f"in-process run at batch {B}: {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -216,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if ref_times is None:
             checks.fail("the bare fp32 forward did not run; no reference")
             break
-        results["inproc"][str(B)] = {
+        run.results["inproc"][str(B)] = {
             v.key: {
                 "label": v.label,
                 "group": v.group,
@@ -226,12 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             }
             for v in variants
         }
-        results["phases"][str(B)] = {
+        run.results["phases"][str(B)] = {
             v.key: {ph: summary([t * 1000 / B for t in ts]) for ph, ts in v.phases.items()}
             for v in variants
             if v.phases
         }
-        results["phases"][str(B)]["fwd_fp32"] = {"forward": summary([t * 1000 / B for t in ref_times])}
+        run.results["phases"][str(B)]["fwd_fp32"] = {"forward": summary([t * 1000 / B for t in ref_times])}
         # a capture that goes wrong after warm-up: check the last output once more
         for v in variants:
             if v.check is not None:
@@ -240,55 +270,63 @@ def main(argv: list[str] | None = None) -> int:
                 except BenchFailure as e:
                     checks.fail(f"{v.key} at batch {B}: {e}")
         gc.collect()
-
     if args.profile:
         from . import profile
 
         x1 = inproc.sample_pixels(lm, 1, device)
         keep = {"fwd_fp32", "hs_cls", "hs_full", "timm_full", "hf_full"}
         print("  profiling (torch.profiler) ...", flush=True)
-        results["profile_ops"] = profile.torch_ops(
+        run.results["profile_ops"] = profile.torch_ops(
             {v.label: (lambda v=v: v.fn(x1)) for v in variants if v.key in keep}, cuda=device.type == "cuda"
         )
 
-    # -- statistics and the survey's marginal throughput ------------------------------------------
-    if not args.no_survey:
-        from . import survey as survey_bench
 
-        results["stats"], results["survey"] = {}, {}
-        parts = [("stats", 1, survey_bench.stats_variants(lm, device), 4 if args.smoke else 30)]
-        sb = survey_bench.SurveyBench(lm, device)
-        parts.append(("survey", survey_bench.SURVEY_BATCH, sb.variants(), 3 if args.smoke else 12))
-        try:
-            for part, B, vs, it in parts:
-                for v in vs:
-                    if v.check is not None:
-                        try:
-                            v.check(v.fn(None), B)
-                        except BenchFailure as e:
-                            checks.fail(f"{v.key}: {e}")
-                print(f"  {part}: {len(vs)} variants x {it} interleaved rounds (+{args.warmup} warm-up)", flush=True)
-                run_interleaved(vs, lambda: None, B, it, args.warmup, verbose, sync)
-                ref_times = vs[0].times
-                results[part] = {
-                    v.key: {"label": v.label, "note": v.note, **throughput_stats(v.times, B, ref_times)} for v in vs
-                }
-        except Exception as e:
-            checks.fail(f"statistics/survey part: {type(e).__name__}: {e}")
-            traceback.print_exc()
-        finally:
-            sb.close()
-        gc.collect()
+def step_survey(run: Run) -> None:
+    """Statistics and the survey's marginal throughput."""
+    from . import survey as survey_bench
+    from .common import BenchFailure, run_interleaved, throughput_stats
 
-    # capture memory per image (what the results cache holds)
-    att = forward_capture(lm, inproc.sample_pixels(lm, 1, device))[0]
-    results["capture_bytes_per_image"] = att.nbytes()
+    args, lm, device, checks = run.args, run.lm, run.device, run.checks
+    run.results["stats"], run.results["survey"] = {}, {}
+    parts = [("stats", 1, survey_bench.stats_variants(lm, device), 4 if args.smoke else 30)]
+    sb = survey_bench.SurveyBench(lm, device)
+    parts.append(("survey", survey_bench.SURVEY_BATCH, sb.variants(), 3 if args.smoke else 12))
+    try:
+        for part, B, vs, it in parts:
+            for v in vs:
+                if v.check is not None:
+                    try:
+                        v.check(v.fn(None), B)
+                    except BenchFailure as e:
+                        checks.fail(f"{v.key}: {e}")
+            print(f"  {part}: {len(vs)} variants x {it} interleaved rounds (+{args.warmup} warm-up)", flush=True)
+            run_interleaved(vs, lambda: None, B, it, args.warmup, run.verbose, run.sync)
+            ref_times = vs[0].times
+            run.results[part] = {
+                v.key: {"label": v.label, "note": v.note, **throughput_stats(v.times, B, ref_times)} for v in vs
+            }
+    except Exception as e:
+        checks.fail(f"statistics/survey part: {type(e).__name__}: {e}")
+        traceback.print_exc()
+    finally:
+        sb.close()
+    gc.collect()
 
-    # -- encoding ---------------------------------------------------------------------------------
+
+def step_encoding(run: Run) -> None:
+    """Capture memory per image (what the results cache holds), then the encoders."""
+    from headscope.engine.analysis import attention_tensor
+    from headscope.engine.forward import forward_capture
+    from headscope.engine.selection import Selection
+
+    from . import encoding, inproc
+    from .common import BenchFailure, peak_rss_mib, run_interleaved, throughput_stats
+
+    args, lm, checks = run.args, run.lm, run.checks
+    L, H = lm.num_layers, lm.num_heads
+    att = forward_capture(lm, inproc.sample_pixels(lm, 1, run.device))[0]
+    run.results["capture_bytes_per_image"] = att.nbytes()
     if not args.no_encoding:
-        from headscope.engine.analysis import attention_tensor
-        from headscope.engine.selection import Selection
-
         cls_arr = attention_tensor(att, Selection(list(range(L)), list(range(H)), [0])).numpy()
         full_arr = attention_tensor(att, Selection(list(range(L)), list(range(H)), None)).numpy()
         enc = encoding.build_variants(cls_arr, full_arr, stdlib_full_iters=0 if args.smoke else 3)
@@ -306,124 +344,195 @@ def main(argv: list[str] | None = None) -> int:
                 checks.fail(f"{v.key}: {e}")
         enc = [v for v in enc if v.key in sizes]
         print(f"  encoding: {len(enc)} variants", flush=True)
-        run_interleaved(enc, lambda: None, 1, 3 if args.smoke else 15, 1, verbose)
-        results["encoding"] = {
+        run_interleaved(enc, lambda: None, 1, 3 if args.smoke else 15, 1, run.verbose)
+        run.results["encoding"] = {
             v.key: {"label": v.label, "note": v.note, "bytes": sizes[v.key], **throughput_stats(v.times, 1)}
             for v in enc
         }
         del enc
     del att
     gc.collect()
-    results["memory"] = {"bench_peak_rss_mib_after_inproc": peak_rss_mib()}
+    run.results["memory"] = {"bench_peak_rss_mib_after_inproc": peak_rss_mib()}
 
-    # -- head importance: the exact sweep against L x H whole-model forwards ------------------------
-    if not args.no_ablation:
-        from . import ablation
 
-        print("  head importance: exact sweep, L x H whole forwards, gradient ...", flush=True)
-        try:
-            results["ablation"] = ablation.run(
-                lm, device, 1 if args.smoke else 5, 0 if args.smoke else 1, checks, verbose, not args.smoke
-            )
-        except BenchFailure as e:
-            checks.fail(f"ablation: {e}")
-        gc.collect()
+def step_ablation(run: Run) -> None:
+    """Head importance: the exact sweep against L x H whole-model forwards."""
+    from . import ablation
+    from .common import BenchFailure
 
-    # -- relevance: one chefer map against a forward, perturbed forwards against plain ones ---------
-    if not args.no_relevance:
-        from . import relevance
+    smoke = run.args.smoke
+    print("  head importance: exact sweep, L x H whole forwards, gradient ...", flush=True)
+    try:
+        run.results["ablation"] = ablation.run(
+            run.lm, run.device, 1 if smoke else 5, 0 if smoke else 1, run.checks, run.verbose, not smoke, sync=run.sync
+        )
+    except BenchFailure as e:
+        run.checks.fail(f"ablation: {e}")
+    gc.collect()
 
-        print("  relevance: chefer map, perturbed forwards ...", flush=True)
-        try:
-            results["relevance"] = relevance.run(
-                lm, device, 1 if args.smoke else 5, 0 if args.smoke else 1, checks, verbose, smoke=args.smoke
-            )
-        except BenchFailure as e:
-            checks.fail(f"relevance: {e}")
-        gc.collect()
 
-    # -- 4: the API -------------------------------------------------------------------------------
-    if not args.no_api:
-        from . import api
+def step_relevance(run: Run) -> None:
+    """Relevance: one chefer map against a forward, perturbed forwards against plain ones."""
+    from . import relevance
+    from .common import BenchFailure
 
-        env = {"HEADSCOPE_THREADS": str(args.threads)} if args.threads > 0 else {}
-        env["HEADSCOPE_DEVICE"] = str(device)
-        # The load measures throughput: at concurrency C every client may be building a large
-        # answer (safetensors of all maps), which the default admission caps at 4 (429 beyond).
-        env["HEADSCOPE_MAX_LARGE_ANSWERS"] = str(max(4, *args.concurrency))
-        env.update(kv.split("=", 1) for kv in args.server_env)
-        results["server_env"] = env
-        print("  API: starting server ...", end="", flush=True)
-        server = None
-        try:
-            server = api.start_server(env, ROOT / "bench" / "results")
-            monitor.track(server.pid)
-            print(
-                f" ready in {server.startup_s:.1f}s (pid {server.pid}); levels {args.concurrency}, "
-                f"{args.api_rounds} round(s)",
-                flush=True,
-            )
-            bench = api.ApiBench(server, L, H, N, (224 // lm.patch_size[0], 224 // lm.patch_size[1]))
-            x1 = inproc.sample_pixels(lm, 1, device)
-            ref_iters = 2 if args.smoke else 5
+    smoke = run.args.smoke
+    print("  relevance: chefer map, perturbed forwards ...", flush=True)
+    try:
+        run.results["relevance"] = relevance.run(
+            run.lm,
+            run.device,
+            1 if smoke else 5,
+            0 if smoke else 1,
+            run.checks,
+            run.verbose,
+            smoke=smoke,
+            sync=run.sync,
+        )
+    except BenchFailure as e:
+        run.checks.fail(f"relevance: {e}")
+    gc.collect()
 
-            def ref() -> list[float]:
-                out = []
-                with torch.inference_mode():
+
+def server_env(run: Run, largest_concurrency: int) -> dict[str, str]:
+    """The server's environment: threads, device, the large-answer admission at the load's level."""
+    args = run.args
+    env = {"HEADSCOPE_THREADS": str(args.threads)} if args.threads > 0 else {}
+    env["HEADSCOPE_DEVICE"] = str(run.device)
+    # The load measures throughput: at concurrency C every client may be building a large
+    # answer (safetensors of all maps), which the default admission caps at 4 (429 beyond).
+    env["HEADSCOPE_MAX_LARGE_ANSWERS"] = str(max(4, largest_concurrency))
+    env["HEADSCOPE_MAX_QUEUE"] = str(max(32, 2 * largest_concurrency))
+    env.update(kv.split("=", 1) for kv in args.server_env)
+    run.results["server_env"] = env
+    return env
+
+
+def step_api(run: Run) -> None:
+    """4: the REST API through a real server."""
+    import torch
+
+    from . import api
+    from .common import BenchFailure, throughput_stats, vm_hwm_mib
+
+    args, lm, checks = run.args, run.lm, run.checks
+    L, H = lm.num_layers, lm.num_heads
+    N = 1 + (224 // lm.patch_size[0]) * (224 // lm.patch_size[1])
+    env = server_env(run, max(args.concurrency))
+    print("  API: starting server ...", end="", flush=True)
+    server = None
+    try:
+        server = api.start_server(env, ROOT / "bench" / "results")
+        run.monitor.track(server.pid)
+        print(
+            f" ready in {server.startup_s:.1f}s (pid {server.pid}); levels {args.concurrency}, "
+            f"{args.api_rounds} round(s)",
+            flush=True,
+        )
+        bench = api.ApiBench(server, L, H, N, (224 // lm.patch_size[0], 224 // lm.patch_size[1]))
+        from . import inproc
+
+        x1 = inproc.sample_pixels(lm, 1, run.device)
+        ref_iters = 2 if args.smoke else 5
+
+        def ref() -> list[float]:
+            out = []
+            with torch.inference_mode():
+                lm.model.forward_features(x1)
+                for _ in range(ref_iters):
+                    gc.collect()
+                    run.sync()
+                    t0 = time.perf_counter()
                     lm.model.forward_features(x1)
-                    for _ in range(ref_iters):
-                        gc.collect()
-                        sync()
-                        t0 = time.perf_counter()
-                        lm.model.forward_features(x1)
-                        sync()
-                        out.append(time.perf_counter() - t0)
-                return out
+                    run.sync()
+                    out.append(time.perf_counter() - t0)
+            return out
 
-            sampler = None
-            if args.profile:
-                from .profile import ServerSampler
+        sampler = None
+        if args.profile:
+            from .profile import ServerSampler
 
-                sampler = ServerSampler(server.pid, ROOT / "bench" / "results" / "server-pyspy.txt")
-            try:
-                api_res, ref_times = api.run(
-                    bench,
-                    args.concurrency,
-                    args.api_rounds,
-                    ref,
-                    verbose,
-                    warmup_requests=4 if args.smoke else 8,
-                    client=args.client,
-                )
-            finally:
-                if sampler is not None:
-                    results["profile_server"] = sampler.stop()
-            results["api"] = api_res
-            results["api_client"] = args.client
-            results["api_ref"] = throughput_stats(ref_times, 1)
-            results["memory"]["server_peak_rss_mib"] = vm_hwm_mib(server.pid)
-            results["memory"]["server_cache_limit"] = "HEADSCOPE_CACHE_BYTES default (1 GiB)"
-            for f in dict.fromkeys(bench.failures):
-                checks.fail(f"API: {f}")
-        except BenchFailure as e:
-            checks.fail(f"API: {e}")
-        except Exception as e:
-            checks.fail(f"API: {type(e).__name__}: {e}")
-            traceback.print_exc()
+            sampler = ServerSampler(server.pid, ROOT / "bench" / "results" / "server-pyspy.txt")
+        try:
+            api_res, ref_times = api.run(
+                bench,
+                args.concurrency,
+                args.api_rounds,
+                ref,
+                run.verbose,
+                warmup_requests=4 if args.smoke else 8,
+                client=args.client,
+            )
         finally:
-            if server is not None:
-                results["load"] = monitor.result()
-                rc = server.stop()
-                if rc not in (0, None):
-                    checks.note(f"server exited with {rc} after SIGTERM (log: {server.log_path})")
-    results.setdefault("load", monitor.result())
-    results["memory"]["bench_peak_rss_mib"] = peak_rss_mib()
-    results["checks"] = {"failures": checks.failures, "notes": checks.notes, "values": checks.values}
-    results["targets"] = report.targets(results)
-    results["wall_s"] = time.monotonic() - t_start
+            if sampler is not None:
+                run.results["profile_server"] = sampler.stop()
+        run.results["api"] = api_res
+        run.results["api_client"] = args.client
+        run.results["api_ref"] = throughput_stats(ref_times, 1)
+        run.results.setdefault("memory", {})["server_peak_rss_mib"] = vm_hwm_mib(server.pid)
+        run.results["memory"]["server_cache_limit"] = "HEADSCOPE_CACHE_BYTES default (1 GiB)"
+        for f in dict.fromkeys(bench.failures):
+            checks.fail(f"API: {f}")
+    except BenchFailure as e:
+        checks.fail(f"API: {e}")
+    except Exception as e:
+        checks.fail(f"API: {type(e).__name__}: {e}")
+        traceback.print_exc()
+    finally:
+        if server is not None:
+            run.results["load"] = run.monitor.result()
+            rc = server.stop()
+            if rc not in (0, None):
+                checks.note(f"server exited with {rc} after SIGTERM (log: {server.log_path})")
 
-    print()
-    print(report.table(results))
+
+def step_gpu_quick(run: Run) -> None:
+    """``--gpu-quick``: the GPU profile's rows (bench/gpu_quick.py), the API part included
+    unless ``--no-api``."""
+    import headscope
+
+    from . import api, gpu_quick
+
+    args = run.args
+    smoke = run.device.type != "cuda" or args.smoke
+    batches = args.batch_sizes if args.batch_sizes_given else ([1, 2] if smoke else [1, 32, 128])
+    iters, warmup = (2, 1) if smoke else (10, 2)
+    precisions = ["fp32", "bf16"]
+
+    def log(msg: str) -> None:
+        if run.verbose:
+            print(f"  {msg}", flush=True)
+
+    def scope_for(precision: str) -> Any:
+        return headscope.load(run.lm, precision=precision, batch_size=max(batches))
+
+    run.results["gpu_quick"] = gpu_quick.inproc(
+        scope_for, run.device, batches, precisions, iters, warmup, run.sync, log
+    )
+    run.save()
+    if args.no_api:
+        return
+    levels = args.concurrency if args.concurrency_given else ([1, 2] if smoke else [1, 16, 64])
+    server = api.start_server(server_env(run, max(levels)), ROOT / "bench" / "results")
+    try:
+        run.results["gpu_quick"]["api"] = gpu_quick.api(server.url, run.device, levels, 4 if smoke else 256, log)
+    finally:
+        server.stop()
+
+
+def finish(run: Run) -> int:
+    """The table, the JSON, the exit status."""
+    from . import report
+    from .common import peak_rss_mib
+
+    args, checks, results = run.args, run.checks, run.results
+    results.setdefault("load", run.monitor.result())
+    results.setdefault("memory", {})["bench_peak_rss_mib"] = peak_rss_mib()
+    results["checks"] = {"failures": checks.failures, "notes": checks.notes, "values": checks.values}
+    if not args.gpu_quick:
+        results["targets"] = report.targets(results)
+        print()
+        print(report.table(results))
     if args.profile:
         from . import profile
 
@@ -432,16 +541,40 @@ def main(argv: list[str] | None = None) -> int:
             print(profile.format_torch_ops(results["profile_ops"]))
         if not args.no_api:
             print(profile.format_fold(results.get("profile_server")))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1, default=float) + "\n")
+    run.save(done=True)
     print(f"\nresults: {args.out}  ({results['wall_s']:.0f} s)")
     if checks.failures:
         print(f"FAILED: {len(checks.failures)} check(s) failed:", *checks.failures, sep="\n  ")
         return 1
-    if args.strict and any(t["pass"] is False for t in results["targets"]):
+    if args.strict and any(t["pass"] is False for t in results.get("targets", [])):
         print("MISS: performance target(s) missed (--strict)")
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM (CI timeout, kill): unwind through the finally blocks so the server is stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    os.chdir(ROOT)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    run = setup(args, argv)
+    if run is None:
+        return 2
+    if args.gpu_quick:
+        steps = [step_gpu_quick]
+    else:
+        steps = [step_inproc]
+        steps += [] if args.no_survey else [step_survey]
+        steps += [step_encoding]
+        steps += [] if args.no_ablation else [step_ablation]
+        steps += [] if args.no_relevance else [step_relevance]
+        steps += [] if args.no_api else [step_api]
+    for step in steps:
+        step(run)
+        run.save()  # each part on disk as soon as it is measured
+    return finish(run)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,24 @@
-"""Device and precision choices, kept apart so they can be tested without a GPU."""
+"""Device and precision choices, kept apart so they can be tested without a GPU.
+
+Precision. Headscope computes in fp32 unless asked otherwise (``precision`` ``fp32``, the
+default on every device): an attention microscope's numbers are its product. fp32 means fp32:
+:func:`exact_fp32` turns TF32 off in CUDA matmuls and cuDNN convolutions for the duration of
+Headscope's own calls and gives the caller's flags back afterwards (cuDNN allows TF32 in
+convolutions by default, which made the saliency decoder's forward and backward, hence every
+gradient relevance map, differ from the CPU's by a few percent of the map's maximum).
+``bf16`` and ``fp16`` are autocast, a choice; ``auto`` is bf16 on CUDA (fp16 without bf16
+support) and fp32 elsewhere. :func:`precision_name` is what every answer's metadata says.
+"""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+DEFAULT_PRECISION = "fp32"
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -39,8 +53,8 @@ def resolve_device(spec: str = "auto") -> torch.device:
 def autocast_dtype(device_type: str, precision: str = "auto", bf16_supported: bool | None = None) -> torch.dtype | None:
     """The autocast dtype for a device, or None for plain fp32.
 
-    ``auto`` means bf16 on CUDA when supported (fp16 otherwise) and fp32 on CPU and MPS, where
-    fp32 is the exact default.
+    ``fp32`` (the default everywhere) is plain fp32; ``bf16`` and ``fp16`` autocast; ``auto``
+    means bf16 on CUDA when supported (fp16 otherwise) and fp32 on CPU and MPS.
 
     Args:
         device_type: ``cpu``, ``cuda`` or ``mps``.
@@ -67,6 +81,68 @@ def autocast(device_type: str, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """What an answer's ``precision`` says for an autocast dtype: ``fp32``, ``bf16`` or ``fp16``."""
+    if dtype is None or dtype == torch.float32:
+        return "fp32"
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    raise ValueError(f"no precision name for {dtype}")
+
+
+def tf32_flags() -> tuple[bool, bool, str]:
+    """The process's TF32 settings: CUDA matmuls, cuDNN convolutions, float32 matmul precision."""
+    return (
+        bool(torch.backends.cuda.matmul.allow_tf32),
+        bool(torch.backends.cudnn.allow_tf32),
+        torch.get_float32_matmul_precision(),
+    )
+
+
+def _set_tf32_flags(flags: tuple[bool, bool, str]) -> None:
+    matmul, cudnn, precision = flags
+    # The matmul precision and matmul.allow_tf32 are one setting seen twice: the precision
+    # first, then the flag (restoring ("high", False) must leave the flag False).
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
+
+
+@contextlib.contextmanager
+def exact_fp32() -> Iterator[None]:
+    """fp32 means fp32 while Headscope computes: no TF32 in CUDA matmuls or cuDNN convolutions,
+    float32 matmuls at ``highest`` precision; the caller's flags are set back afterwards.
+
+    The flags are the process's (torch has no per-thread TF32 setting): a user thread running
+    CUDA matmuls at the same time as a Headscope call runs them without TF32 meanwhile.
+    Nesting is fine (the inner call restores what the outer one set). Under bf16/fp16
+    autocast the flags are off too: the ops autocast leaves in fp32 stay exact.
+    """
+    saved = tf32_flags()
+    _set_tf32_flags((False, False, "highest"))
+    try:
+        yield
+    finally:
+        _set_tf32_flags(saved)
+
+
+def exact_fp32_process() -> None:
+    """TF32 off for the rest of the process: for a process Headscope owns (the server), where
+    several threads compute at once and the flags, being the process's, must not flicker."""
+    _set_tf32_flags((False, False, "highest"))
+
+
+def computing_precision(device_type: str, dtype: torch.dtype | None) -> contextlib.ExitStack:
+    """The one numeric context of a Headscope computation: :func:`exact_fp32` and, for bf16 or
+    fp16, autocast to ``dtype`` on ``device_type``."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(exact_fp32())
+    stack.enter_context(autocast(device_type, dtype))
+    return stack
 
 
 def is_oom(exc: BaseException) -> bool:

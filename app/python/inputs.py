@@ -9,13 +9,26 @@ through the server's one preparation path (`Pictures`), and its
 ``image_id`` is the id the server gives the same bytes. Images and arrays are taken as their
 pixels are: an EXIF orientation a ``PIL.Image`` carries is not applied (``ImageOps.exif_transpose``
 first where it should be); paths and bytes go the server's way, orientation applied.
+
+A ``torch.Tensor`` is pixels, channels first: ``[3, H, W]`` for one picture, ``[B, 3, H, W]``
+for ``B`` of them (one result each), RGB, **not** the model's normalised input: ``uint8``
+levels 0..255, or floating values 0..1 (quantised to the 256 levels, ``round(x * 255)``, on the
+tensor's own device, as a picture file stores them). Anything else is refused
+(`tensor_pictures`: a wrong shape, dtype, an empty tensor, values outside 0..1, which is what a
+normalised input looks like). A tensor whose size is already the one the model's input is
+planned at (`Pictures.fit`: no resize needed) is used where it is, a CUDA tensor on the GPU
+with no copy to the host; another size is resized on the host by the one preparation path, as
+its lossless PNG would be. Either way the result equals the bytes path for the same pixels.
+A tensor picture's ``image_id`` is the hash of its pixels (shape and bytes, computed from a
+host copy of the uint8 levels); its ``image_bytes`` are the lossless PNG, made when asked for.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +40,10 @@ from ..serving.uploads import image_id_of
 PNG_LEVEL = 0
 _PNG_MODES = {"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"}
 
-PICTURE_TYPES = "a path, bytes, a PIL.Image or an HxWx3 uint8 array"
+PICTURE_TYPES = (
+    "a path, bytes, a PIL.Image, an HxWx3 uint8 array or a torch tensor of pixels [3,H,W] / [B,3,H,W] "
+    "(uint8 0..255 or float 0..1)"
+)
 
 
 @dataclass(frozen=True)
@@ -38,16 +54,69 @@ class Picture:
     filename: str | None
 
 
+class TensorPicture:
+    """A tensor picture as a `Picture`: no name, its lossless PNG made when first asked for."""
+
+    filename = None
+
+    def __init__(self, levels: Any):
+        self._levels = levels  # 3, H, W uint8, any device
+
+    @functools.cached_property
+    def data(self) -> bytes:
+        return png_bytes(self._levels.cpu().permute(1, 2, 0).numpy())
+
+
 @dataclass
 class Prepped:
     """One picture, read and prepared for the model (what the server holds after an upload)."""
 
-    picture: Picture
+    picture: Picture | TensorPicture
     prep: Prepared
-    image_id: str = field(init=False)
+    image_id: str = ""
 
     def __post_init__(self) -> None:
-        self.image_id = image_id_of(self.picture.data)
+        if not self.image_id:
+            self.image_id = image_id_of(self.picture.data)
+
+
+def is_tensor(image: Any) -> bool:
+    """Whether ``image`` is a torch tensor (one picture ``[3, H, W]`` or a batch ``[B, 3, H, W]``)."""
+    import torch
+
+    return isinstance(image, torch.Tensor)
+
+
+def tensor_pictures(t: Any) -> list[Any]:
+    """A tensor of pixels -> one ``[3, H, W]`` uint8 tensor per picture, on the tensor's device.
+
+    Raises:
+        TypeError: a dtype other than uint8 or floating.
+        ValueError: a shape other than ``[3, H, W]`` / ``[B, 3, H, W]``, an empty tensor, or
+            float values outside 0..1 (a normalised input, or 0..255 values as floats).
+    """
+    import torch
+
+    if t.dim() not in (3, 4) or t.shape[-3] != 3:
+        hint = " (channels last? use t.permute(2, 0, 1))" if t.dim() == 3 and t.shape[-1] == 3 else ""
+        raise ValueError(
+            f"a tensor picture is [3, H, W] or [B, 3, H, W] (RGB, channels first); got {tuple(t.shape)}{hint}"
+        )
+    if t.numel() == 0:
+        raise ValueError(f"a tensor picture is empty: shape {tuple(t.shape)}")
+    if t.dtype == torch.uint8:
+        levels = t
+    elif t.is_floating_point():
+        lo, hi = float(t.min()), float(t.max())
+        if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
+            raise ValueError(
+                f"a float tensor picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
+                f"got values in {lo:.4g}..{hi:.4g}"
+            )
+        levels = (t.float() * 255.0).round_().to(torch.uint8)
+    else:
+        raise TypeError(f"a tensor picture is uint8 (0..255) or floating (0..1); got {t.dtype}")
+    return list(levels) if levels.dim() == 4 else [levels]
 
 
 def png_bytes(image: Any) -> bytes:
@@ -124,5 +193,5 @@ def picture(image: Any, max_file_bytes: int) -> Picture:
 
 
 def is_many(image: Any) -> bool:
-    """Whether ``image`` is a list (or tuple) of pictures rather than one picture."""
-    return isinstance(image, (list, tuple))
+    """Whether ``image`` is several pictures (a list, a tuple, a tensor ``[B, 3, H, W]``) rather than one."""
+    return isinstance(image, (list, tuple)) or (is_tensor(image) and image.dim() == 4)

@@ -76,7 +76,7 @@ def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], eve
 
 def _without_pixels(item: Prepped) -> Prepped:
     """``item`` without its input tensor (its bytes and sizes stay)."""
-    light = Prepped(item.picture, replace(item.prep, pixels=torch.empty(0)))
+    light = Prepped(item.picture, replace(item.prep, raw=torch.empty(0, dtype=torch.uint8)))
     return light
 
 
@@ -97,13 +97,14 @@ def _own(found: Found) -> Found:
         return found
     copy = replace(att, **{f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att)})
     image = replace(image, att=copy)
-    return Found(Entry(found.entry.model_id, image, found.entry.image_size), found.cached, found.timing)
+    entry = found.entry
+    return Found(Entry(entry.model_id, image, entry.image_size, entry.precision), found.cached, found.timing)
 
 
-def found_of(lm: LoadedModel, item: Prepped, att: Capture) -> Found:
-    """A capture as the server's store keeps it (an `Entry`)."""
+def found_of(lm: LoadedModel, item: Prepped, att: Capture, precision: str = "fp32") -> Found:
+    """A capture as the server's store keeps it (an `Entry`); ``precision``: what it was computed in."""
     image = lm.captured(att, item.prep.input_size)
-    return Found(Entry(lm.id, image, item.prep.image_size), False, {})
+    return Found(Entry(lm.id, image, item.prep.image_size, precision), False, {})
 
 
 class Attention:
@@ -133,6 +134,7 @@ class Attention:
         # The picture's bytes and sizes; its input tensor is made again when a capture is needed.
         self._item = _without_pixels(item)
         self._found: Found | None = _own(found) if keep_capture else None
+        self._precision = found.entry.precision
         self._amp_dtype = amp_dtype
         self._parts = parts
         self.params = params
@@ -181,7 +183,7 @@ class Attention:
                     amp_dtype=self._amp_dtype,
                     ablate=self.ablate,
                 )[0]
-            self._found = found_of(self.lm, Prepped(self._item.picture, prep), att)
+            self._found = found_of(self.lm, Prepped(self._item.picture, prep), att, self._precision)
         return self._found
 
     def select(self, **fields: Any) -> Attention:
@@ -285,6 +287,11 @@ class Attention:
         return self._item.prep.input_size
 
     @property
+    def precision(self) -> str:
+        """What the maps were computed in: ``fp32`` (exact, no TF32), ``bf16`` or ``fp16``."""
+        return self._precision
+
+    @property
     def capture(self) -> CapturedImage:
         """The capture behind the maps: every layer's and head's attention, any row, any temperature."""
         return self._capture_found().entry.image
@@ -314,7 +321,7 @@ class Attention:
         if patches is not None:
             st.mass, st.mass_patches = mass, torch.tensor(patches, dtype=torch.int64)
         name = self.filename or self.image_id
-        return Surveyor.head_rows(name, self.image_size, self.input_size, image, st).to_pandas()
+        return Surveyor.head_rows(name, self.image_size, self.input_size, image, st, self.precision).to_pandas()
 
     def explain(self, layer: int = -1, head: int = 0, query: Any = None) -> dict[str, Any]:
         """One head's whole computation for one query token (``GET …/explain``): the answer's

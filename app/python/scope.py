@@ -13,7 +13,10 @@ No worker thread, no asyncio, no HTTP; a list of pictures runs as batches on the
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +25,14 @@ import torch.nn as nn
 
 from ..config import Settings
 from ..engine.ablation import refuse_windowed
-from ..engine.device import autocast_dtype, resolve_device
-from ..engine.forward import forward_capture
+from ..engine.batching import BatchRunner
+from ..engine.device import PRECISIONS, autocast_dtype, resolve_device
 from ..engine.model import LoadedModel
 from ..serving.images import ImageError
-from ..serving.pictures import Pictures
+from ..serving.pictures import Pictures, Prepared
+from ..serving.uploads import image_id_of
 from . import params as P
-from .inputs import PICTURE_TYPES, Prepped, is_many, picture
+from .inputs import PICTURE_TYPES, Prepped, TensorPicture, is_many, is_tensor, picture, tensor_pictures
 from .modes import computing
 
 if TYPE_CHECKING:
@@ -40,17 +44,24 @@ DEFAULT_BATCH = 8
 class Scope:
     """One model, ready to answer what the REST API answers, in Python.
 
-    Made by `load`. Every method takes a picture (a path, bytes, a ``PIL.Image`` or an
-    ``HxWx3`` uint8 array) or a list of them (one result each, in order).
+    Made by `load`. Every method takes a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3``
+    uint8 array, or a torch tensor of pixels ``[3, H, W]``) or a list of them, or a tensor
+    ``[B, 3, H, W]`` (one result each, in order). A tensor holds RGB pixels, channels first,
+    **not** the model's normalised input: ``uint8`` 0..255, or floating 0..1 (quantised to the
+    256 levels, ``round(x * 255)``); other ranges, shapes and dtypes are refused
+    (``ValueError`` / ``TypeError``). A tensor already at the model's planned input size is
+    used on its device (a CUDA tensor is not copied to the host); see `app.python.inputs`.
 
     Args:
         lm: the loaded model.
         settings: decoding limits and how pictures are resized (the server's ``Settings``).
-        precision: ``auto``, ``fp32``, ``fp16`` or ``bf16`` (autocast on the model's device).
+        precision: ``fp32`` (the default: exact, no TF32), ``bf16`` or ``fp16`` (autocast on the
+            model's device), ``auto`` (bf16/fp16 on CUDA, fp32 elsewhere). Every result says
+            which it was computed in (``precision``).
         batch_size: most pictures per forward when a list is given.
     """
 
-    def __init__(self, lm: LoadedModel, settings: Settings, precision: str = "auto", batch_size: int = DEFAULT_BATCH):
+    def __init__(self, lm: LoadedModel, settings: Settings, precision: str = "fp32", batch_size: int = DEFAULT_BATCH):
         self.lm = lm
         self.settings = settings
         self.device = _device_of(lm.model)
@@ -58,6 +69,7 @@ class Scope:
         self.amp_dtype = autocast_dtype(self.device.type, precision)
         self.batch_size = max(1, int(batch_size))
         self.pictures = Pictures.for_model(lm, settings)
+        self.runner = BatchRunner(lm, self.amp_dtype, self.batch_size)
 
     # -- what it is -----------------------------------------------------------------------
     @property
@@ -83,16 +95,22 @@ class Scope:
 
     # -- pictures -------------------------------------------------------------------------
     def _read(self, image: Any) -> list[Prepped]:
-        """Read and prepare one picture or a list (one ``Prepped`` each); errors name the item."""
+        """Read and prepare one picture or a list (one ``Prepped`` each); errors name the item.
+
+        The pictures of a list are decoded and resized in parallel (a thread pool the size of
+        the machine's cores: Pillow releases the GIL), each exactly as alone.
+        """
         many = is_many(image)
-        items = list(image) if many else [image]
+        if is_tensor(image):
+            items: list[Any] = tensor_pictures(image)
+        else:
+            items = list(image) if many else [image]
         if many and not items:
             raise ValueError(f"an empty list of pictures; give {PICTURE_TYPES}, or a list of them")
-        out = []
-        for i, item in enumerate(items):
+
+        def one(i: int) -> Prepped:
             try:
-                pic = picture(item, self.settings.max_upload_bytes)
-                out.append(Prepped(pic, self.pictures.prepare(pic.data)))
+                return self._prepare(items[i])
             except ImageError as e:
                 if not many:
                     raise
@@ -101,26 +119,39 @@ class Scope:
                 if not many:
                     raise
                 raise type(e)(f"pictures[{i}]: {e}") from None
-        return out
+
+        if len(items) == 1:
+            return [one(0)]
+        with ThreadPoolExecutor(min(len(items), _cores()), thread_name_prefix="headscope-prepare") as pool:
+            return list(pool.map(one, range(len(items))))
+
+    def _prepare(self, item: Any) -> Prepped:
+        if not is_tensor(item):
+            pic = picture(item, self.settings.max_upload_bytes)
+            return Prepped(pic, self.pictures.prepare(pic.data))
+        if item.dim() != 3:
+            raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
+        levels = tensor_pictures(item)[0]  # 3, H, W uint8, on its device
+        H, W = int(levels.shape[1]), int(levels.shape[2])
+        host = levels.cpu()
+        image_id = image_id_of(f"pixels {H}x{W}\n".encode() + host.numpy().tobytes())
+        tpic = TensorPicture(levels)
+        if self.pictures.fit(W, H) == (W, H):  # no resize: the pixels as they are, where they are
+            prep = Prepared(levels, (H, W), (H, W), tuple(self.lm.mean), tuple(self.lm.std))  # type: ignore[arg-type]
+        else:  # resized as its lossless PNG would be (the one preparation path)
+            prep = self.pictures.prepare(tpic.data)
+        return Prepped(tpic, prep, image_id)
 
     def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:
         """The model in eval mode while Headscope computes (see `computing`)."""
         return computing(self.lm, lock)
 
-    def _batches(self, items: list[Prepped]) -> Iterator[list[int]]:
+    def _batches(self, items: list[Prepped]) -> list[list[int]]:
         """Indices of ``items`` in batches of one input size, at most ``batch_size`` each."""
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, it in enumerate(items):
-            groups.setdefault(tuple(it.prep.pixels.shape), []).append(i)
-        for idx in groups.values():
-            for j in range(0, len(idx), self.batch_size):
-                yield idx[j : j + self.batch_size]
+        return self.runner.groups([tuple(it.prep.raw.shape) for it in items])
 
-    def _pixels(self, items: list[Prepped], idx: list[int]) -> torch.Tensor:
-        x = torch.stack([items[i].prep.pixels for i in idx])  # B, 3, H, W
-        if self.device.type == "cuda":
-            return x.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device)
+    def _raws(self, items: list[Prepped], idx: list[int]) -> list[torch.Tensor]:
+        return [items[i].prep.raw for i in idx]
 
     # -- attention ------------------------------------------------------------------------
     def attention(
@@ -197,13 +228,15 @@ class Scope:
         for idx in self._batches(items):
             input_size = items[idx[0]].prep.input_size
             materialise = params.needs_every_row and self.lm.keeps_maps(input_size)
+
+            def capture(ids: list[int], materialise: bool = materialise) -> list[Any]:
+                return list(self.runner.capture(self._raws(items, ids), materialise=materialise, ablate=pairs))
+
             with self.computing():
-                atts = forward_capture(
-                    self.lm, self._pixels(items, idx), materialise=materialise, amp_dtype=self.amp_dtype, ablate=pairs
-                )
+                atts = _raised(self.runner.run(capture, idx))
             for i, att in zip(idx, atts):
                 it = items[i]
-                found = found_of(self.lm, it, att)
+                found = found_of(self.lm, it, att, self.runner.precision)
                 try:
                     results[i] = Attention.of(
                         self.lm, self.settings, it, found, params, pairs, every_stage, self.amp_dtype, keep_capture
@@ -227,10 +260,11 @@ class Scope:
         res = []
         for it in items:
             with self.computing(lock=False):  # outputs() takes the model's lock
-                base_t, out_t = outputs(self.lm, it.prep.pixels, [(), pairs], self.amp_dtype, self.device)
+                base_t, out_t = outputs(self.lm, it.prep.raw, [(), pairs], self.amp_dtype, self.device)
             base = Output(base_t, it.prep.input_size, it.prep.image_size)
             out = Output(out_t, it.prep.input_size, it.prep.image_size)
             meta = output_meta(it.image_id, self.lm, pairs, base, out, False)
+            meta["precision"] = self.runner.precision
             meta["output"] = _tensors(describe(self.lm, out.tensor))
             res.append(meta)
         return res if is_many(image) else res[0]
@@ -304,9 +338,10 @@ class Scope:
             ``relevance`` (``[rows, cols]`` on the patch grid, summing to 1), ``method``,
             ``target``, ``y`` (the target's value), ``grid`` and the map's metadata.
         """
-        from ..engine.relevance import MethodError, relevance
+        from ..engine.relevance import MethodError
         from ..engine.relevance import refuse_windowed as refuse_relevance
         from ..engine.text_relevance import parse_target_methods
+        from ..serving.relevance import relevance_meta
 
         refuse_relevance(self.lm)
         names = parse_target_methods(method, target, self.lm)
@@ -316,21 +351,12 @@ class Scope:
             )
         name = names[0]
         pairs = self.lm.ablation(P.ablate(ablate))
-        out = []
-        for it in self._read(image):
-            x = it.prep.pixels[None].to(self.device)
-            with self.computing():
-                rel = relevance(self.lm, x, target, [name], amp_dtype=self.amp_dtype, ablate=pairs)[0]
-            out.append(
-                {
-                    "model": self.lm.id,
-                    "image_id": it.image_id,
-                    "method": name,
-                    **rel.info(),
-                    "ablated": [list(p) for p in pairs],
-                    "relevance": rel.maps[name],
-                }
-            )
+        items = self._read(image)
+        out: list[dict[str, Any]] = [{} for _ in items]
+        for idx, maps in self._relevance(items, target, [name], pairs):
+            for i, m in zip(idx, maps):
+                meta = relevance_meta(items[i].image_id, self.lm, m, name, m.relevance.seed, pairs)
+                out[i] = {**meta, "methods": {name: meta["method_text"]}, "relevance": m.relevance.maps[name]}
         return out if is_many(image) else out[0]
 
     def faithfulness(
@@ -359,10 +385,11 @@ class Scope:
             attribute (and key) says, per method, whether it beat the random map on both
             curves, one or neither, and by how much; its ``repr`` prints that in words.
         """
-        from ..engine.faithfulness import check_protocol, faithfulness, parse_fractions, parse_protocol
-        from ..engine.relevance import parse_target, relevance
+        from ..engine.faithfulness import check_protocol, parse_fractions, parse_protocol
+        from ..engine.relevance import parse_target
         from ..engine.relevance import refuse_windowed as refuse_relevance
         from ..engine.text_relevance import parse_target_methods
+        from ..serving.relevance import FaithfulnessSpec, faithfulness_result
         from .result import FaithfulnessResult
 
         refuse_relevance(self.lm)
@@ -371,19 +398,17 @@ class Scope:
         proto = parse_protocol(protocol)
         check_protocol(proto, self.lm, parse_target(target, self.lm))
         pairs = self.lm.ablation(P.ablate(ablate))
-        out = []
-        for it in self._read(image):
-            x = it.prep.pixels[None].to(self.device)
-            with self.computing():
-                rel = relevance(self.lm, x, target, names, amp_dtype=self.amp_dtype, ablate=pairs)[0]
-                res = faithfulness(
-                    self.lm, x[0], rel.maps, rel.target, fracs, amp_dtype=self.amp_dtype, ablate=pairs, protocol=proto
-                )
-            out.append(
-                FaithfulnessResult(
-                    {"model": self.lm.id, "image_id": it.image_id, **res.as_dict(), "ablated": [list(p) for p in pairs]}
-                )
-            )
+        items = self._read(image)
+        out: list[FaithfulnessResult] = [FaithfulnessResult() for _ in items]
+        for idx, maps in self._relevance(items, target, names, pairs):
+            for i, m in zip(idx, maps):
+                rel = m.relevance
+                spec = FaithfulnessSpec(tuple(names), rel.target, fracs, rel.seed, pairs, proto)
+                with self.computing():
+                    res = self.runner.faithfulness(
+                        items[i].prep.raw, rel.maps, rel.target, fracs, ablate=pairs, protocol=proto
+                    )
+                out[i] = FaithfulnessResult(faithfulness_result(items[i].image_id, self.lm, m, spec, res))
         return out if is_many(image) else out[0]
 
     def zero_shot(
@@ -446,6 +471,40 @@ class Scope:
             )
         return out if is_many(image) else out[0]
 
+    def _relevance(
+        self, items: list[Prepped], target: str | None, names: Any, pairs: Any
+    ) -> Iterator[tuple[list[int], list[Any]]]:
+        """Relevance maps of ``items``, a batch of one input size at a time: the batch's indices
+        and its ``RelevanceMaps`` (one forward and one backward per batch)."""
+        from ..serving.relevance import RelevanceMaps
+
+        for idx in self._batches(items):
+
+            def run(ids: list[int]) -> list[Any]:
+                t0 = time.perf_counter()
+                rels = self.runner.relevance(self._raws(items, ids), target, names, ablate=pairs)
+                ms = (time.perf_counter() - t0) * 1000 / len(ids)
+                return [
+                    RelevanceMaps(r, items[i].prep.input_size, items[i].prep.image_size, ms, self.runner.precision)
+                    for i, r in zip(ids, rels)
+                ]
+
+            with self.computing():
+                maps = _raised(self.runner.run(run, idx))
+            yield idx, maps  # outside the model's lock: the caller computes more with it
+
+
+def _raised(results: list[Any]) -> list[Any]:
+    """The results of a batch, or the first picture's error raised."""
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def _cores() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
 
 def _tensors(value: Any) -> Any:
     """numpy arrays in a JSON-ready value as torch tensors (dicts and lists walked)."""
@@ -473,7 +532,7 @@ def _device_of(model: nn.Module) -> torch.device:
 def load(
     model_or_id: str | nn.Module | LoadedModel | None = None,
     device: str | torch.device = "auto",
-    precision: str = "auto",
+    precision: str = "fp32",
     models_dir: str | Path | None = None,
     *,
     settings: Settings | None = None,
@@ -488,7 +547,8 @@ def load(
             already in memory (one just fine-tuned: used as it is, on its device).
         device: ``auto`` (CUDA, then MPS, then CPU; a model object stays where it is), ``cpu``,
             ``cuda``, ``cuda:N`` or ``mps``. A model object given another device is moved there.
-        precision: ``auto`` (bf16/fp16 autocast on CUDA, fp32 elsewhere), ``fp32``, ``fp16``, ``bf16``.
+        precision: ``fp32`` (the default on every device: exact, no TF32), ``bf16``, ``fp16``
+            (autocast), ``auto`` (bf16/fp16 on CUDA, fp32 elsewhere).
         models_dir: where models are converted and kept (default as the server's:
             ``HEADSCOPE_MODELS_DIR``, a checkout's ``models/``, else the user's cache).
         settings: the server's ``Settings`` (default: from ``HEADSCOPE_*`` variables, as the
@@ -502,7 +562,7 @@ def load(
     settings = settings or Settings()
     if models_dir is not None:
         settings = settings.model_copy(update={"models_dir": Path(models_dir)})
-    if precision not in ("auto", "fp32", "fp16", "bf16"):
+    if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: use auto, fp32, fp16 or bf16")
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)

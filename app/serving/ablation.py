@@ -30,6 +30,7 @@ import torch
 
 from ..engine import importance as imp
 from ..engine.ablation import Ablation, ablate_text, refuse_windowed
+from ..engine.batching import device_input
 from ..engine.model import LoadedModel
 from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_change, kl_divergence
 from . import images
@@ -66,9 +67,10 @@ def _json(obj: Any) -> bytes:
 def outputs(
     lm: LoadedModel, pixels: torch.Tensor, ablations: list[Ablation], amp_dtype: torch.dtype | None, device
 ) -> list[torch.Tensor]:
-    """The outputs of one image (``[3, H, W]`` pixels) under several ablation sets, one batch."""
+    """The outputs of one image (``[3, H, W]`` pixels: uint8, or float32 normalised) under several
+    ablation sets, one batch."""
     with lm.lock:
-        out = imp.masked_outputs(lm, pixels[None].to(device), ablations, amp_dtype)
+        out = imp.masked_outputs(lm, device_input(lm, pixels, device), ablations, amp_dtype)
     return list(out.cpu())
 
 
@@ -143,7 +145,7 @@ def _locked(fn, lm: LoadedModel, *args) -> Any:
 def _on_device(fn, lm: LoadedModel, pixels: torch.Tensor, device, *args) -> Any:
     """``fn(lm, pixels as a batch of one on device, *args)`` under the model's lock."""
     with lm.lock:
-        return fn(lm, pixels[None].to(device), *args)
+        return fn(lm, device_input(lm, pixels, device), *args)
 
 
 def importance_work(
@@ -160,7 +162,7 @@ def importance_work(
     t0 = time.perf_counter()
     L, H = lm.num_layers, lm.num_heads
     kind = lm.output_kind
-    pixels = prep.pixels
+    pixels = prep.raw
     res: dict[str, Any] = {
         "model": lm.id,
         "image_id": image_id,
@@ -224,7 +226,7 @@ def pruning_work(
     outs: list[torch.Tensor] = []
     for i in range(0, len(steps), chunk):
         sets = [tuple(sorted(order[:k])) for k in steps[i : i + chunk]]
-        got = yield partial(outputs, lm, prep.pixels, sets, amp_dtype, device)
+        got = yield partial(outputs, lm, prep.raw, sets, amp_dtype, device)
         outs.extend(got)
         progress.advance(len(sets))
     base = outs[0][None]  # steps[0] == 0: the unablated model
@@ -278,7 +280,7 @@ class AblationService(ImageTasks):
         missing = [a for a in dict.fromkeys(ablations) if a not in found]
         if missing:
             prep = await self.prepared(self.uploads.require(image_id), lm)
-            piece = partial(outputs, lm, prep.pixels, missing, self.worker.amp_dtype, self.device)
+            piece = partial(outputs, lm, prep.raw, missing, self.worker.amp_dtype, self.device)
             tensors = await wait_for_result(asyncio.ensure_future(self.piece(piece)), self.deadline(), is_disconnected)
             for a, t in zip(missing, tensors):
                 out = Output(t, prep.input_size, prep.image_size)
@@ -299,7 +301,7 @@ class AblationService(ImageTasks):
         lm = await self.model(model_id)
         pairs = lm.ablation(ablate)
         (base, out), cached = await self.outputs(image_id, lm, [(), pairs], is_disconnected)
-        return await self.worker.run_in_worker(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
+        return await self.worker.run_answer(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
 
     # -- importance and the pruning curve ------------------------------------------------------
     async def importance(

@@ -216,6 +216,7 @@ def meta(asked: Asked, shape: Sequence[int]) -> dict[str, Any]:
         "dropped": asked.dropped(),
         "temperature": params.temperature,
         "ablated": [list(pair) for pair in asked.ablate],
+        "precision": entry.precision,
         **image.layout_meta(),
     }
 
@@ -295,9 +296,9 @@ class Answers:
         sel, size = self.plan(found, params)
         asked = Asked(image_id, filename, found, params, sel, ablate)
         if params.format != "json" and size >= STREAM_MIN_BYTES:
-            answer = await self.worker.run_in_worker(self._streamed, asked)
+            answer = await self.worker.run_answer(self._streamed, asked)
         else:
-            answer = await self.worker.run_in_worker(built, asked)
+            answer = await self.worker.run_answer(built, asked)
         if filename is not None:
             # The name an uploader gave (in the body or X-Headscope-Meta): no cache keeps it.
             answer.headers["Cache-Control"] = "no-store"
@@ -345,7 +346,7 @@ class Answers:
                 try:
                     with using(child):
                         if whole is None or sel.aggregate != "rollout":
-                            whole = await self.worker.run_in_worker(maps_of, chunk)
+                            whole = await self.worker.run_answer(maps_of, chunk)
                 except (asyncio.TimeoutError, ClientGone, SelectionError, RuntimeError) as e:
                     log.warning("streamed answer for %s cut short: %s", asked.image_id, type(e).__name__)
                     raise StreamAborted(type(e).__name__) from None

@@ -35,6 +35,15 @@ class DisplayKey:
 
 
 @dataclass(frozen=True)
+class PreparedKey:
+    """An upload prepared for a model: its uint8 pixels at the input size (``pictures``: the
+    preparation, every field of which decides the pixels)."""
+
+    image_id: str
+    pictures: Any
+
+
+@dataclass(frozen=True)
 class CaptureKey:
     """The capture of an image under a model, with heads removed (``ablate``: sorted
     ``(layer, head)`` pairs, empty for the model as it is)."""

@@ -136,7 +136,7 @@ def npy_header(array: np.ndarray | None, shape: tuple[int, ...] | None = None, d
 
 
 # Always kept in the short metadata: a client needs them to read the array.
-_KEPT = ("image_id", "shape", "dtype", "model", "cached")
+_KEPT = ("image_id", "shape", "dtype", "model", "cached", "precision")
 
 
 def short_meta(meta: dict[str, Any], limit: int = META_HEADER_MAX_BYTES) -> str:
@@ -144,7 +144,7 @@ def short_meta(meta: dict[str, Any], limit: int = META_HEADER_MAX_BYTES) -> str:
 
     The largest fields are left out until it fits, and named under ``omitted`` (the
     safetensors header and the JSON answer carry everything); ``image_id``, ``shape``,
-    ``dtype``, ``model`` and ``cached`` always stay.
+    ``dtype``, ``model``, ``cached`` and ``precision`` always stay.
     """
     meta = dict(meta)
     omitted: list[str] = []

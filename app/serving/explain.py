@@ -101,4 +101,4 @@ async def explain(
     ablate = lm.ablation(params.ablate)
     found = await service.store.get(image_id, lm, is_disconnected=is_disconnected, ablate=ablate)
     # No filename: a follow-up never carries one (whoever sent the same bytes may have named them).
-    return await service.worker.run_in_worker(explained, image_id, None, lm, found, params, ablate)
+    return await service.worker.run_answer(explained, image_id, None, lm, found, params, ablate)

@@ -37,6 +37,7 @@ processes and checks the real peak stays under it.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import warnings
@@ -47,6 +48,8 @@ from typing import Literal
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+
+from ..engine.batching import normal_table, normalise
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF"}
 # Shrink by an integer factor first when a picture is more than GAP times its target size.
@@ -391,9 +394,22 @@ def display_fit(width: int, height: int, max_side: int = DISPLAY_MAX_SIDE) -> tu
 
 @dataclass
 class Prepared:
-    pixels: torch.Tensor  # 3, H, W float32, normalised
+    """A picture resized for the model: its uint8 pixels (what goes to the device) and sizes.
+
+    ``pixels`` is the normalised float32 input on the host, computed from ``raw`` when first
+    asked for (the batch runner normalises on the device instead, to the same values).
+    """
+
+    raw: torch.Tensor  # 3, H, W uint8: the resized RGB picture
     input_size: tuple[int, int]  # H, W
     image_size: tuple[int, int]  # H, W of the picture as sent (before any early reduction)
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+
+    @functools.cached_property
+    def pixels(self) -> torch.Tensor:
+        """The normalised input ``[3, H, W]`` float32 on the host."""
+        return normalise(self.raw, normal_table(self.mean, self.std))
 
 
 def prepare(
@@ -416,10 +432,10 @@ def prepare(
     image_size = image_size or (img.height, img.width)
     H, W = plan_size(image_size[1], image_size[0], input_size, patch, mode, max_aspect, dynamic)
     resized = img if (img.height, img.width) == (H, W) else img.resize((W, H), Image.Resampling.BICUBIC)
-    a: np.ndarray = np.asarray(resized, dtype=np.float32) / 255.0  # H, W, 3
-    a = (a - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    pixels = torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
-    return Prepared(pixels, (H, W), image_size)
+    a: np.ndarray = np.asarray(resized, dtype=np.uint8)  # H, W, 3
+    raw = torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))  # 3, H, W
+    # normalised where it is used (engine/batching.py: the same float32 values on every device)
+    return Prepared(raw, (H, W), image_size, tuple(mean), tuple(std))
 
 
 def display_png(img: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> bytes:

@@ -35,6 +35,7 @@ import torch
 
 from ..engine import faithfulness as faith
 from ..engine.ablation import Ablation, ablate_text
+from ..engine.batching import BatchRunner, device_input
 from ..engine.model import LoadedModel
 from ..engine.output import class_names
 from ..engine.relevance import (
@@ -48,7 +49,6 @@ from ..engine.relevance import (
     parse_target,
     random_map,
     refuse_windowed,
-    relevance,
 )
 from ..engine.selection import SelectionError
 from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
@@ -108,6 +108,7 @@ class RelevanceMaps:
     input_size: tuple[int, int]
     image_size: tuple[int, int]
     compute_ms: float
+    precision: str = "fp32"  # fp32, bf16 or fp16: what the forward and backward computed in
 
     @property
     def nbytes(self) -> int:
@@ -165,11 +166,13 @@ def relevance_maps(
     prepared picture for ``target``."""
     t0 = time.perf_counter()
     check_target(target, prep.input_size)
+    runner = BatchRunner(lm, amp_dtype)
     with lm.lock:
         if is_text(target):  # a phrase: its own forward of both towers gives every map it has
             methods = text_methods(lm)
-        rel = relevance(lm, prep.pixels[None].to(device), target, methods, amp_dtype=amp_dtype, ablate=ablate)[0]
-    return RelevanceMaps(rel, prep.input_size, prep.image_size, (time.perf_counter() - t0) * 1000)
+        rel = runner.relevance([prep.raw], target, methods, ablate=ablate)[0]
+    ms = (time.perf_counter() - t0) * 1000
+    return RelevanceMaps(rel, prep.input_size, prep.image_size, ms, runner.precision)
 
 
 def merge_maps(parts: Sequence[RelevanceMaps]) -> RelevanceMaps:
@@ -188,7 +191,7 @@ def merge_maps(parts: Sequence[RelevanceMaps]) -> RelevanceMaps:
         seed=rel.seed,
         uniform=[u for p in parts for u in p.relevance.uniform],
     )
-    return RelevanceMaps(merged, first.input_size, first.image_size, sum(p.compute_ms for p in parts))
+    return RelevanceMaps(merged, first.input_size, first.image_size, sum(p.compute_ms for p in parts), first.precision)
 
 
 def method_map(maps: RelevanceMaps, method: str, seed: int = 0) -> torch.Tensor:
@@ -224,6 +227,37 @@ def _common(image_id: str, lm: LoadedModel, maps: RelevanceMaps, ablate: Ablatio
         "ablated": [list(pair) for pair in ablate],
         "ablate": ablate_text(ablate),
         "text_tokens": rel.text_tokens,
+        "precision": maps.precision,
+    }
+
+
+def relevance_meta(
+    image_id: str, lm: LoadedModel, maps: RelevanceMaps, method: str, seed: int = 0, ablate: Ablation = ()
+) -> dict[str, Any]:
+    """The one relevance result: everything ``GET …/relevance`` says of one method's map but the
+    map itself, the request's own fields (``cached``, ``timing_ms``) and the Python API's."""
+    m = method_map(maps, method, seed)
+    return {
+        **_common(image_id, lm, maps, ablate),
+        "method": method,
+        "method_text": METHOD_TEXT[method],
+        "seed": seed if method == "random" else None,
+        "uniform": method in maps.relevance.uniform,
+        "shape": list(m.shape),
+        "dtype": "float32",
+    }
+
+
+def faithfulness_result(
+    image_id: str, lm: LoadedModel, maps: RelevanceMaps, spec: FaithfulnessSpec, result: faith.Faithfulness
+) -> dict[str, Any]:
+    """The one faithfulness result: what ``GET …/faithfulness`` answers but ``cached`` and
+    ``timing_ms`` (the Python API's too); methods in ``spec.methods``' order."""
+    return {
+        **_common(image_id, lm, maps, spec.ablate),
+        **result.as_dict(),
+        "seed": spec.seed if "random" in spec.methods else None,
+        "method_text": {m: METHOD_TEXT[m] for m in spec.methods},
     }
 
 
@@ -241,16 +275,7 @@ def relevance_answer(
     """The answer of ``GET …/relevance``: one method's map with its metadata (JSON, npy or safetensors)."""
     t0 = time.perf_counter() if t0 is None else t0
     m = method_map(maps, method, seed)
-    meta = {
-        **_common(image_id, lm, maps, ablate),
-        "method": method,
-        "method_text": METHOD_TEXT[method],
-        "seed": seed if method == "random" else None,
-        "uniform": method in maps.relevance.uniform,
-        "shape": list(m.shape),
-        "dtype": "float32",
-        "cached": cached,
-    }
+    meta = {**relevance_meta(image_id, lm, maps, method, seed, ablate), "cached": cached}
     timing = {"compute": 0.0 if cached else maps.compute_ms, "total": (time.perf_counter() - t0) * 1000}
     meta["timing_ms"] = timing
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(maps.relevance.target).replace(":", "-").replace(",", "_"))[:64]
@@ -272,7 +297,7 @@ def _new_test(
     wanted = {m: method_map(maps, m, spec.seed) for m in spec.methods}
     return faith.PerturbationTest(
         lm,
-        prep.pixels.to(device),
+        device_input(lm, prep.raw, device)[0],
         wanted,
         maps.relevance.target,
         spec.fractions,
@@ -316,13 +341,8 @@ def faithfulness_work(
         progress.advance(test.done - before, f"perturbed forwards: {test.done} of {test.total}")
     result = yield test.result
     progress.stage = "done"
-    res = {
-        **_common(image_id, lm, maps, spec.ablate),
-        **result.as_dict(),
-        "seed": spec.seed if "random" in spec.methods else None,
-        "method_text": {m: METHOD_TEXT[m] for m in spec.methods},
-        "timing_ms": {"maps": maps.compute_ms, "compute": (time.perf_counter() - t0) * 1000},
-    }
+    res = faithfulness_result(image_id, lm, maps, spec, result)
+    res["timing_ms"] = {"maps": maps.compute_ms, "compute": (time.perf_counter() - t0) * 1000}
     return res
 
 
@@ -400,7 +420,7 @@ class RelevanceService(ImageTasks):
         maps, cached = await self.maps(
             image_id, lm, ablate, target, is_disconnected=is_disconnected, group=method_group(method)
         )
-        return await self.worker.run_in_worker(
+        return await self.worker.run_answer(
             relevance_answer, image_id, lm, maps, method, params.seed, ablate, params.format, cached, t0
         )
 

@@ -52,6 +52,7 @@ class Entry:
     model_id: str
     image: CapturedImage
     image_size: tuple[int, int]  # (height, width) of the picture as uploaded
+    precision: str = "fp32"  # what the forward computed in: fp32, bf16 or fp16
     _stats: dict = field(default_factory=dict, repr=False)  # the mass-independent statistics
     _mass_patches: OrderedDict = field(default_factory=OrderedDict, repr=False)  # mass -> list, bounded
 
@@ -203,7 +204,7 @@ class CaptureStore:
         ticket = current_ticket()
         job = Job(
             lm=lm,
-            pixels=prep.pixels,
+            pixels=prep.raw,
             deadline=deadline,
             fault=fault,
             materialise=every_row and lm.keeps_maps(prep.input_size),
@@ -217,7 +218,7 @@ class CaptureStore:
             if not fut.done():
                 fut.cancel()
             raise
-        entry = Entry(lm.id, lm.captured(computed.att, prep.input_size), prep.image_size)
+        entry = Entry(lm.id, lm.captured(computed.att, prep.input_size), prep.image_size, self.worker.precision)
         # Batch-mates share the forward's buffers: the cache charges each buffer once.
         self.cache.put(key, entry, ENTRY_OVERHEAD_BYTES, shared=computed.att.storages())
         return Found(entry, False, {"queue": computed.queue_ms, "compute": computed.compute_ms})

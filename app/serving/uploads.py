@@ -19,7 +19,7 @@ from ..config import Settings
 from ..engine.model import LoadedModel
 from . import pictures
 from .admission import Admission
-from .cache import ByteLRU, DisplayKey, ImageKey
+from .cache import ByteLRU, DisplayKey, ImageKey, PreparedKey
 from .pictures import Pictures
 
 IMAGE_ID_HEX_CHARS = 24  # 96 bits of the upload's sha256: collisions are out of reach
@@ -111,9 +111,17 @@ class Uploads:
 
     async def prepared(self, upload: Upload, lm: LoadedModel) -> pictures.Prepared:
         """The upload as ``lm``'s input (:class:`~app.serving.pictures.Pictures`, the one
-        preparation path), decoded within the decode budget."""
+        preparation path), decoded within the decode budget once: the uint8 pixels are kept
+        in the cache beside the bytes, so the follow-ups (relevance, faithfulness, output,
+        importance) of an upload do not decode it again."""
         prep = Pictures.for_model(lm, self.settings)
-        return await self._decode(lambda: prep.probe(upload.data), prep.finish)
+        key = PreparedKey(image_id_of(upload.data), prep)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        done = await self._decode(lambda: prep.probe(upload.data), prep.finish)
+        self.cache.put(key, done, done.raw.numel() * done.raw.element_size() + UPLOAD_OVERHEAD_BYTES)
+        return done
 
     async def display_png(self, image_id: str) -> bytes:
         """The upload as a PNG for the page (longer side at most 1600), made once and cached."""

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from ..engine.device import autocast_dtype, is_oom, release_memory
-from ..engine.forward import forward_capture
+from ..engine.batching import BatchRunner, OutOfMemory, split_on_oom
+from ..engine.device import autocast_dtype, exact_fp32, exact_fp32_process, precision_name
 from ..engine.hooks import Attention
 from ..engine.model import LoadedModel
 from . import faults
@@ -45,9 +45,7 @@ from .waiting import wait_for_result
 
 log = logging.getLogger(__name__)
 
-
-class OutOfMemory(RuntimeError):
-    """A single image does not fit on the device (answered 503)."""
+ANSWER_THREADS = 4  # CUDA: answers built at once beside the worker thread
 
 
 @dataclass
@@ -62,7 +60,7 @@ class Computed:
 @dataclass
 class Job:
     lm: LoadedModel
-    pixels: torch.Tensor  # 3, H, W
+    pixels: torch.Tensor  # 3, H, W: uint8 RGB (normalised on the device), or float32 normalised
     deadline: float  # time.monotonic()
     fault: str | None = None
     materialise: bool = False  # keep full softmax maps from the unfused branch (every row wanted)
@@ -97,7 +95,8 @@ class Worker:
 
     Args:
         device: where the models run.
-        precision: ``auto``/``fp32``/``fp16``/``bf16`` (see :func:`app.device.autocast_dtype`).
+        precision: ``fp32`` (the default), ``bf16``, ``fp16`` or ``auto`` (see
+            :func:`app.engine.device.autocast_dtype`).
         max_batch_size: most images in one forward pass.
         max_wait_ms: how long the first job of a batch waits for company.
         admission: the server's admission; how many requests hold a slot decides whether a
@@ -110,7 +109,7 @@ class Worker:
     def __init__(
         self,
         device: torch.device,
-        precision: str = "auto",
+        precision: str = "fp32",
         max_batch_size: int = 8,
         max_wait_ms: float = 5.0,
         admission: Admission | None = None,
@@ -121,6 +120,8 @@ class Worker:
         self.capture_to = "cpu" if capture_store == "host" else None
         self._free_memory: Callable[[], int] | None = None
         self.amp_dtype = autocast_dtype(device.type, precision)
+        self.precision = precision_name(self.amp_dtype)  # what every answer's metadata says
+        self._runners: dict[int, BatchRunner] = {}
         self.max_batch_size = max(1, max_batch_size)
         self.max_wait = max_wait_ms / 1000.0
         self.metrics = metrics or Metrics()
@@ -132,6 +133,15 @@ class Worker:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headscope-worker")
+        # CUDA: answers are sliced, copied to the host and encoded on threads of their own, so
+        # the next batch's forward is queued on the GPU meanwhile. The CPU keeps one thread for
+        # every torch op (a second OpenMP team costs each forward ~16 % on 2 cores).
+        self.overlap = device.type == "cuda"
+        self._answers = (
+            ThreadPoolExecutor(max_workers=ANSWER_THREADS, thread_name_prefix="headscope-answer")
+            if self.overlap
+            else None
+        )
         self.inflight = 0
         self.batches_run = 0
         self.max_batch_seen = 0
@@ -145,6 +155,9 @@ class Worker:
 
     async def start(self) -> None:
         # Admission bounds what can be queued; the queue itself needs no second bound.
+        # The server owns its process: TF32 off for good, so that threads entering and leaving
+        # exact_fp32() at once (the answer threads on CUDA) only ever restore "off".
+        exact_fp32_process()
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._loop(), name="headscope-worker")
 
@@ -162,6 +175,8 @@ class Worker:
             pass
         self._task = None
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._answers is not None:
+            self._answers.shutdown(wait=False, cancel_futures=True)
 
     async def run_in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the worker thread (model loading, slicing, encoding) and await it.
@@ -177,7 +192,7 @@ class Worker:
         """
         ticket = current_ticket()
         if self._task is None:  # not started (command line, unit tests): run it now
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, _exact(fn), *args)
         call = Call(
             fn,
             args,
@@ -189,6 +204,21 @@ class Worker:
         heapq.heappush(self._calls, (call.priority, next(self._seq), call))
         self._wake.set()
         return await wait_for_result(call.future, call.deadline, ticket.is_disconnected if ticket else None)
+
+    async def run_answer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Build an answer from a computed result (slicing, the copy to the host, encoding).
+
+        On the CPU this is :meth:`run_in_worker` (every torch op on the one worker thread). On
+        CUDA it runs on one of the answer threads right away, beside the worker thread, so the
+        next batch's forward overlaps this answer's encoding; the request's deadline and its
+        client are still watched.
+        """
+        if self._answers is None or self._task is None:
+            return await self.run_in_worker(fn, *args)
+        ticket = current_ticket()
+        fut = asyncio.get_running_loop().run_in_executor(self._answers, _exact(fn), *args)
+        deadline, gone = (ticket.deadline, ticket.is_disconnected) if ticket else (None, None)
+        return await wait_for_result(fut, deadline, gone)
 
     async def run_after_forwards(self, fn: Callable[..., Any], *args: Any) -> Any:
         """:meth:`run_in_worker` for work that can wait (the statistics of an image already
@@ -280,7 +310,7 @@ class Worker:
         self.inflight = 1
         self.metrics.queue_depth.set(self.depth)
         try:
-            fn = call.fn if call.fault is None else _delayed(call.fn, call.fault)
+            fn = _exact(call.fn if call.fault is None else _delayed(call.fn, call.fault))
             result = await asyncio.get_running_loop().run_in_executor(self._executor, fn, *call.args)
         except asyncio.CancelledError:
             if not fut.done():
@@ -329,29 +359,30 @@ class Worker:
             self.inflight = 0
 
     # -- compute (worker thread) ------------------------------------------------------------
-    def _run(self, jobs: list[Job], freed: bool = False) -> list[Computed | BaseException]:
-        try:
-            return [*self._forward(jobs)]
-        except Exception as e:
-            if is_oom(e):
-                evicted = 0 if freed or self._free_memory is None else self._free_memory()
-                release_memory(self.device)
-                if evicted:
-                    log.warning("out of memory at batch %d; evicted %d cached bytes, retrying", len(jobs), evicted)
-                    return self._run(jobs, freed=True)
-                if len(jobs) == 1:
-                    self.metrics.errors.labels("oom").inc()
-                    return [OutOfMemory("the image does not fit in device memory; try a smaller image")]
-                self.metrics.oom_splits.inc()
-                half = len(jobs) // 2
-                log.warning("out of memory at batch %d; splitting", len(jobs))
-                return self._run(jobs[:half], freed) + self._run(jobs[half:], freed)
-            if len(jobs) == 1:
-                self.metrics.errors.labels(type(e).__name__).inc()
+    def runner(self, lm: LoadedModel) -> BatchRunner:
+        """The batch runner of ``lm`` (one per model object; the worker's precision)."""
+        r = self._runners.get(id(lm))
+        if r is None or r.lm is not lm:
+            r = self._runners[id(lm)] = BatchRunner(lm, self.amp_dtype, self.max_batch_size, self.capture_to)
+        return r
+
+    def _run(self, jobs: list[Job]) -> list[Computed | BaseException]:
+        """One batch on the worker thread, with the out-of-memory split (engine/batching.py)."""
+
+        def failed(e: BaseException) -> None:
+            name = "oom" if isinstance(e, OutOfMemory) else type(e).__name__
+            self.metrics.errors.labels(name).inc()
+            if not isinstance(e, OutOfMemory):
                 log.error("compute failed: %s: %s", type(e).__name__, e)
-                return [e]
-            # Isolate the culprit: rerun one at a time so batch-mates still get answers.
-            return [r for j in jobs for r in self._run([j])]
+
+        return split_on_oom(
+            self._forward,
+            jobs,
+            self.device,
+            free=self._free_memory,
+            on_split=lambda n: self.metrics.oom_splits.inc(),
+            on_error=failed,
+        )
 
     def _forward(self, jobs: list[Job]) -> list[Computed]:
         lm = jobs[0].lm
@@ -359,19 +390,9 @@ class Worker:
         for j in jobs:
             j.started = start
         faults.inject([j.fault for j in jobs])
-        x = torch.stack([j.pixels for j in jobs])  # B, 3, H, W
-        if self.device.type == "cuda":
-            x = x.pin_memory().to(self.device, non_blocking=True)
-        else:
-            x = x.to(self.device)
         with lm.lock:
-            results = forward_capture(
-                lm,
-                x,
-                materialise=jobs[0].materialise,
-                amp_dtype=self.amp_dtype,
-                to=self.capture_to,
-                ablate=jobs[0].ablate,
+            results = self.runner(lm).capture(
+                [j.pixels for j in jobs], materialise=jobs[0].materialise, ablate=jobs[0].ablate
             )
         end = time.monotonic()
         self.metrics.batch_size.observe(len(jobs))
@@ -380,6 +401,17 @@ class Worker:
         self.jobs_computed += len(jobs)
         self.max_batch_seen = max(self.max_batch_seen, len(jobs))
         return [j.done(att, end) for j, att in zip(jobs, results)]
+
+
+def _exact(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with TF32 off (fp32 means fp32 for everything the worker runs: relevance's
+    backward, the ablation works, ...)."""
+
+    def run(*args: Any) -> Any:
+        with exact_fp32():
+            return fn(*args)
+
+    return run
 
 
 def _delayed(fn: Callable[..., Any], fault: str) -> Callable[..., Any]:

@@ -13,7 +13,9 @@ the values the stats endpoint gives for that picture.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +24,9 @@ import pyarrow as pa
 import torch
 
 from ..config import Settings
+from ..engine.batching import BatchRunner
 from ..engine.captured import CapturedImage, stats_batch
-from ..engine.device import autocast_dtype, is_oom, release_memory, resolve_device
-from ..engine.forward import forward_capture
+from ..engine.device import autocast_dtype, exact_fp32, is_oom, release_memory, resolve_device
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS, HeadStats
 from ..serving import images
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Prepared:
     item: Item
-    pixels: torch.Tensor  # 3, H, W
+    raw: torch.Tensor  # 3, H, W uint8 (normalised on the device by the batch runner)
     image_size: tuple[int, int]
     input_size: tuple[int, int]
 
@@ -101,6 +103,7 @@ class Surveyor:
         self.pictures = Pictures.for_model(lm, self.settings)
         self.amp = autocast_dtype(self.device.type, self.settings.precision)
         self.batch_size = max(1, batch_size)
+        self.runner = BatchRunner(lm, self.amp, self.batch_size)
         self.similarity = similarity
         self.ranks = ranks
         self.faithfulness = faithfulness
@@ -119,7 +122,7 @@ class Surveyor:
             "arch": self.lm.arch,
             "resize": s.resize,
             "max_aspect": s.max_aspect,
-            "precision": str(self.amp).replace("torch.", "") if self.amp else "fp32",
+            "precision": self.runner.precision,
             "mass": DEFAULT_MASS,
             "similarity": self.similarity,
             "ranks": self.ranks,
@@ -138,19 +141,30 @@ class Surveyor:
         """
         data = read_picture_file(item.path, self.settings.max_upload_bytes)
         prep = self.pictures.prepare(data)
-        return Prepared(item, prep.pixels, prep.image_size, prep.input_size)
+        return Prepared(item, prep.raw, prep.image_size, prep.input_size)
 
     def prepare_all(self, items: list[Item]) -> tuple[list[Prepared], list[tuple[str, str, str]]]:
-        """Every picture that reads, and ``(image, error, message)`` for every one that does not."""
-        ok: list[Prepared] = []
-        failed: list[tuple[str, str, str]] = []
-        for it in items:
+        """Every picture that reads, and ``(image, error, message)`` for every one that does not.
+
+        The pictures are read and prepared in parallel (a thread pool the size of the machine's
+        cores: Pillow releases the GIL while it decodes and resizes), in order.
+        """
+
+        def one(it: Item) -> Prepared | tuple[str, str, str]:
             try:
-                ok.append(self.prepare(it))
+                return self.prepare(it)
             except images.ImageError as e:  # PictureFileError included: missing, FIFO, too large...
-                failed.append((it.image, e.code, str(e)))
+                return (it.image, e.code, str(e))
             except OSError as e:  # the decoder's own reads
-                failed.append((it.image, "read_error", f"{type(e).__name__}: {e.strerror or e}"))
+                return (it.image, "read_error", f"{type(e).__name__}: {e.strerror or e}")
+
+        if len(items) > 1:
+            with ThreadPoolExecutor(min(len(items), _cores()), thread_name_prefix="survey-prepare") as pool:
+                done = list(pool.map(one, items))
+        else:
+            done = [one(it) for it in items]
+        ok = [d for d in done if isinstance(d, Prepared)]
+        failed = [d for d in done if not isinstance(d, Prepared)]
         return ok, failed
 
     # -- computing ------------------------------------------------------------------------
@@ -162,14 +176,11 @@ class Surveyor:
     def compute(self, ok: list[Prepared], failed: list[tuple[str, str, str]] | None = None) -> Result:
         """The rows of pictures already prepared (see :meth:`prepare_all`)."""
         failed = list(failed or [])
-        groups: dict[tuple[int, ...], list[Prepared]] = {}
-        for prep in ok:
-            groups.setdefault(tuple(prep.pixels.shape), []).append(prep)
         tables: list[pa.Table] = []
         tests: list[pa.Table] = []
-        for group in groups.values():
-            for i in range(0, len(group), self.batch_size):
-                self._run(group[i : i + self.batch_size], tables, failed, tests)
+        with exact_fp32():  # fp32 means fp32: the forward, the statistics, the perturbation test
+            for idx in self.runner.groups([tuple(prep.raw.shape) for prep in ok]):
+                self._run([ok[i] for i in idx], tables, failed, tests)
         rows = pa.concat_tables(tables) if tables else schema.empty_rows()
         faith = pa.concat_tables(tests) if tests else schema.empty_faithfulness()
         return Result(rows, schema.failures_table(failed), faith)
@@ -185,12 +196,12 @@ class Surveyor:
         an error isolate the culprit."""
         tests = [] if tests is None else tests
         try:
-            x = torch.stack([prep.pixels for prep in batch]).to(self.device)  # B, 3, H, W
+            x = self.runner.inputs([prep.raw for prep in batch])  # B, 3, H, W normalised, on the device
             input_size = batch[0].input_size
             # Every row of every map is needed: keep the unfused forward's maps where that pays
             # (as the server does for query=all) instead of recomputing them from q and k.
             with self.lm.lock:
-                atts = forward_capture(self.lm, x, materialise=self.lm.keeps_maps(input_size), amp_dtype=self.amp)
+                atts = self.runner.capture(x, materialise=self.lm.keeps_maps(input_size))
             captured = [self.lm.captured(att, input_size) for att in atts]
             # The batch's maps together, as the forward left them, where they are one batch tensor.
             stats = stats_batch(captured, DEFAULT_MASS, similarity=self.similarity, ranks=self.ranks)
@@ -226,11 +237,16 @@ class Surveyor:
             failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
 
     def _rows(self, prep: Prepared, image: CapturedImage, st: HeadStats) -> pa.Table:
-        return self.head_rows(prep.item.image, prep.image_size, prep.input_size, image, st)
+        return self.head_rows(prep.item.image, prep.image_size, prep.input_size, image, st, self.runner.precision)
 
     @staticmethod
     def head_rows(
-        name: str, image_size: tuple[int, int], input_size: tuple[int, int], image: CapturedImage, st: HeadStats
+        name: str,
+        image_size: tuple[int, int],
+        input_size: tuple[int, int],
+        image: CapturedImage,
+        st: HeadStats,
+        precision: str = "fp32",
     ) -> pa.Table:
         """The rows of one picture: one per layer and head, ``sum_l H_l`` (each layer of a windowed
         model has its stage's heads). ``name`` goes into the ``image`` column; ``image_size`` and
@@ -293,8 +309,13 @@ class Surveyor:
             "artifact_tokens": const(len(st.artifacts), pa.int32()),
             "artifact_threshold": const(st.artifact_threshold, pa.float32()),
             "stage": per_layer([s.index if s is not None else None for s in stages], pa.int16()),
+            "precision": pa.array([precision] * n, pa.string()),
         }
         return pa.table(list(cols.values()), schema=schema.ROWS)
+
+
+def _cores() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def _listed(t: torch.Tensor | None) -> list | None:

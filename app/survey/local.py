@@ -47,7 +47,7 @@ def run_local(
         if failed:
             emit(Result(schema.empty_rows(), schema.failures_table(failed)))
         for p in prepared:
-            bucket = pending.setdefault(tuple(p.pixels.shape), [])
+            bucket = pending.setdefault(tuple(p.raw.shape), [])
             bucket.append(p)
             if len(bucket) >= B:
                 run(bucket[:B])

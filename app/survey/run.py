@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from ..engine.device import autocast_dtype
+from ..engine.device import autocast_dtype, precision_name
 from ..engine.stats import DEFAULT_MASS
 from ..zoo.ids import ModelSpec
 from .compute import Result
@@ -57,7 +57,7 @@ def run_meta(
         "model": model_id,
         "resize": settings.resize,
         "max_aspect": settings.max_aspect,
-        "precision": str(amp).removeprefix("torch.") if amp is not None else "fp32",
+        "precision": precision_name(amp),
         "mass": DEFAULT_MASS,
         "similarity": similarity,
         "ranks": ranks,

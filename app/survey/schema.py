@@ -18,7 +18,8 @@ Per layer (repeated on its heads' rows): ``rank_numerical``, ``rank_effective`` 
 concatenated head outputs). Per image (repeated on its rows): ``image_height``,
 ``image_width`` (the picture), ``input_height``, ``input_width`` (what the model saw),
 ``grid_rows``, ``grid_cols``, ``tokens``, ``prefix_tokens``, ``artifact_tokens`` (how many
-high-norm tokens the last layer has) and ``artifact_threshold``.
+high-norm tokens the last layer has) and ``artifact_threshold``; ``precision`` (``fp32``, ``bf16``
+or ``fp16``: what the forward computed in).
 
 Windowed models (Swin) have the values the stats endpoint gives them
 (:mod:`app.engine.window_stats`): each layer has its stage's heads (rows per picture: the sum of
@@ -66,6 +67,7 @@ ROWS = pa.schema(
         pa.field("artifact_tokens", pa.int32(), nullable=False),
         pa.field("artifact_threshold", pa.float32(), nullable=False),
         pa.field("stage", pa.int16()),
+        pa.field("precision", pa.string()),
     ]
 )
 

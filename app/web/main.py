@@ -61,11 +61,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         st.registry = Registry(settings.model_ids, settings.models_dir, device, settings.max_loaded_models)
         st.metrics = Metrics()
         st.admission = Admission.from_settings(settings, st.metrics)
+        max_batch, max_wait = settings.batching(device.type)
         st.worker = Worker(
             device,
             settings.precision,
-            settings.max_batch_size,
-            settings.max_wait_ms,
+            max_batch,
+            max_wait,
             st.admission,
             st.metrics,
             settings.capture_store,

@@ -96,6 +96,9 @@ class AttentionMeta(BaseModel):
     ablated: list[list[int]] = Field(
         default_factory=list, description="[layer, head] pairs removed (`ablate`) before the maps were captured"
     )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="what the numbers were computed in: fp32 (exact, no TF32), or bf16/fp16 autocast"
+    )
     timing_ms: Timing
     stages: list[StageInfo] | None = Field(
         None, description="windowed models (Swin): every stage of the image; `tokens` is the answer's stage"
@@ -393,6 +396,9 @@ class RelevanceResponse(BaseModel):
     cached: bool = Field(
         description="the maps came from the server's cache (every method of the target is computed at once)"
     )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="what the numbers were computed in: fp32 (exact, no TF32), or bf16/fp16 autocast"
+    )
     timing_ms: dict[str, float]
 
 
@@ -488,6 +494,9 @@ class FaithfulnessResponse(BaseModel):
     ablated: list[list[int]]
     ablate: str
     cached: bool
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="what the numbers were computed in: fp32 (exact, no TF32), or bf16/fp16 autocast"
+    )
     timing_ms: dict[str, float]
 
 

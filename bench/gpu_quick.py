@@ -1,0 +1,201 @@
+"""``python -m bench.run --gpu-quick``: the GPU profile of issue 37, a few minutes on one GPU.
+
+Rows (every one timed with the device synchronised before and after each call):
+
+* ``forward``: the bare ``forward_features`` of a normalised batch already on the device, per
+  batch size and precision (the reference of the ratios);
+* ``capture_tensors``: ``Scope.attention(uint8 tensor [B, 3, 224, 224] on the device)``, CLS
+  rows, per batch size and precision (target >= 0.9x the forward);
+* ``capture_jpegs``: ``Scope.attention([640x480 JPEG bytes] * B)`` (decoded and resized in the
+  Scope's thread pool), fp32;
+* ``prepare_jpegs``: the preparation alone (``Scope._read``: the same threads; the decode
+  limit); the JPEG target is >= 0.8x the smaller of it and the forward;
+* ``chefer``: ``Scope.relevance(tensors, method="chefer")`` at batch 1 and 8 (target <= 3x a
+  forward at batch 8);
+* ``api``: ``POST /api/v1/attention`` with distinct JPEGs at concurrency 1, 16, 64 through a
+  real server, and the GPU's busy fraction meanwhile (``torch.cuda.utilization``, sampled).
+
+On the CPU (``--device cpu --gpu-quick``) the same code runs smoke-sized: the tests run it so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from headscope.engine.device import autocast
+
+from .common import summary
+
+JPEG_SIZE = (480, 640)  # H, W
+
+
+def jpegs(n: int, start: int = 0) -> list[bytes]:
+    """``n`` distinct 640 x 480 JPEGs (quality 90), a counter in the first pixels."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, (*JPEG_SIZE, 3), dtype=np.uint8)
+    base = (base // 32 * 32).astype(np.uint8)  # blocky, so a JPEG of it is a realistic size
+    out = []
+    for i in range(start, start + n):
+        a = base.copy()
+        a[:8, :8] = i % 256
+        a[8:16, :8] = (i // 256) % 256
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, "JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def timed(fn: Callable[[], Any], iters: int, warmup: int, sync: Callable[[], None]) -> list[float]:
+    """Seconds per call of ``fn``, the device synchronised around each timed call."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    out = []
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _row(times: list[float], batch: int, ref: list[float] | None = None) -> dict[str, Any]:
+    ms = summary([t * 1000 for t in times])
+    row: dict[str, Any] = {"ms": ms, "images_per_s": batch / ms["median"] * 1000}
+    if ref:
+        row["vs_forward"] = summary([r / t for r, t in zip(ref, times)])["median"]
+    return row
+
+
+class BusySampler:
+    """The GPU's busy fraction (``torch.cuda.utilization``, NVML) sampled every 50 ms."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.samples = device, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(float(torch.cuda.utilization(self.device)))
+            except Exception:  # no NVML (pynvml) here: nothing to report
+                return
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> BusySampler:
+        if self.device.type == "cuda":
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(1)
+
+    @property
+    def fraction(self) -> float | None:
+        return float(np.mean(self.samples)) / 100 if self.samples else None
+
+
+def inproc(
+    scope_for: Callable[[str], Any],
+    device: torch.device,
+    batches: list[int],
+    precisions: list[str],
+    iters: int,
+    warmup: int,
+    sync: Callable[[], None],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The in-process rows (forward, capture from tensors and JPEGs, preparation, chefer)."""
+    res: dict[str, Any] = {"capture": {}, "chefer": {}}
+    for precision in precisions:
+        scope = scope_for(precision)
+        runner = scope.runner
+        for B in batches:
+            log(f"gpu-quick: {precision} batch {B}")
+            rng = np.random.default_rng(B)
+            levels = torch.from_numpy(rng.integers(0, 256, (B, 3, 224, 224), dtype=np.uint8)).to(device)
+            x = runner.inputs(levels)
+
+            def forward(x: torch.Tensor = x) -> None:
+                with torch.inference_mode(), runner.numerics(), autocast(device.type, runner.amp_dtype):
+                    scope.lm.model.forward_features(x)
+
+            ref = timed(forward, iters, warmup, sync)
+            rows = {
+                "forward": _row(ref, B),
+                "capture_tensors": _row(timed(lambda: scope.attention(levels), iters, warmup, sync), B, ref),
+            }
+            if precision == "fp32":
+                files = jpegs(B)
+                rows["capture_jpegs"] = _row(timed(lambda: scope.attention(files), iters, warmup, sync), B, ref)
+                rows["prepare_jpegs"] = _row(timed(lambda: scope._read(files), iters, warmup, sync), B, ref)
+            res["capture"][f"{precision}/{B}"] = rows
+        if precision == "fp32":
+            for B in [b for b in (1, 8) if b <= max(batches)] or [1]:
+                levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 224, 224), dtype=np.uint8))
+                levels = levels.to(device)
+                x = runner.inputs(levels)
+
+                def fwd(x: torch.Tensor = x) -> None:
+                    with torch.inference_mode(), runner.numerics():
+                        scope.lm.model.forward_features(x)
+
+                ref = timed(fwd, iters, warmup, sync)
+                t = timed(lambda: scope.relevance(levels, method="chefer"), iters, warmup, sync)
+                res["chefer"][str(B)] = {
+                    **_row(t, B),
+                    "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"],
+                }
+    return res
+
+
+async def _api_level(url: str, c: int, n: int, files: list[bytes]) -> tuple[float, int]:
+    from .client import LeanClient
+
+    done, failed = 0, 0
+    it = iter(range(n))
+    async with LeanClient(url, c + 2) as client:
+
+        async def worker() -> None:
+            nonlocal done, failed
+            for i in it:
+                r = await client.post("/api/v1/attention", files={"image": (f"{i}.jpg", files[i], "image/jpeg")})
+                if r.status_code == 200:
+                    done += 1
+                else:
+                    failed += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(c)))
+        return time.perf_counter() - t0, failed
+
+
+def api(
+    server_url: str, device: torch.device, levels: list[int], per_level: int, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """``POST /api/v1/attention`` with distinct JPEGs at each concurrency; images/s and GPU busy."""
+    res: dict[str, Any] = {}
+    start = 0
+    for c in levels:
+        n = max(per_level, 2 * c)
+        files = jpegs(n, start)
+        start += n
+        log(f"gpu-quick: API concurrency {c}, {n} requests")
+        with BusySampler(device) as busy:
+            wall, failed = asyncio.run(_api_level(server_url, c, n, files))
+        res[str(c)] = {"requests": n, "failed": failed, "images_per_s": (n - failed) / wall, "gpu_busy": busy.fraction}
+    return res

@@ -1,0 +1,44 @@
+"""``python -m bench.run --gpu-quick`` runs its code path end to end, tiny, on the CPU: every row
+present with positive times, the JSON written (and marked whole), the device's sync called."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from bench import gpu_quick
+from bench.run import main
+
+
+def test_the_gpu_profile_runs_tiny_on_the_cpu(tmp_path):
+    out = tmp_path / "quick.json"
+    rc = main(["--device", "cpu", "--gpu-quick", "--no-api", "--batch-sizes", "1", "--quiet", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["partial"] is False and res["meta"]["device"] == "cpu"
+    q = res["gpu_quick"]
+    assert set(q["capture"]) == {"fp32/1", "bf16/1"}
+    for key, rows in q["capture"].items():
+        want = {"forward", "capture_tensors"} | (
+            {"capture_jpegs", "prepare_jpegs"} if key.startswith("fp32") else set()
+        )
+        assert set(rows) == want
+        assert all(r["ms"]["median"] > 0 and r["images_per_s"] > 0 for r in rows.values())
+        assert rows["capture_tensors"]["vs_forward"] > 0
+    assert set(q["chefer"]) == {"1"} and q["chefer"]["1"]["vs_forward_time"] > 0
+
+
+def test_timed_synchronises_around_every_call():
+    calls: list[str] = []
+    times = gpu_quick.timed(lambda: calls.append("fn"), 3, 1, lambda: calls.append("sync"))
+    assert len(times) == 3
+    assert calls == ["fn", "sync"] + ["sync", "fn", "sync"] * 3
+
+
+def test_distinct_jpegs_and_no_busy_fraction_without_a_gpu():
+    files = gpu_quick.jpegs(3)
+    assert len(set(files)) == 3 and all(f[:2] == b"\xff\xd8" for f in files)
+    with gpu_quick.BusySampler(torch.device("cpu")) as busy:
+        pass
+    assert busy.fraction is None

@@ -1,0 +1,148 @@
+"""CUDA against the CPU, fp32: the same numbers (issue 37). Skipped without CUDA.
+
+The default model (the embedded DINOv2-S/14 with its saliency decoder) is loaded twice, on the
+CPU and on the GPU, and every output kind is compared for the same pictures: the maps (<= 1e-5),
+explain, relevance (<= 1e-4 of the map's maximum), the faithfulness curves, the statistics and
+the ablation's importance. TF32 must be off while Headscope computes, and the user's flags must
+be set back afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import headscope
+from headscope.engine.device import tf32_flags
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SAMPLES = ["astronaut.png", "rocket.jpg"]
+
+
+@pytest.fixture(scope="module")
+def scopes():
+    return headscope.load(device="cpu", precision="fp32"), headscope.load(device="cuda", precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "static" / "samples"
+    files = [root / n for n in SAMPLES if (root / n).exists()]
+    if not files:  # no samples: two seeded pictures
+        rng = np.random.default_rng(0)
+        return [rng.integers(0, 256, (240, 320, 3), dtype=np.uint8) for _ in range(2)]
+    return [f.read_bytes() for f in files]
+
+
+def _close_rel(a: torch.Tensor, b: torch.Tensor, tol: float) -> float:
+    err = float((a.float().cpu() - b.float().cpu()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+    assert err <= tol, f"{err:.2e} of the maximum > {tol:.0e}"
+    return err
+
+
+def test_maps_equal_the_cpu(scopes, pictures):
+    cpu, gpu = scopes
+    for layers in (None,):
+        a = cpu.attention(pictures, query="all", layers=layers)
+        b = gpu.attention(pictures, query="all", layers=layers)
+        for x, y in zip(a, b):
+            assert x.precision == y.precision == "fp32"
+            err = float((x.maps - y.maps).abs().max())
+            assert err <= 1e-5, err
+
+
+def test_tensors_on_the_gpu_equal_the_bytes_path(scopes):
+    _, gpu = scopes
+    H, W = gpu.lm.input_size
+    a = np.random.default_rng(3).integers(0, 256, (H, W, 3), dtype=np.uint8)
+    from headscope.python.inputs import png_bytes
+
+    t = torch.from_numpy(a).permute(2, 0, 1).contiguous().cuda()
+    assert torch.equal(gpu.attention(t).maps, gpu.attention(png_bytes(a)).maps)
+
+
+def test_explain_equals_the_cpu(scopes, pictures):
+    cpu, gpu = scopes
+    a = cpu.attention(pictures[0]).explain(layer=5, head=2, query="patch:3,5")
+    b = gpu.attention(pictures[0]).explain(layer=5, head=2, query="patch:3,5")
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            torch.testing.assert_close(b[k].cpu(), v, atol=1e-4, rtol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize("method", ["chefer", "grad_attention", "rollout", "attention"])
+def test_relevance_equals_the_cpu(scopes, pictures, method):
+    cpu, gpu = scopes
+    for pic in pictures:
+        a, b = cpu.relevance(pic, method=method), gpu.relevance(pic, method=method)
+        assert b["precision"] == "fp32"
+        _close_rel(b["relevance"], a["relevance"], 1e-4)
+        assert b["y"] == pytest.approx(a["y"], rel=1e-4, abs=1e-6)
+
+
+def test_faithfulness_curves_equal_the_cpu(scopes, pictures):
+    cpu, gpu = scopes
+    a = cpu.faithfulness(pictures[0], methods="chefer,attention,random", fractions=[0, 0.25, 0.5])
+    b = gpu.faithfulness(pictures[0], methods="chefer,attention,random", fractions=[0, 0.25, 0.5])
+    for m, ca in a["methods"].items():
+        cb = b["methods"][m]
+        for d in ("positive", "negative"):
+            np.testing.assert_allclose(cb[d], ca[d], rtol=1e-3, atol=1e-5)
+
+
+def test_statistics_equal_the_cpu(scopes, pictures):
+    cpu, gpu = scopes
+    a = cpu.attention(pictures[0]).stats()
+    b = gpu.attention(pictures[0]).stats()
+    for col in ("entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass"):
+        np.testing.assert_allclose(b[col].to_numpy(float), a[col].to_numpy(float), rtol=1e-4, atol=1e-5)
+
+
+def test_ablation_equals_the_cpu(scopes, pictures):
+    cpu, gpu = scopes
+    a = cpu.importance(pictures[0], method="ablation")["importance"]
+    b = gpu.importance(pictures[0], method="ablation")["importance"]
+    _close_rel(b, a, 1e-4)
+    oa, ob = cpu.output(pictures[0], ablate="2:1,5:0"), gpu.output(pictures[0], ablate="2:1,5:0")
+    assert ob["precision"] == "fp32"
+    for k, v in oa["output"].items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            _close_rel(ob["output"][k], v, 1e-4)
+
+
+def test_tf32_is_off_while_computing_and_the_users_flags_come_back(scopes, pictures):
+    _, gpu = scopes
+    saved = tf32_flags()
+    try:
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        user = tf32_flags()
+        seen: list[tuple] = []
+        hooks = [
+            gpu.model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(tf32_flags())),
+        ]
+        try:
+            gpu.attention(pictures[0])
+            gpu.relevance(pictures[0], method="chefer")
+        finally:
+            for h in hooks:
+                h.remove()
+        assert seen and all(s == (False, False, "highest") for s in seen)
+        assert tf32_flags() == user
+    finally:
+        torch.set_float32_matmul_precision(saved[2])
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.backends.cudnn.allow_tf32 = saved[1]
+
+
+def test_bf16_says_so(scopes, pictures):
+    lm = scopes[1].lm
+    bf = headscope.load(lm, precision="bf16")
+    att = bf.attention(pictures[0])
+    assert att.precision == "bf16" and att.meta["precision"] == "bf16"
+    assert bf.relevance(pictures[0])["precision"] == "bf16"

@@ -1,0 +1,89 @@
+"""Tensors into the Python API: pixels ``[3, H, W]`` / ``[B, 3, H, W]`` (uint8 0..255 or float
+0..1) give exactly what the bytes path gives for the same pixels, for every call; wrong shapes,
+dtypes and ranges are clear errors; the precision is in every result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import headscope
+from headscope.python.inputs import png_bytes
+
+MODEL = "random:test_vit"
+
+
+@pytest.fixture(scope="module")
+def scope(tmp_path_factory):
+    return headscope.load(MODEL, device="cpu", models_dir=tmp_path_factory.mktemp("models"))
+
+
+def _levels(seed: int, hw) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (*hw, 3), dtype=np.uint8)
+
+
+def _chw(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
+
+
+def test_uint8_and_float_tensors_equal_the_bytes_path(scope):
+    H, W = scope.lm.input_size
+    a = _levels(0, (H, W))  # already the input size: used as it is
+    want = scope.attention(png_bytes(a), query="all")
+    for t in (_chw(a), _chw(a).float() / 255.0):
+        got = scope.attention(t, query="all")
+        assert torch.equal(got.maps, want.maps)
+        assert got.input_size == want.input_size and got.image_size == want.image_size
+    b = _levels(1, (50, 70))  # another size: resized as its PNG would be
+    assert torch.equal(scope.attention(_chw(b)).maps, scope.attention(png_bytes(b)).maps)
+
+
+def test_a_batch_tensor_gives_one_result_per_picture_in_order(scope):
+    H, W = scope.lm.input_size
+    pics = [_levels(s, (H, W)) for s in (2, 3, 4)]
+    batch = torch.stack([_chw(a) for a in pics])  # 3, 3, H, W
+    got = scope.attention(batch)
+    assert isinstance(got, list) and len(got) == 3
+    for g, a in zip(got, pics):
+        assert torch.equal(g.maps, scope.attention(png_bytes(a)).maps)
+    assert len({g.image_id for g in got}) == 3
+    # a list of tensors, mixed with bytes
+    mixed = scope.attention([_chw(pics[0]), png_bytes(pics[1])])
+    assert torch.equal(mixed[0].maps, got[0].maps) and torch.equal(mixed[1].maps, got[1].maps)
+
+
+def test_every_call_takes_tensors(scope):
+    H, W = scope.lm.input_size
+    a = _levels(5, (H, W))
+    t, data = _chw(a), png_bytes(a)
+    got, want = scope.relevance(t, method="chefer"), scope.relevance(data, method="chefer")
+    assert torch.equal(got["relevance"], want["relevance"]) and got["y"] == want["y"]
+    assert got["precision"] == "fp32" and isinstance(got["uniform"], bool)
+    f_got = scope.faithfulness(t, methods="chefer,random", fractions=[0, 0.5])
+    f_want = scope.faithfulness(data, methods="chefer,random", fractions=[0, 0.5])
+    assert f_got["methods"] == f_want["methods"] and f_got["precision"] == "fp32"
+    o_got, o_want = scope.output(t), scope.output(data)
+    assert o_got["precision"] == "fp32"
+    assert o_got["output"].keys() == o_want["output"].keys()
+    imp_got, imp_want = scope.importance(t, method="gradient"), scope.importance(data, method="gradient")
+    assert torch.equal(imp_got["importance"], imp_want["importance"])
+    stats = scope.attention(t).stats()
+    assert set(stats["precision"]) == {"fp32"}
+
+
+def test_bad_tensors_are_clear_errors(scope):
+    with pytest.raises(ValueError, match=r"0\.\.1"):
+        scope.attention(torch.randn(3, 32, 32))  # a normalised input, not pixels
+    with pytest.raises(ValueError, match=r"0\.\.1"):
+        scope.attention(torch.full((3, 32, 32), 200.0))  # 0..255 as floats
+    with pytest.raises(ValueError, match="channels last"):
+        scope.attention(torch.zeros(32, 32, 3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"\[3, H, W\]"):
+        scope.attention(torch.zeros(4, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="empty"):
+        scope.attention(torch.zeros(3, 0, 32, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="uint8"):
+        scope.attention(torch.zeros(3, 32, 32, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"pictures\[1\]"):
+        scope.attention([torch.zeros(3, 32, 32, dtype=torch.uint8), torch.randn(3, 32, 32)])
