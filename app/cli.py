@@ -242,11 +242,11 @@ def _extract(args) -> int:
     from .config import Settings
     from .engine import analysis
     from .engine.batching import BatchRunner
-    from .engine.capture import UnsupportedModelError
+    from .engine.block_capture import UnsupportedModelError
     from .engine.device import autocast_dtype, resolve_device
     from .engine.selection import SelectionError
     from .outputs import publish, refuse_existing, temporary_beside
-    from .serving import images
+    from .serving import preprocess
     from .serving.pictures import Pictures, read_picture_file
     from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
@@ -280,7 +280,7 @@ def _extract(args) -> int:
         try:
             # Read safely (no FIFO, nothing over the upload limit), prepared as the server does.
             prep = pictures.prepare(read_picture_file(f, settings.max_upload_bytes))
-        except images.ImageError as e:  # PictureFileError included
+        except preprocess.ImageError as e:  # PictureFileError included
             failed.append(f"{f}: {e} ({e.code})")
             continue
         except OSError as e:  # the decoder's own reads

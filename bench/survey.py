@@ -27,7 +27,7 @@ from PIL import Image
 from headscope.config import Settings
 from headscope.engine.forward import forward_capture
 from headscope.engine.model import LoadedModel
-from headscope.serving.store import Entry
+from headscope.serving.store import CachedCapture
 from headscope.survey.compute import Surveyor
 from headscope.survey.sources import Item
 
@@ -58,7 +58,7 @@ def stats_variants(lm: LoadedModel, device: str | torch.device = "cpu") -> list[
         Variant(
             "stats_all",
             "statistics of one image (GET .../stats)",
-            lambda x: Entry(lm.id, image, INPUT).stats(),
+            lambda x: CachedCapture(lm.id, image, INPUT).stats(),
             check_stats,
             "stats",
             note="entropy, distance, masses, CLS, similarity, ranks",

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from headscope.engine import analysis, stats  # noqa: E402
-from headscope.engine.capture import temper_  # noqa: E402
+from headscope.engine.block_capture import temper_  # noqa: E402
 from headscope.engine.layout import TokenLayout  # noqa: E402
 from headscope.engine.selection import SelectionError, parse_query  # noqa: E402
 from headscope.engine.windows import WindowIndex  # noqa: E402

@@ -26,7 +26,7 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from .capture import attention_layers
+from .block_capture import attention_layers
 from .selection import MAX_SPEC, SelectionError
 
 Ablation = tuple[tuple[int, int], ...]  # sorted (layer, head) pairs: a cache key
@@ -53,7 +53,7 @@ WINDOWED = (
 )
 
 
-def refuse_windowed(windowed: bool, what: str) -> None:
+def refuse_windowed_ablation(windowed: bool, what: str) -> None:
     """Raise :class:`AblationUnsupportedError` for a windowed model.
 
     Args:
@@ -82,7 +82,7 @@ def parse_ablate(spec: str | None, num_layers: int, num_heads: int, *, windowed:
         raise AblationError("ablate: specification too long")
     if spec in ("", "none"):
         return ()
-    refuse_windowed(windowed, "ablate")
+    refuse_windowed_ablation(windowed, "ablate")
     seen: dict[tuple[int, int], str] = {}
     for raw in spec.replace(" ", "").split(","):
         m = _PAIR.fullmatch(raw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .hooks import Attention
+from .capture_base import CapturedAttention
 from .selection import Selection, SelectionError
 
 
@@ -19,7 +19,7 @@ def fuse_heads(attn: torch.Tensor, how: str) -> torch.Tensor:
     raise SelectionError(f"head fusion {how!r}: use mean, max or min")
 
 
-def rollout(att: Attention, sel: Selection) -> torch.Tensor:
+def rollout(att: CapturedAttention, sel: Selection) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema, 2020), one map per selected layer.
 
     For layers ``l = start .. max(layers)``: ``A_l`` = the selected heads, each row
@@ -57,7 +57,7 @@ def rollout(att: Attention, sel: Selection) -> torch.Tensor:
     return torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1).cpu()
 
 
-def attention_tensor(att: Attention, sel: Selection) -> torch.Tensor:
+def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
     """The requested attention as ``[layers, heads, queries, tokens]`` float32, on the host.
 
     With ``aggregate`` = ``mean`` or ``max`` the heads axis has length 1 (the fused selected

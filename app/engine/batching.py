@@ -5,7 +5,7 @@ relevance and faithfulness requests, the Python API's `Scope`, the survey and ``
 extract``. What they used to do each in their own way is done once:
 
 * **pictures in as uint8** ``[3, H, W]`` (the resized picture, what
-  :class:`app.serving.images.Prepared` holds as ``raw``): a quarter of the bytes of the float
+  :class:`app.serving.preprocess.PreparedPixels` holds as ``raw``): a quarter of the bytes of the float
   input to copy to the device. On CUDA the host batch is pinned once and copied without
   blocking (:func:`to_device`); a picture already on the device is not copied at all.
 * **normalised on the device** by a table (:func:`normal_table`): each channel's 256 levels
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from .ablation import Ablation
+from .capture_base import CapturedAttention
 from .device import exact_fp32, is_oom, precision_name, release_memory
-from .hooks import Attention
 from .model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class BatchRunner:
     # -- the computations --------------------------------------------------------------------
     def capture(
         self, raws: Sequence[torch.Tensor] | torch.Tensor, *, materialise: bool = False, ablate: Ablation = ()
-    ) -> Sequence[Attention]:
+    ) -> Sequence[CapturedAttention]:
         """The attention captures of a batch of one shape (one per picture, in order)."""
         from .forward import forward_capture
 

@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .capture import ImageAttention
-from .hooks import CaptureError
+from .block_capture import ImageAttention
+from .capture_base import CaptureError
 from .selection import SelectionError
 
 

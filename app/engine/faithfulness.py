@@ -50,7 +50,7 @@ from .ablation import Ablation, head_masks, heads_masked
 from .device import autocast
 from .model import LoadedModel
 from .output import head_output, timm_model
-from .relevance import Target, check_target, parse_target, refuse_windowed
+from .relevance import Target, check_target, parse_target, refuse_windowed_relevance
 from .selection import MAX_SPEC, SelectionError
 from .verdicts import Verdict, verdicts
 
@@ -329,7 +329,7 @@ class PerturbationTest:
         reference: torch.Tensor | None = None,
         protocol: str = DEFAULT_PROTOCOL,
     ):
-        refuse_windowed(lm)
+        refuse_windowed_relevance(lm)
         self.protocol = parse_protocol(protocol)
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size}: at least 1")

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from .ablation import Ablation, head_masks, heads_masked
-from .capture import AttentionCapture, ImageAttention
+from .block_capture import AttentionCapture, ImageAttention
+from .capture_base import CapturedAttention, CaptureError
 from .device import autocast
-from .hooks import Attention, CaptureError
 from .model import LoadedModel
 from .output import head_output
 
@@ -23,7 +23,7 @@ def forward_capture(
     amp_dtype: torch.dtype | None = None,
     to: torch.device | str | None = None,
     ablate: Ablation = (),
-) -> Sequence[Attention]:
+) -> Sequence[CapturedAttention]:
     """Run ``lm``'s backbone on a batch with its attention captured; one result per image.
 
     Args:

@@ -36,8 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .ablation import Ablation, apply_mask, batch_masks, heads_masked, mask_point
+from .capture_base import CaptureError
 from .device import autocast
-from .hooks import CaptureError
 from .model import LoadedModel
 from .output import change, head_output, kl_divergence, timm_model
 

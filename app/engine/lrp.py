@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch.autograd import Function
 from torch.overrides import TorchFunctionMode
 
-from .capture import attention_layers
+from .block_capture import attention_layers
 
 RULES = ("chefer2021", "attnlrp")
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch.nn as nn
 
 from .ablation import Ablation, parse_ablate
-from .captured import CapturedImage, captured
-from .hooks import Attention, CaptureHooks
+from .capture_base import CapturedAttention, CaptureHooks
+from .captured_image import CapturedImage, captured
 from .layout import Stage, TokenLayout, WindowedLayout
 
 
@@ -79,7 +79,7 @@ class LoadedModel:
         ph, pw = self.patch_size
         return TokenLayout(list(self.prefix), (input_hw[0] // ph, input_hw[1] // pw), self.patch_size)
 
-    def captured(self, att: Attention, input_hw: tuple[int, int]) -> CapturedImage:
+    def captured(self, att: CapturedAttention, input_hw: tuple[int, int]) -> CapturedImage:
         """A capture of an input of ``input_hw`` pixels, read through this model's token layout."""
         return captured(att, self.layout(input_hw), input_hw)
 

@@ -49,7 +49,7 @@ import torch
 
 from .ablation import Ablation
 from .analysis import rollout
-from .capture import ImageAttention
+from .block_capture import ImageAttention
 from .forward import forward_maps
 from .model import LoadedModel
 from .selection import MAX_SPEC, Selection, SelectionError
@@ -123,7 +123,7 @@ WINDOWED = (
 )
 
 
-def refuse_windowed(lm: LoadedModel) -> None:
+def refuse_windowed_relevance(lm: LoadedModel) -> None:
     """Raise :class:`RelevanceUnsupportedError` for a windowed model."""
     if lm.stages is not None:
         raise RelevanceUnsupportedError(f"{lm.id}: {WINDOWED}")
@@ -228,7 +228,7 @@ def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] |
             f"target is a string ('output', 'box:X0,Y0,X1,Y1', 'top', 'class:N' or 'embedding') or None (the "
             f"model's default); got {type(spec).__name__} {str(spec)[:40]} (a class index N is 'class:N')"
         )
-    refuse_windowed(lm)
+    refuse_windowed_relevance(lm)
     head = (spec or "").lstrip().split(":", 1)[0].lower()
     if spec and ":" in spec and head in TARGET_KINDS:  # spelled as its own module reads it
         return TARGET_KINDS[head][0](spec, lm)
@@ -517,7 +517,7 @@ def relevance(
     Raises:
         TargetError, MethodError, RelevanceUnsupportedError: bad arguments (422 in the API).
     """
-    refuse_windowed(lm)
+    refuse_windowed_relevance(lm)
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
     if tgt.kind in TARGET_KINDS:  # a phrase: both towers (app.engine.text_relevance)

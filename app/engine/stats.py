@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .capture import ImageAttention
+from .block_capture import ImageAttention
 from .gram import gram_eigvalsh
 from .layout import TokenLayout
 

@@ -51,7 +51,7 @@ from .relevance import (
     gradient_maps,
     parse_methods,
     random_map,
-    refuse_windowed,
+    refuse_windowed_relevance,
 )
 
 PREFIX = "text:"
@@ -102,7 +102,7 @@ def require_text(lm: LoadedModel) -> Any:
 def parse_text_target(spec: str, lm: LoadedModel) -> TextTarget:
     """``text:PHRASE`` against a model: the phrase checked (empty, too long, not text, too many
     tokens: :class:`TextError`), the model checked for a text tower."""
-    refuse_windowed(lm)
+    refuse_windowed_relevance(lm)
     tower = require_text(lm)
     phrase = check_phrase(spec.lstrip()[len(PREFIX) :])
     tower.check(phrase)

@@ -27,8 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .capture_base import CaptureError
 from .explain import HeadComputation, host, project_heads
-from .hooks import CaptureError
 from .layout import Stage
 from .selection import SelectionError
 from .window_math import window_bias, window_qkv, window_scale

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .hooks import SUPPORTED_FAMILIES, CaptureError, UnsupportedModelError, store_input, store_norms, temper_
+from .capture_base import SUPPORTED_FAMILIES, CaptureError, UnsupportedModelError, store_input, store_norms, temper_
 from .layout import Stage, stage_of, tiles
 from .window_math import window_logits
 
@@ -314,7 +314,7 @@ class WindowedAttention:
 class WindowCapture:
     """Hooks every Swin block of ``model`` for one forward pass at a time.
 
-    Same use as :class:`~app.engine.capture.AttentionCapture`::
+    Same use as :class:`~app.engine.block_capture.AttentionCapture`::
 
         cap = WindowCapture(model)
         with cap.capturing():

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..serving.pictures import Prepared, read_picture_file
+from ..serving.pictures import PreparedPixels, read_picture_file
 from ..serving.uploads import image_id_of
 
 # PNG's deflate level for images and arrays: 0 stores the pixels (a 224 px picture encodes in
@@ -68,11 +68,11 @@ class TensorPicture:
 
 
 @dataclass
-class Prepped:
+class PreparedPicture:
     """One picture, read and prepared for the model (what the server holds after an upload)."""
 
     picture: Picture | TensorPicture
-    prep: Prepared
+    prep: PreparedPixels
     image_id: str = ""
 
     def __post_init__(self) -> None:

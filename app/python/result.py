@@ -22,9 +22,9 @@ import torch
 
 from ..config import Settings
 from ..engine.ablation import Ablation
-from ..engine.captured import CapturedImage
+from ..engine.capture_base import CapturedAttention as Capture
+from ..engine.captured_image import CapturedImage
 from ..engine.forward import forward_capture
-from ..engine.hooks import Attention as Capture
 from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
@@ -32,18 +32,18 @@ from ..engine.verdicts import Verdict
 from ..serving import answers
 from ..serving.params import AttentionParams, StatsParams
 from ..serving.pictures import Pictures
-from ..serving.store import Entry, Found
+from ..serving.store import CachedCapture, FoundCapture
 from . import params as P
+from .computing import computing
 from .extras import need
-from .inputs import Prepped
-from .modes import computing
+from .inputs import PreparedPicture
 
 if TYPE_CHECKING:
     import pandas
 
 
 @dataclass
-class Part:
+class AnswerPart:
     """One answer's worth of an `Attention`: the maps and what the answer says of them (a
     windowed model asked for every layer has one part per stage). Nothing of the capture."""
 
@@ -51,10 +51,12 @@ class Part:
     meta: dict[str, Any]
 
     @classmethod
-    def of(cls, found: Found, image_id: str, filename: str | None, params: AttentionParams, pairs: Ablation) -> Part:
+    def of(
+        cls, found: FoundCapture, image_id: str, filename: str | None, params: AttentionParams, pairs: Ablation
+    ) -> AnswerPart:
         """The API's answer for ``params`` of a capture: its maps and metadata."""
         sel = answers.selection(params, found.entry.image)
-        asked = answers.Asked(image_id, filename, found, params, sel, pairs)
+        asked = answers.AnswerSubject(image_id, filename, found, params, sel, pairs)
         array = answers.maps(found.entry.image, sel, asked.dropped(), "float32")
         if array.base is not None:  # a view of the capture's buffers would keep them all alive
             array = array.copy()
@@ -74,13 +76,13 @@ def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], eve
     ]
 
 
-def _without_pixels(item: Prepped) -> Prepped:
+def _without_pixels(item: PreparedPicture) -> PreparedPicture:
     """``item`` without its input tensor (its bytes and sizes stay)."""
-    light = Prepped(item.picture, replace(item.prep, raw=torch.empty(0, dtype=torch.uint8)))
+    light = PreparedPicture(item.picture, replace(item.prep, raw=torch.empty(0, dtype=torch.uint8)))
     return light
 
 
-def _own(found: Found) -> Found:
+def _own(found: FoundCapture) -> FoundCapture:
     """``found`` with this picture's capture in memory of its own: a capture of a batch holds
     views of the whole batch's buffers, which one result must not keep alive."""
 
@@ -98,13 +100,15 @@ def _own(found: Found) -> Found:
     copy = replace(att, **{f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att)})
     image = replace(image, att=copy)
     entry = found.entry
-    return Found(Entry(entry.model_id, image, entry.image_size, entry.precision), found.cached, found.timing)
+    return FoundCapture(
+        CachedCapture(entry.model_id, image, entry.image_size, entry.precision), found.cached, found.timing
+    )
 
 
-def found_of(lm: LoadedModel, item: Prepped, att: Capture, precision: str = "fp32") -> Found:
-    """A capture as the server's store keeps it (an `Entry`); ``precision``: what it was computed in."""
+def found_of(lm: LoadedModel, item: PreparedPicture, att: Capture, precision: str = "fp32") -> FoundCapture:
+    """A capture as the server's store keeps it (an `CachedCapture`); ``precision``: what it was computed in."""
     image = lm.captured(att, item.prep.input_size)
-    return Found(Entry(lm.id, image, item.prep.image_size, precision), False, {})
+    return FoundCapture(CachedCapture(lm.id, image, item.prep.image_size, precision), False, {})
 
 
 class Attention:
@@ -120,9 +124,9 @@ class Attention:
         self,
         lm: LoadedModel,
         settings: Settings,
-        item: Prepped,
-        found: Found,
-        parts: list[Part],
+        item: PreparedPicture,
+        found: FoundCapture,
+        parts: list[AnswerPart],
         params: AttentionParams,
         ablate: Ablation,
         per_stage: bool,
@@ -133,7 +137,7 @@ class Attention:
         self.settings = settings
         # The picture's bytes and sizes; its input tensor is made again when a capture is needed.
         self._item = _without_pixels(item)
-        self._found: Found | None = _own(found) if keep_capture else None
+        self._found: FoundCapture | None = _own(found) if keep_capture else None
         self._precision = found.entry.precision
         self._amp_dtype = amp_dtype
         self._parts = parts
@@ -146,8 +150,8 @@ class Attention:
         cls,
         lm: LoadedModel,
         settings: Settings,
-        item: Prepped,
-        found: Found,
+        item: PreparedPicture,
+        found: FoundCapture,
         params: AttentionParams,
         ablate: Ablation,
         per_stage: bool,
@@ -163,12 +167,12 @@ class Attention:
                 use, see the module docstring).
         """
         parts = [
-            Part.of(found, item.image_id, item.picture.filename, p, ablate)
+            AnswerPart.of(found, item.image_id, item.picture.filename, p, ablate)
             for p in _stage_params(lm, params, item.prep.input_size, per_stage)
         ]
         return cls(lm, settings, item, found, parts, params, ablate, per_stage, amp_dtype, keep_capture)
 
-    def _capture_found(self) -> Found:
+    def _capture_found(self) -> FoundCapture:
         """The capture behind the maps: kept, or computed again now (one forward of this picture,
         with the same heads removed) and kept from then on."""
         if self._found is None:
@@ -183,7 +187,7 @@ class Attention:
                     amp_dtype=self._amp_dtype,
                     ablate=self.ablate,
                 )[0]
-            self._found = found_of(self.lm, Prepped(self._item.picture, prep), att, self._precision)
+            self._found = found_of(self.lm, PreparedPicture(self._item.picture, prep), att, self._precision)
         return self._found
 
     def select(self, **fields: Any) -> Attention:

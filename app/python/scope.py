@@ -24,16 +24,16 @@ import torch
 import torch.nn as nn
 
 from ..config import Settings
-from ..engine.ablation import refuse_windowed
+from ..engine.ablation import refuse_windowed_ablation
 from ..engine.batching import BatchRunner
 from ..engine.device import PRECISIONS, autocast_dtype, resolve_device
 from ..engine.model import LoadedModel
-from ..serving.images import ImageError
-from ..serving.pictures import Pictures, Prepared
+from ..serving.pictures import Pictures, PreparedPixels
+from ..serving.preprocess import ImageError
 from ..serving.uploads import image_id_of
 from . import params as P
-from .inputs import PICTURE_TYPES, Prepped, TensorPicture, is_many, is_tensor, picture, tensor_pictures
-from .modes import computing
+from .computing import computing
+from .inputs import PICTURE_TYPES, PreparedPicture, TensorPicture, is_many, is_tensor, picture, tensor_pictures
 
 if TYPE_CHECKING:
     from .result import Attention, FaithfulnessResult
@@ -94,8 +94,8 @@ class Scope:
         )
 
     # -- pictures -------------------------------------------------------------------------
-    def _read(self, image: Any) -> list[Prepped]:
-        """Read and prepare one picture or a list (one ``Prepped`` each); errors name the item.
+    def _read(self, image: Any) -> list[PreparedPicture]:
+        """Read and prepare one picture or a list (one ``PreparedPicture`` each); errors name the item.
 
         The pictures of a list are decoded and resized in parallel (a thread pool the size of
         the machine's cores: Pillow releases the GIL), each exactly as alone.
@@ -108,7 +108,7 @@ class Scope:
         if many and not items:
             raise ValueError(f"an empty list of pictures; give {PICTURE_TYPES}, or a list of them")
 
-        def one(i: int) -> Prepped:
+        def one(i: int) -> PreparedPicture:
             try:
                 return self._prepare(items[i])
             except ImageError as e:
@@ -125,10 +125,10 @@ class Scope:
         with ThreadPoolExecutor(min(len(items), _cores()), thread_name_prefix="headscope-prepare") as pool:
             return list(pool.map(one, range(len(items))))
 
-    def _prepare(self, item: Any) -> Prepped:
+    def _prepare(self, item: Any) -> PreparedPicture:
         if not is_tensor(item):
             pic = picture(item, self.settings.max_upload_bytes)
-            return Prepped(pic, self.pictures.prepare(pic.data))
+            return PreparedPicture(pic, self.pictures.prepare(pic.data))
         if item.dim() != 3:
             raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
         levels = tensor_pictures(item)[0]  # 3, H, W uint8, on its device
@@ -137,20 +137,20 @@ class Scope:
         image_id = image_id_of(f"pixels {H}x{W}\n".encode() + host.numpy().tobytes())
         tpic = TensorPicture(levels)
         if self.pictures.fit(W, H) == (W, H):  # no resize: the pixels as they are, where they are
-            prep = Prepared(levels, (H, W), (H, W), tuple(self.lm.mean), tuple(self.lm.std))  # type: ignore[arg-type]
+            prep = PreparedPixels(levels, (H, W), (H, W), tuple(self.lm.mean), tuple(self.lm.std))  # type: ignore[arg-type]
         else:  # resized as its lossless PNG would be (the one preparation path)
             prep = self.pictures.prepare(tpic.data)
-        return Prepped(tpic, prep, image_id)
+        return PreparedPicture(tpic, prep, image_id)
 
     def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:
         """The model in eval mode while Headscope computes (see `computing`)."""
         return computing(self.lm, lock)
 
-    def _batches(self, items: list[Prepped]) -> list[list[int]]:
+    def _batches(self, items: list[PreparedPicture]) -> list[list[int]]:
         """Indices of ``items`` in batches of one input size, at most ``batch_size`` each."""
         return self.runner.groups([tuple(it.prep.raw.shape) for it in items])
 
-    def _raws(self, items: list[Prepped], idx: list[int]) -> list[torch.Tensor]:
+    def _raws(self, items: list[PreparedPicture], idx: list[int]) -> list[torch.Tensor]:
         return [items[i].prep.raw for i in idx]
 
     # -- attention ------------------------------------------------------------------------
@@ -279,19 +279,19 @@ class Scope:
         from ..serving.params import ImportanceQuery
 
         method = P.build(ImportanceQuery, method=method).method
-        refuse_windowed(self.lm.windowed, "importance")
+        refuse_windowed_ablation(self.lm.windowed, "importance")
         res = [self._importance(it, method) for it in self._read(image)]
         return (
             [_arrays(r, ("importance", "kl")) for r in res] if is_many(image) else _arrays(res[0], ("importance", "kl"))
         )
 
-    def _importance(self, it: Prepped, method: str) -> dict[str, Any]:
+    def _importance(self, it: PreparedPicture, method: str) -> dict[str, Any]:
         from ..serving.ablation import importance_work
-        from ..serving.tasks import Progress, run_now
+        from ..serving.tasks import TaskProgress, run_now
 
         with self.computing(lock=False):  # each piece takes the model's lock
             work = importance_work(
-                it.image_id, self.lm, it.prep, method, Progress("importance"), self.amp_dtype, self.device
+                it.image_id, self.lm, it.prep, method, TaskProgress("importance"), self.amp_dtype, self.device
             )
             return run_now(work)
 
@@ -302,17 +302,17 @@ class Scope:
         output change after each step (``change``); the importance by ``method`` first."""
         from ..serving.ablation import pruning_work
         from ..serving.params import PruningQuery
-        from ..serving.tasks import Progress, run_now
+        from ..serving.tasks import TaskProgress, run_now
 
         asked = P.build(PruningQuery, method=method, **({} if points is None else {"points": points}))
         method, points = asked.method, asked.points
-        refuse_windowed(self.lm.windowed, "pruning")
+        refuse_windowed_ablation(self.lm.windowed, "pruning")
         res = []
         for it in self._read(image):
             ranking = self._importance(it, method)
             with self.computing(lock=False):  # each piece takes the model's lock
                 work = pruning_work(
-                    it.image_id, self.lm, it.prep, ranking, points, Progress("pruning"), self.amp_dtype, self.device
+                    it.image_id, self.lm, it.prep, ranking, points, TaskProgress("pruning"), self.amp_dtype, self.device
                 )
                 res.append(_arrays(run_now(work), ("change", "kl")))
         return res if is_many(image) else res[0]
@@ -338,12 +338,11 @@ class Scope:
             ``relevance`` (``[rows, cols]`` on the patch grid, summing to 1), ``method``,
             ``target``, ``y`` (the target's value), ``grid`` and the map's metadata.
         """
-        from ..engine.relevance import MethodError
-        from ..engine.relevance import refuse_windowed as refuse_relevance
+        from ..engine.relevance import MethodError, refuse_windowed_relevance
         from ..engine.text_relevance import parse_target_methods
         from ..serving.relevance import relevance_meta
 
-        refuse_relevance(self.lm)
+        refuse_windowed_relevance(self.lm)
         names = parse_target_methods(method, target, self.lm)
         if len(names) != 1:
             raise MethodError(
@@ -386,13 +385,12 @@ class Scope:
             curves, one or neither, and by how much; its ``repr`` prints that in words.
         """
         from ..engine.faithfulness import check_protocol, parse_fractions, parse_protocol
-        from ..engine.relevance import parse_target
-        from ..engine.relevance import refuse_windowed as refuse_relevance
+        from ..engine.relevance import parse_target, refuse_windowed_relevance
         from ..engine.text_relevance import parse_target_methods
         from ..serving.relevance import FaithfulnessSpec, faithfulness_result
         from .result import FaithfulnessResult
 
-        refuse_relevance(self.lm)
+        refuse_windowed_relevance(self.lm)
         names = parse_target_methods(methods, target, self.lm)
         fracs = parse_fractions(fractions)
         proto = parse_protocol(protocol)
@@ -472,7 +470,7 @@ class Scope:
         return out if is_many(image) else out[0]
 
     def _relevance(
-        self, items: list[Prepped], target: str | None, names: Any, pairs: Any
+        self, items: list[PreparedPicture], target: str | None, names: Any, pairs: Any
     ) -> Iterator[tuple[list[int], list[Any]]]:
         """Relevance maps of ``items``, a batch of one input size at a time: the batch's indices
         and its ``RelevanceMaps`` (one forward and one backward per batch)."""

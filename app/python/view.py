@@ -46,16 +46,16 @@ import torch
 from ..html_json import script_json
 from ..serving import answers
 from . import params as P
+from .computing import computing
 from .esm import assemble, entry_var
 from .extras import need
-from .modes import computing
 
 if TYPE_CHECKING:
-    from ..engine.captured import CapturedImage
+    from ..engine.captured_image import CapturedImage
     from ..engine.model import LoadedModel
 
 
-class Attention(Protocol):
+class ViewedAttention(Protocol):
     """What the view reads of a result (:class:`~app.python.result.Attention`, which calls this
     module: a Protocol rather than an import keeps the two modules out of a circle)."""
 
@@ -90,7 +90,7 @@ ENTRY = "widget"
 BINARY = ("logp", "image")
 
 
-def _layers(att: Attention) -> list[int]:
+def _layers(att: ViewedAttention) -> list[int]:
     if att.per_stage:
         raise ValueError(
             "the view shows the layers of one stage of a windowed model: ask for them, e.g. "
@@ -99,7 +99,7 @@ def _layers(att: Attention) -> list[int]:
     return list(att.layers)
 
 
-def rows_logp(att: Attention, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+def rows_logp(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
     """Every row of every head of the result's layers at temperature 1, as the API answers
     ``query=all`` for them, in log space and float16: ``([layers, heads, N, N] float16, meta)``.
 
@@ -126,7 +126,7 @@ def rows_logp(att: Attention, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, d
     return logp, {"layers": list(sel.layers), "tokens": image.tokens(sel.stage)}
 
 
-def _state(att: Attention, max_bytes: int) -> dict[str, Any]:
+def _state(att: ViewedAttention, max_bytes: int) -> dict[str, Any]:
     """The view's traits: the binary ones as bytes, the rest plain JSON values."""
     logp, meta = rows_logp(att, max_bytes)
     layers = meta["layers"]
@@ -183,13 +183,13 @@ def _widget_class() -> type:
     return AttentionWidget
 
 
-def widget(att: Attention, max_bytes: int = MAX_BYTES) -> Any:
+def widget(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> Any:
     """The anywidget of ``att`` (needs the notebook extra)."""
     cls = _widget_class()
     return cls(**_state(att, max_bytes))
 
 
-def show(att: Attention, max_bytes: int = MAX_BYTES) -> None:
+def show(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> None:
     """Display the view of ``att`` in the notebook (needs the notebook extra)."""
     w = widget(att, max_bytes)
     from IPython.display import display
@@ -197,7 +197,7 @@ def show(att: Attention, max_bytes: int = MAX_BYTES) -> None:
     display(w)
 
 
-def html_text(att: Attention, max_bytes: int = MAX_BYTES) -> str:
+def html_text(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> str:
     """The view of ``att`` as one self-contained HTML page."""
     state = _state(att, max_bytes)
     for name in BINARY:
@@ -220,14 +220,14 @@ def html_text(att: Attention, max_bytes: int = MAX_BYTES) -> str:
     )
 
 
-def to_html(att: Attention, path: str | Path, max_bytes: int = MAX_BYTES) -> Path:
+def to_html(att: ViewedAttention, path: str | Path, max_bytes: int = MAX_BYTES) -> Path:
     """Write the view of ``att`` to ``path`` (one file, opens offline); returns the path."""
     out = Path(path)
     out.write_text(html_text(att, max_bytes), encoding="utf-8")
     return out
 
 
-def mimebundle(att: Attention, **kwargs: Any) -> Any:
+def mimebundle(att: ViewedAttention, **kwargs: Any) -> Any:
     """The result's rich display: the widget where anywidget is installed, else its text."""
     try:
         w = widget(att)

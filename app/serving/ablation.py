@@ -6,7 +6,7 @@
 * :meth:`AblationService.importance`: every head's importance (exact sweep or gradient),
   :meth:`AblationService.pruning`: the pruning curve. Both run as tasks in pieces on the worker
   thread so uploads interleave (:class:`~.tasks.ImageTasks`), report
-  :class:`~.tasks.Progress` (``GET …/importance/progress``) and are cached.
+  :class:`~.tasks.TaskProgress` (``GET …/importance/progress``) and are cached.
 
 The computations themselves are plain functions (:func:`output_answer`, :func:`importance_work`,
 :func:`pruning_work`): :func:`~.tasks.run_now` runs the works without a server, with the same
@@ -29,14 +29,14 @@ import orjson
 import torch
 
 from ..engine import importance as imp
-from ..engine.ablation import Ablation, ablate_text, refuse_windowed
+from ..engine.ablation import Ablation, ablate_text, refuse_windowed_ablation
 from ..engine.batching import device_input
 from ..engine.model import LoadedModel
 from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_change, kl_divergence
-from . import images
+from . import preprocess
 from .cache import ImportanceKey, OutputKey, PruningKey
 from .params import DEFAULT_POINTS
-from .tasks import ImageTasks, Progress, Work, run_on
+from .tasks import ImageTasks, TaskProgress, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected, wait_for_result
 
@@ -151,12 +151,12 @@ def _on_device(fn, lm: LoadedModel, pixels: torch.Tensor, device, *args) -> Any:
 def importance_work(
     image_id: str,
     lm: LoadedModel,
-    prep: images.Prepared,
+    prep: preprocess.PreparedPixels,
     method: str,
-    progress: Progress,
+    progress: TaskProgress,
     amp_dtype: torch.dtype | None,
     device,
-) -> Work:
+) -> TaskWork:
     """Every head's importance (``GET …/importance``), in pieces: one unablated forward and one
     piece per block (``ablation``), or one forward and backward pass (``gradient``)."""
     t0 = time.perf_counter()
@@ -208,13 +208,13 @@ def importance_work(
 def pruning_work(
     image_id: str,
     lm: LoadedModel,
-    prep: images.Prepared,
+    prep: preprocess.PreparedPixels,
     ranking: dict,
     points: int,
-    progress: Progress,
+    progress: TaskProgress,
     amp_dtype: torch.dtype | None,
     device,
-) -> Work:
+) -> TaskWork:
     """The pruning curve (``GET …/pruning``) from an importance ``ranking``, in pieces of a few
     masked forwards."""
     t0 = time.perf_counter()
@@ -319,7 +319,7 @@ class AblationService(ImageTasks):
                 (the computation goes on; the route answers 202).
         """
         lm = await self.model(model_id)
-        refuse_windowed(lm.windowed, "importance")
+        refuse_windowed_ablation(lm.windowed, "importance")
         return await self._importance(image_id, lm, method, is_disconnected, wait)
 
     async def _importance(
@@ -331,7 +331,7 @@ class AblationService(ImageTasks):
         wait: float | None,
         upload: Upload | None = None,
     ) -> dict:
-        async def compute(progress: Progress, upload: Upload) -> dict:
+        async def compute(progress: TaskProgress, upload: Upload) -> dict:
             prep = await self.prepared(upload, lm)
             work = importance_work(image_id, lm, prep, method, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
@@ -351,7 +351,7 @@ class AblationService(ImageTasks):
         """``GET …/pruning``: the output change as heads are removed, least important first
         (``wait`` as for :meth:`importance`); the importance first if needed."""
         lm = await self.model(model_id)
-        refuse_windowed(lm.windowed, "pruning")
+        refuse_windowed_ablation(lm.windowed, "pruning")
         key = pruning_key(image_id, lm, method, points)
         hit = self.cache.get(key)
         if hit is not None:
@@ -366,7 +366,7 @@ class AblationService(ImageTasks):
         if wait is not None:
             wait = max(0.0, wait - (time.monotonic() - t_wait))
 
-        async def compute(progress: Progress, upload: Upload) -> dict:
+        async def compute(progress: TaskProgress, upload: Upload) -> dict:
             prep = await self.prepared(upload, lm)
             work = pruning_work(image_id, lm, prep, ranking, key.points, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
@@ -392,7 +392,7 @@ class AblationService(ImageTasks):
         lm = self.registry.loaded(mid)
         idle = {"state": "idle", "task": what, "done": 0, "total": None, "fraction": 0.0}
         if lm is not None:
-            refuse_windowed(lm.windowed, what)
+            refuse_windowed_ablation(lm.windowed, what)
             key = self._key(what, image_id, lm, method, points)
             state = self.state(key, what)
             if state is not None:

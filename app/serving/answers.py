@@ -3,7 +3,7 @@
 The steps, each a function of its own so that any caller can take them (the service on the
 worker thread, the command line, a notebook): :func:`selection` resolves a request's parameters
 against a captured image, :func:`maps` slices and fuses the maps it asks for, :func:`meta` says
-what they are (of an :class:`Asked`: the request and what it selects), :func:`built` encodes the
+what they are (of an :class:`AnswerSubject`: the request and what it selects), :func:`built` encodes the
 whole answer (JSON, safetensors or npy). The service's
 :class:`Answers` checks an answer's size before it is built and streams the large binary ones.
 
@@ -43,13 +43,13 @@ import torch
 from ..config import Settings
 from ..engine import analysis
 from ..engine.ablation import Ablation
-from ..engine.captured import CapturedImage
-from ..engine.hooks import Attention
+from ..engine.capture_base import CapturedAttention
+from ..engine.captured_image import CapturedImage
 from ..engine.selection import Selection, SelectionError
 from .admission import Admission, Ticket, current_ticket, using
-from .encoders import MEDIA_TYPES, Part, binary_header, binary_headers, download_stem, encode
+from .encoders import MEDIA_TYPES, BodyPart, binary_header, binary_headers, download_stem, encode
 from .params import AttentionParams
-from .store import Found
+from .store import FoundCapture
 from .waiting import ClientGone
 from .worker import Worker
 
@@ -65,7 +65,7 @@ class AnswerTooLarge(ValueError):
     """The answer would be over a size limit (answered 413 ``answer_too_large``)."""
 
 
-def answer_shape(sel: Selection, att: Attention) -> tuple[int, int, int, int]:
+def answer_shape(sel: Selection, att: CapturedAttention) -> tuple[int, int, int, int]:
     """``[layers, heads, queries, tokens]`` of the answer to ``sel`` (a windowed model's selected
     layers are of one stage: its grid and heads)."""
     first = sel.layers[0]
@@ -133,11 +133,11 @@ class StreamAborted(Exception):
 
 @dataclass
 class Answer:
-    body: list[Part]  # sent in order; b"".join(body) is the whole body (empty when streamed)
+    body: list[BodyPart]  # sent in order; b"".join(body) is the whole body (empty when streamed)
     headers: dict[str, str]
     media_type: str
     meta: dict[str, Any]
-    stream: AsyncIterator[Part] | None = None  # a large binary answer, chunk by chunk
+    stream: AsyncIterator[BodyPart] | None = None  # a large binary answer, chunk by chunk
     length: int = 0  # the body's length (Content-Length), also when streamed
 
 
@@ -171,13 +171,13 @@ def maps(image: CapturedImage, sel: Selection, dropped: list[int], dtype: str) -
 
 
 @dataclass
-class Asked:
+class AnswerSubject:
     """What an answer answers: an image (its id and name), its capture as found, the request's
     parameters, what they select of the capture, and the heads removed."""
 
     image_id: str
     filename: str | None
-    found: Found
+    found: FoundCapture
     params: AttentionParams
     sel: Selection
     ablate: Ablation = ()
@@ -194,7 +194,7 @@ class Asked:
         return download_stem(self.image_id, self.found.entry.model_id, self.params)
 
 
-def meta(asked: Asked, shape: Sequence[int]) -> dict[str, Any]:
+def meta(asked: AnswerSubject, shape: Sequence[int]) -> dict[str, Any]:
     """What an attention answer says besides its maps."""
     entry, image, sel, params = asked.found.entry, asked.image, asked.sel, asked.params
     heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
@@ -221,7 +221,7 @@ def meta(asked: Asked, shape: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def built(asked: Asked) -> Answer:
+def built(asked: AnswerSubject) -> Answer:
     """A whole answer, encoded (JSON, or a binary answer too small to stream)."""
     t0 = time.perf_counter()
     params = asked.params
@@ -240,7 +240,7 @@ def built(asked: Asked) -> Answer:
     return Answer(body, headers, MEDIA_TYPES[params.format], head, length=length)
 
 
-def stats_body(image_id: str, found: Found, stats: dict[str, Any], ablate: Ablation = ()) -> dict[str, Any]:
+def stats_body(image_id: str, found: FoundCapture, stats: dict[str, Any], ablate: Ablation = ()) -> dict[str, Any]:
     """The answer of ``GET …/stats``: ``stats`` (:meth:`Entry.stats`) with what they are of (a
     windowed model: the first stage's grid, and every stage)."""
     image = found.entry.image
@@ -268,7 +268,7 @@ class Answers:
         self.worker = worker
         self.admission = admission
 
-    def plan(self, found: Found, params: AttentionParams) -> tuple[Selection, int]:
+    def plan(self, found: FoundCapture, params: AttentionParams) -> tuple[Selection, int]:
         """Check the selection and the answer's size before building it (event loop, no torch).
 
         Returns:
@@ -289,12 +289,12 @@ class Answers:
         return sel, size
 
     async def answer(
-        self, image_id: str, filename: str | None, found: Found, params: AttentionParams, ablate: Ablation = ()
+        self, image_id: str, filename: str | None, found: FoundCapture, params: AttentionParams, ablate: Ablation = ()
     ) -> Answer:
         """The answer, sized first; a large binary one is streamed. One that carries a
         ``filename`` (the answer to an upload) is sent with ``Cache-Control: no-store``."""
         sel, size = self.plan(found, params)
-        asked = Asked(image_id, filename, found, params, sel, ablate)
+        asked = AnswerSubject(image_id, filename, found, params, sel, ablate)
         if params.format != "json" and size >= STREAM_MIN_BYTES:
             answer = await self.worker.run_answer(self._streamed, asked)
         else:
@@ -304,7 +304,7 @@ class Answers:
             answer.headers["Cache-Control"] = "no-store"
         return answer
 
-    def _streamed(self, asked: Asked) -> Answer:
+    def _streamed(self, asked: AnswerSubject) -> Answer:
         """A large binary answer: the header now, the layers when the socket has room for them.
 
         Runs on the worker thread (the metadata reads the capture); the chunks are computed there
@@ -331,7 +331,7 @@ class Answers:
                 part = dataclasses.replace(part, heads=[sel.heads[j] for j in chunk.heads])
             return maps(image, part, dropped, params.dtype)
 
-        async def body() -> AsyncIterator[Part]:
+        async def body() -> AsyncIterator[BodyPart]:
             yield head
             whole = None
             for chunk in pieces:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-Part = bytes | memoryview
+BodyPart = bytes | memoryview
 
 MEDIA_TYPES = {
     "json": "application/json",
@@ -193,7 +193,7 @@ def binary_headers(fmt: str, meta: dict[str, Any], name: str | None = None) -> d
 
 def encode(
     array: np.ndarray, meta: dict[str, Any], fmt: str, name: str | None = None, key: str = "attention"
-) -> tuple[list[Part], dict[str, str]]:
+) -> tuple[list[BodyPart], dict[str, str]]:
     """Encode ``array`` (``[layers, heads, queries, tokens]``) with its metadata.
 
     ``name``: the download name of a binary answer without its extension (``download_stem``);

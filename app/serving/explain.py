@@ -1,7 +1,7 @@
 """GET .../explain: one head's whole computation for one query token, from the cached capture.
 
 The capture already holds what it takes (q, k, v, the bias and the head outputs of every layer,
-see :mod:`app.engine.capture`), so an image that is cached is answered without a forward pass;
+see :mod:`app.engine.block_capture`), so an image that is cached is answered without a forward pass;
 the worker thread does the few small products (:func:`app.engine.explain.explain_head`).
 A windowed model (Swin) keeps each window's tokens instead of q, k and v: the query's window is
 projected again with the block's weights (:func:`app.engine.window_explain.explain_window_head`),
@@ -20,12 +20,17 @@ from ..engine.model import LoadedModel
 from .answers import Answer, server_timing
 from .params import ExplainParams
 from .service import AttentionService
-from .store import Found
+from .store import FoundCapture
 from .waiting import Disconnected
 
 
 def explained(
-    image_id: str, filename: str | None, lm: LoadedModel, found: Found, params: ExplainParams, ablate: Ablation = ()
+    image_id: str,
+    filename: str | None,
+    lm: LoadedModel,
+    found: FoundCapture,
+    params: ExplainParams,
+    ablate: Ablation = (),
 ) -> Answer:
     """The explain answer (JSON or safetensors) of a capture in hand (worker thread)."""
     t0 = time.perf_counter()
@@ -57,7 +62,12 @@ def explained(
 
 
 def explain_fields(
-    image_id: str, filename: str | None, lm: LoadedModel, found: Found, params: ExplainParams, ablate: Ablation = ()
+    image_id: str,
+    filename: str | None,
+    lm: LoadedModel,
+    found: FoundCapture,
+    params: ExplainParams,
+    ablate: Ablation = (),
 ) -> tuple[dict[str, Any], HeadComputation]:
     """What the explain answer says of a capture in hand: its fields besides the tensors (no
     timing), and the head's computation, whose ``tensors()`` are the answer's arrays. The

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..zoo.catalog import Entry, lookup, parameter_count
-from ..zoo.download import Progress, cached_weights, check_download, download_weights, unreachable_message
+from ..zoo.catalog import CatalogEntry, lookup, parameter_count
+from ..zoo.download import DownloadProgress, cached_weights, check_download, download_weights, unreachable_message
 from ..zoo.errors import HubUnreachableError, ModelLoadError, ModelTooLargeError
 from ..zoo.hub import hub_reachable
 from ..zoo.registry import Registry
@@ -41,10 +41,10 @@ KEEP_FAILED_S = 600.0
 class Load:
     """One model's load: what ``GET …/load`` reports."""
 
-    entry: Entry
+    entry: CatalogEntry
     model_id: str
     state: str = "queued"
-    progress: Progress = field(default_factory=Progress)
+    progress: DownloadProgress = field(default_factory=DownloadProgress)
     error: Exception | None = None
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
@@ -95,7 +95,7 @@ class ModelLoads:
         self._flights: Flights[None] = Flights()  # the loads under way: kept, they outlive their requests
         self._download = asyncio.Semaphore(1)
 
-    def model_id(self, entry: Entry) -> str:
+    def model_id(self, entry: CatalogEntry) -> str:
         """The id the registry offers this model under: a configured id for the same name, else ``timm:NAME``."""
         for mid, spec in list(self.registry.specs.items()):
             if spec.source == "timm-hub" and spec.arch == entry.name:

@@ -7,14 +7,14 @@ same pixels, hence the same maps and statistics, whichever way it comes in:
 1. :meth:`Pictures.probe` reads the header (format, size, the decompression-bomb limit) and
    estimates the decode's peak memory, which the server reserves before going on;
 2. :meth:`Pictures.finish` decodes upright RGB with the **early reduction** of
-   :mod:`app.serving.images` (a picture more than 3x its target size along an axis is first
+   :mod:`app.serving.preprocess` (a picture more than 3x its target size along an axis is first
    shrunk by an integer box filter, or by the JPEG decoder's DCT scaling, to no less than 3x the
    target), then resizes it (bicubic) to the input size planned from the picture's *original*
    size, and normalises it with the model's mean and std.
 
 :meth:`Pictures.prepare` does both. Nothing else decodes pictures: the page's display PNG
 (:func:`display_probe`, :func:`display_finish`) is the one other use, with a fit of its own
-(:func:`app.serving.images.display_fit`).
+(:func:`app.serving.preprocess.display_fit`).
 
 Pictures that come from files (the survey, ``headscope extract``, in-process callers given paths)
 are read by :func:`read_picture_file`, the one way a picture file becomes bytes: a regular file
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import images
-from .images import ImageError, Prepared, Probe
+from . import preprocess
+from .preprocess import ImageError, PreparedPixels, Probe
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -42,7 +42,7 @@ __all__ = [
     "ImageError",
     "PictureFileError",
     "Pictures",
-    "Prepared",
+    "PreparedPixels",
     "Probe",
     "display_finish",
     "display_probe",
@@ -91,19 +91,19 @@ class Pictures:
 
     def fit(self, width: int, height: int) -> tuple[int, int]:
         """The (width, height) a picture of (width, height) pixels is resized to."""
-        h, w = images.plan_size(
+        h, w = preprocess.plan_size(
             width, height, self.input_size, self.patch_size, self.resize, self.max_aspect, self.dynamic
         )
         return w, h
 
     def probe(self, data: bytes) -> Probe:
         """Read the header; raises :class:`ImageError` (4xx) for what cannot be a picture."""
-        return images.probe(data, self.max_pixels, self.fit)
+        return preprocess.probe(data, self.max_pixels, self.fit)
 
-    def finish(self, probe: Probe) -> Prepared:
+    def finish(self, probe: Probe) -> PreparedPixels:
         """Decode a probed picture (early reduction included), resize and normalise it."""
-        dec = images.load(probe)
-        return images.prepare(
+        dec = preprocess.load(probe)
+        return preprocess.prepare(
             dec.img,
             self.input_size,
             self.patch_size,
@@ -115,19 +115,19 @@ class Pictures:
             image_size=dec.image_size,
         )
 
-    def prepare(self, data: bytes) -> Prepared:
+    def prepare(self, data: bytes) -> PreparedPixels:
         """Bytes -> the normalised input tensor ``[3, H, W]`` with its input and image sizes."""
         return self.finish(self.probe(data))
 
 
 def display_probe(data: bytes, max_pixels: int) -> Probe:
     """Read the header of a picture shown on the page (longer side at most 1600 pixels)."""
-    return images.probe(data, max_pixels, images.display_fit)
+    return preprocess.probe(data, max_pixels, preprocess.display_fit)
 
 
 def display_finish(probe: Probe) -> bytes:
     """The probed picture as the page's PNG (early reduction to its display size included)."""
-    return images.display_png(images.load(probe).img)
+    return preprocess.display_png(preprocess.load(probe).img)
 
 
 class PictureFileError(ImageError):

@@ -48,16 +48,16 @@ from ..engine.relevance import (
     parse_methods,
     parse_target,
     random_map,
-    refuse_windowed,
+    refuse_windowed_relevance,
 )
 from ..engine.selection import SelectionError
 from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
-from . import images
+from . import preprocess
 from .answers import Answer, server_timing
 from .cache import FaithfulnessKey, RelevanceKey
 from .encoders import MEDIA_TYPES, encode
 from .params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
-from .tasks import TASK_DEADLINE_S, ImageTasks, Progress, Tasks, Work, run_on
+from .tasks import TASK_DEADLINE_S, ImageTasks, TaskProgress, Tasks, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected
 
@@ -143,7 +143,7 @@ class FaithfulnessSpec:
 def faithfulness_spec(lm: LoadedModel, q: FaithfulnessQuery) -> FaithfulnessSpec:
     """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate, protocol; a
     windowed model)."""
-    refuse_windowed(lm)
+    refuse_windowed_relevance(lm)
     target = parse_target(q.target, lm)
     methods = parse_target_methods(q.methods, target, lm)
     fractions = faith.parse_fractions(q.fractions)
@@ -155,7 +155,7 @@ def faithfulness_spec(lm: LoadedModel, q: FaithfulnessQuery) -> FaithfulnessSpec
 # -- the computations (any thread; the server runs them on its worker) ---------------------------
 def relevance_maps(
     lm: LoadedModel,
-    prep: images.Prepared,
+    prep: preprocess.PreparedPixels,
     target: Target,
     ablate: Ablation = (),
     amp_dtype: torch.dtype | None = None,
@@ -287,7 +287,7 @@ def relevance_answer(
 
 def _new_test(
     lm: LoadedModel,
-    prep: images.Prepared,
+    prep: preprocess.PreparedPixels,
     maps: RelevanceMaps,
     spec: FaithfulnessSpec,
     amp_dtype: torch.dtype | None,
@@ -316,14 +316,14 @@ def _step(lm: LoadedModel, test: faith.PerturbationTest) -> None:
 def faithfulness_work(
     image_id: str,
     lm: LoadedModel,
-    prep: images.Prepared,
+    prep: preprocess.PreparedPixels,
     maps: RelevanceMaps,
     spec: FaithfulnessSpec,
-    progress: Progress,
+    progress: TaskProgress,
     amp_dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
     batch_size: int = faith.DEFAULT_BATCH,
-) -> Work:
+) -> TaskWork:
     """The perturbation test of ``spec.methods``' maps (``GET …/faithfulness``), in pieces: the
     test's set-up, then one batch of perturbed forwards per piece.
 
@@ -370,7 +370,7 @@ class RelevanceService(ImageTasks):
 
     async def _model(self, model_id: str | None) -> LoadedModel:
         lm = await self.model(model_id)
-        refuse_windowed(lm)
+        refuse_windowed_relevance(lm)
         return lm
 
     async def maps(
@@ -379,7 +379,7 @@ class RelevanceService(ImageTasks):
         lm: LoadedModel,
         ablate: Ablation,
         target: Target,
-        prep: images.Prepared | None = None,
+        prep: preprocess.PreparedPixels | None = None,
         is_disconnected: Disconnected | None = None,
         deadline: float | None = None,
         group: tuple[str, ...] = BASE_METHODS,
@@ -394,7 +394,7 @@ class RelevanceService(ImageTasks):
             return hit, True
         picture = upload or self.uploads.require(image_id)
 
-        async def job(progress: Progress) -> RelevanceMaps:
+        async def job(progress: TaskProgress) -> RelevanceMaps:
             p = prep or await self.prepared(picture, lm)
             check_target(target, p.input_size)  # a box outside this picture's map: 422 before the forward
             progress.stage = "forward and backward pass"
@@ -433,7 +433,7 @@ class RelevanceService(ImageTasks):
         spec = faithfulness_spec(lm, params)
         check_cost(spec, self.settings.max_test_forwards)
         key = spec.key(image_id, lm.id)
-        checked: images.Prepared | None = None
+        checked: preprocess.PreparedPixels | None = None
         upload: Upload | None = None
         if self.cache.get(key) is None and self.tasks.progress(key) is None:
             # What would fail inside the task fails here, before it takes a slot (a box outside
@@ -444,7 +444,7 @@ class RelevanceService(ImageTasks):
                 checked = await self.prepared(upload, lm)
                 check_target(spec.target, checked.input_size)
 
-        async def compute(progress: Progress, upload: Upload) -> dict:
+        async def compute(progress: TaskProgress, upload: Upload) -> dict:
             progress.total = MAPS_UNITS + 1 + perturbed_forwards(spec.methods, spec.fractions)
             progress.stage = "relevance maps"
             prep = checked or await self.prepared(upload, lm)

@@ -13,7 +13,7 @@ the byte-bounded cache; the capture comes from the cache or from the worker; the
 sliced and encoded on the worker thread. Follow-up queries (another layer, head or patch) are
 answered from the cached capture without a forward pass. The same pieces serve the other
 endpoints (:mod:`.explain`, :mod:`.ablation`) and work without HTTP: given a ``LoadedModel``,
-:class:`~app.engine.captured.CapturedImage` and the functions of :mod:`.answers` give the same
+:class:`~app.engine.captured_image.CapturedImage` and the functions of :mod:`.answers` give the same
 numbers in plain Python.
 """
 

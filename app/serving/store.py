@@ -4,8 +4,8 @@ forward on the worker.
 :meth:`CaptureStore.get` answers "the capture of this image under this model (with these heads
 removed)": from the cache, or decoded and queued for the worker's next batch. Identical requests
 in flight at once share one computation, each waiting until its own deadline; the computation is
-cancelled only when every one of them has gone. A capture is kept as an :class:`Entry`: the
-image's :class:`~app.engine.captured.CapturedImage` and its statistics, computed once and
+cancelled only when every one of them has gone. A capture is kept as an :class:`CachedCapture`: the
+image's :class:`~app.engine.captured_image.CapturedImage` and its statistics, computed once and
 charged to the cache with it.
 """
 
@@ -21,7 +21,7 @@ import orjson
 
 from ..config import Settings
 from ..engine.ablation import Ablation
-from ..engine.captured import CapturedImage
+from ..engine.captured_image import CapturedImage
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
 from .admission import current_ticket
@@ -45,7 +45,7 @@ def _object_bytes(obj: Any) -> int:
 
 
 @dataclass
-class Entry:
+class CachedCapture:
     """An image's capture under one model, as the cache keeps it: what it takes to read it, and
     its statistics once asked for."""
 
@@ -86,10 +86,10 @@ class Entry:
 
 
 @dataclass
-class Found:
+class FoundCapture:
     """A cache entry and how it was got: from the cache, or computed now (with its timing)."""
 
-    entry: Entry
+    entry: CachedCapture
     cached: bool
     timing: dict[str, float]
 
@@ -111,7 +111,7 @@ class CaptureStore:
         self.uploads = uploads
         self.worker = worker
         self.metrics = metrics
-        self._flights: Flights[Found] = Flights()
+        self._flights: Flights[FoundCapture] = Flights()
 
     async def get(
         self,
@@ -123,7 +123,7 @@ class CaptureStore:
         fault: str | None = None,
         is_disconnected: Disconnected | None = None,
         ablate: Ablation = (),
-    ) -> Found:
+    ) -> FoundCapture:
         """The capture of an image: from the cache, else computed from ``upload`` or the cached
         upload.
 
@@ -140,13 +140,13 @@ class CaptureStore:
         entry = self.cache.get(CaptureKey(image_id, lm.id, ablate))
         if entry is not None:
             self.metrics.cache_hits.inc()
-            return Found(entry, True, {"queue": 0.0, "compute": 0.0})
+            return FoundCapture(entry, True, {"queue": 0.0, "compute": 0.0})
         upload = upload or self.uploads.get(image_id)
         if upload is None:
             raise ImageNotFound(image_id)
         return await self._shared(image_id, upload, lm, every_row, fault, is_disconnected, ablate)
 
-    def recharge(self, image_id: str, lm: LoadedModel, ablate: Ablation, entry: Entry) -> None:
+    def recharge(self, image_id: str, lm: LoadedModel, ablate: Ablation, entry: CachedCapture) -> None:
         """Charge an entry anew once its memoised statistics have grown."""
         self.cache.recharge(CaptureKey(image_id, lm.id, ablate), ENTRY_OVERHEAD_BYTES + entry.extra_bytes())
 
@@ -156,7 +156,7 @@ class CaptureStore:
         The worker calls this when a forward runs out of device memory: the forward of a new
         request matters more than a follow-up query on an old one.
         """
-        return self.cache.evict_where(lambda v: isinstance(v, Entry) and v.image.att.device.type != "cpu")
+        return self.cache.evict_where(lambda v: isinstance(v, CachedCapture) and v.image.att.device.type != "cpu")
 
     async def _shared(
         self,
@@ -167,7 +167,7 @@ class CaptureStore:
         fault: str | None,
         is_disconnected: Disconnected | None,
         ablate: Ablation = (),
-    ) -> Found:
+    ) -> FoundCapture:
         """Decode, queue, wait for the worker; the capture goes into the cache.
 
         Requests for a capture already being computed wait for that computation instead of
@@ -199,7 +199,7 @@ class CaptureStore:
         fault: str | None,
         deadline: float,
         ablate: Ablation = (),
-    ) -> Found:
+    ) -> FoundCapture:
         prep = await self.uploads.prepared(upload, lm)
         ticket = current_ticket()
         job = Job(
@@ -218,7 +218,7 @@ class CaptureStore:
             if not fut.done():
                 fut.cancel()
             raise
-        entry = Entry(lm.id, lm.captured(computed.att, prep.input_size), prep.image_size, self.worker.precision)
+        entry = CachedCapture(lm.id, lm.captured(computed.att, prep.input_size), prep.image_size, self.worker.precision)
         # Batch-mates share the forward's buffers: the cache charges each buffer once.
         self.cache.put(key, entry, ENTRY_OVERHEAD_BYTES, shared=computed.att.storages())
-        return Found(entry, False, {"queue": computed.queue_ms, "compute": computed.compute_ms})
+        return FoundCapture(entry, False, {"queue": computed.queue_ms, "compute": computed.compute_ms})

@@ -2,7 +2,7 @@
 
 A head-importance sweep or a pruning curve takes seconds; run as one call on the single worker
 thread it would hold every upload behind it. Such a computation is written once, as a
-:data:`Work`: a generator that yields its pieces (plain calls: one block's batch of heads, a few
+:data:`TaskWork`: a generator that yields its pieces (plain calls: one block's batch of heads, a few
 masked forwards) and gets each piece's result back. :func:`run_now` runs it here and now (a
 notebook, a script); :func:`run_on` awaits the worker once per piece, so queued uploads run
 between pieces. :class:`Tasks` runs such work as an asyncio task, one per key at a time: a
@@ -11,9 +11,9 @@ that leaves it on purpose (``wait=``, or its deadline) *keeps* it: it runs to it
 its result, and no client that joins and disconnects can cancel it; only its starter can, with
 the token of its 202 answer (:meth:`Tasks.cancel`). A task nobody kept is cancelled between
 pieces once every client that asked for it has gone. One client address may run
-``per_client`` tasks of a kind at once. :class:`Progress` is what ``GET …/progress`` reports.
+``per_client`` tasks of a kind at once. :class:`TaskProgress` is what ``GET …/progress`` reports.
 :class:`ImageTasks` puts it together for an endpoint about an uploaded image: a new one (another
-measure of heads) is a subclass with a :data:`Work` and its routes.
+measure of heads) is a subclass with a :data:`TaskWork` and its routes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..config import Settings
 from ..engine.device import is_oom
 from ..engine.model import LoadedModel
 from ..zoo.registry import Registry
-from . import images
+from . import preprocess
 from .admission import QueueFullError, Ticket, current_ticket, using
 from .cache import ByteLRU
 from .flights import Flight, Flights
@@ -37,8 +37,8 @@ from .uploads import Upload, Uploads
 from .waiting import Disconnected
 from .worker import OutOfMemory, Worker
 
-Piece = Callable[[], Any]  # one call on the worker thread
-Work = Generator[Piece, Any, dict]  # yields pieces, is sent their results, returns the answer
+TaskPiece = Callable[[], Any]  # one call on the worker thread
+TaskWork = Generator[TaskPiece, Any, dict]  # yields pieces, is sent their results, returns the answer
 RESULT_BYTES = 64 * 1024  # what a cached result is charged (small JSON)
 
 # A long computation outlives the request that started it (it caches its result), so its worker
@@ -48,7 +48,7 @@ TOKEN_BYTES = 18  # a cancel token: 144 random bits, never guessed
 
 
 @dataclass
-class Progress:
+class TaskProgress:
     """How far a task has come, in units of work of about equal cost.
 
     Args:
@@ -88,7 +88,7 @@ class TaskInfo:
     """What a task's flight carries: its progress, who started it, and the starter's token to
     cancel it (``DELETE /api/v1/tasks/{token}``)."""
 
-    progress: Progress
+    progress: TaskProgress
     client: str | None = None
     token: str | None = field(default_factory=lambda: secrets.token_urlsafe(TOKEN_BYTES))
 
@@ -110,14 +110,14 @@ class Tasks:
         self.per_client = per_client or max(1, limit // 2)
         self._flights: Flights[Any] = Flights(limit, "long computations")
 
-    def progress(self, key: Hashable) -> Progress | None:
+    def progress(self, key: Hashable) -> TaskProgress | None:
         flight = self._flights.get(key)
         return flight.about.progress if flight else None
 
     def __len__(self) -> int:
         return len(self._flights)
 
-    def _start(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> Flight[Any]:
+    def _start(self, key: Hashable, name: str, factory: Callable[[TaskProgress], Awaitable[Any]]) -> Flight[Any]:
         parent = current_ticket()
         client = parent.client if parent else None
         if client is not None:
@@ -127,11 +127,13 @@ class Tasks:
                     f"this client already has {mine} long computations running (its share of the server's "
                     f"{self.limit}); wait for one, or cancel one with DELETE /api/v1/tasks/{{cancel_token}}"
                 )
-        info = TaskInfo(Progress(name), client)
+        info = TaskInfo(TaskProgress(name), client)
         with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S, client=client) if parent else None):
             return self._flights.start(key, lambda: _awaited(factory(info.progress)), about=info)
 
-    def join(self, key: Hashable, name: str, factory: Callable[[Progress], Awaitable[Any]]) -> tuple[Flight[Any], bool]:
+    def join(
+        self, key: Hashable, name: str, factory: Callable[[TaskProgress], Awaitable[Any]]
+    ) -> tuple[Flight[Any], bool]:
         """The running task for ``key``, or a new one; and whether this call started it.
 
         Raises:
@@ -146,7 +148,7 @@ class Tasks:
         self,
         key: Hashable,
         name: str,
-        factory: Callable[[Progress], Awaitable[Any]],
+        factory: Callable[[TaskProgress], Awaitable[Any]],
         deadline: float,
         is_disconnected: Disconnected | None = None,
     ) -> Any:
@@ -185,7 +187,7 @@ async def _awaited(aw: Awaitable[Any]) -> Any:
     return await aw
 
 
-def run_now(work: Work) -> dict:
+def run_now(work: TaskWork) -> dict:
     """Run ``work`` here, piece after piece (no worker thread, no asyncio)."""
     try:
         piece = next(work)
@@ -195,7 +197,7 @@ def run_now(work: Work) -> dict:
         return done.value
 
 
-async def run_on(work: Work, run: Callable[[Piece], Awaitable[Any]]) -> dict:
+async def run_on(work: TaskWork, run: Callable[[TaskPiece], Awaitable[Any]]) -> dict:
     """Run ``work`` with each piece awaited through ``run`` (the worker thread)."""
     try:
         piece = next(work)
@@ -268,11 +270,11 @@ class ImageTasks:
         deadline = time.monotonic() + self.settings.request_timeout_s
         return deadline if wait is None else min(deadline, time.monotonic() + wait)
 
-    async def prepared(self, upload: Upload, lm: LoadedModel) -> images.Prepared:
+    async def prepared(self, upload: Upload, lm: LoadedModel) -> preprocess.PreparedPixels:
         """The upload as ``lm``'s input."""
         return await self.uploads.prepared(upload, lm)
 
-    async def piece(self, fn: Piece) -> Any:
+    async def piece(self, fn: TaskPiece) -> Any:
         """One piece of work on the worker thread; running out of device memory is a 503."""
         try:
             return await self.worker.run_in_worker(fn)
@@ -286,7 +288,7 @@ class ImageTasks:
         key: Hashable,
         name: str,
         image_id: str,
-        compute: Callable[[Progress, Upload], Awaitable[dict]],
+        compute: Callable[[TaskProgress, Upload], Awaitable[dict]],
         is_disconnected: Disconnected | None = None,
         wait: float | None = None,
         upload: Upload | None = None,
@@ -308,7 +310,7 @@ class ImageTasks:
             return {**hit, "cached": True}
         picture = upload or self.uploads.require(image_id)
 
-        async def job(progress: Progress) -> dict:
+        async def job(progress: TaskProgress) -> dict:
             res = await compute(progress, picture)
             self.cache.put(key, res, RESULT_BYTES)
             return res

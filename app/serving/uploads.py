@@ -109,7 +109,7 @@ class Uploads:
         async with self.admission.decoding(p.peak_bytes):
             return await run_in_threadpool(finish, p)
 
-    async def prepared(self, upload: Upload, lm: LoadedModel) -> pictures.Prepared:
+    async def prepared(self, upload: Upload, lm: LoadedModel) -> pictures.PreparedPixels:
         """The upload as ``lm``'s input (:class:`~app.serving.pictures.Pictures`, the one
         preparation path), decoded within the decode budget once: the uint8 pixels are kept
         in the cache beside the bytes, so the follow-ups (relevance, faithfulness, output,

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from ..engine.batching import BatchRunner, OutOfMemory, split_on_oom
+from ..engine.capture_base import CapturedAttention
 from ..engine.device import autocast_dtype, exact_fp32, exact_fp32_process, precision_name
-from ..engine.hooks import Attention
 from ..engine.model import LoadedModel
 from . import faults
 from .admission import Admission, current_ticket
@@ -52,7 +52,7 @@ ANSWER_THREADS = 4  # CUDA: answers built at once beside the worker thread
 class Computed:
     """What a job gives back: the capture and where its time went."""
 
-    att: Attention
+    att: CapturedAttention
     queue_ms: float
     compute_ms: float
 
@@ -74,7 +74,7 @@ class Job:
     def key(self) -> tuple:
         return (self.lm.id, tuple(self.pixels.shape), self.materialise, self.ablate)
 
-    def done(self, att: Attention, finished: float) -> Computed:
+    def done(self, att: CapturedAttention, finished: float) -> Computed:
         return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, check_phrase
 from ..engine.model import LoadedModel
 from ..engine.text_relevance import TextTarget, check_method, require_text, zero_shot
-from . import images
+from . import preprocess
 from .params import DEFAULT_METHOD, RelevanceMethod
 from .relevance import RelevanceService, method_map
 from .waiting import Disconnected
@@ -62,7 +62,7 @@ def parse_labels(text: str) -> list[str]:
 
 
 def scores(
-    lm: LoadedModel, prep: images.Prepared, labels: list[str], amp_dtype: torch.dtype | None, device
+    lm: LoadedModel, prep: preprocess.PreparedPixels, labels: list[str], amp_dtype: torch.dtype | None, device
 ) -> dict[str, Any]:
     """The zero-shot scores of one prepared picture (on the worker thread)."""
     with lm.lock:

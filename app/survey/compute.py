@@ -6,7 +6,7 @@ engine calls it in its own process; the Ray engine calls it inside each actor. P
 prepared by the server's own path (:class:`app.serving.pictures.Pictures` under the same
 ``Settings``: early reduction of large pictures, resize, normalisation), batched by input
 size, captured with the same forward (:func:`app.engine.forward.forward_capture`) and reduced
-with the same statistics (:meth:`app.engine.captured.CapturedImage.stats`): a survey row holds
+with the same statistics (:meth:`app.engine.captured_image.CapturedImage.stats`): a survey row holds
 the values the stats endpoint gives for that picture.
 """
 
@@ -25,11 +25,11 @@ import torch
 
 from ..config import Settings
 from ..engine.batching import BatchRunner
-from ..engine.captured import CapturedImage, stats_batch
+from ..engine.captured_image import CapturedImage, stats_batch
 from ..engine.device import autocast_dtype, exact_fp32, is_oom, release_memory, resolve_device
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS, HeadStats
-from ..serving import images
+from ..serving import preprocess
 from ..serving.pictures import Pictures, read_picture_file
 from ..zoo.registry import Registry
 from . import schema
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Prepared:
+class PreparedItem:
     item: Item
     raw: torch.Tensor  # 3, H, W uint8 (normalised on the device by the batch runner)
     image_size: tuple[int, int]
@@ -132,7 +132,7 @@ class Surveyor:
         return meta
 
     # -- reading --------------------------------------------------------------------------
-    def prepare(self, item: Item) -> Prepared:
+    def prepare(self, item: Item) -> PreparedItem:
         """Read one picture and prepare it as the server does; raises ImageError (PictureFileError).
 
         The file is read by :func:`~app.serving.pictures.read_picture_file`: a FIFO or device
@@ -141,19 +141,19 @@ class Surveyor:
         """
         data = read_picture_file(item.path, self.settings.max_upload_bytes)
         prep = self.pictures.prepare(data)
-        return Prepared(item, prep.raw, prep.image_size, prep.input_size)
+        return PreparedItem(item, prep.raw, prep.image_size, prep.input_size)
 
-    def prepare_all(self, items: list[Item]) -> tuple[list[Prepared], list[tuple[str, str, str]]]:
+    def prepare_all(self, items: list[Item]) -> tuple[list[PreparedItem], list[tuple[str, str, str]]]:
         """Every picture that reads, and ``(image, error, message)`` for every one that does not.
 
         The pictures are read and prepared in parallel (a thread pool the size of the machine's
         cores: Pillow releases the GIL while it decodes and resizes), in order.
         """
 
-        def one(it: Item) -> Prepared | tuple[str, str, str]:
+        def one(it: Item) -> PreparedItem | tuple[str, str, str]:
             try:
                 return self.prepare(it)
-            except images.ImageError as e:  # PictureFileError included: missing, FIFO, too large...
+            except preprocess.ImageError as e:  # PictureFileError included: missing, FIFO, too large...
                 return (it.image, e.code, str(e))
             except OSError as e:  # the decoder's own reads
                 return (it.image, "read_error", f"{type(e).__name__}: {e.strerror or e}")
@@ -163,8 +163,8 @@ class Surveyor:
                 done = list(pool.map(one, items))
         else:
             done = [one(it) for it in items]
-        ok = [d for d in done if isinstance(d, Prepared)]
-        failed = [d for d in done if not isinstance(d, Prepared)]
+        ok = [d for d in done if isinstance(d, PreparedItem)]
+        failed = [d for d in done if not isinstance(d, PreparedItem)]
         return ok, failed
 
     # -- computing ------------------------------------------------------------------------
@@ -173,7 +173,7 @@ class Surveyor:
         ok, failed = self.prepare_all(items)
         return self.compute(ok, failed)
 
-    def compute(self, ok: list[Prepared], failed: list[tuple[str, str, str]] | None = None) -> Result:
+    def compute(self, ok: list[PreparedItem], failed: list[tuple[str, str, str]] | None = None) -> Result:
         """The rows of pictures already prepared (see :meth:`prepare_all`)."""
         failed = list(failed or [])
         tables: list[pa.Table] = []
@@ -187,7 +187,7 @@ class Surveyor:
 
     def _run(
         self,
-        batch: list[Prepared],
+        batch: list[PreparedItem],
         tables: list[pa.Table],
         failed: list[tuple[str, str, str]],
         tests: list[pa.Table] | None = None,
@@ -236,7 +236,7 @@ class Surveyor:
             log.warning("%s: %s: %s", batch[0].item.image, type(e).__name__, e)
             failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
 
-    def _rows(self, prep: Prepared, image: CapturedImage, st: HeadStats) -> pa.Table:
+    def _rows(self, prep: PreparedItem, image: CapturedImage, st: HeadStats) -> pa.Table:
         return self.head_rows(prep.item.image, prep.image_size, prep.input_size, image, st, self.runner.precision)
 
     @staticmethod

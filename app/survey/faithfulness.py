@@ -45,7 +45,7 @@ from ..engine.relevance import (
     check_target,
     parse_methods,
     parse_target,
-    refuse_windowed,
+    refuse_windowed_relevance,
     relevance,
 )
 from ..engine.text_relevance import PREFIX, TEXT_METHODS, is_text
@@ -146,7 +146,7 @@ class FaithfulnessPlan:
     def resolve(self, lm: LoadedModel) -> str:
         """The target against the model: its normalised spelling (raises TargetError, ProtocolError,
         RelevanceUnsupportedError for a windowed model)."""
-        refuse_windowed(lm)
+        refuse_windowed_relevance(lm)
         spelled = self.target_for(lm)
         if spelled == REGION:
             if lm.output_kind != "saliency":

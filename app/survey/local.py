@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import schema
-from .compute import Prepared, Result, Surveyor
+from .compute import PreparedItem, Result, Surveyor
 from .sources import Item
 
 
@@ -38,12 +38,12 @@ def run_local(
     B = surveyor.batch_size
     if prefetch is None:
         prefetch = surveyor.device.type != "cpu"
-    pending: dict[tuple[int, ...], list[Prepared]] = {}
+    pending: dict[tuple[int, ...], list[PreparedItem]] = {}
 
-    def run(batch: list[Prepared]) -> None:
+    def run(batch: list[PreparedItem]) -> None:
         emit(surveyor.compute(batch))
 
-    def take(prepared: list[Prepared], failed: list[tuple[str, str, str]]) -> None:
+    def take(prepared: list[PreparedItem], failed: list[tuple[str, str, str]]) -> None:
         if failed:
             emit(Result(schema.empty_rows(), schema.failures_table(failed)))
         for p in prepared:

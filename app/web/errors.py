@@ -21,13 +21,13 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Scope
 
 from ..engine.ablation import AblationError
-from ..engine.hooks import CaptureError, UnsupportedModelError
+from ..engine.capture_base import CaptureError, UnsupportedModelError
 from ..engine.selection import SelectionError
 from ..serving.admission import QueueFullError, TooLargeToDecode
 from ..serving.answers import AnswerTooLarge, StreamAborted
 from ..serving.faults import InjectedFault
-from ..serving.images import ImageError
 from ..serving.params import validation_message
+from ..serving.preprocess import ImageError
 from ..serving.uploads import ImageNotFound
 from ..serving.waiting import ClientGone
 from ..serving.worker import OutOfMemory

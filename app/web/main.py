@@ -18,10 +18,10 @@ from ..engine.device import resolve_device
 from ..engine.forward import forward_capture
 from ..serving.ablation import AblationService
 from ..serving.admission import Admission
-from ..serving.images import plan_size
 from ..serving.malloc import tune_malloc
 from ..serving.metrics import Metrics
 from ..serving.model_loads import ModelLoads
+from ..serving.preprocess import plan_size
 from ..serving.relevance import RelevanceService
 from ..serving.service import AttentionService
 from ..serving.worker import Worker

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..serving.encoders import Part
+from ..serving.encoders import BodyPart
 
 # Set in the scope by middleware.HeadAsGet when a HEAD request is answered as a GET.
 HEAD_KEY = "headscope.head"
@@ -24,7 +24,11 @@ class PartsResponse(Response):
     """
 
     def __init__(
-        self, parts: Sequence[Part], media_type: str, headers: Mapping[str, str] | None = None, status_code: int = 200
+        self,
+        parts: Sequence[BodyPart],
+        media_type: str,
+        headers: Mapping[str, str] | None = None,
+        status_code: int = 200,
     ):
         self.parts = [memoryview(p).cast("B") for p in parts if len(p)]
         super().__init__(b"", status_code, headers, media_type)
@@ -54,7 +58,7 @@ class StreamedResponse(StreamingResponse):
     """
 
     def __init__(
-        self, chunks: AsyncIterator[Part], length: int, media_type: str, headers: Mapping[str, str] | None = None
+        self, chunks: AsyncIterator[BodyPart], length: int, media_type: str, headers: Mapping[str, str] | None = None
     ):
         super().__init__(chunks, 200, {**(headers or {}), "content-length": str(length)}, media_type)
         self._chunks = chunks

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from .errors import UnknownModelError
 
-# timm modules whose models Headscope captures (app/engine/capture.py SUPPORTED_FAMILIES, and
+# timm modules whose models Headscope captures (app/engine/block_capture.py SUPPORTED_FAMILIES, and
 # app/engine/windows.py for Swin), with the family name the picker shows.
 FAMILIES = {
     "vision_transformer": "vit",
@@ -40,7 +40,7 @@ MAX_LIMIT = 500
 
 
 @dataclass(frozen=True)
-class Entry:
+class CatalogEntry:
     """One pretrained model: its timm name, family and where timm's configuration keeps its weights."""
 
     name: str  # timm name with its pretrained tag, e.g. vit_small_patch16_224.augreg_in21k
@@ -58,13 +58,13 @@ class Entry:
 
 
 @lru_cache(maxsize=1)
-def entries() -> dict[str, Entry]:
+def entries() -> dict[str, CatalogEntry]:
     """Every pretrained timm model of a supported family whose weights are on the Hugging Face hub."""
     import timm
     from timm.models import get_arch_name, get_pretrained_cfg
     from timm.models._registry import _model_to_module  # timm's own name -> module table
 
-    out: dict[str, Entry] = {}
+    out: dict[str, CatalogEntry] = {}
     for name in timm.list_models(pretrained=True):
         family = FAMILIES.get(_model_to_module.get(get_arch_name(name), ""))
         if family is None or any(re.search(p, name) for p in UNSUPPORTED_PATTERNS):
@@ -72,11 +72,11 @@ def entries() -> dict[str, Entry]:
         cfg = get_pretrained_cfg(name)
         if cfg is None or not cfg.hf_hub_id:  # weights elsewhere (a URL): not loaded on demand
             continue
-        out[name] = Entry(name, family, cfg.hf_hub_id.split("@")[0], cfg.hf_hub_filename)
+        out[name] = CatalogEntry(name, family, cfg.hf_hub_id.split("@")[0], cfg.hf_hub_filename)
     return out
 
 
-def lookup(name: str) -> Entry:
+def lookup(name: str) -> CatalogEntry:
     """The entry of ``name`` (``timm:`` prefix allowed).
 
     Raises:
@@ -92,7 +92,7 @@ def lookup(name: str) -> Entry:
     return entry
 
 
-def search(query: str = "", limit: int = 50) -> tuple[int, list[Entry]]:
+def search(query: str = "", limit: int = 50) -> tuple[int, list[CatalogEntry]]:
     """Entries whose name holds every word of ``query`` (case-insensitive): ``(matches, the first limit)``.
 
     An exact name comes first, then names that start with the query, then the rest by name.
@@ -105,7 +105,7 @@ def search(query: str = "", limit: int = 50) -> tuple[int, list[Entry]]:
 
 
 @lru_cache(maxsize=256)
-def parameter_count(entry: Entry) -> int:
+def parameter_count(entry: CatalogEntry) -> int:
     """The parameters of ``entry``'s model, built on the meta device (no weights, no memory; a
     second for the largest), so that a size cap is checked before anything is downloaded."""
     import timm

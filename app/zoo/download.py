@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalog import Entry
+from .catalog import CatalogEntry
 from .errors import HubUnreachableError, ModelLoadError, ModelTooLargeError
 from .hub import hub_endpoint, hub_offline_by_choice, hub_reachable
 
@@ -28,7 +28,7 @@ PROGRESS_CHUNK_BYTES = 1024 * 1024
 
 
 @dataclass
-class Progress:
+class DownloadProgress:
     """Bytes of the weights file received so far, and its size once the hub has said it."""
 
     done: int = 0
@@ -48,11 +48,11 @@ class Progress:
         return min(1.0, self.done / self.total) if self.total else None
 
 
-def candidates(entry: Entry) -> tuple[str, ...]:
+def candidates(entry: CatalogEntry) -> tuple[str, ...]:
     return (entry.filename,) if entry.filename else DEFAULT_FILES
 
 
-def cached_weights(entry: Entry) -> Path | None:
+def cached_weights(entry: CatalogEntry) -> Path | None:
     """The weights file in the local Hugging Face cache, if it is there (no network)."""
     from huggingface_hub import try_to_load_from_cache
 
@@ -71,8 +71,8 @@ def takes_tqdm_class(fn) -> bool:
 
 
 @contextmanager
-def _watch_partial(repo: str, filename: str, progress: Progress, every_s: float = 0.2):
-    """Progress for a huggingface_hub before 1.0 (no ``tqdm_class``; the test extra's ``lxt`` pins
+def _watch_partial(repo: str, filename: str, progress: DownloadProgress, every_s: float = 0.2):
+    """DownloadProgress for a huggingface_hub before 1.0 (no ``tqdm_class``; the test extra's ``lxt`` pins
     one): the file's size from the hub's metadata, then the bytes of the cache's partial file
     (``blobs/*.incomplete``) read while the download runs."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
@@ -101,7 +101,7 @@ def _watch_partial(repo: str, filename: str, progress: Progress, every_s: float 
             progress.add(max(0, progress.total - progress.done))
 
 
-def _bar(progress: Progress):
+def _bar(progress: DownloadProgress):
     """A tqdm class for huggingface_hub's download that reports to ``progress`` and draws nothing."""
     from huggingface_hub.utils import tqdm as hub_tqdm
 
@@ -118,7 +118,7 @@ def _bar(progress: Progress):
     return Bar
 
 
-def unreachable_message(entry: Entry) -> str:
+def unreachable_message(entry: CatalogEntry) -> str:
     why = (
         "the server runs with HF_HUB_OFFLINE=1"
         if hub_offline_by_choice()
@@ -132,7 +132,7 @@ def unreachable_message(entry: Entry) -> str:
     )
 
 
-def download_weights(entry: Entry, progress: Progress) -> Path:
+def download_weights(entry: CatalogEntry, progress: DownloadProgress) -> Path:
     """Make sure the weights are in the Hugging Face cache; returns the file (blocking: run it in a thread).
 
     Raises:
@@ -172,7 +172,7 @@ def download_weights(entry: Entry, progress: Progress) -> Path:
 DISK_MARGIN_BYTES = 1024**3  # left free beside a download (the cache's other files, logs, temp files)
 
 
-def weights_size(entry: Entry) -> int | None:
+def weights_size(entry: CatalogEntry) -> int | None:
     """The size of the weights file on the hub, from its metadata (a HEAD request; no download);
     None when the hub does not say."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
@@ -188,7 +188,7 @@ def weights_size(entry: Entry) -> int | None:
     return None
 
 
-def check_download(entry: Entry, max_bytes: int) -> None:
+def check_download(entry: CatalogEntry, max_bytes: int) -> None:
     """Refuse a download over ``max_bytes``, or one the disk has no room for (plus a margin),
     before a byte is fetched (blocking: run it in a thread).
 

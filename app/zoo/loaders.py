@@ -10,8 +10,8 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from ..engine.capture import AttentionCapture
-from ..engine.hooks import CaptureHooks, UnsupportedModelError
+from ..engine.block_capture import AttentionCapture
+from ..engine.capture_base import CaptureHooks, UnsupportedModelError
 from ..engine.model import LoadedModel
 from ..engine.windows import WINDOWED_MODULES, WindowCapture, is_windowed
 from . import embedded

@@ -30,8 +30,8 @@ import torch
 import torch.nn as nn
 
 from ..engine import text_relevance  # noqa: F401  (registers the text:PHRASE target kind)
+from ..engine.capture_base import UnsupportedModelError
 from ..engine.clip_text import TextError, TextTower
-from ..engine.hooks import UnsupportedModelError
 from .errors import ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec

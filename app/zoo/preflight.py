@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.hooks import UnsupportedModelError
+from ..engine.capture_base import UnsupportedModelError
 from .catalog import lookup
 from .download import cached_weights, unreachable_message
 from .errors import UnknownModelError

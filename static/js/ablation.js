@@ -1,6 +1,6 @@
 // The "Ablation" view: switch heads off and see the model's own output change (saliency for the
 // default model, classes for classifiers, the embedding's norm otherwise); head importance on
-// demand (exact sweep or gradient) with progress, and the pruning curve. ablation_view.js draws.
+// demand (exact sweep or gradient) with progress, and the pruning curve. ablation-view.js draws.
 //
 // Its part of the state is state.ablation: what the person chose ({off: ["l:h", …], method,
 // asked: ["image|model|method", …] (importance asked for), retry}) and, in `data`, what the server
@@ -15,11 +15,11 @@
 import { getOutput } from "./api.js";
 import {
   renderDifference, renderImportance, renderModelOutput, renderPicture, renderProgress, renderPruning, renderToggles,
-} from "./ablation_view.js";
+} from "./ablation-view.js";
 import { $ } from "./dom.js";
 import { bindRoving, syncRoving } from "./keys.js";
 import { ablateText, ablatedPairs, dims } from "./state.js";
-import { longRequest, track } from "./long_requests.js";
+import { longRequest, track } from "./long-requests.js";
 import { isWindowed } from "./windows.js";
 
 const LABELS = { ablation: "exact ablation sweep", gradient: "gradient (Michel et al.)" };

@@ -6,7 +6,7 @@ import { SIDES, revealCompare, sideData } from "./compare.js";
 import { $, debounce, fmtTemperature, sliderTemperature } from "./dom.js";
 import { downloadMap } from "./export.js";
 import { resized } from "./maps.js";
-import { bindCellCursor } from "./cell_cursor.js";
+import { bindCellCursor } from "./cell-cursor.js";
 import { followDockHeight, ownsKeys } from "./keys.js";
 import { cellAt } from "./overlay.js";
 import { defaultQuery, mapQuery, parseQuery, state } from "./state.js";

@@ -2,7 +2,7 @@
 // the current row over token index. SVG traces only: they need no eval, so the page's CSP holds.
 // The layers x heads charts of the analytics panel are in analytics.js.
 
-import { chartTable, hideTable } from "./chart_table.js";
+import { chartTable, hideTable } from "./chart-table.js";
 import { plotlyScale } from "./colormaps.js";
 import { fmt } from "./overlay.js";
 import { headLabel, prefixLabel } from "./state.js";

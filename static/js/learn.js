@@ -17,7 +17,7 @@ import { $, fmtTemperature, sliderTemperature } from "./dom.js";
 import { renderAnswer } from "./learn-stages.js";
 import { isWindowAnswer } from "./learn-window.js";
 import { tokenLabel } from "./learn-words.js";
-import { bindCellCursor, selectionWords } from "./cell_cursor.js";
+import { bindCellCursor, selectionWords } from "./cell-cursor.js";
 import { cellAt } from "./overlay.js";
 import { apiQuery, markerAt, tokensAt } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";

@@ -2,7 +2,7 @@
 // target of the output (GET …/relevance) beside the raw attention it improves on (the same
 // answer's `attention` method: one forward and backward give both), a method and a target picker
 // (the whole saliency output, a box drawn on it, or a class of the top 5), and the faithfulness
-// test of the maps (GET …/faithfulness, with progress). why_view.js draws.
+// test of the maps (GET …/faithfulness, with progress). why-view.js draws.
 //
 // Its part of the state is state.why: what the person chose ({method, target: "" (the model's
 // default) | "output" | "box" | "top" | "class:N" | "embedding", box: [x0, y0, x1, y1] in output-map
@@ -11,15 +11,15 @@
 // fetches into it).
 
 import { getLong, getOutput } from "./api.js";
-import { renderProgress } from "./ablation_view.js";
+import { renderProgress } from "./ablation-view.js";
 import { $, setOptions } from "./dom.js";
 import { ablateText, ablatedPairs } from "./state.js";
-import { longRequest, track } from "./long_requests.js";
-import { renderVerdict } from "./why_verdict.js";
-import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why_view.js";
-import { bindSaliencyKeys } from "./why_keys.js";
-import { renderFaithfulnessLive, renderFaithfulnessResults } from "./why_live.js";
-import { hasText, labelsText, phraseTarget, renderTokens, renderZeroShot } from "./why_text.js";
+import { longRequest, track } from "./long-requests.js";
+import { renderVerdict } from "./why-verdict.js";
+import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why-view.js";
+import { bindSaliencyKeys } from "./why-keys.js";
+import { renderFaithfulnessLive, renderFaithfulnessResults } from "./why-live.js";
+import { hasText, labelsText, phraseTarget, renderTokens, renderZeroShot } from "./why-text.js";
 import { isWindowed } from "./windows.js";
 
 const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row

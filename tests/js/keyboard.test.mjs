@@ -5,11 +5,11 @@
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { selectionOf, selectionWords } from "../../static/js/cell_cursor.js";
-import { cellText, tableRows } from "../../static/js/chart_table.js";
+import { selectionOf, selectionWords } from "../../static/js/cell-cursor.js";
+import { cellText, tableRows } from "../../static/js/chart-table.js";
 import { moveTarget } from "../../static/js/keys.js";
-import { cellBox } from "../../static/js/why_keys.js";
-import { resultSentences } from "../../static/js/why_live.js";
+import { cellBox } from "../../static/js/why-keys.js";
+import { resultSentences } from "../../static/js/why-live.js";
 
 // A 3 x 4 grid of items named "r,c", the last row one short (a stage with fewer heads).
 const items = [];

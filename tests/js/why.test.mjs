@@ -1,12 +1,12 @@
-// The Why view's words (static/js/why_view.js, why_verdict.js), in Node: one caption per method
+// The Why view's words (static/js/why-view.js, why-verdict.js), in Node: one caption per method
 // and target, true for it; the hint names the gradient only for gradient methods; the verdict's
 // headline follows the server's verdicts.
 
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { verdictHeadline } from "../../static/js/why_verdict.js";
-import { METHOD_NAMES, mapCaption, methodHint } from "../../static/js/why_view.js";
+import { verdictHeadline } from "../../static/js/why-verdict.js";
+import { METHOD_NAMES, mapCaption, methodHint } from "../../static/js/why-view.js";
 
 const answer = (method, target = "box:60,40,150,120", extra = {}) => ({
   method, target, y: 0.977, rows: "cls", seed: method === "random" ? 0 : null, uniform: false, ...extra,

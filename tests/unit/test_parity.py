@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from headscope.engine import analysis, stats
-from headscope.engine.capture import temper_
+from headscope.engine.block_capture import temper_
 from headscope.engine.layout import TokenLayout
 from headscope.engine.selection import SelectionError, parse_query
 from headscope.engine.windows import WindowIndex

@@ -9,12 +9,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from ...serving.params import ImportanceParams, ImportanceQuery, OutputParams, PruningParams, PruningQuery
-from ..calls import long_answer as _long_answer
-from ..calls import measured
 from ..deps import AblationDep, AdmitDep, AdmitHeavy, ImageIdDep, MetricsDep
 from ..errors import JSONBody
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
+from ..service_calls import long_answer as _long_answer
+from ..service_calls import measured
 
 router = APIRouter(prefix="/api/v1", tags=["ablation"])
 

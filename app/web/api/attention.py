@@ -16,11 +16,11 @@ from starlette.requests import ClientDisconnect
 from ...serving.params import AttentionParams, StatsParams, validation_message
 from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
-from ..calls import measured, respond
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
 from ..errors import ApiError, JSONBody
 from ..multipart import BodyTooSlow, is_multipart, read_form
 from ..schemas import ERROR_RESPONSES, AttentionResponse, StatsResponse
+from ..service_calls import measured, respond
 
 # Each text field of the form is small; the file is bounded by the body limit.
 MAX_FIELD_BYTES = 64 * 1024

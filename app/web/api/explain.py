@@ -9,9 +9,9 @@ from fastapi.responses import Response
 
 from ...serving.explain import explain
 from ...serving.params import ExplainParams
-from ..calls import measured, respond
 from ..deps import AdmitDep, ImageIdDep, MetricsDep, ServiceDep
 from ..schemas import ERROR_RESPONSES, ExplainResponse
+from ..service_calls import measured, respond
 
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse
 
-from ...engine.hooks import SUPPORTED_FAMILIES
+from ...engine.capture_base import SUPPORTED_FAMILIES
 from ..deps import RegistryDep, SettingsDep, TemplatesDep
 
 router = APIRouter(include_in_schema=False)
@@ -35,7 +35,7 @@ async def index(request: Request, templates: TemplatesDep, registry: RegistryDep
             "default_model": registry.default,
             "max_upload_bytes": settings.max_upload_bytes,
             "docs_url": request.app.state.docs_url,
-            "supported_families": SUPPORTED_FAMILIES,  # the one list (engine/hooks.py)
+            "supported_families": SUPPORTED_FAMILIES,  # the one list (engine/capture_base.py)
         },
     )
 

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from ...serving.params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
-from ..calls import long_answer, measured, respond
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, FaithfulnessResponse, ProgressResponse, RelevanceResponse
+from ..service_calls import long_answer, measured, respond
 
 router = APIRouter(prefix="/api/v1", tags=["relevance"])
 

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from ...serving.zero_shot import ZeroShotParams, zero_shot_answer
-from ..calls import measured
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, ZeroShotResponse
+from ..service_calls import measured
 
 router = APIRouter(prefix="/api/v1", tags=["relevance"])
 

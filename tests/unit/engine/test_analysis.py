@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headscope.engine.analysis import attention_tensor
-from headscope.engine.capture import AttentionCapture
+from headscope.engine.block_capture import AttentionCapture
 from headscope.engine.selection import Selection, SelectionError
 from helpers.models import make
 

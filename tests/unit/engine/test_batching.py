@@ -21,7 +21,7 @@ def lm(tmp_path_factory):
 
 
 def _host_formula(levels: np.ndarray) -> np.ndarray:
-    """What serving/images.py computed before the runner: float32 / 255, minus mean, over std."""
+    """What serving/preprocess.py computed before the runner: float32 / 255, minus mean, over std."""
     a = levels.astype(np.float32) / 255.0  # H, W, 3
     a = (a - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
     return np.ascontiguousarray(a.transpose(2, 0, 1))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from headscope.engine.capture import AttentionCapture, CaptureError, UnsupportedModelError
+from headscope.engine.block_capture import AttentionCapture, CaptureError, UnsupportedModelError
 from headscope.zoo.loaders import prefix_kinds
 from helpers.models import FAMILIES, TINY, make
 

@@ -43,7 +43,7 @@ def test_oom_detection():
 
 def test_bf16_autocast_capture_stays_close_to_fp32():
     """The reduced-precision path (as on a GPU) runs on CPU too; its error is bounded."""
-    from headscope.engine.capture import AttentionCapture
+    from headscope.engine.block_capture import AttentionCapture
     from headscope.engine.device import autocast
     from helpers.models import make
 

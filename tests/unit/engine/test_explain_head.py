@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
 
-from headscope.engine.capture import AttentionCapture
+from headscope.engine.block_capture import AttentionCapture
 from headscope.engine.explain import explain_head, inner_steps
 from headscope.engine.forward import forward_capture
 from headscope.zoo import embedded, loaders

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from headscope.engine.analysis import attention_tensor
-from headscope.engine.capture import AttentionCapture, CaptureError
+from headscope.engine.block_capture import AttentionCapture, CaptureError
 from headscope.engine.forward import forward_capture, forward_maps
 from headscope.engine.relevance import (
     DEFAULT_TARGETS,

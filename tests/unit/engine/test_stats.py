@@ -208,7 +208,7 @@ TINY_FAMILIES = [
 def _capture(name, kwargs, hw, materialise=False, seed=0):
     import timm
 
-    from headscope.engine.capture import AttentionCapture
+    from headscope.engine.block_capture import AttentionCapture
     from headscope.zoo.loaders import prefix_kinds
 
     torch.manual_seed(seed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope.engine.capture import CaptureError
+from headscope.engine.block_capture import CaptureError
 from headscope.engine.window_explain import explain_window_head
 from headscope.engine.windows import WindowCapture, WindowedAttention
 from helpers.swin_reference import make, reference_explain, reference_maps, swin_blocks

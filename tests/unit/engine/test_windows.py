@@ -11,7 +11,7 @@ import pytest
 import timm
 import torch
 
-from headscope.engine.capture import CaptureError, UnsupportedModelError
+from headscope.engine.block_capture import CaptureError, UnsupportedModelError
 from headscope.engine.layout import WindowedLayout
 from headscope.engine.windows import WindowCapture, WindowedAttention, is_windowed
 from headscope.zoo.loaders import capture_for

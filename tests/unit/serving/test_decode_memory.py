@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from headscope.serving import images
+from headscope.serving import preprocess
 from headscope.serving.pictures import Pictures
 from helpers.server import ROOT
 
@@ -23,7 +23,7 @@ FIT = Pictures((224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3).fit
 
 def full_size(data: bytes):
     """The picture decoded at full size (no fit): the pipeline before early reduction."""
-    return images.load(images.probe(data, 40_000_000)).img
+    return preprocess.load(preprocess.probe(data, 40_000_000)).img
 
 
 MiB = 2**20
@@ -118,7 +118,7 @@ def _picture(mode: str, w: int, h: int) -> Image.Image:
 @pytest.mark.parametrize("mode", ["I;16", "I", "F", "RGBA", "LA", "P", "PA", "RGBa", "CMYK", "L"])
 def test_tiled_conversion_gives_the_pixels_of_the_whole_picture_conversion(mode):
     img = _picture(mode, 913, 611)  # 2.1 tiles of 512 x 512 each way
-    assert np.array_equal(np.asarray(images.to_rgb(img)), np.asarray(_old_to_rgb(img)))
+    assert np.array_equal(np.asarray(preprocess.to_rgb(img)), np.asarray(_old_to_rgb(img)))
 
 
 def test_a_float_picture_with_nan_becomes_black_as_before():
@@ -126,7 +126,7 @@ def test_a_float_picture_with_nan_becomes_black_as_before():
     a[5, 5] = np.nan
     img = Image.frombytes("F", (900, 600), a.tobytes())
     with np.errstate(invalid="ignore"):
-        assert np.array_equal(np.asarray(images.to_rgb(img)), np.asarray(_old_to_rgb(img)))
+        assert np.array_equal(np.asarray(preprocess.to_rgb(img)), np.asarray(_old_to_rgb(img)))
 
 
 @pytest.mark.parametrize(
@@ -140,13 +140,13 @@ def test_a_float_picture_with_nan_becomes_black_as_before():
 )
 def test_a_picture_that_needs_no_early_reduction_gives_the_same_pixels(make, fmt):
     data = _encode(make(), fmt)
-    p = images.probe(data, 40_000_000, FIT)
-    dec = images.load(p)
+    p = preprocess.probe(data, 40_000_000, FIT)
+    dec = preprocess.load(p)
     whole = full_size(data)  # no fit: full size, the old pipeline
     assert dec.img.size == whole.size
     assert np.array_equal(np.asarray(dec.img), np.asarray(whole))
-    a = images.prepare(dec.img, (224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3, image_size=dec.image_size)
-    b = images.prepare(whole, (224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3)
+    a = preprocess.prepare(dec.img, (224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3, image_size=dec.image_size)
+    b = preprocess.prepare(whole, (224, 224), (14, 14), (0.5,) * 3, (0.5,) * 3)
     assert a.input_size == b.input_size and a.image_size == b.image_size
     assert (a.pixels == b.pixels).all()
 
@@ -158,11 +158,11 @@ def test_early_reduction_is_close_to_resizing_the_whole_picture(fmt):
     y, x = np.mgrid[0:2400, 0:4000]
     a = np.stack([(x // 7) % 256, (y // 5) % 256, ((x + y) // 11) % 256], -1).astype(np.uint8)
     data = _encode(Image.fromarray(a, "RGB"), fmt, **({"quality": 95} if fmt == "JPEG" else {}))
-    p = images.probe(data, 40_000_000, FIT)
-    dec = images.load(p)
+    p = preprocess.probe(data, 40_000_000, FIT)
+    dec = preprocess.load(p)
     assert dec.img.width < 4000 and dec.image_size == (2400, 4000)
-    early = images.prepare(dec.img, (224, 224), (14, 14), (0,) * 3, (1,) * 3, image_size=dec.image_size)
-    whole = images.prepare(full_size(data), (224, 224), (14, 14), (0,) * 3, (1,) * 3)
+    early = preprocess.prepare(dec.img, (224, 224), (14, 14), (0,) * 3, (1,) * 3, image_size=dec.image_size)
+    whole = preprocess.prepare(full_size(data), (224, 224), (14, 14), (0,) * 3, (1,) * 3)
     assert early.input_size == whole.input_size == (224, 378)
     assert float((early.pixels - whole.pixels).abs().mean()) < 0.02
 
@@ -173,7 +173,7 @@ def test_exif_orientation_with_early_reduction(orientation, size):
     exif = Image.Exif()
     exif[0x0112] = orientation
     data = _encode(img, "JPEG", exif=exif)
-    dec = images.load(images.probe(data, 40_000_000, FIT))
+    dec = preprocess.load(preprocess.probe(data, 40_000_000, FIT))
     w, h = dec.img.size
     assert (w > h) == (size[0] > size[1])
     assert dec.image_size == (size[1] * 100, size[0] * 100)
@@ -183,5 +183,5 @@ def test_the_estimate_refuses_nothing_ordinary():
     """A 12-megapixel JPEG photo and a 24 MP PNG stay well under the default decode budget."""
     jpeg = _encode(Image.new("RGB", (4000, 3000), (1, 2, 3)), "JPEG")
     png = _encode(Image.new("RGB", (6000, 4000), (1, 2, 3)), "PNG")
-    assert images.probe(jpeg, 40_000_000, FIT).peak_bytes < 64 * MiB  # decoded at 1/4 by libjpeg
-    assert images.probe(png, 40_000_000, FIT).peak_bytes < 128 * MiB
+    assert preprocess.probe(jpeg, 40_000_000, FIT).peak_bytes < 64 * MiB  # decoded at 1/4 by libjpeg
+    assert preprocess.probe(png, 40_000_000, FIT).peak_bytes < 128 * MiB

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from headscope.serving.images import ImageError, load, plan_size, prepare, probe, to_rgb
+from headscope.serving.preprocess import ImageError, load, plan_size, prepare, probe, to_rgb
 
 LIMIT = 40_000_000
 

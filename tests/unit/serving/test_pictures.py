@@ -8,7 +8,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from headscope.serving import images
+from headscope.serving import preprocess
 from headscope.serving.pictures import Pictures
 from helpers.server import ROOT
 
@@ -17,19 +17,19 @@ STEPS = {"probe", "load", "prepare", "display_png", "to_rgb"}
 
 
 def _calls_of_steps(tree: ast.AST) -> list[tuple[int, str]]:
-    """Calls of ``images.STEP(...)`` and names imported from ``app.serving.images``."""
+    """Calls of ``preprocess.STEP(...)`` and names imported from ``app.serving.preprocess``."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("images"):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("preprocess"):
             found += [(node.lineno, f"import {a.name}") for a in node.names if a.name in STEPS]
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "images"
+            and node.func.value.id == "preprocess"
             and node.func.attr in STEPS
         ):
-            found.append((node.lineno, f"images.{node.func.attr}()"))
+            found.append((node.lineno, f"preprocess.{node.func.attr}()"))
     return found
 
 
@@ -39,7 +39,7 @@ def test_nothing_but_pictures_decodes_or_resizes():
     offenders = []
     for path in sorted((ROOT / "app").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in ("app/serving/pictures.py", "app/serving/images.py"):
+        if rel in ("app/serving/pictures.py", "app/serving/preprocess.py"):
             continue
         offenders += [f"{rel}:{line}: {what}" for line, what in _calls_of_steps(ast.parse(path.read_text()))]
     assert not offenders, "decode outside app/serving/pictures.py:\n" + "\n".join(offenders)
@@ -76,4 +76,4 @@ def test_the_display_picture_is_bounded():
 
     data = _png(Image.new("RGB", (4000, 1000), (10, 20, 30)))
     shown = Image.open(io.BytesIO(display_finish(display_probe(data, 40_000_000))))
-    assert shown.size == (images.DISPLAY_MAX_SIDE, 400)
+    assert shown.size == (preprocess.DISPLAY_MAX_SIDE, 400)

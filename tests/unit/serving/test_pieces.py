@@ -17,7 +17,7 @@ from headscope.serving.explain import ExplainParams, explain, explained
 from headscope.serving.params import AttentionParams
 from headscope.serving.pictures import Pictures
 from headscope.serving.service import AttentionService
-from headscope.serving.store import Entry, Found
+from headscope.serving.store import CachedCapture, FoundCapture
 from headscope.serving.uploads import Upload, image_id_of
 from headscope.serving.worker import Worker
 from headscope.zoo.registry import Registry
@@ -42,10 +42,10 @@ def test_the_pieces_answer_as_the_service_does(tmp_path):
     # Plain Python: decode and prepare as the server does, one forward, then the answers.
     prep = Pictures.for_model(lm, settings).prepare(data)
     att = forward_capture(lm, prep.pixels[None])[0]
-    found = Found(Entry(lm.id, lm.captured(att, prep.input_size), prep.image_size), False, {})
+    found = FoundCapture(CachedCapture(lm.id, lm.captured(att, prep.input_size), prep.image_size), False, {})
     image_id = image_id_of(data)
     sel = answers.selection(params, found.entry.image)
-    plain = _json(answers.built(answers.Asked(image_id, "x.png", found, params, sel)))
+    plain = _json(answers.built(answers.AnswerSubject(image_id, "x.png", found, params, sel)))
     plain_explain = _json(explained(image_id, None, lm, found, how))  # a follow-up: no uploader's name
     plain_stats = answers.stats_body(image_id, found, found.entry.stats(0.4))
 

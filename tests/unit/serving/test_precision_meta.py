@@ -18,7 +18,7 @@ from headscope.serving import answers
 from headscope.serving.params import AttentionParams
 from headscope.serving.pictures import Pictures
 from headscope.serving.relevance import relevance_answer, relevance_maps, relevance_meta
-from headscope.serving.store import Entry, Found
+from headscope.serving.store import CachedCapture, FoundCapture
 from helpers.api import png
 
 
@@ -32,11 +32,13 @@ def test_attention_answers_say_their_precision(lm):
     with lm.lock:
         att = BatchRunner(lm).capture([prep.raw])[0]
     for precision in ("fp32", "bf16"):
-        found = Found(Entry(lm.id, lm.captured(att, prep.input_size), prep.image_size, precision), False, {})
+        found = FoundCapture(
+            CachedCapture(lm.id, lm.captured(att, prep.input_size), prep.image_size, precision), False, {}
+        )
         for fmt in ("json", "safetensors", "npy"):
             params = AttentionParams(format=fmt)
             answer = answers.built(
-                answers.Asked("abc", None, found, params, answers.selection(params, found.entry.image))
+                answers.AnswerSubject("abc", None, found, params, answers.selection(params, found.entry.image))
             )
             body = b"".join(bytes(p) for p in answer.body)
             if fmt == "json":

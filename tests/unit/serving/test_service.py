@@ -11,7 +11,7 @@ from headscope.serving.worker import Worker
 def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm, tmp_path):
     from headscope.config import Settings
     from headscope.serving.service import AttentionService
-    from headscope.serving.store import Entry
+    from headscope.serving.store import CachedCapture
 
     w = Worker(torch.device("cpu"))
     svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w, metrics=w.metrics)
@@ -25,7 +25,7 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
     for i, att in enumerate(host):
         svc.cache.put(
             CaptureKey(str(i), lm.id),
-            Entry(lm.id, lm.captured(att, lm.input_size), lm.input_size),
+            CachedCapture(lm.id, lm.captured(att, lm.input_size), lm.input_size),
             4096,
             shared=att.storages(),
         )
@@ -38,7 +38,7 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
     assert svc.free_device_memory() == 0 and len(svc.cache) == 2  # host captures stay
     svc.cache.put(
         CaptureKey("gpu", lm.id),
-        Entry(lm.id, lm.captured(device[0], lm.input_size), lm.input_size),
+        CachedCapture(lm.id, lm.captured(device[0], lm.input_size), lm.input_size),
         4096,
         shared=device[0].storages(),
     )

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from headscope.serving.admission import QueueFullError
-from headscope.serving.tasks import Progress, Tasks
+from headscope.serving.tasks import TaskProgress, Tasks
 from headscope.serving.waiting import ClientGone
 from helpers.waiting import until
 
@@ -19,7 +19,7 @@ def far() -> float:
 
 
 def test_progress_reports_fraction_and_eta():
-    p = Progress("importance", total=10)
+    p = TaskProgress("importance", total=10)
     assert p.as_dict()["eta_s"] is None and p.as_dict()["fraction"] == 0
     p.advance(4, "block 2")
     d = p.as_dict()

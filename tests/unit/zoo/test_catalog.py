@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from headscope.engine.capture import UnsupportedModelError
+from headscope.engine.block_capture import UnsupportedModelError
 from headscope.zoo import catalog, loaders
 from headscope.zoo.errors import UnknownModelError
 from headscope.zoo.ids import ModelSpec

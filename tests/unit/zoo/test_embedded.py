@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from headscope.engine.forward import forward_capture
-from headscope.serving import images
+from headscope.serving import preprocess
 from headscope.zoo import embedded, loaders
 from helpers.server import ROOT, SAMPLES
 
@@ -78,7 +78,7 @@ def test_every_layer_and_head_equals_the_onnx_softmax(lm, onnx_session):
 def test_a_224_photo_goes_through_unchanged_and_matches_onnx(lm, onnx_session):
     sess, names = onnx_session
     img = Image.open(SAMPLES / "astronaut.png").convert("RGB").resize((224, 224), Image.BICUBIC)
-    prep = images.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std)
+    prep = preprocess.prepare(img, lm.input_size, lm.patch_size, lm.mean, lm.std)
     assert prep.input_size == (224, 224)
     direct = (np.asarray(img, np.float32) / 255 - np.array(lm.mean, np.float32)) / np.array(lm.std, np.float32)
     np.testing.assert_array_equal(prep.pixels.numpy(), direct.transpose(2, 0, 1))

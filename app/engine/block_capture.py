@@ -51,7 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .hooks import (
+from .capture_base import (
     SUPPORTED_FAMILIES,
     CaptureError,
     UnsupportedModelError,

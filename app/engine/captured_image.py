@@ -1,6 +1,6 @@
 """One interface for a captured image, whatever the model's attention: :class:`CapturedImage`.
 
-A capture (``ImageAttention`` of :mod:`~app.engine.capture`, ``WindowedAttention`` of
+A capture (``ImageAttention`` of :mod:`~app.engine.block_capture`, ``WindowedAttention`` of
 :mod:`~app.engine.windows`) holds the maps. What a caller asks of them depends on how the
 model lays out its tokens: which layers, heads and query tokens a request names, the token
 layout of an answer, the tokens ``drop`` removes, the statistics, one head's computation. A
@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .capture import ImageAttention
+from .block_capture import ImageAttention
+from .capture_base import CapturedAttention
 from .explain import HeadComputation, explain_head
-from .hooks import Attention
 from .layout import Stage, TokenLayout, WindowedLayout
 from .selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
 from .stats import DEFAULT_MASS, HeadStats, artifact_tokens, compute_stats, compute_stats_batch, mass_threshold_count
@@ -37,7 +37,7 @@ class CapturedImage(ABC):
     any layer, head and query), read through the model's token layout at the image's
     ``input_size`` (height, width in pixels)."""
 
-    att: Attention
+    att: CapturedAttention
     input_size: tuple[int, int]
 
     def select(
@@ -124,7 +124,9 @@ class CapturedImage(ABC):
 Resolved = tuple[Stage | None, list[int], list[int], list[int] | None, int]
 
 
-def captured(att: Attention, layout: TokenLayout | WindowedLayout, input_size: tuple[int, int]) -> CapturedImage:
+def captured(
+    att: CapturedAttention, layout: TokenLayout | WindowedLayout, input_size: tuple[int, int]
+) -> CapturedImage:
     """The :class:`CapturedImage` of a capture and its model's token layout at ``input_size``."""
     hw = (int(input_size[0]), int(input_size[1]))
     if isinstance(att, WindowedAttention) and isinstance(layout, WindowedLayout):

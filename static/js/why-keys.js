@@ -1,9 +1,9 @@
-// The Why view without a mouse: the saliency output takes focus and a cell cursor (cell_cursor.js)
+// The Why view without a mouse: the saliency output takes focus and a cell cursor (cell-cursor.js)
 // on the model's patch grid; Shift+arrows grow a box, Enter makes it the target (the same
 // `box` a drag draws, in output-map pixels). why.js calls bindSaliencyKeys from render, once per
 // drawn canvas.
 
-import { bindCellCursor, selectionWords } from "./cell_cursor.js";
+import { bindCellCursor, selectionWords } from "./cell-cursor.js";
 import { announce } from "./keys.js";
 
 /** The box [x0, y0, x1, y1] in output-map pixels (end-exclusive) of the cells `sel` of a grid. */

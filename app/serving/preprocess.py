@@ -393,7 +393,7 @@ def display_fit(width: int, height: int, max_side: int = DISPLAY_MAX_SIDE) -> tu
 
 
 @dataclass
-class Prepared:
+class PreparedPixels:
     """A picture resized for the model: its uint8 pixels (what goes to the device) and sizes.
 
     ``pixels`` is the normalised float32 input on the host, computed from ``raw`` when first
@@ -422,7 +422,7 @@ def prepare(
     max_aspect=3.0,
     dynamic=True,
     image_size: tuple[int, int] | None = None,
-) -> Prepared:
+) -> PreparedPixels:
     """Resize (bicubic; untouched when already the right size) and normalise an RGB picture.
 
     Args:
@@ -435,7 +435,7 @@ def prepare(
     a: np.ndarray = np.asarray(resized, dtype=np.uint8)  # H, W, 3
     raw = torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))  # 3, H, W
     # normalised where it is used (engine/batching.py: the same float32 values on every device)
-    return Prepared(raw, (H, W), image_size, tuple(mean), tuple(std))
+    return PreparedPixels(raw, (H, W), image_size, tuple(mean), tuple(std))
 
 
 def display_png(img: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> bytes:

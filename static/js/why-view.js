@@ -2,7 +2,7 @@
 // DOM: the model's output with the box drawn on it (or the top-5 classes), a relevance map over
 // the picture, and the faithfulness chart. why.js owns the data.
 
-import { drawOver, mapCanvas } from "./ablation_view.js";
+import { drawOver, mapCanvas } from "./ablation-view.js";
 import { paintColorbar } from "./colormaps.js";
 import { AXIS, LEGEND_BELOW, base, note, plotKeyed, plotlyReady, unavailable } from "./charts.js";
 import { el } from "./dom.js";

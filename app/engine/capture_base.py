@@ -1,10 +1,10 @@
-"""What the global (:mod:`~app.engine.capture`) and windowed (:mod:`~app.engine.windows`) captures
+"""What the global (:mod:`~app.engine.block_capture`) and windowed (:mod:`~app.engine.windows`) captures
 share, below both: their errors, the list of supported families, the softmax temperature, the
 hook functions both install, and the two interfaces every caller reads them through.
 
 * :class:`CaptureHooks`: a model's hooks (``AttentionCapture``, ``WindowCapture``): install them
   around one forward pass (``capturing``), then split what they kept per image (``results``).
-* :class:`Attention`: one image's capture, what the hooks give back (``ImageAttention``,
+* :class:`CapturedAttention`: one image's capture, what the hooks give back (``ImageAttention``,
   ``WindowedAttention``): softmax rows of any layer, head and query, at any temperature.
 """
 
@@ -36,7 +36,7 @@ Picked = list[int] | None  # indices along one axis, None for all
 Out = torch.Tensor | None
 
 
-class Attention(Protocol):
+class CapturedAttention(Protocol):
     """One image's capture, for every layer, where the forward ran.
 
     Layers are numbered across the model (a windowed model's stages included); a layer's maps
@@ -104,7 +104,7 @@ class CaptureHooks(Protocol):
 
     def capturing(self, materialise: bool = False) -> AbstractContextManager[Any]: ...
 
-    def results(self, to: torch.device | str | None = None) -> Sequence[Attention]: ...
+    def results(self, to: torch.device | str | None = None) -> Sequence[CapturedAttention]: ...
 
     def materialise_pays(self, num_tokens: int) -> bool: ...
 

@@ -3,7 +3,7 @@
 // words and rounded numbers. The verdicts the Why view writes ([data-testid=why-verdict], one per
 // method where the page has them) are read out with the finish. why.js calls these from render.
 
-import { METHOD_NAMES } from "./why_view.js";
+import { METHOD_NAMES } from "./why-view.js";
 
 const STEPS = 4; // the running test is announced at its start and at each quarter done
 
