@@ -228,16 +228,16 @@ class RelevanceMode(TorchFunctionMode):
             x = args[0]
             return _identity_rule(func(*args, **kwargs), x)
         if func is F.layer_norm:
-            # LXT's layer_norm_forward: the standard deviation held constant (one pass, no second norm)
+            # LXT's layer_norm_forward: the standard deviation held constant; the value is the
+            # model's own LayerNorm (the rule only changes the gradient)
             x, shape = args[0], args[1]
             w = args[2] if len(args) > 2 else kwargs.get("weight")
-            b = args[3] if len(args) > 3 else kwargs.get("bias")
             eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
             dims = tuple(range(-len(shape), 0))
             xc = x - x.mean(dims, keepdim=True)
-            y = xc / (xc.pow(2).mean(dims, keepdim=True) + eps).sqrt().detach()
-            y = y * w if w is not None else y
-            return y + b if b is not None else y
+            lin = xc / (xc.pow(2).mean(dims, keepdim=True) + eps).sqrt().detach()
+            lin = lin * w if w is not None else lin
+            return func(*args, **kwargs).detach() + (lin - lin.detach())
         if func in (torch.Tensor.mul, torch.mul) and len(args) == 2 and _grad(args[0]) and _grad(args[1]):
             return _ScaleGrad.apply(func(*args, **kwargs), 2.0)
         return func(*args, **kwargs)

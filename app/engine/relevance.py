@@ -529,7 +529,7 @@ def relevance(
     g_maps: list[torch.Tensor] = []
     layout = lm.layout(hw)
     prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
-    if not set(names) - {"attnlrp", "random"}:
+    if "attnlrp" in names and not set(names) - {"attnlrp", "random"}:
         # AttnLRP alone: its own forward gives the output too (no forward with the maps kept)
         r_pix, y_lrp, ref = _attnlrp_forward(lm, pixels, tgt, None, ablate)
         full["attnlrp"] = _pixels_to_patches(r_pix, grid, lm.patch_size)

@@ -20,8 +20,29 @@ import torch.nn as nn
 from headscope.engine.relevance import relevance
 from helpers.relevance_reference import FAMILIES, load_family
 
-lxt_patches = pytest.importorskip("lxt.efficient.patches", reason="lxt (the test extra) is not installed")
-from lxt.efficient.rules import divide_gradient  # noqa: E402
+
+def _lxt_efficient():
+    """LXT's ``efficient`` rules and patches, its own modules unchanged. Its package ``__init__``
+    imports its LLM patch maps, which need the transformers version LXT 2.1 was written against
+    (BERT's ``modeling_attn_mask_utils`` is gone from transformers 5): the package is entered
+    without running that ``__init__``, so any transformers (or none) will do."""
+    import importlib.util
+    import sys
+    import types
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("lxt")
+    if spec is None or spec.origin is None:
+        pytest.skip("lxt (the test extra) is not installed")
+    if "lxt.efficient" not in sys.modules:
+        pkg = types.ModuleType("lxt.efficient")
+        pkg.__path__ = [str(Path(spec.origin).parent / "efficient")]
+        sys.modules["lxt.efficient"] = pkg
+    return importlib.import_module("lxt.efficient.patches"), importlib.import_module("lxt.efficient.rules")
+
+
+lxt_patches, lxt_rules = _lxt_efficient()
+divide_gradient = lxt_rules.divide_gradient
 from torchvision.models import vision_transformer  # noqa: E402
 
 
