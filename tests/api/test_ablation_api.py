@@ -18,6 +18,10 @@ from helpers.models import write_classifier
 from helpers.server import HTTP_TIMEOUT
 from helpers.waiting import wait_until
 
+# How long a long computation may run before a test calls it hung: long_get asks up to 20 times,
+# each a request and a wait on its progress; only a broken server comes near it.
+HANG_S = 40 * HTTP_TIMEOUT
+
 T = 600  # generous: these tests must pass on a loaded machine
 post = partial(api.post_json, timeout=T)  # a POST that must succeed: its JSON
 get = partial(api.get, timeout=T)
@@ -35,7 +39,7 @@ def long_get(base, image_id: str, what: str, **params) -> dict:
         assert_error(r, 504, "timeout")
         wait_until(
             lambda: get(base, f"{API}/{image_id}/{what}/progress", **params).json()["state"] != "running",
-            HTTP_TIMEOUT,
+            HANG_S,
             f"{what} to finish",
         )
     raise AssertionError(f"{what} never finished")
@@ -233,7 +237,7 @@ def test_progress_is_reported_and_uploads_interleave_with_a_sweep(base_url, samp
         return not t.is_alive()
 
     try:
-        wait_until(watch, HTTP_TIMEOUT, "the importance request to be answered")
+        wait_until(watch, HANG_S, "the importance request to be answered")
     finally:
         t.join()
     running = [p for p in seen if p["state"] == "running"]
@@ -255,7 +259,7 @@ def test_wait_answers_202_with_the_progress_and_the_computation_goes_on(base_url
             lambda: (
                 get(base_url, f"{API}/{image_id}/importance/progress", method="gradient").json()["state"] != "running"
             ),
-            HTTP_TIMEOUT,
+            HANG_S,
             "the gradient importance to finish",
         )
     r = get(base_url, f"{API}/{image_id}/importance", method="gradient", wait=0)
