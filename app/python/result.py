@@ -342,8 +342,9 @@ class Attention:
 
         q = None if query is None else P.query(query)
         how = P.build(ExplainParams, layer=layer, head=head, query=q)
+        found = self._capture_found()  # takes the model's lock itself when it computes
         with computing(self.lm):
-            meta, hc = explain_fields(self.image_id, self.filename, self.lm, self._capture_found(), how, self.ablate)
+            meta, hc = explain_fields(self.image_id, self.filename, self.lm, found, how, self.ablate)
         return {**meta, **dict.fromkeys(hc.OPTIONAL), **hc.tensors()}
 
     # -- the interactive view (app/python/view.py) ------------------------------------------
