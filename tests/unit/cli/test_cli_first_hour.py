@@ -88,7 +88,7 @@ def test_extract_refuses_a_bad_selection_before_the_model_loads(tmp_path, model,
 
 def test_extract_of_an_unknown_model_says_so_in_one_line(tmp_path):
     r = run("extract", str(SAMPLES / "cat.png"), "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
-    assert r.returncode == 1 and r.stderr.strip() == "headscope extract: timm has no architecture named 'nope'"
+    assert r.returncode == 1 and r.stderr.strip() == "headscope extract: timm has no architecture named 'nope'."
 
 
 def test_report_and_survey_outputs_get_normal_permissions(tmp_path):
