@@ -129,7 +129,7 @@ def test_the_ray_engine_writes_the_same_table(local_rows, source, tmp_path, base
     assert ray_rows.column("image").to_pylist() == local.column("image").to_pylist()
     for col in local.column_names:
         a, b = local.column(col), ray_rows.column(col)
-        if col in ("image", "cls_cosine", "similarity"):
+        if col in ("image", "cls_cosine", "similarity", "precision"):
             if col == "cls_cosine":
                 np.testing.assert_allclose(
                     np.array(a.to_pylist()), np.array(b.to_pylist()), rtol=1e-5, atol=1e-5, err_msg=col
