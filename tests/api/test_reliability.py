@@ -19,11 +19,12 @@ SLOW = os.environ.get("HEADSCOPE_SLOW") == "1"
 
 def refusals(url: str) -> float:
     """The server's refusals at admission so far (``headscope_rejections_total``, the reasons
-    answered with 429 at once: the upload pool or the decode budget full)."""
+    answered with 429 at once: the upload pool, this client's share of it or the decode budget
+    full)."""
     text = httpx.get(url + "/metrics", timeout=HTTP_TIMEOUT).text
     return sum(
         float(m.group(1))
-        for reason in ("queue_full", "decode_busy")
+        for reason in ("queue_full", "upload_client_share", "decode_busy")
         for m in [re.search(rf'^headscope_rejections_total\{{reason="{reason}"\}} (\S+)$', text, re.M)]
         if m
     )
