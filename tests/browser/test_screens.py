@@ -47,6 +47,15 @@ def box(pg, selector: str) -> dict:
     )
 
 
+def boxes_at_once(pg, *selectors: str) -> list[dict]:
+    """The boxes of ``selectors`` measured in one frame."""
+    return pg.evaluate(
+        """sels => sels.map(s => { const r = document.querySelector(s).getBoundingClientRect();
+        return {l: r.left, r: r.right, t: r.top, b: r.bottom}; })""",
+        list(selectors),
+    )
+
+
 def wait_side(pg, name: str, **want) -> dict:
     pg.wait_for_function(
         """([name, want]) => {
@@ -112,9 +121,10 @@ def test_compare_mode_fits_a_phone(page_at, base_url, samples, width, height):
     wait_side(pg, "a", image=v["image"])
     wait_side(pg, "b", image=image_id(samples["astronaut"].read_bytes()))
     assert_no_sideways_scroll(pg, "compare mode")
+    wait_scroll_settled(pg)
     for side in ("a", "b"):
-        frame = box(pg, f".compare-side[data-side={side}] .compare-canvas")
-        canvas = box(pg, f"[data-testid=compare-{side}]")
+        # one measurement for both, so a late scroll cannot move one between the two
+        frame, canvas = boxes_at_once(pg, f".compare-side[data-side={side}] .compare-canvas", f"[data-testid=compare-{side}]")
         assert frame["l"] >= 0 and frame["r"] <= width, (side, frame)
         # the map stays inside its frame
         assert canvas["l"] >= frame["l"] - 0.5 and canvas["r"] <= frame["r"] + 0.5, (side, canvas, frame)

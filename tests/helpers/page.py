@@ -42,12 +42,20 @@ def wait_view(page, timeout: float | None = None, **want) -> dict:
     return view(page)
 
 
-def wait_scroll_settled(page) -> None:
-    """Wait until the page has stopped scrolling (two animation frames at the same offset): the
-    page scrolls smoothly, and an answer can now arrive before the scroll has ended, so boxes
-    measured meanwhile are still moving."""
+def wait_scroll_settled(page, quiet_ms: int = 150) -> None:
+    """Wait until the page has stopped scrolling: the same offset for ``quiet_ms`` and at least three
+    animation frames. The page scrolls smoothly, and an answer can arrive before the scroll has
+    ended, so boxes measured meanwhile are still moving; on a loaded machine two frames in a row
+    can show one offset while the smooth scroll is still under way, hence the time as well."""
+    page.evaluate("() => { window.__hsScroll = null; }")
     page.wait_for_function(
-        "() => { const y = scrollY; const same = window.__hsLastY === y; window.__hsLastY = y; return same; }",
+        """(quiet) => {
+        const y = scrollY, now = performance.now(), s = window.__hsScroll;
+        if (!s || s.y !== y) { window.__hsScroll = {y, since: now, frames: 0}; return false; }
+        s.frames += 1;
+        return s.frames >= 3 && now - s.since >= quiet;
+    }""",
+        arg=quiet_ms,
         polling="raf",
     )
 
