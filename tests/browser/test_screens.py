@@ -124,7 +124,9 @@ def test_compare_mode_fits_a_phone(page_at, base_url, samples, width, height):
     wait_scroll_settled(pg)
     for side in ("a", "b"):
         # one measurement for both, so a late scroll cannot move one between the two
-        frame, canvas = boxes_at_once(pg, f".compare-side[data-side={side}] .compare-canvas", f"[data-testid=compare-{side}]")
+        frame, canvas = boxes_at_once(
+            pg, f".compare-side[data-side={side}] .compare-canvas", f"[data-testid=compare-{side}]"
+        )
         assert frame["l"] >= 0 and frame["r"] <= width, (side, frame)
         # the map stays inside its frame
         assert canvas["l"] >= frame["l"] - 0.5 and canvas["r"] <= frame["r"] + 0.5, (side, canvas, frame)
