@@ -31,7 +31,7 @@ LOOPBACK_HOSTS := 127.0.0.1 localhost ::1
 SERVE_HOST = $(strip $(or $(HOST),$(HEADSCOPE_HOST)))
 SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(SERVE_HOST),$(if $(filter $(SERVE_HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
 
-.PHONY: check-torch setup setup-dev serve test test-fast lint format build browser-deps js-deps bench bench-smoke \
+.PHONY: check-torch setup setup-dev serve test test-fast test-soak lint format build browser-deps js-deps bench bench-smoke \
 	docker-test fetch extract docs docs-serve clean
 
 $(VENV)/bin/python:
@@ -125,10 +125,15 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak"
 
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak"
+
+# The load and soak runs (tests/api/test_reliability.py, about 2.5 minutes on 2 cores): CI runs
+# them after `make test`; HEADSCOPE_SLOW=1 makes them the long versions.
+test-soak: setup-dev fetch
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m soak
 
 lint: setup-dev
 	$(PY) -m ruff check .

@@ -1,4 +1,8 @@
-"""Short load and soak runs (the long ones: HEADSCOPE_SLOW=1, or scripts/load.py)."""
+"""Short load and soak runs (the long ones: HEADSCOPE_SLOW=1, or scripts/load.py).
+
+Marked ``soak``: they take minutes of both cores, so `make test` leaves them to `make test-soak`,
+which CI (`.ci/run`) runs after it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import re
 import sys
 
 import httpx
+import pytest
 
 from helpers.server import HTTP_TIMEOUT, ROOT
 
@@ -15,6 +20,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import load as loadscript  # noqa: E402
 
 SLOW = os.environ.get("HEADSCOPE_SLOW") == "1"
+
+pytestmark = pytest.mark.soak
 
 
 def refusals(url: str) -> float:
