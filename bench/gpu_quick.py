@@ -10,6 +10,8 @@ Rows (every one timed with the device synchronised before and after each call):
   Scope's thread pool), fp32;
 * ``prepare_jpegs``: the preparation alone (``Scope._read``: the same threads; the decode
   limit); the JPEG target is >= 0.8x the smaller of it and the forward;
+* ``capture_pil``: ``Scope.attention([PIL.Image] * B)`` of the same pictures already decoded
+  (prepared from their pixels, no PNG round trip), fp32;
 * ``chefer``: ``Scope.relevance(tensors, method="chefer")`` at batch 1 and 8 (target <= 3x a
   forward at batch 8);
 * ``api``: ``POST /api/v1/attention`` with distinct JPEGs at concurrency 1, 16, 64 through a
@@ -52,6 +54,18 @@ def jpegs(n: int, start: int = 0) -> list[bytes]:
         buf = io.BytesIO()
         Image.fromarray(a).save(buf, "JPEG", quality=90)
         out.append(buf.getvalue())
+    return out
+
+
+def pil_images(files: list[bytes]) -> list[Any]:
+    """The JPEGs decoded, as ``PIL.Image`` objects (prepared from their pixels, no PNG round trip)."""
+    from PIL import Image
+
+    out = []
+    for data in files:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        out.append(img)
     return out
 
 
@@ -143,6 +157,8 @@ def inproc(
                 files = jpegs(B)
                 rows["capture_jpegs"] = _row(timed(lambda: scope.attention(files), iters, warmup, sync), B, ref)
                 rows["prepare_jpegs"] = _row(timed(lambda: scope._read(files), iters, warmup, sync), B, ref)
+                images = pil_images(files)
+                rows["capture_pil"] = _row(timed(lambda: scope.attention(images), iters, warmup, sync), B, ref)
             res["capture"][f"{precision}/{B}"] = rows
         if precision == "fp32":
             for B in [b for b in (1, 8) if b <= max(batches)] or [1]:

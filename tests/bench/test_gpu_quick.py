@@ -21,7 +21,7 @@ def test_the_gpu_profile_runs_tiny_on_the_cpu(tmp_path):
     assert set(q["capture"]) == {"fp32/1", "bf16/1"}
     for key, rows in q["capture"].items():
         want = {"forward", "capture_tensors"} | (
-            {"capture_jpegs", "prepare_jpegs"} if key.startswith("fp32") else set()
+            {"capture_jpegs", "prepare_jpegs", "capture_pil"} if key.startswith("fp32") else set()
         )
         assert set(rows) == want
         assert all(r["ms"]["median"] > 0 and r["images_per_s"] > 0 for r in rows.values())
@@ -42,3 +42,11 @@ def test_distinct_jpegs_and_no_busy_fraction_without_a_gpu():
     with gpu_quick.BusySampler(torch.device("cpu")) as busy:
         pass
     assert busy.fraction is None
+
+
+def test_the_pil_inputs_bench_runs_and_checks_its_pixels():
+    from bench.pil_inputs import measure
+
+    res = measure(rounds=1)  # asserts the two paths give the same pixels
+    rows = [v for v in res.values() if isinstance(v, dict)]
+    assert len(rows) == 4 and all(r["png_round_trip_ms"] > 0 and r["direct_ms"] > 0 for r in rows)
