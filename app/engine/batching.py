@@ -155,7 +155,9 @@ def split_on_oom(
                     log.warning("out of memory at batch %d; freed %d cached bytes, retrying", len(batch), evicted)
                     return attempt(batch, True)
                 if len(batch) == 1:
-                    return [failed(OutOfMemory("the image does not fit in device memory; try a smaller image"))]
+                    err = OutOfMemory("the image does not fit in device memory; try a smaller image")
+                    err.__cause__ = e  # the device's own message, for callers that record it
+                    return [failed(err)]
                 if on_split is not None:
                     on_split(len(batch))
                 half = len(batch) // 2
