@@ -93,18 +93,44 @@ def _row(times: list[float], batch: int, ref: list[float] | None = None) -> dict
 
 
 class BusySampler:
-    """The GPU's busy fraction (``torch.cuda.utilization``, NVML) sampled every 50 ms."""
+    """The GPU's busy fraction sampled every 50 ms: ``torch.cuda.utilization`` (NVML through
+    pynvml), else ``nvidia-smi --query-gpu=utilization.gpu`` (one call per sample), else none."""
 
     def __init__(self, device: torch.device):
         self.device, self.samples = device, []  # type: ignore[var-annotated]
+        self.source: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _nvidia_smi(self) -> float:
+        import subprocess
+
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+        return float(out.stdout.strip().splitlines()[0])
+
+    def _read(self) -> float:
+        if self.source != "nvidia-smi":
+            try:
+                value = float(torch.cuda.utilization(self.device))
+                self.source = "nvml"
+                return value
+            except Exception:  # no pynvml here: try the command line tool
+                self.source = "nvidia-smi"
+        return self._nvidia_smi()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append(float(torch.cuda.utilization(self.device)))
-            except Exception:  # no NVML (pynvml) here: nothing to report
+                self.samples.append(self._read())
+            except Exception:  # neither NVML nor nvidia-smi: nothing to report
+                self.source = None
                 return
             self._stop.wait(0.05)
 
@@ -213,5 +239,11 @@ def api(
         log(f"gpu-quick: API concurrency {c}, {n} requests")
         with BusySampler(device) as busy:
             wall, failed = asyncio.run(_api_level(server_url, c, n, files))
-        res[str(c)] = {"requests": n, "failed": failed, "images_per_s": (n - failed) / wall, "gpu_busy": busy.fraction}
+        res[str(c)] = {
+            "requests": n,
+            "failed": failed,
+            "images_per_s": (n - failed) / wall,
+            "gpu_busy": busy.fraction,
+            "gpu_busy_source": busy.source,
+        }
     return res
