@@ -16,7 +16,8 @@ whichever way it comes in:
   is not applied (``ImageOps.exif_transpose`` first where it should be). Modes a PNG cannot hold
   (CMYK, YCbCr, LAB, HSV, F, PA, ...) go through Pillow's ``convert("RGB")`` first, as
   `png_bytes` does; 32-bit integer grey (``I``), which Pillow cannot write as PNG, goes through
-  the server's colour rule for a decoded 32-bit grey file (scaled by 1/257, clipped). The image
+  the server's colour rule for a decoded 32-bit grey file (scaled by 1/257, clipped), and its
+  PNG is of the converted pixels (`picture_png`). The image
   is copied once (a snapshot: changing it afterwards changes no result). Its ``image_id`` is the
   hash of its pixels (`pixels_id`: an RGB image, an ``HxWx3`` array and the tensor of the same
   pixels share it), not the PNG's upload id: encoding a 640 x 480 photo as PNG takes longer
@@ -37,13 +38,12 @@ whichever way it comes in:
 from __future__ import annotations
 
 import functools
-import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..serving.pictures import PreparedPixels, read_picture_file
+from ..serving.pictures import PreparedPixels, picture_png, read_picture_file
 from ..serving.uploads import image_id_of
 
 if TYPE_CHECKING:
@@ -189,12 +189,8 @@ def stored_image(image: Any) -> PILImage.Image:
     """
     from PIL import Image
 
-    from ..serving.preprocess import to_rgb
-
     if not isinstance(image, Image.Image):
         return _array_image(image).copy()
-    if image.mode == "I":  # no PNG holds it: the colour rule of a decoded 32-bit grey file
-        return to_rgb(image).copy()
     if image.mode not in _PNG_MODES:  # CMYK, YCbCr, LAB, HSV, F...: what png_bytes converts to
         return image.convert("RGB")
     image.load()
@@ -205,9 +201,7 @@ def stored_image(image: Any) -> PILImage.Image:
 
 
 def _png(image: PILImage.Image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, "PNG", compress_level=PNG_LEVEL)
-    return buf.getvalue()
+    return picture_png(image, PNG_LEVEL)
 
 
 def is_tensor(image: Any) -> bool:
@@ -262,7 +256,7 @@ def png_bytes(image: Any) -> bytes:
     """
     from PIL import Image
 
-    if isinstance(image, Image.Image) and image.mode in _PNG_MODES and image.mode != "I":
+    if isinstance(image, Image.Image) and image.mode in _PNG_MODES:
         return _png(image)
     return _png(stored_image(image))
 

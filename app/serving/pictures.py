@@ -27,6 +27,7 @@ larger than the server's upload limit (refused before a byte is read), then its 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ __all__ = [
     "Probe",
     "display_finish",
     "display_probe",
+    "picture_png",
     "read_picture_file",
 ]
 
@@ -139,6 +141,21 @@ class Pictures:
             self.dynamic,
             image_size=dec.image_size,
         )
+
+
+def picture_png(img: Image.Image, level: int = 0) -> bytes:
+    """A picture in memory as lossless PNG bytes whose preparation gives what
+    :meth:`Pictures.prepare_image` gives for ``img``: its own mode where a PNG holds it; 32-bit
+    integer grey (mode ``I``, which Pillow cannot write as PNG) by the colour rule first.
+
+    Args:
+        level: deflate level (0: stored, the fastest).
+    """
+    if img.mode == "I":
+        img = preprocess.to_rgb(img)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", compress_level=level)
+    return buf.getvalue()
 
 
 def display_probe(data: bytes, max_pixels: int) -> Probe:
