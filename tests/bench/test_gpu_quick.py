@@ -50,3 +50,22 @@ def test_the_pil_inputs_bench_runs_and_checks_its_pixels():
     res = measure(rounds=1)  # asserts the two paths give the same pixels
     rows = [v for v in res.values() if isinstance(v, dict)]
     assert len(rows) == 4 and all(r["png_round_trip_ms"] > 0 and r["direct_ms"] > 0 for r in rows)
+
+
+def test_the_one_command_gpu_script_refuses_a_machine_without_cuda(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: bench/gpu_run.sh would run for minutes")
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_run.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("DEVICE", None)
+    r = subprocess.run(["bash", str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no CUDA GPU here" in r.stderr and "DEVICE=cpu" in r.stderr
+    assert not list(tmp_path.glob("gpu-quick-*.json"))  # nothing ran
