@@ -17,8 +17,9 @@ whichever way it comes in:
   (CMYK, YCbCr, LAB, HSV, F, PA, ...) go through Pillow's ``convert("RGB")`` first, as
   `png_bytes` does; 32-bit integer grey (``I``), which Pillow cannot write as PNG, goes through
   the server's colour rule for a decoded 32-bit grey file (scaled by 1/257, clipped), and its
-  PNG is of the converted pixels (`picture_png`). The image
-  is copied once (a snapshot: changing it afterwards changes no result). Its ``image_id`` is the
+  PNG is of the converted pixels (`picture_png`); a palette image whose palette has alpha is
+  taken as RGBA (its PNG holds that alpha as transparency). The image is copied once (a
+  snapshot: changing it afterwards changes no result). Its ``image_id`` is the
   hash of its pixels (`pixels_id`: an RGB image, an ``HxWx3`` array and the tensor of the same
   pixels share it), not the PNG's upload id: encoding a 640 x 480 photo as PNG takes longer
   than preparing it. Its ``image_bytes`` are the lossless PNG, made when first asked for.
