@@ -50,11 +50,17 @@ KIND_LABELS = {
 }
 
 
-def start_server(env: dict[str, str], log_dir: Path, timeout: float = 180) -> Server:
+def start_server(env: dict[str, str], log_dir: Path, timeout: float = 180, models_dir: Path | None = None) -> Server:
     """``python -m headscope.cli serve`` on a free loopback port, as the tests start it
-    (``tests/helpers/server.py``), its output in ``log_dir/server.log`` (the last run's)."""
+    (``tests/helpers/server.py``), its output in ``log_dir/server.log`` (the last run's).
+
+    Args:
+        models_dir: the server's models folder: the bench's ``--models-dir`` (a GPU machine
+            keeps its models elsewhere than the checkout's ``models/``); None for the checkout's.
+    """
     try:
-        return Server(env, timeout=timeout, log_path=log_dir / "server.log")
+        kw = {} if models_dir is None else {"models_dir": models_dir}
+        return Server(env, timeout=timeout, log_path=log_dir / "server.log", **kw)
     except RuntimeError as e:
         raise BenchFailure(str(e)) from None
 

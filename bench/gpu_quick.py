@@ -10,6 +10,8 @@ Rows (every one timed with the device synchronised before and after each call):
   Scope's thread pool), fp32;
 * ``prepare_jpegs``: the preparation alone (``Scope._read``: the same threads; the decode
   limit); the JPEG target is >= 0.8x the smaller of it and the forward;
+* ``capture_pil``: ``Scope.attention([PIL.Image] * B)`` of the same pictures already decoded
+  (prepared from their pixels, no PNG round trip), fp32;
 * ``chefer``: ``Scope.relevance(tensors, method="chefer")`` at batch 1 and 8 (target <= 3x a
   forward at batch 8);
 * ``api``: ``POST /api/v1/attention`` with distinct JPEGs at concurrency 1, 16, 64 through a
@@ -55,6 +57,18 @@ def jpegs(n: int, start: int = 0) -> list[bytes]:
     return out
 
 
+def pil_images(files: list[bytes]) -> list[Any]:
+    """The JPEGs decoded, as ``PIL.Image`` objects (prepared from their pixels, no PNG round trip)."""
+    from PIL import Image
+
+    out = []
+    for data in files:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        out.append(img)
+    return out
+
+
 def timed(fn: Callable[[], Any], iters: int, warmup: int, sync: Callable[[], None]) -> list[float]:
     """Seconds per call of ``fn``, the device synchronised around each timed call."""
     for _ in range(warmup):
@@ -79,18 +93,44 @@ def _row(times: list[float], batch: int, ref: list[float] | None = None) -> dict
 
 
 class BusySampler:
-    """The GPU's busy fraction (``torch.cuda.utilization``, NVML) sampled every 50 ms."""
+    """The GPU's busy fraction sampled every 50 ms: ``torch.cuda.utilization`` (NVML through
+    pynvml), else ``nvidia-smi --query-gpu=utilization.gpu`` (one call per sample), else none."""
 
     def __init__(self, device: torch.device):
         self.device, self.samples = device, []  # type: ignore[var-annotated]
+        self.source: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _nvidia_smi(self) -> float:
+        import subprocess
+
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+        return float(out.stdout.strip().splitlines()[0])
+
+    def _read(self) -> float:
+        if self.source != "nvidia-smi":
+            try:
+                value = float(torch.cuda.utilization(self.device))
+                self.source = "nvml"
+                return value
+            except Exception:  # no pynvml here: try the command line tool
+                self.source = "nvidia-smi"
+        return self._nvidia_smi()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append(float(torch.cuda.utilization(self.device)))
-            except Exception:  # no NVML (pynvml) here: nothing to report
+                self.samples.append(self._read())
+            except Exception:  # neither NVML nor nvidia-smi: nothing to report
+                self.source = None
                 return
             self._stop.wait(0.05)
 
@@ -143,6 +183,8 @@ def inproc(
                 files = jpegs(B)
                 rows["capture_jpegs"] = _row(timed(lambda: scope.attention(files), iters, warmup, sync), B, ref)
                 rows["prepare_jpegs"] = _row(timed(lambda: scope._read(files), iters, warmup, sync), B, ref)
+                images = pil_images(files)
+                rows["capture_pil"] = _row(timed(lambda: scope.attention(images), iters, warmup, sync), B, ref)
             res["capture"][f"{precision}/{B}"] = rows
         if precision == "fp32":
             for B in [b for b in (1, 8) if b <= max(batches)] or [1]:
@@ -197,5 +239,11 @@ def api(
         log(f"gpu-quick: API concurrency {c}, {n} requests")
         with BusySampler(device) as busy:
             wall, failed = asyncio.run(_api_level(server_url, c, n, files))
-        res[str(c)] = {"requests": n, "failed": failed, "images_per_s": (n - failed) / wall, "gpu_busy": busy.fraction}
+        res[str(c)] = {
+            "requests": n,
+            "failed": failed,
+            "images_per_s": (n - failed) / wall,
+            "gpu_busy": busy.fraction,
+            "gpu_busy_source": busy.source,
+        }
     return res

@@ -422,7 +422,7 @@ def step_api(run: Run) -> None:
     print("  API: starting server ...", end="", flush=True)
     server = None
     try:
-        server = api.start_server(env, ROOT / "bench" / "results")
+        server = api.start_server(env, ROOT / "bench" / "results", models_dir=run.args.models_dir)
         run.monitor.track(server.pid)
         print(
             f" ready in {server.startup_s:.1f}s (pid {server.pid}); levels {args.concurrency}, "
@@ -513,7 +513,7 @@ def step_gpu_quick(run: Run) -> None:
     if args.no_api:
         return
     levels = args.concurrency if args.concurrency_given else ([1, 2] if smoke else [1, 16, 64])
-    server = api.start_server(server_env(run, max(levels)), ROOT / "bench" / "results")
+    server = api.start_server(server_env(run, max(levels)), ROOT / "bench" / "results", models_dir=args.models_dir)
     try:
         run.results["gpu_quick"]["api"] = gpu_quick.api(server.url, run.device, levels, 4 if smoke else 256, log)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .capture_base import CapturedAttention
+from .device import to_host
 from .selection import Selection, SelectionError
 
 
@@ -54,7 +55,7 @@ def rollout(att: CapturedAttention, sel: Selection) -> torch.Tensor:
         R = A @ R
         if layer in wanted:
             out[layer] = R if sel.queries is None else R[sel.queries]
-    return torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1).cpu()
+    return to_host(torch.stack([out[layer] for layer in sel.layers]).unsqueeze(1))
 
 
 def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
@@ -79,7 +80,7 @@ def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
         out = out.amax(dim=1, keepdim=True)
     elif sel.aggregate != "none":
         raise SelectionError(f"aggregate {sel.aggregate!r}: use none, mean, max or rollout")
-    return out.cpu()
+    return to_host(out)
 
 
 def drop_and_renormalise(attn: torch.Tensor, tokens: list[int]) -> torch.Tensor:

@@ -18,9 +18,10 @@ extract``. What they used to do each in their own way is done once:
   what the caller can free and retries, else is split in halves; a batch that fails otherwise
   is rerun one picture at a time so that only the culprit gets the error.
 * **the computations**: the capture (:meth:`BatchRunner.capture`), relevance
-  (:meth:`BatchRunner.relevance`) and the faithfulness test (:meth:`BatchRunner.faithfulness`),
-  each the engine's own entry point (:func:`~app.engine.forward.forward_capture`,
-  :func:`~app.engine.relevance.relevance`, :func:`~app.engine.faithfulness.faithfulness`)
+  (:meth:`BatchRunner.relevance`), the faithfulness test (:meth:`BatchRunner.faithfulness`) and
+  zero-shot classification (:meth:`BatchRunner.zero_shot`), each the engine's own entry point
+  (:func:`~app.engine.forward.forward_capture`, :func:`~app.engine.relevance.relevance`,
+  :func:`~app.engine.faithfulness.faithfulness`, :func:`~app.engine.text_relevance.zero_shot`)
   under :func:`~app.engine.device.exact_fp32` (no TF32) with the precision asked for (fp32,
   or bf16/fp16 autocast).
 
@@ -154,7 +155,9 @@ def split_on_oom(
                     log.warning("out of memory at batch %d; freed %d cached bytes, retrying", len(batch), evicted)
                     return attempt(batch, True)
                 if len(batch) == 1:
-                    return [failed(OutOfMemory("the image does not fit in device memory; try a smaller image"))]
+                    err = OutOfMemory("the image does not fit in device memory; try a smaller image")
+                    err.__cause__ = e  # the device's own message, for callers that record it
+                    return [failed(err)]
                 if on_split is not None:
                     on_split(len(batch))
                 half = len(batch) // 2
@@ -299,3 +302,11 @@ class BatchRunner:
         x = self.inputs(raw[None] if raw.dim() == 3 else raw)[0]  # 3, H, W
         with self.numerics():
             return faithfulness(self.lm, x, maps, target, fractions, amp_dtype=self.amp_dtype, ablate=ablate, **kwargs)
+
+    def zero_shot(self, raw: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        """:func:`app.engine.text_relevance.zero_shot` of one picture ``[3, H, W]`` over ``labels``."""
+        from .text_relevance import zero_shot
+
+        x = self.inputs(raw[None] if raw.dim() == 3 else raw)  # 1, 3, H, W
+        with self.numerics():
+            return zero_shot(self.lm, x, labels, amp_dtype=self.amp_dtype)

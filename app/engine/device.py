@@ -8,6 +8,10 @@ convolutions by default, which made the saliency decoder's forward and backward,
 gradient relevance map, differ from the CPU's by a few percent of the map's maximum).
 ``bf16`` and ``fp16`` are autocast, a choice; ``auto`` is bf16 on CUDA (fp16 without bf16
 support) and fp32 elsewhere. :func:`precision_name` is what every answer's metadata says.
+
+Copies to the host. :func:`to_host` is how a result leaves the device: on CUDA without blocking
+into pinned memory, with a CUDA event the calling thread (an answer thread of the server) waits
+on, so the thread that queues forwards never waits for a copy.
 """
 
 from __future__ import annotations
@@ -150,6 +154,25 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in host memory, waited for by the calling thread only.
+
+    On CUDA the copy is issued without blocking into pinned (page-locked) memory on the current
+    stream, after the work that computes ``t``, and the calling thread waits for a CUDA event
+    recorded after the copy: the server's answer threads wait for their own copies while the
+    worker thread goes on queueing forwards. Elsewhere this is ``t.cpu()`` (no copy on the CPU).
+    """
+    if t.device.type != "cuda":
+        return t.cpu()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    with torch.cuda.device(t.device):
+        host.copy_(t, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(t.device))
+    done.synchronize()
+    return host
 
 
 def release_memory(device: torch.device) -> None:

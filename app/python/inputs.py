@@ -1,39 +1,56 @@
-"""What the Python API takes as a picture, and the bytes the server would be sent for it.
+"""What the Python API takes as a picture, and how each kind reaches the one preparation path.
 
-A picture is a path (``str`` or ``os.PathLike``), the file's bytes, a ``PIL.Image.Image`` or an
-``HxWx3`` ``uint8`` array (``HxWx4`` RGBA and ``HxW`` grey too). Paths are read as the survey and
-``headscope extract`` read them (`read_picture_file`: regular files
-only, at most ``HEADSCOPE_MAX_UPLOAD_BYTES``); bytes are taken as they are. Images and arrays are
-encoded losslessly as PNG (`png_bytes`), so that every picture reaches the model as bytes,
-through the server's one preparation path (`Pictures`), and its
-``image_id`` is the id the server gives the same bytes. Images and arrays are taken as their
-pixels are: an EXIF orientation a ``PIL.Image`` carries is not applied (``ImageOps.exif_transpose``
-first where it should be); paths and bytes go the server's way, orientation applied.
+A picture is a path (``str`` or ``os.PathLike``), the file's bytes, a ``PIL.Image.Image``, an
+``HxWx3`` ``uint8`` array (``HxWx4`` RGBA and ``HxW`` grey too) or a torch tensor. Every kind is
+prepared by the server's one preparation path (`Pictures`), so a picture gives the same pixels
+whichever way it comes in:
 
-A ``torch.Tensor`` is pixels, channels first: ``[3, H, W]`` for one picture, ``[B, 3, H, W]``
-for ``B`` of them (one result each), RGB, **not** the model's normalised input: ``uint8``
-levels 0..255, or floating values 0..1 (quantised to the 256 levels, ``round(x * 255)``, on the
-tensor's own device, as a picture file stores them). Anything else is refused
-(`tensor_pictures`: a wrong shape, dtype, an empty tensor, values outside 0..1, which is what a
-normalised input looks like). A tensor whose size is already the one the model's input is
-planned at (`Pictures.fit`: no resize needed) is used where it is, a CUDA tensor on the GPU
-with no copy to the host; another size is resized on the host by the one preparation path, as
-its lossless PNG would be. Either way the result equals the bytes path for the same pixels.
-A tensor picture's ``image_id`` is the hash of its pixels (shape and bytes, computed from a
-host copy of the uint8 levels); its ``image_bytes`` are the lossless PNG, made when asked for.
+* **paths and bytes** go the server's way (`Picture`): paths are read as the survey and
+  ``headscope extract`` read them (`read_picture_file`: regular files only, at most
+  ``HEADSCOPE_MAX_UPLOAD_BYTES``), bytes are taken as they are, decoded upright (EXIF
+  orientation applied); ``image_id`` is the id the server gives the same bytes.
+* **images and arrays** (`ImagePicture`) are used as they are, not encoded and decoded again:
+  `Pictures.prepare_image` applies to the image in memory exactly what decoding its lossless
+  PNG (`png_bytes`) would give, pixel for pixel (the same mode rules, the same early reduction
+  and resize). An image is taken as its pixels are: an EXIF orientation a ``PIL.Image`` carries
+  is not applied (``ImageOps.exif_transpose`` first where it should be). Modes a PNG cannot hold
+  (CMYK, YCbCr, LAB, HSV, F, PA, ...) go through Pillow's ``convert("RGB")`` first, as
+  `png_bytes` does; 32-bit integer grey (``I``), which Pillow cannot write as PNG, goes through
+  the server's colour rule for a decoded 32-bit grey file (scaled by 1/257, clipped), and its
+  PNG is of the converted pixels (`picture_png`); a palette image whose palette has alpha is
+  taken as RGBA (its PNG holds that alpha as transparency). The image is copied once (a
+  snapshot: changing it afterwards changes no result). Its ``image_id`` is the
+  hash of its pixels (`pixels_id`: an RGB image, an ``HxWx3`` array and the tensor of the same
+  pixels share it), not the PNG's upload id: encoding a 640 x 480 photo as PNG takes longer
+  than preparing it. Its ``image_bytes`` are the lossless PNG, made when first asked for.
+* **a tensor** (`TensorPicture`) is pixels, channels first: ``[3, H, W]`` for one picture,
+  ``[B, 3, H, W]`` for ``B`` of them (one result each), RGB, **not** the model's normalised
+  input: ``uint8`` levels 0..255, or floating values 0..1 (quantised to the 256 levels,
+  ``round(x * 255)``, on the tensor's own device, as a picture file stores them). Anything else
+  is refused (`tensor_pictures`: a wrong shape, dtype, an empty tensor, values outside 0..1,
+  which is what a normalised input looks like). A tensor whose size is already the one the
+  model's input is planned at (`Pictures.fit`: no resize needed) is used where it is, a CUDA
+  tensor on the GPU with no copy to the host; another size is resized on the host by the one
+  preparation path, as an RGB image of its pixels. Either way the result equals the bytes path
+  for the same pixels. Its ``image_id`` is `pixels_id` of its levels; its ``image_bytes`` are
+  the lossless PNG, made when asked for.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..serving.pictures import PreparedPixels, read_picture_file
+from ..serving.pictures import PreparedPixels, picture_png, read_picture_file
 from ..serving.uploads import image_id_of
+
+if TYPE_CHECKING:
+    from PIL import Image as PILImage
+
+    from ..serving.pictures import Pictures
 
 # PNG's deflate level for images and arrays: 0 stores the pixels (a 224 px picture encodes in
 # about 2 ms and decodes in 1 ms; level 6, Pillow's default, takes 20 ms, a fifth of a forward).
@@ -53,9 +70,48 @@ class Picture:
     data: bytes
     filename: str | None
 
+    @functools.cached_property
+    def image_id(self) -> str:
+        """The server's id of these bytes."""
+        return image_id_of(self.data)
+
+    def prepared(self, pictures: Pictures) -> PreparedPixels:
+        """The model's input, as the server prepares these bytes."""
+        return pictures.prepare(self.data)
+
+
+class ImagePicture:
+    """A ``PIL.Image`` or an array as a picture: prepared from its pixels, its PNG made when asked.
+
+    Args:
+        image: the picture in a mode a PNG holds (`stored_image`), a snapshot of its own.
+        filename: the name of the file it was opened from, if any.
+    """
+
+    def __init__(self, image: PILImage.Image, filename: str | None = None):
+        self.image = image
+        self.filename = filename
+
+    @functools.cached_property
+    def data(self) -> bytes:
+        """The lossless PNG of the image (what `png_bytes` gives)."""
+        return _png(self.image)
+
+    @functools.cached_property
+    def image_id(self) -> str:
+        return pixels_id(self.image)
+
+    def prepared(self, pictures: Pictures) -> PreparedPixels:
+        """What `Picture.prepared` gives for `data`, without encoding and decoding it."""
+        return pictures.prepare_image(self.image)
+
 
 class TensorPicture:
-    """A tensor picture as a `Picture`: no name, its lossless PNG made when first asked for."""
+    """A tensor picture: no name, its lossless PNG made when first asked for.
+
+    Args:
+        levels: ``[3, H, W]`` uint8 on any device (`tensor_pictures`).
+    """
 
     filename = None
 
@@ -63,21 +119,90 @@ class TensorPicture:
         self._levels = levels  # 3, H, W uint8, any device
 
     @functools.cached_property
+    def _host(self) -> Any:
+        return self._levels.cpu()
+
+    @functools.cached_property
     def data(self) -> bytes:
-        return png_bytes(self._levels.cpu().permute(1, 2, 0).numpy())
+        return png_bytes(self._host.permute(1, 2, 0).numpy())
+
+    @functools.cached_property
+    def image_id(self) -> str:
+        _, H, W = self._levels.shape
+        return _rgb_id(H, W, self._host.numpy().tobytes())
+
+    def prepared(self, pictures: Pictures) -> PreparedPixels:
+        """The levels where they are when no resize is needed, else resized on the host as an
+        RGB image of the same pixels (what the bytes path gives for its PNG)."""
+        from PIL import Image
+
+        _, H, W = self._levels.shape
+        if pictures.fit(W, H) == (W, H):
+            return PreparedPixels(self._levels, (H, W), (H, W), pictures.mean, pictures.std)
+        hwc = self._host.permute(1, 2, 0).contiguous().numpy()  # H, W, 3
+        return pictures.prepare_image(Image.fromarray(hwc, "RGB"))
 
 
 @dataclass
 class PreparedPicture:
     """One picture, read and prepared for the model (what the server holds after an upload)."""
 
-    picture: Picture | TensorPicture
+    picture: Picture | ImagePicture | TensorPicture
     prep: PreparedPixels
     image_id: str = ""
 
     def __post_init__(self) -> None:
         if not self.image_id:
-            self.image_id = image_id_of(self.picture.data)
+            self.image_id = self.picture.image_id
+
+
+def _rgb_id(height: int, width: int, chw: bytes) -> str:
+    return image_id_of(f"pixels {height}x{width}\n".encode() + chw)
+
+
+def pixels_id(image: PILImage.Image) -> str:
+    """The id of a picture given as pixels: the hash of its size and its levels.
+
+    An RGB image hashes its levels channels first, as a ``[3, H, W]`` uint8 tensor of the same
+    pixels does (both get one id); another mode hashes its mode, size, stored bytes, palette
+    and transparency.
+    """
+    import numpy as np
+
+    W, H = image.size
+    if image.mode == "RGB":
+        chw = np.ascontiguousarray(np.asarray(image).transpose(2, 0, 1))  # 3, H, W
+        return _rgb_id(H, W, chw.tobytes())
+    extra = b""
+    if image.mode == "P":
+        pal = image.palette
+        extra = (pal.mode.encode() + bytes(pal.palette)) if pal is not None else b""
+    extra += repr(image.info.get("transparency")).encode()
+    return image_id_of(f"pixels {image.mode} {H}x{W}\n".encode() + image.tobytes() + extra)
+
+
+def stored_image(image: Any) -> PILImage.Image:
+    """A ``PIL.Image`` or array as the image its lossless PNG holds, a copy of its own.
+
+    Raises:
+        TypeError: another type, or an array of another dtype.
+        ValueError: an array of another shape.
+    """
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        return _array_image(image).copy()
+    if image.mode not in _PNG_MODES:  # CMYK, YCbCr, LAB, HSV, F...: what png_bytes converts to
+        return image.convert("RGB")
+    image.load()
+    if image.mode == "P" and image.palette is not None and image.palette.mode == "RGBA":
+        # the PNG holds the palette's alpha as its transparency, which the colour rule composites
+        return image.convert("RGBA")  # a lazily opened file: decoded once, here
+    return image.copy()
+
+
+def _png(image: PILImage.Image) -> bytes:
+    return picture_png(image, PNG_LEVEL)
 
 
 def is_tensor(image: Any) -> bool:
@@ -132,13 +257,9 @@ def png_bytes(image: Any) -> bytes:
     """
     from PIL import Image
 
-    if not isinstance(image, Image.Image):
-        image = _array_image(image)
-    if image.mode not in _PNG_MODES:  # CMYK, YCbCr, LAB, HSV, F...: what the server decodes to
-        image = image.convert("RGB")
-    buf = io.BytesIO()
-    image.save(buf, "PNG", compress_level=PNG_LEVEL)
-    return buf.getvalue()
+    if isinstance(image, Image.Image) and image.mode in _PNG_MODES:
+        return _png(image)
+    return _png(stored_image(image))
 
 
 def _array_image(a: Any):
@@ -162,8 +283,8 @@ def _array_image(a: Any):
     raise ValueError(f"an array picture is HxWx3 (RGB), HxWx4 (RGBA) or HxW (grey); got shape {a.shape}{hint}")
 
 
-def picture(image: Any, max_file_bytes: int) -> Picture:
-    """The bytes and name of one picture (see the module docstring for what it can be).
+def picture(image: Any, max_file_bytes: int) -> Picture | ImagePicture:
+    """One picture that is not a tensor (see the module docstring for what it can be).
 
     Args:
         max_file_bytes: the largest file read from a path (``Settings.max_upload_bytes``).
@@ -188,8 +309,8 @@ def picture(image: Any, max_file_bytes: int) -> Picture:
 
     if isinstance(image, Image.Image):
         name = getattr(image, "filename", None)
-        return Picture(png_bytes(image), Path(name).name if name else None)
-    return Picture(png_bytes(image), None)
+        return ImagePicture(stored_image(image), Path(name).name if name else None)
+    return ImagePicture(stored_image(image), None)
 
 
 def is_many(image: Any) -> bool:

@@ -22,9 +22,9 @@ import torch
 
 from ..config import Settings
 from ..engine.ablation import Ablation
+from ..engine.batching import BatchRunner
 from ..engine.capture_base import CapturedAttention as Capture
 from ..engine.captured_image import CapturedImage
-from ..engine.forward import forward_capture
 from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS
@@ -176,17 +176,15 @@ class Attention:
         """The capture behind the maps: kept, or computed again now (one forward of this picture,
         with the same heads removed) and kept from then on."""
         if self._found is None:
-            prep = Pictures.for_model(self.lm, self.settings).prepare(self._item.picture.data)
-            device = next(self.lm.model.parameters()).device
+            prep = self._item.picture.prepared(Pictures.for_model(self.lm, self.settings))
             materialise = self.params.needs_every_row and self.lm.keeps_maps(prep.input_size)
+            runner = BatchRunner(self.lm, self._amp_dtype, 1)
             with computing(self.lm):
-                att = forward_capture(
-                    self.lm,
-                    prep.pixels[None].to(device),
-                    materialise=materialise,
-                    amp_dtype=self._amp_dtype,
-                    ablate=self.ablate,
+                att = runner.run(
+                    lambda raws: list(runner.capture(raws, materialise=materialise, ablate=self.ablate)), [prep.raw]
                 )[0]
+            if isinstance(att, BaseException):
+                raise att
             self._found = found_of(self.lm, PreparedPicture(self._item.picture, prep), att, self._precision)
         return self._found
 
@@ -268,7 +266,7 @@ class Attention:
 
     @property
     def image_id(self) -> str:
-        """The server's id of this picture: the content hash of `image_bytes`."""
+        """The picture's id: the server's id of its bytes (paths, bytes), else the hash of its pixels."""
         return self._item.image_id
 
     @property
@@ -277,7 +275,8 @@ class Attention:
 
     @property
     def image_bytes(self) -> bytes:
-        """The picture's bytes as the server would be sent them (PNG for images and arrays)."""
+        """The picture's bytes as the server would be sent them (a lossless PNG for images, arrays
+        and tensors, made when first asked for)."""
         return self._item.picture.data
 
     @property

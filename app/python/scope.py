@@ -28,9 +28,8 @@ from ..engine.ablation import refuse_windowed_ablation
 from ..engine.batching import BatchRunner
 from ..engine.device import PRECISIONS, autocast_dtype, resolve_device
 from ..engine.model import LoadedModel
-from ..serving.pictures import Pictures, PreparedPixels
+from ..serving.pictures import Pictures
 from ..serving.preprocess import ImageError
-from ..serving.uploads import image_id_of
 from . import params as P
 from .computing import computing
 from .inputs import PICTURE_TYPES, PreparedPicture, TensorPicture, is_many, is_tensor, picture, tensor_pictures
@@ -122,25 +121,22 @@ class Scope:
 
         if len(items) == 1:
             return [one(0)]
-        with ThreadPoolExecutor(min(len(items), _cores()), thread_name_prefix="headscope-prepare") as pool:
-            return list(pool.map(one, range(len(items))))
+        # One object given several times is prepared once (a PIL image is not safe to decode
+        # from two threads at once); its results share the prepared picture.
+        first = {id(it): i for i, it in reversed(list(enumerate(items)))}
+        todo = sorted(set(first.values()))
+        with ThreadPoolExecutor(min(len(todo), _cores()), thread_name_prefix="headscope-prepare") as pool:
+            done = dict(zip(todo, pool.map(one, todo)))
+        return [done[first[id(it)]] for it in items]
 
     def _prepare(self, item: Any) -> PreparedPicture:
-        if not is_tensor(item):
+        if is_tensor(item):
+            if item.dim() != 3:
+                raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
+            pic: Any = TensorPicture(tensor_pictures(item)[0])  # 3, H, W uint8, on its device
+        else:
             pic = picture(item, self.settings.max_upload_bytes)
-            return PreparedPicture(pic, self.pictures.prepare(pic.data))
-        if item.dim() != 3:
-            raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
-        levels = tensor_pictures(item)[0]  # 3, H, W uint8, on its device
-        H, W = int(levels.shape[1]), int(levels.shape[2])
-        host = levels.cpu()
-        image_id = image_id_of(f"pixels {H}x{W}\n".encode() + host.numpy().tobytes())
-        tpic = TensorPicture(levels)
-        if self.pictures.fit(W, H) == (W, H):  # no resize: the pixels as they are, where they are
-            prep = PreparedPixels(levels, (H, W), (H, W), tuple(self.lm.mean), tuple(self.lm.std))  # type: ignore[arg-type]
-        else:  # resized as its lossless PNG would be (the one preparation path)
-            prep = self.pictures.prepare(tpic.data)
-        return PreparedPicture(tpic, prep, image_id)
+        return PreparedPicture(pic, pic.prepared(self.pictures))
 
     def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:
         """The model in eval mode while Headscope computes (see `computing`)."""
@@ -427,8 +423,7 @@ class Scope:
             ``text_tokens`` when ``maps``), ``rule``, ``logit_scale``, ``logit_bias``.
         """
         from ..engine.clip_text import MAX_LABELS, TextError, check_phrase
-        from ..engine.relevance import relevance
-        from ..engine.text_relevance import check_method, require_text, zero_shot
+        from ..engine.text_relevance import check_method, require_text
         from ..serving.zero_shot import parse_labels
 
         tower = require_text(self.lm)
@@ -445,9 +440,9 @@ class Scope:
             check_method(method, "text:", self.lm)
         out = []
         for it in self._read(image):
-            x = it.prep.pixels[None].to(self.device)
+            one = [it.prep.raw]
             with self.computing():
-                res = zero_shot(self.lm, x, labs, amp_dtype=self.amp_dtype)
+                res = _raised(self.runner.run(lambda raws: [self.runner.zero_shot(raws[0], labs)], one))[0]
                 rows = [
                     {"label": lab, "index": i, "logit": lo, "probability": p}
                     for i, (lab, lo, p) in enumerate(zip(labs, res["logits"], res["probabilities"]))
@@ -455,7 +450,12 @@ class Scope:
                 rows.sort(key=lambda r: -r["probability"])
                 if maps:
                     for r in rows:
-                        rel = relevance(self.lm, x, f"text:{r['label']}", [method], amp_dtype=self.amp_dtype)[0]
+                        text = f"text:{r['label']}"
+
+                        def rel_of(raws: list[torch.Tensor], text: str = text) -> list[Any]:
+                            return self.runner.relevance(raws, text, [method])
+
+                        rel = _raised(self.runner.run(rel_of, one))[0]
                         r["relevance"], r["text_tokens"] = rel.maps[method], rel.text_tokens
             out.append(
                 {

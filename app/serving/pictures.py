@@ -12,7 +12,9 @@ same pixels, hence the same maps and statistics, whichever way it comes in:
    target), then resizes it (bicubic) to the input size planned from the picture's *original*
    size, and normalises it with the model's mean and std.
 
-:meth:`Pictures.prepare` does both. Nothing else decodes pictures: the page's display PNG
+:meth:`Pictures.prepare` does both. :meth:`Pictures.prepare_image` takes a picture already in
+memory (a ``PIL.Image`` given to the Python API) through the same steps after the decode, so it
+gives exactly what its lossless PNG would. Nothing else decodes pictures: the page's display PNG
 (:func:`display_probe`, :func:`display_finish`) is the one other use, with a fit of its own
 (:func:`app.serving.preprocess.display_fit`).
 
@@ -25,6 +27,7 @@ larger than the server's upload limit (refused before a byte is read), then its 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from dataclasses import dataclass
@@ -35,6 +38,8 @@ from . import preprocess
 from .preprocess import ImageError, PreparedPixels, Probe
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from ..config import Settings
     from ..engine.model import LoadedModel
 
@@ -46,6 +51,7 @@ __all__ = [
     "Probe",
     "display_finish",
     "display_probe",
+    "picture_png",
     "read_picture_file",
 ]
 
@@ -118,6 +124,38 @@ class Pictures:
     def prepare(self, data: bytes) -> PreparedPixels:
         """Bytes -> the normalised input tensor ``[3, H, W]`` with its input and image sizes."""
         return self.finish(self.probe(data))
+
+    def prepare_image(self, img: Image.Image) -> PreparedPixels:
+        """A picture in memory (a ``PIL.Image``) -> what :meth:`prepare` gives for its lossless
+        PNG, pixel for pixel, without encoding and decoding it (no EXIF orientation applied:
+        :func:`app.serving.preprocess.from_image`); raises :class:`ImageError` as it would."""
+        dec = preprocess.from_image(img, self.max_pixels, self.fit)
+        return preprocess.prepare(
+            dec.img,
+            self.input_size,
+            self.patch_size,
+            self.mean,
+            self.std,
+            self.resize,
+            self.max_aspect,
+            self.dynamic,
+            image_size=dec.image_size,
+        )
+
+
+def picture_png(img: Image.Image, level: int = 0) -> bytes:
+    """A picture in memory as lossless PNG bytes whose preparation gives what
+    :meth:`Pictures.prepare_image` gives for ``img``: its own mode where a PNG holds it; 32-bit
+    integer grey (mode ``I``, which Pillow cannot write as PNG) by the colour rule first.
+
+    Args:
+        level: deflate level (0: stored, the fastest).
+    """
+    if img.mode == "I":
+        img = preprocess.to_rgb(img)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", compress_level=level)
+    return buf.getvalue()
 
 
 def display_probe(data: bytes, max_pixels: int) -> Probe:

@@ -271,6 +271,33 @@ def load(p: Probe) -> Decoded:
     return Decoded(img, (w, h) if orientation in (5, 6, 7, 8) else (h, w))
 
 
+def from_image(img: Image.Image, max_pixels: int, fit: Fit) -> Decoded:
+    """A picture already decoded (a ``PIL.Image`` in memory) as :func:`load` gives its lossless PNG.
+
+    The same checks (size, the pixel limit), the same colour rule and the same early reduction
+    as probing and loading the image's PNG, without encoding and decoding it. No EXIF
+    orientation is applied (the image is taken as its pixels are; its PNG carries no EXIF
+    either) and there is no decoder scaling (a PNG has none). ``img`` is not changed.
+
+    Args:
+        img: the picture, in a mode a PNG holds (``1``, ``L``, ``LA``, ``I;16``, ``P``,
+            ``RGB``, ``RGBA``; other modes are converted by the same rule, as a decoded file's).
+        max_pixels: refuse images with more pixels than this.
+        fit: what the picture will be resized to (:meth:`app.serving.pictures.Pictures.fit`).
+    """
+    w, h = img.size
+    if w * h > max_pixels:
+        raise ImageError(
+            f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels", 413, "image_too_large"
+        )
+    if w < 1 or h < 1:
+        raise ImageError("the image has no pixels", 422, "corrupt_image")
+    with _Errors(max_pixels):
+        factors = _factors(img.size, fit(w, h))
+        out = _reduce_rgb(img, factors) if factors != (1, 1) else to_rgb(img)
+    return Decoded(out, (h, w))
+
+
 # -- colour ------------------------------------------------------------------------------
 def _tiles(size: tuple[int, int], factors: tuple[int, int] = (1, 1)) -> Iterator[tuple[int, int, int, int]]:
     """Boxes of about ``TILE_PIXELS`` covering ``size``, aligned to the reduction blocks."""

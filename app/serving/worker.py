@@ -1,8 +1,15 @@
 """The inference worker: one thread that owns the device, fed by a priority queue.
 
-Everything that runs torch on the server runs on this thread, one item at a time: forward
-passes (:meth:`Worker.submit`, dynamic batches) and calls (:meth:`Worker.run_in_worker`:
-slicing and encoding answers, statistics, model loading). The thread is the bottleneck, so
+The worker thread runs the device work, one item at a time: forward passes
+(:meth:`Worker.submit`, dynamic batches) and calls (:meth:`Worker.run_in_worker`: relevance,
+the ablation works, statistics, model loading). Answers (:meth:`Worker.run_answer`: slicing a
+capture, the copy of the slice to the host, encoding) run, on CUDA, on answer threads beside
+it: the copy goes into pinned memory without blocking and the answer thread waits for it on a
+CUDA event (:func:`app.engine.device.to_host`), so the next batch's forward is queued while the
+previous batch's answers are copied and encoded, and an error in one answer fails that request
+alone. On the CPU answers run on the worker thread too (a second thread running torch ops gets
+its own OpenMP team, and every forward is then ~16 % slower on 2 cores); ``answer_threads``
+overrides the choice. The thread is the bottleneck, so
 what runs next is chosen by priority, not by arrival: each item carries its request's priority
 (``admission.py``: uploads 0, follow-ups 1, heavy work 2; lowest first, then first come), so a
 new upload's forward runs before the follow-up work queued ahead of it. Only the item running
@@ -104,6 +111,9 @@ class Worker:
         metrics: where batch sizes, compute times and errors are counted.
         capture_store: ``device`` keeps captures where the forward ran (views of its tensors,
             no transfer); ``host`` moves them to host memory.
+        answer_threads: threads that build answers beside the worker thread; None for the
+            device's default (``ANSWER_THREADS`` on CUDA, none on the CPU and MPS: answers run
+            on the worker thread).
     """
 
     def __init__(
@@ -115,6 +125,7 @@ class Worker:
         admission: Admission | None = None,
         metrics: Metrics | None = None,
         capture_store: str = "device",
+        answer_threads: int | None = None,
     ):
         self.device = device
         self.capture_to = "cpu" if capture_store == "host" else None
@@ -136,9 +147,11 @@ class Worker:
         # CUDA: answers are sliced, copied to the host and encoded on threads of their own, so
         # the next batch's forward is queued on the GPU meanwhile. The CPU keeps one thread for
         # every torch op (a second OpenMP team costs each forward ~16 % on 2 cores).
-        self.overlap = device.type == "cuda"
+        if answer_threads is None:
+            answer_threads = ANSWER_THREADS if device.type == "cuda" else 0
+        self.overlap = answer_threads > 0
         self._answers = (
-            ThreadPoolExecutor(max_workers=ANSWER_THREADS, thread_name_prefix="headscope-answer")
+            ThreadPoolExecutor(max_workers=answer_threads, thread_name_prefix="headscope-answer")
             if self.overlap
             else None
         )

@@ -24,9 +24,9 @@ import pyarrow as pa
 import torch
 
 from ..config import Settings
-from ..engine.batching import BatchRunner
+from ..engine.batching import BatchRunner, OutOfMemory
 from ..engine.captured_image import CapturedImage, stats_batch
-from ..engine.device import autocast_dtype, exact_fp32, is_oom, release_memory, resolve_device
+from ..engine.device import autocast_dtype, exact_fp32, is_oom, resolve_device
 from ..engine.model import LoadedModel
 from ..engine.stats import DEFAULT_MASS, HeadStats
 from ..serving import preprocess
@@ -192,49 +192,47 @@ class Surveyor:
         failed: list[tuple[str, str, str]],
         tests: list[pa.Table] | None = None,
     ) -> None:
-        """One forward for ``batch`` (and its perturbation tests); on out-of-memory split it, on
-        an error isolate the culprit."""
+        """``batch`` through the batch runner's out-of-memory split (:meth:`BatchRunner.run`:
+        split in halves on out-of-memory, the culprit isolated on another error); a picture that
+        fails alone becomes a failure record."""
         tests = [] if tests is None else tests
-        try:
-            x = self.runner.inputs([prep.raw for prep in batch])  # B, 3, H, W normalised, on the device
-            input_size = batch[0].input_size
-            # Every row of every map is needed: keep the unfused forward's maps where that pays
-            # (as the server does for query=all) instead of recomputing them from q and k.
-            with self.lm.lock:
-                atts = self.runner.capture(x, materialise=self.lm.keeps_maps(input_size))
-            captured = [self.lm.captured(att, input_size) for att in atts]
-            # The batch's maps together, as the forward left them, where they are one batch tensor.
-            stats = stats_batch(captured, DEFAULT_MASS, similarity=self.similarity, ranks=self.ranks)
-            done = [self._rows(prep, image, st) for prep, image, st in zip(batch, captured, stats)]
-            del atts, captured, stats
-            test: pa.Table | None = None
-            refused: list[tuple[str, str, str]] = []
-            if self.faithfulness is not None:
-                names = [prep.item.image for prep in batch]
-                test, refused = self.faithfulness.table(
-                    self.lm, names, x, self.amp, self.batch_size, progress=self.on_progress
-                )
-            # All or nothing: on an error above, every picture of the batch is run again alone.
-            tables.extend(done)
+        results = self.runner.run(self._batch, batch)
+        for prep, res in zip(batch, results):
+            if isinstance(res, BaseException):
+                e = res.__cause__ if isinstance(res, OutOfMemory) and res.__cause__ is not None else res
+                code = "out_of_memory" if isinstance(res, OutOfMemory) or is_oom(res) else "compute_error"
+                log.warning("%s: %s: %s", prep.item.image, type(e).__name__, e)
+                failed.append((prep.item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
+                continue
+            rows, test, refused = res
+            tables.append(rows)
             if test is not None:
                 tests.append(test)
             failed.extend(refused)
-        except Exception as e:
-            if len(batch) > 1:
-                if is_oom(e):
-                    release_memory(self.device)
-                    half = len(batch) // 2
-                    self._run(batch[:half], tables, failed, tests)
-                    self._run(batch[half:], tables, failed, tests)
-                else:
-                    for prep in batch:
-                        self._run([prep], tables, failed, tests)
-                return
-            code = "out_of_memory" if is_oom(e) else "compute_error"
-            if code == "out_of_memory":
-                release_memory(self.device)
-            log.warning("%s: %s: %s", batch[0].item.image, type(e).__name__, e)
-            failed.append((batch[0].item.image, code, f"{type(e).__name__}: {str(e)[:300]}"))
+
+    def _batch(self, batch: list[PreparedItem]) -> list[tuple[pa.Table, pa.Table | None, list]]:
+        """One forward for ``batch`` (and its perturbation tests): each picture's rows; the
+        batch's test table and the pictures it refused go with its first picture. All or
+        nothing: an error raises, and the runner runs the batch again, split or alone."""
+        x = self.runner.inputs([prep.raw for prep in batch])  # B, 3, H, W normalised, on the device
+        input_size = batch[0].input_size
+        # Every row of every map is needed: keep the unfused forward's maps where that pays
+        # (as the server does for query=all) instead of recomputing them from q and k.
+        with self.lm.lock:
+            atts = self.runner.capture(x, materialise=self.lm.keeps_maps(input_size))
+        captured = [self.lm.captured(att, input_size) for att in atts]
+        # The batch's maps together, as the forward left them, where they are one batch tensor.
+        stats = stats_batch(captured, DEFAULT_MASS, similarity=self.similarity, ranks=self.ranks)
+        done = [self._rows(prep, image, st) for prep, image, st in zip(batch, captured, stats)]
+        del atts, captured, stats
+        test: pa.Table | None = None
+        refused: list[tuple[str, str, str]] = []
+        if self.faithfulness is not None:
+            names = [prep.item.image for prep in batch]
+            test, refused = self.faithfulness.table(
+                self.lm, names, x, self.amp, self.batch_size, progress=self.on_progress
+            )
+        return [(rows, test, refused) if i == 0 else (rows, None, []) for i, rows in enumerate(done)]
 
     def _rows(self, prep: PreparedItem, image: CapturedImage, st: HeadStats) -> pa.Table:
         return self.head_rows(prep.item.image, prep.image_size, prep.input_size, image, st, self.runner.precision)

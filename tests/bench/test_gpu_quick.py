@@ -21,7 +21,7 @@ def test_the_gpu_profile_runs_tiny_on_the_cpu(tmp_path):
     assert set(q["capture"]) == {"fp32/1", "bf16/1"}
     for key, rows in q["capture"].items():
         want = {"forward", "capture_tensors"} | (
-            {"capture_jpegs", "prepare_jpegs"} if key.startswith("fp32") else set()
+            {"capture_jpegs", "prepare_jpegs", "capture_pil"} if key.startswith("fp32") else set()
         )
         assert set(rows) == want
         assert all(r["ms"]["median"] > 0 and r["images_per_s"] > 0 for r in rows.values())
@@ -42,3 +42,30 @@ def test_distinct_jpegs_and_no_busy_fraction_without_a_gpu():
     with gpu_quick.BusySampler(torch.device("cpu")) as busy:
         pass
     assert busy.fraction is None
+
+
+def test_the_pil_inputs_bench_runs_and_checks_its_pixels():
+    from bench.pil_inputs import measure
+
+    res = measure(rounds=1)  # asserts the two paths give the same pixels
+    rows = [v for v in res.values() if isinstance(v, dict)]
+    assert len(rows) == 4 and all(r["png_round_trip_ms"] > 0 and r["direct_ms"] > 0 for r in rows)
+
+
+def test_the_one_command_gpu_script_refuses_a_machine_without_cuda(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: bench/gpu_run.sh would run for minutes")
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_run.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("DEVICE", None)
+    r = subprocess.run(["bash", str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no CUDA GPU here" in r.stderr and "DEVICE=cpu" in r.stderr
+    assert not list(tmp_path.glob("gpu-quick-*.json"))  # nothing ran

@@ -65,6 +65,18 @@ def test_tensors_on_the_gpu_equal_the_bytes_path(scopes):
     assert torch.equal(gpu.attention(t).maps, gpu.attention(png_bytes(a)).maps)
 
 
+def test_pil_images_on_the_gpu_equal_the_bytes_path(scopes):
+    from PIL import Image
+
+    from headscope.python.inputs import png_bytes
+
+    _, gpu = scopes
+    rng = np.random.default_rng(4)
+    rgba = Image.fromarray(rng.integers(0, 256, (300, 410, 4), dtype=np.uint8), "RGBA")
+    for img in (rgba, rgba.convert("RGB"), rgba.convert("L")):
+        assert torch.equal(gpu.attention(img).maps, gpu.attention(png_bytes(img)).maps)
+
+
 def test_explain_equals_the_cpu(scopes, pictures):
     cpu, gpu = scopes
     a = cpu.attention(pictures[0]).explain(layer=5, head=2, query="patch:3,5")

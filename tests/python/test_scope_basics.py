@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 import headscope
-from headscope.python.inputs import png_bytes
+from headscope.python.inputs import pixels_id, png_bytes
 
 MODEL = "random:test_vit"
 
@@ -72,7 +72,8 @@ def test_pictures_of_every_kind_and_lists(scope, tmp_path):
     many = scope.attention([arr, pil, path, data, str(path)], layers=-1, heads=[1, 0], query=(1, 2))
     assert len(many) == 5
     png = png_bytes(arr)
-    assert one.image_id == hashlib.sha256(png).hexdigest()[:24]  # the server's id of the PNG bytes
+    assert one.image_id == pixels_id(pil) != hashlib.sha256(png).hexdigest()[:24]  # pixels, not a PNG, hashed
+    assert one.image_bytes == png  # the lossless PNG, when asked for
     assert [a.image_id for a in many[:2]] == [one.image_id] * 2
     assert {a.image_id for a in many[2:]} == {hashlib.sha256(data).hexdigest()[:24]}
     assert many[2].filename == "p.png"

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import headscope
-from headscope.python.inputs import png_bytes
+from headscope.python.inputs import pixels_id, png_bytes
 from helpers.api import API, get, post
 from helpers.server import ROOT, SAMPLES, Server
 
@@ -140,8 +140,14 @@ def test_lists_pil_and_arrays_are_the_servers_pictures(server, photo, samples):
     assert len(many) == 4
     for att, data in zip(many, [photo, png_bytes(arr), png_bytes(pil), samples["rocket"].read_bytes()]):
         body, want = served(server, data, DEFAULT, layers=-1)
-        assert att.image_id == body["image_id"]
         close(att.maps, want)
+    # paths and bytes: the server's id; images and arrays (no PNG made): the hash of their pixels
+    assert [a.image_id for a in many] == [
+        served(server, photo, DEFAULT, layers=-1)[0]["image_id"],
+        pixels_id(Image.fromarray(arr)),
+        pixels_id(pil),
+        served(server, samples["rocket"].read_bytes(), DEFAULT, layers=-1)[0]["image_id"],
+    ]
 
 
 def test_output_importance_and_pruning_are_the_apis(server, samples):

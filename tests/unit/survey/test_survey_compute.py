@@ -188,6 +188,38 @@ def test_a_picture_that_fails_in_the_forward_is_recorded_and_its_batch_mates_are
     assert len(names) == 3 * L * H, {n: names.count(n) for n in set(names)}
 
 
+def test_out_of_memory_splits_the_batch_in_the_batch_runner(folder, settings, monkeypatch):
+    # the survey's out-of-memory split is the batch runner's (engine/batching.py): a batch that
+    # runs out of memory is halved until it fits; a picture that never fits is a failure record
+    # with the device's own message, its batch-mates surveyed
+    sv = Surveyor(MODEL, "cpu", batch_size=4, settings=settings)
+    items = [it for it in list_images(folder) if it.image.startswith("p")][:4]
+    ok, _ = sv.prepare_all(items)
+    huge = ok[2].raw
+    real = sv.runner.capture
+    sizes: list[int] = []
+
+    def capture(x, **kw):
+        sizes.append(len(x))
+        if len(x) > 2 or any(torch.equal(sv.runner.inputs([huge])[0], xi) for xi in x):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(x, **kw)
+
+    monkeypatch.setattr(sv.runner, "capture", capture)
+    res = sv.compute(ok)
+    assert sizes[0] == 4 and 2 in sizes and 1 in sizes  # halved, then the culprit alone
+    assert res.failures.to_pylist() == [
+        {
+            "image": ok[2].item.image,
+            "error": "out_of_memory",
+            "message": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        }
+    ]
+    names = res.rows.column("image").to_pylist()
+    assert sorted(set(names)) == sorted(p.item.image for i, p in enumerate(ok) if i != 2)
+    assert len(names) == 3 * sv.lm.num_layers * sv.lm.num_heads
+
+
 def test_copying_a_folder_keeps_the_names(folder, tmp_path):
     shutil.copytree(folder, tmp_path / "copy")
     assert [i.image for i in list_images(tmp_path / "copy")] == [i.image for i in list_images(folder)]
