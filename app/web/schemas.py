@@ -214,7 +214,9 @@ class CatalogResponse(BaseModel):
     query: str
     total: int = Field(description="names that match the query (the answer holds at most `limit`)")
     models: list[CatalogModel]
-    note: str | None = Field(None, description="why a part of the catalogue is absent (open_clip without the clip extra)")
+    note: str | None = Field(
+        None, description="why a part of the catalogue is absent (open_clip without the clip extra)"
+    )
 
 
 class LoadError(BaseModel):

@@ -144,7 +144,8 @@ def _lookup_open_clip(name: str) -> CatalogEntry:
     if entry is None:
         shown = name if OPEN_CLIP_NAME.fullmatch(name) else "that name"
         raise UnknownModelError(
-            f"{shown!s} is not a pretrained open_clip ViT on the Hugging Face hub (search GET /api/v1/models/catalog?q=...)"
+            f"{shown!s} is not a pretrained open_clip ViT on the Hugging Face hub "
+            "(search GET /api/v1/models/catalog?q=...)"
         )
     return entry
 
