@@ -51,7 +51,24 @@ def mha_maps(visual, x: torch.Tensor) -> list[torch.Tensor]:
 
 SIGLIP_ARCH = "ViT-B-16-SigLIP"  # open_clip's smallest SigLIP (timm trunk with a MAP head, 14 x 14 patches)
 SIGLIP_ID = f"open_clip:{SIGLIP_ARCH}"
-STANDIN_WORDS = ["a", "photo", "of", "dog", "cat", "red", "car", "on", "wet", "street", "the", "small", "big", "with", "and", "in"]
+STANDIN_WORDS = [
+    "a",
+    "photo",
+    "of",
+    "dog",
+    "cat",
+    "red",
+    "car",
+    "on",
+    "wet",
+    "street",
+    "the",
+    "small",
+    "big",
+    "with",
+    "and",
+    "in",
+]
 
 
 def siglip_tokenizer(folder, context_length: int = 64):
