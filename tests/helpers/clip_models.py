@@ -3,6 +3,8 @@ tests compare against: open_clip's own modules, run as open_clip runs them."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import pytest
 import torch
 
@@ -28,6 +30,22 @@ def reference_model(arch: str = ARCH, perturb: bool = True) -> torch.nn.Module:
                 if p.ndim == 1 and p.numel() > 1:
                     p.add_(torch.randn(p.shape, generator=g) * 0.1)
     return model
+
+
+@lru_cache(maxsize=1)
+def shared_model():
+    """``open_clip:ViT-S-32`` built as the server builds it, once per test process: the CLIP test
+    modules only read it (its text tower's embedding cache aside), so they share one build."""
+    from headscope.zoo.ids import ModelSpec
+    from headscope.zoo.loaders import build
+
+    return build(ModelSpec.parse(MODEL_ID), None)
+
+
+@lru_cache(maxsize=1)
+def shared_reference():
+    """``reference_model(perturb=False)`` once per test process (the tests only read it)."""
+    return reference_model(perturb=False)
 
 
 def mha_maps(visual, x: torch.Tensor) -> list[torch.Tensor]:

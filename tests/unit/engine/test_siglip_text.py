@@ -55,6 +55,15 @@ def want(siglip, pixels) -> torch.Tensor:
     return scale * img @ txt.T + bias
 
 
+def test_image_tower_is_open_clips_timm_trunk(siglip, pixels):
+    """The image tower is open_clip's timm trunk itself (attention-pooled, no CLS token)."""
+    lm, ref, _ = siglip
+    assert lm.prefix == [] and lm.output_kind == "embedding" and lm.num_layers == 12
+    with torch.no_grad():
+        got = lm.model.forward_head(lm.model.forward_features(pixels))
+        torch.testing.assert_close(got, ref.encode_image(pixels), atol=2e-5, rtol=1e-5)
+
+
 def test_y_is_the_sigmoid_logit_and_every_method_works(siglip, rels, want):
     lm, _, _ = siglip
     assert lm.text is not None and lm.text.kind == "siglip" and lm.prefix == []
