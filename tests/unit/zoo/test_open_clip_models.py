@@ -98,6 +98,13 @@ def test_pretrained_offline_is_refused_clearly(monkeypatch):
         build(ModelSpec.parse("open_clip:ViT-B-32/openai"), None)
     msg = str(e.value)
     assert "headscope fetch open_clip:ViT-B-32/openai" in msg and "open_clip:ViT-B-32 (random weights)" in msg
+    # `headscope serve` says it before loading anything: not cached, hub unreachable (not permanent)
+    from headscope.zoo import preflight
+
+    monkeypatch.setattr(preflight, "hub_reachable", lambda: False)
+    why, permanent = preflight.preflight("open_clip:ViT-B-32/openai", None)
+    assert not permanent and "open_clip:ViT-B-32 (the same model with random weights)" in why
+    assert preflight.preflight("open_clip:ViT-B-32", None) is None  # random weights: nothing to fetch
 
 
 def test_siglip_without_its_tokenizer_has_no_text_tower_and_says_why(monkeypatch):
