@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("open_clip")
+pytest.importorskip("transformers")  # open_clip's HFTokenizer reads SigLIP's (here a stand-in)
 
 from headscope.engine.clip_text import TextError  # noqa: E402
 from headscope.engine.relevance import MethodError, relevance  # noqa: E402
