@@ -170,15 +170,17 @@ def lookup(name: str) -> CatalogEntry:
 
 
 def search(query: str = "", limit: int = 50) -> tuple[int, list[CatalogEntry]]:
-    """Entries whose name holds every word of ``query`` (case-insensitive): ``(matches, the first limit)``.
+    """Entries whose id holds every word of ``query`` (case-insensitive): ``(matches, the first limit)``.
 
-    An exact name comes first, then names that start with the query, then the rest by name.
+    An exact name comes first, then names that start with the query, then the rest by name
+    (timm's before open_clip's).
     """
     words = query.lower().split()
     every = [*entries().values(), *(open_clip_entries() or {}).values()]
     hits = [e for e in every if all(w in e.model_id.lower() for w in words)]  # open_clip: finds "open_clip", "clip"
     q = query.strip().lower()
-    hits.sort(key=lambda e: (e.name.lower() != q, not e.name.lower().startswith(q), e.source, e.name))
+    # ties: timm's names first (as before open_clip's joined), then open_clip's
+    hits.sort(key=lambda e: (e.name.lower() != q, not e.name.lower().startswith(q), e.source != "timm", e.name))
     return len(hits), hits[: max(0, min(limit, MAX_LIMIT))]
 
 

@@ -94,7 +94,11 @@ def test_search_orders_exact_then_prefix_then_name():
     total, hits = catalog.search("test vit", 10)
     assert [e.name for e in hits] == ["test_vit.r160_in1k", "test_vit2.r160_in1k", "test_vit3.r160_in1k"]
     total, hits = catalog.search("", 7)
-    assert len(hits) == 7 and total == len(catalog.entries())
+    assert len(hits) == 7 and total == len(catalog.entries()) + len(catalog.open_clip_entries() or {})
+    assert all(e.source == "timm" for e in hits)  # timm's first, then open_clip's (issue 42)
+    if catalog.open_clip_entries():
+        total, hits = catalog.search("b-32 openai", 10)
+        assert {e.name for e in hits} == {"ViT-B-32/openai", "ViT-B-32-quickgelu/openai"} and total == 2
 
 
 def test_registry_unloads_the_least_recently_used_but_never_the_default(tmp_path):
