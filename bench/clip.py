@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 from pathlib import Path
@@ -74,13 +75,20 @@ def main(argv: list[str] | None = None) -> int:
         Variant("image_texts", "image + 10 text forwards", image_and_texts),
     ]
     zero_shot(lm, x, LABELS)  # the cache, as after a server's first ask
+    load_before = os.getloadavg()  # the machine may be shared: the load goes beside the ratios
     run_interleaved(variants, lambda: None, 1, a.iters, a.warmup)
+    load_after = os.getloadavg()
     t = {v.key: v.times for v in variants}
     phrase_ratio = statistics.median(p / b for p, b in zip(t["phrase"], t["both"]))
     zs_ratio = statistics.median(z / b for z, b in zip(t["zero_shot"], t["image_texts"]))
     res = {
         "model": a.model,
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "load_average_1_5_15_before": [round(v, 2) for v in load_before],
+            "load_average_1_5_15_after": [round(v, 2) for v in load_after],
+        },
         "seconds": {v.key: summary(v.times) for v in variants},
         "ratios": {
             "phrase_relevance_over_both_towers": {"median": phrase_ratio, "target": 3.0, "ok": phrase_ratio <= 3.0},
@@ -88,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     print(json.dumps(res["ratios"], indent=1))
+    print(f"load average before {load_before}, after {load_after}")
     for v in variants:
         print(f"{v.label:45s} median {statistics.median(v.times) * 1000:8.1f} ms")
     if a.out:

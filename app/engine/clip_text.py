@@ -117,11 +117,17 @@ class TextTower:
         """Raise :class:`TextError` for a phrase whose tokens do not fit the context (the tokenizer
         would cut it silently). Plain Python: no torch."""
         encode = getattr(self.tokenizer, "encode", None)
+        inner = getattr(self.tokenizer, "tokenizer", None)
+        clean = getattr(self.tokenizer, "clean_fn", None)
         if callable(encode):  # open_clip's SimpleTokenizer: 2 special tokens around the words
             n = len(encode(phrase)) + 2
-            if n > self.context_length:
-                most = self.context_length
-                raise TextError(f"the phrase {phrase[:40]!r} has {n} tokens; this model reads at most {most}")
+        elif callable(inner) and callable(clean):  # open_clip's HFTokenizer (SigLIP): its own special tokens
+            n = len(inner(clean(phrase))["input_ids"])
+        else:
+            return
+        if n > self.context_length:
+            most = self.context_length
+            raise TextError(f"the phrase {phrase[:40]!r} has {n} tokens; this model reads at most {most}")
 
     def tokenize(self, phrases: Sequence[str]) -> torch.Tensor:
         """Token ids ``[B, T]`` (``T`` the context length) on the tower's device.
@@ -139,6 +145,8 @@ class TextTower:
             v = getattr(self.tokenizer, name, None)
             if isinstance(v, int):
                 out.add(v)
+        inner = getattr(self.tokenizer, "tokenizer", None)  # open_clip's HFTokenizer: padding, end of text
+        out.update(int(i) for i in getattr(inner, "all_special_ids", None) or ())
         if isinstance(self.eos_id, int):
             out.add(self.eos_id)
         return out

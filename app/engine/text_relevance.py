@@ -12,8 +12,14 @@ The image maps are those of :mod:`app.engine.relevance` with this y (``chefer``,
 ``layer_index=-2``) the block's output tokens are averaged (the CLS token included), put through
 the final norm and the projection, normalised, and scored against the normalised text embedding,
 ``s_l``; the map is ``sum_l mean_queries mean_heads max(0, ds_l/dA_l)`` over the patch columns,
-min-max normalised (then, as every map here, divided by its sum). Defined for towers with a CLS
-token (CLIP); SigLIP's attention-pooled variant is not implemented (422).
+min-max normalised (then, as every map here, divided by its sum). For towers that pool with an
+attention head instead of a CLS token (SigLIP's MAP head, timm's ``AttentionPoolLatent``) it is
+the authors' SigLIP variant: each of those blocks' output tokens (before the final norm, as their
+code reads them) is put through the pooling head, whose own softmax ``[B, H, 1, N]`` takes the
+gradient of ``s_l``; the map is ``sum_l mean_heads max(0, ds_l/dA_pool)``, and their correction
+applies: the same map for the prompt ``a photo of a``, min-max normalised, zeroes the patches
+where it is above 0.8 (``LEGRAD_EMPTY_PROMPT``, ``LEGRAD_CORRECTION``). The pooled token then goes
+through ``fc_norm`` and ``head`` (identities on open_clip's SigLIP towers, which have no projection).
 
 The text's own relevance per token is Chefer et al.'s bi-modal rule (ICCV 2021) on the text
 tower, from the same backward: ``R = I; R += mean_h max(0, dy/dA_t * A_t) @ R`` over the text's
@@ -57,6 +63,8 @@ from .relevance import (
 PREFIX = "text:"
 TEXT_METHODS = ("legrad",)  # methods defined for a phrase only
 LEGRAD_LAYER_INDEX = -2  # the authors' default: the last two blocks
+LEGRAD_EMPTY_PROMPT = "a photo of a"  # the authors' SigLIP correction: patches any prompt lights up
+LEGRAD_CORRECTION = 0.8  # ... above this (min-max normalised) are zeroed
 
 
 @dataclass(frozen=True)
@@ -109,10 +117,20 @@ def parse_text_target(spec: str, lm: LoadedModel) -> TextTarget:
     return TextTarget("text", phrase=phrase, tower=tower)
 
 
+def _attention_pool(lm: LoadedModel) -> Any:
+    """The tower's attention-pooling head (SigLIP's MAP head), or None."""
+    return getattr(lm.model, "attn_pool", None)
+
+
+def has_legrad(lm: LoadedModel) -> bool:
+    """Whether LeGrad is defined for the tower: a CLS token (CLIP) or an attention-pooling head (SigLIP)."""
+    return "cls" in lm.prefix or _attention_pool(lm) is not None
+
+
 def text_methods(lm: LoadedModel) -> tuple[str, ...]:
-    """Every method a phrase's maps have on this model (LeGrad where there is a CLS token; not the
-    LRP rules, which are written for one tower)."""
-    return tuple(m for m in METHODS if m not in LRP_METHODS) + (TEXT_METHODS if "cls" in lm.prefix else ())
+    """Every method a phrase's maps have on this model (LeGrad where there is a CLS token or an
+    attention-pooling head; not the LRP rules, which are written for one tower)."""
+    return tuple(m for m in METHODS if m not in LRP_METHODS) + (TEXT_METHODS if has_legrad(lm) else ())
 
 
 def parse_target_methods(
@@ -150,9 +168,10 @@ def check_method(method: str, target: Target | str | None, lm: LoadedModel) -> N
         return
     if not is_text(target):
         raise MethodError(f"{method} explains a phrase: use target=text:PHRASE on a CLIP-style model")
-    if "cls" not in lm.prefix:
+    if not has_legrad(lm):
         raise MethodError(
-            f"{method} is implemented for image towers with a CLS token (CLIP); {lm.id} pools without one (SigLIP)"
+            f"{method} is implemented for image towers with a CLS token (CLIP) or an attention-pooling head "
+            f"(SigLIP); {lm.id} pools its tokens otherwise"
         )
 
 
@@ -171,6 +190,49 @@ def _legrad(
         acc = part if acc is None else acc + part
     assert acc is not None
     return acc
+
+
+def _pool_with_map(pool: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's ``AttentionPoolLatent`` written out so that its softmax stays in the autograd graph:
+    ``(pooled [B, D], maps [B, H, latent, N])``."""
+    B, N, C = x.shape  # batch, tokens, width
+    if pool.pos_embed is not None:
+        x = x + pool.pos_embed.unsqueeze(0).to(x.dtype)
+    H, d, Q = pool.num_heads, pool.head_dim, pool.latent_len
+    q = pool.q(pool.latent.expand(B, -1, -1)).reshape(B, Q, H, d).transpose(1, 2)  # B, H, Q, d
+    k, v = pool.kv(x).reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)  # each B, H, N, d
+    q, k = pool.q_norm(q), pool.k_norm(k)
+    p = ((q * pool.scale) @ k.transpose(-2, -1)).softmax(-1)  # B, H, Q, N
+    o = pool.proj((p @ v).transpose(1, 2).reshape(B, Q, C))  # B, Q, C
+    if pool.mlp is not None:
+        o = o + pool.mlp(pool.norm(o))
+    if pool.pool == "token":
+        o = o[:, 0]
+    elif pool.pool == "avg":
+        o = o.mean(1)
+    return o, p
+
+
+def _legrad_pooled(lm: LoadedModel, feats: list[torch.Tensor], text: torch.Tensor, tower: Any) -> torch.Tensor:
+    """LeGrad's SigLIP variant before the last min-max: ``[B, N]`` over the tokens the head pools."""
+    m: Any = lm.model
+    t = F.normalize(text.detach().float(), dim=-1)  # B, D
+    empty = F.normalize(tower.embeddings([LEGRAD_EMPTY_PROMPT]).to(t.device).float(), dim=-1)  # 1, D
+    acc = acc_empty = None
+    for f in feats:
+        pooled, p = _pool_with_map(m.attn_pool, f.detach().requires_grad_(True))  # grads of the head only
+        e = F.normalize(m.head(m.fc_norm(pooled)).float(), dim=-1)  # B, D
+        g, g_empty = (
+            torch.autograd.grad((e * u).sum(), p, retain_graph=True)[0].float().clamp_min(0).mean(1)[:, 0]  # B, N
+            for u in (t, empty)
+        )
+        acc = g if acc is None else acc + g
+        acc_empty = g_empty if acc_empty is None else acc_empty + g_empty
+    assert acc is not None and acc_empty is not None
+    lo, hi = acc_empty.amin(1, keepdim=True), acc_empty.amax(1, keepdim=True)
+    flat = hi <= lo
+    empty_map = (acc_empty - lo) / torch.where(flat, torch.ones_like(hi), hi - lo)
+    return acc.masked_fill((empty_map > LEGRAD_CORRECTION) & ~flat, 0.0)
 
 
 def _min_max(v: torch.Tensor) -> torch.Tensor:
@@ -237,7 +299,9 @@ def text_relevance(
             full = gradient_maps(
                 [a.detach() for a in fwd.maps], list(g_img), fwd.features.detach(), g_z, GRADIENT_METHODS & set(names)
             )
-        if legrad:
+        if legrad and "cls" not in lm.prefix:  # SigLIP: the attention-pooling head's own map
+            full["legrad"] = _legrad_pooled(lm, feats, tf.embedding, tower).detach()
+        elif legrad:
             full["legrad"] = _legrad(lm, feats, fwd.maps, tf.embedding, start).detach()
         tokens = [
             _text_tokens(

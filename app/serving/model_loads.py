@@ -96,9 +96,11 @@ class ModelLoads:
         self._download = asyncio.Semaphore(1)
 
     def model_id(self, entry: CatalogEntry) -> str:
-        """The id the registry offers this model under: a configured id for the same name, else ``timm:NAME``."""
+        """The id the registry offers this model under: a configured id for the same name, else
+        ``timm:NAME`` (``open_clip:ARCH/TAG``)."""
+        source = "open_clip" if entry.source == "open_clip" else "timm-hub"
         for mid, spec in list(self.registry.specs.items()):
-            if spec.source == "timm-hub" and spec.arch == entry.name:
+            if spec.source == source and spec.arch == entry.name:
                 return mid
         return entry.model_id
 

@@ -202,9 +202,9 @@ class ModelsResponse(BaseModel):
 
 
 class CatalogModel(BaseModel):
-    name: str = Field(description="timm name with its pretrained tag")
-    id: str = Field(description="the model id requests use once it is loaded: timm:NAME")
-    family: str = Field(description="vit, deit, eva, beit, swin or swinv2")
+    name: str = Field(description="timm name with its pretrained tag, or open_clip's ARCH/PRETRAINED")
+    id: str = Field(description="the model id requests use once it is loaded: timm:NAME or open_clip:ARCH/PRETRAINED")
+    family: str = Field(description="vit, deit, eva, beit, swin or swinv2; clip or siglip (open_clip)")
     offered: bool = Field(description="already offered by this server (loaded, or loads from disk when asked for)")
     loaded: bool = Field(description="in memory now")
     cached: bool = Field(description="weights in the server's Hugging Face cache: loads without a download")
@@ -214,6 +214,9 @@ class CatalogResponse(BaseModel):
     query: str
     total: int = Field(description="names that match the query (the answer holds at most `limit`)")
     models: list[CatalogModel]
+    note: str | None = Field(
+        None, description="why a part of the catalogue is absent (open_clip without the clip extra)"
+    )
 
 
 class LoadError(BaseModel):

@@ -1,8 +1,10 @@
-"""The pretrained timm models a page may load on demand: timm's own list, cut to the supported families.
+"""The pretrained models a page may load on demand: timm's own list, cut to the supported
+families, and open_clip's pretrained ViTs (CLIP, SigLIP; with the ``clip`` extra).
 
-A request names a model, never a place: the name is looked up here, and only timm's own
-pretrained configuration says which Hugging Face repository and file hold its weights. A name
-that is not in this list (a URL, a path, another family) is refused before anything is fetched.
+A request names a model, never a place: the name is looked up here, and only timm's (or
+open_clip's) own pretrained configuration says which Hugging Face repository and file hold its
+weights. A name that is not in this list (a URL, a path, another family) is refused before
+anything is fetched.
 """
 
 from __future__ import annotations
@@ -36,22 +38,32 @@ UNSUPPORTED_PATTERNS: tuple[str, ...] = (
 )
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,127}")  # how timm spells names: no '/', ':' or '@'
+# open_clip's ARCH/PRETRAINED: one '/', no ':' or '@'
+OPEN_CLIP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+OPEN_CLIP_PREFIX = "open_clip:"
 MAX_LIMIT = 500
+
+# What the catalogue answers in place of open_clip's models when the clip extra is missing.
+NO_OPEN_CLIP_NOTE = (
+    "open_clip models (CLIP, SigLIP) are not listed: this server lacks the clip extra "
+    "(pip install 'headscope[clip]', which installs open_clip_torch)"
+)
 
 
 @dataclass(frozen=True)
 class CatalogEntry:
     """One pretrained model: its timm name, family and where timm's configuration keeps its weights."""
 
-    name: str  # timm name with its pretrained tag, e.g. vit_small_patch16_224.augreg_in21k
+    name: str  # timm name with its pretrained tag, e.g. vit_small_patch16_224.augreg_in21k (open_clip: ARCH/TAG)
     family: str
-    repo: str  # Hugging Face repository (from timm's pretrained configuration)
+    repo: str  # Hugging Face repository (from timm's or open_clip's pretrained configuration)
     filename: str | None  # the configuration's weights file, if it names one
+    source: str = "timm"  # or "open_clip"
 
     @property
     def model_id(self) -> str:
         """The id answers and requests use for it."""
-        return f"timm:{self.name}"
+        return f"{OPEN_CLIP_PREFIX}{self.name}" if self.source == "open_clip" else f"timm:{self.name}"
 
     def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "id": self.model_id, "family": self.family}
@@ -76,12 +88,77 @@ def entries() -> dict[str, CatalogEntry]:
     return out
 
 
+def _open_clip_vit(arch: str) -> bool:
+    """Whether open_clip's ``arch`` has a ViT image tower Headscope captures and a text tower it
+    writes out (its configuration alone: nothing is built). Left out: CoCa (attentional pooling),
+    Hugging Face text encoders (their configuration comes from the hub), CLIPA's mean pooling,
+    timm trunks other than ViTs, and RoPE towers (Perception Encoder)."""
+    import open_clip
+
+    cfg = open_clip.get_model_config(arch) or {}
+    vision, text = cfg.get("vision_cfg", {}), cfg.get("text_cfg", {})
+    if "multimodal_cfg" in cfg or "hf_model_name" in text:
+        return False
+    trunk = vision.get("timm_model_name")
+    if trunk is not None:
+        return str(trunk).startswith("vit_") and not any(re.search(p, str(trunk)) for p in UNSUPPORTED_PATTERNS)
+    plain = vision.get("pool_type", "tok") == "tok" and not vision.get("attentional_pool", False)
+    return isinstance(vision.get("layers"), int) and plain and vision.get("no_ln_pre") is not True
+
+
+@lru_cache(maxsize=1)
+def open_clip_entries() -> dict[str, CatalogEntry] | None:
+    """open_clip's pretrained ViTs (``ARCH/TAG`` -> entry) whose weights are on the Hugging Face hub;
+    None without the clip extra."""
+    try:
+        import open_clip
+        from open_clip.pretrained import get_pretrained_cfg
+    except ImportError:
+        return None
+    out: dict[str, CatalogEntry] = {}
+    vit: dict[str, bool] = {}
+    for arch, tag in open_clip.list_pretrained():
+        if not vit.setdefault(arch, _open_clip_vit(arch)):
+            continue
+        hub = str(get_pretrained_cfg(arch, tag).get("hf_hub") or "")
+        if not hub:  # weights at a URL of their own: not loaded on demand
+            continue
+        repo_id, file = _split_hub(hub)
+        family = "siglip" if "siglip" in arch.lower() else "clip"
+        out[f"{arch}/{tag}"] = CatalogEntry(f"{arch}/{tag}", family, repo_id, file or None, "open_clip")
+    return out
+
+
+def _split_hub(hub: str) -> tuple[str, str]:
+    """open_clip's ``org/repo/file`` (or ``org/repo/``, its default file) -> ``(org/repo, file)``."""
+    org, _, rest = hub.partition("/")
+    repo, _, file = rest.partition("/")
+    return f"{org}/{repo}", file
+
+
+def _lookup_open_clip(name: str) -> CatalogEntry:
+    oc = open_clip_entries()
+    if oc is None:
+        raise UnknownModelError(NO_OPEN_CLIP_NOTE.replace("are not listed: this server lacks", "need"))
+    entry = oc.get(name) if OPEN_CLIP_NAME.fullmatch(name) else None
+    if entry is None:
+        shown = name if OPEN_CLIP_NAME.fullmatch(name) else "that name"
+        raise UnknownModelError(
+            f"{shown!s} is not a pretrained open_clip ViT on the Hugging Face hub "
+            "(search GET /api/v1/models/catalog?q=...)"
+        )
+    return entry
+
+
 def lookup(name: str) -> CatalogEntry:
-    """The entry of ``name`` (``timm:`` prefix allowed).
+    """The entry of ``name`` (``timm:`` prefix allowed; open_clip's ``ARCH/TAG``, ``open_clip:``
+    prefix allowed).
 
     Raises:
-        UnknownModelError: not a pretrained timm model of a supported family.
+        UnknownModelError: not a pretrained timm model of a supported family, nor an open_clip ViT.
     """
+    if name.startswith(OPEN_CLIP_PREFIX) or ("/" in name and ":" not in name):
+        return _lookup_open_clip(name.removeprefix(OPEN_CLIP_PREFIX))
     bare = name.removeprefix("timm:")
     entry = entries().get(bare) if NAME.fullmatch(bare) else None
     if entry is None:
@@ -93,14 +170,17 @@ def lookup(name: str) -> CatalogEntry:
 
 
 def search(query: str = "", limit: int = 50) -> tuple[int, list[CatalogEntry]]:
-    """Entries whose name holds every word of ``query`` (case-insensitive): ``(matches, the first limit)``.
+    """Entries whose id holds every word of ``query`` (case-insensitive): ``(matches, the first limit)``.
 
-    An exact name comes first, then names that start with the query, then the rest by name.
+    An exact name comes first, then names that start with the query, then the rest by name
+    (timm's before open_clip's).
     """
     words = query.lower().split()
-    hits = [e for e in entries().values() if all(w in e.name for w in words)]
+    every = [*entries().values(), *(open_clip_entries() or {}).values()]
+    hits = [e for e in every if all(w in e.model_id.lower() for w in words)]  # open_clip: finds "open_clip", "clip"
     q = query.strip().lower()
-    hits.sort(key=lambda e: (e.name != q, not e.name.startswith(q), e.name))
+    # ties: timm's names first (as before open_clip's joined), then open_clip's
+    hits.sort(key=lambda e: (e.name.lower() != q, not e.name.lower().startswith(q), e.source != "timm", e.name))
     return len(hits), hits[: max(0, min(limit, MAX_LIMIT))]
 
 
@@ -108,9 +188,15 @@ def search(query: str = "", limit: int = 50) -> tuple[int, list[CatalogEntry]]:
 def parameter_count(entry: CatalogEntry) -> int:
     """The parameters of ``entry``'s model, built on the meta device (no weights, no memory; a
     second for the largest), so that a size cap is checked before anything is downloaded."""
-    import timm
     import torch
 
     with torch.device("meta"):
-        model = timm.create_model(entry.name.split(".")[0], pretrained=False)
+        if entry.source == "open_clip":  # both towers: what the server holds in memory
+            import open_clip
+
+            model = open_clip.create_model(entry.name.split("/")[0], pretrained=None, device="meta")
+        else:
+            import timm
+
+            model = timm.create_model(entry.name.split(".")[0], pretrained=False)
     return sum(p.numel() for p in model.parameters())

@@ -21,6 +21,8 @@ from .hub import hub_endpoint, hub_offline_by_choice, hub_reachable
 
 # What timm tries when the configuration names no file (timm/models/_hub.py): safetensors first.
 DEFAULT_FILES = ("model.safetensors", "pytorch_model.bin")
+# open_clip's (open_clip/constants.py, pretrained.download_pretrained_from_hf): safetensors first.
+OPEN_CLIP_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 # huggingface_hub reads the response in pieces of this many bytes (10 MB by default) and reports
 # progress once per piece; 1 MiB moves the page's bar every second on a slow link too.
@@ -49,6 +51,12 @@ class DownloadProgress:
 
 
 def candidates(entry: CatalogEntry) -> tuple[str, ...]:
+    """The weights files the model's library reads, in the order it tries them."""
+    if entry.source == "open_clip":
+        f = entry.filename
+        if not f or f == OPEN_CLIP_FILES[1]:
+            return OPEN_CLIP_FILES
+        return (f[:-4] + ".safetensors", f) if f.endswith((".bin", ".pth")) else (f,)
     return (entry.filename,) if entry.filename else DEFAULT_FILES
 
 
@@ -124,11 +132,14 @@ def unreachable_message(entry: CatalogEntry) -> str:
         if hub_offline_by_choice()
         else f"the Hugging Face hub ({hub_endpoint()}) cannot be reached from the server"
     )
+    if entry.source == "open_clip":
+        other = f"use open_clip:{entry.name.split('/')[0]} (the same model with random weights)"
+    else:
+        other = f"serve a local file as local:{entry.name.split('.')[0]}@/path/to/weights.safetensors"
     return (
         f"{why}, and the weights of {entry.name} are not in its Hugging Face cache. Load a model "
         f"that is cached, put the weights there with `headscope fetch {entry.model_id}` on a machine "
-        f"with internet (then copy ~/.cache/huggingface), or serve a local file as "
-        f"local:{entry.name.split('.')[0]}@/path/to/weights.safetensors"
+        f"with internet (then copy ~/.cache/huggingface), or {other}"
     )
 
 

@@ -168,3 +168,33 @@ def test_unreachable_hub_is_a_clear_503_and_cached_models_still_load(server, hub
     ms = models(server.url)
     assert ms[f"timm:{DOWNLOADED}"]["loaded"] and ms[DEFAULT]["loaded"] and not ms[f"timm:{CACHED}"]["loaded"]
     assert sum(m["loaded"] for m in ms.values()) == 2
+
+
+def test_open_clip_models_are_in_the_catalogue_and_refused_clearly_offline(server, hub):
+    """open_clip's pretrained ViTs are catalogue entries (issue 42): listed, found by words of their
+    id, looked up by ARCH/PRETRAINED (its '/' as is or as %2F), and, not cached with the hub down,
+    refused at once with the usual sentence (no download: the stand-in hub is stopped by now)."""
+    pytest.importorskip("open_clip")
+    hub.stop()
+    get = lambda **p: httpx.get(server.url + "/api/v1/models/catalog", params=p, timeout=HTTP_TIMEOUT).json()
+    body = get(q="open_clip", limit=500)
+    assert body["note"] is None and body["total"] == len(body["models"]) > 50
+    rows = {m["name"]: m for m in body["models"]}
+    assert rows["ViT-B-32/openai"]["id"] == "open_clip:ViT-B-32/openai" and rows["ViT-B-32/openai"]["family"] == "clip"
+    assert rows["ViT-B-16-SigLIP/webli"]["family"] == "siglip"
+    assert not any(n.startswith(("RN50", "coca_", "convnext", "EVA", "PE-Core")) or "CLIPA" in n for n in rows)
+    assert all(m["id"].startswith("open_clip:") and not m["offered"] and not m["cached"] for m in body["models"])
+    siglip = get(q="siglip b-16 webli")
+    assert siglip["total"] >= 5 and all(m["family"] == "siglip" for m in siglip["models"])
+    for name in ["ViT-B-32%2Fopenai", "ViT-B-32/openai"]:
+        r = httpx.post(f"{server.url}/api/v1/models/catalog/{name}/load", timeout=HTTP_TIMEOUT)
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["code"] == "hub_unreachable" and "ViT-B-32/openai" in err["message"]
+        assert "open_clip:ViT-B-32 (the same model with random weights)" in err["message"]
+        st = httpx.get(f"{server.url}/api/v1/models/catalog/{name}/load", timeout=HTTP_TIMEOUT).json()
+        assert st["state"] == "idle" and st["id"] == "open_clip:ViT-B-32/openai", st
+    for bad in ["ViT-B-32%2Fnosuchtag", "NoSuchArch%2Fopenai", "RN50%2Fopenai", "ViT-B-32%2Fopenai%2Fx"]:
+        r = httpx.post(f"{server.url}/api/v1/models/catalog/{bad}/load", timeout=HTTP_TIMEOUT)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model", (bad, r.text)
+    assert "open_clip:ViT-B-32/openai" not in models(server.url)

@@ -19,7 +19,7 @@ pytest.importorskip("open_clip")
 
 from helpers import api  # noqa: E402
 from helpers.api import API, assert_error, fresh_png  # noqa: E402
-from helpers.clip_models import MODEL_ID, reference_model  # noqa: E402
+from helpers.clip_models import MODEL_ID, shared_model, shared_reference  # noqa: E402
 from helpers.clip_reference import interpret, legrad  # noqa: E402
 from helpers.server import Server  # noqa: E402
 
@@ -48,10 +48,7 @@ def image_id(server, picture) -> str:
 
 @pytest.fixture(scope="module")
 def lm():
-    from headscope.zoo.ids import ModelSpec
-    from headscope.zoo.loaders import build
-
-    return build(ModelSpec.parse(MODEL_ID), None)
+    return shared_model()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +61,7 @@ def pixels(lm, picture):
 
 @pytest.fixture(scope="module")
 def ref():
-    return reference_model(perturb=False)
+    return shared_reference()
 
 
 def rel(server, image_id, **params) -> dict:

@@ -90,3 +90,24 @@ def test_the_picker_is_hidden_when_the_server_does_not_offer_it(browser, live_se
         assert pg.locator("[data-testid=model-search-open]").is_hidden()
     finally:
         context.close()
+
+
+def test_the_picker_finds_an_open_clip_model_and_says_its_weights_are_unreachable(page, base_url, guard):
+    """open_clip's models are in the picker (issue 42); offline and not cached, choosing one gives
+    the server's sentence (no download) and the page keeps its model."""
+    pytest.importorskip("open_clip")
+    page.goto(base_url + "/")
+    page.wait_for_function("() => document.body.dataset.ready === '1'")
+    page.click("[data-testid=model-search-open]")
+    page.fill("[data-testid=model-search]", "open_clip vit-b-32 openai")
+    name = "ViT-B-32/openai"
+    hit = page.locator(f"[data-testid=model-result][data-name='{name}']")
+    hit.wait_for()
+    assert "clip" in hit.inner_text()
+    guard.allow_http_errors = True  # the 503 is the expected answer
+    hit.click()
+    page.wait_for_selector("[data-testid=model-load][data-state=failed]")
+    status = page.inner_text("[data-testid=model-load-status]")
+    assert name in status and "HF_HUB_OFFLINE" in status and "not in its Hugging Face cache" in status
+    assert "open_clip:ViT-B-32 (the same model with random weights)" in status
+    assert page.input_value("[data-testid=model]") == "random:test_vit"

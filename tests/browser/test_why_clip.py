@@ -1,16 +1,19 @@
 """The Why view's text side in real Chromium against a real server whose default model is a
 random-weight open_clip model: the target picker's "a phrase", the prompt box, the phrase's tokens
-shaded by relevance under it, zero-shot labels as a ranked list whose labels switch the map, and
-LeGrad, each equal to the API's answer.
+shaded by relevance under it, zero-shot labels as a ranked list whose labels switch the map,
+LeGrad, and the faithfulness test with the phrase as its target, each equal to the API's answer.
 """
 
 from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
 pytest.importorskip("open_clip")
 
+from helpers.charts import assert_matrix, plot_data  # noqa: E402
 from helpers.clip_models import MODEL_ID  # noqa: E402
 from helpers.page import image_id, open_page, upload  # noqa: E402
 from helpers.server import Server  # noqa: E402
@@ -51,6 +54,8 @@ def wait_map(page, **want) -> dict:
 @pytest.mark.timeout(900)
 def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples):
     page.set_default_timeout(SLOW_MS)
+    seen: list[str] = []
+    page.on("request", lambda r: seen.append(r.url))
     open_page(page, base_url)
     upload(page, samples["cat"])
     iid = image_id(samples["cat"].read_bytes())
@@ -79,6 +84,25 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples):
     page.select_option("[data-testid=relevance-method]", "legrad")
     wait_map(page, method="legrad", target=f"text:{PHRASE}")
     page.select_option("[data-testid=relevance-method]", "chefer")
+    wait_map(page, method="chefer", target=f"text:{PHRASE}")
+
+    # The faithfulness test with the phrase as its target: the curves and AUCs are the API's.
+    page.click("[data-testid=faithfulness-run]")
+    page.wait_for_function("() => document.querySelector('[data-testid=faithfulness-chart] svg.main-svg')")
+    page.wait_for_selector("[data-testid=faithfulness-progress][data-state=done]")
+    tests = [u for u in seen if urlsplit(u).path.endswith("/faithfulness")]
+    asked = {k: v[0] for k, v in parse_qs(urlsplit(tests[-1]).query).items()}
+    assert asked["target"] == f"text:{PHRASE}" and asked.get("model", MODEL_ID) == MODEL_ID
+    answer = api(base_url, iid, "faithfulness", **{k: asked[k] for k in ("methods", "target", "fractions")})
+    assert answer["cached"] and answer["target"] == f"text:{PHRASE}"  # the page's test, not a second one
+    traces = plot_data(page, "faithfulness-chart")
+    metas = page.evaluate("() => document.querySelector('[data-testid=faithfulness-chart]').data.map(t => t.meta)")
+    assert len(traces) == 2 * len(answer["methods"]) >= 4
+    for trace, meta in zip(traces, metas, strict=True):
+        curves = answer["methods"][meta["method"]]
+        assert trace["x"] == answer["fractions"]
+        assert_matrix(trace["y"], curves[meta["sign"]])
+        assert f"AUC {curves['auc_' + meta['sign']]:.3f}" in trace["name"]
 
     # Zero-shot labels: a ranked list as the API ranks them; a label switches the map to its phrase.
     page.fill("[data-testid=zero-shot-labels]", "a dog, a cat, a red car")

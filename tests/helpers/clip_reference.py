@@ -74,16 +74,21 @@ def interpret(model, image: torch.Tensor, text: torch.Tensor, start_layer: int =
         tx = F.normalize(model.encode_text(text), dim=-1)
         logits_per_image = model.logit_scale.exp() * img @ tx.T
         one_hot = logits_per_image[0, 0]
+        # The notebook asks autograd for one layer's gradient at a time; one call for every
+        # layer gives the same gradients with one backward instead of one per layer.
+        grads = torch.autograd.grad(one_hot, [*a_img, *a_txt])
         out = []
-        for attn, start in ((a_img, start_layer), (a_txt, start_layer_text)):
+        for attn, g_all, start in (
+            (a_img, grads[: len(a_img)], start_layer),
+            (a_txt, grads[len(a_img) :], start_layer_text),
+        ):
             start = len(attn) - 1 if start == -1 else start
             N = attn[0].shape[-1]
             R = torch.eye(N)
-            for i, blk_attn in enumerate(attn):
+            for i, (blk_attn, grad) in enumerate(zip(attn, g_all)):
                 if i < start:
                     continue
-                grad = torch.autograd.grad(one_hot, [blk_attn], retain_graph=True)[0].detach()
-                cam = (grad * blk_attn.detach()).clamp(min=0).mean(0)  # heads of the one image: N, N
+                cam = (grad.detach() * blk_attn.detach()).clamp(min=0).mean(0)  # heads of the one image: N, N
                 R = R + cam @ R
             out.append(R)
     finally:

@@ -11,7 +11,7 @@ pytest.importorskip("open_clip")
 
 import headscope  # noqa: E402
 from headscope.engine.relevance import MethodError  # noqa: E402
-from helpers.clip_models import MODEL_ID, reference_model  # noqa: E402
+from helpers.clip_models import MODEL_ID, shared_reference  # noqa: E402
 from helpers.clip_reference import interpret  # noqa: E402
 from helpers.server import SAMPLES  # noqa: E402
 
@@ -35,7 +35,7 @@ def pixels(scope, picture):
 
 
 def test_relevance_for_a_phrase(scope, picture, pixels):
-    ref = reference_model(perturb=False)
+    ref = shared_reference()
     res = scope.relevance(picture, target="text:a cat on a sofa")
     assert res["target"] == "text:a cat on a sofa" and res["method"] == "chefer"
     assert [t["token"] for t in res["text_tokens"]] == ["a", "cat", "on", "a", "sofa"]
@@ -48,7 +48,7 @@ def test_relevance_for_a_phrase(scope, picture, pixels):
 
 
 def test_zero_shot(scope, picture, pixels):
-    ref = reference_model(perturb=False)
+    ref = shared_reference()
     labels = ["a dog", "a cat", "a red car"]
     res = scope.zero_shot(picture, labels)
     with torch.no_grad():

@@ -19,8 +19,8 @@ NameP = Annotated[
     str,
     Path(
         max_length=128,
-        description="a timm pretrained name from the catalogue, e.g. vit_small_patch16_224.augreg_in21k "
-        "(a name only: never a URL or a path)",
+        description="a name from the catalogue: timm's pretrained name, e.g. vit_small_patch16_224.augreg_in21k, "
+        "or open_clip's ARCH/PRETRAINED, e.g. ViT-B-32/openai (a name only: never a URL or a path)",
         examples=["vit_small_patch16_224.augreg_in21k"],
     ),
 ]
@@ -53,7 +53,7 @@ async def list_models(registry: RegistryDep, settings: SettingsDep) -> dict:
 @router.get(
     "/models/catalog",
     response_model=CatalogResponse,
-    summary="Search the pretrained timm models this server can load on demand",
+    summary="Search the pretrained timm and open_clip models this server can load on demand",
     responses=_CATALOG_ERRORS,
 )
 async def search_catalog(
@@ -71,8 +71,10 @@ async def search_catalog(
 ) -> JSONBody:
     """`timm.list_models(pretrained=True)` cut to the families Headscope captures (vit, deit,
     eva, beit, swin, swinv2) and to weights on the Hugging Face hub: an exact name first, then
-    names that start with the query, then the rest by name. 403 `any_model_off` unless the
-    server runs with `--any-model`."""
+    names that start with the query, then the rest by name. With the `clip` extra it also lists
+    open_clip's pretrained ViTs (CLIP, SigLIP) as `ARCH/PRETRAINED` (id `open_clip:ARCH/PRETRAINED`,
+    family `clip` or `siglip`; the words match the id too, so `open_clip` finds them all); without it
+    `note` says why they are absent. 403 `any_model_off` unless the server runs with `--any-model`."""
     _require_any_model(settings)
     total, hits = catalog.search(q, limit)
     cached = await run_in_threadpool(lambda: [cached_weights(e) is not None for e in hits])
@@ -80,11 +82,12 @@ async def search_catalog(
     for e, c in zip(hits, cached):
         mid = e.model_id
         rows.append({**e.as_dict(), "offered": mid in registry.ids, "loaded": registry.is_loaded(mid), "cached": c})
-    return JSONBody({"query": q, "total": total, "models": rows})
+    note = None if catalog.open_clip_entries() is not None else catalog.NO_OPEN_CLIP_NOTE
+    return JSONBody({"query": q, "total": total, "models": rows, "note": note})
 
 
 @router.post(
-    "/models/catalog/{name}/load",
+    "/models/catalog/{name:path}/load",
     response_model=LoadStatus,
     status_code=202,
     summary="Load a catalogue model (download, then build), or join its load",
@@ -107,7 +110,7 @@ async def load_model(name: NameP, loads: ModelLoadsDep, settings: SettingsDep) -
 
 
 @router.get(
-    "/models/catalog/{name}/load",
+    "/models/catalog/{name:path}/load",
     response_model=LoadStatus,
     summary="Progress of a catalogue model's load",
     responses=_CATALOG_ERRORS,

@@ -13,9 +13,7 @@ from headscope.engine.clip_text import MAX_PHRASE_CHARS, TextError  # noqa: E402
 from headscope.engine.faithfulness import faithfulness  # noqa: E402
 from headscope.engine.relevance import MethodError, parse_target, relevance  # noqa: E402
 from headscope.engine.text_relevance import TextTarget, zero_shot  # noqa: E402
-from headscope.zoo.ids import ModelSpec  # noqa: E402
-from headscope.zoo.loaders import build  # noqa: E402
-from helpers.clip_models import MODEL_ID, reference_model  # noqa: E402
+from helpers.clip_models import shared_model, shared_reference  # noqa: E402
 from helpers.clip_reference import interpret, legrad  # noqa: E402
 
 PHRASE = "a photo of a red car"
@@ -23,12 +21,12 @@ PHRASE = "a photo of a red car"
 
 @pytest.fixture(scope="module")
 def lm():
-    return build(ModelSpec.parse(MODEL_ID), None)
+    return shared_model()
 
 
 @pytest.fixture(scope="module")
 def ref():
-    return reference_model(perturb=False)
+    return shared_reference()
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +77,11 @@ def test_legrad_equals_reference(lm, ref, pixels, rel):
     torch.testing.assert_close(rel.maps["legrad"].flatten(), _norm(want), atol=1e-6, rtol=1e-4)
 
 
-def test_batch_equals_one_at_a_time(lm, pixels):
-    two = torch.cat([pixels, pixels.flip(-1)])
+def test_batch_equals_one_at_a_time(lm, pixels, rel):
+    """The second image of a batch gets the maps it gets alone (``rel``: these pixels alone)."""
+    two = torch.cat([pixels.flip(-1), pixels])
     both = relevance(lm, two, f"text:{PHRASE}", "chefer,legrad")
-    second = relevance(lm, two[1:], f"text:{PHRASE}", "chefer,legrad")[0]
+    second = rel
     for m in ("chefer", "legrad"):
         torch.testing.assert_close(both[1].maps[m], second.maps[m], atol=1e-6, rtol=1e-4)
     assert [t["token"] for t in both[1].text_tokens] == [t["token"] for t in second.text_tokens]

@@ -12,7 +12,7 @@ pytest.importorskip("open_clip")
 
 from headscope.survey.output import read_faithfulness  # noqa: E402
 from helpers.cli import CLI_TIMEOUT_S, run_cli  # noqa: E402
-from helpers.clip_models import MODEL_ID  # noqa: E402
+from helpers.clip_models import MODEL_ID, shared_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(4 * CLI_TIMEOUT_S)
 PHRASE = "text:a Cat on a sofa"
@@ -32,10 +32,8 @@ def test_survey_for_a_phrase(tmp_path, samples):
     from headscope.config import Settings
     from headscope.engine.relevance import relevance
     from headscope.serving.pictures import Pictures
-    from headscope.zoo.ids import ModelSpec
-    from headscope.zoo.loaders import build
 
-    lm = build(ModelSpec.parse(MODEL_ID), None)
+    lm = shared_model()
     px = Pictures.for_model(lm, Settings()).prepare((src / "cat.png").read_bytes()).pixels[None]
     y = relevance(lm, px, PHRASE, "chefer")[0].y
     assert all(x["y"] == pytest.approx(y, rel=1e-4, abs=1e-4) for x in rows)

@@ -94,7 +94,11 @@ def test_search_orders_exact_then_prefix_then_name():
     total, hits = catalog.search("test vit", 10)
     assert [e.name for e in hits] == ["test_vit.r160_in1k", "test_vit2.r160_in1k", "test_vit3.r160_in1k"]
     total, hits = catalog.search("", 7)
-    assert len(hits) == 7 and total == len(catalog.entries())
+    assert len(hits) == 7 and total == len(catalog.entries()) + len(catalog.open_clip_entries() or {})
+    assert all(e.source == "timm" for e in hits)  # timm's first, then open_clip's (issue 42)
+    if catalog.open_clip_entries():
+        total, hits = catalog.search("b-32 openai", 10)
+        assert {e.name for e in hits} == {"ViT-B-32/openai", "ViT-B-32-quickgelu/openai"} and total == 2
 
 
 def test_registry_unloads_the_least_recently_used_but_never_the_default(tmp_path):
@@ -112,3 +116,36 @@ def test_registry_unloads_the_least_recently_used_but_never_the_default(tmp_path
     reg.withdraw("random:test_vit2")  # configured: stays
     reg.withdraw(mid)
     assert reg.ids == ["random:test_vit", "random:test_vit2"]
+
+
+def test_open_clip_vits_are_catalogue_entries_and_absent_without_the_extra(monkeypatch):
+    """open_clip's pretrained ViTs (issue 42): ViT towers only, each buildable and captured (a
+    sample of the architectures on the meta device); without open_clip, none and a note."""
+    pytest.importorskip("open_clip")
+    oc = catalog.open_clip_entries()
+    assert oc is not None and len(oc) > 50
+    e = catalog.lookup("open_clip:ViT-B-32/openai")
+    assert e is catalog.lookup("ViT-B-32/openai") and e.model_id == "open_clip:ViT-B-32/openai"
+    assert (e.family, e.source, e.repo) == ("clip", "open_clip", "timm/vit_base_patch32_clip_224.openai")
+    assert catalog.lookup("ViT-B-16-SigLIP/webli").family == "siglip"
+    for bad in ["ViT-B-32/nosuchtag", "RN50/openai", "coca_ViT-B-32/laion2b_s13b_b90k", "ViT-B-32/openai/x", "/x"]:
+        with pytest.raises(UnknownModelError):
+            catalog.lookup(bad)
+    archs = {}
+    for name in oc:
+        archs.setdefault(name.split("/")[0].split("-")[0] + ("SigLIP" if "SigLIP" in name else ""), name)
+    for name in archs.values():
+        loaders.skeleton(ModelSpec.parse("open_clip:" + name.split("/")[0]), None)  # raises if not captured
+    assert catalog.parameter_count(e) > 100e6  # both towers, on the meta device
+
+    import sys
+
+    catalog.open_clip_entries.cache_clear()
+    monkeypatch.setitem(sys.modules, "open_clip", None)  # the clip extra missing
+    try:
+        assert catalog.open_clip_entries() is None
+        assert all(h.source == "timm" for h in catalog.search("", 500)[1])
+        with pytest.raises(UnknownModelError, match=r"headscope\[clip\]"):
+            catalog.lookup("ViT-B-32/openai")
+    finally:
+        catalog.open_clip_entries.cache_clear()

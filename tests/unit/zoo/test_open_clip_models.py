@@ -12,12 +12,12 @@ from headscope.zoo.errors import ModelLoadError, UnknownModelError  # noqa: E402
 from headscope.zoo.ids import ModelSpec  # noqa: E402
 from headscope.zoo.loaders import build, skeleton, wrap_module  # noqa: E402
 from headscope.zoo.open_clip_models import timm_vit_of  # noqa: E402
-from helpers.clip_models import ARCH, MODEL_ID, mha_maps, reference_model  # noqa: E402
+from helpers.clip_models import ARCH, mha_maps, reference_model, shared_model, shared_reference  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def lm():
-    return build(ModelSpec.parse(MODEL_ID), None)
+    return shared_model()
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_random_model_is_openclip_seed0(lm):
     info = lm.info()
     assert info["text"] and info["output"] == "embedding" and info["prefix_tokens"] == [{"index": 0, "kind": "cls"}]
     assert (lm.num_layers, lm.num_heads, lm.patch_size, lm.input_size) == (12, 6, (32, 32), (224, 224))
-    base = reference_model(perturb=False)
+    base = shared_reference()
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = base.encode_image(x)
@@ -76,7 +76,7 @@ def test_text_tower_equals_encode_text(lm, ref):
     with torch.no_grad():
         torch.testing.assert_close(tower.forward(ids).embedding, ref.encode_text(ids), atol=2e-5, rtol=1e-5)
     # the loaded model's tower (unperturbed weights) against open_clip's own, and its cache
-    base = reference_model(perturb=False)
+    base = shared_reference()
     with torch.no_grad():
         want = base.encode_text(ids)
     phrases = ["a dog", "a red car on a wet street", "x"]
@@ -98,25 +98,31 @@ def test_pretrained_offline_is_refused_clearly(monkeypatch):
         build(ModelSpec.parse("open_clip:ViT-B-32/openai"), None)
     msg = str(e.value)
     assert "headscope fetch open_clip:ViT-B-32/openai" in msg and "open_clip:ViT-B-32 (random weights)" in msg
+    # `headscope serve` says it before loading anything: not cached, hub unreachable (not permanent)
+    from headscope.zoo import preflight
+
+    monkeypatch.setattr(preflight, "hub_reachable", lambda: False)
+    why, permanent = preflight.preflight("open_clip:ViT-B-32/openai", None)
+    assert not permanent and "open_clip:ViT-B-32 (the same model with random weights)" in why
+    assert preflight.preflight("open_clip:ViT-B-32", None) is None  # random weights: nothing to fetch
 
 
-def test_siglip_image_tower_is_timm_trunk_without_cls():
-    """SigLIP's image tower is open_clip's timm trunk itself (attention-pooled, no CLS token); its
-    tokenizer comes from the Hugging Face hub, so offline the text tower is absent, with why."""
+def test_siglip_without_its_tokenizer_has_no_text_tower_and_says_why(monkeypatch):
+    """SigLIP's tokenizer comes from the Hugging Face hub: offline (and not cached) the model still
+    loads, without a text tower, and a text target is refused with why. The architecture on the
+    meta device goes through the same parts (tests/unit/engine/test_siglip_text.py checks the
+    built tower against open_clip's, and its text side with a stand-in tokenizer)."""
     import open_clip
 
     from headscope.engine.relevance import parse_target
     from headscope.engine.text_relevance import TextError
 
-    lm = build(ModelSpec.parse("open_clip:ViT-B-16-SigLIP"), None)
-    assert lm.prefix == [] and lm.output_kind == "embedding" and lm.num_layers == 12
-    torch.manual_seed(0)
-    ref = open_clip.create_model("ViT-B-16-SigLIP", pretrained=None).eval()
-    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        torch.testing.assert_close(lm.model.forward_head(lm.model.forward_features(x)), ref.encode_image(x))
-    if lm.text is None:
-        with pytest.raises(TextError, match="no text tower"):
-            parse_target("text:a dog", lm)
-    else:  # a machine with transformers and the tokenizer cached: SigLIP's own score (with its bias)
-        assert lm.text.kind == "siglip" and lm.text.logit_bias is not None
+    def offline(name, **kw):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(open_clip, "get_tokenizer", offline)
+    sk = skeleton(ModelSpec.parse("open_clip:ViT-B-16-SigLIP"), None)
+    assert sk.prefix == [] and sk.output_kind == "embedding" and sk.num_layers == 12
+    assert sk.text is None and "could not be loaded" in sk.text_note and "huggingface.co" in sk.text_note
+    with pytest.raises(TextError, match="no text tower"):
+        parse_target("text:a dog", sk)
