@@ -130,7 +130,7 @@ async function load(name) {
   picker.timer = setTimeout(() => poll(name), POLL_MS);
 }
 
-/** Show the "Any timm model…" button when the server loads catalogue models (`any_model`). */
+/** Show the "Any pretrained model…" button when the server loads catalogue models (`any_model`). */
 export function bindModelPicker(anyModel) {
   const open = $("model-search-open");
   open.hidden = !anyModel;
