@@ -108,18 +108,7 @@ class Pictures:
 
     def finish(self, probe: Probe) -> PreparedPixels:
         """Decode a probed picture (early reduction included), resize and normalise it."""
-        dec = preprocess.load(probe)
-        return preprocess.prepare(
-            dec.img,
-            self.input_size,
-            self.patch_size,
-            self.mean,
-            self.std,
-            self.resize,
-            self.max_aspect,
-            self.dynamic,
-            image_size=dec.image_size,
-        )
+        return self._normalised(preprocess.load(probe))
 
     def prepare(self, data: bytes) -> PreparedPixels:
         """Bytes -> the normalised input tensor ``[3, H, W]`` with its input and image sizes."""
@@ -129,7 +118,10 @@ class Pictures:
         """A picture in memory (a ``PIL.Image``) -> what :meth:`prepare` gives for its lossless
         PNG, pixel for pixel, without encoding and decoding it (no EXIF orientation applied:
         :func:`app.serving.preprocess.from_image`); raises :class:`ImageError` as it would."""
-        dec = preprocess.from_image(img, self.max_pixels, self.fit)
+        return self._normalised(preprocess.from_image(img, self.max_pixels, self.fit))
+
+    def _normalised(self, dec: preprocess.Decoded) -> PreparedPixels:
+        """A decoded picture resized to the model's input plan and normalised."""
         return preprocess.prepare(
             dec.img,
             self.input_size,

@@ -222,12 +222,7 @@ def probe(data: bytes, max_pixels: int, fit: Fit | None = None) -> Probe:
                 "unsupported_format",
             )
         w, h = img.size
-        if w * h > max_pixels:
-            raise ImageError(
-                f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels", 413, "image_too_large"
-            )
-        if w < 1 or h < 1:
-            raise ImageError("the image has no pixels", 422, "corrupt_image")
+        _check_size(w, h, max_pixels)
         # An animation opens on its first frame, the one used.
         full = img.size
         factors = (1, 1)
@@ -250,6 +245,15 @@ def probe(data: bytes, max_pixels: int, fit: Fit | None = None) -> Probe:
         row = full[0] * _file_bytes_per_pixel(img) if fmt == "PNG" else 0
         peak = peak_bytes(fmt, img.mode, img.size, full, factors, img.info, row)
     return Probe(img, fmt, full, peak, fit, max_pixels)
+
+
+def _check_size(w: int, h: int, max_pixels: int) -> None:
+    if w * h > max_pixels:
+        raise ImageError(
+            f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels", 413, "image_too_large"
+        )
+    if w < 1 or h < 1:
+        raise ImageError("the image has no pixels", 422, "corrupt_image")
 
 
 def load(p: Probe) -> Decoded:
@@ -286,12 +290,7 @@ def from_image(img: Image.Image, max_pixels: int, fit: Fit) -> Decoded:
         fit: what the picture will be resized to (:meth:`app.serving.pictures.Pictures.fit`).
     """
     w, h = img.size
-    if w * h > max_pixels:
-        raise ImageError(
-            f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels", 413, "image_too_large"
-        )
-    if w < 1 or h < 1:
-        raise ImageError("the image has no pixels", 422, "corrupt_image")
+    _check_size(w, h, max_pixels)
     with _Errors(max_pixels):
         factors = _factors(img.size, fit(w, h))
         out = _reduce_rgb(img, factors) if factors != (1, 1) else to_rgb(img)
