@@ -57,6 +57,9 @@ endif
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	@echo "==> test and lint tools (pytest, Playwright's driver, onnxruntime, schemathesis, ruff, mypy) and open_clip: ~0.2 GB to download"
 	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,dev,clip]'
+	@# LeGrad's authors' code for its exactness test: it pins open-clip-torch<=2.23.0, which
+	@# would downgrade open_clip; --no-deps keeps open_clip 3.x (the test extra has its imports).
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps legrad_torch==1.1
 	touch $@
 
 # Ray Data for the survey's Ray engine (heavy: only the tests need it, not lint or serve).

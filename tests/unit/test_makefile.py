@@ -130,3 +130,12 @@ def test_make_test_installs_node_for_the_javascript_tests(tmp_path):
     for target in ("test", "test-fast"):
         lines = "\n".join(dry_run(tmp_path, target))
         assert "apt-get install -y -q nodejs" in lines, target
+
+
+def test_make_test_installs_legrads_authors_code_without_its_open_clip_pin(tmp_path):
+    """legrad_torch (LeGrad's exactness test) pins open-clip-torch<=2.23.0, which the clip extra's
+    open_clip>=3.0 contradicts: the test tools' install adds it with --no-deps, after the extras."""
+    lines = pip_installs(dry_run(tmp_path, "setup-dev"))
+    extras = next(i for i, line in enumerate(lines) if line.endswith(" -e '.[test,dev,clip]'"))
+    (legrad,) = [line for line in lines if "legrad_torch" in line]
+    assert legrad.endswith(" --no-deps legrad_torch==1.1") and lines.index(legrad) > extras
