@@ -382,6 +382,8 @@ def gradient_maps(
     methods = set(methods)
     w = (z.float() * gz.float()).sum(-1).abs()  # B, N: readout
     out: dict[str, torch.Tensor] = {}
+    if not methods & {"grad_attention", "chefer"}:  # chefer2021 alone: it needs only the gradients
+        return out
     cams = [(g.float() * a.float()).clamp_min(0).mean(1) for a, g in zip(maps, grads)]  # L x (B, N, N)
     if "grad_attention" in methods:
         out["grad_attention"] = (w[:, None, :] @ cams[-1])[:, 0]  # B, N
