@@ -574,8 +574,8 @@ def run_tests(
         tests: set-up tests (none stepped yet).
         batch_size: pictures per forward.
         run: ``run(fn, items) -> one result per item``, the caller's runner with the
-            out-of-memory split (:meth:`app.engine.batching.BatchRunner.run`); None: the split of
-            :func:`app.engine.batching.split_on_oom` on the tests' device.
+            out-of-memory split (:meth:`app.engine.batching.BatchRunner.run`,
+            :func:`app.engine.batching.split_on_oom`); None: ``fn(items)``, an error raised.
         progress: called with ``(forwards done, forwards in all)`` after each batch.
         cancelled: checked before each batch; True stops with :class:`Cancelled`.
 
@@ -583,13 +583,10 @@ def run_tests(
         Each test's :class:`Faithfulness`, or the error of a forward of its pictures (that test
         alone fails).
     """
-    from .batching import groups, split_on_oom
-
     if run is None:
 
         def run(fn, items):
-            device = tests[0].pixels.device if tests else torch.device("cpu")
-            return split_on_oom(fn, items, device)
+            return fn(items)
 
     work = [(t, e) for t, test in enumerate(tests) for e in test.queue]
     total, done = len(work), 0
@@ -606,7 +603,11 @@ def run_tests(
         placed = {(t, e): next(rows) for t, entries in by_test.items() for e in entries}
         return [placed[it] for it in items]
 
-    for chunk in groups([tests[t].forward_key for t, _ in work], batch_size):
+    by_key: dict[tuple, list[int]] = {}
+    for i, (t, _) in enumerate(work):
+        by_key.setdefault(tests[t].forward_key, []).append(i)
+    chunks = [idx[j : j + batch_size] for idx in by_key.values() for j in range(0, len(idx), batch_size)]
+    for chunk in chunks:
         if cancelled is not None and cancelled():
             raise Cancelled(f"stopped after {done} of {total} forwards")
         items = [work[i] for i in chunk if work[i][0] not in failed]

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from ..engine.batching import split_on_oom
 from ..engine.clip_text import check_phrase
 from ..engine.device import autocast
 from ..engine.faithfulness import (
@@ -219,7 +220,12 @@ class FaithfulnessPlan:
         ]
         # every picture's perturbed forwards stacked across the pictures, batch_size at a time
         with lm.lock:
-            results = run_tests(tests, batch_size, progress=_shares(progress, len(tests)))
+            results = run_tests(
+                tests,
+                batch_size,
+                run=lambda fn, items: split_on_oom(fn, items, x.device),
+                progress=_shares(progress, len(tests)),
+            )
         for name, res, box in zip(images, results, boxes):
             if isinstance(res, BaseException):
                 raise res

@@ -129,7 +129,7 @@ def test_a_failure_stays_with_its_picture(lm, pictures):
         raise ValueError("this picture's perturbation broke")
 
     bad.inputs = broken  # type: ignore[method-assign]
-    got = run_tests(tests, 8)
+    got = run_tests(tests, 8, run=lambda fn, items: split_on_oom(fn, items, torch.device("cpu")))
     assert isinstance(got[1], ValueError)
     for i in (0, 2, 3, 4):
         _same(got[i], faithfulness(lm, xs[i], rels[i].maps, "top", FRACTIONS))
