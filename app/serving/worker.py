@@ -301,8 +301,7 @@ class Worker:
         admitted = self.admission.in_use
         want = min(self.max_batch_size, admitted) if admitted > 0 else self.max_batch_size
         while len(batch) < want:
-            while self._jobs and len(batch) < self.max_batch_size:
-                batch.append(heapq.heappop(self._jobs)[2])
+            self._fill(batch)
             timeout = end - time.monotonic()
             if len(batch) >= want or timeout <= 0:
                 break
@@ -311,10 +310,26 @@ class Worker:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 break
-        while len(batch) < self.max_batch_size and self._jobs:
-            batch.append(heapq.heappop(self._jobs)[2])  # already waiting: no reason to leave them
+        self._fill(batch)  # already waiting: no reason to leave them
         self.metrics.queue_depth.set(self.depth)
         return batch
+
+    def _fill(self, batch: list[Job]) -> None:
+        """Add waiting jobs to ``batch`` up to ``max_batch_size``: first those that share the first
+        job's key (one forward: a faithfulness test's perturbed forwards queue behind another
+        test's), then the others in (priority, arrival) order."""
+        room = self.max_batch_size - len(batch)
+        if room <= 0 or not self._jobs:
+            return
+        key = batch[0].key
+        same = sorted(e for e in self._jobs if e[2].key == key)[:room]
+        if same:
+            taken = {id(e[2]) for e in same}
+            self._jobs = [e for e in self._jobs if id(e[2]) not in taken]
+            heapq.heapify(self._jobs)
+            batch.extend(e[2] for e in same)
+        while self._jobs and len(batch) < self.max_batch_size:
+            batch.append(heapq.heappop(self._jobs)[2])
 
     def _live(self, jobs: list[Job]) -> list[Job]:
         now = time.monotonic()
