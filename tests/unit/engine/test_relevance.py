@@ -142,8 +142,18 @@ def test_methods_parse_and_unknown_ones_are_422_bad_method():
 
 
 def test_windowed_models_are_422_relevance_unsupported(swin):
+    from headscope.engine.batching import BatchRunner
+    from headscope.engine.faithfulness import PerturbationTest, faithfulness
+
     x = torch.zeros(1, 3, 224, 224)
-    for call in (lambda: relevance(swin, x), lambda: parse_target("embedding", swin)):
+    calls = [lambda: relevance(swin, x), lambda: parse_target("embedding", swin)]
+    for m in METHODS:  # every method, the LRP ones included, and the perturbation test's entry points
+        calls.append(lambda m=m: relevance(swin, x, None, [m]))
+        calls.append(lambda m=m: faithfulness(swin, x[0], {m: torch.ones(49)}))
+        calls.append(lambda m=m: PerturbationTest(swin, x[0], {m: torch.ones(49)}))
+    got = BatchRunner(swin).faithfulness_many([x[0], x[0]], [{"chefer": torch.ones(49)}] * 2, [None, None])
+    assert all(isinstance(g, RelevanceUnsupportedError) for g in got)
+    for call in calls:
         with pytest.raises(RelevanceUnsupportedError) as e:
             call()
         api = to_api_error(e.value)
