@@ -34,7 +34,10 @@ unperturbed picture is one more item of the first batch, so every ratio has nume
 denominator from the same (fused, inference-mode) forward. :class:`PerturbationTest` runs one
 batch per :meth:`~PerturbationTest.step` (for a caller that interleaves other work between
 batches and reports progress); :func:`faithfulness` runs them all with an optional progress
-callback and a cancellation check between batches.
+callback and a cancellation check between batches. :func:`run_tests` runs the tests of many
+pictures at once, their forwards stacked across pictures (a data set's table at the forward's
+speed); :meth:`PerturbationTest.inputs` and :meth:`PerturbationTest.take` are the halves of a
+step for a caller that batches forwards itself (the server's worker).
 """
 
 from __future__ import annotations

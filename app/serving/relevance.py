@@ -4,11 +4,15 @@
   one target. One forward that keeps every softmax map and one backward give *every* method's
   map at once (:func:`relevance_maps`), so they are computed together and cached together per
   image, model, ablation set and target (:class:`~.cache.RelevanceKey`): asking for another
-  method of the same target is a cache hit. ``random`` with another seed is drawn from the
+  method of the same target is a cache hit. The computation is a worker job
+  (:class:`RelevanceWork`): concurrent requests for one target, model, input size and ablation
+  run in one batched forward and backward, collected as uploads are. ``random`` with another seed is drawn from the
   seed alone, without a forward.
 * :meth:`RelevanceService.faithfulness` (``GET …/faithfulness``): the perturbation test of
-  several maps, as a task in pieces on the worker thread (:func:`faithfulness_work`: the maps,
-  then one batch of perturbed forwards per piece, so uploads run between them), with progress
+  several maps, as a task on the worker thread: the maps, then each perturbed forward a worker
+  job (:class:`PerturbedWork`), stacked with those of every test running at the time into batches
+  of ``max_batch_size`` (uploads, at a higher priority, run between them;
+  :func:`faithfulness_work`, in pieces, where no worker loop runs), with progress
   (``GET …/faithfulness/progress``) and ``wait=``, like ``…/importance``
   (:class:`~.tasks.ImageTasks`). Cached per image, model, ablation set, target, methods (as a
   set), fractions and seed (:class:`~.cache.FaithfulnessKey`); the answer lists the methods in

@@ -13,7 +13,10 @@ Forwards are batched as in LitServe's loop: the first job of a batch waits up to
 ``max_batch_size``; the batch is grouped by model, input shape and capture strategy. Failures
 stay with the request that caused them: a batch that raises is rerun one job at a time, and an
 out-of-memory batch is split in halves until it fits (a single job that still does not fit gets
-503).
+503). A job is a capture, or another batchable computation (:class:`BatchWork`: a relevance
+map, one perturbed forward of a faithfulness test; app/serving/relevance.py): jobs of one key
+(model, input shape, ablation and the work's own key) run in one call, and a batch takes the
+waiting jobs of its first job's key before any other.
 
 Deadlines: a job or call whose request's deadline passes while it waits is dropped (504), and
 so is one whose client went away (499); neither costs worker time. One already running cannot
