@@ -196,14 +196,10 @@ class FaithfulnessPlan:
             except TargetError as e:
                 return schema.empty_faithfulness(), [(name, "bad_target", str(e)) for name in images]
             boxes, targets = [None] * len(images), [target] * len(images)
-        with lm.lock:
-            if region:  # a box per picture: one relevance computation each
-                rels = [
-                    relevance(lm, x[i : i + 1], t, self.methods, seed=self.seed, amp_dtype=amp_dtype)[0]
-                    for i, t in enumerate(targets)
-                ]
-            else:
-                rels = relevance(lm, x, targets[0], self.methods, seed=self.seed, amp_dtype=amp_dtype)
+        with lm.lock:  # one forward and backward for the batch, a box per picture where region
+            rels = relevance(
+                lm, x, targets if region else targets[0], self.methods, seed=self.seed, amp_dtype=amp_dtype
+            )
         rows: dict[str, list] = {f.name: [] for f in schema.FAITHFULNESS}
         tests = [
             PerturbationTest(

@@ -176,6 +176,22 @@ def test_a_batch_equals_each_picture_alone(name):
     assert (batch[0].maps["chefer"] - batch[1].maps["chefer"]).abs().max() > 1e-3
 
 
+def test_a_target_per_picture_equals_each_picture_alone_with_its_target():
+    """A survey's predicted region is a box per picture: one batch, each picture its own target."""
+    lm, hw = family("vit")
+    x = pixels(hw, 3, seed=4)
+    targets = ["class:1", "top", "class:7"]
+    batch = relevance(lm, x, targets, METHODS, seed=5)
+    for b, t in enumerate(targets):
+        alone = relevance(lm, x[b : b + 1], t, METHODS, seed=5)[0]
+        assert batch[b].target == alone.target and batch[b].class_index == alone.class_index
+        assert batch[b].y == pytest.approx(alone.y, rel=1e-5, abs=1e-6)
+        for m in METHODS:
+            torch.testing.assert_close(batch[b].maps[m], alone.maps[m], atol=1e-6, rtol=1e-4)
+    with pytest.raises(ValueError, match="one per picture"):
+        relevance(lm, x, targets[:2], ["chefer"])
+
+
 def test_maps_sum_to_one_over_the_patch_grid_without_prefix_tokens():
     lm, hw = family("dinov2_reg")  # cls + 4 registers
     rel = relevance(lm, pixels(hw), None)[0]
