@@ -408,11 +408,14 @@ class PerturbedWork:
         return [None] * len(jobs)
 
 
-def _job(lm: LoadedModel, pixels: torch.Tensor, deadline: float, ablate: Ablation, work: Any) -> Job:
-    """A worker job at the current request's priority (heavy work outside a request)."""
+def _job(
+    lm: LoadedModel, pixels: torch.Tensor, deadline: float, ablate: Ablation, work: Any, faults: bool = True
+) -> Job:
+    """A worker job at the current request's priority (heavy work outside a request); with the
+    request's injected fault (tests only) where ``faults``."""
     ticket = current_ticket()
     priority = ticket.priority if ticket else PRIORITY[HEAVY]
-    fault = ticket.fault if ticket and ticket.priority > 0 else None
+    fault = ticket.fault if faults and ticket and ticket.priority > 0 else None
     return Job(lm=lm, pixels=pixels, deadline=deadline, fault=fault, ablate=ablate, priority=priority, work=work)
 
 
@@ -551,8 +554,11 @@ class RelevanceService(ImageTasks):
         progress.total = MAPS_UNITS + test.total
         progress.done = MAPS_UNITS
         progress.stage = "perturbed forwards"
+        # one job per forward: an injected fault stays with the test's worker calls (its set-up and
+        # result), not once per perturbed picture (a batch acts out every job's fault)
         futures = [
-            self.worker.submit(_job(lm, test.pixels, deadline, spec.ablate, PerturbedWork(test, e))) for e in test.queue
+            self.worker.submit(_job(lm, test.pixels, deadline, spec.ablate, PerturbedWork(test, e), faults=False))
+            for e in test.queue
         ]
         try:
             for i, fut in enumerate(futures):
