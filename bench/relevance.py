@@ -18,6 +18,8 @@ Timed interleaved (``run_interleaved``), the astronaut at 224 x 224, target ``ou
   (``app.engine.faithfulness.run_tests``: every photo's forwards stacked across photos at batch
   8), the curves and AUCs included; against *plain forwards, data set*: the same count of
   forwards of the photos themselves at batch 8. Speed ratio = plain / data set (target >= 0.9x).
+  Beside them, *each photo's test alone* (``PerturbationTest.step`` photo by photo: what ran
+  before, 8 + 8 + 5 forwards a photo).
 * *chefer2021 map* and *attnlrp map* (issue #40): the CVPR 2021 rule (the forward with maps and
   its backward, plus a forward under the LRP rules and the relevance backward to the maps) and
   AttnLRP (one forward under its rules, one backward to the pixels).
@@ -115,6 +117,15 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
         ]
         return run_tests(tests, BATCH)
 
+    def data_alone():  # before issue #40's item 5: each photo's own test, its own part-full batches
+        out = []
+        for p, m in zip(photos, photo_maps):
+            test = PerturbationTest(lm, p, m, "output", data_fractions, batch_size=BATCH)
+            while test.step():
+                pass
+            out.append(test.result())
+        return out
+
     count = len(PHOTOS) * (forwards + 1)
     data_copies = photos.repeat_interleave(forwards + 1, 0)  # count, 3, H, W
 
@@ -135,6 +146,7 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
         ("attnlrp", "attnlrp map (one LRP forward + backward)", lrp_map("attnlrp")),
         ("dataset", f"data set: {len(PHOTOS)} photos' tests, {count} forwards (batch {BATCH})", data_set),
         ("dataset_plain", f"data set: {count} plain forwards (batch {BATCH})", data_plain),
+        ("dataset_alone", "data set: each photo's test alone (batch 8 each)", data_alone),
     ]
     return [Variant(key, label, keep(key, fn), group="relevance") for key, label, fn in rows]
 
@@ -183,6 +195,7 @@ def run(
         **{f"{m}_vs_forward": _paired(t[m], t["forward"]) for m in LRP_TARGETS},
         # speed, not time: plain forwards' time over the data set's tests' time (higher is faster)
         "dataset_speed_vs_plain": _paired(t["dataset_plain"], t["dataset"]),
+        "dataset_alone_speed_vs_plain": _paired(t["dataset_plain"], t["dataset_alone"]),
         "dataset_photos": len(PHOTOS),
         "auc_positive": curve.auc_positive,
         "auc_negative": curve.auc_negative,
@@ -213,6 +226,11 @@ def table(res: dict[str, Any]) -> list[str]:
         lines.append(
             f"  data set's perturbation tests, speed vs as many plain forwards: {ds['median']:.2f}x "
             f"[{ds['p10']:.2f}-{ds['p90']:.2f}] (target >= {DATASET_TARGET:.2f}x)"
+        )
+        al = res["dataset_alone_speed_vs_plain"]
+        lines.append(
+            f"  (each photo's test alone, speed vs as many plain forwards: {al['median']:.2f}x "
+            f"[{al['p10']:.2f}-{al['p90']:.2f}])"
         )
     for m, target in LRP_TARGETS.items():
         r = res.get(f"{m}_vs_forward")
