@@ -12,6 +12,14 @@ Timed interleaved (``run_interleaved``), the astronaut at 224 x 224, target ``ou
   8 (8 + 8 + 4), the curves and AUCs; the unperturbed output given, so exactly 20 forwards.
 * *plain forwards*: 20 copies of the picture through the same model at batch 8 (8 + 8 + 4).
 
+* *data set* (issue #40): the perturbation test of each of the four sample photos (224 x 224,
+  each its own ``chefer`` map; 10 fractions x positive and negative = 20 perturbed forwards per
+  photo plus its unperturbed one) run as ``survey --faithfulness`` runs it
+  (``app.engine.faithfulness.run_tests``: every photo's forwards stacked across photos at batch
+  8), the curves and AUCs included; against *plain forwards, data set*: the same count of
+  forwards of the photos themselves at batch 8. Speed ratio = plain / data set (target >= 0.9x).
+  Beside them, *each photo's test alone* (``PerturbationTest.step`` photo by photo: what ran
+  before, 8 + 8 + 5 forwards a photo).
 * *chefer2021 map* and *attnlrp map* (issue #40): the CVPR 2021 rule (the forward with maps and
   its backward, plus a forward under the LRP rules and the relevance backward to the maps) and
   AttnLRP (one forward under its rules, one backward to the pixels).
@@ -29,7 +37,7 @@ from typing import Any
 
 import torch
 
-from headscope.engine.faithfulness import PerturbationTest
+from headscope.engine.faithfulness import PerturbationTest, run_tests
 from headscope.engine.model import LoadedModel
 from headscope.engine.output import head_output
 from headscope.engine.relevance import relevance
@@ -40,17 +48,21 @@ from .inproc import SAMPLES, Checks
 MAP_TARGET = 3.0  # chefer map / plain forward (time)
 LRP_TARGETS = {"chefer2021": 4.0, "attnlrp": 2.0}  # each LRP map / plain forward (time)
 PERTURBED_TARGET = 1.15  # perturbed forwards / plain forwards at batch 8 (time)
+DATASET_TARGET = 0.9  # plain forwards / the data set's perturbation tests, same count (speed: higher is faster)
 BATCH = 8
 FORWARDS = 20
 SMOKE_FORWARDS = 4  # --smoke: one batch each, the mechanics only
 
 
-def _pixels(lm: LoadedModel, device) -> torch.Tensor:
+def _pixels(lm: LoadedModel, device, name: str = "astronaut.png") -> torch.Tensor:
     from headscope.config import Settings
     from headscope.serving.pictures import Pictures
 
     pictures = Pictures.for_model(lm, Settings(resize="square"))
-    return pictures.prepare((SAMPLES / "astronaut.png").read_bytes()).pixels[None].to(device)
+    return pictures.prepare((SAMPLES / name).read_bytes()).pixels[None].to(device)
+
+
+PHOTOS = ("astronaut.png", "cat.png", "coffee.png", "rocket.jpg")
 
 
 def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, Any]) -> list[Variant]:
@@ -95,6 +107,36 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
                 outs.append(head_output(lm, lm.model.forward_features(chunk), hw).flatten(1).mean(1))  # type: ignore[operator]
         return torch.cat(outs)
 
+    photos = torch.cat([_pixels(lm, x.device, name) for name in PHOTOS])  # P, 3, H, W
+    photo_maps = [r.maps for r in relevance(lm, photos, "output", ["chefer"])]
+    data_fractions = [0.0] + fractions  # 0: the unperturbed forward, as a survey runs it
+
+    def data_set():
+        tests = [
+            PerturbationTest(lm, p, m, "output", data_fractions, batch_size=BATCH) for p, m in zip(photos, photo_maps)
+        ]
+        return run_tests(tests, BATCH)
+
+    def data_alone():  # before issue #40's item 5: each photo's own test, its own part-full batches
+        out = []
+        for p, m in zip(photos, photo_maps):
+            test = PerturbationTest(lm, p, m, "output", data_fractions, batch_size=BATCH)
+            while test.step():
+                pass
+            out.append(test.result())
+        return out
+
+    count = len(PHOTOS) * (forwards + 1)
+    data_copies = photos.repeat_interleave(forwards + 1, 0)  # count, 3, H, W
+
+    def data_plain():
+        outs = []
+        with torch.inference_mode():
+            for i in range(0, count, BATCH):
+                chunk = data_copies[i : i + BATCH]
+                outs.append(head_output(lm, lm.model.forward_features(chunk), hw).flatten(1).mean(1))  # type: ignore[operator]
+        return torch.cat(outs)
+
     rows = [
         ("map", "chefer map (forward with maps + backward)", one_map),
         ("forward", "plain forward (batch 1)", one_forward),
@@ -102,6 +144,9 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
         ("plain", f"{forwards} plain forwards (batch {BATCH})", plain),
         ("chefer2021", "chefer2021 map (CVPR 2021: gradients + LRP)", lrp_map("chefer2021")),
         ("attnlrp", "attnlrp map (one LRP forward + backward)", lrp_map("attnlrp")),
+        ("dataset", f"data set: {len(PHOTOS)} photos' tests, {count} forwards (batch {BATCH})", data_set),
+        ("dataset_plain", f"data set: {count} plain forwards (batch {BATCH})", data_plain),
+        ("dataset_alone", "data set: each photo's test alone (batch 8 each)", data_alone),
     ]
     return [Variant(key, label, keep(key, fn), group="relevance") for key, label, fn in rows]
 
@@ -134,6 +179,9 @@ def run(
     curve = res.methods["chefer"]
     if test.total != forwards or not all(math.isfinite(v) for v in curve.positive + curve.negative):
         checks.fail(f"perturbation test: {test.total} forwards (expected {forwards}), curves {curve.positive}")
+    results = last["dataset"]
+    if len(results) != len(PHOTOS) or any(isinstance(r, BaseException) for r in results):
+        checks.fail(f"data set perturbation tests: {results}")
     t = {v.key: v.times for v in vs}
     return {
         "image": "astronaut.png at 224 x 224",
@@ -145,6 +193,10 @@ def run(
         "map_vs_forward": _paired(t["map"], t["forward"]),
         "perturbed_vs_plain": _paired(t["perturbed"], t["plain"]),
         **{f"{m}_vs_forward": _paired(t[m], t["forward"]) for m in LRP_TARGETS},
+        # speed, not time: plain forwards' time over the data set's tests' time (higher is faster)
+        "dataset_speed_vs_plain": _paired(t["dataset_plain"], t["dataset"]),
+        "dataset_alone_speed_vs_plain": _paired(t["dataset_plain"], t["dataset_alone"]),
+        "dataset_photos": len(PHOTOS),
         "auc_positive": curve.auc_positive,
         "auc_negative": curve.auc_negative,
     }
@@ -169,6 +221,17 @@ def table(res: dict[str, Any]) -> list[str]:
         f"  {res['forwards']} perturbed / {res['forwards']} plain forwards at batch {res['batch']}: "
         f"{pp['median']:.2f}x [{pp['p10']:.2f}-{pp['p90']:.2f}] (target <= {PERTURBED_TARGET:.2f}x)",
     ]
+    ds = res.get("dataset_speed_vs_plain")
+    if ds:
+        lines.append(
+            f"  data set's perturbation tests, speed vs as many plain forwards: {ds['median']:.2f}x "
+            f"[{ds['p10']:.2f}-{ds['p90']:.2f}] (target >= {DATASET_TARGET:.2f}x)"
+        )
+        al = res["dataset_alone_speed_vs_plain"]
+        lines.append(
+            f"  (each photo's test alone, speed vs as many plain forwards: {al['median']:.2f}x "
+            f"[{al['p10']:.2f}-{al['p90']:.2f}])"
+        )
     for m, target in LRP_TARGETS.items():
         r = res.get(f"{m}_vs_forward")
         if r:

@@ -310,3 +310,46 @@ class BatchRunner:
         x = self.inputs(raw[None] if raw.dim() == 3 else raw)  # 1, 3, H, W
         with self.numerics():
             return zero_shot(self.lm, x, labels, amp_dtype=self.amp_dtype)
+
+    def faithfulness_many(
+        self,
+        raws: Sequence[torch.Tensor],
+        maps: Sequence[dict[str, torch.Tensor]],
+        targets: Sequence[Any],
+        fractions: Sequence[float] | str | None = None,
+        *,
+        ablate: Ablation = (),
+        protocol: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[Any]:
+        """The perturbation tests of several pictures (each ``[3, H, W]``, any sizes), their
+        perturbed forwards stacked across pictures in batches of ``batch_size`` per input size
+        (:func:`app.engine.faithfulness.run_tests`), with the out-of-memory split: one
+        :class:`~app.engine.faithfulness.Faithfulness` per picture, or the error of that picture
+        alone (a bad target, a picture that does not fit)."""
+        from .faithfulness import DEFAULT_PROTOCOL, PerturbationTest, run_tests
+
+        tests: list[Any] = []
+        for raw, m, t in zip(raws, maps, targets, strict=True):
+            try:
+                x = self.inputs(raw[None] if raw.dim() == 3 else raw)[0]  # 3, H, W
+                tests.append(
+                    PerturbationTest(
+                        self.lm,
+                        x,
+                        m,
+                        t,
+                        fractions,
+                        batch_size=self.batch_size,
+                        amp_dtype=self.amp_dtype,
+                        ablate=ablate,
+                        protocol=protocol or DEFAULT_PROTOCOL,
+                    )
+                )
+            except Exception as e:  # that picture's own error (its target, its maps)
+                tests.append(e)
+        live = [t for t in tests if not isinstance(t, BaseException)]
+        with self.numerics():
+            results = iter(run_tests(live, self.batch_size, run=self.run, progress=progress, cancelled=cancelled))
+        return [t if isinstance(t, BaseException) else next(results) for t in tests]

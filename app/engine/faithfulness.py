@@ -34,7 +34,10 @@ unperturbed picture is one more item of the first batch, so every ratio has nume
 denominator from the same (fused, inference-mode) forward. :class:`PerturbationTest` runs one
 batch per :meth:`~PerturbationTest.step` (for a caller that interleaves other work between
 batches and reports progress); :func:`faithfulness` runs them all with an optional progress
-callback and a cancellation check between batches.
+callback and a cancellation check between batches. :func:`run_tests` runs the tests of many
+pictures at once, their forwards stacked across pictures (a data set's table at the forward's
+speed); :meth:`PerturbationTest.inputs` and :meth:`PerturbationTest.take` are the halves of a
+step for a caller that batches forwards itself (the server's worker).
 """
 
 from __future__ import annotations
@@ -380,6 +383,7 @@ class PerturbationTest:
         # Work list: None stands for the unperturbed picture, then the perturbed ones by index.
         self._queue: list[int | None] = ([] if reference is not None else [None]) + list(range(len(rows)))
         self._values: list[float] = [math.nan] * len(rows)  # y of each perturbed picture
+        self._waiting: list[tuple[int, torch.Tensor]] = []  # outputs that came before the reference
         self.total = len(self._queue)
         self.done = 0
 
@@ -390,34 +394,60 @@ class PerturbationTest:
     def finished(self) -> bool:
         return self.done >= self.total
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        masks = head_masks(self.ablate, self.lm.num_heads, x.device)
-        with torch.inference_mode(), autocast(x.device.type, self.amp_dtype), heads_masked(self.lm.model, masks):
-            feats = timm_model(self.lm).forward_features(x)
-            return head_output(self.lm, feats, self.input_hw, logits=True)  # K, ...
+    @property
+    def queue(self) -> list[int | None]:
+        """The work list: ``None`` stands for the unperturbed picture, then the perturbed ones by
+        index (what :meth:`inputs` and :meth:`take` are given, in any grouping)."""
+        return list(self._queue)
+
+    @property
+    def forward_key(self) -> tuple:
+        """Tests with equal keys can share a forward (:func:`run_tests`): model, precision,
+        ablation and input size."""
+        return (id(self.lm), self.amp_dtype, tuple(self.ablate), self.input_hw)
+
+    def inputs(self, entries: Sequence[int | None]) -> torch.Tensor:
+        """The pictures of ``entries`` (see :attr:`queue`): ``[len(entries), 3, H, W]``."""
+        idx = [i for i in entries if i is not None]
+        if not idx:
+            return self.pixels[None].expand(len(entries), -1, -1, -1)
+        removed = self._removed[idx]
+        if self.protocol == "paper":
+            (gh, gw), (ph, pw) = self.grid, self.lm.patch_size
+            pics = blacked(self.pixels, removed.reshape(-1, gh * ph, gw * pw), self._fill)
+        else:
+            pics = perturbed(self.pixels, removed, self.grid, self.lm.patch_size)
+        if len(idx) == len(entries):
+            return pics
+        # the unperturbed picture where the entries name it
+        order, k = [], 0
+        for e in entries:
+            order.append(self.pixels[None] if e is None else pics[k : k + 1])
+            k += e is not None
+        return torch.cat(order)
+
+    def take(self, entries: Sequence[int | None], out: torch.Tensor) -> None:
+        """Record the outputs ``out`` (``[len(entries), ...]``, in the entries' order) of a forward
+        of :meth:`inputs` ``(entries)``. Outputs that arrive before the unperturbed one wait for it
+        (the scores of ``top`` and ``embedding`` need it)."""
+        pairs = list(zip(entries, out))
+        for e, o in pairs:
+            if e is None:
+                self._reference = o[None]
+        self._waiting.extend((e, o) for e, o in pairs if e is not None)
+        if self._reference is not None and self._waiting:
+            idx = [e for e, _ in self._waiting]
+            for i, v in zip(idx, self._scores(torch.stack([o for _, o in self._waiting])).tolist()):
+                self._values[i] = v
+            self._waiting = []
+        self.done += len(entries)
 
     def step(self) -> bool:
         """Run the next batch of forwards; True while more remain."""
         if self.finished:
             return False
         batch = self._queue[self.done : self.done + self.batch_size]
-        parts = []
-        if batch[0] is None:
-            parts.append(self.pixels[None])
-        idx = [i for i in batch if i is not None]
-        if idx and self.protocol == "paper":
-            (gh, gw), (ph, pw) = self.grid, self.lm.patch_size
-            parts.append(blacked(self.pixels, self._removed[idx].reshape(-1, gh * ph, gw * pw), self._fill))
-        elif idx:
-            parts.append(perturbed(self.pixels, self._removed[idx], self.grid, self.lm.patch_size))
-        out = self._forward(torch.cat(parts) if len(parts) > 1 else parts[0])
-        if batch[0] is None:
-            self._reference, out = out[:1], out[1:]
-        if idx:
-            assert self._reference is not None  # the first batch brought it, or the caller did
-            for i, v in zip(idx, self._scores(out).tolist()):
-                self._values[i] = v
-        self.done += len(batch)
+        self.take(batch, forward_outputs(self.lm, self.inputs(batch), self.amp_dtype, self.ablate))
         return not self.finished
 
     def _scores(self, out: torch.Tensor) -> torch.Tensor:
@@ -470,6 +500,16 @@ class PerturbationTest:
         )
 
 
+def forward_outputs(lm: LoadedModel, x: torch.Tensor, amp_dtype: torch.dtype | None, ablate: Ablation) -> torch.Tensor:
+    """The output (logits for classifiers) of a batch of perturbed pictures: ``[K, ...]``, one
+    inference-mode forward with the fused attention."""
+    masks = head_masks(ablate, lm.num_heads, x.device)
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    with torch.inference_mode(), autocast(x.device.type, amp_dtype), heads_masked(lm.model, masks):
+        feats = timm_model(lm).forward_features(x)
+        return head_output(lm, feats, hw, logits=True)  # K, ...
+
+
 def faithfulness(
     lm: LoadedModel,
     pixels: torch.Tensor,
@@ -514,6 +554,82 @@ def faithfulness(
         if progress is not None:
             progress(test.done, test.total)
     return test.result()
+
+
+def run_tests(
+    tests: Sequence[PerturbationTest],
+    batch_size: int = DEFAULT_BATCH,
+    *,
+    run: Callable[[Callable[[list], list], list], list] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> list[Faithfulness | BaseException]:
+    """Several pictures' perturbation tests, their forwards stacked across pictures: one result each.
+
+    Every test's work list (:attr:`PerturbationTest.queue`: the unperturbed picture, then the
+    perturbed ones) joins one list; its items are grouped by :attr:`~PerturbationTest.forward_key`
+    (the input size, for tests of one model) and run ``batch_size`` at a time, so a data set's
+    tests run in full batches whatever each picture's count. Each output row is the one its
+    picture's own test would get (the forward has no batch-mixing layer in eval mode); only the
+    batch's composition, i.e. float rounding, differs.
+
+    Args:
+        tests: set-up tests (none stepped yet).
+        batch_size: pictures per forward.
+        run: ``run(fn, items) -> one result per item``, the caller's runner with the
+            out-of-memory split (:meth:`app.engine.batching.BatchRunner.run`,
+            :func:`app.engine.batching.split_on_oom`); None: ``fn(items)``, an error raised.
+        progress: called with ``(forwards done, forwards in all)`` after each batch.
+        cancelled: checked before each batch; True stops with :class:`Cancelled`.
+
+    Returns:
+        Each test's :class:`Faithfulness`, or the error of a forward of its pictures (that test
+        alone fails).
+    """
+    if run is None:
+
+        def run(fn, items):
+            return fn(items)
+
+    work = [(t, e) for t, test in enumerate(tests) for e in test.queue]
+    total, done = len(work), 0
+    failed: dict[int, BaseException] = {}
+
+    def compute(items: list[tuple[int, int | None]]) -> list[torch.Tensor]:
+        by_test: dict[int, list[int | None]] = {}
+        for t, e in items:
+            by_test.setdefault(t, []).append(e)
+        parts = [tests[t].inputs(entries) for t, entries in by_test.items()]
+        first = tests[items[0][0]]
+        out = forward_outputs(first.lm, torch.cat(parts) if len(parts) > 1 else parts[0], first.amp_dtype, first.ablate)
+        rows = iter(out)
+        placed = {(t, e): next(rows) for t, entries in by_test.items() for e in entries}
+        return [placed[it] for it in items]
+
+    by_key: dict[tuple, list[int]] = {}
+    for i, (t, _) in enumerate(work):
+        by_key.setdefault(tests[t].forward_key, []).append(i)
+    chunks = [idx[j : j + batch_size] for idx in by_key.values() for j in range(0, len(idx), batch_size)]
+    for chunk in chunks:
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"stopped after {done} of {total} forwards")
+        items = [work[i] for i in chunk if work[i][0] not in failed]
+        results = run(compute, items) if items else []
+        got: dict[int, tuple[list[int | None], list[torch.Tensor]]] = {}
+        for (t, e), r in zip(items, results):
+            if isinstance(r, BaseException):
+                failed.setdefault(t, r)
+            elif t not in failed:
+                entries, rows = got.setdefault(t, ([], []))
+                entries.append(e)
+                rows.append(r)
+        for t, (entries, rows) in got.items():
+            if t not in failed:
+                tests[t].take(entries, torch.stack(rows))
+        done += len(chunk)
+        if progress is not None:
+            progress(done, total)
+    return [failed[t] if t in failed else test.result() for t, test in enumerate(tests)]
 
 
 def mean_aucs(results: Iterable[Faithfulness]) -> dict[str, dict[str, float]]:

@@ -56,9 +56,11 @@ RULES = ("chefer2021", "attnlrp")
 
 def safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The authors' stabilised division: ``a / (b + 1e-9)``, 0 where ``b`` is exactly 0."""
-    den = b.clamp(min=1e-9) + b.clamp(max=1e-9)
-    den = den + den.eq(0).type(den.type()) * 1e-9
-    return a / den * b.ne(0).type(b.type())
+    # b.clamp(min=1e-9) + b.clamp(max=1e-9) is b + 1e-9 to the bit (the max and the min of b and
+    # 1e-9 are those two numbers); the same numbers in five passes over the tensor instead of eleven
+    den = b + 1e-9
+    den.masked_fill_(den == 0, 1e-9)
+    return (a / den).mul_(b.ne(0))
 
 
 def _saveable(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -103,22 +105,31 @@ class _AlphaBeta(Function):
     """``op(x, w) + b`` forward (linear, convolutions); relevance by alpha-beta with alpha 1."""
 
     @staticmethod
-    def forward(ctx, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        ctx.op = op
+    def forward(
+        ctx, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, linear: bool = False
+    ) -> torch.Tensor:
+        ctx.op, ctx.linear = op, linear
         ctx.save_for_backward(*_saveable(x, w))
         return op(x, w, b)
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
         x, w = ctx.saved_tensors
+        x, w = x.detach(), w.detach()
+        px, nx, pw, nw = x.clamp(min=0), x.clamp(max=0), w.clamp(min=0), w.clamp(max=0)
+        if ctx.linear:
+            # a linear layer's transposed product written out (what autograd's grad of F.linear
+            # computes, without building and running a graph)
+            s = safe_divide(r, F.linear(px, pw) + F.linear(nx, nw))
+            return None, (px * (s @ pw)).add_(nx * (s @ nw)), None, None, None
         with torch.enable_grad():
-            px = x.detach().clamp(min=0).requires_grad_(True)
-            nx = x.detach().clamp(max=0).requires_grad_(True)
-            z1 = ctx.op(px, w.clamp(min=0), None)
-            z2 = ctx.op(nx, w.clamp(max=0), None)
+            px.requires_grad_(True)
+            nx.requires_grad_(True)
+            z1 = ctx.op(px, pw, None)
+            z2 = ctx.op(nx, nw, None)
             s = safe_divide(r, (z1 + z2).detach())
             c1, c2 = torch.autograd.grad([z1, z2], [px, nx], [s, s])
-        return None, px.detach() * c1 + nx.detach() * c2, None, None
+        return None, px.detach() * c1 + nx.detach() * c2, None, None, None
 
 
 class _Product(Function):
@@ -133,11 +144,21 @@ class _Product(Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
-        a, b = ctx.saved_tensors
-        with torch.enable_grad():
-            ag, bg = a.detach().requires_grad_(True), b.detach().requires_grad_(True)
-            z = ctx.op(ag, bg)
-            ca, cb = torch.autograd.grad(z, [ag, bg], safe_divide(r, z.detach()))
+        a, b = (t.detach() for t in ctx.saved_tensors)
+        op = ctx.op
+        if op in _MATMULS and a.dim() == b.dim() >= 2 and a.shape[:-2] == b.shape[:-2]:
+            # the two transposed products autograd's grad of a matmul computes, written out
+            s = safe_divide(r, op(a, b))
+            ca, cb = s @ b.transpose(-2, -1), a.transpose(-2, -1) @ s
+        elif op in _MULS:
+            s = safe_divide(r, op(a, b))
+            ca, cb = s * b, s * a
+        else:
+            with torch.enable_grad():
+                ag, bg = a.requires_grad_(True), b.requires_grad_(True)
+                z = op(ag, bg)
+                ca, cb = torch.autograd.grad(z, [ag, bg], safe_divide(r, z.detach()))
+            a, b = a.detach(), b.detach()
         return None, _unbroadcast(a * ca / 2, a.shape), _unbroadcast(b * cb / 2, b.shape)
 
 
@@ -160,6 +181,10 @@ class _Add(Function):
         ra = ra * safe_divide(safe_divide(a_sum.abs(), total) * r_sum, a_sum)
         rb = rb * safe_divide(safe_divide(b_sum.abs(), total) * r_sum, b_sum)
         return _unbroadcast(ra, a.shape), _unbroadcast(rb, b.shape)
+
+
+_MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+_MULS = (torch.mul, torch.Tensor.mul)
 
 
 def _unbroadcast(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -188,10 +213,43 @@ class _ScaleGrad(Function):
         return g / ctx.factor, None
 
 
+class _IdentityRule(Function):
+    """``out`` forward, gradient ``out / (x + 1e-10)`` (LXT's ``identity_rule_implicit``): one node
+    that keeps the ratio, instead of the three its ``out + (x - x.detach()) * ratio`` records."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(out / (x + 1e-10))
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (ratio,) = ctx.saved_tensors
+        return None, g * ratio
+
+
 def _identity_rule(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``out`` forward, gradient ``out / (x + 1e-10)`` (LXT's ``identity_rule_implicit``)."""
-    ratio = (out / (x + 1e-10)).detach()
-    return out.detach() + (x - x.detach()) * ratio
+    return _IdentityRule.apply(out.detach(), x)
+
+
+class _LayerNormRule(Function):
+    """LXT's LayerNorm rule: the model's own LayerNorm value forward; the gradient of
+    ``(x - mean(x)) / std * w`` with ``std`` held constant backward:
+    ``(g w - mean(g w)) / std``."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None, dims: tuple, eps: float):
+        var = x.detach().var(dims, correction=0, keepdim=True)
+        ctx.dims = dims
+        ctx.save_for_backward((var + eps).sqrt(), *_saveable(w.detach() if w is not None else None))
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        std, w = ctx.saved_tensors
+        gw = g * w if w is not None else g
+        return None, (gw - gw.mean(ctx.dims, keepdim=True)) / std, None, None, None
 
 
 def _grad(t: Any) -> bool:
@@ -226,7 +284,9 @@ class RelevanceMode(TorchFunctionMode):
     def _attnlrp(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         if func in (F.gelu, F.silu, torch.sigmoid, torch.Tensor.sigmoid, F.sigmoid):
             x = args[0]
-            return _identity_rule(func(*args, **kwargs), x)
+            with torch.no_grad():  # the value alone: the rule is the gradient
+                out = func(*args, **kwargs)
+            return _identity_rule(out, x)
         if func is F.layer_norm:
             # LXT's layer_norm_forward: the standard deviation held constant; the value is the
             # model's own LayerNorm (the rule only changes the gradient)
@@ -234,10 +294,9 @@ class RelevanceMode(TorchFunctionMode):
             w = args[2] if len(args) > 2 else kwargs.get("weight")
             eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
             dims = tuple(range(-len(shape), 0))
-            xc = x - x.mean(dims, keepdim=True)
-            lin = xc / (xc.pow(2).mean(dims, keepdim=True) + eps).sqrt().detach()
-            lin = lin * w if w is not None else lin
-            return func(*args, **kwargs).detach() + (lin - lin.detach())
+            with torch.no_grad():  # the model's own value; the rule is the gradient
+                out = func(*args, **kwargs)
+            return _LayerNormRule.apply(out, x, w, dims, eps)
         if func in (torch.Tensor.mul, torch.mul) and len(args) == 2 and _grad(args[0]) and _grad(args[1]):
             return _ScaleGrad.apply(func(*args, **kwargs), 2.0)
         return func(*args, **kwargs)
@@ -254,7 +313,7 @@ class RelevanceMode(TorchFunctionMode):
             def op(x_, w_, b_, func=func, extra=extra, rest=rest):
                 return func(x_, w_, b_, *extra, **rest)
 
-            return _AlphaBeta.apply(op, x, w, b)
+            return _AlphaBeta.apply(op, x, w, b, func is F.linear and not extra and not rest)
         if func in (torch.Tensor.matmul, torch.matmul, torch.Tensor.__matmul__, torch.Tensor.mul, torch.mul):
             a, b = args[0], args[1]
             if _grad(a) and _grad(b):

@@ -41,7 +41,7 @@ products instead of L N x N matrix products, the same number.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,6 +382,8 @@ def gradient_maps(
     methods = set(methods)
     w = (z.float() * gz.float()).sum(-1).abs()  # B, N: readout
     out: dict[str, torch.Tensor] = {}
+    if not methods & {"grad_attention", "chefer"}:  # chefer2021 alone: it needs only the gradients
+        return out
     cams = [(g.float() * a.float()).clamp_min(0).mean(1) for a, g in zip(maps, grads)]  # L x (B, N, N)
     if "grad_attention" in methods:
         out["grad_attention"] = (w[:, None, :] @ cams[-1])[:, 0]  # B, N
@@ -438,8 +440,29 @@ def _rules_forward(lm: LoadedModel, pixels: torch.Tensor, rules: str, ablate: Ab
     return x, feats, out, mode
 
 
+class PerPicture:
+    """One :class:`Target` per picture of a batch (a survey's predicted region: a box each), as
+    one target: each picture's value from its own target, so one forward and one backward serve
+    the batch (``d sum_b y_b / d x_b`` is still each picture's own gradient)."""
+
+    def __init__(self, targets: Sequence[Target]):
+        self.targets = list(targets)
+        self.kind = self.targets[0].kind
+
+    def value(self, out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """``[B]``: picture b's target of its own output (see :meth:`Target.value`)."""
+        return torch.cat([t.value(out[b : b + 1], ref[b : b + 1]) for b, t in enumerate(self.targets)])
+
+    def class_index(self, ref: torch.Tensor) -> list[int] | None:
+        got = [t.class_index(ref[b : b + 1]) for b, t in enumerate(self.targets)]
+        return None if all(g is None for g in got) else [g[0] if g else -1 for g in got]
+
+    def at(self, b: int) -> Target:
+        return self.targets[b]
+
+
 def _attnlrp_forward(
-    lm: LoadedModel, pixels: torch.Tensor, tgt: Target, ref: torch.Tensor | None, ablate: Ablation
+    lm: LoadedModel, pixels: torch.Tensor, tgt: Target | PerPicture, ref: torch.Tensor | None, ablate: Ablation
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """AttnLRP: ``(pixel relevance [B, H, W], y [B], the output as reference)``, one forward and
     one backward (``ref`` None: this forward's output is the unperturbed one)."""
@@ -452,7 +475,7 @@ def _attnlrp_forward(
 
 
 def _chefer2021_forward(
-    lm: LoadedModel, pixels: torch.Tensor, tgt: Target, ref: torch.Tensor, ablate: Ablation
+    lm: LoadedModel, pixels: torch.Tensor, tgt: Target | PerPicture, ref: torch.Tensor, ablate: Ablation
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The CVPR 2021 rule's LRP: ``(relevance at each layer's maps [L x (B, H, N, N)], readout
     [B, N])``, the relevance starting from ``dy/d(output)`` (one-hot for a class, as the authors')."""
@@ -491,7 +514,7 @@ def _rollout_row(att: ImageAttention, cls: int | None) -> torch.Tensor:
 def relevance(
     lm: LoadedModel,
     pixels: torch.Tensor,
-    target: Target | str | None = None,
+    target: Target | str | None | Sequence[Target | str] = None,
     methods: str | Iterable[str] | None = None,
     *,
     seed: int = 0,
@@ -506,7 +529,8 @@ def relevance(
     Args:
         lm: the model (global attention blocks; windowed models are refused).
         pixels: ``[B, 3, H, W]`` normalised images on the model's device, all of one size.
-        target: a :class:`Target` or its spelling (None: the model's default).
+        target: a :class:`Target` or its spelling (None: the model's default), or a list of
+            them, one per picture (a box each: one forward and backward for the batch still).
         methods: a subset of :data:`METHODS` (None: all of them), as names or ``"a,b"``.
         seed: the ``random`` map's seed.
         amp_dtype: autocast dtype, or None for plain fp32.
@@ -519,11 +543,23 @@ def relevance(
     """
     refuse_windowed_relevance(lm)
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
-    tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)
+    tgt: Target | PerPicture
+    if isinstance(target, (list, tuple)):  # one target per picture
+        if len(target) != pixels.shape[0]:
+            raise ValueError(f"{len(target)} targets for {int(pixels.shape[0])} pictures: one per picture")
+        each = [t if isinstance(t, Target) else parse_target(t, lm, hw) for t in target]
+        if any(t.kind in TARGET_KINDS for t in each):
+            raise TargetError("a phrase target is one target for the whole batch, not one per picture")
+        for t in set(each):
+            check_target(t, hw)
+        tgt = each[0] if len(set(each)) == 1 else PerPicture(each)
+    else:
+        tgt = target if isinstance(target, Target) else parse_target(target, lm, hw)  # type: ignore[arg-type]
     if tgt.kind in TARGET_KINDS:  # a phrase: both towers (app.engine.text_relevance)
         return TARGET_KINDS[tgt.kind][1](lm, pixels, tgt, methods, seed=seed, amp_dtype=amp_dtype, ablate=ablate)
     names = parse_methods(methods)
-    check_target(tgt, hw)
+    if isinstance(tgt, Target):
+        check_target(tgt, hw)
     grad = bool(GRADIENT_METHODS & set(names))
     full: dict[str, torch.Tensor] = {}
     g_maps: list[torch.Tensor] = []
@@ -565,7 +601,7 @@ def relevance(
 def _results(
     names: tuple[str, ...],
     full: dict[str, torch.Tensor],
-    tgt: Target,
+    tgt: Target | PerPicture,
     y: torch.Tensor,
     captures: list,
     grid: tuple[int, int],
@@ -600,7 +636,7 @@ def _results(
                 uniform.append(name)
         out.append(
             Relevance(
-                target=tgt,
+                target=tgt.at(b) if isinstance(tgt, PerPicture) else tgt,
                 y=values[b],
                 grid=grid,
                 maps=maps,

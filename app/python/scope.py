@@ -393,16 +393,26 @@ class Scope:
         check_protocol(proto, self.lm, parse_target(target, self.lm))
         pairs = self.lm.ablation(P.ablate(ablate))
         items = self._read(image)
-        out: list[FaithfulnessResult] = [FaithfulnessResult() for _ in items]
+        found: list[Any] = [None] * len(items)
         for idx, maps in self._relevance(items, target, names, pairs):
             for i, m in zip(idx, maps):
-                rel = m.relevance
-                spec = FaithfulnessSpec(tuple(names), rel.target, fracs, rel.seed, pairs, proto)
-                with self.computing():
-                    res = self.runner.faithfulness(
-                        items[i].prep.raw, rel.maps, rel.target, fracs, ablate=pairs, protocol=proto
-                    )
-                out[i] = FaithfulnessResult(faithfulness_result(items[i].image_id, self.lm, m, spec, res))
+                found[i] = m
+        # every picture's perturbed forwards stacked across pictures (batch_size per input size)
+        with self.computing():
+            results = _raised(
+                self.runner.faithfulness_many(
+                    [it.prep.raw for it in items],
+                    [m.relevance.maps for m in found],
+                    [m.relevance.target for m in found],
+                    fracs,
+                    ablate=pairs,
+                    protocol=proto,
+                )
+            )
+        out: list[FaithfulnessResult] = []
+        for it, m, res in zip(items, found, results):
+            spec = FaithfulnessSpec(tuple(names), m.relevance.target, fracs, m.relevance.seed, pairs, proto)
+            out.append(FaithfulnessResult(faithfulness_result(it.image_id, self.lm, m, spec, res)))
         return out if is_many(image) else out[0]
 
     def zero_shot(

@@ -4,11 +4,15 @@
   one target. One forward that keeps every softmax map and one backward give *every* method's
   map at once (:func:`relevance_maps`), so they are computed together and cached together per
   image, model, ablation set and target (:class:`~.cache.RelevanceKey`): asking for another
-  method of the same target is a cache hit. ``random`` with another seed is drawn from the
+  method of the same target is a cache hit. The computation is a worker job
+  (:class:`RelevanceWork`): concurrent requests for one target, model, input size and ablation
+  run in one batched forward and backward, collected as uploads are. ``random`` with another seed is drawn from the
   seed alone, without a forward.
 * :meth:`RelevanceService.faithfulness` (``GET …/faithfulness``): the perturbation test of
-  several maps, as a task in pieces on the worker thread (:func:`faithfulness_work`: the maps,
-  then one batch of perturbed forwards per piece, so uploads run between them), with progress
+  several maps, as a task on the worker thread: the maps, then each perturbed forward a worker
+  job (:class:`PerturbedWork`), stacked with those of every test running at the time into batches
+  of ``max_batch_size`` (uploads, at a higher priority, run between them;
+  :func:`faithfulness_work`, in pieces, where no worker loop runs), with progress
   (``GET …/faithfulness/progress``) and ``wait=``, like ``…/importance``
   (:class:`~.tasks.ImageTasks`). Cached per image, model, ablation set, target, methods (as a
   set), fractions and seed (:class:`~.cache.FaithfulnessKey`); the answer lists the methods in
@@ -53,6 +57,7 @@ from ..engine.relevance import (
 from ..engine.selection import SelectionError
 from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
 from . import preprocess
+from .admission import HEAVY, PRIORITY, current_ticket
 from .answers import Answer, server_timing
 from .cache import FaithfulnessKey, RelevanceKey
 from .encoders import MEDIA_TYPES, encode
@@ -60,6 +65,7 @@ from .params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
 from .tasks import TASK_DEADLINE_S, ImageTasks, TaskProgress, Tasks, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
 from .waiting import Disconnected
+from .worker import Job
 
 # The maps of one forward and backward, computed and cached together; each LRP method runs a
 # forward of its own under its rules, so it is computed (and cached) only when asked for.
@@ -355,6 +361,64 @@ def ordered(res: dict, methods: Sequence[str]) -> dict:
     return out
 
 
+# -- batched on the worker (app/serving/worker.py: jobs of one key share a call) -------------------
+@dataclass(frozen=True)
+class RelevanceWork:
+    """The maps of ``methods`` for ``target`` of each job's picture: concurrent requests for one
+    target, model, input size and ablation run in one forward and one backward (the worker
+    collects them as it collects uploads). Each job's result: ``(Relevance, compute ms)``."""
+
+    target: Target
+    methods: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple:
+        return ("relevance", str(self.target), self.methods)
+
+    def run(self, runner: BatchRunner, jobs: list) -> list[Any]:
+        t0 = time.perf_counter()
+        rels = runner.relevance([j.pixels for j in jobs], self.target, self.methods, ablate=jobs[0].ablate)
+        ms = (time.perf_counter() - t0) * 1000 / len(jobs)
+        return [(r, ms) for r in rels]
+
+
+@dataclass(eq=False)
+class PerturbedWork:
+    """One forward of a perturbation test (``entry`` of :attr:`~app.engine.faithfulness.
+    PerturbationTest.queue`): the jobs of every test running at the time, stacked into one
+    forward per input size and ablation. Each job's result: None (the output goes to its test)."""
+
+    test: faith.PerturbationTest
+    entry: int | None
+
+    @property
+    def key(self) -> tuple:
+        return ("perturbed",)
+
+    def run(self, runner: BatchRunner, jobs: list) -> list[Any]:
+        by_test: dict[int, tuple[faith.PerturbationTest, list[int | None]]] = {}
+        for j in jobs:
+            by_test.setdefault(id(j.work.test), (j.work.test, []))[1].append(j.work.entry)
+        parts = [test.inputs(entries) for test, entries in by_test.values()]
+        out = faith.forward_outputs(runner.lm, torch.cat(parts), runner.amp_dtype, jobs[0].ablate)
+        start = 0
+        for test, entries in by_test.values():
+            test.take(entries, out[start : start + len(entries)])
+            start += len(entries)
+        return [None] * len(jobs)
+
+
+def _job(
+    lm: LoadedModel, pixels: torch.Tensor, deadline: float, ablate: Ablation, work: Any, faults: bool = True
+) -> Job:
+    """A worker job at the current request's priority (heavy work outside a request); with the
+    request's injected fault (tests only) where ``faults``."""
+    ticket = current_ticket()
+    priority = ticket.priority if ticket else PRIORITY[HEAVY]
+    fault = ticket.fault if faults and ticket and ticket.priority > 0 else None
+    return Job(lm=lm, pixels=pixels, deadline=deadline, fault=fault, ablate=ablate, priority=priority, work=work)
+
+
 # -- the service --------------------------------------------------------------------------------
 class RelevanceService(ImageTasks):
     """Relevance maps and the faithfulness test of uploaded images (:class:`~.tasks.ImageTasks`;
@@ -398,9 +462,13 @@ class RelevanceService(ImageTasks):
             p = prep or await self.prepared(picture, lm)
             check_target(target, p.input_size)  # a box outside this picture's map: 422 before the forward
             progress.stage = "forward and backward pass"
-            m = await self.piece(
-                partial(relevance_maps, lm, p, target, ablate, self.worker.amp_dtype, self.device, group)
-            )
+            if is_text(target) or not self.worker.running:  # a phrase: both towers, alone
+                m = await self.piece(
+                    partial(relevance_maps, lm, p, target, ablate, self.worker.amp_dtype, self.device, group)
+                )
+            else:  # batched with concurrent requests of the same target, size and ablation
+                rel, ms = await self.worker.compute(_job(lm, p.raw, due, ablate, RelevanceWork(target, group)))
+                m = RelevanceMaps(rel, p.input_size, p.image_size, ms, self.worker.precision)
             self.cache.put(key, m, m.nbytes)
             return m
 
@@ -460,11 +528,51 @@ class RelevanceService(ImageTasks):
             ]
             maps = merge_maps(parts)
             progress.advance(MAPS_UNITS)
-            work = faithfulness_work(image_id, lm, prep, maps, spec, progress, self.worker.amp_dtype, self.device)
-            return await run_on(work, self.piece)
+            if not self.worker.running:
+                work = faithfulness_work(image_id, lm, prep, maps, spec, progress, self.worker.amp_dtype, self.device)
+                return await run_on(work, self.piece)
+            return await self._perturbed(image_id, lm, prep, maps, spec, progress, deadline)
 
         res = await self.result(key, "faithfulness", image_id, compute, is_disconnected, params.wait, upload)
         return res if "pending" in res else ordered(res, spec.methods)
+
+    async def _perturbed(
+        self,
+        image_id: str,
+        lm: LoadedModel,
+        prep: preprocess.PreparedPixels,
+        maps: RelevanceMaps,
+        spec: FaithfulnessSpec,
+        progress: TaskProgress,
+        deadline: float,
+    ) -> dict:
+        """The perturbed forwards of one test as worker jobs (one per forward), batched with
+        those of every other test and relevance request running at the time."""
+        t0 = time.perf_counter()
+        amp = self.worker.amp_dtype
+        test = await self.piece(partial(_new_test, lm, prep, maps, spec, amp, self.device, self.worker.max_batch_size))
+        progress.total = MAPS_UNITS + test.total
+        progress.done = MAPS_UNITS
+        progress.stage = "perturbed forwards"
+        # one job per forward: an injected fault stays with the test's worker calls (its set-up and
+        # result), not once per perturbed picture (a batch acts out every job's fault)
+        futures = [
+            self.worker.submit(_job(lm, test.pixels, deadline, spec.ablate, PerturbedWork(test, e), faults=False))
+            for e in test.queue
+        ]
+        try:
+            for i, fut in enumerate(futures):
+                await fut
+                progress.advance(1, f"perturbed forwards: {i + 1} of {test.total}")
+        finally:
+            for fut in futures:
+                if not fut.done():
+                    fut.cancel()
+        result = await self.piece(test.result)
+        progress.stage = "done"
+        res = faithfulness_result(image_id, lm, maps, spec, result)
+        res["timing_ms"] = {"maps": maps.compute_ms, "compute": (time.perf_counter() - t0) * 1000}
+        return res
 
     def progress(self, image_id: str, params: FaithfulnessQuery) -> dict:
         """What ``GET …/faithfulness/progress`` reports (ImageNotFound for an unknown image):

@@ -20,7 +20,10 @@ Forwards are batched as in LitServe's loop: the first job of a batch waits up to
 ``max_batch_size``; the batch is grouped by model, input shape and capture strategy. Failures
 stay with the request that caused them: a batch that raises is rerun one job at a time, and an
 out-of-memory batch is split in halves until it fits (a single job that still does not fit gets
-503).
+503). A job is a capture, or another batchable computation (:class:`BatchWork`: a relevance
+map, one perturbed forward of a faithfulness test; app/serving/relevance.py): jobs of one key
+(model, input shape, ablation and the work's own key) run in one call, and a batch takes the
+waiting jobs of its first job's key before any other.
 
 Deadlines: a job or call whose request's deadline passes while it waits is dropped (504), and
 so is one whose client went away (499); neither costs worker time. One already running cannot
@@ -37,7 +40,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -73,16 +76,33 @@ class Job:
     materialise: bool = False  # keep full softmax maps from the unfused branch (every row wanted)
     ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) pairs removed for this forward
     priority: int = 0  # lower runs first (admission.PRIORITY)
+    # A batchable computation other than the capture (a relevance map, a perturbed forward):
+    # None for the capture. Jobs whose works have equal keys run in one call of its ``run``.
+    work: BatchWork | None = None
     future: asyncio.Future = field(init=False, repr=False)  # set by Worker.submit
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0
 
     @property
     def key(self) -> tuple:
-        return (self.lm.id, tuple(self.pixels.shape), self.materialise, self.ablate)
+        base = (self.lm.id, tuple(self.pixels.shape), self.materialise, self.ablate)
+        return base if self.work is None else (*base, *self.work.key)
 
     def done(self, att: CapturedAttention, finished: float) -> Computed:
         return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
+
+
+class BatchWork(Protocol):
+    """What a :class:`Job` other than a capture computes (app/serving/relevance.py has two)."""
+
+    @property
+    def key(self) -> tuple:
+        """Jobs with equal keys (and equal model, input shape and ablation) share one ``run``."""
+        ...
+
+    def run(self, runner: BatchRunner, jobs: list[Job]) -> list[Any]:
+        """One result per job, on the worker thread with the model's lock held."""
+        ...
 
 
 @dataclass
@@ -254,6 +274,28 @@ class Worker:
         self.metrics.queue_depth.set(self.depth)
         return job.future
 
+    @property
+    def running(self) -> bool:
+        """Whether the loop runs (else :meth:`compute` runs each job at once, alone)."""
+        return self._task is not None
+
+    async def compute(self, job: Job) -> Any:
+        """Queue ``job`` and await its result (batched with other jobs of its key that are
+        waiting meanwhile, up to ``max_batch_size``; its own error raised). Not started (command
+        line, unit tests): run it now, alone."""
+        if self._task is None:
+            res = (await asyncio.get_running_loop().run_in_executor(self._executor, self._run, [job]))[0]
+            if isinstance(res, BaseException):
+                raise res
+            return res
+        fut = self.submit(job)
+        try:
+            return await fut
+        except BaseException:
+            if not fut.done():
+                fut.cancel()
+            raise
+
     # -- the loop --------------------------------------------------------------------------
     async def _next(self) -> Job | Call:
         """The waiting item with the lowest (priority, arrival); waits while there is none."""
@@ -275,8 +317,7 @@ class Worker:
         admitted = self.admission.in_use
         want = min(self.max_batch_size, admitted) if admitted > 0 else self.max_batch_size
         while len(batch) < want:
-            while self._jobs and len(batch) < self.max_batch_size:
-                batch.append(heapq.heappop(self._jobs)[2])
+            self._fill(batch)
             timeout = end - time.monotonic()
             if len(batch) >= want or timeout <= 0:
                 break
@@ -285,10 +326,26 @@ class Worker:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 break
-        while len(batch) < self.max_batch_size and self._jobs:
-            batch.append(heapq.heappop(self._jobs)[2])  # already waiting: no reason to leave them
+        self._fill(batch)  # already waiting: no reason to leave them
         self.metrics.queue_depth.set(self.depth)
         return batch
+
+    def _fill(self, batch: list[Job]) -> None:
+        """Add waiting jobs to ``batch`` up to ``max_batch_size``: first those that share the first
+        job's key (one forward: a faithfulness test's perturbed forwards queue behind another
+        test's), then the others in (priority, arrival) order."""
+        room = self.max_batch_size - len(batch)
+        if room <= 0 or not self._jobs:
+            return
+        key = batch[0].key
+        same = sorted(e for e in self._jobs if e[2].key == key)[:room]
+        if same:
+            taken = {id(e[2]) for e in same}
+            self._jobs = [e for e in self._jobs if id(e[2]) not in taken]
+            heapq.heapify(self._jobs)
+            batch.extend(e[2] for e in same)
+        while self._jobs and len(batch) < self.max_batch_size:
+            batch.append(heapq.heappop(self._jobs)[2])
 
     def _live(self, jobs: list[Job]) -> list[Job]:
         now = time.monotonic()
@@ -379,7 +436,7 @@ class Worker:
             r = self._runners[id(lm)] = BatchRunner(lm, self.amp_dtype, self.max_batch_size, self.capture_to)
         return r
 
-    def _run(self, jobs: list[Job]) -> list[Computed | BaseException]:
+    def _run(self, jobs: list[Job]) -> list[Any]:
         """One batch on the worker thread, with the out-of-memory split (engine/batching.py)."""
 
         def failed(e: BaseException) -> None:
@@ -397,22 +454,30 @@ class Worker:
             on_error=failed,
         )
 
-    def _forward(self, jobs: list[Job]) -> list[Computed]:
+    def _forward(self, jobs: list[Job]) -> list[Any]:
         lm = jobs[0].lm
         start = time.monotonic()
         for j in jobs:
             j.started = start
         faults.inject([j.fault for j in jobs])
+        work = jobs[0].work
+        runner = self.runner(lm)
         with lm.lock:
-            results = self.runner(lm).capture(
-                [j.pixels for j in jobs], materialise=jobs[0].materialise, ablate=jobs[0].ablate
-            )
+            if work is not None:
+                with runner.numerics():
+                    out = work.run(runner, jobs)
+            else:
+                results = runner.capture(
+                    [j.pixels for j in jobs], materialise=jobs[0].materialise, ablate=jobs[0].ablate
+                )
         end = time.monotonic()
         self.metrics.batch_size.observe(len(jobs))
         self.metrics.compute_seconds.observe(end - start)
         self.batches_run += 1
         self.jobs_computed += len(jobs)
         self.max_batch_seen = max(self.max_batch_seen, len(jobs))
+        if work is not None:
+            return out
         return [j.done(att, end) for j, att in zip(jobs, results)]
 
 

@@ -2,9 +2,9 @@
 
 For each batch of pictures the survey has just captured, :meth:`FaithfulnessPlan.table` computes
 every asked method's relevance map for the target (one forward that keeps the maps and one
-backward for the batch, :func:`app.engine.relevance.relevance`) and runs each picture's
-perturbation test (:func:`app.engine.faithfulness.faithfulness`, its perturbed forwards in
-batches of the survey's ``--batch-size``): the numbers ``GET …/faithfulness`` answers for the
+backward for the batch, :func:`app.engine.relevance.relevance`) and runs every picture's
+perturbation test (:func:`app.engine.faithfulness.run_tests`: the pictures' perturbed forwards
+stacked across pictures in batches of the survey's ``--batch-size``): the numbers ``GET …/faithfulness`` answers for the
 same picture, one row per (picture, method) of :data:`app.survey.schema.FAITHFULNESS`.
 
 The plan is checked in two steps: what needs no model (methods, fractions, the target's
@@ -24,16 +24,18 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from ..engine.batching import split_on_oom
 from ..engine.clip_text import check_phrase
 from ..engine.device import autocast
 from ..engine.faithfulness import (
     DEFAULT_BATCH,
     DEFAULT_PROTOCOL,
+    PerturbationTest,
     ProtocolError,
     check_protocol,
-    faithfulness,
     parse_fractions,
     parse_protocol,
+    run_tests,
 )
 from ..engine.model import LoadedModel
 from ..engine.output import head_output, timm_model
@@ -194,29 +196,35 @@ class FaithfulnessPlan:
             except TargetError as e:
                 return schema.empty_faithfulness(), [(name, "bad_target", str(e)) for name in images]
             boxes, targets = [None] * len(images), [target] * len(images)
-        with lm.lock:
-            if region:  # a box per picture: one relevance computation each
-                rels = [
-                    relevance(lm, x[i : i + 1], t, self.methods, seed=self.seed, amp_dtype=amp_dtype)[0]
-                    for i, t in enumerate(targets)
-                ]
-            else:
-                rels = relevance(lm, x, targets[0], self.methods, seed=self.seed, amp_dtype=amp_dtype)
+        with lm.lock:  # one forward and backward for the batch, a box per picture where region
+            rels = relevance(
+                lm, x, targets if region else targets[0], self.methods, seed=self.seed, amp_dtype=amp_dtype
+            )
         rows: dict[str, list] = {f.name: [] for f in schema.FAITHFULNESS}
-        for name, pixels, rel, box in zip(images, x, rels, boxes):
-            tick = _shares(progress)
-            with lm.lock:
-                res = faithfulness(
-                    lm,
-                    pixels,
-                    rel.maps,
-                    rel.target,
-                    self.fractions,
-                    batch_size=batch_size,
-                    amp_dtype=amp_dtype,
-                    progress=tick,
-                    protocol=self.protocol,
-                )
+        tests = [
+            PerturbationTest(
+                lm,
+                pixels,
+                rel.maps,
+                rel.target,
+                self.fractions,
+                batch_size=batch_size,
+                amp_dtype=amp_dtype,
+                protocol=self.protocol,
+            )
+            for pixels, rel in zip(x, rels)
+        ]
+        # every picture's perturbed forwards stacked across the pictures, batch_size at a time
+        with lm.lock:
+            results = run_tests(
+                tests,
+                batch_size,
+                run=lambda fn, items: split_on_oom(fn, items, x.device),
+                progress=_shares(progress, len(tests)),
+            )
+        for name, res, box in zip(images, results, boxes):
+            if isinstance(res, BaseException):
+                raise res
             for method in self.methods:
                 c = res.methods[method]
                 rows["image"].append(name)
@@ -255,16 +263,17 @@ def predicted_boxes(lm: LoadedModel, x: torch.Tensor, amp_dtype: torch.dtype | N
     return boxes
 
 
-def _shares(progress: Callable[[float], None] | None) -> Callable[[int, int], None] | None:
-    """The engine's ``progress(done, total)`` as the share of one picture each step added."""
+def _shares(progress: Callable[[float], None] | None, pictures: int = 1) -> Callable[[int, int], None] | None:
+    """The engine's ``progress(done, total)`` over ``pictures`` pictures' tests as the pictures'
+    worth each step added (the whole run adds up to ``pictures``)."""
     if progress is None:
         return None
     said = [0.0]
 
     def tick(done: int, total: int) -> None:
         if total:
-            progress(done / total - said[0])
-            said[0] = done / total
+            progress(pictures * done / total - said[0])
+            said[0] = pictures * done / total
 
     return tick
 

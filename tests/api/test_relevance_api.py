@@ -327,6 +327,14 @@ def test_windowed_models_are_refused_with_the_reason(why, samples):
         r = get(why, f"{API}/{image_id}/{path}", model=SWIN_V1)
         assert_error(r, 422, "relevance_unsupported")
         assert "windowed" in r.json()["error"]["message"] and "Swin" in r.json()["error"]["message"]
+    from headscope.engine.relevance import METHODS
+
+    for method in METHODS:  # every method, the LRP ones included (issue #40)
+        assert_error(
+            get(why, f"{API}/{image_id}/relevance", model=SWIN_V1, method=method), 422, "relevance_unsupported"
+        )
+        r = get(why, f"{API}/{image_id}/faithfulness", model=SWIN_V1, methods=method)
+        assert_error(r, 422, "relevance_unsupported")
 
 
 def test_the_papers_protocol_is_a_named_choice(why, clf_lm, samples):

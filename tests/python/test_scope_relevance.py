@@ -90,3 +90,25 @@ def test_faithfulness_takes_the_papers_protocol(scope, picture):
     assert got["methods"]["chefer"]["auc_negative"] == pytest.approx(want.methods["chefer"].auc_negative)
     with pytest.raises(ProtocolError):
         scope.faithfulness(picture, methods="chefer", protocol="theirs")
+
+
+def test_a_list_of_pictures_of_several_sizes_equals_each_picture_alone(scope):
+    """Relevance in one batch per input size, the perturbed forwards stacked across pictures
+    (issue #40): each picture's answer is its own, to float rounding (rel 1e-4 on the curves,
+    the tolerance of the engine's batch-versus-alone tests)."""
+    rng = np.random.default_rng(12)
+    pics = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(64, 64), (48, 80), (64, 64), (32, 48)]]
+    for method in ("chefer", "attnlrp", "chefer2021"):
+        many = scope.relevance(pics, method=method, target="top")
+        for p, got in zip(pics, many):
+            alone = scope.relevance(p, method=method, target="top")
+            assert got["image_id"] == alone["image_id"] and got["grid"] == alone["grid"]
+            torch.testing.assert_close(got["relevance"], alone["relevance"], atol=1e-6, rtol=1e-4)
+    fractions = [0.0, 0.3, 0.6]
+    many = scope.faithfulness(pics, methods="chefer,random", target="top", fractions=fractions)
+    assert len({tuple(r["grid"]) for r in many}) == 3
+    for p, got in zip(pics, many):
+        alone = scope.faithfulness(p, methods="chefer,random", target="top", fractions=fractions)
+        for m in ("chefer", "random"):
+            for d in ("positive", "negative"):
+                np.testing.assert_allclose(got["methods"][m][d], alone["methods"][m][d], rtol=1e-4, atol=1e-6)

@@ -142,8 +142,18 @@ def test_methods_parse_and_unknown_ones_are_422_bad_method():
 
 
 def test_windowed_models_are_422_relevance_unsupported(swin):
+    from headscope.engine.batching import BatchRunner
+    from headscope.engine.faithfulness import PerturbationTest, faithfulness
+
     x = torch.zeros(1, 3, 224, 224)
-    for call in (lambda: relevance(swin, x), lambda: parse_target("embedding", swin)):
+    calls = [lambda: relevance(swin, x), lambda: parse_target("embedding", swin)]
+    for m in METHODS:  # every method, the LRP ones included, and the perturbation test's entry points
+        calls.append(lambda m=m: relevance(swin, x, None, [m]))
+        calls.append(lambda m=m: faithfulness(swin, x[0], {m: torch.ones(49)}))
+        calls.append(lambda m=m: PerturbationTest(swin, x[0], {m: torch.ones(49)}))
+    got = BatchRunner(swin).faithfulness_many([x[0], x[0]], [{"chefer": torch.ones(49)}] * 2, [None, None])
+    assert all(isinstance(g, RelevanceUnsupportedError) for g in got)
+    for call in calls:
         with pytest.raises(RelevanceUnsupportedError) as e:
             call()
         api = to_api_error(e.value)
@@ -164,6 +174,22 @@ def test_a_batch_equals_each_picture_alone(name):
         for m in METHODS:
             torch.testing.assert_close(batch[b].maps[m], alone.maps[m], atol=1e-6, rtol=1e-4)
     assert (batch[0].maps["chefer"] - batch[1].maps["chefer"]).abs().max() > 1e-3
+
+
+def test_a_target_per_picture_equals_each_picture_alone_with_its_target():
+    """A survey's predicted region is a box per picture: one batch, each picture its own target."""
+    lm, hw = family("vit")
+    x = pixels(hw, 3, seed=4)
+    targets = ["class:1", "top", "class:7"]
+    batch = relevance(lm, x, targets, METHODS, seed=5)
+    for b, t in enumerate(targets):
+        alone = relevance(lm, x[b : b + 1], t, METHODS, seed=5)[0]
+        assert batch[b].target == alone.target and batch[b].class_index == alone.class_index
+        assert batch[b].y == pytest.approx(alone.y, rel=1e-5, abs=1e-6)
+        for m in METHODS:
+            torch.testing.assert_close(batch[b].maps[m], alone.maps[m], atol=1e-6, rtol=1e-4)
+    with pytest.raises(ValueError, match="one per picture"):
+        relevance(lm, x, targets[:2], ["chefer"])
 
 
 def test_maps_sum_to_one_over_the_patch_grid_without_prefix_tokens():
