@@ -31,7 +31,7 @@ LOOPBACK_HOSTS := 127.0.0.1 localhost ::1
 SERVE_HOST = $(strip $(or $(HOST),$(HEADSCOPE_HOST)))
 SERVE_ANY_MODEL = $(if $(filter 1,$(ANY_MODEL)),--any-model,$(if $(filter 0,$(ANY_MODEL)),,$(if $(SERVE_HOST),$(if $(filter $(SERVE_HOST),$(LOOPBACK_HOSTS)),--any-model),--any-model)))
 
-.PHONY: check-torch setup setup-dev serve test test-fast test-soak lint format build browser-deps js-deps bench bench-smoke \
+.PHONY: check-torch setup setup-dev serve test test-fast test-long lint format build browser-deps js-deps bench bench-smoke \
 	docker-test fetch extract docs docs-serve clean
 
 $(VENV)/bin/python:
@@ -128,15 +128,16 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak and not ray"
 
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak and not ray"
 
-# The load and soak runs (tests/api/test_reliability.py, about 2.5 minutes on 2 cores): CI runs
-# them after `make test`; HEADSCOPE_SLOW=1 makes them the long versions.
-test-soak: setup-dev fetch
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m soak
+# The long tests `make test` leaves out (about 3 minutes on 2 cores): the load and soak runs
+# (tests/api/test_reliability.py; HEADSCOPE_SLOW=1 makes them the long versions) and the survey's
+# Ray engine (a local Ray cluster per test). CI runs them after `make test`.
+test-long: setup-dev $(VENV)/.installed-ray fetch
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "soak or ray"
 
 lint: setup-dev
 	$(PY) -m ruff check .

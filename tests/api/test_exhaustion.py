@@ -170,7 +170,8 @@ def test_every_follow_up_endpoint_takes_a_slot_and_uploads_have_their_own(srv, p
     takes worker time about a picture already sent (maps, stats, explain, the picture) gets 429
     + Retry-After at once, while a new upload is still answered 200."""
     image_id = post(srv.url, fresh(5), layers="-1").json()["image_id"]
-    slow = {FAULT: f"sleep:{pace.s(2):.1f}"}
+    # Each held call sleeps 1 s (paced); they run one after another, so the slots stay held ~8 s.
+    slow = {FAULT: f"sleep:{pace.s(1):.1f}"}
     follow_ups = 'headscope_admitted{pool="follow_up"}'
     with ThreadPoolExecutor(8) as ex:
         held = [ex.submit(get, f"{srv.url}{API}/{image_id}", params={"layers": i}, headers=slow) for i in range(8)]

@@ -1,6 +1,6 @@
 """Short load and soak runs (the long ones: HEADSCOPE_SLOW=1, or scripts/load.py).
 
-Marked ``soak``: they take minutes of both cores, so `make test` leaves them to `make test-soak`,
+Marked ``soak``: they take minutes of both cores, so `make test` leaves them to `make test-long`,
 which CI (`.ci/run`) runs after it.
 """
 

@@ -116,6 +116,7 @@ def test_local_survey_gives_the_stats_endpoints_values(local_rows, source, base_
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.ray  # a local Ray cluster: `make test-long`
 @pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
     reason="Ray is not installed (the optional extra: pip install -e '.[ray]'; make test installs it)",

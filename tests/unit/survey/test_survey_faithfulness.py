@@ -211,6 +211,7 @@ def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny
     assert not out.exists() and not faithfulness_path(out).exists()
 
 
+@pytest.mark.ray  # a local Ray cluster: `make test-long`
 @pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
     reason="Ray is not installed (the optional extra: pip install -e '.[ray]'; make test installs it)",
