@@ -31,7 +31,8 @@ ASSET_DIRS = ("static", "templates")
 HTTP_TIMEOUT = 120  # seconds; generous: the machine may be loaded
 # Build, a fresh venv, a model conversion and a server start: minutes on a loaded 2-core machine
 # (over pytest's default 300 s in one such run), so this module gets its own generous limit.
-pytestmark = pytest.mark.timeout(1800)
+# A release check, not an everyday one: marked `packaging`, run by `make test-long` (and CI).
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.packaging]
 
 
 def run(cmd: list, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
