@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.hub_standin import offline_any_model_server
 from helpers.keyboard import SCREENS, axe_violations, focus_in, focused, tab_to
 from helpers.page import open_page, upload, view
-from helpers.server import Server
 
 pytestmark = pytest.mark.browser
 
@@ -18,18 +18,8 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def picker_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-keys")
-    srv = Server(
-        {
-            "HF_HOME": str(root / "home"),
-            "HF_HUB_CACHE": str(root / "hub"),
-            "HF_HUB_OFFLINE": "1",
-            "HEADSCOPE_MODEL": "random:test_vit",
-        },
-        args=["--any-model"],
-    )
-    yield srv
-    assert srv.stop() == 0
-    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+    with offline_any_model_server(root) as srv:
+        yield srv
 
 
 @pytest.fixture

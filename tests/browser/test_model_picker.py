@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.hub_standin import prepare_cache, weights
-from helpers.server import SAMPLES, Server
+from helpers.hub_standin import offline_any_model_server, prepare_cache, weights
+from helpers.server import SAMPLES
 
 pytestmark = pytest.mark.browser
 
@@ -22,18 +22,8 @@ MISSING = "test_vit2.r160_in1k"
 def picker_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     prepare_cache(root / "hub", CACHED, weights(CACHED, seed=1))
-    srv = Server(
-        {
-            "HF_HOME": str(root / "home"),
-            "HF_HUB_CACHE": str(root / "hub"),
-            "HF_HUB_OFFLINE": "1",
-            "HEADSCOPE_MODEL": "random:test_vit",
-        },
-        args=["--any-model"],
-    )
-    yield srv
-    assert srv.stop() == 0
-    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
+    with offline_any_model_server(root) as srv:
+        yield srv
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 * :func:`prepare_cache` writes a tiny timm model's weights where huggingface_hub keeps them
   (``HF_HUB_CACHE/models--timm--NAME/refs/main`` and ``snapshots/COMMIT/model.safetensors``):
   what ``timm.create_model(NAME, pretrained=True)`` reads with ``HF_HUB_OFFLINE=1``.
+* :func:`offline_any_model_server` starts a ``--any-model`` server whose hub is offline
+  (``HF_HUB_OFFLINE=1``), its Hugging Face cache under a given folder.
 * :class:`StandInHub` answers huggingface_hub's two requests for a file (``HEAD`` for its commit,
   ETag and size, then ``GET``) on 127.0.0.1, slowly, so that a download's progress can be seen.
   The server under test reaches it through ``HF_ENDPOINT``. No request leaves the machine.
@@ -13,10 +15,35 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from helpers.server import Server
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@contextmanager
+def offline_any_model_server(root: Path) -> Iterator[Server]:
+    """A ``--any-model`` server of ``random:test_vit`` with the hub offline and its Hugging Face
+    cache in ``root / "hub"`` (prepare it first with :func:`prepare_cache`, or leave it empty).
+    On leaving, the server must stop cleanly, with no traceback in its log."""
+    srv = Server(
+        {
+            "HF_HOME": str(root / "home"),
+            "HF_HUB_CACHE": str(root / "hub"),
+            "HF_HUB_OFFLINE": "1",
+            "HEADSCOPE_MODEL": "random:test_vit",
+        },
+        args=["--any-model"],
+    )
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0
+    assert "Traceback" not in srv.log(), "the server logged an unhandled error; see " + str(srv.log_path)
 
 
 def weights(name: str, seed: int = 0) -> bytes:
