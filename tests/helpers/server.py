@@ -150,6 +150,12 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def stop_cleanly(self) -> None:
+        """Stop it (SIGTERM) and assert that it exited 0 with no traceback in its log: the end of
+        every server fixture."""
+        assert self.stop() == 0
+        assert "Traceback" not in self.log(), "the server logged an unhandled error; see " + str(self.log_path)
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
