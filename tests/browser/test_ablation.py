@@ -8,9 +8,9 @@ error, an uncaught exception, a dialog or a request to another host.
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
+from helpers.api import follow_up
 from helpers.charts import assert_matrix, click_plot, plot_data
 from helpers.page import ABLATION_VIEW, OUTPUT, canvas_png, image_id, open_page, upload, wait_output, wait_view
 
@@ -28,12 +28,6 @@ def toggle(layer: int, head: int) -> str:
 
 def output_png(page, testid: str = "model-output") -> str:
     return page.eval_on_selector(f"[data-testid={testid}] canvas", "c => c.toDataURL()")
-
-
-def api(base_url, iid, what, **params) -> dict:
-    r = httpx.get(f"{base_url}/api/v1/attention/{iid}/{what}", params=params, timeout=600)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_toggles_change_the_models_output_and_show_the_difference(page, base_url, samples):
@@ -58,7 +52,7 @@ def test_toggles_change_the_models_output_and_show_the_difference(page, base_url
     wait_output(page, "11:0")
     assert output_png(page) != base_png
     page.wait_for_selector(DIFF, state="visible")
-    want = api(base_url, iid, "output", ablate="11:0")["change"]["mean_abs_diff"]
+    want = follow_up(base_url, iid, "output", ablate="11:0")["change"]["mean_abs_diff"]
     assert f"mean |Δ| {want:.4f}" in page.inner_text(DIFF)
     assert "1 of 72 heads off" in page.inner_text("[data-testid=ablate-count]")
 
@@ -106,10 +100,10 @@ def test_importance_shows_with_progress_then_the_pruning_curve(page, base_url, s
     assert any("Head importance" in s[3] for s in running) and any("Pruning curve" in s[3] for s in running)
     assert "computed in" in page.inner_text(PROGRESS)
 
-    imp = api(base_url, iid, "importance")
+    imp = follow_up(base_url, iid, "importance")
     z = [t for t in plot_data(page, "importance-heatmap") if t["type"] == "heatmap"][0]["z"]
     assert_matrix(z, imp["importance"])
-    curve = api(base_url, iid, "pruning")
+    curve = follow_up(base_url, iid, "pruning")
     line = plot_data(page, "pruning-curve")[0]
     assert line["x"] == curve["removed"]
     assert_matrix(line["y"], curve["change"])
@@ -127,7 +121,7 @@ def test_importance_shows_with_progress_then_the_pruning_curve(page, base_url, s
                    return el.classList.contains('js-plotly-plot') && (el.dataset.key || '').includes('gradient'); }""",
         timeout=600_000,
     )
-    grad = api(base_url, iid, "importance", method="gradient")
+    grad = follow_up(base_url, iid, "importance", method="gradient")
     z = [t for t in plot_data(page, "importance-heatmap") if t["type"] == "heatmap"][0]["z"]
     assert_matrix(z, grad["importance"])
 

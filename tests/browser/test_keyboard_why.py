@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
 
+from helpers.api import follow_up
 from helpers.keyboard import SCREENS, axe_violations, focused, tab_to
 from helpers.page import image_id, open_page, upload
 
@@ -31,12 +31,6 @@ GROW = {"1280x800": (2, 1), "zoom200": (3, 2)}
 @pytest.fixture(params=list(GROW))
 def screen(request):
     return request.param
-
-
-def api(base_url, iid, what, **params) -> dict:
-    r = httpx.get(f"{base_url}/api/v1/attention/{iid}/{what}", params=params, timeout=600)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def said(page) -> str:
@@ -55,7 +49,7 @@ def test_a_box_by_keyboard_and_a_faithfulness_test_a_screen_reader_follows(page_
     page.wait_for_selector("#relevance-figure[data-state=ready]")
     m = re.search(r"(\d+) × (\d+) patches", page.inner_text("#token-info"))
     R, C = int(m[1]), int(m[2])
-    h, w = api(base_url, iid, "output")["input_size"]
+    h, w = follow_up(base_url, iid, "output")["input_size"]
 
     # Tab to the saliency output: the cursor starts in the middle and is said.
     tab_to(page, "[data-testid=why-saliency]", most=40)
@@ -90,7 +84,7 @@ def test_a_box_by_keyboard_and_a_faithfulness_test_a_screen_reader_follows(page_
     assert "Explaining the box" in said(page)
 
     # The map's colour bar: 0 to the map's largest share.
-    rel = api(base_url, iid, "relevance", method="chefer", target=target)
+    rel = follow_up(base_url, iid, "relevance", method="chefer", target=target)
     top = max(max(row) for row in rel["relevance"])
     assert page.is_visible("[data-testid=relevance-colorbar]")
     assert float(page.inner_text("[data-testid=relevance-colorbar] .cb-max")) == pytest.approx(top, rel=5e-3)
@@ -115,7 +109,7 @@ def test_a_box_by_keyboard_and_a_faithfulness_test_a_screen_reader_follows(page_
     heard = page.evaluate("() => window.__said")
     assert heard[0] == "Faithfulness test started: removing patches and running the model.", heard
     assert page.get_attribute("[data-testid=faithfulness-live]", "aria-live") == "polite"
-    answer = api(
+    answer = follow_up(
         base_url, iid, "faithfulness", methods="chefer,attention,random", target=target, fractions="0,0.25,0.5,0.75"
     )
     assert answer["cached"]  # the page's own test

@@ -13,9 +13,9 @@ import json
 import re
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import pytest
 
+from helpers.api import follow_up
 from helpers.charts import assert_matrix, plot_data
 from helpers.models import write_classifier
 from helpers.page import image_id, open_page, upload
@@ -38,12 +38,6 @@ def base_url(tmp_path_factory):  # the page fixtures (guard, routes) follow this
     srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([clf, SWIN_V1])})
     yield srv.url
     srv.stop_cleanly()
-
-
-def api(base_url, iid, what, **params) -> dict:
-    r = httpx.get(f"{base_url}/api/v1/attention/{iid}/{what}", params=params, timeout=600)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def wait_map(page, sel: str, **want) -> dict:
@@ -92,7 +86,7 @@ def test_why_view_maps_pickers_box_and_faithfulness_chart(page, base_url, sample
     assert {"method": "chefer", "target": "output"}.items() <= queries(seen, "relevance")[0].items()
     assert page.input_value("[data-testid=relevance-target]") == "output"
     assert "poor target" in page.inner_text("[data-testid=why-target-note]")
-    want = api(base_url, iid, "relevance", method="chefer", target="output")
+    want = follow_up(base_url, iid, "relevance", method="chefer", target="output")
     assert f"{want['y']:.3g}" in page.inner_text("#relevance-caption")
 
     # The method picker asks for that method's map.
@@ -112,7 +106,7 @@ def test_why_view_maps_pickers_box_and_faithfulness_chart(page, base_url, sample
     page.mouse.up()
     boxed = wait_map(page, MAP, method="grad_attention", target=r"box:\d+,\d+,\d+,\d+")
     x0, y0, x1, y1 = map(int, boxed["target"][4:].split(","))
-    h, w = api(base_url, iid, "output")["input_size"]
+    h, w = follow_up(base_url, iid, "output")["input_size"]
     assert abs(x0 - 0.2 * w) <= 3 and abs(y0 - 0.2 * h) <= 3 and abs(x1 - 0.6 * w) <= 3 and abs(y1 - 0.65 * h) <= 3
     assert any(q.get("target") == boxed["target"] for q in queries(seen, "relevance"))
     assert page.input_value("[data-testid=relevance-target]") == "box"
@@ -146,7 +140,7 @@ def test_why_view_maps_pickers_box_and_faithfulness_chart(page, base_url, sample
     asked = queries(seen, "faithfulness")[-1]
     assert asked["target"] == boxed["target"] and asked["fractions"] == "0,0.25,0.5,0.75"
     assert asked["methods"] == "chefer,grad_attention,attention,random"  # the chosen method and the baseline set
-    answer = api(base_url, iid, "faithfulness", **{k: asked[k] for k in ("methods", "target", "fractions")})
+    answer = follow_up(base_url, iid, "faithfulness", **{k: asked[k] for k in ("methods", "target", "fractions")})
     assert answer["cached"]  # the page's test, not a second one
     traces = plot_data(page, "faithfulness-chart")
     assert len(traces) == 2 * 4
@@ -171,7 +165,7 @@ def test_a_classifier_explains_a_class_of_its_top_5_and_a_swin_says_why_not(page
     upload(page, samples["coffee"])
     iid = image_id(samples["coffee"].read_bytes())
     wait_map(page, MAP, method="chefer", target="top")
-    top5 = api(base_url, iid, "output", model=CLF)["output"]["top5"]
+    top5 = follow_up(base_url, iid, "output", model=CLF)["output"]["top5"]
     options = page.eval_on_selector_all("[data-testid=relevance-target] option", "o => o.map(x => x.value)")
     assert options == ["top"] + [f"class:{c['index']}" for c in top5]
     third = f"class:{top5[2]['index']}"

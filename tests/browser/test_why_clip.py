@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import pytest
 
 pytest.importorskip("open_clip")
 
+from helpers.api import follow_up
 from helpers.charts import assert_matrix, plot_data  # noqa: E402
 from helpers.clip_models import MODEL_ID  # noqa: E402
 from helpers.page import image_id, open_page, upload  # noqa: E402
@@ -30,12 +30,6 @@ def base_url():  # the page fixtures (guard, routes) follow this server
     srv = Server(args=["--model", MODEL_ID])
     yield srv.url
     srv.stop_cleanly()
-
-
-def api(base_url, iid, what, **params) -> dict:
-    r = httpx.get(f"{base_url}/api/v1/attention/{iid}/{what}", params=params, timeout=600)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def wait_map(page, **want) -> dict:
@@ -70,7 +64,7 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples):
     page.press("[data-testid=relevance-phrase]", "Enter")
     wait_map(page, method="chefer", target=f"text:{PHRASE}")
     assert page.input_value("[data-testid=relevance-target]") == "text"
-    want = api(base_url, iid, "relevance", model=MODEL_ID, method="chefer", target=f"text:{PHRASE}")
+    want = follow_up(base_url, iid, "relevance", model=MODEL_ID, method="chefer", target=f"text:{PHRASE}")
     page.wait_for_selector("[data-testid=text-token]")
     tokens = page.eval_on_selector_all(
         "[data-testid=text-token]", "ts => ts.map(t => [t.textContent, Number(t.dataset.relevance)])"
@@ -92,7 +86,7 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples):
     tests = [u for u in seen if urlsplit(u).path.endswith("/faithfulness")]
     asked = {k: v[0] for k, v in parse_qs(urlsplit(tests[-1]).query).items()}
     assert asked["target"] == f"text:{PHRASE}" and asked.get("model", MODEL_ID) == MODEL_ID
-    answer = api(base_url, iid, "faithfulness", **{k: asked[k] for k in ("methods", "target", "fractions")})
+    answer = follow_up(base_url, iid, "faithfulness", **{k: asked[k] for k in ("methods", "target", "fractions")})
     assert answer["cached"] and answer["target"] == f"text:{PHRASE}"  # the page's test, not a second one
     traces = plot_data(page, "faithfulness-chart")
     metas = page.evaluate("() => document.querySelector('[data-testid=faithfulness-chart]').data.map(t => t.meta)")
@@ -108,7 +102,7 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples):
     page.press("[data-testid=zero-shot-labels]", "Enter")
     page.wait_for_selector("[data-testid=zero-shot-list][data-state=ready] [data-testid=zero-shot-label]")
     shown = page.eval_on_selector_all("[data-testid=zero-shot-label]", "bs => bs.map(b => b.dataset.label)")
-    ranked = api(base_url, iid, "zero-shot", model=MODEL_ID, labels="a dog,a cat,a red car")["labels"]
+    ranked = follow_up(base_url, iid, "zero-shot", model=MODEL_ID, labels="a dog,a cat,a red car")["labels"]
     assert shown == [r["label"] for r in ranked]
     page.click(f"[data-testid=zero-shot-label][data-label='{shown[-1]}']")
     wait_map(page, method="chefer", target=f"text:{shown[-1]}")

@@ -38,6 +38,14 @@ def get(base: str, path: str, timeout: float = HTTP_TIMEOUT, **params) -> httpx.
     return httpx.get(base + path, params=params, timeout=timeout)
 
 
+def follow_up(base: str, iid: str, what: str, timeout: float = 600, **params) -> dict:
+    """The JSON of ``GET /api/v1/attention/{iid}/{what}`` (relevance, faithfulness...),
+    which must answer 200. The long default timeout: a test may wait for a whole computation."""
+    r = httpx.get(f"{base}/api/v1/attention/{iid}/{what}", params=params, timeout=timeout)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def assert_error(r: httpx.Response, status: int, code: str | None = None) -> None:
     """``r`` is the one error body (``{"error": {"code", "message", "request_id"}}``) with
     ``status`` (and ``code``), and gives nothing of the server away."""
