@@ -29,7 +29,7 @@ from headscope.engine import importance as imp
 from headscope.engine.model import LoadedModel
 from headscope.engine.output import change, head_output
 
-from .common import BenchFailure, Variant, run_interleaved, summary
+from .common import BenchFailure, Variant, paired, run_interleaved, summary
 from .inproc import SAMPLES, Checks
 
 SWEEP_TARGET = 0.60  # (0.54 backbone + 0.22 decoder) / (1 + 0.22): docs/bench.md, "Head importance"
@@ -100,10 +100,6 @@ def variants(lm: LoadedModel, x: torch.Tensor, last: dict[str, Any]) -> list[Var
     return [Variant(key, label, keep(key, fn), group="ablation") for key, label, fn in rows]
 
 
-def _paired(num: list[float], den: list[float]) -> dict[str, float]:
-    return summary([a / b for a, b in zip(num, den)])
-
-
 def run(
     lm: LoadedModel,
     device,
@@ -137,10 +133,10 @@ def run(
         "kind": lm.output_kind,
         "rounds": iters,
         "rows": {v.key: {"label": v.label, "ms": summary([s * 1000 for s in v.times])} for v in vs},
-        "sweep_vs_whole": _paired(t["sweep"], t["whole"]),
-        "sweep_vs_whole_backbone": _paired(t["sweep_bb"], t["whole_bb"]),
-        "gradient_vs_forward": _paired(t["gradient"], t["forward"]),
-        "sweep_vs_lh_single_forwards": _paired(t["sweep"], [f * lm.num_layers * lm.num_heads for f in t["forward"]]),
+        "sweep_vs_whole": paired(t["sweep"], t["whole"]),
+        "sweep_vs_whole_backbone": paired(t["sweep_bb"], t["whole_bb"]),
+        "gradient_vs_forward": paired(t["gradient"], t["forward"]),
+        "sweep_vs_lh_single_forwards": paired(t["sweep"], [f * lm.num_layers * lm.num_heads for f in t["forward"]]),
         "arithmetic_backbone": sum(lm.num_layers - la for la in range(lm.num_layers)) / lm.num_layers**2,
         "max_abs_diff_vs_whole": err,
     }

@@ -44,6 +44,11 @@ def summary(xs: list[float]) -> dict[str, float]:
     }
 
 
+def paired(num: list[float], den: list[float]) -> dict[str, float]:
+    """The :func:`summary` of the ratios of rounds timed side by side (``num[i] / den[i]``)."""
+    return summary([a / b for a, b in zip(num, den)])
+
+
 def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 

@@ -42,7 +42,7 @@ from headscope.engine.model import LoadedModel
 from headscope.engine.output import head_output
 from headscope.engine.relevance import relevance
 
-from .common import BenchFailure, Variant, run_interleaved, summary
+from .common import BenchFailure, Variant, paired, run_interleaved, summary
 from .inproc import SAMPLES, Checks
 
 MAP_TARGET = 3.0  # chefer map / plain forward (time)
@@ -151,10 +151,6 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
     return [Variant(key, label, keep(key, fn), group="relevance") for key, label, fn in rows]
 
 
-def _paired(num: list[float], den: list[float]) -> dict[str, float]:
-    return summary([a / b for a, b in zip(num, den)])
-
-
 def run(
     lm: LoadedModel,
     device,
@@ -190,12 +186,12 @@ def run(
         "forwards": forwards,
         "batch": BATCH,
         "rows": {v.key: {"label": v.label, "ms": summary([s * 1000 for s in v.times])} for v in vs},
-        "map_vs_forward": _paired(t["map"], t["forward"]),
-        "perturbed_vs_plain": _paired(t["perturbed"], t["plain"]),
-        **{f"{m}_vs_forward": _paired(t[m], t["forward"]) for m in LRP_TARGETS},
+        "map_vs_forward": paired(t["map"], t["forward"]),
+        "perturbed_vs_plain": paired(t["perturbed"], t["plain"]),
+        **{f"{m}_vs_forward": paired(t[m], t["forward"]) for m in LRP_TARGETS},
         # speed, not time: plain forwards' time over the data set's tests' time (higher is faster)
-        "dataset_speed_vs_plain": _paired(t["dataset_plain"], t["dataset"]),
-        "dataset_alone_speed_vs_plain": _paired(t["dataset_plain"], t["dataset_alone"]),
+        "dataset_speed_vs_plain": paired(t["dataset_plain"], t["dataset"]),
+        "dataset_alone_speed_vs_plain": paired(t["dataset_plain"], t["dataset_alone"]),
         "dataset_photos": len(PHOTOS),
         "auc_positive": curve.auc_positive,
         "auc_negative": curve.auc_negative,
