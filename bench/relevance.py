@@ -20,9 +20,11 @@ Timed interleaved (``run_interleaved``), the astronaut at 224 x 224, target ``ou
   forwards of the photos themselves at batch 8. Speed ratio = plain / data set (target >= 0.9x).
   Beside them, *each photo's test alone* (``PerturbationTest.step`` photo by photo: what ran
   before, 8 + 8 + 5 forwards a photo).
-* *chefer2021 map* and *attnlrp map* (issue #40): the CVPR 2021 rule (the forward with maps and
-  its backward, plus a forward under the LRP rules and the relevance backward to the maps) and
-  AttnLRP (one forward under its rules, one backward to the pixels).
+* *chefer2021 map* and *attnlrp map* (issue #40): the CVPR 2021 rule (one forward under the LRP
+  rules, a gradient backward to the maps over its graph, then the relevance backward to the
+  maps) and AttnLRP (one forward under its rules, one backward to the patch embedding).
+* *plain gradient*: the model's own forward with the autograd graph and one backward to the
+  pixels, no rule: what "a forward and a backward" costs on the device (AttnLRP's floor).
 
 All ratios are paired per round (time over time: lower is faster). Targets (issues #27, #40):
 <= 3x for the chefer map, <= 4x for chefer2021, <= 2x for attnlrp, <= 1.15x for the perturbed
@@ -91,6 +93,12 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
         with torch.inference_mode():
             return head_output(lm, lm.model.forward_features(x), hw)  # type: ignore[operator]
 
+    def one_gradient():  # what "one forward and one backward" costs before any rule
+        with torch.inference_mode(False), torch.enable_grad():
+            xg = x.detach().clone().requires_grad_(True)
+            out = head_output(lm, lm.model.forward_features(xg), hw, logits=True)  # type: ignore[operator]
+            return torch.autograd.grad(out.flatten(1).mean(1).sum(), xg)[0]
+
     def perturbed():
         test = PerturbationTest(
             lm, x[0], {"chefer": chefer_map}, "output", fractions, batch_size=BATCH, reference=reference
@@ -140,6 +148,7 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
     rows = [
         ("map", "chefer map (forward with maps + backward)", one_map),
         ("forward", "plain forward (batch 1)", one_forward),
+        ("gradient", "plain gradient (forward with the graph + backward to the pixels)", one_gradient),
         ("perturbed", f"{forwards} perturbed forwards, one method (batch {BATCH})", perturbed),
         ("plain", f"{forwards} plain forwards (batch {BATCH})", plain),
         ("chefer2021", "chefer2021 map (CVPR 2021: gradients + LRP)", lrp_map("chefer2021")),
@@ -189,6 +198,8 @@ def run(
         "map_vs_forward": paired(t["map"], t["forward"]),
         "perturbed_vs_plain": paired(t["perturbed"], t["plain"]),
         **{f"{m}_vs_forward": paired(t[m], t["forward"]) for m in LRP_TARGETS},
+        "gradient_vs_forward": paired(t["gradient"], t["forward"]),
+        "attnlrp_vs_gradient": paired(t["attnlrp"], t["gradient"]),
         # speed, not time: plain forwards' time over the data set's tests' time (higher is faster)
         "dataset_speed_vs_plain": paired(t["dataset_plain"], t["dataset"]),
         "dataset_alone_speed_vs_plain": paired(t["dataset_plain"], t["dataset_alone"]),
@@ -233,6 +244,13 @@ def table(res: dict[str, Any]) -> list[str]:
         if r:
             span = f"[{r['p10']:.2f}-{r['p90']:.2f}]"
             lines.append(f"  {m} map / plain forward: {r['median']:.2f}x {span} (target <= {target:.2f}x)")
+    for key, text in (
+        ("gradient_vs_forward", "plain gradient / plain forward"),
+        ("attnlrp_vs_gradient", "attnlrp map / plain gradient"),
+    ):
+        r = res.get(key)
+        if r:
+            lines.append(f"  {text}: {r['median']:.2f}x [{r['p10']:.2f}-{r['p90']:.2f}]")
     return lines
 
 
@@ -240,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m bench.relevance``: these rows alone (the full bench runs them too)."""
     import argparse
     import json
+    import os
     from pathlib import Path
 
     from headscope.serving.malloc import tune_malloc
@@ -255,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_embedded(a.models_dir)
     lm.to(a.device)
     checks = Checks()
+    load = os.getloadavg()
     res = run(lm, torch.device(a.device), a.rounds, 1, checks)
+    res["load_average"] = {"before": load[0], "after": os.getloadavg()[0]}  # a shared machine: say how busy
     print("\n".join(table(res)))
     if a.out:
         a.out.write_text(json.dumps(res, indent=1) + "\n")

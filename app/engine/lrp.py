@@ -23,6 +23,11 @@ the operations that need a rule with a custom autograd function and leaves the o
   - a branch point: autograd's sum (their ``Clone`` up to its 1e-9 stabiliser).
 
   ``safe_divide`` is theirs: ``a / (b + 1e-9)``, 0 where ``b == 0``.
+
+  The rule also needs ``dy/dA_l``, the plain gradient at each attention map. The same graph gives
+  it: every function above answers its plain derivative when :attr:`RelevanceMode.gradient` is
+  set, so one forward under the rules serves a gradient backward and then the relevance backward
+  (``retain_graph``), instead of a second forward that keeps the maps.
 * ``attnlrp`` (Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for
   Transformers", ICML 2024): relevance as gradient x input of a forward whose gradient is
   modified as LXT's efficient rules modify it: the identity rule for element-wise non-linearities
@@ -30,7 +35,9 @@ the operations that need a rule with a custom autograd function and leaves the o
   standard deviation held constant), the uniform rule for the attention products (the gradient
   of q and k divided by 4, of v by 2: ``q @ k^T`` and ``A @ V`` each split their relevance in
   half) and for a SwiGLU gate (halved), the softmax's rule (which is its plain gradient x input)
-  and the epsilon rule for linear layers (their plain gradient, epsilon -> 0).
+  and the epsilon rule for linear layers (their plain gradient, epsilon -> 0). The patch
+  embedding's convolution is linear too, so its output can be the graph's leaf (``patch_weight``):
+  gradient x input summed over a patch's pixels is the same number there.
 
 Attention runs through ``scaled_dot_product_attention`` for every supported family (the mode
 switches ``fused_attn`` on for the call, as the capture does for EVA and BEiT), and the mode
@@ -47,6 +54,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.autograd import Function
+from torch.nn.grad import conv2d_input
 from torch.overrides import TorchFunctionMode
 
 from .block_capture import attention_layers
@@ -60,7 +68,7 @@ def safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # 1e-9 are those two numbers); the same numbers in five passes over the tensor instead of eleven
     den = b + 1e-9
     den.masked_fill_(den == 0, 1e-9)
-    return (a / den).mul_(b.ne(0))
+    return (a / den).masked_fill_(b == 0, 0)  # the authors multiply by b.ne(0): 0 there, as here
 
 
 def _saveable(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -70,35 +78,59 @@ def _saveable(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
 
 
 # -- chefer2021: explicit relevance functions ------------------------------------------------
+# Each function's backward answers one of two passes over the same graph, chosen by its mode's
+# ``gradient`` flag: the relevance pass (the rule) or the gradient pass (the plain derivative, so
+# the CVPR 2021 rule's ``dy/dA_l`` comes from the rules' own forward: one forward for both).
+def _recomputed_grad(fn: Callable, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``J_fn(x)^T g``: the plain derivative of a one-input function, by its own autograd."""
+    with torch.enable_grad():
+        xg = x.detach().requires_grad_(True)
+        (c,) = torch.autograd.grad(fn(xg), xg, g)
+    return c
+
+
 class _Identity(Function):
     """``fn(x)`` forward; relevance passes unchanged."""
 
     @staticmethod
-    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, mode: RelevanceMode, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+        ctx.mode, ctx.fn = mode, fn
+        ctx.save_for_backward(*_saveable(x))
         return fn(x)
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
-        return None, r
+        if ctx.mode.gradient:
+            (x,) = ctx.saved_tensors
+            return None, None, _recomputed_grad(ctx.fn, x, r)
+        return None, None, r
 
 
 class _Lrp0(Function):
     """A parameter-free linear map ``fn`` (mean, interpolation): ``x * J^T (R / fn(x))``."""
 
     @staticmethod
-    def forward(ctx, fn: Callable, x: torch.Tensor) -> torch.Tensor:
-        ctx.fn = fn
+    def forward(ctx, mode: RelevanceMode, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+        ctx.mode, ctx.fn = mode, fn
         ctx.save_for_backward(*_saveable(x))
         return fn(x)
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
         (x,) = ctx.saved_tensors
+        if ctx.mode.gradient:
+            return None, None, _recomputed_grad(ctx.fn, x, r)
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
             z = ctx.fn(xg)
             (c,) = torch.autograd.grad(z, xg, safe_divide(r, z.detach()))
-        return None, x * c
+        return None, None, x * c
+
+
+def _positive_share(r: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """:func:`safe_divide` for ``z >= 0`` (the alpha-beta rule's denominator, a sum of products of
+    equal signs): ``r / (z + 1e-9)``, 0 where ``z == 0``; two passes fewer."""
+    return (r / (z + 1e-9)).masked_fill_(z == 0, 0)
 
 
 class _AlphaBeta(Function):
@@ -106,9 +138,10 @@ class _AlphaBeta(Function):
 
     @staticmethod
     def forward(
-        ctx, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, linear: bool = False
-    ) -> torch.Tensor:
-        ctx.op, ctx.linear = op, linear
+        ctx, mode: RelevanceMode, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+        linear: bool = False, adjoint: Callable | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        ctx.mode, ctx.op, ctx.linear, ctx.adjoint = mode, op, linear, adjoint
         ctx.save_for_backward(*_saveable(x, w))
         return op(x, w, b)
 
@@ -116,20 +149,76 @@ class _AlphaBeta(Function):
     def backward(ctx, r: torch.Tensor):
         x, w = ctx.saved_tensors
         x, w = x.detach(), w.detach()
-        px, nx, pw, nw = x.clamp(min=0), x.clamp(max=0), w.clamp(min=0), w.clamp(max=0)
+        none = (None,) * 4
+        if ctx.mode.gradient:
+            if ctx.linear:
+                return None, None, r @ w, *none
+            if ctx.adjoint is not None:
+                return None, None, ctx.adjoint(r, w, x.shape), *none
+            return None, None, _recomputed_grad(lambda t: ctx.op(t, w, None), x, r), *none
+        parts = _signed_parts(x, w)
+        if not parts:  # x all zeros: no relevance passes
+            return None, None, torch.zeros_like(x), *none
         if ctx.linear:
             # a linear layer's transposed product written out (what autograd's grad of F.linear
             # computes, without building and running a graph)
-            s = safe_divide(r, F.linear(px, pw) + F.linear(nx, nw))
-            return None, (px * (s @ pw)).add_(nx * (s @ nw)), None, None, None
+            z = F.linear(*parts[0])
+            for xp, wp in parts[1:]:
+                z.add_(F.linear(xp, wp))
+            s = _positive_share(r, z)
+            c = parts[0][0] * (s @ parts[0][1])
+            for xp, wp in parts[1:]:
+                c.add_(xp * (s @ wp))
+            return None, None, c, *none
+        if ctx.adjoint is not None:  # the transposed products without building a graph
+            with torch.no_grad():
+                s = _positive_share(r, _total([ctx.op(xp, wp, None) for xp, wp in parts]))
+                c = _total([xp * ctx.adjoint(s, wp, x.shape) for xp, wp in parts])
+            return None, None, c, *none
         with torch.enable_grad():
-            px.requires_grad_(True)
-            nx.requires_grad_(True)
-            z1 = ctx.op(px, pw, None)
-            z2 = ctx.op(nx, nw, None)
-            s = safe_divide(r, (z1 + z2).detach())
-            c1, c2 = torch.autograd.grad([z1, z2], [px, nx], [s, s])
-        return None, px.detach() * c1 + nx.detach() * c2, None, None, None
+            xs = [xp.requires_grad_(True) for xp, _ in parts]
+            zs = [ctx.op(xp, wp, None) for xp, (_, wp) in zip(xs, parts)]
+            s = _positive_share(r, _total([z.detach() for z in zs]))
+            cs = torch.autograd.grad(zs, xs, [s] * len(zs))
+        c = _total([xp.detach() * cp for xp, cp in zip(xs, cs)])
+        return None, None, c, *none
+
+
+def _total(ts: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of one or two tensors."""
+    out = ts[0]
+    for t in ts[1:]:
+        out = out + t
+    return out
+
+
+def _conv_adjoint(func: Callable, extra: tuple) -> Callable | None:
+    """``(g, w, x_shape) -> J^T g`` of ``func(., w)``: the input gradient of a convolution given its
+    positional arguments after the bias, as one convolution (None: not one of these two)."""
+    if func is torch.conv_transpose2d:
+        stride, padding, _, groups, dilation = _defaults(extra, (1, 0, 0, 1, 1))  # output_padding: not in J^T
+        return lambda g, w, shape: F.conv2d(g, w, None, stride, padding, dilation, groups)
+    if func is torch.conv2d and not any(isinstance(a, str) for a in extra):  # padding="same" left to autograd
+        stride, padding, dilation, groups = _defaults(extra, (1, 0, 1, 1))
+        return lambda g, w, shape: conv2d_input(shape, w, g, stride, padding, dilation, groups)
+    return None
+
+
+def _defaults(given: tuple, defaults: tuple) -> tuple:
+    """Positional arguments completed with the defaults of those not given."""
+    return tuple(given) + tuple(defaults[len(given) :])
+
+
+def _signed_parts(x: torch.Tensor, w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Alpha-beta's two products with alpha 1: ``(x+, w+)`` and ``(x-, w-)``, leaving out one whose
+    ``x`` part is all zeros (a ReLU's output has no negative part): its terms are exact zeros.
+    Checked on the CPU only, where it saves the work; on an accelerator the check would wait
+    for the device."""
+    pos, neg = (x.clamp(min=0), w.clamp(min=0)), (x.clamp(max=0), w.clamp(max=0))
+    if x.device.type != "cpu":
+        return [pos, neg]
+    lo, hi = torch.aminmax(x)
+    return ([pos] if hi > 0 else []) + ([neg] if lo < 0 else [])
 
 
 class _Product(Function):
@@ -137,42 +226,46 @@ class _Product(Function):
     factor's ``x * grad`` for ``R / Z``, halved."""
 
     @staticmethod
-    def forward(ctx, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        ctx.op = op
-        ctx.save_for_backward(*_saveable(a, b))
-        return op(a, b)
+    def forward(ctx, mode: RelevanceMode, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.mode, ctx.op = mode, op
+        z = op(a, b)
+        ctx.save_for_backward(*_saveable(a, b), z)  # z: the rule's denominator, not computed again
+        return z
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
-        a, b = (t.detach() for t in ctx.saved_tensors)
-        op = ctx.op
+        a, b, z = (t.detach() for t in ctx.saved_tensors)
+        op, grad = ctx.op, ctx.mode.gradient
+        s = r if grad else safe_divide(r, z)
         if op in _MATMULS and a.dim() == b.dim() >= 2 and a.shape[:-2] == b.shape[:-2]:
             # the two transposed products autograd's grad of a matmul computes, written out
-            s = safe_divide(r, op(a, b))
             ca, cb = s @ b.transpose(-2, -1), a.transpose(-2, -1) @ s
         elif op in _MULS:
-            s = safe_divide(r, op(a, b))
             ca, cb = s * b, s * a
         else:
             with torch.enable_grad():
                 ag, bg = a.requires_grad_(True), b.requires_grad_(True)
-                z = op(ag, bg)
-                ca, cb = torch.autograd.grad(z, [ag, bg], safe_divide(r, z.detach()))
+                ca, cb = torch.autograd.grad(op(ag, bg), [ag, bg], s)
             a, b = a.detach(), b.detach()
-        return None, _unbroadcast(a * ca / 2, a.shape), _unbroadcast(b * cb / 2, b.shape)
+        if grad:
+            return None, None, _unbroadcast(ca, a.shape), _unbroadcast(cb, b.shape)
+        return None, None, _unbroadcast(a * ca / 2, a.shape), _unbroadcast(b * cb / 2, b.shape)
 
 
 class _Add(Function):
     """``a + b`` of two relevance-carrying tensors: the authors' ``Add`` rule, per picture."""
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, mode: RelevanceMode, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.mode = mode
         ctx.save_for_backward(*_saveable(a, b))
         return a + b
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
         a, b = ctx.saved_tensors
+        if ctx.mode.gradient:
+            return None, _unbroadcast(r, a.shape), _unbroadcast(r, b.shape)
         s = safe_divide(r, (a + b).detach())
         ra, rb = a * s, b * s
         dims = tuple(range(1, r.dim()))  # per picture: the authors sum the whole tensor of one picture
@@ -180,7 +273,7 @@ class _Add(Function):
         total = a_sum.abs() + b_sum.abs()
         ra = ra * safe_divide(safe_divide(a_sum.abs(), total) * r_sum, a_sum)
         rb = rb * safe_divide(safe_divide(b_sum.abs(), total) * r_sum, b_sum)
-        return _unbroadcast(ra, a.shape), _unbroadcast(rb, b.shape)
+        return None, _unbroadcast(ra, a.shape), _unbroadcast(rb, b.shape)
 
 
 _MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
@@ -239,17 +332,16 @@ class _LayerNormRule(Function):
     ``(g w - mean(g w)) / std``."""
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None, dims: tuple, eps: float):
-        var = x.detach().var(dims, correction=0, keepdim=True)
+    def forward(ctx, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None, dims: tuple, rstd: torch.Tensor):
         ctx.dims = dims
-        ctx.save_for_backward((var + eps).sqrt(), *_saveable(w.detach() if w is not None else None))
+        ctx.save_for_backward(rstd, *_saveable(w.detach() if w is not None else None))
         return out
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        std, w = ctx.saved_tensors
+        rstd, w = ctx.saved_tensors
         gw = g * w if w is not None else g
-        return None, (gw - gw.mean(ctx.dims, keepdim=True)) / std, None, None, None
+        return None, (gw - gw.mean(ctx.dims, keepdim=True)) * rstd, None, None, None
 
 
 def _grad(t: Any) -> bool:
@@ -261,19 +353,30 @@ class RelevanceMode(TorchFunctionMode):
 
     Args:
         rules: ``chefer2021`` or ``attnlrp``.
+        patch_weight: the patch embedding's convolution weight: that convolution's output becomes
+            the graph's leaf (:attr:`patches`), so the backward stops there instead of at the
+            pixels (what AttnLRP sums per patch is the same number; see
+            :func:`app.engine.relevance.patch_relevance`).
     """
 
-    def __init__(self, rules: str):
+    def __init__(self, rules: str, patch_weight: torch.Tensor | None = None):
         super().__init__()
         if rules not in RULES:
             raise ValueError(f"rules {rules!r}: use one of {', '.join(RULES)}")
         self.rules = rules
         self.maps: list[torch.Tensor] = []  # softmax maps of each attention call, in the graph
+        # chefer2021's backward passes: the relevance (False) or the plain gradient (True)
+        self.gradient = False
+        self.patch_weight = patch_weight
+        self.patches: torch.Tensor | None = None  # [B, D, rows, cols], a leaf: see patch_weight
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             return self._attention(*args, **kwargs)
+        if func is torch.conv2d and self.patch_weight is not None and len(args) > 1 and args[1] is self.patch_weight:
+            self.patches = func(*args, **kwargs).detach().requires_grad_(True)
+            return self.patches
         if not any(_grad(a) for a in args) and not any(_grad(a) for a in kwargs.values()):
             return func(*args, **kwargs)
         if self.rules == "attnlrp":
@@ -290,13 +393,14 @@ class RelevanceMode(TorchFunctionMode):
         if func is F.layer_norm:
             # LXT's layer_norm_forward: the standard deviation held constant; the value is the
             # model's own LayerNorm (the rule only changes the gradient)
-            x, shape = args[0], args[1]
+            x, shape = args[0], list(args[1])
             w = args[2] if len(args) > 2 else kwargs.get("weight")
+            b = args[3] if len(args) > 3 else kwargs.get("bias")
             eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
             dims = tuple(range(-len(shape), 0))
-            with torch.no_grad():  # the model's own value; the rule is the gradient
-                out = func(*args, **kwargs)
-            return _LayerNormRule.apply(out, x, w, dims, eps)
+            with torch.no_grad():  # the kernel F.layer_norm runs (its value), and 1 / std beside it
+                out, _, rstd = torch.native_layer_norm(x, shape, w, b, eps)
+            return _LayerNormRule.apply(out, x, w, dims, rstd)
         if func in (torch.Tensor.mul, torch.mul) and len(args) == 2 and _grad(args[0]) and _grad(args[1]):
             return _ScaleGrad.apply(func(*args, **kwargs), 2.0)
         return func(*args, **kwargs)
@@ -313,34 +417,37 @@ class RelevanceMode(TorchFunctionMode):
             def op(x_, w_, b_, func=func, extra=extra, rest=rest):
                 return func(x_, w_, b_, *extra, **rest)
 
-            return _AlphaBeta.apply(op, x, w, b, func is F.linear and not extra and not rest)
+            linear = func is F.linear and not extra and not rest
+            return _AlphaBeta.apply(self, op, x, w, b, linear, None if rest else _conv_adjoint(func, extra))
         if func in (torch.Tensor.matmul, torch.matmul, torch.Tensor.__matmul__, torch.Tensor.mul, torch.mul):
             a, b = args[0], args[1]
             if _grad(a) and _grad(b):
-                return _Product.apply(func, a, b)
-            return _Identity.apply(lambda t: func(*args, **kwargs), a if _grad(a) else b)
+                return _Product.apply(self, func, a, b)
+            if _grad(a):  # a product with a constant: relevance passes; the derivative is the product's
+                return _Identity.apply(self, lambda t: func(t, b, *args[2:], **kwargs), a)
+            return _Identity.apply(self, lambda t: func(a, t, *args[2:], **kwargs), b)
         if func in (torch.Tensor.mul_, torch.Tensor.div, torch.div, torch.Tensor.__truediv__):
             a = args[0]
             if _grad(a) and not (len(args) > 1 and _grad(args[1])):
                 scale: Callable[..., Any] = torch.Tensor.mul if func is torch.Tensor.mul_ else func
-                return _Identity.apply(lambda t: scale(t, *args[1:], **kwargs), a)
+                return _Identity.apply(self, lambda t: scale(t, *args[1:], **kwargs), a)
             return func(*args, **kwargs)
         if func in (torch.Tensor.add, torch.add, torch.Tensor.__add__) and len(args) == 2 and not kwargs:
             a, b = args
             if _grad(a) and _grad(b):
-                return _Add.apply(a, b)
+                return _Add.apply(self, a, b)
             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
                 # a constant added (a bias table, a position embedding): the Add rule, its share dropped
                 const = b if _grad(a) else a
-                return _Add.apply(a if _grad(a) else a.detach(), b if _grad(b) else const.detach())
+                return _Add.apply(self, a if _grad(a) else a.detach(), b if _grad(b) else const.detach())
             return func(*args, **kwargs)
         if func in (F.layer_norm, F.gelu, F.silu, F.dropout, F.relu, torch.relu, torch.sigmoid, F.sigmoid,
                     torch.Tensor.sigmoid, torch.Tensor.softmax, F.softmax, torch.softmax, F.batch_norm):  # fmt: skip
             x = args[0]
-            return _Identity.apply(lambda t: func(t, *args[1:], **kwargs), x)
+            return _Identity.apply(self, lambda t: func(t, *args[1:], **kwargs), x)
         if func in (torch.Tensor.mean, torch.mean, F.interpolate):
             x = args[0]
-            return _Lrp0.apply(lambda t: func(t, *args[1:], **kwargs), x)
+            return _Lrp0.apply(self, lambda t: func(t, *args[1:], **kwargs), x)
         return func(*args, **kwargs)
 
     def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
@@ -353,23 +460,25 @@ class RelevanceMode(TorchFunctionMode):
             # the rules sit around the fused kernel (its gradient is the softmax's): no N x N map
             q, k, v = _ScaleGrad.apply(q, 4.0), _ScaleGrad.apply(k, 4.0), _ScaleGrad.apply(v, 2.0)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
-        qs = _Identity.apply(lambda t: t * scale, q)
-        s = _Product.apply(torch.matmul, qs, k.transpose(-2, -1))  # B, H, N, N
+        qs = _Identity.apply(self, lambda t: t * scale, q)
+        s = _Product.apply(self, torch.matmul, qs, k.transpose(-2, -1))  # B, H, N, N
         if attn_mask is not None:
-            s = _Add.apply(s, attn_mask.detach().expand_as(s))
-        a = _Identity.apply(lambda t: t.softmax(-1), s)
+            s = _Add.apply(self, s, attn_mask.detach().expand_as(s))
+        a = _Identity.apply(self, lambda t: t.softmax(-1), s)
         self.maps.append(a)
-        return _Product.apply(torch.matmul, a, v)
+        return _Product.apply(self, torch.matmul, a, v)
 
 
 @contextmanager
-def relevance_rules(model: torch.nn.Module, rules: str) -> Iterator[RelevanceMode]:
+def relevance_rules(
+    model: torch.nn.Module, rules: str, patch_weight: torch.Tensor | None = None
+) -> Iterator[RelevanceMode]:
     """Run ``model``'s forward (and its head) under :class:`RelevanceMode` inside the block.
 
     Every block's attention is switched to its fused branch for the block (the mode answers
     ``scaled_dot_product_attention`` with the rules), and switched back after.
     """
-    mode = RelevanceMode(rules)
+    mode = RelevanceMode(rules, patch_weight)
     with ExitStack() as stack:
         for attn, _ in attention_layers(model):
             stack.callback(setattr, attn, "fused_attn", attn.fused_attn)

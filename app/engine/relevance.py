@@ -406,35 +406,36 @@ def _signed_patch_map(v: torch.Tensor, prefix: int) -> tuple[torch.Tensor, bool]
     return (p / s).float(), False
 
 
-def chefer2021_maps(
-    grads: list[torch.Tensor], lrp: list[torch.Tensor], readout: torch.Tensor, start_layer: int = CHEFER2021_START_LAYER
-) -> torch.Tensor:
+def chefer2021_maps(grads: list[torch.Tensor], lrp: list[torch.Tensor], readout: torch.Tensor) -> torch.Tensor:
     """The CVPR 2021 rule over all tokens: ``[B, N]``.
 
     Args:
-        grads: per layer ``[B, H, N, N]``: ``dy/dA_l``.
-        lrp: per layer ``[B, H, N, N]``: the LRP relevance arriving at ``A_l``.
+        grads: per layer from the first of the product (the authors' ``start_layer``) to the
+            last, ``[B, H, N, N]``: ``dy/dA_l``.
+        lrp: the same layers' LRP relevance arriving at ``A_l``, ``[B, H, N, N]`` each.
         readout: ``[B, N]`` weights of the final tokens (the CLS token alone for a CLS classifier).
-        start_layer: the product starts at this layer (the authors' ``start_layer``).
     """
     v = readout.float()
-    for g, r in reversed(list(zip(grads, lrp))[start_layer:]):
+    for g, r in reversed(list(zip(grads, lrp))):
         cam = (g.float() * r.float()).clamp(min=0).mean(1)  # B, N, N
         v = v + (v[:, None, :] @ cam)[:, 0]  # B, N
     return v
 
 
-def _rules_forward(lm: LoadedModel, pixels: torch.Tensor, rules: str, ablate: Ablation):
+def _rules_forward(
+    lm: LoadedModel, pixels: torch.Tensor, rules: str, ablate: Ablation, patch_weight: torch.Tensor | None = None
+):
     """One forward under :func:`app.engine.lrp.relevance_rules`: ``(x, features, output, mode)``,
-    ``x`` the graph's leaf (a float copy of the pixels). Call with autograd enabled."""
+    ``x`` the graph's leaf (a float copy of the pixels), or with ``patch_weight`` the patch
+    embedding's output (``mode.patches``; ``x`` then has no gradient). Call with autograd enabled."""
     from .ablation import head_masks, heads_masked
     from .lrp import relevance_rules
     from .output import head_output
 
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     masks = head_masks(ablate, lm.num_heads, pixels.device)
-    x = pixels.detach().clone().float().requires_grad_(True)
-    with heads_masked(lm.model, masks), relevance_rules(lm.model, rules) as mode:
+    x = pixels.detach().clone().float().requires_grad_(patch_weight is None)
+    with heads_masked(lm.model, masks), relevance_rules(lm.model, rules, patch_weight) as mode:
         feats = lm.model.forward_features(x)  # type: ignore[operator]  # timm's
         out = head_output(lm, feats, hw, logits=True)
     return x, feats, out, mode
@@ -461,30 +462,91 @@ class PerPicture:
         return self.targets[b]
 
 
+def patch_conv(lm: LoadedModel, hw: tuple[int, int]) -> torch.nn.Conv2d | None:
+    """The patch embedding's convolution when it cuts ``hw`` into exactly the token grid (kernel
+    and stride one patch, no padding), else None.
+
+    Then gradient x input summed over a patch's pixels and channels equals ``g . (e - b)`` at
+    that convolution's output ``e`` (a linear map: ``sum x * W^T g = g . W x``), so AttnLRP's
+    backward can stop there instead of running the convolution's backward to the pixels.
+    """
+    conv = getattr(getattr(lm.model, "patch_embed", None), "proj", None)
+    if not isinstance(conv, torch.nn.Conv2d):
+        return None
+    patch = tuple(lm.patch_size)
+    plain = (
+        tuple(conv.kernel_size) == patch == tuple(conv.stride)
+        and tuple(conv.padding) == (0, 0)
+        and tuple(conv.dilation) == (1, 1)
+        and conv.groups == 1
+    )
+    grid = lm.layout(hw).grid  # type: ignore[union-attr]
+    whole = hw[0] % patch[0] == 0 and hw[1] % patch[1] == 0 and (hw[0] // patch[0], hw[1] // patch[1]) == grid
+    return conv if plain and whole else None
+
+
 def _attnlrp_forward(
     lm: LoadedModel, pixels: torch.Tensor, tgt: Target | PerPicture, ref: torch.Tensor | None, ablate: Ablation
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """AttnLRP: ``(pixel relevance [B, H, W], y [B], the output as reference)``, one forward and
-    one backward (``ref`` None: this forward's output is the unperturbed one)."""
+    """AttnLRP: ``(patch relevance [B, P], y [B], the output as reference)``, one forward and
+    one backward (``ref`` None: this forward's output is the unperturbed one).
+
+    The relevance is gradient x input at the pixels summed over each patch: computed at the patch
+    embedding's output where :func:`patch_conv` allows (the same number, without the backward
+    through the embedding), else at the pixels.
+    """
+    hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
+    conv = patch_conv(lm, hw)
     with torch.inference_mode(False), torch.enable_grad():
-        x, _, out, _ = _rules_forward(lm, pixels, "attnlrp", ablate)
+        x, _, out, mode = _rules_forward(lm, pixels, "attnlrp", ablate, conv.weight if conv is not None else None)
         ref = out.detach() if ref is None else ref
         y = tgt.value(out, ref)  # B
-        (gx,) = torch.autograd.grad(y.sum(), x)
-    return (x.detach() * gx).sum(1), y.detach(), ref
+        leaf = mode.patches if conv is not None else x
+        if leaf is None:
+            raise RuntimeError("attnlrp: the patch embedding's convolution did not run")
+        (g,) = torch.autograd.grad(y.sum(), leaf)
+    if conv is None:
+        return _pixels_to_patches((x.detach() * g).sum(1), lm.layout(hw).grid, lm.patch_size), y.detach(), ref  # type: ignore[union-attr]
+    e = leaf.detach()  # B, D, rows, cols
+    if conv.bias is not None:
+        e = e - conv.bias.detach()[None, :, None, None].to(e.dtype)
+    return (g * e).sum(1).flatten(1), y.detach(), ref  # B, P (row-major, the tokens' order)
 
 
 def _chefer2021_forward(
-    lm: LoadedModel, pixels: torch.Tensor, tgt: Target | PerPicture, ref: torch.Tensor, ablate: Ablation
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The CVPR 2021 rule's LRP: ``(relevance at each layer's maps [L x (B, H, N, N)], readout
-    [B, N])``, the relevance starting from ``dy/d(output)`` (one-hot for a class, as the authors')."""
+    lm: LoadedModel,
+    pixels: torch.Tensor,
+    tgt: Target | PerPicture,
+    ref: torch.Tensor | None,
+    ablate: Ablation,
+    start_layer: int,
+    gradients: bool,
+) -> tuple[list[torch.Tensor] | None, list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CVPR 2021 rule's passes over one forward under the rules: ``(dy/dA_l or None, LRP
+    relevance at A_l, readout [B, N], y [B], the output as reference)``, the two lists for the
+    layers from ``start_layer`` (``[B, H, N, N]`` each; none below is computed).
+
+    The relevance starts from ``dy/d(output)`` (one-hot for a class, as the authors'). With
+    ``gradients``, a first backward over the same graph (each rule answering its plain
+    derivative) gives the maps' gradients, so no second forward is needed for them.
+    """
     with torch.inference_mode(False), torch.enable_grad():
         _, feats, out, mode = _rules_forward(lm, pixels, "chefer2021", ablate)
+        ref = out.detach() if ref is None else ref
+        maps = mode.maps[start_layer : lm.num_layers]
         out_leaf = out.detach().requires_grad_(True)
-        (r_out,) = torch.autograd.grad(tgt.value(out_leaf, ref).sum(), out_leaf)
-        *r_maps, r_z = torch.autograd.grad(out, [*mode.maps[: lm.num_layers], feats], r_out)
-    return [r.detach() for r in r_maps], r_z.detach().sum(-1).abs()
+        y_leaf = tgt.value(out_leaf, ref)  # B
+        (r_out,) = torch.autograd.grad(y_leaf.sum(), out_leaf)  # dy/d(output): where relevance starts
+        g_maps = None
+        if gradients:
+            mode.gradient = True
+            try:
+                g_maps = list(torch.autograd.grad(out, maps, r_out, retain_graph=True))
+            finally:
+                mode.gradient = False
+        *r_maps, r_z = torch.autograd.grad(out, [*maps, feats], r_out)
+    g_maps = [g.detach() for g in g_maps] if g_maps is not None else None
+    return g_maps, [r.detach() for r in r_maps], r_z.detach().sum(-1).abs(), y_leaf.detach(), ref
 
 
 def _pixels_to_patches(r: torch.Tensor, grid: tuple[int, int], patch: tuple[int, int]) -> torch.Tensor:
@@ -524,7 +586,10 @@ def relevance(
 ) -> list[Relevance]:
     """Relevance maps of a batch of images for one target: one :class:`Relevance` per image.
 
-    One forward (maps kept, with autograd when a gradient method is asked for) and one backward.
+    One forward (maps kept, with autograd when a gradient method is asked for) and one backward;
+    ``chefer2021`` and ``attnlrp`` add a forward of their own under their rules (and skip the
+    forward that keeps the maps when only they are asked): ``chefer2021`` two backwards over it
+    (the maps' gradients, then their relevance), ``attnlrp`` one.
 
     Args:
         lm: the model (global attention blocks; windowed models are refused).
@@ -560,18 +625,31 @@ def relevance(
     names = parse_methods(methods)
     if isinstance(tgt, Target):
         check_target(tgt, hw)
-    grad = bool(GRADIENT_METHODS & set(names))
     full: dict[str, torch.Tensor] = {}
     g_maps: list[torch.Tensor] = []
     layout = lm.layout(hw)
     prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
-    if "attnlrp" in names and not set(names) - {"attnlrp", "random"}:
-        # AttnLRP alone: its own forward gives the output too (no forward with the maps kept)
-        r_pix, y_lrp, ref = _attnlrp_forward(lm, pixels, tgt, None, ablate)
-        full["attnlrp"] = _pixels_to_patches(r_pix, grid, lm.patch_size)
-        cls0 = layout.cls_index  # type: ignore[union-attr]
+    cls = layout.cls_index  # type: ignore[union-attr]
+    lrp = [m for m in ("chefer2021", "attnlrp") if m in names]
+    if lrp and not set(names) - {"attnlrp", "chefer2021", "random"}:
+        # the LRP methods alone: their own forwards give the output too (no forward that keeps
+        # the maps; chefer2021's gradients come from its own graph)
+        y_lrp: torch.Tensor | None = None
+        ref: torch.Tensor | None = None
+        if "chefer2021" in names:
+            g21, r_maps, readout, y_lrp, ref = _chefer2021_forward(
+                lm, pixels, tgt, None, ablate, chefer2021_start, gradients=True
+            )
+            with torch.no_grad():
+                full["chefer2021"] = chefer2021_maps(g21 or [], r_maps, readout)
+            del g21, r_maps
+        if "attnlrp" in names:
+            full["attnlrp"], y_att, ref_att = _attnlrp_forward(lm, pixels, tgt, ref, ablate)
+            y_lrp, ref = (y_lrp, ref) if y_lrp is not None else (y_att, ref_att)
+        assert y_lrp is not None and ref is not None
         captures: list = [None] * int(pixels.shape[0])
-        return _results(names, full, tgt, y_lrp, captures, grid, prefix, cls0, seed, tgt.class_index(ref))
+        return _results(names, full, tgt, y_lrp, captures, grid, prefix, cls, seed, tgt.class_index(ref))
+    grad = bool((GRADIENT_METHODS - {"chefer2021"}) & set(names))
     fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
     ref = fwd.output.detach()
     # the caller may be in inference mode (a serving thread): the target joins the graph outside it
@@ -586,15 +664,16 @@ def relevance(
             del g_z
     # the LRP methods: a forward of their own under the rules (fp32: the rules divide by activations)
     if "chefer2021" in names:
-        r_maps, readout = _chefer2021_forward(lm, pixels, tgt, ref, ablate)
+        # the maps' gradients: this forward's when it kept them, else from the rules' own graph
+        g21, r_maps, readout, _, _ = _chefer2021_forward(
+            lm, pixels, tgt, ref, ablate, chefer2021_start, gradients=not grad
+        )
         with torch.no_grad():
-            full["chefer2021"] = chefer2021_maps(g_maps, r_maps, readout, chefer2021_start)
-        del r_maps
+            full["chefer2021"] = chefer2021_maps(g21 if g21 is not None else g_maps[chefer2021_start:], r_maps, readout)
+        del g21, r_maps
     if "attnlrp" in names:
-        r_pix, _, _ = _attnlrp_forward(lm, pixels, tgt, ref, ablate)
-        full["attnlrp"] = _pixels_to_patches(r_pix, grid, lm.patch_size)  # B, P: patches only
+        full["attnlrp"] = _attnlrp_forward(lm, pixels, tgt, ref, ablate)[0]  # B, P: patches only
     del g_maps
-    cls = layout.cls_index  # type: ignore[union-attr]
     return _results(names, full, tgt, y.detach(), fwd.captures, grid, prefix, cls, seed, tgt.class_index(ref))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from headscope.engine import relevance as rel
 from headscope.engine.relevance import METHODS, relevance
 from helpers.lrp_reference import VisionTransformer, transformer_attribution
 from helpers.relevance_reference import FAMILIES, load_family
@@ -75,7 +76,7 @@ def test_the_rules_are_scoped_to_their_forward(vit):
 
 
 @pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
-def test_every_family_gets_both_lrp_maps_batch_or_alone(name):
+def test_every_family_gets_both_lrp_maps_batch_or_alone(name, monkeypatch):
     _, arch, kwargs, classes, hw = FAMILY[name]
     lm = load_family(arch, kwargs, classes)
     torch.manual_seed(2)
@@ -86,6 +87,18 @@ def test_every_family_gets_both_lrp_maps_batch_or_alone(name):
         assert torch.isfinite(both[0].maps[m]).all() and not both[0].uniform
         assert float(both[0].maps[m].sum()) == pytest.approx(1.0, abs=1e-5) or m == "attnlrp"
         torch.testing.assert_close(both[1].maps[m], alone.maps[m], rtol=1e-4, atol=1e-6)
+    # chefer2021 alone takes dy/dA_l from a gradient pass over its own rules' graph; beside a
+    # gradient method it takes them from the forward that keeps the maps: the same numbers
+    mixed = relevance(lm, x, None, ["chefer2021", "grad_attention", "attnlrp"])
+    # attnlrp stops its backward at the patch embedding's output where it can; at the pixels
+    # (gradient x input summed per patch) it is the same map
+    assert rel.patch_conv(lm, hw) is not None
+    monkeypatch.setattr(rel, "patch_conv", lambda lm, hw: None)
+    at_pixels = relevance(lm, x, None, ["attnlrp"])
+    for b in range(2):
+        for m in ("chefer2021", "attnlrp"):
+            torch.testing.assert_close(mixed[b].maps[m], both[b].maps[m], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(at_pixels[b].maps["attnlrp"], both[b].maps["attnlrp"], rtol=1e-4, atol=1e-6)
     assert float(both[0].maps["attnlrp"].sum().abs()) == pytest.approx(1.0, abs=1e-5)
     assert {"chefer2021", "attnlrp"} <= set(METHODS)
 
@@ -106,3 +119,54 @@ def test_the_lrp_maps_run_from_inside_inference_mode_after_a_served_forward():
         rel = relevance(lm, x.clone(), "box:10,10,40,30", ["chefer2021", "attnlrp"])[0]
     for m in ("chefer2021", "attnlrp"):
         assert torch.isfinite(rel.maps[m]).all() and rel.maps[m].shape == (4, 5) and not rel.uniform
+
+
+def _dense_alpha_beta(m: torch.Tensor, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Alpha-beta (alpha 1) through a linear map given as its dense matrix ``m`` [out, in]: the
+    positive inputs through the positive entries and the negative through the negative."""
+    px, nx = x.clamp(min=0), x.clamp(max=0)
+    mp, mn = m.clamp(min=0), m.clamp(max=0)
+    contrib = px[None, :] * mp + nx[None, :] * mn  # out, in
+    z = contrib.sum(1)
+    s = torch.where(z == 0, torch.zeros_like(z), r / (z + 1e-9))
+    return (contrib * s[:, None]).sum(0)
+
+
+@pytest.mark.parametrize("padding", [1, "same"])  # "same": the rules take autograd's path, not the adjoint
+def test_the_convolution_rules_equal_dense_alpha_beta_and_the_gradient_pass_is_the_gradient(padding):
+    """The decoder's layers (a transposed convolution, a ReLU, a convolution whose input has no
+    negative part) under the rules: the relevance equals alpha-beta applied to each layer's dense
+    matrix (a convolution's matrix entries are its weights, so its positive part is the positive
+    weights' matrix), and the gradient pass equals plain autograd."""
+    from headscope.engine.lrp import RelevanceMode
+
+    torch.manual_seed(3)
+    up = torch.nn.ConvTranspose2d(4, 3, kernel_size=4, stride=2, padding=1).double()
+    conv = torch.nn.Conv2d(3, 2, kernel_size=3, padding=padding).double()
+    x = torch.randn(1, 4, 3, 3, dtype=torch.float64)
+    r_out = torch.rand(1, 2, 6, 6, dtype=torch.float64)
+
+    def net(t):
+        return conv(torch.relu(up(t)))
+
+    with torch.no_grad():
+        h = torch.relu(up(x))
+    m_up = torch.autograd.functional.jacobian(lambda t: up(t) - up.bias[:, None, None], x).reshape(h.numel(), x.numel())
+    m_conv = torch.autograd.functional.jacobian(lambda t: conv(t) - conv.bias[:, None, None], h).reshape(
+        r_out.numel(), h.numel()
+    )
+    r_h = _dense_alpha_beta(m_conv, h.flatten(), r_out.flatten())  # the ReLU passes relevance unchanged
+    want = _dense_alpha_beta(m_up, x.flatten(), r_h)
+    got = {}
+    for gradient in (False, True):
+        xg = x.clone().requires_grad_(True)
+        mode = RelevanceMode("chefer2021")
+        with mode:
+            out = net(xg)
+        mode.gradient = gradient
+        (got[gradient],) = torch.autograd.grad(out, xg, r_out)
+    assert (h >= 0).all() and (x < 0).any()
+    torch.testing.assert_close(got[False].flatten(), want, rtol=1e-10, atol=1e-12)
+    xg = x.clone().requires_grad_(True)
+    (plain,) = torch.autograd.grad(net(xg), xg, r_out)
+    torch.testing.assert_close(got[True], plain, rtol=1e-12, atol=1e-14)
