@@ -165,6 +165,7 @@ def test_a_follow_up_flood_neither_starves_a_new_upload_nor_queues_unbounded(srv
     assert res["follow_ups_done_before_upload"] < codes[200] - 1, res
 
 
+@pytest.mark.waits
 def test_every_follow_up_endpoint_takes_a_slot_and_uploads_have_their_own(srv, pace):
     """With every follow-up slot held (8 GETs whose worker calls are slowed), each endpoint that
     takes worker time about a picture already sent (maps, stats, explain, the picture) gets 429
@@ -409,6 +410,7 @@ def test_media_type_case_and_rfc5987_file_names(srv):
 
 
 # -- deadlines (a server of its own: a short request deadline) ----------------------------------
+@pytest.mark.waits
 def test_every_request_that_takes_worker_time_has_a_deadline(server_factory, pace):
     """Follow-ups whose worker call cannot start before their deadline are answered 504 and
     dropped without running; an upload body that has not arrived by the deadline gets 408.

@@ -88,6 +88,7 @@ def test_fault_header_is_ignored_unless_enabled(server_factory):
     assert post(srv.url, images(1, 5)[0], headers={FAULT: "raise"}).status_code == 200
 
 
+@pytest.mark.waits
 def test_deadline_full_queue_and_disconnect(server_factory, pace):
     # Durations for the quiet development machine, scaled by this machine's pace now.
     deadline = pace.s(1.5)

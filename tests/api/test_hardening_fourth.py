@@ -138,6 +138,7 @@ def trickle_until_answered(socks: list[socket.socket], seconds: float) -> list[b
 # -- item 2: slow bodies ------------------------------------------------------------------------
 
 
+@pytest.mark.waits
 def test_slow_uploads_hold_only_their_clients_share_and_end_in_408(srv, pace):
     port = srv.port
     forged = [slow_upload(port, "127.0.0.2", f"10.9.9.{i}") for i in (1, 2)]  # not a proxy: header ignored
