@@ -86,7 +86,7 @@ def test_explain_equals_the_cpu(scopes, pictures):
             torch.testing.assert_close(b[k].cpu(), v, atol=1e-4, rtol=1e-4, msg=k)
 
 
-@pytest.mark.parametrize("method", ["chefer", "grad_attention", "rollout", "attention"])
+@pytest.mark.parametrize("method", ["chefer", "grad_attention", "rollout", "attention", "chefer2021", "attnlrp"])
 def test_relevance_equals_the_cpu(scopes, pictures, method):
     cpu, gpu = scopes
     for pic in pictures:
