@@ -77,7 +77,10 @@ METHOD_TEXT = {
     "products, LayerNorm and the non-linearities; gradient x input per patch (signed: negative patches speak "
     "against the target)",
     "legrad": "LeGrad (Bousselham et al. 2024): the last two blocks' mean_queries mean_h max(0, ds_l/dA_l), s_l the "
-    "phrase's cosine with block l's pooled, normed, projected tokens; min-max normalised (phrases only)",
+    "phrase's cosine with block l's pooled, normed, projected tokens; for SigLIP, block l's tokens through the "
+    "attention-pooling head, the gradient taken at that head's attention, and "
+    "the patches where the map of 'a photo of a' is above 0.8 zeroed (the authors' correction); min-max "
+    "normalised (phrases only)",
 }
 
 # Output kind -> the targets it takes (spelled as a user writes them) and its default.
