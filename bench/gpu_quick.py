@@ -13,7 +13,7 @@ Rows (every one timed with the device synchronised before and after each call):
 * ``capture_pil``: ``Scope.attention([PIL.Image] * B)`` of the same pictures already decoded
   (prepared from their pixels, no PNG round trip), fp32;
 * ``chefer``: ``Scope.relevance(tensors, method="chefer")`` at batch 1 and 8 (target <= 3x a
-  forward at batch 8);
+  forward at batch 8); ``chefer2021`` and ``attnlrp`` the same (issue #40: <= 4x and <= 2x);
 * ``api``: ``POST /api/v1/attention`` with distinct JPEGs at concurrency 1, 16, 64 through a
   real server, and the GPU's busy fraction meanwhile (``torch.cuda.utilization``, sampled).
 
@@ -37,6 +37,7 @@ from headscope.engine.device import autocast
 from .common import summary
 
 JPEG_SIZE = (480, 640)  # H, W
+RELEVANCE_ROWS = ("chefer", "chefer2021", "attnlrp")  # timed at batch 1 and 8
 
 
 def jpegs(n: int, start: int = 0) -> list[bytes]:
@@ -160,7 +161,7 @@ def inproc(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """The in-process rows (forward, capture from tensors and JPEGs, preparation, chefer)."""
-    res: dict[str, Any] = {"capture": {}, "chefer": {}}
+    res: dict[str, Any] = {"capture": {}, **{m: {} for m in RELEVANCE_ROWS}}
     for precision in precisions:
         scope = scope_for(precision)
         runner = scope.runner
@@ -197,11 +198,13 @@ def inproc(
                         scope.lm.model.forward_features(x)
 
                 ref = timed(fwd, iters, warmup, sync)
-                t = timed(lambda: scope.relevance(levels, method="chefer"), iters, warmup, sync)
-                res["chefer"][str(B)] = {
-                    **_row(t, B),
-                    "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"],
-                }
+                for method in RELEVANCE_ROWS:
+                    log(f"gpu-quick: {method} batch {B}")
+                    t = timed(lambda m=method: scope.relevance(levels, method=m), iters, warmup, sync)
+                    res[method][str(B)] = {
+                        **_row(t, B),
+                        "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"],
+                    }
     return res
 
 

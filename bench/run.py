@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpu-quick",
         action="store_true",
         help="the GPU profile (bench/gpu_quick.py, a few minutes on one GPU): capture at batch 1, 32, 128 in "
-        "fp32 and bf16 from tensors and JPEGs, preparation alone, chefer at 1 and 8, the API at concurrency "
+        "fp32 and bf16 from tensors and JPEGs, preparation alone, chefer, chefer2021 and attnlrp at 1 and 8, "
+        "the API at concurrency "
         "1, 16, 64 with the GPU's busy fraction; smoke-sized on the CPU",
     )
     add("--no-api", action="store_true", help="skip the end-to-end API part")

@@ -26,7 +26,8 @@ def test_the_gpu_profile_runs_tiny_on_the_cpu(tmp_path):
         assert set(rows) == want
         assert all(r["ms"]["median"] > 0 and r["images_per_s"] > 0 for r in rows.values())
         assert rows["capture_tensors"]["vs_forward"] > 0
-    assert set(q["chefer"]) == {"1"} and q["chefer"]["1"]["vs_forward_time"] > 0
+    for method in ("chefer", "chefer2021", "attnlrp"):  # issue #40's targets, measured where the bench runs
+        assert set(q[method]) == {"1"} and q[method]["1"]["vs_forward_time"] > 0
 
 
 def test_timed_synchronises_around_every_call():
