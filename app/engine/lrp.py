@@ -95,7 +95,8 @@ class _Identity(Function):
     @staticmethod
     def forward(ctx, mode: RelevanceMode, fn: Callable, x: torch.Tensor) -> torch.Tensor:
         ctx.mode, ctx.fn = mode, fn
-        ctx.save_for_backward(*_saveable(x))
+        if mode.gradient_pass:  # the input, for the derivative; the relevance needs none
+            ctx.save_for_backward(*_saveable(x))
         return fn(x)
 
     @staticmethod
@@ -356,10 +357,12 @@ class RelevanceMode(TorchFunctionMode):
         patch_weight: the patch embedding's convolution weight: that convolution's output becomes
             the graph's leaf (:attr:`patches`), so the backward stops there instead of at the
             pixels (what AttnLRP sums per patch is the same number; see
-            :func:`app.engine.relevance.patch_relevance`).
+            :func:`app.engine.relevance.patch_conv`).
+        gradient_pass: chefer2021: a backward with :attr:`gradient` set will run over the graph
+            (the rules that pass relevance unchanged then keep their inputs, for the derivative).
     """
 
-    def __init__(self, rules: str, patch_weight: torch.Tensor | None = None):
+    def __init__(self, rules: str, patch_weight: torch.Tensor | None = None, gradient_pass: bool = False):
         super().__init__()
         if rules not in RULES:
             raise ValueError(f"rules {rules!r}: use one of {', '.join(RULES)}")
@@ -367,6 +370,7 @@ class RelevanceMode(TorchFunctionMode):
         self.maps: list[torch.Tensor] = []  # softmax maps of each attention call, in the graph
         # chefer2021's backward passes: the relevance (False) or the plain gradient (True)
         self.gradient = False
+        self.gradient_pass = gradient_pass
         self.patch_weight = patch_weight
         self.patches: torch.Tensor | None = None  # [B, D, rows, cols], a leaf: see patch_weight
 
@@ -471,14 +475,14 @@ class RelevanceMode(TorchFunctionMode):
 
 @contextmanager
 def relevance_rules(
-    model: torch.nn.Module, rules: str, patch_weight: torch.Tensor | None = None
+    model: torch.nn.Module, rules: str, patch_weight: torch.Tensor | None = None, gradient_pass: bool = False
 ) -> Iterator[RelevanceMode]:
     """Run ``model``'s forward (and its head) under :class:`RelevanceMode` inside the block.
 
     Every block's attention is switched to its fused branch for the block (the mode answers
     ``scaled_dot_product_attention`` with the rules), and switched back after.
     """
-    mode = RelevanceMode(rules, patch_weight)
+    mode = RelevanceMode(rules, patch_weight, gradient_pass)
     with ExitStack() as stack:
         for attn, _ in attention_layers(model):
             stack.callback(setattr, attn, "fused_attn", attn.fused_attn)

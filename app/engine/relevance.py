@@ -426,11 +426,17 @@ def chefer2021_maps(grads: list[torch.Tensor], lrp: list[torch.Tensor], readout:
 
 
 def _rules_forward(
-    lm: LoadedModel, pixels: torch.Tensor, rules: str, ablate: Ablation, patch_weight: torch.Tensor | None = None
+    lm: LoadedModel,
+    pixels: torch.Tensor,
+    rules: str,
+    ablate: Ablation,
+    patch_weight: torch.Tensor | None = None,
+    gradient_pass: bool = False,
 ):
     """One forward under :func:`app.engine.lrp.relevance_rules`: ``(x, features, output, mode)``,
     ``x`` the graph's leaf (a float copy of the pixels), or with ``patch_weight`` the patch
-    embedding's output (``mode.patches``; ``x`` then has no gradient). Call with autograd enabled."""
+    embedding's output (``mode.patches``; ``x`` then has no gradient). ``gradient_pass``: see
+    :class:`app.engine.lrp.RelevanceMode`. Call with autograd enabled."""
     from .ablation import head_masks, heads_masked
     from .lrp import relevance_rules
     from .output import head_output
@@ -438,7 +444,7 @@ def _rules_forward(
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     masks = head_masks(ablate, lm.num_heads, pixels.device)
     x = pixels.detach().clone().float().requires_grad_(patch_weight is None)
-    with heads_masked(lm.model, masks), relevance_rules(lm.model, rules, patch_weight) as mode:
+    with heads_masked(lm.model, masks), relevance_rules(lm.model, rules, patch_weight, gradient_pass) as mode:
         feats = lm.model.forward_features(x)  # type: ignore[operator]  # timm's
         out = head_output(lm, feats, hw, logits=True)
     return x, feats, out, mode
@@ -534,7 +540,7 @@ def _chefer2021_forward(
     derivative) gives the maps' gradients, so no second forward is needed for them.
     """
     with torch.inference_mode(False), torch.enable_grad():
-        _, feats, out, mode = _rules_forward(lm, pixels, "chefer2021", ablate)
+        _, feats, out, mode = _rules_forward(lm, pixels, "chefer2021", ablate, gradient_pass=gradients)
         ref = out.detach() if ref is None else ref
         maps = mode.maps[start_layer : lm.num_layers]
         out_leaf = out.detach().requires_grad_(True)

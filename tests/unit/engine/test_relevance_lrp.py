@@ -160,7 +160,7 @@ def test_the_convolution_rules_equal_dense_alpha_beta_and_the_gradient_pass_is_t
     got = {}
     for gradient in (False, True):
         xg = x.clone().requires_grad_(True)
-        mode = RelevanceMode("chefer2021")
+        mode = RelevanceMode("chefer2021", gradient_pass=gradient)
         with mode:
             out = net(xg)
         mode.gradient = gradient
