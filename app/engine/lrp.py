@@ -373,6 +373,7 @@ class RelevanceMode(TorchFunctionMode):
         self.gradient_pass = gradient_pass
         self.patch_weight = patch_weight
         self.patches: torch.Tensor | None = None  # [B, D, rows, cols], a leaf: see patch_weight
+        self.patch_bias: torch.Tensor | None = None  # the bias that convolution added
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -380,6 +381,7 @@ class RelevanceMode(TorchFunctionMode):
             return self._attention(*args, **kwargs)
         if func is torch.conv2d and self.patch_weight is not None and len(args) > 1 and args[1] is self.patch_weight:
             self.patches = func(*args, **kwargs).detach().requires_grad_(True)
+            self.patch_bias = args[2] if len(args) > 2 else kwargs.get("bias")
             return self.patches
         if not any(_grad(a) for a in args) and not any(_grad(a) for a in kwargs.values()):
             return func(*args, **kwargs)

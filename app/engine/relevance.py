@@ -505,20 +505,23 @@ def _attnlrp_forward(
     through the embedding), else at the pixels.
     """
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
+    grid = lm.layout(hw).grid  # type: ignore[union-attr]
     conv = patch_conv(lm, hw)
     with torch.inference_mode(False), torch.enable_grad():
         x, _, out, mode = _rules_forward(lm, pixels, "attnlrp", ablate, conv.weight if conv is not None else None)
+        e = mode.patches  # B, D, rows, cols: the graph's leaf, or None (no patch convolution)
+        if conv is not None and (e is None or tuple(e.shape[-2:]) != tuple(grid)):
+            # the model did not run that convolution as expected (a resampled kernel): at the pixels
+            x, _, out, mode = _rules_forward(lm, pixels, "attnlrp", ablate)
+            e = None
         ref = out.detach() if ref is None else ref
         y = tgt.value(out, ref)  # B
-        leaf = mode.patches if conv is not None else x
-        if leaf is None:
-            raise RuntimeError("attnlrp: the patch embedding's convolution did not run")
-        (g,) = torch.autograd.grad(y.sum(), leaf)
-    if conv is None:
-        return _pixels_to_patches((x.detach() * g).sum(1), lm.layout(hw).grid, lm.patch_size), y.detach(), ref  # type: ignore[union-attr]
-    e = leaf.detach()  # B, D, rows, cols
-    if conv.bias is not None:
-        e = e - conv.bias.detach()[None, :, None, None].to(e.dtype)
+        (g,) = torch.autograd.grad(y.sum(), e if e is not None else x)
+    if e is None:
+        return _pixels_to_patches((x.detach() * g).sum(1), grid, lm.patch_size), y.detach(), ref
+    e = e.detach()
+    if mode.patch_bias is not None:  # g . (e - b): the bias is no pixel's
+        e = e - mode.patch_bias.detach()[None, :, None, None].to(e.dtype)
     return (g * e).sum(1).flatten(1), y.detach(), ref  # B, P (row-major, the tokens' order)
 
 

@@ -170,3 +170,17 @@ def test_the_convolution_rules_equal_dense_alpha_beta_and_the_gradient_pass_is_t
     xg = x.clone().requires_grad_(True)
     (plain,) = torch.autograd.grad(net(xg), xg, r_out)
     torch.testing.assert_close(got[True], plain, rtol=1e-12, atol=1e-14)
+
+
+def test_attnlrp_falls_back_to_the_pixels_when_the_patch_convolution_does_not_run_as_found(vit, monkeypatch):
+    """A patch embedding that runs with another kernel than the module's own (a resampled one)
+    is never the graph's leaf: the map is then computed at the pixels, the same map."""
+    import copy
+
+    lm, x = vit
+    want = relevance(lm, x, "top", ["attnlrp"])
+    other = copy.deepcopy(lm.model.patch_embed.proj)  # same numbers, not the weight the model runs
+    monkeypatch.setattr(rel, "patch_conv", lambda lm, hw: other)
+    got = relevance(lm, x, "top", ["attnlrp"])
+    for b in range(2):
+        torch.testing.assert_close(got[b].maps["attnlrp"], want[b].maps["attnlrp"], rtol=1e-4, atol=1e-6)
