@@ -78,9 +78,27 @@ def _saveable(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
 
 
 # -- chefer2021: explicit relevance functions ------------------------------------------------
-# Each function's backward answers one of two passes over the same graph, chosen by its mode's
-# ``gradient`` flag: the relevance pass (the rule) or the gradient pass (the plain derivative, so
-# the CVPR 2021 rule's ``dy/dA_l`` comes from the rules' own forward: one forward for both).
+# Each function's backward answers one of two passes over the same graph, chosen by the
+# ``gradient`` flag of its mode's :class:`Passes`: the relevance pass (the rule) or the gradient
+# pass (the plain derivative, so the CVPR 2021 rule's ``dy/dA_l`` comes from the rules' own
+# forward: one forward for both).
+class Passes:
+    """Which backward runs over a chefer2021 graph (``gradient``), and whether the graph was built
+    for a gradient pass at all (``gradient_pass``). The graph's nodes keep this, not the mode: the
+    mode keeps the maps, whose graph keeps the nodes, and that cycle would never be freed."""
+
+    def __init__(self, gradient_pass: bool = False):
+        self.gradient = False
+        self.gradient_pass = gradient_pass
+
+
+def _applied(func: Callable, left: tuple = (), right: tuple = (), kwargs: dict | None = None) -> Callable:
+    """``t -> func(*left, t, *right, **kwargs)``: a closure over the other arguments only, not over
+    the tensor the rule is for (a graph node that keeps the closure must not keep its input)."""
+    kw = kwargs or {}
+    return lambda t: func(*left, t, *right, **kw)
+
+
 def _recomputed_grad(fn: Callable, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``J_fn(x)^T g``: the plain derivative of a one-input function, by its own autograd."""
     with torch.enable_grad():
@@ -93,9 +111,10 @@ class _Identity(Function):
     """``fn(x)`` forward; relevance passes unchanged."""
 
     @staticmethod
-    def forward(ctx, mode: RelevanceMode, fn: Callable, x: torch.Tensor) -> torch.Tensor:
-        ctx.mode, ctx.fn = mode, fn
-        if mode.gradient_pass:  # the input, for the derivative; the relevance needs none
+    def forward(ctx, mode: Passes, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+        ctx.mode = mode
+        if mode.gradient_pass:  # the function and its input, for the derivative; the relevance needs neither
+            ctx.fn = fn
             ctx.save_for_backward(*_saveable(x))
         return fn(x)
 
@@ -111,7 +130,7 @@ class _Lrp0(Function):
     """A parameter-free linear map ``fn`` (mean, interpolation): ``x * J^T (R / fn(x))``."""
 
     @staticmethod
-    def forward(ctx, mode: RelevanceMode, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, mode: Passes, fn: Callable, x: torch.Tensor) -> torch.Tensor:
         ctx.mode, ctx.fn = mode, fn
         ctx.save_for_backward(*_saveable(x))
         return fn(x)
@@ -139,7 +158,7 @@ class _AlphaBeta(Function):
 
     @staticmethod
     def forward(
-        ctx, mode: RelevanceMode, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+        ctx, mode: Passes, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
         linear: bool = False, adjoint: Callable | None = None,
     ) -> torch.Tensor:  # fmt: skip
         ctx.mode, ctx.op, ctx.linear, ctx.adjoint = mode, op, linear, adjoint
@@ -227,17 +246,18 @@ class _Product(Function):
     factor's ``x * grad`` for ``R / Z``, halved."""
 
     @staticmethod
-    def forward(ctx, mode: RelevanceMode, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, mode: Passes, op: Callable, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.mode, ctx.op = mode, op
-        z = op(a, b)
-        ctx.save_for_backward(*_saveable(a, b), z)  # z: the rule's denominator, not computed again
-        return z
+        # z is computed again in the relevance backward rather than kept: for q k^T it is a
+        # [B, H, N, N] score table per layer, memory a batch would rather have
+        ctx.save_for_backward(*_saveable(a, b))
+        return op(a, b)
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
-        a, b, z = (t.detach() for t in ctx.saved_tensors)
+        a, b = (t.detach() for t in ctx.saved_tensors)
         op, grad = ctx.op, ctx.mode.gradient
-        s = r if grad else safe_divide(r, z)
+        s = r if grad else safe_divide(r, op(a, b))
         if op in _MATMULS and a.dim() == b.dim() >= 2 and a.shape[:-2] == b.shape[:-2]:
             # the two transposed products autograd's grad of a matmul computes, written out
             ca, cb = s @ b.transpose(-2, -1), a.transpose(-2, -1) @ s
@@ -257,7 +277,7 @@ class _Add(Function):
     """``a + b`` of two relevance-carrying tensors: the authors' ``Add`` rule, per picture."""
 
     @staticmethod
-    def forward(ctx, mode: RelevanceMode, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, mode: Passes, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.mode = mode
         ctx.save_for_backward(*_saveable(a, b))
         return a + b
@@ -368,12 +388,19 @@ class RelevanceMode(TorchFunctionMode):
             raise ValueError(f"rules {rules!r}: use one of {', '.join(RULES)}")
         self.rules = rules
         self.maps: list[torch.Tensor] = []  # softmax maps of each attention call, in the graph
-        # chefer2021's backward passes: the relevance (False) or the plain gradient (True)
-        self.gradient = False
-        self.gradient_pass = gradient_pass
+        self.passes = Passes(gradient_pass)  # what the graph's nodes read
         self.patch_weight = patch_weight
         self.patches: torch.Tensor | None = None  # [B, D, rows, cols], a leaf: see patch_weight
         self.patch_bias: torch.Tensor | None = None  # the bias that convolution added
+
+    @property
+    def gradient(self) -> bool:
+        """chefer2021's backward passes: the relevance (False) or the plain gradient (True)."""
+        return self.passes.gradient
+
+    @gradient.setter
+    def gradient(self, value: bool) -> None:
+        self.passes.gradient = value
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -424,36 +451,36 @@ class RelevanceMode(TorchFunctionMode):
                 return func(x_, w_, b_, *extra, **rest)
 
             linear = func is F.linear and not extra and not rest
-            return _AlphaBeta.apply(self, op, x, w, b, linear, None if rest else _conv_adjoint(func, extra))
+            return _AlphaBeta.apply(self.passes, op, x, w, b, linear, None if rest else _conv_adjoint(func, extra))
         if func in (torch.Tensor.matmul, torch.matmul, torch.Tensor.__matmul__, torch.Tensor.mul, torch.mul):
             a, b = args[0], args[1]
             if _grad(a) and _grad(b):
-                return _Product.apply(self, func, a, b)
+                return _Product.apply(self.passes, func, a, b)
             if _grad(a):  # a product with a constant: relevance passes; the derivative is the product's
-                return _Identity.apply(self, lambda t: func(t, b, *args[2:], **kwargs), a)
-            return _Identity.apply(self, lambda t: func(a, t, *args[2:], **kwargs), b)
+                return _Identity.apply(self.passes, _applied(func, right=(b, *args[2:]), kwargs=kwargs), a)
+            return _Identity.apply(self.passes, _applied(func, left=(a,), right=args[2:], kwargs=kwargs), b)
         if func in (torch.Tensor.mul_, torch.Tensor.div, torch.div, torch.Tensor.__truediv__):
             a = args[0]
             if _grad(a) and not (len(args) > 1 and _grad(args[1])):
                 scale: Callable[..., Any] = torch.Tensor.mul if func is torch.Tensor.mul_ else func
-                return _Identity.apply(self, lambda t: scale(t, *args[1:], **kwargs), a)
+                return _Identity.apply(self.passes, _applied(scale, right=args[1:], kwargs=kwargs), a)
             return func(*args, **kwargs)
         if func in (torch.Tensor.add, torch.add, torch.Tensor.__add__) and len(args) == 2 and not kwargs:
             a, b = args
             if _grad(a) and _grad(b):
-                return _Add.apply(self, a, b)
+                return _Add.apply(self.passes, a, b)
             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
                 # a constant added (a bias table, a position embedding): the Add rule, its share dropped
                 const = b if _grad(a) else a
-                return _Add.apply(self, a if _grad(a) else a.detach(), b if _grad(b) else const.detach())
+                return _Add.apply(self.passes, a if _grad(a) else a.detach(), b if _grad(b) else const.detach())
             return func(*args, **kwargs)
         if func in (F.layer_norm, F.gelu, F.silu, F.dropout, F.relu, torch.relu, torch.sigmoid, F.sigmoid,
                     torch.Tensor.sigmoid, torch.Tensor.softmax, F.softmax, torch.softmax, F.batch_norm):  # fmt: skip
             x = args[0]
-            return _Identity.apply(self, lambda t: func(t, *args[1:], **kwargs), x)
+            return _Identity.apply(self.passes, _applied(func, right=args[1:], kwargs=kwargs), x)
         if func in (torch.Tensor.mean, torch.mean, F.interpolate):
             x = args[0]
-            return _Lrp0.apply(self, lambda t: func(t, *args[1:], **kwargs), x)
+            return _Lrp0.apply(self.passes, _applied(func, right=args[1:], kwargs=kwargs), x)
         return func(*args, **kwargs)
 
     def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
@@ -466,13 +493,13 @@ class RelevanceMode(TorchFunctionMode):
             # the rules sit around the fused kernel (its gradient is the softmax's): no N x N map
             q, k, v = _ScaleGrad.apply(q, 4.0), _ScaleGrad.apply(k, 4.0), _ScaleGrad.apply(v, 2.0)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
-        qs = _Identity.apply(self, lambda t: t * scale, q)
-        s = _Product.apply(self, torch.matmul, qs, k.transpose(-2, -1))  # B, H, N, N
+        qs = _Identity.apply(self.passes, lambda t: t * scale, q)
+        s = _Product.apply(self.passes, torch.matmul, qs, k.transpose(-2, -1))  # B, H, N, N
         if attn_mask is not None:
-            s = _Add.apply(self, s, attn_mask.detach().expand_as(s))
-        a = _Identity.apply(self, lambda t: t.softmax(-1), s)
+            s = _Add.apply(self.passes, s, attn_mask.detach().expand_as(s))
+        a = _Identity.apply(self.passes, lambda t: t.softmax(-1), s)
         self.maps.append(a)
-        return _Product.apply(self, torch.matmul, a, v)
+        return _Product.apply(self.passes, torch.matmul, a, v)
 
 
 @contextmanager

@@ -184,3 +184,27 @@ def test_attnlrp_falls_back_to_the_pixels_when_the_patch_convolution_does_not_ru
     got = relevance(lm, x, "top", ["attnlrp"])
     for b in range(2):
         torch.testing.assert_close(got[b].maps["attnlrp"], want[b].maps["attnlrp"], rtol=1e-4, atol=1e-6)
+
+
+def test_no_graph_outlives_its_call(vit, monkeypatch):
+    """The rules' graph is freed when the call returns: the functions keep the mode's flags, not
+    the mode (which keeps the maps, whose graph would keep the functions: a cycle never freed)."""
+    import gc
+    import weakref
+
+    from headscope.engine import lrp
+
+    made: list[weakref.ref] = []
+
+    class Recorded(lrp.RelevanceMode):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(lrp, "RelevanceMode", Recorded)
+    lm, x = vit
+    for methods in (["chefer2021"], ["chefer2021", "attnlrp", "chefer"], ["attnlrp"]):
+        made.clear()
+        relevance(lm, x, "top", methods)
+        gc.collect()
+        assert made and not [r for r in made if r() is not None], methods
