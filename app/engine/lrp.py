@@ -154,14 +154,18 @@ def _positive_share(r: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 class _AlphaBeta(Function):
-    """``op(x, w) + b`` forward (linear, convolutions); relevance by alpha-beta with alpha 1."""
+    """``op(x, w) + b`` forward (linear, convolutions); relevance by alpha-beta with alpha 1.
+
+    ``adjoint``: ``(g, w, x_shape) -> J^T g`` of ``op(., w)`` written out (:func:`_adjoint`), so
+    neither backward builds and runs a graph; None: autograd's, through ``op`` computed again.
+    """
 
     @staticmethod
     def forward(
         ctx, mode: Passes, op: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-        linear: bool = False, adjoint: Callable | None = None,
+        adjoint: Callable | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        ctx.mode, ctx.op, ctx.linear, ctx.adjoint = mode, op, linear, adjoint
+        ctx.mode, ctx.op, ctx.adjoint = mode, op, adjoint
         ctx.save_for_backward(*_saveable(x, w))
         return op(x, w, b)
 
@@ -169,28 +173,15 @@ class _AlphaBeta(Function):
     def backward(ctx, r: torch.Tensor):
         x, w = ctx.saved_tensors
         x, w = x.detach(), w.detach()
-        none = (None,) * 4
+        none = (None,) * 3
         if ctx.mode.gradient:
-            if ctx.linear:
-                return None, None, r @ w, *none
             if ctx.adjoint is not None:
                 return None, None, ctx.adjoint(r, w, x.shape), *none
             return None, None, _recomputed_grad(lambda t: ctx.op(t, w, None), x, r), *none
         parts = _signed_parts(x, w)
         if not parts:  # x all zeros: no relevance passes
             return None, None, torch.zeros_like(x), *none
-        if ctx.linear:
-            # a linear layer's transposed product written out (what autograd's grad of F.linear
-            # computes, without building and running a graph)
-            z = F.linear(*parts[0])
-            for xp, wp in parts[1:]:
-                z.add_(F.linear(xp, wp))
-            s = _positive_share(r, z)
-            c = parts[0][0] * (s @ parts[0][1])
-            for xp, wp in parts[1:]:
-                c.add_(xp * (s @ wp))
-            return None, None, c, *none
-        if ctx.adjoint is not None:  # the transposed products without building a graph
+        if ctx.adjoint is not None:
             with torch.no_grad():
                 s = _positive_share(r, _total([ctx.op(xp, wp, None) for xp, wp in parts]))
                 c = _total([xp * ctx.adjoint(s, wp, x.shape) for xp, wp in parts])
@@ -212,9 +203,12 @@ def _total(ts: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def _conv_adjoint(func: Callable, extra: tuple) -> Callable | None:
-    """``(g, w, x_shape) -> J^T g`` of ``func(., w)``: the input gradient of a convolution given its
-    positional arguments after the bias, as one convolution (None: not one of these two)."""
+def _adjoint(func: Callable, extra: tuple) -> Callable | None:
+    """``(g, w, x_shape) -> J^T g`` of ``func(., w)`` given its positional arguments after the
+    bias: the input gradient of a linear layer (``g @ w``) or a convolution (one convolution);
+    None for anything else."""
+    if func is F.linear and not extra:
+        return lambda g, w, shape: g @ w
     if func is torch.conv_transpose2d:
         stride, padding, _, groups, dilation = _defaults(extra, (1, 0, 0, 1, 1))  # output_padding: not in J^T
         return lambda g, w, shape: F.conv2d(g, w, None, stride, padding, dilation, groups)
@@ -450,8 +444,7 @@ class RelevanceMode(TorchFunctionMode):
             def op(x_, w_, b_, func=func, extra=extra, rest=rest):
                 return func(x_, w_, b_, *extra, **rest)
 
-            linear = func is F.linear and not extra and not rest
-            return _AlphaBeta.apply(self.passes, op, x, w, b, linear, None if rest else _conv_adjoint(func, extra))
+            return _AlphaBeta.apply(self.passes, op, x, w, b, None if rest else _adjoint(func, extra))
         if func in (torch.Tensor.matmul, torch.matmul, torch.Tensor.__matmul__, torch.Tensor.mul, torch.mul):
             a, b = args[0], args[1]
             if _grad(a) and _grad(b):

@@ -385,7 +385,7 @@ def gradient_maps(
     methods = set(methods)
     w = (z.float() * gz.float()).sum(-1).abs()  # B, N: readout
     out: dict[str, torch.Tensor] = {}
-    if not methods & {"grad_attention", "chefer"}:  # chefer2021 alone: it needs only the gradients
+    if not methods & {"grad_attention", "chefer"}:  # neither asked (a phrase's LeGrad alone)
         return out
     cams = [(g.float() * a.float()).clamp_min(0).mean(1) for a, g in zip(maps, grads)]  # L x (B, N, N)
     if "grad_attention" in methods:
@@ -642,8 +642,7 @@ def relevance(
     layout = lm.layout(hw)
     prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
     cls = layout.cls_index  # type: ignore[union-attr]
-    lrp = [m for m in ("chefer2021", "attnlrp") if m in names]
-    if lrp and not set(names) - {"attnlrp", "chefer2021", "random"}:
+    if set(names) & {"attnlrp", "chefer2021"} and not set(names) - {"attnlrp", "chefer2021", "random"}:
         # the LRP methods alone: their own forwards give the output too (no forward that keeps
         # the maps; chefer2021's gradients come from its own graph)
         y_lrp: torch.Tensor | None = None
