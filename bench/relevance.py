@@ -107,13 +107,16 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
             pass
         return test
 
-    def plain():
+    def plain_forwards(images: torch.Tensor) -> torch.Tensor:  # the reference rows: forwards at batch 8
         outs = []
         with torch.inference_mode():
-            for i in range(0, forwards, BATCH):
-                chunk = copies[i : i + BATCH]
+            for i in range(0, int(images.shape[0]), BATCH):
+                chunk = images[i : i + BATCH]
                 outs.append(head_output(lm, lm.model.forward_features(chunk), hw).flatten(1).mean(1))  # type: ignore[operator]
         return torch.cat(outs)
+
+    def plain():
+        return plain_forwards(copies)
 
     photos = torch.cat([_pixels(lm, x.device, name) for name in PHOTOS])  # P, 3, H, W
     photo_maps = [r.maps for r in relevance(lm, photos, "output", ["chefer"])]
@@ -138,12 +141,7 @@ def variants(lm: LoadedModel, x: torch.Tensor, forwards: int, last: dict[str, An
     data_copies = photos.repeat_interleave(forwards + 1, 0)  # count, 3, H, W
 
     def data_plain():
-        outs = []
-        with torch.inference_mode():
-            for i in range(0, count, BATCH):
-                chunk = data_copies[i : i + BATCH]
-                outs.append(head_output(lm, lm.model.forward_features(chunk), hw).flatten(1).mean(1))  # type: ignore[operator]
-        return torch.cat(outs)
+        return plain_forwards(data_copies)
 
     rows = [
         ("map", "chefer map (forward with maps + backward)", one_map),
