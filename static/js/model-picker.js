@@ -21,6 +21,9 @@ function tags(m) {
 
 function renderResults(body) {
   const list = $("model-results");
+  // A later answer (the user typed on) replaces the buttons; a keyboard user whose focus was on
+  // one keeps it on the same model, or on the search field, never on the page behind the dialog.
+  const had = list.contains(document.activeElement) ? document.activeElement.dataset.name || "" : null;
   list.replaceChildren(...body.models.map((m) => {
     const li = document.createElement("li");
     const b = document.createElement("button");
@@ -42,6 +45,10 @@ function renderResults(body) {
   $("model-results-count").textContent = body.total === 0
     ? `No pretrained model of a supported family matches “${body.query}”.`
     : `${body.total} model${body.total === 1 ? "" : "s"}${shown < body.total ? `, the first ${shown} shown` : ""}`;
+  list.dataset.query = body.query;
+  if (had === null) return;
+  const same = [...list.querySelectorAll("button")].find((b) => b.dataset.name === had);
+  (same || $("model-search")).focus();
 }
 
 async function search(q) {

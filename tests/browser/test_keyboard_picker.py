@@ -27,6 +27,13 @@ def base_url(picker_server) -> str:  # the page and its guard use this server
     return picker_server.url
 
 
+# The results list answers the words typed last (each key starts a search; a loaded machine answers
+# the earlier ones too).
+ANSWERED = "q => document.querySelector('[data-testid=model-results]').dataset.query === q"
+SEARCH_AGAIN = """q => { const i = document.querySelector('[data-testid=model-search]');
+    i.value = q; i.dispatchEvent(new Event('input')); }"""
+
+
 @pytest.mark.parametrize("screen", ["1280x800", "zoom200"])
 def test_escape_and_arrows_in_the_model_picker_stay_in_the_dialog(page_at, base_url, samples, screen):
     width, height, options = SCREENS[screen]
@@ -39,7 +46,8 @@ def test_escape_and_arrows_in_the_model_picker_stay_in_the_dialog(page_at, base_
     assert focused(page)["testid"] == "model-search"
     page.locator("[data-testid=model-result]").first.wait_for()
     page.keyboard.type("test_vit")
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=model-result]').length === 3")
+    page.wait_for_function(ANSWERED, arg="test_vit")
+    assert page.locator("[data-testid=model-result]").count() == 3
     tab_to(page, "[data-testid=model-result]", most=5)
     assert focus_in(page, "[data-testid=model-dialog]")
     assert axe_violations(page) == []
@@ -53,3 +61,29 @@ def test_escape_and_arrows_in_the_model_picker_stay_in_the_dialog(page_at, base_
     page.wait_for_function("() => !document.querySelector('[data-testid=model-dialog]').open")
     assert focused(page)["testid"] == "model-search-open"
     assert view(page)["query"] == before["query"]  # the page's Escape (back to CLS) did not run either
+
+
+def test_a_later_answer_keeps_the_focus_of_a_keyboard_user_in_the_dialog(page_at, base_url):
+    """Typing on while focus is on a result (a search answered late) replaces every button: focus
+    stays on the same model, or goes to the search field when it is gone, never behind the dialog."""
+    page = page_at(1280, 800)
+    open_page(page, base_url)
+    tab_to(page, "[data-testid=model-search-open]", most=10)
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=model-dialog]').open")
+    page.keyboard.type("test_vit")
+    page.wait_for_function(ANSWERED, arg="test_vit")
+    tab_to(page, "[data-testid=model-result]", most=5)
+    page.keyboard.press("Tab")
+    was = focused(page)
+    assert was["testid"] == "model-result"
+    page.evaluate("() => { document.activeElement.dataset.old = '1'; }")
+    page.evaluate(SEARCH_AGAIN, "test_vit ")  # the same words: the same models, new buttons
+    page.wait_for_function("() => !document.querySelector('[data-testid=model-results] [data-old]')")
+    now = focused(page)
+    assert (now["testid"], now["data"].get("name")) == ("model-result", was["data"]["name"])
+    assert "old" not in now["data"]  # the new button of that model, not the old one
+    page.evaluate(SEARCH_AGAIN, "no-such-model-anywhere")
+    page.wait_for_function(ANSWERED, arg="no-such-model-anywhere")
+    assert page.locator("[data-testid=model-result]").count() == 0
+    assert focused(page)["testid"] == "model-search"
