@@ -7,7 +7,8 @@ Rows (every one timed with the device synchronised before and after each call):
 * ``capture_tensors``: ``Scope.attention(uint8 tensor [B, 3, 224, 224] on the device)``, CLS
   rows, per batch size and precision (target >= 0.9x the forward);
 * ``capture_jpegs``: ``Scope.attention([640x480 JPEG bytes] * B)`` (decoded and resized in the
-  Scope's thread pool), fp32;
+  Scope's thread pool while the forwards of the batches already prepared run), fp32; its
+  ``vs_limit`` is the target's ratio (batch 64: >= 0.8x the slower of preparation and forward);
 * ``prepare_jpegs``: the preparation alone (``Scope._read``: the same threads; the decode
   limit); the JPEG target is >= 0.8x the smaller of it and the forward;
 * ``capture_pil``: ``Scope.attention([PIL.Image] * B)`` of the same pictures already decoded
@@ -184,6 +185,9 @@ def inproc(
                 files = jpegs(B)
                 rows["capture_jpegs"] = _row(timed(lambda: scope.attention(files), iters, warmup, sync), B, ref)
                 rows["prepare_jpegs"] = _row(timed(lambda: scope._read(files), iters, warmup, sync), B, ref)
+                # the JPEG target's ratio: against the slower of its two limits (decode, forward)
+                limit = min(rows["prepare_jpegs"]["images_per_s"], rows["forward"]["images_per_s"])
+                rows["capture_jpegs"]["vs_limit"] = rows["capture_jpegs"]["images_per_s"] / limit
                 images = pil_images(files)
                 rows["capture_pil"] = _row(timed(lambda: scope.attention(images), iters, warmup, sync), B, ref)
             res["capture"][f"{precision}/{B}"] = rows

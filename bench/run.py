@@ -59,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--gpu-quick",
         action="store_true",
-        help="the GPU profile (bench/gpu_quick.py, a few minutes on one GPU): capture at batch 1, 32, 128 in "
-        "fp32 and bf16 from tensors and JPEGs, preparation alone, chefer, chefer2021 and attnlrp at 1 and 8, "
+        help="the GPU profile (bench/gpu_quick.py, a few minutes on one GPU): capture at batch 1, 32, 64, 128 "
+        "in fp32 and bf16 from tensors and JPEGs, preparation alone, chefer, chefer2021 and attnlrp at 1 and 8, "
         "the API at concurrency "
         "1, 16, 64 with the GPU's busy fraction; smoke-sized on the CPU",
     )
@@ -496,7 +496,7 @@ def step_gpu_quick(run: Run) -> None:
 
     args = run.args
     smoke = run.device.type != "cuda" or args.smoke
-    batches = args.batch_sizes if args.batch_sizes_given else ([1, 2] if smoke else [1, 32, 128])
+    batches = args.batch_sizes if args.batch_sizes_given else ([1, 2] if smoke else [1, 32, 64, 128])
     iters, warmup = (2, 1) if smoke else (10, 2)
     precisions = ["fp32", "bf16"]
 

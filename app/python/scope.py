@@ -37,8 +37,6 @@ from .inputs import PICTURE_TYPES, PreparedPicture, TensorPicture, is_many, is_t
 if TYPE_CHECKING:
     from .result import Attention, FaithfulnessResult
 
-DEFAULT_BATCH = 8
-
 
 class Scope:
     """One model, ready to answer what the REST API answers, in Python.
@@ -57,15 +55,18 @@ class Scope:
         precision: ``fp32`` (the default: exact, no TF32), ``bf16`` or ``fp16`` (autocast on the
             model's device), ``auto`` (bf16/fp16 on CUDA, fp32 elsewhere). Every result says
             which it was computed in (``precision``).
-        batch_size: most pictures per forward when a list is given.
+        batch_size: most pictures per forward when a list is given; None: the server's batch
+            size for the model's device (``settings.batching``: 64 on CUDA, 8 on the CPU and MPS).
     """
 
-    def __init__(self, lm: LoadedModel, settings: Settings, precision: str = "fp32", batch_size: int = DEFAULT_BATCH):
+    def __init__(self, lm: LoadedModel, settings: Settings, precision: str = "fp32", batch_size: int | None = None):
         self.lm = lm
         self.settings = settings
         self.device = _device_of(lm.model)
         self.precision = precision
         self.amp_dtype = autocast_dtype(self.device.type, precision)
+        if batch_size is None:
+            batch_size = settings.batching(self.device.type)[0]
         self.batch_size = max(1, int(batch_size))
         self.pictures = Pictures.for_model(lm, settings)
         self.runner = BatchRunner(lm, self.amp_dtype, self.batch_size)
@@ -99,6 +100,22 @@ class Scope:
         The pictures of a list are decoded and resized in parallel (a thread pool the size of
         the machine's cores: Pillow releases the GIL), each exactly as alone.
         """
+        items: dict[int, PreparedPicture] = {}
+        for prepared in self._stream(image):
+            items.update(prepared)
+        return [items[i] for i in range(len(items))]
+
+    def _stream(self, image: Any) -> Iterator[dict[int, PreparedPicture]]:
+        """The prepared pictures of one picture or a list in batches of one input size (index ->
+        picture), each batch yielded as soon as its pictures are prepared: the caller's forward of
+        one batch runs while the thread pool prepares the next.
+
+        A batch holds at most ``batch_size`` pictures. Where the model computes on another device
+        than the pool's (CUDA, MPS) and the pictures must be decoded, a batch holds at most a
+        quarter of the list (and no fewer than the pool's threads), so that preparation and the
+        forwards overlap; on the CPU, and for tensors (nothing to decode), batches are as large
+        as ``batch_size`` allows. An error names its item and stops the pool's other work.
+        """
         many = is_many(image)
         if is_tensor(image):
             items: list[Any] = tensor_pictures(image)
@@ -120,14 +137,29 @@ class Scope:
                 raise type(e)(f"pictures[{i}]: {e}") from None
 
         if len(items) == 1:
-            return [one(0)]
+            yield {0: one(0)}
+            return
         # One object given several times is prepared once (a PIL image is not safe to decode
         # from two threads at once); its results share the prepared picture.
         first = {id(it): i for i, it in reversed(list(enumerate(items)))}
         todo = sorted(set(first.values()))
-        with ThreadPoolExecutor(min(len(todo), _cores()), thread_name_prefix="headscope-prepare") as pool:
-            done = dict(zip(todo, pool.map(one, todo)))
-        return [done[first[id(it)]] for it in items]
+        threads = min(len(todo), _cores())
+        size = self.batch_size
+        if self.device.type != "cpu" and not all(is_tensor(it) for it in items):
+            size = min(size, max(threads, -(-len(items) // 4)))
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="headscope-prepare")
+        try:
+            futures = {i: pool.submit(one, i) for i in todo}
+            waiting: dict[tuple, dict[int, PreparedPicture]] = {}  # input shape -> its batch so far
+            for i, it in enumerate(items):
+                prepared = futures[first[id(it)]].result()
+                batch = waiting.setdefault(tuple(prepared.prep.raw.shape), {})
+                batch[i] = prepared
+                if len(batch) == size:
+                    yield waiting.pop(tuple(prepared.prep.raw.shape))
+            yield from waiting.values()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _prepare(self, item: Any) -> PreparedPicture:
         if is_tensor(item):
@@ -218,20 +250,22 @@ class Scope:
 
         params = P.build(AttentionParams, **fields)
         pairs = self.lm.ablation(params.ablate)
-        items = self._read(image)
         every_stage = self.lm.windowed and layers is None
-        results: list[Attention | None] = [None] * len(items)
-        for idx in self._batches(items):
-            input_size = items[idx[0]].prep.input_size
+        results: dict[int, Attention] = {}
+        # Each batch is computed as soon as it is prepared, while the pool prepares the next.
+        for batch in self._stream(image):
+            idx = list(batch)
+            input_size = batch[idx[0]].prep.input_size
             materialise = params.needs_every_row and self.lm.keeps_maps(input_size)
 
-            def capture(ids: list[int], materialise: bool = materialise) -> list[Any]:
-                return list(self.runner.capture(self._raws(items, ids), materialise=materialise, ablate=pairs))
+            def capture(ids: list[int], materialise: bool = materialise, batch: dict = batch) -> list[Any]:
+                raws = [batch[i].prep.raw for i in ids]
+                return list(self.runner.capture(raws, materialise=materialise, ablate=pairs))
 
             with self.computing():
                 atts = _raised(self.runner.run(capture, idx))
             for i, att in zip(idx, atts):
-                it = items[i]
+                it = batch[i]
                 found = found_of(self.lm, it, att, self.runner.precision)
                 try:
                     results[i] = Attention.of(
@@ -241,7 +275,7 @@ class Scope:
                     if not is_many(image):
                         raise
                     raise type(e)(f"pictures[{i}]: {e}") from None
-        out = [r for r in results if r is not None]
+        out = [results[i] for i in sorted(results)]
         return out if is_many(image) else out[0]
 
     # -- the model's output, ablation, importance -----------------------------------------
@@ -544,7 +578,7 @@ def load(
     models_dir: str | Path | None = None,
     *,
     settings: Settings | None = None,
-    batch_size: int = DEFAULT_BATCH,
+    batch_size: int | None = None,
 ) -> Scope:
     """A model ready for `Scope.attention` and the rest.
 
@@ -561,7 +595,9 @@ def load(
             ``HEADSCOPE_MODELS_DIR``, a checkout's ``models/``, else the user's cache).
         settings: the server's ``Settings`` (default: from ``HEADSCOPE_*`` variables, as the
             server and the command line read them): decoding limits, resize mode.
-        batch_size: most pictures per forward when a list is given.
+        batch_size: most pictures per forward when a list is given; None: the server's batch
+            size for the device (64 on CUDA, 8 on the CPU and MPS; ``HEADSCOPE_CUDA_MAX_BATCH_SIZE``
+            and ``HEADSCOPE_MAX_BATCH_SIZE`` change them).
 
     Raises:
         ValueError: an unknown model id (also a ``KeyError``), device or precision.

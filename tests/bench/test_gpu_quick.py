@@ -26,6 +26,9 @@ def test_the_gpu_profile_runs_tiny_on_the_cpu(tmp_path):
         assert set(rows) == want
         assert all(r["ms"]["median"] > 0 and r["images_per_s"] > 0 for r in rows.values())
         assert rows["capture_tensors"]["vs_forward"] > 0
+        if key.startswith("fp32"):
+            limit = min(rows["prepare_jpegs"]["images_per_s"], rows["forward"]["images_per_s"])
+            assert rows["capture_jpegs"]["vs_limit"] == rows["capture_jpegs"]["images_per_s"] / limit
     for method in ("chefer", "chefer2021", "attnlrp"):  # issue #40's targets, measured where the bench runs
         assert set(q[method]) == {"1"} and q[method]["1"]["vs_forward_time"] > 0
 

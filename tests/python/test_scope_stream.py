@@ -1,0 +1,105 @@
+"""A list of pictures is computed batch by batch while the pool prepares the rest (issue 37): on a
+device other than the pool's CPU a batch is a quarter of the list, so that decoding and the
+forwards overlap; on the CPU and for tensors batches are as large as ``batch_size``. The first
+batch is yielded before the last picture is prepared, every index comes back once and in order,
+and the maps equal those of one picture at a time."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import headscope
+from headscope.python import scope as scope_module
+
+MODEL = "random:test_vit"
+
+
+@pytest.fixture(scope="module")
+def scope(tmp_path_factory):
+    return headscope.load(MODEL, device="cpu", models_dir=tmp_path_factory.mktemp("models"), batch_size=8)
+
+
+@pytest.fixture
+def gpu_policy(scope, monkeypatch):
+    """The batching policy of a model on CUDA with a 2-thread pool; the forwards still run on the CPU."""
+    monkeypatch.setattr(scope, "device", torch.device("cuda"))
+    monkeypatch.setattr(scope_module, "_cores", lambda: 2)
+    return scope
+
+
+def _jpegs(n: int) -> list[bytes]:
+    out = []
+    for i in range(n):
+        buf = io.BytesIO()
+        px = np.random.default_rng(i).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+        Image.fromarray(px).save(buf, "JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def test_the_default_batch_is_the_servers_for_the_device(tmp_path):
+    s = headscope.load(MODEL, device="cpu", models_dir=tmp_path)
+    assert s.batch_size == s.settings.batching("cpu")[0] == 8
+    assert s.settings.batching("cuda")[0] == 64
+
+
+def test_on_the_cpu_batches_are_as_large_as_batch_size(scope):
+    batches = list(scope._stream(_jpegs(20)))
+    assert [list(b) for b in batches] == [list(range(8)), list(range(8, 16)), list(range(16, 20))]
+
+
+def test_on_another_device_a_batch_is_a_quarter_of_the_list(gpu_policy):
+    batches = list(gpu_policy._stream(_jpegs(20)))
+    assert [list(b) for b in batches] == [list(range(k, k + 5)) for k in range(0, 20, 5)]
+    # tensors have nothing to decode: batches as large as batch_size
+    pixels = torch.zeros(20, 3, 224, 224, dtype=torch.uint8)
+    assert [len(b) for b in gpu_policy._stream(pixels)] == [8, 8, 4]
+    # never fewer pictures per batch than the pool has threads
+    assert [len(b) for b in gpu_policy._stream(_jpegs(5))] == [2, 2, 1]
+
+
+def test_the_first_batch_comes_before_the_last_picture_is_prepared(gpu_policy, monkeypatch):
+    files = _jpegs(20)
+    release, last_done = threading.Event(), threading.Event()
+    prepare = gpu_policy._prepare
+
+    def slow_last(item):
+        if item is files[-1]:
+            release.wait(30)
+            try:
+                return prepare(item)
+            finally:
+                last_done.set()
+        return prepare(item)
+
+    monkeypatch.setattr(gpu_policy, "_prepare", slow_last)
+    stream = gpu_policy._stream(files)
+    try:
+        first = next(stream)
+        assert list(first) == [0, 1, 2, 3, 4]
+        assert not last_done.is_set(), "the first batch waited for every picture"
+    finally:
+        release.set()
+    assert [i for b in stream for i in b] == list(range(5, 20))
+    assert last_done.is_set()
+
+
+def test_streamed_maps_equal_one_picture_at_a_time(scope, gpu_policy):
+    files = _jpegs(9) + [_jpegs(1)[0]]  # a repeat of picture 0 as another object
+    many = gpu_policy.attention(files, layers=[0, -1])
+    assert [m.image_id for m in many] == [scope.attention(f, layers=[0, -1]).image_id for f in files]
+    for f, m in zip(files, many):
+        assert torch.equal(m.maps, scope.attention(f, layers=[0, -1]).maps)
+
+
+def test_an_error_names_its_picture_and_stops_the_pool(gpu_policy):
+    files = _jpegs(12)
+    files[7] = b"not a picture"
+    with pytest.raises(ValueError, match=r"pictures\[7\]"):
+        gpu_policy.attention(files)
