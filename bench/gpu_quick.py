@@ -18,7 +18,8 @@ Rows (every one timed with the device synchronised before and after each call):
 * ``chefer``: ``Scope.relevance(tensors, method="chefer")`` at batch 1 and 8 (target <= 3x a
   forward at batch 8); ``chefer2021`` and ``attnlrp`` the same (issue #40: <= 4x and <= 2x);
 * ``api``: ``POST /api/v1/attention`` with distinct JPEGs at concurrency 1, 16, 64 through a
-  real server, and the GPU's busy fraction meanwhile (``torch.cuda.utilization``, sampled).
+  real server, and the GPU's busy fraction meanwhile (``torch.cuda.utilization``, sampled);
+  ``vs_limit`` against the JPEG limit at the batch nearest the concurrency (:func:`api_vs_limit`).
 
 On the CPU (``--device cpu --gpu-quick``) the same code runs smoke-sized: the tests run it so.
 """
@@ -260,3 +261,18 @@ def api(
             "gpu_busy_source": busy.source,
         }
     return res
+
+
+def api_vs_limit(quick: dict[str, Any]) -> None:
+    """Each API row's ``vs_limit``: its images/s against the JPEG limit of the in-process rows
+    (the slower of ``prepare_jpegs`` and ``forward_jpegs``, fp32) at the batch nearest its
+    concurrency, and that batch (``limit_batch``). The REST target: >= 0.7x at concurrency 64."""
+    limits = {
+        int(key.split("/")[1]): min(rows["prepare_jpegs"]["images_per_s"], rows["forward_jpegs"]["images_per_s"])
+        for key, rows in quick.get("capture", {}).items()
+        if key.startswith("fp32/") and "forward_jpegs" in rows
+    }
+    for c, row in quick.get("api", {}).items():
+        if limits:
+            b = min(limits, key=lambda b: (abs(b - int(c)), b))
+            row["limit_batch"], row["vs_limit"] = b, row["images_per_s"] / limits[b]

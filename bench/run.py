@@ -519,6 +519,7 @@ def step_gpu_quick(run: Run) -> None:
         run.results["gpu_quick"]["api"] = gpu_quick.api(server.url, run.device, levels, 4 if smoke else 256, log)
     finally:
         server.stop()
+    gpu_quick.api_vs_limit(run.results["gpu_quick"])
 
 
 def finish(run: Run) -> int:

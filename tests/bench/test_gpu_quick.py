@@ -73,3 +73,18 @@ def test_the_one_command_gpu_script_refuses_a_machine_without_cuda(tmp_path):
     r = subprocess.run(["bash", str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no CUDA GPU here" in r.stderr and "DEVICE=cpu" in r.stderr
     assert not list(tmp_path.glob("gpu-quick-*.json"))  # nothing ran
+
+
+def test_the_api_rows_are_held_against_the_jpeg_limit_at_the_nearest_batch():
+    def rows(prepare: float, forward: float) -> dict:
+        return {"prepare_jpegs": {"images_per_s": prepare}, "forward_jpegs": {"images_per_s": forward}}
+
+    quick = {
+        "capture": {"fp32/1": rows(50.0, 10.0), "fp32/64": rows(400.0, 800.0), "bf16/64": {"forward": {}}},
+        "api": {"1": {"images_per_s": 5.0}, "16": {"images_per_s": 100.0}, "64": {"images_per_s": 300.0}},
+    }
+    gpu_quick.api_vs_limit(quick)
+    api = quick["api"]
+    assert (api["1"]["limit_batch"], api["1"]["vs_limit"]) == (1, 0.5)
+    assert (api["16"]["limit_batch"], api["16"]["vs_limit"]) == (1, 10.0)  # 16 is nearer 1 than 64
+    assert (api["64"]["limit_batch"], api["64"]["vs_limit"]) == (64, 0.75)  # the slower limit: decoding
