@@ -19,7 +19,9 @@ Rows (every one timed with the device synchronised before and after each call):
   forward at batch 8); ``chefer2021`` and ``attnlrp`` the same (issue #40: <= 4x and <= 2x);
 * ``api``: ``POST /api/v1/attention`` with distinct JPEGs at concurrency 1, 16, 64 through a
   real server, and the GPU's busy fraction meanwhile (``torch.cuda.utilization``, sampled);
-  ``vs_limit`` against the JPEG limit at the batch nearest the concurrency (:func:`api_vs_limit`).
+  ``vs_limit`` against the JPEG limit at the batch nearest the concurrency (:func:`api_vs_limit`),
+  and ``http``: one JPEG posted again and again (answered from the cache), the server's own
+  limit, so each row says which of the two ``binds``.
 
 On the CPU (``--device cpu --gpu-quick``) the same code runs smoke-sized: the tests run it so.
 """
@@ -260,6 +262,16 @@ def api(
             "gpu_busy": busy.fraction,
             "gpu_busy_source": busy.source,
         }
+    # The server's own limit beside it: one JPEG, computed once, then posted n times at the top
+    # concurrency and answered from the cache (HTTP, multipart, the hash and the answer's
+    # encoding; no decoding, no forward).
+    c = max(levels)
+    n = max(per_level, 2 * c)
+    log(f"gpu-quick: API concurrency {c}, one JPEG {n} times (the HTTP limit)")
+    one = jpegs(1, start)
+    asyncio.run(_api_level(server_url, 1, 1, one))  # computed once, before the clock starts
+    wall, failed = asyncio.run(_api_level(server_url, c, n, one * n))
+    res["http"] = {"concurrency": c, "requests": n, "failed": failed, "images_per_s": (n - failed) / wall}
     return res
 
 
@@ -272,7 +284,12 @@ def api_vs_limit(quick: dict[str, Any]) -> None:
         for key, rows in quick.get("capture", {}).items()
         if key.startswith("fp32/") and "forward_jpegs" in rows
     }
-    for c, row in quick.get("api", {}).items():
-        if limits:
-            b = min(limits, key=lambda b: (abs(b - int(c)), b))
-            row["limit_batch"], row["vs_limit"] = b, row["images_per_s"] / limits[b]
+    api = quick.get("api", {})
+    http = api.get("http", {}).get("images_per_s")
+    for c, row in api.items():
+        if c == "http" or not limits:
+            continue
+        b = min(limits, key=lambda b: (abs(b - int(c)), b))
+        row["limit_batch"], row["vs_limit"] = b, row["images_per_s"] / limits[b]
+        if http is not None:  # which limit binds the server: its HTTP path, or decoding and forwards
+            row["binds"] = "http" if http < limits[b] else "jpeg"

@@ -88,3 +88,8 @@ def test_the_api_rows_are_held_against_the_jpeg_limit_at_the_nearest_batch():
     assert (api["1"]["limit_batch"], api["1"]["vs_limit"]) == (1, 0.5)
     assert (api["16"]["limit_batch"], api["16"]["vs_limit"]) == (1, 10.0)  # 16 is nearer 1 than 64
     assert (api["64"]["limit_batch"], api["64"]["vs_limit"]) == (64, 0.75)  # the slower limit: decoding
+    assert "binds" not in api["64"]
+    quick["api"]["http"] = {"images_per_s": 200.0}  # the server's HTTP path alone
+    gpu_quick.api_vs_limit(quick)
+    assert [api[c]["binds"] for c in ("1", "16", "64")] == ["jpeg", "jpeg", "http"]
+    assert "vs_limit" not in api["http"]
