@@ -252,29 +252,31 @@ class Scope:
         pairs = self.lm.ablation(params.ablate)
         every_stage = self.lm.windowed and layers is None
         results: dict[int, Attention] = {}
-        # Each batch is computed as soon as it is prepared, while the pool prepares the next.
-        for batch in self._stream(image):
-            idx = list(batch)
-            input_size = batch[idx[0]].prep.input_size
-            materialise = params.needs_every_row and self.lm.keeps_maps(input_size)
+        # Each batch is computed as soon as it is prepared, while the pool prepares the next;
+        # closing(): a failing batch stops the pool at once, whatever still holds the generator.
+        with contextlib.closing(self._stream(image)) as batches:
+            for batch in batches:
+                idx = list(batch)
+                input_size = batch[idx[0]].prep.input_size
+                materialise = params.needs_every_row and self.lm.keeps_maps(input_size)
 
-            def capture(ids: list[int], materialise: bool = materialise, batch: dict = batch) -> list[Any]:
-                raws = [batch[i].prep.raw for i in ids]
-                return list(self.runner.capture(raws, materialise=materialise, ablate=pairs))
+                def capture(ids: list[int], materialise: bool = materialise, batch: dict = batch) -> list[Any]:
+                    raws = [batch[i].prep.raw for i in ids]
+                    return list(self.runner.capture(raws, materialise=materialise, ablate=pairs))
 
-            with self.computing():
-                atts = _raised(self.runner.run(capture, idx))
-            for i, att in zip(idx, atts):
-                it = batch[i]
-                found = found_of(self.lm, it, att, self.runner.precision)
-                try:
-                    results[i] = Attention.of(
-                        self.lm, self.settings, it, found, params, pairs, every_stage, self.amp_dtype, keep_capture
-                    )
-                except ValueError as e:
-                    if not is_many(image):
-                        raise
-                    raise type(e)(f"pictures[{i}]: {e}") from None
+                with self.computing():
+                    atts = _raised(self.runner.run(capture, idx))
+                for i, att in zip(idx, atts):
+                    it = batch[i]
+                    found = found_of(self.lm, it, att, self.runner.precision)
+                    try:
+                        results[i] = Attention.of(
+                            self.lm, self.settings, it, found, params, pairs, every_stage, self.amp_dtype, keep_capture
+                        )
+                    except ValueError as e:
+                        if not is_many(image):
+                            raise
+                        raise type(e)(f"pictures[{i}]: {e}") from None
         out = [results[i] for i in sorted(results)]
         return out if is_many(image) else out[0]
 

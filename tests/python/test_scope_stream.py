@@ -103,3 +103,17 @@ def test_an_error_names_its_picture_and_stops_the_pool(gpu_policy):
     files[7] = b"not a picture"
     with pytest.raises(ValueError, match=r"pictures\[7\]"):
         gpu_policy.attention(files)
+
+
+def test_a_failing_batch_stops_the_pool_at_once(gpu_policy, monkeypatch):
+    """The forward of the first batch fails: the call raises, and no preparing thread is left
+    running or waiting, though the exception (its traceback) is still held."""
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the forward failed")
+
+    monkeypatch.setattr(gpu_policy.runner, "capture", fail)
+    with pytest.raises(RuntimeError, match="the forward failed") as caught:
+        gpu_policy.attention(_jpegs(20))
+    assert caught.value is not None
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("headscope-prepare")]
