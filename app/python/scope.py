@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,7 +105,7 @@ class Scope:
             items.update(prepared)
         return [items[i] for i in range(len(items))]
 
-    def _stream(self, image: Any) -> Iterator[dict[int, PreparedPicture]]:
+    def _stream(self, image: Any) -> Generator[dict[int, PreparedPicture], None, None]:
         """The prepared pictures of one picture or a list in batches of one input size (index ->
         picture), each batch yielded as soon as its pictures are prepared: the caller's forward of
         one batch runs while the thread pool prepares the next.
