@@ -128,18 +128,20 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak and not ray and not packaging and not waits"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak and not ray and not packaging and not waits and not sweeps"
 
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak and not ray and not packaging and not waits"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak and not ray and not packaging and not waits and not sweeps"
 
 # The long tests `make test` leaves out (about 6 minutes on 2 cores): the load and soak runs
 # (tests/api/test_reliability.py; HEADSCOPE_SLOW=1 makes them the long versions), the survey's
 # Ray engine (a local Ray cluster per test), the packaging test (sdist, wheel, a fresh venv) and
-# the tests that wait out request deadlines (marker `waits`).
+# the tests that wait out request deadlines (marker `waits`) and two whole head sweeps through the
+# server whose results no other test reuses (marker `sweeps`: the page's importance view, and the
+# sweep's progress while an upload interleaves).
 # CI runs them after `make test`.
-test-long: setup-dev $(VENV)/.installed-ray fetch
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "soak or ray or packaging or waits"
+test-long: setup-dev $(VENV)/.installed-ray fetch browser-deps
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "soak or ray or packaging or waits or sweeps"
 
 lint: setup-dev
 	$(PY) -m ruff check .

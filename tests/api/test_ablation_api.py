@@ -215,6 +215,7 @@ def test_pruning_curve(base_url, cat_id):
     assert get(base_url, f"{API}/{cat_id}/pruning/progress", points=13).json()["state"] == "done"
 
 
+@pytest.mark.sweeps  # its own picture's sweep, reused by no other test: `make test-long`
 def test_progress_is_reported_and_uploads_interleave_with_a_sweep(base_url, samples):
     image_id = post(base_url, samples["rocket"].read_bytes(), "rocket.jpg")["image_id"]
     assert get(base_url, f"{API}/{image_id}/importance/progress").json()["state"] == "idle"

@@ -70,6 +70,7 @@ def test_toggles_change_the_models_output_and_show_the_difference(page, base_url
     assert page.locator("[data-testid=ablate-head][aria-pressed=true]").count() == 0
 
 
+@pytest.mark.sweeps  # its own picture's sweep, reused by no other test: `make test-long`
 @pytest.mark.timeout(1500)  # a sweep, a pruning curve and a gradient pass: minutes on a loaded 2-core machine
 def test_importance_shows_with_progress_then_the_pruning_curve(page, base_url, samples):
     page.set_default_timeout(SLOW_MS)
