@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,7 +178,10 @@ class Scope:
         """Indices of ``items`` in batches of one input size, at most ``batch_size`` each."""
         return self.runner.groups([tuple(it.prep.raw.shape) for it in items])
 
-    def _raws(self, items: list[PreparedPicture], idx: list[int]) -> list[torch.Tensor]:
+    def _raws(
+        self, items: Sequence[PreparedPicture] | Mapping[int, PreparedPicture], idx: list[int]
+    ) -> list[torch.Tensor]:
+        """The uint8 pixels of ``items[i]`` for ``i`` in ``idx`` (a list, or a streamed batch)."""
         return [items[i].prep.raw for i in idx]
 
     # -- attention ------------------------------------------------------------------------
@@ -261,7 +264,7 @@ class Scope:
                 materialise = params.needs_every_row and self.lm.keeps_maps(input_size)
 
                 def capture(ids: list[int], materialise: bool = materialise, batch: dict = batch) -> list[Any]:
-                    raws = [batch[i].prep.raw for i in ids]
+                    raws = self._raws(batch, ids)
                     return list(self.runner.capture(raws, materialise=materialise, ablate=pairs))
 
                 with self.computing():
