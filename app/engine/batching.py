@@ -13,7 +13,8 @@ extract``. What they used to do each in their own way is done once:
   (``(v / 255 - mean) / std`` in float32), and looked up on the device
   (:func:`normalise`). No arithmetic runs on the device, so the input is bit for bit the
   host's on every device (a device's division by a constant may multiply by its reciprocal).
-* **batches grouped by shape** (:func:`groups`), at most ``batch_size`` each.
+* **batches grouped by shape**, at most ``batch_size`` each: :func:`groups` for pictures all
+  at hand, :class:`Buckets` for pictures that arrive one by one (a stream being prepared).
 * **the out-of-memory split** (:func:`split_on_oom`): a batch that runs out of memory frees
   what the caller can free and retries, else is split in halves; a batch that fails otherwise
   is rerun one picture at a time so that only the culprit gets the error.
@@ -33,8 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -111,6 +112,45 @@ def groups(keys: Sequence[Hashable], size: int) -> list[list[int]]:
         by_key.setdefault(k, []).append(i)
     size = max(1, int(size))
     return [idx[j : j + size] for idx in by_key.values() for j in range(0, len(idx), size)]
+
+
+class Buckets(Generic[T]):
+    """Items grouped by key (input shape) as they arrive: what :func:`groups` does for items
+    all at hand, for a stream that is still being prepared.
+
+    :meth:`add` hands a bucket out as soon as it holds ``size`` items; :meth:`fullest` takes the
+    part-filled bucket that holds most (a caller bounding how many items wait); :meth:`rest`
+    empties what is left, in chunks of at most ``size``, first key seen first.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, int(size))
+        self._by_key: dict[Hashable, list[T]] = {}
+
+    def add(self, key: Hashable, item: T) -> list[T] | None:
+        """Put ``item`` in its key's bucket; the bucket, taken out, when that makes it full."""
+        bucket = self._by_key.setdefault(key, [])
+        bucket.append(item)
+        if len(bucket) < self.size:
+            return None
+        del self._by_key[key]
+        return bucket
+
+    def waiting(self) -> int:
+        """How many items wait in part-filled buckets."""
+        return sum(len(b) for b in self._by_key.values())
+
+    def fullest(self) -> list[T]:
+        """The bucket that holds most, taken out (the first such when several tie)."""
+        key = max(self._by_key, key=lambda k: len(self._by_key[k]))
+        return self._by_key.pop(key)
+
+    def rest(self) -> Iterator[list[T]]:
+        """Every bucket left, taken out, in chunks of at most ``size``."""
+        while self._by_key:
+            bucket = self._by_key.pop(next(iter(self._by_key)))
+            for i in range(0, len(bucket), self.size):
+                yield bucket[i : i + self.size]
 
 
 class OutOfMemory(RuntimeError):

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from ..config import Settings
 from ..engine.ablation import refuse_windowed_ablation
-from ..engine.batching import BatchRunner
+from ..engine.batching import BatchRunner, Buckets
 from ..engine.device import PRECISIONS, autocast_dtype, resolve_device
 from ..engine.model import LoadedModel
 from ..serving.pictures import Pictures
@@ -150,14 +150,14 @@ class Scope:
         pool = ThreadPoolExecutor(threads, thread_name_prefix="headscope-prepare")
         try:
             futures = {i: pool.submit(one, i) for i in todo}
-            waiting: dict[tuple, dict[int, PreparedPicture]] = {}  # input shape -> its batch so far
+            buckets: Buckets[tuple[int, PreparedPicture]] = Buckets(size)
             for i, it in enumerate(items):
                 prepared = futures[first[id(it)]].result()
-                batch = waiting.setdefault(tuple(prepared.prep.raw.shape), {})
-                batch[i] = prepared
-                if len(batch) == size:
-                    yield waiting.pop(tuple(prepared.prep.raw.shape))
-            yield from waiting.values()
+                full = buckets.add(tuple(prepared.prep.raw.shape), (i, prepared))
+                if full is not None:
+                    yield dict(full)
+            for rest in buckets.rest():
+                yield dict(rest)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..engine.batching import BatchRunner, OutOfMemory, split_on_oom
+from ..engine.batching import BatchRunner, OutOfMemory, groups, split_on_oom
 from ..engine.capture_base import CapturedAttention
 from ..engine.device import autocast_dtype, exact_fp32, exact_fp32_process, precision_name
 from ..engine.model import LoadedModel
@@ -399,22 +399,18 @@ class Worker:
         loop = asyncio.get_running_loop()
         self.inflight = len(batch)
         try:
-            groups: dict[tuple, list[Job]] = {}
-            for j in batch:
-                groups.setdefault(j.key, []).append(j)
-            for group in groups.values():
-                for i in range(0, len(group), self.max_batch_size):
-                    live = self._live(group[i : i + self.max_batch_size])
-                    if not live:
+            for idx in groups([j.key for j in batch], self.max_batch_size):
+                live = self._live([batch[i] for i in idx])
+                if not live:
+                    continue
+                results = await loop.run_in_executor(self._executor, self._run, live)
+                for j, r in zip(live, results):
+                    if j.future.done():
                         continue
-                    results = await loop.run_in_executor(self._executor, self._run, live)
-                    for j, r in zip(live, results):
-                        if j.future.done():
-                            continue
-                        if isinstance(r, BaseException):
-                            j.future.set_exception(r)
-                        else:
-                            j.future.set_result(r)
+                    if isinstance(r, BaseException):
+                        j.future.set_exception(r)
+                    else:
+                        j.future.set_result(r)
         except asyncio.CancelledError:
             for j in batch:
                 if not j.future.done():

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ..engine.batching import Buckets
 from . import schema
 from .compute import PreparedItem, Result, Surveyor
 from .sources import Item
@@ -38,7 +39,7 @@ def run_local(
     B = surveyor.batch_size
     if prefetch is None:
         prefetch = surveyor.device.type != "cpu"
-    pending: dict[tuple[int, ...], list[PreparedItem]] = {}
+    buckets: Buckets[PreparedItem] = Buckets(B)
 
     def run(batch: list[PreparedItem]) -> None:
         emit(surveyor.compute(batch))
@@ -47,16 +48,11 @@ def run_local(
         if failed:
             emit(Result(schema.empty_rows(), schema.failures_table(failed)))
         for p in prepared:
-            bucket = pending.setdefault(tuple(p.raw.shape), [])
-            bucket.append(p)
-            if len(bucket) >= B:
-                run(bucket[:B])
-                del bucket[:B]
-        while sum(len(b) for b in pending.values()) > 4 * B:
-            key = max(pending, key=lambda k: len(pending[k]))
-            run(pending.pop(key))
-        for key in [k for k, b in pending.items() if not b]:
-            del pending[key]
+            full = buckets.add(tuple(p.raw.shape), p)
+            if full is not None:
+                run(full)
+        while buckets.waiting() > 4 * B:
+            run(buckets.fullest())
 
     if not prefetch:
         for w in windows(items, B):
@@ -70,7 +66,5 @@ def run_local(
                 current = ahead.result()
                 ahead = pool.submit(surveyor.prepare_all, wins[k + 1]) if k + 1 < len(wins) else None
                 take(*current)
-    for bucket in list(pending.values()):
-        for i in range(0, len(bucket), B):
-            run(bucket[i : i + B])
-    pending.clear()
+    for batch in buckets.rest():
+        run(batch)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine.batching import BatchRunner, OutOfMemory, groups, normal_table, normalise, split_on_oom
+from headscope.engine.batching import BatchRunner, Buckets, OutOfMemory, groups, normal_table, normalise, split_on_oom
 from headscope.engine.forward import forward_capture
 from headscope.zoo.registry import Registry
 
@@ -54,6 +54,29 @@ def test_groups_keep_shapes_apart_in_order_and_bounded():
 
 def _oom() -> RuntimeError:
     return RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
+
+
+def test_buckets_hand_out_full_batches_as_they_fill_and_the_rest_as_groups_would():
+    keys = ["a", "b", "a", "a", "b", "a", "c", "a"]
+    buckets: Buckets[int] = Buckets(2)
+    full = [b for i, k in enumerate(keys) if (b := buckets.add(k, i)) is not None]
+    assert full == [[0, 2], [1, 4], [3, 5]]  # each as soon as it fills: at items 2, 4 and 5
+    assert buckets.waiting() == 2
+    assert list(buckets.rest()) == [[6], [7]]
+    assert buckets.waiting() == 0 and list(buckets.rest()) == []
+    # everything at once: the same batches as groups(), whatever the order they come out in
+    at_once: Buckets[int] = Buckets(10)
+    assert [at_once.add(k, i) for i, k in enumerate(keys)] == [None] * len(keys)
+    assert list(at_once.rest()) == [[keys.index("a"), 2, 3, 5, 7], [1, 4], [6]] == groups(keys, 10)
+
+
+def test_the_fullest_bucket_is_taken_first_to_bound_what_waits():
+    buckets: Buckets[str] = Buckets(8)
+    for i, k in enumerate("abbcbb"):
+        buckets.add(k, f"{k}{i}")
+    assert buckets.fullest() == ["b1", "b2", "b4", "b5"]
+    assert buckets.waiting() == 2
+    assert list(buckets.rest()) == [["a0"], ["c3"]]
 
 
 def test_out_of_memory_splits_until_it_fits_and_errors_stay_with_their_item():
