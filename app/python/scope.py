@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,15 +174,9 @@ class Scope:
         """The model in eval mode while Headscope computes (see `computing`)."""
         return computing(self.lm, lock)
 
-    def _batches(self, items: list[PreparedPicture]) -> list[list[int]]:
-        """Indices of ``items`` in batches of one input size, at most ``batch_size`` each."""
-        return self.runner.groups([tuple(it.prep.raw.shape) for it in items])
-
-    def _raws(
-        self, items: Sequence[PreparedPicture] | Mapping[int, PreparedPicture], idx: list[int]
-    ) -> list[torch.Tensor]:
-        """The uint8 pixels of ``items[i]`` for ``i`` in ``idx`` (a list, or a streamed batch)."""
-        return [items[i].prep.raw for i in idx]
+    def _raws(self, batch: Mapping[int, PreparedPicture], idx: list[int]) -> list[torch.Tensor]:
+        """The uint8 pixels of ``batch[i]`` for ``i`` in ``idx`` (a streamed batch)."""
+        return [batch[i].prep.raw for i in idx]
 
     # -- attention ------------------------------------------------------------------------
     def attention(
@@ -385,13 +379,14 @@ class Scope:
             )
         name = names[0]
         pairs = self.lm.ablation(P.ablate(ablate))
-        items = self._read(image)
-        out: list[dict[str, Any]] = [{} for _ in items]
-        for idx, maps in self._relevance(items, target, [name], pairs):
-            for i, m in zip(idx, maps):
-                meta = relevance_meta(items[i].image_id, self.lm, m, name, m.relevance.seed, pairs)
-                out[i] = {**meta, "methods": {name: meta["method_text"]}, "relevance": m.relevance.maps[name]}
-        return out if is_many(image) else out[0]
+        out: dict[int, dict[str, Any]] = {}
+        with contextlib.closing(self._relevance(image, target, [name], pairs)) as parts:
+            for batch, maps in parts:
+                for (i, it), m in zip(batch.items(), maps):
+                    meta = relevance_meta(it.image_id, self.lm, m, name, m.relevance.seed, pairs)
+                    out[i] = {**meta, "methods": {name: meta["method_text"]}, "relevance": m.relevance.maps[name]}
+        res = [out[i] for i in sorted(out)]
+        return res if is_many(image) else res[0]
 
     def faithfulness(
         self,
@@ -431,11 +426,14 @@ class Scope:
         proto = parse_protocol(protocol)
         check_protocol(proto, self.lm, parse_target(target, self.lm))
         pairs = self.lm.ablation(P.ablate(ablate))
-        items = self._read(image)
-        found: list[Any] = [None] * len(items)
-        for idx, maps in self._relevance(items, target, names, pairs):
-            for i, m in zip(idx, maps):
-                found[i] = m
+        prepared: dict[int, PreparedPicture] = {}
+        maps_of: dict[int, Any] = {}
+        with contextlib.closing(self._relevance(image, target, names, pairs)) as parts:
+            for batch, maps in parts:
+                prepared.update(batch)
+                maps_of.update(zip(batch, maps))
+        items = [prepared[i] for i in sorted(prepared)]
+        found = [maps_of[i] for i in sorted(prepared)]
         # every picture's perturbed forwards stacked across pictures (batch_size per input size)
         with self.computing():
             results = _raised(
@@ -519,26 +517,28 @@ class Scope:
         return out if is_many(image) else out[0]
 
     def _relevance(
-        self, items: list[PreparedPicture], target: str | None, names: Any, pairs: Any
-    ) -> Iterator[tuple[list[int], list[Any]]]:
-        """Relevance maps of ``items``, a batch of one input size at a time: the batch's indices
-        and its ``RelevanceMaps`` (one forward and one backward per batch)."""
+        self, image: Any, target: str | None, names: Any, pairs: Any
+    ) -> Generator[tuple[dict[int, PreparedPicture], list[Any]], None, None]:
+        """Relevance maps of one picture or a list, a batch of one input size at a time (one
+        forward and one backward each), each computed as soon as it is prepared while the pool
+        prepares the next: the batch (index -> picture) and its ``RelevanceMaps``, in its order."""
         from ..serving.relevance import RelevanceMaps
 
-        for idx in self._batches(items):
+        with contextlib.closing(self._stream(image)) as batches:
+            for batch in batches:
 
-            def run(ids: list[int]) -> list[Any]:
-                t0 = time.perf_counter()
-                rels = self.runner.relevance(self._raws(items, ids), target, names, ablate=pairs)
-                ms = (time.perf_counter() - t0) * 1000 / len(ids)
-                return [
-                    RelevanceMaps(r, items[i].prep.input_size, items[i].prep.image_size, ms, self.runner.precision)
-                    for i, r in zip(ids, rels)
-                ]
+                def run(ids: list[int], batch: dict[int, PreparedPicture] = batch) -> list[Any]:
+                    t0 = time.perf_counter()
+                    rels = self.runner.relevance(self._raws(batch, ids), target, names, ablate=pairs)
+                    ms = (time.perf_counter() - t0) * 1000 / len(ids)
+                    return [
+                        RelevanceMaps(r, batch[i].prep.input_size, batch[i].prep.image_size, ms, self.runner.precision)
+                        for i, r in zip(ids, rels)
+                    ]
 
-            with self.computing():
-                maps = _raised(self.runner.run(run, idx))
-            yield idx, maps  # outside the model's lock: the caller computes more with it
+                with self.computing():
+                    maps = _raised(self.runner.run(run, list(batch)))
+                yield batch, maps  # outside the model's lock: the caller computes more with it
 
 
 def _raised(results: list[Any]) -> list[Any]:

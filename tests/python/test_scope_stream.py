@@ -2,7 +2,8 @@
 device other than the pool's CPU a batch is a quarter of the list, so that decoding and the
 forwards overlap; on the CPU and for tensors batches are as large as ``batch_size``. The first
 batch is yielded before the last picture is prepared, every index comes back once and in order,
-and the maps equal those of one picture at a time."""
+and the maps equal those of one picture at a time. Relevance (and so faithfulness) streams the
+same way."""
 
 from __future__ import annotations
 
@@ -117,3 +118,44 @@ def test_a_failing_batch_stops_the_pool_at_once(gpu_policy, monkeypatch):
         gpu_policy.attention(_jpegs(20))
     assert caught.value is not None
     assert not [t.name for t in threading.enumerate() if t.name.startswith("headscope-prepare")]
+
+
+def _wide_jpeg() -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(99).integers(0, 256, (30, 90, 3), dtype=np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def test_relevance_of_a_list_is_computed_while_the_rest_is_prepared(gpu_policy, monkeypatch):
+    """The first batch's relevance runs before the last picture is prepared (that picture waits
+    for it); the maps come back in order, and equal those of one picture at a time."""
+    files = _jpegs(7) + [_wide_jpeg()] + _jpegs(9)[7:]  # two input sizes, the wide one in the middle
+    computed, in_time = threading.Event(), []
+    relevance, prepare = gpu_policy.runner.relevance, gpu_policy._prepare
+
+    def noted(*args, **kwargs):
+        computed.set()
+        return relevance(*args, **kwargs)
+
+    def last_waits(item):
+        if item is files[-1]:
+            in_time.append(computed.wait(10))
+        return prepare(item)
+
+    monkeypatch.setattr(gpu_policy.runner, "relevance", noted)
+    monkeypatch.setattr(gpu_policy, "_prepare", last_waits)
+    many = gpu_policy.relevance(files)
+    assert in_time == [True], "relevance waited for every picture to be prepared"
+    monkeypatch.undo()
+    assert [r["image_id"] for r in many] == [gpu_policy.relevance(f)["image_id"] for f in files]
+    for f, r in zip(files, many):
+        assert torch.equal(r["relevance"], gpu_policy.relevance(f)["relevance"])
+
+
+def test_faithfulness_of_a_list_keeps_its_order_across_input_sizes(scope):
+    files = [_jpegs(1)[0], _wide_jpeg(), _jpegs(2)[1]]
+    many = scope.faithfulness(files, methods="attention,random", fractions="0,0.5")
+    for f, r in zip(files, many):
+        one = scope.faithfulness(f, methods="attention,random", fractions="0,0.5")
+        assert r["image_id"] == one["image_id"]
+        assert r["methods"] == one["methods"]
