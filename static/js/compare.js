@@ -6,7 +6,7 @@
 // drawing (reads the state only).
 
 import { paintColorbar } from "./colormaps.js";
-import { $, setOptions, shortName } from "./dom.js";
+import { $, scrollMotion, setOptions, shortName } from "./dom.js";
 import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
 import { dims, headChoices, headLabel, mapQuery, markerAt, queryLabel, tokensAt } from "./state.js";
@@ -168,6 +168,5 @@ export function revealCompare() {
   const sticky = bar && getComputedStyle(bar).position === "sticky" ? bar.getBoundingClientRect().height : 0;
   const top = panel.getBoundingClientRect().top;
   if (top >= sticky && top < window.innerHeight * 0.6) return;
-  const smooth = !window.matchMedia("(prefers-reduced-motion: reduce)").matches;
-  window.scrollBy({ top: top - sticky - 8, behavior: smooth ? "smooth" : "auto" });
+  window.scrollBy({ top: top - sticky - 8, behavior: scrollMotion() });
 }

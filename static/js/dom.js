@@ -4,6 +4,12 @@
 
 export const $ = (id) => document.getElementById(id);
 
+/** How the page scrolls on its own (to a result, a map, the compare panel): smoothly, unless the
+ * user asked the system for reduced motion (WCAG 2.3.3), then at once. */
+export function scrollMotion() {
+  return window.matchMedia("(prefers-reduced-motion: reduce)").matches ? "auto" : "smooth";
+}
+
 /** A new <tag> element with class `cls` and text `text` (each optional). */
 export function el(tag, cls, text) {
   const e = document.createElement(tag);

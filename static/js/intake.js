@@ -4,7 +4,7 @@
 
 import { ApiError } from "./api.js";
 import { app } from "./actions.js";
-import { $ } from "./dom.js";
+import { $, scrollMotion } from "./dom.js";
 import { openById, openFile, sampleFile } from "./fetching.js";
 import { state, syncUrl } from "./state.js";
 
@@ -18,8 +18,7 @@ function showResult() {
   const top = $("topbar").getBoundingClientRect();
   const sticky = getComputedStyle($("topbar")).position === "sticky" ? top.height : 0;
   if (r.top >= sticky && r.top < window.innerHeight * 0.6) return;
-  const smooth = !window.matchMedia("(prefers-reduced-motion: reduce)").matches;
-  target.scrollIntoView({ behavior: smooth ? "smooth" : "auto", block: "start" });
+  target.scrollIntoView({ behavior: scrollMotion(), block: "start" });
 }
 
 export function takeFile(file, sample = null) {

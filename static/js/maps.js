@@ -9,7 +9,7 @@ import { renderRow, resizeCharts } from "./charts.js";
 import { renderCompare } from "./compare.js";
 import { renderAnalysisControls } from "./controls.js";
 import { rolloutKey } from "./data.js";
-import { $ } from "./dom.js";
+import { $, scrollMotion } from "./dom.js";
 import { need } from "./fetching.js";
 import { renderHeadGrid, renderModelView } from "./grid.js";
 import { bindRoving, screenPos, syncRoving } from "./keys.js";
@@ -57,7 +57,7 @@ export function renderSlow(s, act) {
   const view = thumbView(s);
   renderModelView($("model-view"), view, (l, h) => {
     act.pick(l, h);
-    $("overlay").scrollIntoView({ behavior: "smooth", block: "center" });
+    $("overlay").scrollIntoView({ behavior: scrollMotion(), block: "center" });
   });
   syncRoving($("model-view"), ".tile", selectedTile);
   const els = analyticsEls();

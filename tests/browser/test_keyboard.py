@@ -47,13 +47,17 @@ def announced(page) -> str:
 
 def walk_focus(page, most: int = 200) -> list[str]:
     """Tab once round the page from the top; at each stop the focused element must be clear of the
-    fixed bars. Returns the stops' names."""
+    fixed bars. Returns the stops' names.
+
+    Focus scrolls at once (the page sets no CSS smooth scrolling); with reduced motion asked for,
+    so do the page's own scrolls, and a stop need not wait out a smooth scroll (150 ms a stop)."""
+    page.emulate_media(reduced_motion="reduce")
     page.evaluate("() => { document.activeElement.blur(); window.scrollTo(0, 0); }")
     stops: list[str] = []
     hidden = []
     for _ in range(most):
         page.keyboard.press("Tab")
-        wait_scroll_settled(page)
+        wait_scroll_settled(page, quiet_ms=0)
         f = focused(page)
         if f["tag"] == "BODY":
             break
@@ -84,6 +88,37 @@ def test_focus_never_hides_under_the_fixed_bars(page_at, base_url, samples, scre
     wait_learn(page, image=image_id(samples["cat"].read_bytes()))
     stops = walk_focus(page)
     assert "learn-tab" in stops and "temperature" in stops, " ".join(stops)
+
+
+def test_the_page_scrolls_at_once_for_a_user_who_asked_for_reduced_motion(page_at, base_url, samples):
+    """A tile of the model view scrolls the map into view: smoothly, or at once where the system
+    asks for reduced motion (WCAG 2.3.3): the scroll is then done when the click's handler returns."""
+    page = page_at(640, 400)
+    open_page(page, base_url)
+    upload(page, samples["cat"])
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
+    # the scroll offset when the click's handler has returned, and once it has rested 300 ms
+    click_last_tile = """async () => {
+        const frame = () => new Promise((r) => requestAnimationFrame(r));
+        const t = [...document.querySelectorAll('[data-testid=model-view] .tile')].at(-1);
+        t.scrollIntoView({block: 'end'});
+        await frame();
+        t.click();
+        const atOnce = scrollY;
+        let y = scrollY, since = performance.now();
+        while (performance.now() - since < 300) {
+            await frame();
+            if (scrollY !== y) { y = scrollY; since = performance.now(); }
+        }
+        return [atOnce, scrollY];
+    }"""
+    at_once, rested = page.evaluate(click_last_tile)
+    assert at_once != rested, "no smooth scroll: the map was in place when the click returned"
+    page.emulate_media(reduced_motion="reduce")
+    at_once, rested = page.evaluate(click_last_tile)
+    assert at_once == rested, "with reduced motion asked for, the page still scrolled smoothly"
+    box = page.eval_on_selector("#overlay", "e => { const b = e.getBoundingClientRect(); return [b.top, b.bottom]; }")
+    assert box[0] < 400 and box[1] > 0, f"the map is not in view: {box}"
 
 
 def test_view_tabs_arrows_move_between_tabs_not_the_head(kpage, base_url, samples):
