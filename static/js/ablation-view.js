@@ -307,11 +307,11 @@ export function renderProgress(box, view) {
 
 /** The importance heat map. view: null | {L, H, answer, off}; onPick(layer, head) toggles a head. */
 export function renderImportance(elm, view, onPick, waiting) {
-  if (!plotlyReady()) return unavailable(elm);
   if (!view) {
     if (waiting) return note(elm, waiting, "loading");
     return note(elm, "Press “Compute importance” to measure every head.");
   }
+  if (!plotlyReady()) return unavailable(elm);
   const { answer } = view;
   const max = Math.max(...answer.importance.flat());
   const [short] = metricWords(answer.metric);
@@ -327,11 +327,11 @@ export function renderImportance(elm, view, onPick, waiting) {
 
 /** The pruning curve: output change against heads removed, least important first. */
 export function renderPruning(elm, answer, waiting) {
-  if (!plotlyReady()) return unavailable(elm);
   if (!answer) {
     if (waiting) return note(elm, waiting, "loading");
     return note(elm, "The pruning curve follows the importance.");
   }
+  if (!plotlyReady()) return unavailable(elm);
   const order = answer.order;
   const text = answer.removed.map((k) => (k === 0 ? "all heads on" : `last removed: layer ${order[k - 1][0]}, head ${order[k - 1][1]}`));
   const [short, long] = metricWords(answer.metric);

@@ -63,12 +63,12 @@ function headIndex(head) {
  */
 export function renderAnalytics(els, view, onPick) {
   renderStatus(els, view);
-  if (!plotlyReady()) {
-    charts(els).forEach(unavailable);
-    return;
-  }
   if (!view) {
     charts(els).forEach(clear);
+    return;
+  }
+  if (!plotlyReady()) {
+    charts(els).forEach(unavailable);
     return;
   }
   const { store } = view;

@@ -35,8 +35,41 @@ export function plotlyReady() {
   return typeof window.Plotly === "object" && typeof window.Plotly.react === "function";
 }
 
+// Plotly is 4.8 MB of script: parsing it before the page starts made the page a second later to
+// take a picture on a slow machine. It is loaded once the page is up (loadPlotly from main.js, at
+// the first idle moment) or when a chart first has something to draw, whichever comes first; a
+// chart asked for meanwhile says so and is drawn when it arrives (the CHARTS_READY event).
+export const CHARTS_READY = "headscope:charts-ready";
+let plotlyLoad = null; // the <script> load's promise, once started
+let plotlyFailed = false;
+
+/** Load /vendor/plotly.min.js once; resolves when window.Plotly is there, then CHARTS_READY fires. */
+export function loadPlotly() {
+  if (plotlyLoad) return plotlyLoad;
+  plotlyLoad = new Promise((resolve, reject) => {
+    if (plotlyReady()) return resolve();
+    const script = document.createElement("script");
+    script.src = "/vendor/plotly.min.js";
+    script.async = true;
+    script.onload = () => (plotlyReady() ? resolve() : reject(new Error("no window.Plotly")));
+    script.onerror = () => reject(new Error("/vendor/plotly.min.js did not load"));
+    document.head.append(script);
+  }).then(
+    () => { document.dispatchEvent(new Event(CHARTS_READY)); },
+    () => { plotlyFailed = true; document.dispatchEvent(new Event(CHARTS_READY)); },
+  );
+  return plotlyLoad;
+}
+
+/** A chart that cannot be drawn without Plotly: "loading" while it comes, else why it is missing. */
 export function unavailable(el) {
+  if (!plotlyFailed) {
+    loadPlotly();
+    note(el, "Loading the charts…", "charts-loading");
+    return;
+  }
   if (el.dataset.unavailable) return;
+  clear(el);
   el.dataset.unavailable = "1";
   el.textContent = "Charts are unavailable: /vendor/plotly.min.js did not load.";
 }
@@ -118,11 +151,11 @@ export function layerHeadHeatmap(el, key, z, opts, onPick) {
 
 /** The current row over token index; view: {rowOf, query, layer, head, tokens, queryToken}. */
 export function renderRow(el, view) {
-  if (!plotlyReady()) return unavailable(el);
   if (!view) return clear(el);
   const { layer, head, tokens, queryToken } = view;
   const row = view.rowOf(layer, head);
   if (!row) return undefined;
+  if (!plotlyReady()) return unavailable(el);
   const N = row.length;
   const np = tokens.num_prefix;
   const cols = tokens.grid[1];
@@ -166,6 +199,7 @@ export function renderRow(el, view) {
     annotations: [{ xref: "x", yref: "paper", x: queryToken, y: 1, yanchor: "bottom", showarrow: false,
       text: `query ${queryToken}`, font: { color: "#ff3b6b", size: 11 } }],
   });
+  if (el.dataset.rendered && el.dataset.rendered !== "1") clear(el); // a note, not a chart
   window.Plotly.react(el, traces, layout, plotConfig());
   el.dataset.rendered = "1";
   el.dataset.layer = String(layer);

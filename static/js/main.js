@@ -17,6 +17,7 @@
 // (tests/js runs them in Node).
 
 import { app } from "./actions.js";
+import { CHARTS_READY, loadPlotly } from "./charts.js";
 import { bindAll } from "./bindings.js";
 import { initStaticControls } from "./controls.js";
 import { getModels } from "./api.js";
@@ -28,6 +29,7 @@ async function start() {
   initStaticControls();
   bindIntake();
   bindAll();
+  document.addEventListener(CHARTS_READY, () => app.update()); // the charts asked for meanwhile
   const want = readUrl();
   if (want.view) state.view = want.view;
   state.temperature = want.temperature;
@@ -44,6 +46,9 @@ async function start() {
   if (want.image) await takeShared(want);
   else app.update();
   document.body.dataset.ready = "1";
+  // The charts' library, once the page is up and idle (or sooner, when a chart asks for it).
+  const idle = window.requestIdleCallback || ((fn) => setTimeout(fn, 200));
+  idle(() => loadPlotly(), { timeout: 2000 });
 }
 
 start();

@@ -213,8 +213,8 @@ function curveName(method, sign, auc) {
 
 /** The faithfulness chart: positive (left) and negative (right) curves per method, AUC in the legend. */
 export function renderFaithfulness(elm, answer, waiting) {
-  if (!plotlyReady()) return unavailable(elm);
   if (!answer) return note(elm, waiting || "Press “Run the test” to compare the maps.", waiting ? "loading" : "note");
+  if (!plotlyReady()) return unavailable(elm);
   const traces = [];
   for (const [method, c] of Object.entries(answer.methods)) {
     const dash = method === "random" ? "dash" : "solid";

@@ -312,6 +312,36 @@ def test_the_empty_page_has_no_empty_chart_cards(page, base_url, samples):
     assert heading.startswith("Head similarity layer 11") and '"· "' in heading
 
 
+# Records when the page says it is ready (performance.now()), for the Plotly test below.
+READY_AT = """new MutationObserver(() => {
+    if (!window.__readyAt && document.body && document.body.dataset.ready === '1') window.__readyAt = performance.now();
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ['data-ready']});"""
+
+
+def test_the_page_is_up_before_plotly_and_says_so_when_plotly_cannot_load(page_at, base_url, samples, guard):
+    """Plotly (4.8 MB) is asked for only once the page is ready, and the charts come when it has
+    loaded; where it cannot load, the map still works and each chart says why it is missing."""
+    pg = page_at(1280, 800)
+    pg.add_init_script(READY_AT)
+    open_page(pg, base_url)
+    upload(pg, samples["cat"])
+    pg.wait_for_selector("[data-testid=chart-row][data-rendered='1'] svg.main-svg", timeout=SLOW_MS)
+    asked_at, ready_at = pg.evaluate(
+        "() => [performance.getEntriesByName(location.origin + '/vendor/plotly.min.js')[0].startTime, window.__readyAt]"
+    )
+    assert ready_at is not None and asked_at >= ready_at, f"Plotly asked for at {asked_at} ms, ready at {ready_at}"
+
+    guard.allow_http_errors = True  # the aborted script's "Failed to load resource"
+    broken = page_at(1280, 800)
+    broken.route("**/vendor/plotly.min.js", lambda route: route.abort())
+    open_page(broken, base_url)
+    upload(broken, samples["cat"])
+    broken.wait_for_function(
+        "() => document.querySelector('[data-testid=chart-row]').textContent.includes('Charts are unavailable')"
+    )
+    assert view(broken)["layer"] == "11"  # the map itself is drawn without Plotly
+
+
 # ------------------------------------------------------------------ downloads
 def test_exported_png_has_a_colour_bar_scale_and_labels(page, base_url, samples):
     open_page(page, base_url)
