@@ -128,20 +128,21 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak and not ray and not packaging and not waits and not sweeps"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak and not ray and not packaging and not waits and not sweeps and not lifecycle and not examples"
 
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak and not ray and not packaging and not waits and not sweeps"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak and not ray and not packaging and not waits and not sweeps and not lifecycle and not examples"
 
-# The long tests `make test` leaves out (about 6 minutes on 2 cores): the load and soak runs
+# The long tests `make test` leaves out (about 8 minutes on 2 cores): the load and soak runs
 # (tests/api/test_reliability.py; HEADSCOPE_SLOW=1 makes them the long versions), the survey's
-# Ray engine (a local Ray cluster per test), the packaging test (sdist, wheel, a fresh venv) and
-# the tests that wait out request deadlines (marker `waits`) and two whole head sweeps through the
+# Ray engine (a local Ray cluster per test), the packaging test (sdist, wheel, a fresh venv),
+# the tests that wait out request deadlines (marker `waits`), two whole head sweeps through the
 # server whose results no other test reuses (marker `sweeps`: the page's importance view, and the
-# sweep's progress while an upload interleaves).
+# sweep's progress while an upload interleaves), the servers started to fail, fall back or drain
+# (marker `lifecycle`) and the docs' examples run as written (marker `examples`).
 # CI runs them after `make test`.
 test-long: setup-dev $(VENV)/.installed-ray fetch browser-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "soak or ray or packaging or waits or sweeps"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "soak or ray or packaging or waits or sweeps or lifecycle or examples"
 
 lint: setup-dev
 	$(PY) -m ruff check .

@@ -151,6 +151,7 @@ def test_deadline_full_queue_and_disconnect(server_factory, pace):
     assert metric(base, "headscope_batch_size_count") == computed + 1
 
 
+@pytest.mark.lifecycle
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
 def test_model_load_failure(tmp_path, damage):
     # Issue 41: a server whose only model cannot load is no server. `serve` says why on the
@@ -202,6 +203,7 @@ def refused(url: str) -> bool:
         return True
 
 
+@pytest.mark.lifecycle
 def test_sigterm_drains_in_flight_requests(server_factory, pace):
     # A grace period far longer than the drain: the server exits once the four are answered,
     # well within it (the wait below ends before the grace period could have run out).

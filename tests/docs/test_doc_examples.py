@@ -33,6 +33,7 @@ def test_every_example_that_names_the_server_is_tested(path):
     assert doc_examples.marking_problems(path) == []
 
 
+@pytest.mark.examples
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_examples_work_as_written(path, base_url, server_factory, tmp_path):
     env = doc_examples.server_env(path)

@@ -76,6 +76,7 @@ def test_weights_neither_cached_nor_reachable_say_so(offline):
     assert "headscope fetch timm:vit_tiny_patch16_224.augreg_in21k" in r.stderr
 
 
+@pytest.mark.lifecycle
 def test_a_model_that_fails_while_loading_stops_the_server(offline, tmp_path):
     wrong = tmp_path / "wrong.safetensors"
     save_file({"not_a_vit": torch.zeros(2)}, str(wrong))  # passes the checks, fails to load
@@ -85,6 +86,7 @@ def test_a_model_that_fails_while_loading_stops_the_server(offline, tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.lifecycle
 def test_with_another_model_the_server_serves_it_and_says_which_failed(offline):
     srv = Server(offline, args=["--model", TYPO, "--model", "random:test_vit", "--no-fetch"])
     try:
