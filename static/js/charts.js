@@ -35,10 +35,10 @@ export function plotlyReady() {
   return typeof window.Plotly === "object" && typeof window.Plotly.react === "function";
 }
 
-// Plotly is 4.8 MB of script: parsing it before the page starts made the page a second later to
-// take a picture on a slow machine. It is loaded once the page is up (loadPlotly from main.js, at
-// the first idle moment) or when a chart first has something to draw, whichever comes first; a
-// chart asked for meanwhile says so and is drawn when it arrives (the CHARTS_READY event).
+// Plotly is 4.8 MB of script: parsed before the page's own modules, it held the page up by about a
+// second on a slow machine. It is loaded once the page is up (loadPlotly from main.js, at the
+// first idle moment) or when a chart first has something to draw, whichever comes first; a chart
+// asked for meanwhile says so and is drawn when it arrives (the CHARTS_READY event).
 export const CHARTS_READY = "headscope:charts-ready";
 let plotlyLoad = null; // the <script> load's promise, once started
 let plotlyFailed = false;
