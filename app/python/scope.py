@@ -432,8 +432,9 @@ class Scope:
             for batch, maps in parts:
                 prepared.update(batch)
                 maps_of.update(zip(batch, maps))
-        items = [prepared[i] for i in sorted(prepared)]
-        found = [maps_of[i] for i in sorted(prepared)]
+        order = sorted(prepared)
+        items = [prepared[i] for i in order]
+        found = [maps_of[i] for i in order]
         # every picture's perturbed forwards stacked across pictures (batch_size per input size)
         with self.computing():
             results = _raised(
