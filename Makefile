@@ -127,22 +127,27 @@ node_modules/.installed: package.json package-lock.json | js-deps
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
+# The markers of the long tests (below); `make test` runs the rest.
+LONG_TESTS = soak or ray or packaging or waits or sweeps or lifecycle or examples or screens or surveys
+
 test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not soak and not ray and not packaging and not waits and not sweeps and not lifecycle and not examples"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not ($(LONG_TESTS))"
 
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not soak and not ray and not packaging and not waits and not sweeps and not lifecycle and not examples"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not ($(LONG_TESTS))"
 
-# The long tests `make test` leaves out (about 7 minutes on 2 cores): the load and soak runs
+# The long tests `make test` leaves out (about 10 minutes on 2 cores): the load and soak runs
 # (tests/api/test_reliability.py; HEADSCOPE_SLOW=1 makes them the long versions), the survey's
 # Ray engine (a local Ray cluster per test), the packaging test (sdist, wheel, a fresh venv),
-# the tests that wait out request deadlines (marker `waits`), two whole head sweeps through the
-# server whose results no other test reuses (marker `sweeps`: the page's importance view, and the
-# sweep's progress while an upload interleaves), the servers started to fail, fall back or drain
-# (marker `lifecycle`) and the docs' examples run as written (marker `examples`).
-# CI runs them after `make test`.
+# the tests that wait out request deadlines and paced sleeps (marker `waits`), two whole head
+# sweeps through the server whose results no other test reuses (marker `sweeps`: the page's
+# importance view, and the sweep's progress while an upload interleaves), the servers started to
+# fail, fall back or drain (marker `lifecycle`), the docs' examples run as written (marker
+# `examples`), the browser tests' other screen sizes (marker `screens`: each test's first size
+# runs in `make test`) and the surveys run end to end (marker `surveys`).
+# CI runs them after `make test`. The markers are in pyproject.toml.
 test-long: setup-dev $(VENV)/.installed-ray fetch browser-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "soak or ray or packaging or waits or sweeps or lifecycle or examples"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "$(LONG_TESTS)"
 
 lint: setup-dev
 	$(PY) -m ruff check .

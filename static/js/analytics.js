@@ -62,7 +62,6 @@ function headIndex(head) {
  * sinkKind, simKind}. onPick(layer, head) opens a head.
  */
 export function renderAnalytics(els, view, onPick) {
-  renderStatus(els, view);
   if (!view) {
     charts(els).forEach(clear);
     return;
@@ -115,7 +114,11 @@ export function renderAnalytics(els, view, onPick) {
   renderRank(els.rank, view, st, id, onPick);
 }
 
-function renderStatus(els, view) {
+/**
+ * The panel's state and status line: drawn with every render, not with the charts, which wait
+ * until the pointer rests (a stream of updates would otherwise keep the line behind the requests).
+ */
+export function renderAnalyticsStatus(els, view) {
   const panel = els.panel;
   let s = "idle";
   let text = "Per-head statistics appear here once an image is loaded.";

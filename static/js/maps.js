@@ -4,7 +4,7 @@
 // coalesced while the pointer sweeps over patches. Both only read the state `s`; `act` holds
 // the actions a click on a drawn thing calls (actions.js).
 
-import { analyticsEls, renderAnalytics } from "./analytics.js";
+import { analyticsEls, renderAnalytics, renderAnalyticsStatus } from "./analytics.js";
 import { renderRow, resizeCharts } from "./charts.js";
 import { renderCompare } from "./compare.js";
 import { renderAnalysisControls } from "./controls.js";
@@ -46,6 +46,7 @@ export function render(s, act) {
   renderViewer(s);
   renderPrefixList(s, act.setQuery);
   const view = thumbView(s);
+  renderAnalyticsStatus(analyticsEls(), view);
   renderRolloutStrip($("rollout-strip"), view, (l) => act.pick(l, "rollout"));
   renderCompare(s);
   renderHeadGrid($("head-grid"), view, act.pick);

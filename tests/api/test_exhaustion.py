@@ -449,6 +449,7 @@ def test_every_request_that_takes_worker_time_has_a_deadline(server_factory, pac
     assert "Traceback" not in s.log()
 
 
+@pytest.mark.waits  # holds a slot through a paced sleep
 def test_the_body_of_a_refused_upload_is_not_taken_for_headers(server_factory, pace):
     """An upload refused with 429 before its body is read goes on sending the body: those bytes
     are no request head, so they never get a 431 and a reset connection (they did, under the

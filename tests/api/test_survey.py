@@ -18,6 +18,9 @@ from helpers.api import API
 from helpers.cli import run_cli as cli
 from helpers.server import Server
 
+# Each test runs a survey or an extract over pictures end to end: `make test-long` (marker `surveys`).
+pytestmark = pytest.mark.surveys
+
 STATS = ["entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass"]
 KEY = [("image", "ascending"), ("layer", "ascending"), ("head", "ascending")]
 

@@ -23,11 +23,12 @@ import pytest
 from helpers.keyboard import SCREENS, focus_in, focused, hidden_by_bars, tab_to
 from helpers.learn import wait_learn
 from helpers.page import image_id, open_page, upload, view, wait_output, wait_scroll_settled, wait_view
+from helpers.screens import sizes
 
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(params=["1280x800", "zoom200"])
+@pytest.fixture(params=sizes(["1280x800", "zoom200"]))
 def kpage(request, page_at):
     """A guarded page at 1280x800, then at 200 % zoom."""
     width, height, options = SCREENS[request.param]
@@ -70,7 +71,7 @@ def walk_focus(page, most: int = 200) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("screen", ["zoom200", "phone"])
+@pytest.mark.parametrize("screen", sizes(["zoom200", "phone"]))
 def test_focus_never_hides_under_the_fixed_bars(page_at, base_url, samples, screen):
     width, height, options = SCREENS[screen]
     page = page_at(width, height, **options)
@@ -97,13 +98,16 @@ def test_the_page_scrolls_at_once_for_a_user_who_asked_for_reduced_motion(page_a
     open_page(page, base_url)
     upload(page, samples["cat"])
     page.wait_for_function("() => document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
+    # Plotly arrives after the page is up and its charts change the layout, which redraws the
+    # tiles: the clicks below wait for it, so that they land on tiles in the page.
+    page.wait_for_selector("[data-testid=chart-row][data-rendered='1']")
     # the scroll offset when the click's handler has returned, and once it has rested 300 ms
     click_last_tile = """async () => {
         const frame = () => new Promise((r) => requestAnimationFrame(r));
-        const t = [...document.querySelectorAll('[data-testid=model-view] .tile')].at(-1);
-        t.scrollIntoView({block: 'end'});
+        const last = () => [...document.querySelectorAll('[data-testid=model-view] .tile')].at(-1);
+        last().scrollIntoView({block: 'end'});
         await frame();
-        t.click();
+        last().click();
         const atOnce = scrollY;
         let y = scrollY, since = performance.now();
         while (performance.now() - since < 300) {

@@ -11,6 +11,7 @@ import pytest
 from helpers.hub_standin import offline_any_model_server
 from helpers.keyboard import SCREENS, axe_violations, focus_in, focused, tab_to
 from helpers.page import open_page, upload, view
+from helpers.screens import sizes
 
 pytestmark = pytest.mark.browser
 
@@ -34,7 +35,7 @@ SEARCH_AGAIN = """q => { const i = document.querySelector('[data-testid=model-se
     i.value = q; i.dispatchEvent(new Event('input')); }"""
 
 
-@pytest.mark.parametrize("screen", ["1280x800", "zoom200"])
+@pytest.mark.parametrize("screen", sizes(["1280x800", "zoom200"]))
 def test_escape_and_arrows_in_the_model_picker_stay_in_the_dialog(page_at, base_url, samples, screen):
     width, height, options = SCREENS[screen]
     page = page_at(width, height, **options)

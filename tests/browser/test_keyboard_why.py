@@ -19,6 +19,7 @@ import pytest
 from helpers.api import follow_up
 from helpers.keyboard import SCREENS, axe_violations, focused, tab_to
 from helpers.page import image_id, open_page, upload
+from helpers.screens import sizes
 
 pytestmark = pytest.mark.browser
 
@@ -28,7 +29,7 @@ SLOW_MS = 600_000  # a perturbation test on a loaded 2-core machine
 GROW = {"1280x800": (2, 1), "zoom200": (3, 2)}
 
 
-@pytest.fixture(params=list(GROW))
+@pytest.fixture(params=sizes(GROW))
 def screen(request):
     return request.param
 

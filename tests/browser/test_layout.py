@@ -17,6 +17,8 @@ import pytest
 from PIL import Image
 from test_page import ARTIFACTS, OVERLAY, image_id, open_page, upload, wait_scroll_settled, wait_view
 
+from helpers.screens import sizes
+
 pytestmark = pytest.mark.browser
 
 DESKTOPS = [(1280, 800), (1440, 900)]
@@ -61,7 +63,7 @@ def overlaps(a: dict, b: dict) -> bool:
 
 
 # ------------------------------------------------------------------ desktop: above the fold
-@pytest.mark.parametrize("width,height", DESKTOPS, ids=[f"{w}x{h}" for w, h in DESKTOPS])
+@pytest.mark.parametrize("width,height", sizes(DESKTOPS, [f"{w}x{h}" for w, h in DESKTOPS]))
 def test_desktop_map_colour_bar_and_controls_in_the_window_after_upload(page_at, base_url, samples, width, height):
     pg = page_at(width, height)
     open_page(pg, base_url)
@@ -173,7 +175,7 @@ def toolbar_clashes(pg, testid: str) -> list:
     )
 
 
-@pytest.mark.parametrize("width,height", [DESKTOPS[0], PHONE], ids=["1280x800", "390x844"])
+@pytest.mark.parametrize("width,height", sizes([DESKTOPS[0], PHONE], ["1280x800", "390x844"]))
 def test_plotly_toolbar_covers_no_legend_and_no_top_row(page_at, base_url, samples, width, height):
     pg = page_at(width, height)
     open_page(pg, base_url)

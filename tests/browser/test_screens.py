@@ -18,6 +18,7 @@ from PIL import Image
 
 from helpers.api import fresh_png
 from helpers.page import ERROR, OVERLAY, click_cell, image_id, open_page, upload, view, wait_scroll_settled, wait_view
+from helpers.screens import sizes
 
 pytestmark = pytest.mark.browser
 
@@ -72,7 +73,7 @@ def caption(pg, side: str) -> str:
 
 
 # ------------------------------------------------------------------ phones
-@pytest.mark.parametrize("width,height", PHONES, ids=[f"{w}x{h}" for w, h in PHONES])
+@pytest.mark.parametrize("width,height", sizes(PHONES, [f"{w}x{h}" for w, h in PHONES]))
 def test_phone_nothing_scrolls_sideways_and_the_result_comes_into_view(page_at, base_url, samples, width, height):
     pg = page_at(width, height)
     open_page(pg, base_url)
@@ -110,7 +111,7 @@ def test_phone_nothing_scrolls_sideways_and_the_result_comes_into_view(page_at, 
         assert r["l"] >= 0 and r["r"] <= width, (sel, r)
 
 
-@pytest.mark.parametrize("width,height", PHONES[:2], ids=[f"{w}x{h}" for w, h in PHONES[:2]])
+@pytest.mark.parametrize("width,height", sizes(PHONES[:2], [f"{w}x{h}" for w, h in PHONES[:2]]))
 def test_compare_mode_fits_a_phone(page_at, base_url, samples, width, height):
     pg = page_at(width, height)
     open_page(pg, base_url)

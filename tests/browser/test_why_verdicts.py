@@ -16,6 +16,7 @@ import pytest
 
 from helpers.models import write_classifier
 from helpers.page import image_id, open_page, upload, wait_scroll_settled
+from helpers.screens import sizes
 from helpers.server import Server
 
 pytestmark = pytest.mark.browser
@@ -51,7 +52,7 @@ def caption(page) -> str:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("size", SIZES, ids=["1280x800", "phone"])
+@pytest.mark.parametrize("size", sizes([(s,) for s in SIZES], ["1280x800", "phone"]))
 def test_the_verdict_in_words_equals_the_answer_with_the_docs_link(page_at, base_url, samples, size):
     page = page_at(*size)
     page.set_default_timeout(SLOW_MS)
@@ -90,7 +91,7 @@ def test_the_verdict_in_words_equals_the_answer_with_the_docs_link(page_at, base
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("size", SIZES, ids=["1280x800", "phone"])
+@pytest.mark.parametrize("size", sizes([(s,) for s in SIZES], ["1280x800", "phone"]))
 def test_one_caption_per_method_and_target_true_for_it(page_at, base_url, samples, size):
     page = page_at(*size)
     page.set_default_timeout(SLOW_MS)
@@ -120,7 +121,7 @@ def test_one_caption_per_method_and_target_true_for_it(page_at, base_url, sample
     assert "depends on neither the picture nor the target" in captions[("random", "top")]
 
 
-@pytest.mark.parametrize("size", SIZES, ids=["1280x800", "phone"])
+@pytest.mark.parametrize("size", sizes([(s,) for s in SIZES], ["1280x800", "phone"]))
 def test_ticking_compare_brings_the_panel_into_view(page_at, base_url, samples, size):
     page = page_at(*size)
     open_page(page, base_url)
@@ -142,7 +143,7 @@ def test_ticking_compare_brings_the_panel_into_view(page_at, base_url, samples, 
     assert side < size[1], side
 
 
-@pytest.mark.parametrize("size", SIZES, ids=["1280x800", "phone"])
+@pytest.mark.parametrize("size", sizes([(s,) for s in SIZES], ["1280x800", "phone"]))
 def test_the_page_says_which_model_failed_and_the_model_menu_is_not_cut(page_at, base_url, size):
     page = page_at(*size)
     open_page(page, base_url)

@@ -13,6 +13,7 @@ NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
 pytestmark = pytest.mark.timeout(900)
 
 
+@pytest.mark.examples  # a kernel and every cell: `make test-long`
 def test_the_quickstart_notebook_runs(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit it without outputs"
