@@ -119,9 +119,11 @@ export function renderModelOutput(box, view) {
   if (!view || !view.answer) {
     box.dataset.kind = view ? view.kind || "" : "";
     delete box.dataset.ablate;
+    const key = view ? "computing" : "none"; // the box is a live region: its words once, not at every render
+    if (box.dataset.key === key) return;
+    box.dataset.key = key;
     body.replaceChildren(el("p", "hint", view ? "Computing the model's output…" : "The model's output appears here."));
     caption.textContent = "Model output";
-    box.dataset.key = "";
     return;
   }
   const { answer, base } = view;

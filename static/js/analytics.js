@@ -10,7 +10,7 @@ import {
 } from "./charts.js";
 import { plotlyScale } from "./colormaps.js";
 import { normEntropy, prefixMass } from "./data.js";
-import { $ } from "./dom.js";
+import { $, setText } from "./dom.js";
 import { keyCount } from "./windows.js";
 
 // One colour per head (cycled) for the scatter: bright enough on the dark panel.
@@ -145,8 +145,8 @@ export function renderAnalyticsStatus(els, view) {
       text = "Waiting for the statistics…";
     }
   }
-  panel.dataset.state = s;
-  els.status.textContent = text;
+  if (panel.dataset.state !== s) panel.dataset.state = s;
+  setText(els.status, text);
 }
 
 function renderSinks(el, view, st, id, common, waiting, onPick) {

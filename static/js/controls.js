@@ -5,7 +5,7 @@
 import { attentionUrl, downloadName } from "./api.js";
 import { ENTROPY_KINDS, SIM_KINDS, SINK_KINDS } from "./analytics.js";
 import { COLORMAPS } from "./colormaps.js";
-import { $, fmtBytes, fmtTemperature, setOptions } from "./dom.js";
+import { $, fmtBytes, fmtTemperature, setOptions, setText } from "./dom.js";
 import { artifactTokens } from "./sinks.js";
 import {
   apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, stageQuery, tokensAt,
@@ -90,10 +90,6 @@ export function renderControls(s) {
   renderImageInfo(s);
   renderDownloads(s, L, H);
   renderTemperature(s);
-}
-
-function setText(el, text) {
-  if (el.textContent !== text) el.textContent = text;
 }
 
 /** The maps' temperature slider: log10 T, and T in words ("Inside a head" draws its own, learn.js). */
@@ -218,7 +214,7 @@ export function renderStatus(s) {
     text = s.summary || "Ready.";
   }
   el.dataset.state = st;
-  $("status-text").textContent = text;
+  setText("status-text", text); // a live region: only new words
 }
 
 /** The error banner; "Try again" only where the error has a retry (actions.showError decides). */

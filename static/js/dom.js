@@ -1,8 +1,15 @@
 // Small DOM helpers shared by the page and its views: the one `$` (element lookup), the one `el`
-// (a new element with its class and text), the one way to fill a <select>, a debounce for work that should wait until a sweep of events rests, and the
+// (a new element with its class and text), the one `setText`, the one way to fill a <select>, a debounce for work that should wait until a sweep of events rests, and the
 // page's ways to write numbers and names.
 
 export const $ = (id) => document.getElementById(id);
+
+/** Write an element's text (the element, or its id) only where it changes: a live region
+ * (role="status") is not told the same words again at every render. */
+export function setText(target, text) {
+  const e = typeof target === "string" ? $(target) : target;
+  if (e.textContent !== text) e.textContent = text;
+}
 
 /** How the page scrolls on its own (to a result, a map, the compare panel): smoothly, unless the
  * user asked the system for reduced motion (WCAG 2.3.3), then at once. */

@@ -4,7 +4,7 @@
 // head's share as a bar; and the numbers of the key under the pointer. Reads the state, writes
 // the DOM.
 
-import { $, fmtTemperature } from "./dom.js";
+import { $, fmtTemperature, setText } from "./dom.js";
 import { diverging, drawMatrix, drawScores, drawStrip, drawWeights, mapSize } from "./learn-draw.js";
 import { entropy, temperedSoftmax, topK, weightedSum } from "./learn-math.js";
 import {
@@ -13,11 +13,6 @@ import {
 import { notes, tokenLabel } from "./learn-words.js";
 import { fmt } from "./overlay.js";
 import { prefixLabel } from "./state.js";
-
-function setText(id, text) {
-  const el = $(id);
-  if (el.textContent !== text) el.textContent = text;
-}
 
 /**
  * Draw one head's computation: the explain answer `ans` at softmax temperature `T` (the slider's,
@@ -218,7 +213,7 @@ function renderHover(s, ans, weights, T) {
   }
   const j = s.learn.hover;
   if (j === null || j >= ans.tokens.count) {
-    el.textContent = "Hover a patch (or a prefix token) to see its numbers.";
+    setText(el, "Hover a patch (or a prefix token) to see its numbers."); // a live region: only new words
     delete el.dataset.token;
     return;
   }
@@ -228,9 +223,9 @@ function renderHover(s, ans, weights, T) {
   el.dataset.dot = String(ans.dot[j]);
   el.dataset.score = String(ans.scores[j]);
   el.dataset.weight = String(weights[j]);
-  el.textContent = `key ${tokenLabel(ans.tokens, j)}: q·k = ${fmt(ans.dot[j])} · scaled ×${fmt(ans.scale)} = `
+  setText(el, `key ${tokenLabel(ans.tokens, j)}: q·k = ${fmt(ans.dot[j])} · scaled ×${fmt(ans.scale)} = `
     + `${fmt(scaled)}${bias !== null ? ` · + bias ${fmt(bias)}` : ""} · score ${fmt(ans.scores[j])} · `
-    + `weight ${fmt(weights[j])}${T === 1 ? "" : ` (T = ${fmtTemperature(T)})`}`;
+    + `weight ${fmt(weights[j])}${T === 1 ? "" : ` (T = ${fmtTemperature(T)})`}`);
 }
 
 /** The same for a windowed answer: the hovered cell's place in the query's window, or why it is no key. */
@@ -238,14 +233,14 @@ function renderWindowHover(el, ans, weights, h, T) {
   const j = placeOf(ans, h);
   delete el.dataset.place;
   if (h === null || (h >= 0 && h >= ans.tokens.count)) {
-    el.textContent = "Hover a cell of the query's window (or a padding key below) to see its numbers.";
+    setText(el, "Hover a cell of the query's window (or a padding key below) to see its numbers.");
     delete el.dataset.token;
     return;
   }
   el.dataset.token = String(h);
   if (j < 0) {
     for (const k of ["dot", "score", "weight"]) delete el.dataset[k];
-    el.textContent = `${tokenLabel(ans.tokens, h)} is outside the query's window: no key of this query, weight 0.`;
+    setText(el, `${tokenLabel(ans.tokens, h)} is outside the query's window: no key of this query, weight 0.`);
     return;
   }
   const mask = ans.mask ? ans.mask[j] : 0;
@@ -255,9 +250,9 @@ function renderWindowHover(el, ans, weights, h, T) {
   el.dataset.weight = String(weights[j]);
   el.dataset.bias = String(ans.bias[j]);
   const dot = ans.steps.cosine ? "cos(q, k)" : "q·k";
-  el.textContent = `key ${placeLabel(ans, j)}, place ${j} of the window: ${dot} = ${fmt(ans.dot[j])} · scaled `
+  setText(el, `key ${placeLabel(ans, j)}, place ${j} of the window: ${dot} = ${fmt(ans.dot[j])} · scaled `
     + `×${fmt(ans.scale)} = ${fmt(ans.scale * ans.dot[j])} · + bias ${fmt(ans.bias[j])}`
     + `${ans.mask ? ` · + mask ${mask < 0 ? `${mask} (another region of the rolled grid)` : "0"}` : ""}`
     + ` · score ${fmt(ans.scores[j])} · weight ${fmt(weights[j])}`
-    + `${T === 1 ? "" : ` (T = ${fmtTemperature(T)})`}`;
+    + `${T === 1 ? "" : ` (T = ${fmtTemperature(T)})`}`);
 }

@@ -13,7 +13,7 @@
 // outlined, and the temperature recomputes the softmax over the window's places.
 
 import { getExplain } from "./api.js";
-import { $, fmtTemperature, sliderTemperature } from "./dom.js";
+import { $, fmtTemperature, setText, sliderTemperature } from "./dom.js";
 import { renderAnswer } from "./learn-stages.js";
 import { isWindowAnswer } from "./learn-window.js";
 import { tokenLabel } from "./learn-words.js";
@@ -23,11 +23,6 @@ import { apiQuery, markerAt, tokensAt } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
 
 const KEEP = 64; // explain answers kept (the oldest go first)
-
-function setText(id, text) {
-  const el = $(id);
-  if (el.textContent !== text) el.textContent = text;
-}
 
 // ------------------------------------------------------------------ what the view shows
 /** The (layer, head, query) the view explains for state `s`: a numeric head, or head 0 for an aggregate. */

@@ -2,7 +2,7 @@
 // pointer readout, and the list of prefix tokens with the attention the current row gives them.
 // Every function here takes the state as its argument `s` and only reads it.
 
-import { $ } from "./dom.js";
+import { $, setText } from "./dom.js";
 import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
 import { paintColorbar } from "./colormaps.js";
 import { normEntropy } from "./data.js";
@@ -63,14 +63,14 @@ export function renderViewer(s) {
   // Computing a new image (or the image with another model): say so on the map itself.
   const loading = $("viewer-loading");
   loading.hidden = !s.busy;
-  $("viewer-loading-text").textContent = s.busy || "";
+  setText("viewer-loading-text", s.busy || ""); // the live regions here: only new words
   $("viewer").classList.toggle("is-loading", !!s.busy);
   if (!s.image || !store) {
     canvas.hidden = true;
     empty.hidden = !!s.busy;
     cbar.hidden = true;
     $("view-title").textContent = "Attention map";
-    $("mass-count").textContent = "";
+    setText("mass-count", "");
     renderFigureButtons(false);
     return;
   }
@@ -114,11 +114,11 @@ export function renderViewer(s) {
   if (s.mask) {
     canvas.dataset.maskPatches = String(range.maskCount);
     canvas.dataset.maskFraction = String(s.massFraction);
-    $("mass-count").textContent = `${range.maskCount} of ${tokens.grid[0] * tokens.grid[1]} patches`;
+    setText("mass-count", `${range.maskCount} of ${tokens.grid[0] * tokens.grid[1]} patches`);
   } else {
     delete canvas.dataset.maskPatches;
     delete canvas.dataset.maskFraction;
-    $("mass-count").textContent = "";
+    setText("mass-count", "");
   }
   cbar.hidden = false;
   paintColorbar($("colorbar"), s.colormap);
@@ -137,7 +137,7 @@ export function renderMapsAblated(s) {
   const el = $("maps-ablated");
   const pairs = ablatedPairs(s.meta, s.ablation.off);
   el.hidden = !pairs.length;
-  if (pairs.length) $("maps-ablated-text").textContent = ablatedNote(pairs, dims(s.meta).L);
+  if (pairs.length) setText("maps-ablated-text", ablatedNote(pairs, dims(s.meta).L));
 }
 
 /**

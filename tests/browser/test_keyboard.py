@@ -125,6 +125,47 @@ def test_the_page_scrolls_at_once_for_a_user_who_asked_for_reduced_motion(page_a
     assert box[0] < 400 and box[1] > 0, f"the map is not in view: {box}"
 
 
+# Every live region of the page (role="status" or aria-live), except the one that says each move.
+LIVE_WRITES = """() => { window.__liveWrites = new Map();
+    for (const e of document.querySelectorAll('[role=status], [aria-live]')) {
+        if (e.id === 'announce') continue;
+        new MutationObserver((m) => { window.__liveWrites.set(e.id, (window.__liveWrites.get(e.id) || 0) + m.length); })
+            .observe(e, {childList: true, characterData: true, subtree: true});
+    }
+}"""
+LIVE_WORDS = """() => Object.fromEntries(
+    [...document.querySelectorAll('[role=status], [aria-live]')].map(e => [e.id, e.textContent]))"""
+
+
+@pytest.mark.parametrize("view", ["viewer", "learn"])
+def test_live_regions_are_not_told_the_same_words_again(page, base_url, samples, view):
+    """A live region written again with the words it holds is said again by some screen readers:
+    at every step through the heads, the page's status, the analytics panel's and "Inside a head"'s
+    would repeat themselves. Those whose words stay are not written."""
+    open_page(page, base_url, f"?view={view}")
+    upload(page, samples["cat"])
+    if view == "learn":
+        wait_learn(page, image=image_id(samples["cat"].read_bytes()))
+    else:
+        page.wait_for_selector("[data-testid=analytics][data-state=ready]")
+    before = page.evaluate(LIVE_WORDS)
+    page.evaluate(LIVE_WRITES)
+    page.locator("h1").click()  # focus outside the form controls: the arrows step through the heads
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    if view == "learn":
+        wait_learn(page, layer=10, head=1)
+    else:
+        wait_view(page, layer=10, head=1)
+        # the charts' render (debounced) has drawn the new head too
+        page.wait_for_selector("[data-testid=chart-row][data-layer='10'][data-head='1']")
+    after = page.evaluate(LIVE_WORDS)
+    writes = page.evaluate("() => Object.fromEntries(window.__liveWrites)")
+    same = [k for k in before if k != "announce" and before[k] == after.get(k)]
+    assert same, (before, after)
+    assert {k: writes[k] for k in same if writes.get(k)} == {}, "written again with the same words"
+
+
 def test_view_tabs_arrows_move_between_tabs_not_the_head(kpage, base_url, samples):
     page = kpage
     open_page(page, base_url)
