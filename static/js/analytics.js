@@ -145,7 +145,7 @@ export function renderAnalyticsStatus(els, view) {
       text = "Waiting for the statistics…";
     }
   }
-  if (panel.dataset.state !== s) panel.dataset.state = s;
+  panel.dataset.state = s;
   setText(els.status, text);
 }
 

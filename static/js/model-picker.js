@@ -4,7 +4,7 @@
 // bindModelPicker() once the model list is in; its own small state lives here, like learn.js's.
 
 import { catalogLoad, getModels, searchCatalog } from "./api.js";
-import { $, debounce, fmtBytes } from "./dom.js";
+import { $, debounce, fmtBytes, setText } from "./dom.js";
 import { switchModel } from "./intake.js";
 import { state } from "./state.js";
 
@@ -42,9 +42,9 @@ function renderResults(body) {
     return li;
   }));
   const shown = body.models.length;
-  $("model-results-count").textContent = body.total === 0
+  setText("model-results-count", body.total === 0 // a live region: only new words
     ? `No pretrained model of a supported family matches “${body.query}”.`
-    : `${body.total} model${body.total === 1 ? "" : "s"}${shown < body.total ? `, the first ${shown} shown` : ""}`;
+    : `${body.total} model${body.total === 1 ? "" : "s"}${shown < body.total ? `, the first ${shown} shown` : ""}`);
   list.dataset.query = body.query;
   if (had === null) return;
   const same = [...list.querySelectorAll("button")].find((b) => b.dataset.name === had);
@@ -61,7 +61,7 @@ async function search(q) {
   } catch (e) {
     if (e && e.name === "AbortError") return;
     $("model-results").replaceChildren();
-    $("model-results-count").textContent = e.message;
+    setText("model-results-count", e.message);
   }
 }
 
@@ -81,7 +81,7 @@ function renderLoad(st) {
     failed: `${st.name} could not be loaded: ${st.error ? st.error.message : "unknown error"}`,
     idle: "",
   }[st.state];
-  $("model-load-status").textContent = text || st.state;
+  setText("model-load-status", text || st.state); // polled: the same words are not said again
 }
 
 async function ready(st) {
