@@ -1,21 +1,22 @@
 #!/bin/bash
 # Issue 37's GPU check in one command, on a machine with a CUDA GPU: the --gpu-quick bench (JSON
-# and log), then the CUDA-against-CPU tests (tests/gpu) and the CUDA parts of the unit tests.
+# and log), the CUDA-against-CPU tests (tests/gpu) and the CUDA parts of the unit tests, bf16 and
+# fp16 against fp32 per output kind (bench/precision.py), and where a call's time goes
+# (bench/gpu_profile.py, to explain a missed target).
 #
 #   bash bench/gpu_run.sh [OUT_DIR]        # OUT_DIR defaults to docs/bench
 #
 # With the device tool and the shared GPU kit (../shared/tools/gpu/README.md), from the project
 # root, after the last code change: `bash ../shared/tools/gpu/pack.sh` (the device imports the
-# packed wheel, not the checkout), pytest's wheels beside the others (the device has no pytest):
-#   python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu/whl pytest pluggy iniconfig
-# then the tool's `run` with carry [".gpu"], timeout_s 540 and the command
+# packed wheel, not the checkout; its image has pytest), then the tool's `run` with carry
+# [".gpu"], timeout_s 600 and the command
 #   CMD='bash bench/gpu_run.sh $OUT' bash .gpu/run.sh
-# and copy the files that come back (gpu-quick-*.json) into docs/bench/ here.
+# and copy the files that come back (gpu-*.json) into docs/bench/ here.
 #
-# Environment: PYTHON (default python3), HEADSCOPE_MODELS_DIR (default models/), BENCH_S and
-# TESTS_S (time limits, default 300 and 180 s: the device lends 15 minutes in all),
-# BENCH_ARGS (more bench.run arguments), DEVICE=cpu for a dry run of this script on a machine
-# without a GPU (the bench smoke-sized, tests/gpu skipped).
+# Environment: PYTHON (default python3), HEADSCOPE_MODELS_DIR (default models/), BENCH_S,
+# TESTS_S and EXTRA_S (time limits, default 270, 150 and 60 s each: the device lends 15 minutes
+# in all), BENCH_ARGS (more bench.run arguments), DEVICE=cpu for a dry run of this script on a
+# machine without a GPU (the bench smoke-sized, tests/gpu run CPU against CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT_DIR=${1:-docs/bench}
@@ -30,21 +31,29 @@ DEVICE=${DEVICE:-cuda}
   exit 2
 }
 
-echo "== bench: python -m bench.run --device $DEVICE --gpu-quick (limit ${BENCH_S:-300} s)"
+echo "== bench: python -m bench.run --device $DEVICE --gpu-quick (limit ${BENCH_S:-270} s)"
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-timeout "${BENCH_S:-300}" "$PY" -m bench.run --device "$DEVICE" --gpu-quick --models-dir "$MODELS" \
+timeout "${BENCH_S:-270}" "$PY" -m bench.run --device "$DEVICE" --gpu-quick --models-dir "$MODELS" \
   --out "$OUT_DIR/gpu-quick-$STAMP.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/gpu-quick-$STAMP.log" | tail -60
 bench_rc=${PIPESTATUS[0]}
 
-echo "== tests: tests/gpu and the CUDA unit tests (limit ${TESTS_S:-180} s)"
+echo "== tests: tests/gpu and the CUDA unit tests (limit ${TESTS_S:-150} s)"
 if "$PY" -c "import pytest" 2>/dev/null; then
-  timeout "${TESTS_S:-180}" "$PY" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
+  HEADSCOPE_GPU_TESTS_DEVICE=$DEVICE timeout "${TESTS_S:-150}" "$PY" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
     tests/gpu tests/unit/serving/test_answer_threads.py 2>&1 | tee "$OUT_DIR/gpu-tests-$STAMP.log" | tail -40
   tests_rc=${PIPESTATUS[0]}
 else
   echo "gpu_run: pytest is not installed here (see the header of this script)" | tee "$OUT_DIR/gpu-tests-$STAMP.log"
   tests_rc=3
 fi
+
+echo "== precision: bf16 and fp16 against fp32 per output kind (limit ${EXTRA_S:-60} s)"
+timeout "${EXTRA_S:-60}" "$PY" -m bench.precision --device "$DEVICE" --models-dir "$MODELS" \
+  --out "$OUT_DIR/gpu-precision-$STAMP.json" 2>&1 | tail -30
+echo "== profile: where a call's time goes (limit ${EXTRA_S:-60} s)"
+small=$([[ $DEVICE == cpu ]] && echo --small)
+timeout "${EXTRA_S:-60}" "$PY" -m bench.gpu_profile --device "$DEVICE" --models-dir "$MODELS" $small \
+  --out "$OUT_DIR/gpu-profile-$STAMP.json" 2>&1 | grep -v "^USDT:" | tail -60
 
 echo "gpu_run: bench exit $bench_rc, tests exit $tests_rc; results in $OUT_DIR (gpu-quick-$STAMP.json)"
 [[ $bench_rc -eq 0 ]] || exit "$bench_rc"

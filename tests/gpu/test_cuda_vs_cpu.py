@@ -9,6 +9,8 @@ be set back afterwards.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -16,14 +18,17 @@ import torch
 import headscope
 from headscope.engine.device import tf32_flags
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# HEADSCOPE_GPU_TESTS_DEVICE=cpu runs this module with the CPU as the "GPU" (CPU against CPU): a
+# dry run of the test code itself on a machine without one (bench/gpu_run.sh DEVICE=cpu does).
+DEVICE = os.environ.get("HEADSCOPE_GPU_TESTS_DEVICE", "cuda")
+pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 SAMPLES = ["astronaut.png", "rocket.jpg"]
 
 
 @pytest.fixture(scope="module")
 def scopes():
-    return headscope.load(device="cpu", precision="fp32"), headscope.load(device="cuda", precision="fp32")
+    return headscope.load(device="cpu", precision="fp32"), headscope.load(device=DEVICE, precision="fp32")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,7 @@ def test_tensors_on_the_gpu_equal_the_bytes_path(scopes):
     a = np.random.default_rng(3).integers(0, 256, (H, W, 3), dtype=np.uint8)
     from headscope.python.inputs import png_bytes
 
-    t = torch.from_numpy(a).permute(2, 0, 1).contiguous().cuda()
+    t = torch.from_numpy(a).permute(2, 0, 1).contiguous().to(DEVICE)
     assert torch.equal(gpu.attention(t).maps, gpu.attention(png_bytes(a)).maps)
 
 
@@ -121,9 +126,10 @@ def test_ablation_equals_the_cpu(scopes, pictures):
     _close_rel(b, a, 1e-4)
     oa, ob = cpu.output(pictures[0], ablate="2:1,5:0"), gpu.output(pictures[0], ablate="2:1,5:0")
     assert ob["precision"] == "fp32"
-    for k, v in oa["output"].items():
-        if isinstance(v, torch.Tensor) and v.is_floating_point():
-            _close_rel(ob["output"][k], v, 1e-4)
+    _close_rel(ob["output"], oa["output"], 1e-4)
+    for k, v in oa["change"].items():
+        if isinstance(v, float):
+            assert ob["change"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
 
 
 def test_tf32_is_off_while_computing_and_the_users_flags_come_back(scopes, pictures):
