@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -146,7 +147,12 @@ class Settings(BaseSettings):
         "forwarded_allow_ips); the per-client shares count that address. Empty (the default): the headers are "
         "ignored and the connection's peer address is the client",
     )
-    max_decodes: int = Field(2, description="pictures decoded at once (the others wait their turn)")
+    max_decodes: int | None = Field(
+        None,
+        ge=1,
+        description="pictures decoded at once (the others wait their turn). Default: 2 on the CPU and MPS "
+        "(the forward needs the cores), the machine's cores on CUDA (decoding is then the limit)",
+    )
     decode_budget_bytes: int = Field(
         512 * 1024 * 1024,
         description="estimated peak memory of the decodes in progress; a picture over it alone gets 413, "
@@ -202,6 +208,15 @@ class Settings(BaseSettings):
         if device_type == "cuda":
             return self.cuda_max_batch_size, self.cuda_max_wait_ms
         return self.max_batch_size, self.max_wait_ms
+
+    def decodes(self, device_type: str) -> int:
+        """:attr:`max_decodes`, or its default for a device: the cores on CUDA, else 2."""
+        if self.max_decodes is not None:
+            return self.max_decodes
+        if device_type == "cuda":
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+            return max(2, cores)
+        return 2
 
     @model_validator(mode="after")
     def _several_models(self) -> Settings:

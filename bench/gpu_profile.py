@@ -43,7 +43,10 @@ def profile_calls(fns: dict[str, Any], device: torch.device, calls: int = 3, top
         def dev_us(e: Any) -> float:
             return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
 
-        kernel_ms = sum(dev_us(e) for e in ev) / 1000 / calls
+        # Kernels only: an operator's self device time is its kernels' again.
+        cuda_type = getattr(torch.autograd, "DeviceType", None)
+        kernels = [e for e in ev if cuda_type is not None and getattr(e, "device_type", None) == cuda_type.CUDA]
+        kernel_ms = sum(dev_us(e) for e in kernels) / 1000 / calls
         out[name] = {
             "wall_ms_profiled": wall_ms,
             "device_ms": kernel_ms,
@@ -89,6 +92,26 @@ def main(argv: list[str] | None = None) -> int:
         },
         device,
     )
+    # Python's own time (cProfile) of the two captures: what the host does per picture.
+    import cProfile
+    import io
+    import pstats
+
+    for name, fn in (
+        (f"capture_tensors_{b32}", lambda: scope.attention(levels)),
+        (f"capture_jpegs_{b64}", lambda: scope.attention(files)),
+    ):
+        fn()
+        pr = cProfile.Profile()
+        pr.enable()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+        res[name]["cprofile"] = buf.getvalue()
+        print(f"cProfile {name}:", buf.getvalue()[-4000:])
     for name, r in res.items():
         busy = f"{r['busy']:.0%}" if r["busy"] is not None else "-"
         print(f"{name}: {r['wall_ms_profiled']:.1f} ms wall, {r['device_ms']:.1f} ms on the device ({busy})")

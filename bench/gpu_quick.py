@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -221,10 +222,12 @@ def inproc(
     return res
 
 
-async def _api_level(url: str, c: int, n: int, files: list[bytes]) -> tuple[float, int]:
+async def _api_level(url: str, c: int, n: int, files: list[bytes]) -> tuple[float, int, dict[str, int]]:
+    """Wall seconds, failed requests, and the failures by status and error code."""
     from .client import LeanClient
 
     done, failed = 0, 0
+    why: dict[str, int] = {}
     it = iter(range(n))
     async with LeanClient(url, c + 2) as client:
 
@@ -236,10 +239,16 @@ async def _api_level(url: str, c: int, n: int, files: list[bytes]) -> tuple[floa
                     done += 1
                 else:
                     failed += 1
+                    try:
+                        code = json.loads(r.content).get("error", {}).get("code", "")
+                    except Exception:  # not the API's JSON error body
+                        code = ""
+                    key = f"{r.status_code} {code}".strip()
+                    why[key] = why.get(key, 0) + 1
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(c)))
-        return time.perf_counter() - t0, failed
+        return time.perf_counter() - t0, failed, why
 
 
 def api(
@@ -254,10 +263,11 @@ def api(
         start += n
         log(f"gpu-quick: API concurrency {c}, {n} requests")
         with BusySampler(device) as busy:
-            wall, failed = asyncio.run(_api_level(server_url, c, n, files))
+            wall, failed, why = asyncio.run(_api_level(server_url, c, n, files))
         res[str(c)] = {
             "requests": n,
             "failed": failed,
+            "failures": why,
             "images_per_s": (n - failed) / wall,
             "gpu_busy": busy.fraction,
             "gpu_busy_source": busy.source,
@@ -270,8 +280,14 @@ def api(
     log(f"gpu-quick: API concurrency {c}, one JPEG {n} times (the HTTP limit)")
     one = jpegs(1, start)
     asyncio.run(_api_level(server_url, 1, 1, one))  # computed once, before the clock starts
-    wall, failed = asyncio.run(_api_level(server_url, c, n, one * n))
-    res["http"] = {"concurrency": c, "requests": n, "failed": failed, "images_per_s": (n - failed) / wall}
+    wall, failed, why = asyncio.run(_api_level(server_url, c, n, one * n))
+    res["http"] = {
+        "concurrency": c,
+        "requests": n,
+        "failed": failed,
+        "failures": why,
+        "images_per_s": (n - failed) / wall,
+    }
     return res
 
 

@@ -404,6 +404,9 @@ def server_env(run: Run, largest_concurrency: int) -> dict[str, str]:
     # answer (safetensors of all maps), which the default admission caps at 4 (429 beyond).
     env["HEADSCOPE_MAX_LARGE_ANSWERS"] = str(max(4, largest_concurrency))
     env["HEADSCOPE_MAX_QUEUE"] = str(max(32, 2 * largest_concurrency))
+    # The load client is one address standing for many users: its share of the upload slots is
+    # all of them (the default, half, turned a client at concurrency 64 away with 429 busy).
+    env["HEADSCOPE_MAX_UPLOADS_PER_CLIENT"] = env["HEADSCOPE_MAX_QUEUE"]
     env.update(kv.split("=", 1) for kv in args.server_env)
     run.results["server_env"] = env
     return env

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .capture_base import CapturedAttention
@@ -81,6 +83,41 @@ def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
     elif sel.aggregate != "none":
         raise SelectionError(f"aggregate {sel.aggregate!r}: use none, mean, max or rollout")
     return to_host(out)
+
+
+def attention_tensors(atts: Sequence[CapturedAttention], sel: Selection, host: bool = True) -> list[torch.Tensor]:
+    """:func:`attention_tensor` of several captures under one selection, in order (``host``:
+    copied to the host; else batch-mates' maps stay where they were computed, for a thread
+    that copies them later).
+
+    Batch-mates (captures of one forward, :class:`~app.engine.block_capture.CaptureBatch`) are
+    computed together: one product per layer for all of them, one copy to the host. On a GPU
+    the rows of one image are a few small kernels per layer, so a batch computed image by image
+    is bound by kernel launches, not by the device. Others (windowed models, captures moved to
+    the host, a rollout) are computed one by one.
+    """
+    batch = getattr(atts[0], "batch", None) if atts else None
+    if (
+        len(atts) < 2
+        or batch is None
+        or sel.aggregate not in ("none", "mean", "max")
+        or any(getattr(a, "batch", None) is not batch for a in atts)
+    ):
+        return [attention_tensor(a, sel) for a in atts]
+    images = [a.index for a in atts]  # type: ignore[attr-defined]  # ImageAttention
+    first = atts[0]
+    n = first.tokens_at(sel.layers[0])
+    heads = len(sel.heads) if sel.heads is not None else first.heads_at(sel.layers[0])
+    queries = len(sel.queries) if sel.queries is not None else n
+    out = torch.empty(len(sel.layers), len(atts), heads, queries, n, device=first.device)  # L, B, H, Q, N
+    for i, layer in enumerate(sel.layers):
+        batch.rows(layer, images, sel.heads, sel.queries, out=out[i], temperature=sel.temperature)
+    if sel.aggregate == "mean":
+        out = out.mean(dim=2, keepdim=True)
+    elif sel.aggregate == "max":
+        out = out.amax(dim=2, keepdim=True)
+    out = out.transpose(0, 1).contiguous()  # B, L, H, Q, N
+    return list((to_host(out) if host else out).unbind(0))
 
 
 def drop_and_renormalise(attn: torch.Tensor, tokens: list[int]) -> torch.Tensor:

@@ -86,10 +86,15 @@ def to_device(raws: Sequence[torch.Tensor], device: torch.device) -> torch.Tenso
     """
     if all(r.device == device for r in raws):
         return torch.stack(list(raws))
-    x = torch.stack([r.cpu() for r in raws])  # B, 3, H, W
+    host = [r.cpu() for r in raws]
     if device.type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True)
-    return x.to(device)
+        x = torch.empty((len(host), *host[0].shape), dtype=host[0].dtype, pin_memory=True)  # B, 3, H, W
+        # Stacked by numpy on this thread, straight into pinned memory: torch's stack (and
+        # pin_memory's copy) start an OpenMP team, which waits for cores while the preparation
+        # threads decode the next pictures on all of them (the first GPU run: 14 ms a batch of 16).
+        np.stack([h.numpy() for h in host], out=x.numpy())
+        return x.to(device, non_blocking=True)
+    return torch.stack(host).to(device)
 
 
 def device_input(

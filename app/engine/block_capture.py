@@ -137,6 +137,10 @@ class ImageAttention:
     head_out: list[torch.Tensor] = field(default_factory=list)
     v: list[torch.Tensor | None] = field(default_factory=list)
     bias: list[torch.Tensor | None] = field(default_factory=list)
+    # The forward's batch this capture is a slice of (row ``index``), so that batch-mates' rows
+    # are computed in one product per layer (:meth:`CaptureBatch.rows`); None once moved or copied.
+    batch: CaptureBatch | None = field(default=None, repr=False, compare=False)
+    index: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -191,8 +195,10 @@ class ImageAttention:
         q, k = _take(q, heads, 0), _take(k, heads, 0)
         q = _take(q, queries, 1)
         # Same order of operations as timm's unfused branch: scale q, then q k^T, then the bias.
-        q = q.float() * self.scale[layer]
-        logits = torch.matmul(q, k.float().transpose(-2, -1), out=out)  # H, R, N
+        # Contiguous operands, as CaptureBatch.rows makes them: the same product for one image
+        # alone and among batch-mates, bit for bit.
+        q = (q.float() * self.scale[layer]).contiguous()
+        logits = torch.matmul(q, k.float().contiguous().transpose(-2, -1), out=out)  # H, R, N
         bias = self.bias[layer] if self.bias else None
         if bias is not None:
             logits.add_(_take(_take(bias, heads, 0), queries, 1))
@@ -221,6 +227,49 @@ class ImageAttention:
             p = _take(_take(p, heads, 0), queries, 1)
             return out.copy_(p) if out is not None else p.float()
         logits = self.logits(layer, heads, queries, out)
+        if temperature != 1.0:
+            temper_(logits, temperature)
+        return torch.softmax(logits, dim=-1, out=logits)
+
+
+@dataclass(eq=False)
+class CaptureBatch:
+    """One forward's capture, whole: per layer the batch's ``q``, ``k`` ``[B, H, N, d]``, the
+    additive ``bias`` ``[B or 1, H or 1, N, N]`` (or None) and the maps ``probs`` ``[B, H, N, N]``
+    (or None). What :class:`ImageAttention` holds views of, one image each."""
+
+    q: list[torch.Tensor]
+    k: list[torch.Tensor]
+    scale: list[float]
+    bias: list[torch.Tensor | None]
+    probs: list[torch.Tensor | None]
+
+    def rows(
+        self,
+        layer: int,
+        images: list[int],
+        heads: list[int] | None,
+        queries: list[int] | None,
+        out: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """:meth:`ImageAttention.rows` of the batch's ``images`` at once, into ``out``
+        ``[images, heads, queries, N]`` float32 (contiguous): one product for all of them, the
+        same operations in the same order as one image's."""
+        p = self.probs[layer]
+        if p is not None and temperature == 1.0:
+            return out.copy_(_take(_take(_take(p, images, 0), heads, 1), queries, 2))
+        q = _take(_take(_take(self.q[layer], images, 0), heads, 1), queries, 2)
+        k = _take(_take(self.k[layer], images, 0), heads, 1)
+        # Contiguous operands, as ImageAttention.logits makes them: each image's product is the
+        # one it gets alone, bit for bit (a batched product over strided views is not).
+        q = (q.float() * self.scale[layer]).contiguous()
+        logits = torch.matmul(q, k.float().contiguous().transpose(-2, -1), out=out)  # B, H, R, N
+        bias = self.bias[layer]
+        if bias is not None:
+            bias = bias if bias.shape[0] == 1 else _take(bias, images, 0)
+            bias = bias if bias.shape[1] == 1 else _take(bias, heads, 1)
+            logits.add_(_take(bias, queries, 2))
         if temperature != 1.0:
             temper_(logits, temperature)
         return torch.softmax(logits, dim=-1, out=logits)
@@ -409,6 +458,17 @@ class AttentionCapture:
             # A mask shared by the batch ([1, ...]) stays one buffer for every image.
             return None if t is None else keep(t[b] if t.shape[0] == B else t[0])
 
+        batch = (
+            None
+            if move
+            else CaptureBatch(
+                q=[q for q, *_ in layers],
+                k=[k for _, k, *_ in layers],
+                scale=[float(a.scale) for a, _ in self.layers],
+                bias=[m for *_, m, _ in layers],
+                probs=[p for *_, p in layers],
+            )
+        )
         out = []
         for b in range(B):
             out.append(
@@ -424,6 +484,8 @@ class AttentionCapture:
                     head_out=[keep(h[0][b]) for h in self._heads],
                     v=[mine(v, b) for _, _, v, *_ in layers],
                     bias=[_expand_heads(mine(m, b), H) for *_, m, _ in layers],
+                    batch=batch,
+                    index=b,
                 )
             )
         self._reset()

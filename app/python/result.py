@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..config import Settings
+from ..engine import analysis
 from ..engine.ablation import Ablation
 from ..engine.batching import BatchRunner
 from ..engine.capture_base import CapturedAttention as Capture
@@ -52,15 +53,46 @@ class AnswerPart:
 
     @classmethod
     def of(
-        cls, found: FoundCapture, image_id: str, filename: str | None, params: AttentionParams, pairs: Ablation
+        cls,
+        found: FoundCapture,
+        image_id: str,
+        filename: str | None,
+        params: AttentionParams,
+        pairs: Ablation,
+        tensor: torch.Tensor | None = None,
     ) -> AnswerPart:
-        """The API's answer for ``params`` of a capture: its maps and metadata."""
+        """The API's answer for ``params`` of a capture: its maps and metadata (``tensor``: the
+        selection's maps already computed with batch-mates, :func:`batch_maps`)."""
         sel = answers.selection(params, found.entry.image)
         asked = answers.AnswerSubject(image_id, filename, found, params, sel, pairs)
-        array = answers.maps(found.entry.image, sel, asked.dropped(), "float32")
+        array = answers.maps(found.entry.image, sel, asked.dropped(), "float32", tensor)
         if array.base is not None:  # a view of the capture's buffers would keep them all alive
             array = array.copy()
         return cls(torch.from_numpy(array), answers.meta(asked, array.shape))
+
+
+def batch_maps(founds: list[FoundCapture], params: AttentionParams) -> list[torch.Tensor | None]:
+    """The maps ``params`` select of each capture of one batch, computed for them all at once
+    (:func:`app.engine.analysis.attention_tensors`); None where a capture's selection is not
+    its batch-mates' (one part per stage, a bad selection: `AnswerPart.of` answers it alone)."""
+    sels: list[Any] = []
+    for f in founds:
+        try:
+            sels.append(answers.selection(params, f.entry.image))
+        except ValueError:
+            sels.append(None)
+    out: list[torch.Tensor | None] = [None] * len(founds)
+    groups: dict[int, list[int]] = {}
+    for i, sel in enumerate(sels):
+        if sel is not None:
+            first = next((j for j in groups if sels[j] == sel), i)
+            groups.setdefault(first, []).append(i)
+    for first, idx in groups.items():
+        if len(idx) > 1:
+            tensors = analysis.attention_tensors([founds[i].entry.image.att for i in idx], sels[first])
+            for i, t in zip(idx, tensors):
+                out[i] = t
+    return out
 
 
 def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
@@ -97,7 +129,9 @@ def _own(found: FoundCapture) -> FoundCapture:
     att: Any = image.att
     if not (hasattr(image, "__dataclass_fields__") and hasattr(att, "__dataclass_fields__")):
         return found
-    copy = replace(att, **{f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att)})
+    copy = replace(att, **{f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att) if f.name != "batch"})
+    if hasattr(copy, "batch"):  # its own memory: no batch-mates left to compute with
+        copy.batch = None
     image = replace(image, att=copy)
     entry = found.entry
     return FoundCapture(
@@ -157,18 +191,21 @@ class Attention:
         per_stage: bool,
         amp_dtype: torch.dtype | None = None,
         keep_capture: bool = False,
+        tensor: torch.Tensor | None = None,
     ) -> Attention:
         """The API's answer for ``params`` of a capture (per stage for Swin's every layer).
 
         Args:
+            tensor: the maps already computed with batch-mates (:func:`batch_maps`), or None.
             amp_dtype: the autocast the capture was computed with (a capture computed again
                 for `select`, `stats`, ... uses it too).
             keep_capture: keep the capture from the start (else it is computed again on first
                 use, see the module docstring).
         """
+        stages = _stage_params(lm, params, item.prep.input_size, per_stage)
         parts = [
-            AnswerPart.of(found, item.image_id, item.picture.filename, p, ablate)
-            for p in _stage_params(lm, params, item.prep.input_size, per_stage)
+            AnswerPart.of(found, item.image_id, item.picture.filename, p, ablate, tensor if len(stages) == 1 else None)
+            for p in stages
         ]
         return cls(lm, settings, item, found, parts, params, ablate, per_stage, amp_dtype, keep_capture)
 

@@ -229,7 +229,7 @@ class Scope:
             ValueError: a bad parameter or picture, with the API's 4xx message.
             TypeError: an argument of the wrong type.
         """
-        from .result import Attention, found_of
+        from .result import Attention, batch_maps, found_of
 
         fields = dict(
             layers=P.indices(layers, "layers"),
@@ -263,12 +263,23 @@ class Scope:
 
                 with self.computing():
                     atts = _raised(self.runner.run(capture, idx))
-                for i, att in zip(idx, atts):
+                    founds = [found_of(self.lm, batch[i], att, self.runner.precision) for i, att in zip(idx, atts)]
+                    # the batch's maps in one product per layer (not image by image), one copy out
+                    tensors = batch_maps(founds, params) if not every_stage else [None] * len(founds)
+                for i, found, tensor in zip(idx, founds, tensors):
                     it = batch[i]
-                    found = found_of(self.lm, it, att, self.runner.precision)
                     try:
                         results[i] = Attention.of(
-                            self.lm, self.settings, it, found, params, pairs, every_stage, self.amp_dtype, keep_capture
+                            self.lm,
+                            self.settings,
+                            it,
+                            found,
+                            params,
+                            pairs,
+                            every_stage,
+                            self.amp_dtype,
+                            keep_capture,
+                            tensor,
                         )
                     except ValueError as e:
                         if not is_many(image):

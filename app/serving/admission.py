@@ -268,14 +268,14 @@ class Admission:
         self.timeout_s = timeout_s
 
     @classmethod
-    def from_settings(cls, settings: Settings, metrics: Metrics) -> Admission:
+    def from_settings(cls, settings: Settings, metrics: Metrics, device_type: str = "cpu") -> Admission:
         return cls(
             settings.max_queue,
             metrics,
             follow_ups=settings.max_follow_ups,
             heavy=settings.max_heavy,
             decode_budget_bytes=settings.decode_budget_bytes,
-            decodes=settings.max_decodes,
+            decodes=settings.decodes(device_type),
             large_answers=settings.max_large_answers,
             large_answer_bytes=settings.large_answer_bytes,
             timeout_s=settings.request_timeout_s,

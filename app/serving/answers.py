@@ -45,6 +45,7 @@ from ..engine import analysis
 from ..engine.ablation import Ablation
 from ..engine.capture_base import CapturedAttention
 from ..engine.captured_image import CapturedImage
+from ..engine.device import to_host
 from ..engine.selection import Selection, SelectionError
 from .admission import Admission, Ticket, current_ticket, using
 from .encoders import MEDIA_TYPES, BodyPart, binary_header, binary_headers, download_stem, encode
@@ -160,10 +161,16 @@ def selection(params: AttentionParams, image: CapturedImage) -> Selection:
     )
 
 
-def maps(image: CapturedImage, sel: Selection, dropped: list[int], dtype: str) -> np.ndarray:
+def maps(
+    image: CapturedImage, sel: Selection, dropped: list[int], dtype: str, tensor: torch.Tensor | None = None
+) -> np.ndarray:
     """The maps ``sel`` asks for, ``dropped`` key tokens zeroed and rows renormalised, as a
-    ``[layers, heads, queries, tokens]`` numpy array of ``dtype``."""
-    tensor = analysis.attention_tensor(image.att, sel)
+    ``[layers, heads, queries, tokens]`` numpy array of ``dtype``; ``tensor``: the selection
+    already computed (:func:`app.engine.analysis.attention_tensors`, with batch-mates)."""
+    if tensor is None:
+        tensor = analysis.attention_tensor(image.att, sel)
+    elif tensor.device.type != "cpu":
+        tensor = to_host(tensor)
     if dropped:
         tensor = analysis.drop_and_renormalise(tensor, dropped)
     # torch converts to float16 with SIMD; numpy's astype is ~60x slower on 18 MiB of maps.
@@ -225,7 +232,7 @@ def built(asked: AnswerSubject) -> Answer:
     """A whole answer, encoded (JSON, or a binary answer too small to stream)."""
     t0 = time.perf_counter()
     params = asked.params
-    array = maps(asked.image, asked.sel, asked.dropped(), params.dtype)
+    array = maps(asked.image, asked.sel, asked.dropped(), params.dtype, asked.found.maps_of(asked.sel))
     head = meta(asked, array.shape)
     if params.stats and params.format == "json":
         head["stats"] = asked.found.entry.stats()

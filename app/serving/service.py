@@ -26,7 +26,7 @@ from ..config import Settings
 from ..engine.model import LoadedModel
 from ..zoo.registry import Registry
 from .admission import Admission
-from .answers import Answer, Answers, stats_body
+from .answers import Answer, Answers, selection, stats_body
 from .cache import ByteLRU
 from .metrics import Metrics
 from .params import AttentionParams
@@ -108,6 +108,7 @@ class AttentionService:
             fault=fault,
             is_disconnected=is_disconnected,
             ablate=ablate,
+            answer=lambda image: selection(params, image),
         )
         # The name only in the answer to the upload that gave it (see Uploads.keep).
         filename = upload.filename if upload is not None else None

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import torch
 
 from ..config import Settings
 from ..engine.ablation import Ablation
 from ..engine.captured_image import CapturedImage
 from ..engine.model import LoadedModel
+from ..engine.selection import Selection
 from ..engine.stats import DEFAULT_MASS
 from .admission import current_ticket
 from .cache import ByteLRU, CaptureKey
@@ -92,6 +94,13 @@ class FoundCapture:
     entry: CachedCapture
     cached: bool
     timing: dict[str, float]
+    # The maps of one selection, computed with the batch-mates by the worker (the selection of
+    # the request that started the computation), where the capture is: Worker._answer_maps.
+    maps: tuple[Selection, torch.Tensor] | None = None
+
+    def maps_of(self, sel: Selection) -> torch.Tensor | None:
+        """The maps computed with the batch-mates, if they are ``sel``'s."""
+        return self.maps[1] if self.maps is not None and self.maps[0] == sel else None
 
 
 class CaptureStore:
@@ -123,6 +132,7 @@ class CaptureStore:
         fault: str | None = None,
         is_disconnected: Disconnected | None = None,
         ablate: Ablation = (),
+        answer: Callable[[CapturedImage], Selection] | None = None,
     ) -> FoundCapture:
         """The capture of an image: from the cache, else computed from ``upload`` or the cached
         upload.
@@ -133,6 +143,8 @@ class CaptureStore:
                 computed now keeps full maps when that pays (``LoadedModel.keeps_maps``).
             fault: injected fault (tests only): computed apart, never shared.
             ablate: heads removed for this capture (cached per image and ablation set).
+            answer: the selection the request will answer, of a capture: a capture computed
+                now comes with those maps, computed with its batch-mates (``FoundCapture.maps``).
 
         Raises:
             ImageNotFound: neither the capture nor the upload is there any more.
@@ -144,7 +156,7 @@ class CaptureStore:
         upload = upload or self.uploads.get(image_id)
         if upload is None:
             raise ImageNotFound(image_id)
-        return await self._shared(image_id, upload, lm, every_row, fault, is_disconnected, ablate)
+        return await self._shared(image_id, upload, lm, every_row, fault, is_disconnected, ablate, answer)
 
     def recharge(self, image_id: str, lm: LoadedModel, ablate: Ablation, entry: CachedCapture) -> None:
         """Charge an entry anew once its memoised statistics have grown."""
@@ -167,6 +179,7 @@ class CaptureStore:
         fault: str | None,
         is_disconnected: Disconnected | None,
         ablate: Ablation = (),
+        answer: Callable[[CapturedImage], Selection] | None = None,
     ) -> FoundCapture:
         """Decode, queue, wait for the worker; the capture goes into the cache.
 
@@ -184,7 +197,7 @@ class CaptureStore:
         else:
             flight = self._flights.start(
                 key,
-                lambda: self._compute(key, upload, lm, every_row, fault, deadline, ablate),
+                lambda: self._compute(key, upload, lm, every_row, fault, deadline, ablate, answer),
                 shared=fault is None,
             )
         # Nobody waits for it any more once its last request has gone: its queued job is skipped.
@@ -199,8 +212,10 @@ class CaptureStore:
         fault: str | None,
         deadline: float,
         ablate: Ablation = (),
+        answer: Callable[[CapturedImage], Selection] | None = None,
     ) -> FoundCapture:
         prep = await self.uploads.prepared(upload, lm)
+        size = prep.input_size
         ticket = current_ticket()
         job = Job(
             lm=lm,
@@ -210,6 +225,7 @@ class CaptureStore:
             materialise=every_row and lm.keeps_maps(prep.input_size),
             priority=ticket.priority if ticket else 0,
             ablate=ablate,
+            answer=None if answer is None else (lambda att: answer(lm.captured(att, size))),
         )
         fut = self.worker.submit(job)
         try:
@@ -221,4 +237,4 @@ class CaptureStore:
         entry = CachedCapture(lm.id, lm.captured(computed.att, prep.input_size), prep.image_size, self.worker.precision)
         # Batch-mates share the forward's buffers: the cache charges each buffer once.
         self.cache.put(key, entry, ENTRY_OVERHEAD_BYTES, shared=computed.att.storages())
-        return FoundCapture(entry, False, {"queue": computed.queue_ms, "compute": computed.compute_ms})
+        return FoundCapture(entry, False, {"queue": computed.queue_ms, "compute": computed.compute_ms}, computed.maps)

@@ -44,10 +44,12 @@ from typing import Any, Protocol
 
 import torch
 
+from ..engine import analysis
 from ..engine.batching import BatchRunner, OutOfMemory, groups, split_on_oom
 from ..engine.capture_base import CapturedAttention
 from ..engine.device import autocast_dtype, exact_fp32, exact_fp32_process, precision_name
 from ..engine.model import LoadedModel
+from ..engine.selection import Selection
 from . import faults
 from .admission import Admission, current_ticket
 from .metrics import Metrics
@@ -65,6 +67,7 @@ class Computed:
     att: CapturedAttention
     queue_ms: float
     compute_ms: float
+    maps: tuple[Selection, torch.Tensor] | None = None  # Job.answer's maps, where the capture is
 
 
 @dataclass
@@ -79,6 +82,9 @@ class Job:
     # A batchable computation other than the capture (a relevance map, a perturbed forward):
     # None for the capture. Jobs whose works have equal keys run in one call of its ``run``.
     work: BatchWork | None = None
+    # The selection the request will answer, of its capture: the worker computes those maps
+    # for the whole batch at once (one product per layer) before answers are built one by one.
+    answer: Callable[[CapturedAttention], Selection] | None = None
     future: asyncio.Future = field(init=False, repr=False)  # set by Worker.submit
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0
@@ -88,8 +94,10 @@ class Job:
         base = (self.lm.id, tuple(self.pixels.shape), self.materialise, self.ablate)
         return base if self.work is None else (*base, *self.work.key)
 
-    def done(self, att: CapturedAttention, finished: float) -> Computed:
-        return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000)
+    def done(
+        self, att: CapturedAttention, finished: float, maps: tuple[Selection, torch.Tensor] | None = None
+    ) -> Computed:
+        return Computed(att, (self.started - self.enqueued) * 1000, (finished - self.started) * 1000, maps)
 
 
 class BatchWork(Protocol):
@@ -474,7 +482,46 @@ class Worker:
         self.max_batch_seen = max(self.max_batch_seen, len(jobs))
         if work is not None:
             return out
-        return [j.done(att, end) for j, att in zip(jobs, results)]
+        maps = _answer_maps(jobs, results)
+        return [j.done(att, end, m) for j, att, m in zip(jobs, results, maps)]
+
+
+# Maps computed ahead for the answer are kept beside the capture until the answer is built:
+# at most this many floats per image (4 MiB; CLS rows of every head and layer are ~30 K).
+ANSWER_MAPS_MAX_FLOATS = 1 << 20
+
+
+def _answer_maps(jobs: list[Job], atts: list[Any]) -> list[tuple[Selection, torch.Tensor] | None]:
+    """Each job's :attr:`Job.answer` maps, computed for the batch-mates that ask the same
+    selection at once (:func:`app.engine.analysis.attention_tensors`), left where the capture is
+    (an answer thread copies its own). None where a job asks none, its selection fails (its
+    answer reports that), or the maps are large (its answer computes them, as before)."""
+    sels: list[Selection | None] = []
+    for j, att in zip(jobs, atts):
+        sel = None
+        if j.answer is not None:
+            try:
+                sel = j.answer(att)
+            except Exception:  # a bad selection: its answer gives the error
+                sel = None
+        if sel is not None:
+            n = att.tokens_at(sel.layers[0])
+            heads = 1 if sel.aggregate in ("mean", "max") else len(sel.heads)
+            if len(sel.layers) * heads * len(sel.queries or range(n)) * n > ANSWER_MAPS_MAX_FLOATS:
+                sel = None
+        sels.append(sel)
+    out: list[tuple[Selection, torch.Tensor] | None] = [None] * len(jobs)
+    done: set[int] = set()
+    for i, sel in enumerate(sels):
+        if sel is None or i in done:
+            continue
+        idx = [k for k in range(i, len(jobs)) if k not in done and sels[k] == sel]
+        done.update(idx)
+        if len(idx) < 2:
+            continue
+        for k, t in zip(idx, analysis.attention_tensors([atts[k] for k in idx], sel, host=False)):
+            out[k] = (sel, t)
+    return out
 
 
 def _exact(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         device = resolve_device(settings.device)
         st.registry = Registry(settings.model_ids, settings.models_dir, device, settings.max_loaded_models)
         st.metrics = Metrics()
-        st.admission = Admission.from_settings(settings, st.metrics)
+        st.admission = Admission.from_settings(settings, st.metrics, device.type)
         max_batch, max_wait = settings.batching(device.type)
         st.worker = Worker(
             device,

@@ -91,13 +91,33 @@ def test_explain_equals_the_cpu(scopes, pictures):
             torch.testing.assert_close(b[k].cpu(), v, atol=1e-4, rtol=1e-4, msg=k)
 
 
+@pytest.fixture(scope="module")
+def nudged(scopes):
+    """The CPU model with every weight moved by about one float32 rounding (x (1 + 1e-7 * noise)):
+    how far a method's map moves under fp32 rounding alone, on the CPU, is its own floor."""
+    scope = headscope.load(device="cpu", precision="fp32")
+    assert scope.model is not scopes[0].model  # a model of its own
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in scope.model.parameters():
+            p.mul_(1 + 1e-7 * torch.randn(p.shape, generator=g))
+    return scope
+
+
 @pytest.mark.parametrize("method", ["chefer", "grad_attention", "rollout", "attention", "chefer2021", "attnlrp"])
-def test_relevance_equals_the_cpu(scopes, pictures, method):
+def test_relevance_equals_the_cpu(scopes, nudged, pictures, method):
+    """<= 1e-4 of the map's maximum, or, for a map that fp32 rounding alone moves further on the
+    CPU (the LRP rules divide by sums that nearly cancel: chefer2021 and attnlrp move by up to
+    2e-2 of their maximum there when only the weights are rounded anew), within 10x that floor:
+    CUDA rounds every product and sum differently, not only the weights (the second GPU run
+    measured 3.0x and 3.6x the floor)."""
     cpu, gpu = scopes
     for pic in pictures:
         a, b = cpu.relevance(pic, method=method), gpu.relevance(pic, method=method)
         assert b["precision"] == "fp32"
-        _close_rel(b["relevance"], a["relevance"], 1e-4)
+        c = nudged.relevance(pic, method=method)["relevance"]
+        floor = float((c - a["relevance"]).abs().max() / a["relevance"].abs().max().clamp_min(1e-30))
+        _close_rel(b["relevance"], a["relevance"], max(1e-4, 10 * floor))
         assert b["y"] == pytest.approx(a["y"], rel=1e-4, abs=1e-6)
 
 
@@ -123,7 +143,10 @@ def test_ablation_equals_the_cpu(scopes, pictures):
     cpu, gpu = scopes
     a = cpu.importance(pictures[0], method="ablation")["importance"]
     b = gpu.importance(pictures[0], method="ablation")["importance"]
-    _close_rel(b, a, 1e-4)
+    # An importance is a change of the output (0..1): near float32's resolution of the output
+    # (a random backbone's heads change it by ~1e-8), compare in the output's units.
+    err = float((b.cpu() - a).abs().max())
+    assert err <= max(1e-4 * float(a.abs().max()), 1e-6), err
     oa, ob = cpu.output(pictures[0], ablate="2:1,5:0"), gpu.output(pictures[0], ablate="2:1,5:0")
     assert ob["precision"] == "fp32"
     _close_rel(ob["output"], oa["output"], 1e-4)
