@@ -454,36 +454,51 @@ class AttentionCapture:
             layers.append((q, k, v, _as_additive(mask, B, H, N, i), p))
         norms = self._norms[0].to("cpu", torch.float32)  # B, N: a few KB, always on the host
 
-        def mine(t: torch.Tensor | None, b: int) -> torch.Tensor | None:
-            # A mask shared by the batch ([1, ...]) stays one buffer for every image.
-            return None if t is None else keep(t[b] if t.shape[0] == B else t[0])
+        def split(t: torch.Tensor | None, expand: bool = False) -> list[Any]:
+            """Each image's view of a batch tensor, made in one call (``unbind``; indexing it image
+            by image cost a GPU run more host time than its kernels); a mask shared by the batch
+            (``[1, ...]``) stays one buffer for every image."""
+            if t is None:
+                return [None] * B
+            if t.shape[0] != B:
+                one = keep(t[0])
+                return [_expand_heads(one, H) if expand else one] * B
+            views = [keep(x) for x in t.unbind(0)] if move else list(t.unbind(0))
+            return [_expand_heads(x, H) for x in views] if expand else views
 
+        qs = [split(q) for q, *_ in layers]  # per layer, per image
+        ks = [split(k) for _, k, *_ in layers]
+        vs = [split(v) for _, _, v, *_ in layers]
+        biases = [split(m, expand=True) for *_, m, _ in layers]
+        probs = [split(p) for *_, p in layers]
+        heads = [split(h[0]) for h in self._heads]
+        scale = [float(a.scale) for a, _ in self.layers]
         batch = (
             None
             if move
             else CaptureBatch(
                 q=[q for q, *_ in layers],
                 k=[k for _, k, *_ in layers],
-                scale=[float(a.scale) for a, _ in self.layers],
+                scale=scale,
                 bias=[m for *_, m, _ in layers],
                 probs=[p for *_, p in layers],
             )
         )
         out = []
-        for b in range(B):
+        for b, last in enumerate(norms.unbind(0)):
             out.append(
                 ImageAttention(
                     num_layers=L,
                     num_heads=H,
                     num_tokens=N,
-                    q=[mine(q, b) for q, *_ in layers],
-                    k=[mine(k, b) for _, k, *_ in layers],
-                    scale=[float(a.scale) for a, _ in self.layers],
-                    probs=[mine(p, b) for *_, p in layers],
-                    last_norms=norms[b].clone(),
-                    head_out=[keep(h[0][b]) for h in self._heads],
-                    v=[mine(v, b) for _, _, v, *_ in layers],
-                    bias=[_expand_heads(mine(m, b), H) for *_, m, _ in layers],
+                    q=[x[b] for x in qs],
+                    k=[x[b] for x in ks],
+                    scale=list(scale),
+                    probs=[x[b] for x in probs],
+                    last_norms=last.clone(),
+                    head_out=[x[b] for x in heads],
+                    v=[x[b] for x in vs],
+                    bias=[x[b] for x in biases],
                     batch=batch,
                     index=b,
                 )

@@ -111,12 +111,16 @@ class TensorPicture:
 
     Args:
         levels: ``[3, H, W]`` uint8 on any device (`tensor_pictures`).
+        host: the same levels already copied to the host (a batch's pictures are copied in one
+            go), or None to copy them when first needed.
     """
 
     filename = None
 
-    def __init__(self, levels: Any):
+    def __init__(self, levels: Any, host: Any = None):
         self._levels = levels  # 3, H, W uint8, any device
+        if host is not None:
+            self._host = host
 
     @functools.cached_property
     def _host(self) -> Any:

@@ -117,8 +117,13 @@ class Scope:
         as ``batch_size`` allows. An error names its item and stops the pool's other work.
         """
         many = is_many(image)
+        hosts: list[Any] | None = None
         if is_tensor(image):
             items: list[Any] = tensor_pictures(image)
+            if len(items) > 1 and items[0].device.type != "cpu":
+                # One copy to the host for the whole batch (each picture's pixels are hashed for
+                # its image_id there), not one synchronising copy per picture.
+                hosts = list(torch.stack(items).cpu().unbind(0))
         else:
             items = list(image) if many else [image]
         if many and not items:
@@ -126,7 +131,7 @@ class Scope:
 
         def one(i: int) -> PreparedPicture:
             try:
-                return self._prepare(items[i])
+                return self._prepare(items[i]) if hosts is None else self._prepare(items[i], hosts[i])
             except ImageError as e:
                 if not many:
                     raise
@@ -161,11 +166,11 @@ class Scope:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _prepare(self, item: Any) -> PreparedPicture:
+    def _prepare(self, item: Any, host: torch.Tensor | None = None) -> PreparedPicture:
         if is_tensor(item):
             if item.dim() != 3:
                 raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
-            pic: Any = TensorPicture(tensor_pictures(item)[0])  # 3, H, W uint8, on its device
+            pic: Any = TensorPicture(tensor_pictures(item)[0], host)  # 3, H, W uint8, on its device
         else:
             pic = picture(item, self.settings.max_upload_bytes)
         return PreparedPicture(pic, pic.prepared(self.pictures))

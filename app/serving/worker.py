@@ -37,7 +37,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -491,7 +491,7 @@ class Worker:
 ANSWER_MAPS_MAX_FLOATS = 1 << 20
 
 
-def _answer_maps(jobs: list[Job], atts: list[Any]) -> list[tuple[Selection, torch.Tensor] | None]:
+def _answer_maps(jobs: list[Job], atts: Sequence[Any]) -> list[tuple[Selection, torch.Tensor] | None]:
     """Each job's :attr:`Job.answer` maps, computed for the batch-mates that ask the same
     selection at once (:func:`app.engine.analysis.attention_tensors`), left where the capture is
     (an answer thread copies its own). None where a job asks none, its selection fails (its

@@ -70,6 +70,22 @@ def test_tensors_on_the_gpu_equal_the_bytes_path(scopes):
     assert torch.equal(gpu.attention(t).maps, gpu.attention(png_bytes(a)).maps)
 
 
+def test_a_batch_tensor_on_the_gpu_is_its_pictures(scopes):
+    """A ``[B, 3, H, W]`` tensor on the device (copied to the host once, for the ids): each
+    picture's id and maps are those it gets alone, and its maps those of its PNG bytes."""
+    _, gpu = scopes
+    H, W = gpu.lm.input_size
+    from headscope.python.inputs import png_bytes
+
+    levels = torch.from_numpy(np.random.default_rng(5).integers(0, 256, (3, 3, H, W), dtype=np.uint8))
+    batch = gpu.attention(levels.to(DEVICE))
+    for x, got in zip(levels, batch):
+        alone = gpu.attention(x.to(DEVICE))
+        assert got.meta["image_id"] == alone.meta["image_id"]
+        assert float((got.maps - alone.maps).abs().max()) <= 1e-5
+        assert float((got.maps - gpu.attention(png_bytes(x.permute(1, 2, 0).numpy())).maps).abs().max()) <= 1e-5
+
+
 def test_pil_images_on_the_gpu_equal_the_bytes_path(scopes):
     from PIL import Image
 
