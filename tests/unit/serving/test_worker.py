@@ -199,3 +199,47 @@ def test_a_call_whose_deadline_passes_while_queued_is_dropped_not_run():
         metrics.rejections.labels(r)._value.get() for r in ("cancelled_before_compute", "deadline_before_compute")
     )
     assert dropped == 1
+
+
+def test_a_batch_computes_its_answers_maps_at_once_equal_to_each_alone(lm):
+    """Jobs that ask one selection get its maps computed for the batch at once (one product per
+    layer), bit for bit each capture's own; a job alone, one that asks another selection, one
+    whose selection fails or is too large to keep get none (their answers compute them)."""
+    from headscope.engine import analysis
+    from headscope.serving.answers import selection
+    from headscope.serving.params import AttentionParams
+
+    cls_rows, patch = AttentionParams(), AttentionParams(layers="0", query="patch:1,1")
+
+    def asking(params):
+        return lambda att: selection(params, lm.captured(att, lm.input_size))
+
+    def failing(att):
+        raise ValueError("a bad selection")
+
+    jobs = jobs_for(lm, [None] * 5)
+    for j, ask in zip(jobs, [asking(cls_rows), asking(cls_rows), asking(patch), failing, None]):
+        j.answer = ask
+    out = run(Worker(torch.device("cpu"), max_batch_size=8, max_wait_ms=200), jobs)
+    assert [c.maps is not None for c in out] == [True, True, False, False, False]
+    sel = selection(cls_rows, lm.captured(out[0].att, lm.input_size))
+    for c in out[:2]:
+        assert c.maps[0] == sel
+        assert torch.equal(c.maps[1], analysis.attention_tensor(c.att, sel))
+
+    # Every row of every layer: L x H x N x N floats a picture, kept up to the limit only.
+    import headscope.serving.worker as worker_mod
+
+    N = out[0].att.tokens_at(0)
+    n = lm.num_layers * lm.num_heads * N * N
+    limit = worker_mod.ANSWER_MAPS_MAX_FLOATS
+    try:
+        for cap, computed in ((n, True), (n - 1, False)):
+            worker_mod.ANSWER_MAPS_MAX_FLOATS = cap
+            big = jobs_for(lm, [None, None])
+            for j in big:
+                j.answer = asking(AttentionParams(query="all"))
+            got = run(Worker(torch.device("cpu"), max_batch_size=8, max_wait_ms=200), big)
+            assert [c.maps is not None for c in got] == [computed] * 2
+    finally:
+        worker_mod.ANSWER_MAPS_MAX_FLOATS = limit
