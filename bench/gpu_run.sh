@@ -9,7 +9,7 @@
 # With the device tool and the shared GPU kit (../shared/tools/gpu/README.md), from the project
 # root, after the last code change: `bash ../shared/tools/gpu/pack.sh` (the device imports the
 # packed wheel, not the checkout; its image has pytest), then the tool's `run` with carry
-# [".gpu"], timeout_s 300 (three H100 runs took 183-231 s, start included) and the command
+# [".gpu"], timeout_s 300 (three H100 runs ran 183-231 s) and the command
 #   CMD='bash bench/gpu_run.sh $OUT' bash .gpu/run.sh
 # and copy the files that come back (gpu-*.json) into docs/bench/ here.
 #
