@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
+from .block_capture import CaptureBatch
 from .capture_base import CapturedAttention
 from .device import to_host
 from .selection import Selection, SelectionError
@@ -85,25 +87,15 @@ def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
     return to_host(out)
 
 
-def attention_tensors(atts: Sequence[CapturedAttention], sel: Selection, host: bool = True) -> list[torch.Tensor]:
-    """:func:`attention_tensor` of several captures under one selection, in order (``host``:
-    copied to the host; else batch-mates' maps stay where they were computed, for a thread
-    that copies them later).
-
-    Batch-mates (captures of one forward, :class:`~app.engine.block_capture.CaptureBatch`) are
-    computed together: one product per layer for all of them, one copy to the host. On a GPU
-    the rows of one image are a few small kernels per layer, so a batch computed image by image
-    is bound by kernel launches, not by the device. Others (windowed models, captures moved to
-    the host, a rollout) are computed one by one.
+def _batch_tensors(
+    batch: CaptureBatch, atts: Sequence[CapturedAttention], sel: Selection, host: bool
+) -> list[torch.Tensor]:
+    """:func:`attention_tensor` of batch-mates (captures of one forward) under one selection
+    (not a rollout), computed together: one product per layer for all of them, one copy to the
+    host (``host``; else they stay where they were computed, for a thread that copies them
+    later). On a GPU the rows of one image are a few small kernels per layer, so a batch
+    computed image by image is bound by kernel launches, not by the device.
     """
-    batch = getattr(atts[0], "batch", None) if atts else None
-    if (
-        len(atts) < 2
-        or batch is None
-        or sel.aggregate not in ("none", "mean", "max")
-        or any(getattr(a, "batch", None) is not batch for a in atts)
-    ):
-        return [attention_tensor(a, sel) for a in atts]
     images = [a.index for a in atts]  # type: ignore[attr-defined]  # ImageAttention
     first = atts[0]
     n = first.tokens_at(sel.layers[0])
@@ -118,6 +110,47 @@ def attention_tensors(atts: Sequence[CapturedAttention], sel: Selection, host: b
         out = out.amax(dim=2, keepdim=True)
     out = out.transpose(0, 1).contiguous()  # B, L, H, Q, N
     return list((to_host(out) if host else out).unbind(0))
+
+
+def answer_shape(sel: Selection, att: CapturedAttention) -> tuple[int, int, int, int]:
+    """``[layers, heads, queries, tokens]`` of the maps ``sel`` asks of ``att`` (a windowed model's
+    selected layers are of one stage: its grid and heads)."""
+    first = sel.layers[0]
+    num_tokens = att.tokens_at(first)
+    selected = len(sel.heads) if sel.heads is not None else att.heads_at(first)
+    heads = 1 if sel.aggregate in ("mean", "max", "rollout") else selected
+    queries = num_tokens if sel.queries is None else len(sel.queries)
+    return len(sel.layers), heads, queries, num_tokens
+
+
+def batch_mates_tensors(
+    atts: Sequence[CapturedAttention],
+    sels: Sequence[Selection | None],
+    host: bool = True,
+    max_floats: int | None = None,
+) -> list[torch.Tensor | None]:
+    """Each capture's maps under its own selection (None: it asks none), computed at once for
+    the batch-mates that ask one selection (:func:`_batch_tensors`). None where a capture has
+    no batch-mate asking the same, is no batch's slice (moved, windowed), asks a rollout, or its
+    maps are over ``max_floats``: its answer computes them alone, as :func:`attention_tensor`."""
+    out: list[torch.Tensor | None] = [None] * len(atts)
+    done: set[int] = set()
+    for i, (att, sel) in enumerate(zip(atts, sels)):
+        batch = getattr(att, "batch", None)
+        if i in done or sel is None or batch is None or sel.aggregate not in ("none", "mean", "max"):
+            continue
+        if max_floats is not None and math.prod(answer_shape(sel, att)) > max_floats:
+            continue
+        idx = [
+            k
+            for k in range(i, len(atts))
+            if k not in done and sels[k] == sel and getattr(atts[k], "batch", None) is batch
+        ]
+        done.update(idx)
+        if len(idx) > 1:
+            for k, t in zip(idx, _batch_tensors(batch, [atts[k] for k in idx], sel, host)):
+                out[k] = t
+    return out
 
 
 def drop_and_renormalise(attn: torch.Tensor, tokens: list[int]) -> torch.Tensor:

@@ -73,26 +73,15 @@ class AnswerPart:
 
 def batch_maps(founds: list[FoundCapture], params: AttentionParams) -> list[torch.Tensor | None]:
     """The maps ``params`` select of each capture of one batch, computed for them all at once
-    (:func:`app.engine.analysis.attention_tensors`); None where a capture's selection is not
-    its batch-mates' (one part per stage, a bad selection: `AnswerPart.of` answers it alone)."""
+    (:func:`app.engine.analysis.batch_mates_tensors`); None where a capture's selection is not
+    its batch-mates' (a bad selection: `AnswerPart.of` answers it alone, with its error)."""
     sels: list[Any] = []
     for f in founds:
         try:
             sels.append(answers.selection(params, f.entry.image))
         except ValueError:
             sels.append(None)
-    out: list[torch.Tensor | None] = [None] * len(founds)
-    groups: dict[int, list[int]] = {}
-    for i, sel in enumerate(sels):
-        if sel is not None:
-            first = next((j for j in groups if sels[j] == sel), i)
-            groups.setdefault(first, []).append(i)
-    for first, idx in groups.items():
-        if len(idx) > 1:
-            tensors = analysis.attention_tensors([founds[i].entry.image.att for i in idx], sels[first])
-            for i, t in zip(idx, tensors):
-                out[i] = t
-    return out
+    return analysis.batch_mates_tensors([f.entry.image.att for f in founds], sels)
 
 
 def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
@@ -129,9 +118,10 @@ def _own(found: FoundCapture) -> FoundCapture:
     att: Any = image.att
     if not (hasattr(image, "__dataclass_fields__") and hasattr(att, "__dataclass_fields__")):
         return found
-    copy = replace(att, **{f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att) if f.name != "batch"})
-    if hasattr(copy, "batch"):  # its own memory: no batch-mates left to compute with
-        copy.batch = None
+    fields = {f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att)}
+    if "batch" in fields:  # its own memory: no batch-mates left to compute with
+        fields["batch"] = None
+    copy = replace(att, **fields)
     image = replace(image, att=copy)
     entry = found.entry
     return FoundCapture(

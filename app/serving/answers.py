@@ -43,7 +43,7 @@ import torch
 from ..config import Settings
 from ..engine import analysis
 from ..engine.ablation import Ablation
-from ..engine.capture_base import CapturedAttention
+from ..engine.analysis import answer_shape
 from ..engine.captured_image import CapturedImage
 from ..engine.device import to_host
 from ..engine.selection import Selection, SelectionError
@@ -64,17 +64,6 @@ MiB = 2**20
 
 class AnswerTooLarge(ValueError):
     """The answer would be over a size limit (answered 413 ``answer_too_large``)."""
-
-
-def answer_shape(sel: Selection, att: CapturedAttention) -> tuple[int, int, int, int]:
-    """``[layers, heads, queries, tokens]`` of the answer to ``sel`` (a windowed model's selected
-    layers are of one stage: its grid and heads)."""
-    first = sel.layers[0]
-    num_tokens = att.tokens_at(first)
-    selected = len(sel.heads) if sel.heads is not None else att.heads_at(first)
-    heads = 1 if sel.aggregate in ("mean", "max", "rollout") else selected
-    queries = num_tokens if sel.queries is None else len(sel.queries)
-    return len(sel.layers), heads, queries, num_tokens
 
 
 def numbers(shape: Sequence[int]) -> int:
@@ -166,7 +155,7 @@ def maps(
 ) -> np.ndarray:
     """The maps ``sel`` asks for, ``dropped`` key tokens zeroed and rows renormalised, as a
     ``[layers, heads, queries, tokens]`` numpy array of ``dtype``; ``tensor``: the selection
-    already computed (:func:`app.engine.analysis.attention_tensors`, with batch-mates)."""
+    already computed (:func:`app.engine.analysis.batch_mates_tensors`, with batch-mates)."""
     if tensor is None:
         tensor = analysis.attention_tensor(image.att, sel)
     elif tensor.device.type != "cpu":

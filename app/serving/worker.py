@@ -493,8 +493,8 @@ ANSWER_MAPS_MAX_FLOATS = 1 << 20
 
 def _answer_maps(jobs: list[Job], atts: Sequence[Any]) -> list[tuple[Selection, torch.Tensor] | None]:
     """Each job's :attr:`Job.answer` maps, computed for the batch-mates that ask the same
-    selection at once (:func:`app.engine.analysis.attention_tensors`), left where the capture is
-    (an answer thread copies its own). None where a job asks none, its selection fails (its
+    selection at once (:func:`app.engine.analysis.batch_mates_tensors`), left where the capture
+    is (an answer thread copies its own). None where a job asks none, its selection fails (its
     answer reports that), or the maps are large (its answer computes them, as before)."""
     sels: list[Selection | None] = []
     for j, att in zip(jobs, atts):
@@ -504,24 +504,9 @@ def _answer_maps(jobs: list[Job], atts: Sequence[Any]) -> list[tuple[Selection, 
                 sel = j.answer(att)
             except Exception:  # a bad selection: its answer gives the error
                 sel = None
-        if sel is not None:
-            n = att.tokens_at(sel.layers[0])
-            heads = 1 if sel.aggregate in ("mean", "max") else len(sel.heads)
-            if len(sel.layers) * heads * len(sel.queries or range(n)) * n > ANSWER_MAPS_MAX_FLOATS:
-                sel = None
         sels.append(sel)
-    out: list[tuple[Selection, torch.Tensor] | None] = [None] * len(jobs)
-    done: set[int] = set()
-    for i, sel in enumerate(sels):
-        if sel is None or i in done:
-            continue
-        idx = [k for k in range(i, len(jobs)) if k not in done and sels[k] == sel]
-        done.update(idx)
-        if len(idx) < 2:
-            continue
-        for k, t in zip(idx, analysis.attention_tensors([atts[k] for k in idx], sel, host=False)):
-            out[k] = (sel, t)
-    return out
+    tensors = analysis.batch_mates_tensors(atts, sels, host=False, max_floats=ANSWER_MAPS_MAX_FLOATS)
+    return [None if t is None or sel is None else (sel, t) for sel, t in zip(sels, tensors)]
 
 
 def _exact(fn: Callable[..., Any]) -> Callable[..., Any]:
