@@ -155,8 +155,8 @@ class Settings(BaseSettings):
     )
     decode_budget_bytes: int = Field(
         512 * 1024 * 1024,
-        description="estimated peak memory of the decodes in progress; a picture over it alone gets 413, "
-        "one that does not fit beside the others 429",
+        description="estimated peak memory of the decodes running; a picture over it alone gets 413, "
+        "one that does not fit beside the running ones when its turn comes 429 (waiting holds none of it)",
     )
     max_json_bytes: int = Field(
         64 * 1024 * 1024, description="JSON answers estimated over this are refused (413 answer_too_large)"

@@ -25,12 +25,12 @@ dropped (504) when the deadline passes before it starts, without the route passi
 
 Two more pools bound memory rather than requests:
 
-* decoding (:meth:`Admission.decoding`): a decode reserves its estimated peak memory (from the
-  image header, see ``images.py``) out of ``HEADSCOPE_DECODE_BUDGET_BYTES`` (512 MiB); a
-  picture whose estimate alone is over the budget is refused with 413 before decoding, one that
-  does not fit next to the decodes in progress gets 429 + Retry-After. At most
-  ``HEADSCOPE_MAX_DECODES`` (2) decode at once; the others wait their turn (holding nothing but
-  their reservation).
+* decoding (:meth:`Admission.decoding`): at most ``HEADSCOPE_MAX_DECODES`` decode at once
+  (2 on the CPU, the cores on CUDA); the others wait their turn, holding nothing. A decode that
+  gets its turn reserves its estimated peak memory (from the image header, see ``images.py``)
+  out of ``HEADSCOPE_DECODE_BUDGET_BYTES`` (512 MiB); a picture whose estimate alone is over
+  the budget is refused with 413 before it waits, one that does not fit next to the decodes
+  running gets 429 + Retry-After.
 * large answers (:meth:`Admission.large_answer`): answers over ``HEADSCOPE_LARGE_ANSWER_BYTES``
   (8 MiB) being built or sent, at most ``HEADSCOPE_MAX_LARGE_ANSWERS`` (4) at once; more get 429.
 
@@ -200,26 +200,33 @@ class DecodePool:
 
     @asynccontextmanager
     async def reserve(self, peak_bytes: int) -> AsyncIterator[None]:
-        """Reserve ``peak_bytes`` and wait for a decode thread; release both afterwards.
+        """Wait for a decode thread, then reserve ``peak_bytes`` beside the decodes running;
+        release both afterwards.
+
+        A decode waiting for its thread holds nothing of the budget: the budget bounds the
+        memory the running decodes allocate, and the upload slots bound how many wait. (It used
+        to be reserved on arrival, so at concurrency 64 the reservations of pictures merely
+        waiting, about 20 MiB each for a 640 x 480 JPEG, refused a third of them with 429 while
+        the decodes in progress used a fraction of it.)
 
         Raises:
-            TooLargeToDecode: the estimate alone is over the budget (413).
-            QueueFullError: it does not fit next to the decodes in progress (429).
+            TooLargeToDecode: the estimate alone is over the budget (413, before waiting).
+            QueueFullError: given a thread, it does not fit next to the decodes running (429).
         """
         self.check(peak_bytes)
-        if self.reserved + peak_bytes > self.budget:
-            self.metrics.rejections.labels("decode_busy").inc()
-            raise QueueFullError(
-                f"the server is busy decoding other pictures ({self.reserved / MiB:,.0f} MiB in use); retry shortly"
-            )
-        self.reserved += peak_bytes
-        self.metrics.decode_bytes.set(self.reserved)
-        try:
-            async with self._running:
-                yield
-        finally:
-            self.reserved -= peak_bytes
+        async with self._running:
+            if self.reserved + peak_bytes > self.budget:
+                self.metrics.rejections.labels("decode_busy").inc()
+                raise QueueFullError(
+                    f"the server is busy decoding other pictures ({self.reserved / MiB:,.0f} MiB in use); retry shortly"
+                )
+            self.reserved += peak_bytes
             self.metrics.decode_bytes.set(self.reserved)
+            try:
+                yield
+            finally:
+                self.reserved -= peak_bytes
+                self.metrics.decode_bytes.set(self.reserved)
 
 
 class Admission:

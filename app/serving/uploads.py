@@ -103,7 +103,7 @@ class Uploads:
         """``finish(probe())`` within the decode budget, in threads.
 
         The header is read first (a thread of its own: a PNG's chunks before its pixels can be
-        megabytes); the decode waits for a decode slot holding only its reservation.
+        megabytes); the decode waits for a decode thread holding nothing, then reserves its estimate.
         """
         p = await run_in_threadpool(probe)
         async with self.admission.decoding(p.peak_bytes):

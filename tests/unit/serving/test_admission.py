@@ -71,8 +71,8 @@ def test_large_answers_hold_a_slot_until_the_request_ends():
     assert adm.large.in_use == 0
 
 
-def test_decode_budget_refuses_a_picture_over_it_and_one_that_does_not_fit_beside_others():
-    adm = Admission(4, Metrics(), decode_budget_bytes=100, decodes=1)
+def test_decode_budget_refuses_a_picture_over_it_and_one_that_does_not_fit_beside_the_running_ones():
+    adm = Admission(4, Metrics(), decode_budget_bytes=100, decodes=2)
 
     async def go():
         with pytest.raises(TooLargeToDecode):
@@ -80,14 +80,19 @@ def test_decode_budget_refuses_a_picture_over_it_and_one_that_does_not_fit_besid
                 pass
         async with adm.decoding(60):
             assert adm.decode.reserved == 60
+            # The second decode thread is free, and 41 does not fit beside the 60 running: 429.
             with pytest.raises(QueueFullError):
                 async with adm.decoding(41):
                     pass
-            # Fits: waits for the one decode thread, holding its reservation meanwhile.
-            second = asyncio.create_task(_hold(adm, 40))
-            await until(lambda: adm.decode.reserved == 100, 30, "the second decode's reservation")
-            assert not second.done()
-        await second
+            assert adm.decode.reserved == 60
+            async with adm.decoding(40):
+                assert adm.decode.reserved == 100
+                # Both threads are taken: the next ones wait their turn holding nothing of the
+                # budget (they were refused when the waiting held reservations too).
+                waiting = [asyncio.create_task(_hold(adm, 30)) for _ in range(3)]
+                await asyncio.sleep(0.05)
+                assert adm.decode.reserved == 100 and not any(t.done() for t in waiting)
+        await asyncio.gather(*waiting)  # each got its turn and fitted
         assert adm.decode.reserved == 0
 
     asyncio.run(go())
