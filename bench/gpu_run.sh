@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 37's GPU check in one command, on a machine with a CUDA GPU: the --gpu-quick bench (JSON
 # and log), the CUDA-against-CPU tests (tests/gpu) and the CUDA parts of the unit tests, bf16 and
-# fp16 against fp32 per output kind (bench/precision.py), and where a call's time goes
-# (bench/gpu_profile.py, to explain a missed target).
+# fp16 against fp32 per output kind (bench/precision.py), where a call's time goes
+# (bench/gpu_profile.py, to explain a missed target) and the host's own time per picture
+# (bench/host_overhead.py).
 #
 #   bash bench/gpu_run.sh [OUT_DIR]        # OUT_DIR defaults to docs/bench
 #
@@ -54,6 +55,10 @@ echo "== profile: where a call's time goes (limit ${EXTRA_S:-60} s)"
 small=$([[ $DEVICE == cpu ]] && echo --small)
 timeout "${EXTRA_S:-60}" "$PY" -m bench.gpu_profile --device "$DEVICE" --models-dir "$MODELS" $small \
   --out "$OUT_DIR/gpu-profile-$STAMP.json" 2>&1 | grep -v "^USDT:" | tail -60
+
+echo "== host: the host's own time per picture, a 32 px ViT on the device (limit ${EXTRA_S:-60} s)"
+timeout "${EXTRA_S:-60}" "$PY" -m bench.host_overhead --device "$DEVICE" \
+  --out "$OUT_DIR/gpu-host-$STAMP.json" 2>&1 | grep -v "^USDT:" | tail -12
 
 echo "gpu_run: bench exit $bench_rc, tests exit $tests_rc; results in $OUT_DIR (gpu-quick-$STAMP.json)"
 [[ $bench_rc -eq 0 ]] || exit "$bench_rc"

@@ -452,7 +452,6 @@ class AttentionCapture:
                 if p.shape != (B, H, N, N):
                     raise CaptureError(f"layer {i}: attention of shape {tuple(p.shape)}, expected ({B}, {H}, {N}, {N})")
             layers.append((q, k, v, _as_additive(mask, B, H, N, i), p))
-        norms = self._norms[0].to("cpu", torch.float32)  # B, N: a few KB, always on the host
 
         def split(t: torch.Tensor | None, expand: bool = False) -> list[Any]:
             """Each image's view of a batch tensor, made in one call (``unbind``; indexing it image
@@ -484,27 +483,34 @@ class AttentionCapture:
                 probs=[p for *_, p in layers],
             )
         )
-        out = []
-        for b, last in enumerate(norms.unbind(0)):
-            out.append(
-                ImageAttention(
-                    num_layers=L,
-                    num_heads=H,
-                    num_tokens=N,
-                    q=[x[b] for x in qs],
-                    k=[x[b] for x in ks],
-                    scale=list(scale),
-                    probs=[x[b] for x in probs],
-                    last_norms=last.clone(),
-                    head_out=[x[b] for x in heads],
-                    v=[x[b] for x in vs],
-                    bias=[x[b] for x in biases],
-                    batch=batch,
-                    index=b,
-                )
+        out = [
+            ImageAttention(
+                num_layers=L,
+                num_heads=H,
+                num_tokens=N,
+                q=[x[b] for x in qs],
+                k=[x[b] for x in ks],
+                scale=list(scale),
+                probs=[x[b] for x in probs],
+                last_norms=_NO_NORMS,
+                head_out=[x[b] for x in heads],
+                v=[x[b] for x in vs],
+                bias=[x[b] for x in biases],
+                batch=batch,
+                index=b,
             )
+            for b in range(B)
+        ]
+        # Last: this copy to the host waits for the forward, so on a GPU everything above is
+        # done while the forward still runs.
+        norms = self._norms[0].to("cpu", torch.float32)  # B, N: a few KB, always on the host
+        for att, last in zip(out, norms.unbind(0)):
+            att.last_norms = last.clone()
         self._reset()
         return out
+
+
+_NO_NORMS = torch.empty(0)  # a capture's last_norms until the forward's are on the host
 
 
 def head_dim(attn: nn.Module) -> int:

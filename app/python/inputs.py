@@ -39,13 +39,16 @@ whichever way it comes in:
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..serving.pictures import PreparedPixels, picture_png, read_picture_file
-from ..serving.uploads import image_id_of
+from ..serving.uploads import IMAGE_ID_HEX_CHARS, image_id_of
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -111,19 +114,26 @@ class TensorPicture:
 
     Args:
         levels: ``[3, H, W]`` uint8 on any device (`tensor_pictures`).
-        host: the same levels already copied to the host (a batch's pictures are copied in one
-            go), or None to copy them when first needed.
+        host: the same levels already copied to the host, or None to copy them when first
+            needed.
+        batch: the `TensorBatch` this picture is picture ``index`` of: its host copy and its id
+            come from there (hashed in the background while the model computes).
+        index: its place in ``batch``.
     """
 
     filename = None
 
-    def __init__(self, levels: Any, host: Any = None):
+    def __init__(self, levels: Any, host: Any = None, batch: TensorBatch | None = None, index: int = 0):
         self._levels = levels  # 3, H, W uint8, any device
+        self._batch = batch
+        self._index = index
         if host is not None:
             self._host = host
 
     @functools.cached_property
     def _host(self) -> Any:
+        if self._batch is not None:
+            return self._batch.host(self._index)
         return self._levels.cpu()
 
     @functools.cached_property
@@ -132,8 +142,10 @@ class TensorPicture:
 
     @functools.cached_property
     def image_id(self) -> str:
+        if self._batch is not None:
+            return self._batch.image_id(self._index)
         _, H, W = self._levels.shape
-        return _rgb_id(H, W, self._host.numpy().tobytes())
+        return _rgb_id(H, W, self._host.numpy())
 
     def prepared(self, pictures: Pictures) -> PreparedPixels:
         """The levels where they are when no resize is needed, else resized on the host as an
@@ -147,21 +159,100 @@ class TensorPicture:
         return pictures.prepare_image(Image.fromarray(hwc, "RGB"))
 
 
+class TensorBatch:
+    """The pictures of one ``[B, 3, H, W]`` tensor: one copy to the host for them all, and their
+    ids hashed in the background, so that the caller runs the forward meanwhile and waits only
+    when it reads an id.
+
+    From a CUDA device the copy goes into pinned memory without blocking, ordered on the
+    device's stream before the forward the caller launches next; the hashing threads wait for
+    that copy alone (an event), not for the forward. Host pictures are hashed where they are.
+
+    Args:
+        levels: ``[3, H, W]`` uint8 tensors of one shape, on one device.
+        threads: most threads hashing, each a run of pictures (fewer for a small batch: below
+            ``THREAD_BYTES`` a picture run is hashed on the thread that first reads one of its ids).
+    """
+
+    THREAD_BYTES = 2 * 2**20  # a thread costs more than hashing less than this saves
+
+    def __init__(self, levels: list[Any], threads: int = 1):
+        import torch
+
+        self.levels = levels
+        _, self.H, self.W = levels[0].shape
+        B = len(levels)
+        self._ready: Callable[[], Any] | None = None
+        dev = levels[0].device
+        if dev.type == "cpu":
+            self._hosts: list[Any] = list(levels)
+        else:
+            whole = torch.stack(levels)  # B, 3, H, W on the device
+            if dev.type == "cuda":
+                host = torch.empty(whole.shape, dtype=whole.dtype, pin_memory=True)
+                host.copy_(whole, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+                self._ready = copied.synchronize
+            else:
+                host = whole.cpu()
+            self._hosts = list(host.unbind(0))
+        self._ids: list[str] = [""] * B
+        n = max(1, min(threads, B, (B * levels[0].numel()) // self.THREAD_BYTES))
+        self._run = -(-B // n)  # pictures per run
+        self._runs: list[Future[None]] = []
+        if n > 1:
+            pool = ThreadPoolExecutor(n, thread_name_prefix="headscope-ids")
+            self._runs = [pool.submit(self._hash, range(s, min(s + self._run, B))) for s in range(0, B, self._run)]
+            pool.shutdown(wait=False)  # its threads end with their runs
+
+    def _hash(self, idx: range) -> None:
+        if self._ready is not None:
+            self._ready()
+        for i in idx:
+            self._ids[i] = _rgb_id(self.H, self.W, self._hosts[i].numpy())
+
+    def host(self, i: int) -> Any:
+        """Picture ``i``'s levels on the host, once the copy has landed."""
+        if self._ready is not None:
+            self._ready()
+        return self._hosts[i]
+
+    def image_id(self, i: int) -> str:
+        """Picture ``i``'s id (`pixels_id` of its levels), once its run is hashed."""
+        if not self._ids[i]:
+            if self._runs:
+                self._runs[i // self._run].result()
+            else:
+                self._hash(range(i, i + 1))
+        return self._ids[i]
+
+    def pictures(self) -> list[TensorPicture]:
+        """One `TensorPicture` per picture, in order."""
+        return [TensorPicture(lv, None, self, i) for i, lv in enumerate(self.levels)]
+
+
 @dataclass
 class PreparedPicture:
     """One picture, read and prepared for the model (what the server holds after an upload)."""
 
     picture: Picture | ImagePicture | TensorPicture
     prep: PreparedPixels
-    image_id: str = ""
 
-    def __post_init__(self) -> None:
-        if not self.image_id:
-            self.image_id = self.picture.image_id
+    @property
+    def image_id(self) -> str:
+        """The picture's id, computed when first read (a tensor batch's are hashed meanwhile)."""
+        return self.picture.image_id
 
 
-def _rgb_id(height: int, width: int, chw: bytes) -> str:
-    return image_id_of(f"pixels {height}x{width}\n".encode() + chw)
+def _rgb_id(height: int, width: int, chw: Any) -> str:
+    """`image_id_of` the size line and the levels ``chw`` (bytes, or a uint8 array ``[3, H, W]``,
+    hashed where it is when contiguous)."""
+    import numpy as np
+
+    h = hashlib.sha256(f"pixels {height}x{width}\n".encode())
+    h.update(chw if isinstance(chw, bytes) else np.ascontiguousarray(chw).data)
+    return h.hexdigest()[:IMAGE_ID_HEX_CHARS]
 
 
 def pixels_id(image: PILImage.Image) -> str:
@@ -176,7 +267,7 @@ def pixels_id(image: PILImage.Image) -> str:
     W, H = image.size
     if image.mode == "RGB":
         chw = np.ascontiguousarray(np.asarray(image).transpose(2, 0, 1))  # 3, H, W
-        return _rgb_id(H, W, chw.tobytes())
+        return _rgb_id(H, W, chw)
     extra = b""
     if image.mode == "P":
         pal = image.palette

@@ -32,7 +32,16 @@ from ..serving.pictures import Pictures
 from ..serving.preprocess import ImageError
 from . import params as P
 from .computing import computing
-from .inputs import PICTURE_TYPES, PreparedPicture, TensorPicture, is_many, is_tensor, picture, tensor_pictures
+from .inputs import (
+    PICTURE_TYPES,
+    PreparedPicture,
+    TensorBatch,
+    TensorPicture,
+    is_many,
+    is_tensor,
+    picture,
+    tensor_pictures,
+)
 
 if TYPE_CHECKING:
     from .result import Attention, FaithfulnessResult
@@ -120,9 +129,20 @@ class Scope:
         hosts: list[Any] | None = None
         if is_tensor(image):
             items: list[Any] = tensor_pictures(image)
+            _, H, W = items[0].shape
+            if len(items) > 1 and self.pictures.fit(W, H) == (W, H):
+                # Nothing to prepare: the batches at once, their ids hashed meanwhile (the
+                # forward does not wait for them; on a GPU it runs while they are hashed).
+                ready = TensorBatch(items, _cores()).pictures()
+                for s in range(0, len(ready), self.batch_size):
+                    yield {
+                        i: PreparedPicture(p, p.prepared(self.pictures))
+                        for i, p in enumerate(ready[s : s + self.batch_size], s)
+                    }
+                return
             if len(items) > 1 and items[0].device.type != "cpu":
-                # One copy to the host for the whole batch (each picture's pixels are hashed for
-                # its image_id there), not one synchronising copy per picture.
+                # One copy to the host for the whole batch (each picture is resized there), not
+                # one synchronising copy per picture.
                 hosts = list(torch.stack(items).cpu().unbind(0))
         else:
             items = list(image) if many else [image]

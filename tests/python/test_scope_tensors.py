@@ -47,10 +47,30 @@ def test_a_batch_tensor_gives_one_result_per_picture_in_order(scope):
     assert isinstance(got, list) and len(got) == 3
     for g, a in zip(got, pics):
         assert torch.equal(g.maps, scope.attention(png_bytes(a)).maps)
+    assert [g.image_id for g in got] == [scope.attention(_chw(a)).image_id for a in pics]
     assert len({g.image_id for g in got}) == 3
     # a list of tensors, mixed with bytes
     mixed = scope.attention([_chw(pics[0]), png_bytes(pics[1])])
     assert torch.equal(mixed[0].maps, got[0].maps) and torch.equal(mixed[1].maps, got[1].maps)
+
+
+def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own():
+    """`TensorBatch` hashes runs of pictures on threads while the caller computes; every id is
+    the one the picture gets alone and that its PIL image gets (`pixels_id`)."""
+    from PIL import Image
+
+    from headscope.python.inputs import TensorBatch, TensorPicture, pixels_id
+
+    pics = [_levels(10 + s, (300, 400)) for s in range(12)]  # 4.3 MB in all: two threads of 2 MiB
+    batch = torch.stack([_chw(a) for a in pics])
+    tb = TensorBatch(list(batch), threads=4)
+    assert len(tb._runs) == 2  # the threads did run
+    alone = [TensorPicture(_chw(a)).image_id for a in pics]
+    assert [p.image_id for p in tb.pictures()] == alone
+    assert alone == [pixels_id(Image.fromarray(a)) for a in pics]
+    assert torch.equal(tb.host(4), batch[4])
+    single = TensorBatch(list(batch[:2]), threads=4)  # small: hashed when first read, no thread
+    assert not single._runs and single.image_id(1) == alone[1]
 
 
 def test_every_call_takes_tensors(scope):

@@ -18,7 +18,6 @@ from headscope.serving.admission import (
     current_ticket,
 )
 from headscope.serving.metrics import Metrics
-from helpers.waiting import until
 
 
 def test_admission_refuses_at_once_when_every_slot_is_taken_and_frees_slots_on_error():

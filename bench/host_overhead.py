@@ -1,0 +1,142 @@
+"""The host's own time per picture in ``Scope.attention`` and ``Scope.relevance``, on any machine.
+
+    python -m bench.host_overhead [--device cpu|cuda] [--rounds N] [--out FILE.json]
+
+On the H100 the capture of CLS rows from tensors ran at 0.4x a bare forward, and chefer2021 at
+24x: the GPU waited for the host (issue #37's profile). This script measures that host time
+where no GPU is: the model is a 12-layer ViT of the default model's depth and heads but width 48
+at 32 x 32 pixels (4 patches), so its forward is almost all Python and kernel launches, the
+regime of the default model at batch 1-128 on an H100. Its rows:
+
+* ``forward``: the bare ``forward_features`` of a normalised batch on the device;
+* ``capture``: ``Scope.attention(uint8 tensor [B, 3, 32, 32])``, CLS rows (what the #37 row
+  times), and ``host_ms_per_picture``: ``(capture - forward) / B``;
+* ``chefer``, ``chefer2021``, ``attnlrp`` at batch 8: ``Scope.relevance`` against the forward,
+  and the aten operators each call runs (``ops``: on a GPU, about the kernel launches).
+
+Every ratio comes from the same rounds, interleaved (forward, capture, forward, capture, ...):
+median of the per-round ratios, with min and max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+BATCHES = (1, 32, 128)
+RELEVANCE = ("chefer", "chefer2021", "attnlrp")
+
+
+def tiny_scope(device: str) -> Any:
+    """A Scope of a 12-layer, 6-head ViT of width 48 at 32 px (random weights, seeded)."""
+    import timm
+
+    import headscope
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_small_patch16_224", pretrained=False, embed_dim=48, num_heads=6, depth=12, num_classes=10, img_size=32
+    ).eval()
+    return headscope.load(model, device=device, batch_size=max(BATCHES))
+
+
+def aten_ops(fn: Callable[[], Any]) -> int:
+    """The aten operators one call runs, outermost only (an operator inside another is one launch
+    or none)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(
+        1
+        for e in prof.events()
+        if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    )
+
+
+def paired(ref: Callable[[], Any], fns: dict[str, Callable[[], Any]], rounds: int, sync: Callable[[], None]):
+    """Interleaved timings: per round the reference then each function; ms lists per name."""
+    times: dict[str, list[float]] = {"ref": [], **{k: [] for k in fns}}
+    for fn in (ref, *fns.values()):  # warm-up
+        fn()
+        fn()
+    for _ in range(rounds):
+        for name, fn in (("ref", ref), *fns.items()):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def ratio_row(t: list[float], ref: list[float]) -> dict[str, float]:
+    r = [a / b for a, b in zip(t, ref)]
+    return {"ms_p50": float(np.median(t)), "vs_forward_p50": float(np.median(r)), "min": min(r), "max": max(r)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the host's cost alone)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    scope = tiny_scope(args.device)
+    runner = scope.runner
+    res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "rounds": args.rounds, "capture": {}}
+    for B in BATCHES:
+        levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 32, 32), dtype=np.uint8))
+        levels = levels.to(device)
+        x = runner.inputs(levels)
+
+        def forward(x: torch.Tensor = x) -> None:
+            with torch.inference_mode(), runner.numerics():
+                scope.lm.model.forward_features(x)
+
+        t = paired(forward, {"capture": lambda levels=levels: scope.attention(levels)}, args.rounds, sync)
+        row = ratio_row(t["capture"], t["ref"])
+        row["forward_ms_p50"] = float(np.median(t["ref"]))
+        row["host_ms_per_picture"] = float(np.median([(c - f) / B for c, f in zip(t["capture"], t["ref"])]))
+        row["ops"], row["forward_ops"] = aten_ops(lambda: scope.attention(levels)), aten_ops(forward)
+        res["capture"][str(B)] = row
+        print(
+            f"capture B={B:<4} {row['ms_p50']:7.2f} ms  forward {row['forward_ms_p50']:6.2f} ms  "
+            f"ratio fwd/capture {1 / row['vs_forward_p50']:.2f}  host {row['host_ms_per_picture']:.3f} ms/picture  "
+            f"ops {row['ops']} (forward {row['forward_ops']})",
+            flush=True,
+        )
+    B = 8
+    levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 32, 32), dtype=np.uint8)).to(device)
+    x = runner.inputs(levels)
+
+    def forward8() -> None:
+        with torch.inference_mode(), runner.numerics():
+            scope.lm.model.forward_features(x)
+
+    fns = {m: (lambda m=m: scope.relevance(levels, method=m)) for m in RELEVANCE}
+    t = paired(forward8, fns, max(3, args.rounds // 3), sync)
+    for m in RELEVANCE:
+        row = ratio_row(t[m], t["ref"])
+        row["ops"] = aten_ops(fns[m])
+        res[m] = row
+        print(f"{m:<11} B=8 {row['ms_p50']:7.2f} ms  {row['vs_forward_p50']:.2f}x the forward  ops {row['ops']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
