@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from .block_capture import CaptureBatch
 from .capture_base import CapturedAttention
-from .device import to_host
+from .device import to_host, to_host_later
 from .selection import Selection, SelectionError
 
 
@@ -88,13 +88,18 @@ def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
 
 
 def _batch_tensors(
-    batch: CaptureBatch, atts: Sequence[CapturedAttention], sel: Selection, host: bool
+    batch: CaptureBatch,
+    atts: Sequence[CapturedAttention],
+    sel: Selection,
+    host: bool,
+    waits: list[Callable[[], None]] | None = None,
 ) -> list[torch.Tensor]:
     """:func:`attention_tensor` of batch-mates (captures of one forward) under one selection
     (not a rollout), computed together: one product per layer for all of them, one copy to the
     host (``host``; else they stay where they were computed, for a thread that copies them
-    later). On a GPU the rows of one image are a few small kernels per layer, so a batch
-    computed image by image is bound by kernel launches, not by the device.
+    later; ``waits``: the copy is started and its wait appended there, see
+    :func:`batch_mates_tensors`). On a GPU the rows of one image are a few small kernels per
+    layer, so a batch computed image by image is bound by kernel launches, not by the device.
     """
     images = [a.index for a in atts]  # type: ignore[attr-defined]  # ImageAttention
     first = atts[0]
@@ -109,7 +114,12 @@ def _batch_tensors(
     elif sel.aggregate == "max":
         out = out.amax(dim=2, keepdim=True)
     out = out.transpose(0, 1).contiguous()  # B, L, H, Q, N
-    return list((to_host(out) if host else out).unbind(0))
+    if host and waits is not None:
+        out, wait = to_host_later(out)
+        waits.append(wait)
+    elif host:
+        out = to_host(out)
+    return list(out.unbind(0))
 
 
 def answer_shape(sel: Selection, att: CapturedAttention) -> tuple[int, int, int, int]:
@@ -128,11 +138,19 @@ def batch_mates_tensors(
     sels: Sequence[Selection | None],
     host: bool = True,
     max_floats: int | None = None,
+    waits: list[Callable[[], None]] | None = None,
 ) -> list[torch.Tensor | None]:
     """Each capture's maps under its own selection (None: it asks none), computed at once for
     the batch-mates that ask one selection (:func:`_batch_tensors`). None where a capture has
     no batch-mate asking the same, is no batch's slice (moved, windowed), asks a rollout, or its
-    maps are over ``max_floats``: its answer computes them alone, as :func:`attention_tensor`."""
+    maps are over ``max_floats``: its answer computes them alone, as :func:`attention_tensor`.
+
+    Args:
+        host: the maps in host memory (else where the captures are).
+        waits: with ``host``, the copies to the host are only started (on a GPU they land once
+            the forward and the products are done) and a wait for each is appended here: call
+            them all before reading a map. The caller does its other work meanwhile.
+    """
     out: list[torch.Tensor | None] = [None] * len(atts)
     done: set[int] = set()
     for i, (att, sel) in enumerate(zip(atts, sels)):
@@ -148,7 +166,7 @@ def batch_mates_tensors(
         ]
         done.update(idx)
         if len(idx) > 1:
-            for k, t in zip(idx, _batch_tensors(batch, [atts[k] for k in idx], sel, host)):
+            for k, t in zip(idx, _batch_tensors(batch, [atts[k] for k in idx], sel, host, waits)):
                 out[k] = t
     return out
 

@@ -122,7 +122,7 @@ class ImageAttention:
     and RoPE); ``bias``: ``[H, N, N]`` (often a broadcast view) or None, what the model adds to
     ``q * scale @ k^T`` before the softmax (BEiT's relative position bias); ``probs``:
     ``[H, N, N]`` or None; ``last_norms``: ``[N]`` (token norms of the last block's output, for
-    artifact tokens); ``head_out``: ``[L, N, H*d_v]`` (the input of ``proj``: the per-head
+    artifact tokens; float32); ``head_out``: ``[L, N, H*d_v]`` (the input of ``proj``: the per-head
     outputs concatenated, after the module's inner norm where it has one).
     """
 
@@ -133,7 +133,7 @@ class ImageAttention:
     k: list[torch.Tensor | None]
     scale: list[float]
     probs: list[torch.Tensor | None]
-    last_norms: torch.Tensor  # on the host
+    last_norms: torch.Tensor  # where the capture is kept, like the rest
     head_out: list[torch.Tensor] = field(default_factory=list)
     v: list[torch.Tensor | None] = field(default_factory=list)
     bias: list[torch.Tensor | None] = field(default_factory=list)
@@ -483,6 +483,9 @@ class AttentionCapture:
                 probs=[p for *_, p in layers],
             )
         )
+        # The last block's token norms stay where the forward ran too: a copy to the host would
+        # wait for the forward here, and on a GPU everything above is done while it still runs.
+        norms = split(self._norms[0])  # per image [N] float32
         out = [
             ImageAttention(
                 num_layers=L,
@@ -492,7 +495,7 @@ class AttentionCapture:
                 k=[x[b] for x in ks],
                 scale=list(scale),
                 probs=[x[b] for x in probs],
-                last_norms=_NO_NORMS,
+                last_norms=norms[b],
                 head_out=[x[b] for x in heads],
                 v=[x[b] for x in vs],
                 bias=[x[b] for x in biases],
@@ -501,16 +504,8 @@ class AttentionCapture:
             )
             for b in range(B)
         ]
-        # Last: this copy to the host waits for the forward, so on a GPU everything above is
-        # done while the forward still runs.
-        norms = self._norms[0].to("cpu", torch.float32)  # B, N: a few KB, always on the host
-        for att, last in zip(out, norms.unbind(0)):
-            att.last_norms = last.clone()
         self._reset()
         return out
-
-
-_NO_NORMS = torch.empty(0)  # a capture's last_norms until the forward's are on the host
 
 
 def head_dim(attn: nn.Module) -> int:

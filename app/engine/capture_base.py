@@ -59,7 +59,7 @@ class CapturedAttention(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    last_norms: torch.Tensor  # token norms of the last block's output, on the host
+    last_norms: torch.Tensor  # token norms of the last block's output, float32, where the capture is kept
     head_out: list[torch.Tensor]  # per layer: the concatenated head outputs, the input of W_O
 
     def heads_at(self, layer: int) -> int: ...

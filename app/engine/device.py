@@ -17,7 +17,7 @@ on, so the thread that queues forwards never waits for a copy.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -164,15 +164,30 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     recorded after the copy: the server's answer threads wait for their own copies while the
     worker thread goes on queueing forwards. Elsewhere this is ``t.cpu()`` (no copy on the CPU).
     """
+    host, wait = to_host_later(t)
+    wait()
+    return host
+
+
+def to_host_later(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+    """``t``'s copy in host memory, and the wait for it: :func:`to_host` without the waiting.
+
+    On CUDA the host tensor is written by the device after the work queued before it; call the
+    wait (any thread may) before reading it. Elsewhere the copy is made at once and the wait does
+    nothing.
+    """
     if t.device.type != "cuda":
-        return t.cpu()
+        return t.cpu(), _ready
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     with torch.cuda.device(t.device):
         host.copy_(t, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(t.device))
-    done.synchronize()
-    return host
+    return host, done.synchronize
+
+
+def _ready() -> None:
+    """A wait with nothing to wait for."""
 
 
 def release_memory(device: torch.device) -> None:

@@ -179,23 +179,16 @@ class TensorBatch:
     def __init__(self, levels: list[Any], threads: int = 1):
         import torch
 
+        from ..engine.device import to_host_later
+
         self.levels = levels
         _, self.H, self.W = levels[0].shape
         B = len(levels)
         self._ready: Callable[[], Any] | None = None
-        dev = levels[0].device
-        if dev.type == "cpu":
+        if levels[0].device.type == "cpu":
             self._hosts: list[Any] = list(levels)
         else:
-            whole = torch.stack(levels)  # B, 3, H, W on the device
-            if dev.type == "cuda":
-                host = torch.empty(whole.shape, dtype=whole.dtype, pin_memory=True)
-                host.copy_(whole, non_blocking=True)
-                copied = torch.cuda.Event()
-                copied.record()
-                self._ready = copied.synchronize
-            else:
-                host = whole.cpu()
+            host, self._ready = to_host_later(torch.stack(levels))  # B, 3, H, W
             self._hosts = list(host.unbind(0))
         self._ids: list[str] = [""] * B
         n = max(1, min(threads, B, (B * levels[0].numel()) // self.THREAD_BYTES))

@@ -11,6 +11,7 @@ it from then on; ``keep_capture=True`` keeps it from the start (this picture's p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 from functools import cached_property
@@ -63,25 +64,51 @@ class AnswerPart:
     ) -> AnswerPart:
         """The API's answer for ``params`` of a capture: its maps and metadata (``tensor``: the
         selection's maps already computed with batch-mates, :func:`batch_maps`)."""
+        return AskedPart(found, image_id, filename, params, pairs).answer(tensor)
+
+
+class AskedPart:
+    """An `AnswerPart` before its maps: what needs no number of the capture (the selection, the
+    metadata) is done here, while a GPU may still be computing the maps; `answer` takes them.
+
+    Raises:
+        ValueError: the parameters select nothing valid of this capture (the API's 4xx message).
+    """
+
+    def __init__(
+        self, found: FoundCapture, image_id: str, filename: str | None, params: AttentionParams, pairs: Ablation
+    ):
+        self.found = found
         sel = answers.selection(params, found.entry.image)
-        asked = answers.AnswerSubject(image_id, filename, found, params, sel, pairs)
-        array = answers.maps(found.entry.image, sel, asked.dropped(), "float32", tensor)
+        self.asked = answers.AnswerSubject(image_id, filename, found, params, sel, pairs)
+        self.dropped = self.asked.dropped()
+        self.meta = answers.meta(self.asked, analysis.answer_shape(sel, found.entry.image.att))
+
+    def answer(self, tensor: torch.Tensor | None = None) -> AnswerPart:
+        """The part, with its maps (``tensor``: the selection's maps already computed, on the
+        host; None computes them now)."""
+        image = self.found.entry.image
+        array = answers.maps(image, self.asked.sel, self.dropped, "float32", tensor)
         if array.base is not None:  # a view of the capture's buffers would keep them all alive
             array = array.copy()
-        return cls(torch.from_numpy(array), answers.meta(asked, array.shape))
+        return AnswerPart(torch.from_numpy(array), self.meta)
 
 
-def batch_maps(founds: list[FoundCapture], params: AttentionParams) -> list[torch.Tensor | None]:
+def batch_maps(
+    founds: list[FoundCapture], params: AttentionParams, waits: list[Callable[[], None]] | None = None
+) -> list[torch.Tensor | None]:
     """The maps ``params`` select of each capture of one batch, computed for them all at once
     (:func:`app.engine.analysis.batch_mates_tensors`); None where a capture's selection is not
-    its batch-mates' (a bad selection: `AnswerPart.of` answers it alone, with its error)."""
+    its batch-mates' (a bad selection: `AnswerPart.of` answers it alone, with its error).
+    ``waits``: the copies to the host only started, their waits appended there (call them
+    before reading a map)."""
     sels: list[Any] = []
     for f in founds:
         try:
             sels.append(answers.selection(params, f.entry.image))
         except ValueError:
             sels.append(None)
-    return analysis.batch_mates_tensors([f.entry.image.att for f in founds], sels)
+    return analysis.batch_mates_tensors([f.entry.image.att for f in founds], sels, waits=waits)
 
 
 def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], every_stage: bool) -> list[Any]:
@@ -133,6 +160,46 @@ def found_of(lm: LoadedModel, item: PreparedPicture, att: Capture, precision: st
     """A capture as the server's store keeps it (an `CachedCapture`); ``precision``: what it was computed in."""
     image = lm.captured(att, item.prep.input_size)
     return FoundCapture(CachedCapture(lm.id, image, item.prep.image_size, precision), False, {})
+
+
+class PendingAttention:
+    """An `Attention` before its maps: `AskedPart` per answer part (per stage for Swin's every
+    layer), made while the maps may still be computed; `answer` takes them. The arguments are
+    `Attention.of`'s."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        settings: Settings,
+        item: PreparedPicture,
+        found: FoundCapture,
+        params: AttentionParams,
+        ablate: Ablation,
+        per_stage: bool,
+        amp_dtype: torch.dtype | None = None,
+        keep_capture: bool = False,
+    ):
+        self.lm, self.settings, self.item, self.found = lm, settings, item, found
+        self.params, self.ablate, self.per_stage = params, ablate, per_stage
+        self.amp_dtype, self.keep_capture = amp_dtype, keep_capture
+        stages = _stage_params(lm, params, item.prep.input_size, per_stage)
+        self.asks = [AskedPart(found, item.image_id, item.picture.filename, p, ablate) for p in stages]
+
+    def answer(self, tensor: torch.Tensor | None = None) -> Attention:
+        """The result (``tensor``: the maps already computed with batch-mates, one stage only)."""
+        parts = [a.answer(tensor if len(self.asks) == 1 else None) for a in self.asks]
+        return Attention(
+            self.lm,
+            self.settings,
+            self.item,
+            self.found,
+            parts,
+            self.params,
+            self.ablate,
+            self.per_stage,
+            self.amp_dtype,
+            self.keep_capture,
+        )
 
 
 class Attention:
@@ -192,12 +259,9 @@ class Attention:
             keep_capture: keep the capture from the start (else it is computed again on first
                 use, see the module docstring).
         """
-        stages = _stage_params(lm, params, item.prep.input_size, per_stage)
-        parts = [
-            AnswerPart.of(found, item.image_id, item.picture.filename, p, ablate, tensor if len(stages) == 1 else None)
-            for p in stages
-        ]
-        return cls(lm, settings, item, found, parts, params, ablate, per_stage, amp_dtype, keep_capture)
+        return PendingAttention(lm, settings, item, found, params, ablate, per_stage, amp_dtype, keep_capture).answer(
+            tensor
+        )
 
     def _capture_found(self) -> FoundCapture:
         """The capture behind the maps: kept, or computed again now (one forward of this picture,

@@ -254,7 +254,7 @@ class Scope:
             ValueError: a bad parameter or picture, with the API's 4xx message.
             TypeError: an argument of the wrong type.
         """
-        from .result import Attention, batch_maps, found_of
+        from .result import PendingAttention, batch_maps, found_of
 
         fields = dict(
             layers=P.indices(layers, "layers"),
@@ -289,27 +289,30 @@ class Scope:
                 with self.computing():
                     atts = _raised(self.runner.run(capture, idx))
                     founds = [found_of(self.lm, batch[i], att, self.runner.precision) for i, att in zip(idx, atts)]
-                    # the batch's maps in one product per layer (not image by image), one copy out
-                    tensors = batch_maps(founds, params) if not every_stage else [None] * len(founds)
-                for i, found, tensor in zip(idx, founds, tensors):
-                    it = batch[i]
-                    try:
-                        results[i] = Attention.of(
+                    # The batch's maps in one product per layer (not image by image) and one copy
+                    # out, only started: on a GPU the forward and the products still run while
+                    # each result is prepared below, and the results wait for the copy once.
+                    waits: list[Any] = []
+                    tensors = batch_maps(founds, params, waits) if not every_stage else [None] * len(founds)
+                pending: dict[int, PendingAttention] = {}
+                for i, found in zip(idx, founds):
+                    with _naming(i, is_many(image)):
+                        pending[i] = PendingAttention(
                             self.lm,
                             self.settings,
-                            it,
+                            batch[i],
                             found,
                             params,
                             pairs,
                             every_stage,
                             self.amp_dtype,
                             keep_capture,
-                            tensor,
                         )
-                    except ValueError as e:
-                        if not is_many(image):
-                            raise
-                        raise type(e)(f"pictures[{i}]: {e}") from None
+                for wait in waits:
+                    wait()
+                for i, tensor in zip(idx, tensors):
+                    with _naming(i, is_many(image)):
+                        results[i] = pending[i].answer(tensor)
         out = [results[i] for i in sorted(results)]
         return out if is_many(image) else out[0]
 
@@ -584,6 +587,17 @@ def _raised(results: list[Any]) -> list[Any]:
         if isinstance(r, BaseException):
             raise r
     return results
+
+
+@contextlib.contextmanager
+def _naming(i: int, many: bool) -> Generator[None, None, None]:
+    """A ``ValueError`` about picture ``i`` of a list names it (``pictures[i]: ...``)."""
+    try:
+        yield
+    except ValueError as e:
+        if not many:
+            raise
+        raise type(e)(f"pictures[{i}]: {e}") from None
 
 
 def _cores() -> int:
