@@ -45,7 +45,7 @@ def tiny_scope(device: str) -> Any:
     model = timm.create_model(
         "vit_small_patch16_224", pretrained=False, embed_dim=48, num_heads=6, depth=12, num_classes=10, img_size=32
     ).eval()
-    return headscope.load(model, device=device, batch_size=max(BATCHES))
+    return headscope.load(model, device=device, batch_size=max(BATCHES))  # every batch one forward
 
 
 def aten_ops(fn: Callable[[], Any]) -> int:
@@ -88,16 +88,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the host's cost alone)")
+    ap.add_argument("--smoke", action="store_true", help="batches 1 and 2, one round (the tests run it so)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    batches, relevance_batch = ((1, 2), 2) if args.smoke else (BATCHES, 8)
+    if args.smoke:
+        args.rounds = 1
+    before = torch.get_num_threads()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    try:
+        return _run(args, batches, relevance_batch)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(args: argparse.Namespace, batches: tuple[int, ...], relevance_batch: int) -> int:
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     scope = tiny_scope(args.device)
     runner = scope.runner
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "rounds": args.rounds, "capture": {}}
-    for B in BATCHES:
+    for B in batches:
         levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 32, 32), dtype=np.uint8))
         levels = levels.to(device)
         x = runner.inputs(levels)
@@ -118,21 +130,21 @@ def main(argv: list[str] | None = None) -> int:
             f"ops {row['ops']} (forward {row['forward_ops']})",
             flush=True,
         )
-    B = 8
+    B = relevance_batch
     levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 32, 32), dtype=np.uint8)).to(device)
     x = runner.inputs(levels)
 
-    def forward8() -> None:
+    def forward_r() -> None:
         with torch.inference_mode(), runner.numerics():
             scope.lm.model.forward_features(x)
 
     fns = {m: (lambda m=m: scope.relevance(levels, method=m)) for m in RELEVANCE}
-    t = paired(forward8, fns, max(3, args.rounds // 3), sync)
+    t = paired(forward_r, fns, max(1 if args.smoke else 3, args.rounds // 3), sync)
     for m in RELEVANCE:
         row = ratio_row(t[m], t["ref"])
         row["ops"] = aten_ops(fns[m])
-        res[m] = row
-        print(f"{m:<11} B=8 {row['ms_p50']:7.2f} ms  {row['vs_forward_p50']:.2f}x the forward  ops {row['ops']}")
+        res[m] = {**row, "batch": B}
+        print(f"{m:<11} B={B} {row['ms_p50']:7.2f} ms  {row['vs_forward_p50']:.2f}x the forward  ops {row['ops']}")
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0

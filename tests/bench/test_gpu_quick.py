@@ -93,3 +93,19 @@ def test_the_api_rows_are_held_against_the_jpeg_limit_at_the_nearest_batch():
     gpu_quick.api_vs_limit(quick)
     assert [api[c]["binds"] for c in ("1", "16", "64")] == ["jpeg", "jpeg", "http"]
     assert "vs_limit" not in api["http"]
+
+
+def test_the_host_overhead_script_runs_tiny_on_the_cpu(tmp_path):
+    """``python -m bench.host_overhead --smoke``: every row, positive times, the host's time per
+    picture and the operator counts (the capture runs more operators than its bare forward)."""
+    from bench import host_overhead
+
+    out = tmp_path / "host.json"
+    assert host_overhead.main(["--smoke", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["capture"]) == {"1", "2"}
+    for row in res["capture"].values():
+        assert row["ms_p50"] > 0 and row["forward_ms_p50"] > 0 and row["ops"] > row["forward_ops"] > 0
+        assert "host_ms_per_picture" in row
+    for method in ("chefer", "chefer2021", "attnlrp"):
+        assert res[method]["batch"] == 2 and res[method]["vs_forward_p50"] > 0 and res[method]["ops"] > 0
