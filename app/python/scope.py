@@ -274,6 +274,16 @@ class Scope:
         pairs = self.lm.ablation(params.ablate)
         every_stage = self.lm.windowed and layers is None
         results: dict[int, Attention] = {}
+        many = is_many(image)
+
+        def finish(waits: list[Any], pending: dict[int, PendingAttention], tensors: list[Any]) -> None:
+            for wait in waits:
+                wait()
+            for (i, asked), tensor in zip(pending.items(), tensors):
+                with _naming(i, many):
+                    results[i] = asked.answer(tensor)
+
+        last: tuple[list[Any], dict[int, PendingAttention], list[Any]] | None = None
         # Each batch is computed as soon as it is prepared, while the pool prepares the next;
         # closing(): a failing batch stops the pool at once, whatever still holds the generator.
         with contextlib.closing(self._stream(image)) as batches:
@@ -296,7 +306,7 @@ class Scope:
                     tensors = batch_maps(founds, params, waits) if not every_stage else [None] * len(founds)
                 pending: dict[int, PendingAttention] = {}
                 for i, found in zip(idx, founds):
-                    with _naming(i, is_many(image)):
+                    with _naming(i, many):
                         pending[i] = PendingAttention(
                             self.lm,
                             self.settings,
@@ -308,11 +318,15 @@ class Scope:
                             self.amp_dtype,
                             keep_capture,
                         )
-                for wait in waits:
-                    wait()
-                for i, tensor in zip(idx, tensors):
-                    with _naming(i, is_many(image)):
-                        results[i] = pending[i].answer(tensor)
+                # The batch before is finished only now, its maps long copied out: on a GPU its
+                # results are made while this batch's forward runs, and the forwards follow
+                # each other without the device waiting for the host in between (the price: two
+                # batches' captures are alive at once).
+                if last is not None:
+                    finish(*last)
+                last = (waits, pending, tensors)
+            if last is not None:
+                finish(*last)
         out = [results[i] for i in sorted(results)]
         return out if is_many(image) else out[0]
 
