@@ -412,6 +412,11 @@ class AttentionCapture:
             raise CaptureError("a layer's softmax maps were not kept")
         return cast(list[torch.Tensor], maps)
 
+    def discard(self) -> None:
+        """Let the last capture go without splitting it per image (a caller that needed only
+        :meth:`graph_maps`)."""
+        self._reset()
+
     def results(self, to: torch.device | str | None = None) -> list[ImageAttention]:
         """Split the last capture into per-image captures; raise if anything is missing.
 

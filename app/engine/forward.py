@@ -70,6 +70,7 @@ def forward_maps(
     grad: bool = True,
     amp_dtype: torch.dtype | None = None,
     ablate: Ablation = (),
+    captures: bool = True,
 ) -> MapsForward:
     """Run ``lm`` (backbone and output head) on a batch, keeping every softmax map.
 
@@ -85,6 +86,8 @@ def forward_maps(
         grad: keep the maps, features and output in the autograd graph.
         amp_dtype: autocast dtype, or None for plain fp32.
         ablate: ``(layer, head)`` pairs removed in this forward, as for :func:`forward_capture`.
+        captures: split the per-image captures too (``MapsForward.captures``); False leaves the
+            list empty, for callers that read only the maps (no view per image and tensor).
     """
     cap = lm.capture
     if not isinstance(cap, AttentionCapture):
@@ -98,6 +101,10 @@ def forward_maps(
         with heads_masked(lm.model, masks), cap.capturing(materialise=True, grad=grad):
             feats = lm.model.forward_features(x)  # type: ignore[operator]  # timm's, not nn.Module's
         maps = cap.graph_maps()
-        captures = cap.results()
+        if captures:
+            per_image = cap.results()
+        else:
+            per_image = []
+            cap.discard()
         out = head_output(lm, feats, hw, logits=True)
-    return MapsForward(feats, maps, out, captures, hw)
+    return MapsForward(feats, maps, out, per_image, hw)

@@ -661,7 +661,8 @@ def relevance(
         captures: list = [None] * int(pixels.shape[0])
         return _results(names, full, tgt, y_lrp, captures, grid, prefix, cls, seed, tgt.class_index(ref))
     grad = bool((GRADIENT_METHODS - {"chefer2021"}) & set(names))
-    fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate)
+    rows = bool({"rollout", "attention"} & set(names))  # the only methods that read the captures
+    fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate, captures=rows)
     ref = fwd.output.detach()
     # the caller may be in inference mode (a serving thread): the target joins the graph outside it
     with torch.inference_mode(False), torch.set_grad_enabled(grad):
@@ -685,7 +686,8 @@ def relevance(
     if "attnlrp" in names:
         full["attnlrp"] = _attnlrp_forward(lm, pixels, tgt, ref, ablate)[0]  # B, P: patches only
     del g_maps
-    return _results(names, full, tgt, y.detach(), fwd.captures, grid, prefix, cls, seed, tgt.class_index(ref))
+    captures = fwd.captures if rows else [None] * int(pixels.shape[0])
+    return _results(names, full, tgt, y.detach(), captures, grid, prefix, cls, seed, tgt.class_index(ref))
 
 
 def _results(
@@ -703,13 +705,15 @@ def _results(
     """One :class:`Relevance` per picture from the batch's maps (``full``: method -> ``[B, N]``),
     the captures (rollout and raw attention) and the target's values ``y`` ``[B]``."""
     values = y.float().cpu().tolist()
+    # each method's maps of the batch leave the device in one copy, not one per picture
+    host = {name: m.detach().cpu() for name, m in full.items()}
     out = []
     for b, att in enumerate(captures):
         maps: dict[str, torch.Tensor] = {}
         uniform: list[str] = []
         for name in names:
-            if name in full:
-                v = full[name][b]
+            if name in host:
+                v = host[name][b]
             elif name == "rollout":
                 v = _rollout_row(att, cls)
             elif name == "attention":
