@@ -47,6 +47,25 @@ JPEG_SIZE = (480, 640)  # H, W
 RELEVANCE_ROWS = ("chefer", "chefer2021", "attnlrp")  # timed at batch 1 and 8
 
 
+def random_levels(B: int, size: int, device: torch.device) -> torch.Tensor:
+    """``[B, 3, size, size]`` uint8 pixels (seeded by ``B``) on ``device``."""
+    rng = np.random.default_rng(B)
+    return torch.from_numpy(rng.integers(0, 256, (B, 3, size, size), dtype=np.uint8)).to(device)
+
+
+def bare_forward(scope: Any, x: torch.Tensor, amp: bool = False) -> Callable[[], None]:
+    """The reference of the ratios: the backbone's ``forward_features`` of the normalised batch
+    ``x``, as the scope runs it (fp32 without TF32; with ``amp`` its autocast too)."""
+    runner = scope.runner
+    dtype = runner.amp_dtype if amp else None
+
+    def forward() -> None:
+        with torch.inference_mode(), runner.numerics(), autocast(x.device.type, dtype):
+            scope.lm.model.forward_features(x)
+
+    return forward
+
+
 def jpegs(n: int, start: int = 0) -> list[bytes]:
     """``n`` distinct 640 x 480 JPEGs (quality 90), a counter in the first pixels."""
     from PIL import Image
@@ -174,13 +193,8 @@ def inproc(
         runner = scope.runner
         for B in batches:
             log(f"gpu-quick: {precision} batch {B}")
-            rng = np.random.default_rng(B)
-            levels = torch.from_numpy(rng.integers(0, 256, (B, 3, 224, 224), dtype=np.uint8)).to(device)
-            x = runner.inputs(levels)
-
-            def forward(x: torch.Tensor = x) -> None:
-                with torch.inference_mode(), runner.numerics(), autocast(device.type, runner.amp_dtype):
-                    scope.lm.model.forward_features(x)
+            levels = random_levels(B, 224, device)
+            forward = bare_forward(scope, runner.inputs(levels), amp=True)
 
             ref = timed(forward, iters, warmup, sync)
             rows = {
@@ -194,7 +208,7 @@ def inproc(
                 # The bare forward at the size the JPEGs become (640 x 480 keeps its aspect: 294 x 224
                 # for the default model, a third more tokens than 224 x 224).
                 xj = runner.inputs(torch.stack([p.prep.raw for p in scope._read(files)]).to(device))
-                rows["forward_jpegs"] = _row(timed(lambda: forward(xj), iters, warmup, sync), B)
+                rows["forward_jpegs"] = _row(timed(bare_forward(scope, xj, amp=True), iters, warmup, sync), B)
                 # the JPEG target's ratio: against the slower of its two limits (decode, forward)
                 limit = min(rows["prepare_jpegs"]["images_per_s"], rows["forward_jpegs"]["images_per_s"])
                 rows["capture_jpegs"]["vs_limit"] = rows["capture_jpegs"]["images_per_s"] / limit
@@ -203,15 +217,8 @@ def inproc(
             res["capture"][f"{precision}/{B}"] = rows
         if precision == "fp32":
             for B in [b for b in (1, 8) if b <= max(batches)] or [1]:
-                levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 224, 224), dtype=np.uint8))
-                levels = levels.to(device)
-                x = runner.inputs(levels)
-
-                def fwd(x: torch.Tensor = x) -> None:
-                    with torch.inference_mode(), runner.numerics():
-                        scope.lm.model.forward_features(x)
-
-                ref = timed(fwd, iters, warmup, sync)
+                levels = random_levels(B, 224, device)
+                ref = timed(bare_forward(scope, runner.inputs(levels)), iters, warmup, sync)
                 for method in RELEVANCE_ROWS:
                     log(f"gpu-quick: {method} batch {B}")
                     t = timed(lambda m=method: scope.relevance(levels, method=m), iters, warmup, sync)

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .gpu_quick import bare_forward, random_levels
+
 BATCHES = (1, 32, 128)
 RELEVANCE = ("chefer", "chefer2021", "attnlrp")
 
@@ -110,13 +112,8 @@ def _run(args: argparse.Namespace, batches: tuple[int, ...], relevance_batch: in
     runner = scope.runner
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "rounds": args.rounds, "capture": {}}
     for B in batches:
-        levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 32, 32), dtype=np.uint8))
-        levels = levels.to(device)
-        x = runner.inputs(levels)
-
-        def forward(x: torch.Tensor = x) -> None:
-            with torch.inference_mode(), runner.numerics():
-                scope.lm.model.forward_features(x)
+        levels = random_levels(B, 32, device)
+        forward = bare_forward(scope, runner.inputs(levels))
 
         t = paired(forward, {"capture": lambda levels=levels: scope.attention(levels)}, args.rounds, sync)
         row = ratio_row(t["capture"], t["ref"])
@@ -131,12 +128,8 @@ def _run(args: argparse.Namespace, batches: tuple[int, ...], relevance_batch: in
             flush=True,
         )
     B = relevance_batch
-    levels = torch.from_numpy(np.random.default_rng(B).integers(0, 256, (B, 3, 32, 32), dtype=np.uint8)).to(device)
-    x = runner.inputs(levels)
-
-    def forward_r() -> None:
-        with torch.inference_mode(), runner.numerics():
-            scope.lm.model.forward_features(x)
+    levels = random_levels(B, 32, device)
+    forward_r = bare_forward(scope, runner.inputs(levels))
 
     fns = {m: (lambda m=m: scope.relevance(levels, method=m)) for m in RELEVANCE}
     t = paired(forward_r, fns, max(1 if args.smoke else 3, args.rounds // 3), sync)

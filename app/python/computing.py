@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch.nn as nn
+
 from ..engine.device import exact_fp32
 from ..engine.model import LoadedModel
 
@@ -16,7 +18,7 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
     (``lock=False`` for the server's works, whose pieces take it themselves). fp32 means fp32
     meanwhile: TF32 off, the caller's flags set back afterwards (`exact_fp32`)."""
     with lm.lock if lock else contextlib.nullcontext(), exact_fp32():
-        training = [m for m in lm.model.modules() if m.training]
+        training = _training(lm.model)
         for m in training:
             m.training = False
         try:
@@ -24,3 +26,21 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
         finally:
             for m in training:
                 m.training = True
+
+
+def _training(root: nn.Module) -> list[nn.Module]:
+    """The modules under ``root`` (itself included) in training mode, each once: what
+    ``[m for m in root.modules() if m.training]`` gives, without the name ``modules()`` builds
+    for every submodule on each call."""
+    out: list[nn.Module] = []
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m.training:
+            out.append(m)
+        todo.extend(c for c in m._modules.values() if c is not None)
+    return out

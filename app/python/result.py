@@ -163,9 +163,16 @@ def found_of(lm: LoadedModel, item: PreparedPicture, att: Capture, precision: st
 
 
 class PendingAttention:
-    """An `Attention` before its maps: `AskedPart` per answer part (per stage for Swin's every
-    layer), made while the maps may still be computed; `answer` takes them. The arguments are
-    `Attention.of`'s."""
+    """The API's answer for ``params`` of a capture (per stage for Swin's every layer) before its
+    maps: `AskedPart` per answer part, made while the maps may still be computed; `answer`
+    takes them and gives the `Attention`.
+
+    Args:
+        amp_dtype: the autocast the capture was computed with (a capture computed again for
+            `select`, `stats`, ... uses it too).
+        keep_capture: keep the capture from the start (else it is computed again on first use,
+            see the module docstring).
+    """
 
     def __init__(
         self,
@@ -187,19 +194,7 @@ class PendingAttention:
 
     def answer(self, tensor: torch.Tensor | None = None) -> Attention:
         """The result (``tensor``: the maps already computed with batch-mates, one stage only)."""
-        parts = [a.answer(tensor if len(self.asks) == 1 else None) for a in self.asks]
-        return Attention(
-            self.lm,
-            self.settings,
-            self.item,
-            self.found,
-            parts,
-            self.params,
-            self.ablate,
-            self.per_stage,
-            self.amp_dtype,
-            self.keep_capture,
-        )
+        return Attention(self, [a.answer(tensor if len(self.asks) == 1 else None) for a in self.asks])
 
 
 class Attention:
@@ -208,60 +203,21 @@ class Attention:
     ``maps`` is ``[layers, heads, queries, tokens]`` (float32, on the host), the same numbers
     as the API's ``attention`` for the same picture and parameters. For a windowed model (Swin)
     asked for every layer, ``maps``, ``grid``, ``tokens`` and ``meta`` are lists, one item per
-    stage (each stage has its own grid and heads).
+    stage (each stage has its own grid and heads). Made by `PendingAttention.answer`.
     """
 
-    def __init__(
-        self,
-        lm: LoadedModel,
-        settings: Settings,
-        item: PreparedPicture,
-        found: FoundCapture,
-        parts: list[AnswerPart],
-        params: AttentionParams,
-        ablate: Ablation,
-        per_stage: bool,
-        amp_dtype: torch.dtype | None = None,
-        keep_capture: bool = False,
-    ):
-        self.lm = lm
-        self.settings = settings
+    def __init__(self, asked: PendingAttention, parts: list[AnswerPart]):
+        self.lm = asked.lm
+        self.settings = asked.settings
         # The picture's bytes and sizes; its input tensor is made again when a capture is needed.
-        self._item = _without_pixels(item)
-        self._found: FoundCapture | None = _own(found) if keep_capture else None
-        self._precision = found.entry.precision
-        self._amp_dtype = amp_dtype
+        self._item = _without_pixels(asked.item)
+        self._found: FoundCapture | None = _own(asked.found) if asked.keep_capture else None
+        self._precision = asked.found.entry.precision
+        self._amp_dtype = asked.amp_dtype
         self._parts = parts
-        self.params = params
-        self.ablate: Ablation = ablate
-        self.per_stage = per_stage
-
-    @classmethod
-    def of(
-        cls,
-        lm: LoadedModel,
-        settings: Settings,
-        item: PreparedPicture,
-        found: FoundCapture,
-        params: AttentionParams,
-        ablate: Ablation,
-        per_stage: bool,
-        amp_dtype: torch.dtype | None = None,
-        keep_capture: bool = False,
-        tensor: torch.Tensor | None = None,
-    ) -> Attention:
-        """The API's answer for ``params`` of a capture (per stage for Swin's every layer).
-
-        Args:
-            tensor: the maps already computed with batch-mates (:func:`batch_maps`), or None.
-            amp_dtype: the autocast the capture was computed with (a capture computed again
-                for `select`, `stats`, ... uses it too).
-            keep_capture: keep the capture from the start (else it is computed again on first
-                use, see the module docstring).
-        """
-        return PendingAttention(lm, settings, item, found, params, ablate, per_stage, amp_dtype, keep_capture).answer(
-            tensor
-        )
+        self.params = asked.params
+        self.ablate: Ablation = asked.ablate
+        self.per_stage = asked.per_stage
 
     def _capture_found(self) -> FoundCapture:
         """The capture behind the maps: kept, or computed again now (one forward of this picture,
@@ -301,9 +257,11 @@ class Attention:
         params = P.build(AttentionParams, **{**self.params.model_dump(), **update})
         # Swin: every layer is one answer per stage, as in Scope.attention
         per_stage = self.lm.windowed and fields["layers"] is None if "layers" in fields else self.per_stage
-        return Attention.of(
-            self.lm, self.settings, self._item, self._capture_found(), params, self.ablate, per_stage, self._amp_dtype
+        found = self._capture_found()
+        pending = PendingAttention(
+            self.lm, self.settings, self._item, found, params, self.ablate, per_stage, self._amp_dtype
         )
+        return pending.answer()
 
     def _one(self, values: list) -> Any:
         return values if self.per_stage else values[0]

@@ -130,9 +130,10 @@ class Scope:
         if is_tensor(image):
             items: list[Any] = tensor_pictures(image)
             _, H, W = items[0].shape
-            if len(items) > 1 and self.pictures.fit(W, H) == (W, H):
+            if self.pictures.fit(W, H) == (W, H):
                 # Nothing to prepare: the batches at once, their ids hashed meanwhile (the
-                # forward does not wait for them; on a GPU it runs while they are hashed).
+                # forward does not wait for them; on a GPU it runs while they are hashed, and
+                # their copy to the host is queued before it, so it does not wait for it either).
                 ready = TensorBatch(items, _cores()).pictures()
                 for s in range(0, len(ready), self.batch_size):
                     yield {
