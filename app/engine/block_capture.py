@@ -129,23 +129,74 @@ class ImageAttention:
     num_layers: int
     num_heads: int
     num_tokens: int
-    q: list[torch.Tensor | None]
-    k: list[torch.Tensor | None]
     scale: list[float]
-    probs: list[torch.Tensor | None]
     last_norms: torch.Tensor  # where the capture is kept, like the rest
-    head_out: list[torch.Tensor] = field(default_factory=list)
-    v: list[torch.Tensor | None] = field(default_factory=list)
-    bias: list[torch.Tensor | None] = field(default_factory=list)
     # The forward's batch this capture is a slice of (row ``index``), so that batch-mates' rows
     # are computed in one product per layer (:meth:`CaptureBatch.rows`); None once moved or copied.
     batch: CaptureBatch | None = field(default=None, repr=False, compare=False)
     index: int = 0
+    # q, k, v, probs, head_out and bias (the properties below): per layer, given, or made from
+    # ``views`` when first read.
+    per_layer: dict[str, list[torch.Tensor | None]] = field(default_factory=dict, repr=False)
+    views: BatchViews | None = field(default=None, repr=False, compare=False)
+
+    def _layers(self, name: str) -> list[Any]:
+        got = self.per_layer.get(name)
+        if got is None:
+            got = self.views.of(name, self.index) if self.views is not None else []
+            self.per_layer[name] = got
+        return got
+
+    @property
+    def q(self) -> list[torch.Tensor | None]:
+        return self._layers("q")
+
+    @property
+    def k(self) -> list[torch.Tensor | None]:
+        return self._layers("k")
+
+    @property
+    def v(self) -> list[torch.Tensor | None]:
+        return self._layers("v")
+
+    @property
+    def probs(self) -> list[torch.Tensor | None]:
+        return self._layers("probs")
+
+    @property
+    def head_out(self) -> list[torch.Tensor]:
+        return self._layers("head_out")
+
+    @property
+    def bias(self) -> list[torch.Tensor | None]:
+        return self._layers("bias")
+
+    def _kept(self) -> list[torch.Tensor]:
+        """The tensors this capture holds: its views, or the batch tensors they would be views
+        of where none is made yet (the same buffers)."""
+        out = []
+        for name in LAYER_TENSORS:
+            src = self._layers(name) if name in self.per_layer or self.views is None else self.views.tensors[name]
+            out += [t for t in src if t is not None]
+        return out
 
     @property
     def device(self) -> torch.device:
         """Where the maps are kept (and computed): the device of the forward, or the host."""
-        return self.head_out[0].device
+        return self.last_norms.device
+
+    def owned(self) -> ImageAttention:
+        """This image's capture in memory of its own (every tensor copied), of no batch: what a
+        result keeps without keeping its batch-mates' buffers alive."""
+        copies = {n: [t.clone() if t is not None else None for t in self._layers(n)] for n in LAYER_TENSORS}
+        return ImageAttention(
+            self.num_layers,
+            self.num_heads,
+            self.num_tokens,
+            list(self.scale),
+            self.last_norms.clone(),
+            per_layer=copies,
+        )
 
     def heads_at(self, layer: int) -> int:
         """Heads of ``layer`` (the same for every layer here; windowed models differ per stage)."""
@@ -161,9 +212,7 @@ class ImageAttention:
         q and k are views of the forward's qkv tensor, and batch-mates are views of the same
         batch tensors: a cache charges each buffer once, however many captures use it.
         """
-        kept = (*self.q, *self.k, *self.v, *self.bias, *self.probs, *self.head_out)
-        tensors = [t for t in kept if t is not None]
-        tensors.append(self.last_norms)
+        tensors = [*self._kept(), self.last_norms]
         return {(str(t.device), t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
 
     def nbytes(self) -> int:
@@ -230,6 +279,35 @@ class ImageAttention:
         if temperature != 1.0:
             temper_(logits, temperature)
         return torch.softmax(logits, dim=-1, out=logits)
+
+
+LAYER_TENSORS = ("q", "k", "v", "probs", "head_out", "bias")
+
+
+class BatchViews:
+    """Per layer, the batch tensors one image's views are taken from, when first read.
+
+    Making every view of every image at once (an ``unbind`` per tensor and layer) was the
+    largest part of a capture's host time, and the common answers (CLS rows, computed for
+    batch-mates at once by :class:`CaptureBatch`) read none of them.
+
+    Args:
+        tensors: per name of :data:`LAYER_TENSORS`, per layer ``[B, ...]``, ``[1, ...]`` (one
+            tensor for the whole batch: an attention mask) or None.
+        batch_size: ``B``.
+        heads: a bias's heads (a per-image ``[1, N, N]`` bias is expanded to ``[H, N, N]``).
+    """
+
+    def __init__(self, tensors: dict[str, list[torch.Tensor | None]], batch_size: int, heads: int):
+        self.tensors, self.batch_size, self.heads = tensors, batch_size, heads
+
+    def of(self, name: str, b: int) -> list[torch.Tensor | None]:
+        """Image ``b``'s views of ``name``, one per layer."""
+        out: list[torch.Tensor | None] = []
+        for t in self.tensors[name]:
+            x = None if t is None else t[b] if t.shape[0] == self.batch_size else t[0]
+            out.append(_expand_heads(x, self.heads) if name == "bias" else x)
+        return out
 
 
 @dataclass(eq=False)
@@ -431,12 +509,6 @@ class AttentionCapture:
         H = self.num_heads
         move = to is not None and torch.device(to) != self._heads[0][0].device
 
-        def keep(t: torch.Tensor) -> torch.Tensor:
-            # Views of the forward's tensors: nothing else holds them once the forward is
-            # done, and copying apart would cost more than the hooks (1.4 ms/img on 2 CPU
-            # cores at B=8; on a GPU, a kernel launch per tensor and image).
-            return t.to(to).contiguous() if move else t
-
         # Per layer, the batch's q, k, v [B, H, N, d], mask (None or [B or 1, H or 1, N, N])
         # and maps [B, H, N, N] or None.
         layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
@@ -458,57 +530,62 @@ class AttentionCapture:
                     raise CaptureError(f"layer {i}: attention of shape {tuple(p.shape)}, expected ({B}, {H}, {N}, {N})")
             layers.append((q, k, v, _as_additive(mask, B, H, N, i), p))
 
-        def split(t: torch.Tensor | None, expand: bool = False) -> list[Any]:
-            """Each image's view of a batch tensor, made in one call (``unbind``; indexing it image
-            by image cost a GPU run more host time than its kernels); a mask shared by the batch
-            (``[1, ...]``) stays one buffer for every image."""
-            if t is None:
-                return [None] * B
-            if t.shape[0] != B:
-                one = keep(t[0])
-                return [_expand_heads(one, H) if expand else one] * B
-            views = [keep(x) for x in t.unbind(0)] if move else list(t.unbind(0))
-            return [_expand_heads(x, H) for x in views] if expand else views
-
-        qs = [split(q) for q, *_ in layers]  # per layer, per image
-        ks = [split(k) for _, k, *_ in layers]
-        vs = [split(v) for _, _, v, *_ in layers]
-        biases = [split(m, expand=True) for *_, m, _ in layers]
-        probs = [split(p) for *_, p in layers]
-        heads = [split(h[0]) for h in self._heads]
+        per_layer: dict[str, list[torch.Tensor | None]] = {
+            "q": [q for q, *_ in layers],
+            "k": [k for _, k, *_ in layers],
+            "v": [v for _, _, v, *_ in layers],
+            "bias": [m for *_, m, _ in layers],
+            "probs": [p for *_, p in layers],
+            "head_out": [h[0] for h in self._heads],
+        }
         scale = [float(a.scale) for a, _ in self.layers]
-        batch = (
-            None
-            if move
-            else CaptureBatch(
-                q=[q for q, *_ in layers],
-                k=[k for _, k, *_ in layers],
-                scale=scale,
-                bias=[m for *_, m, _ in layers],
-                probs=[p for *_, p in layers],
-            )
-        )
         # The last block's token norms stay where the forward ran too: a copy to the host would
-        # wait for the forward here, and on a GPU everything above is done while it still runs.
-        norms = split(self._norms[0])  # per image [N] float32
-        out = [
-            ImageAttention(
-                num_layers=L,
-                num_heads=H,
-                num_tokens=N,
-                q=[x[b] for x in qs],
-                k=[x[b] for x in ks],
-                scale=list(scale),
-                probs=[x[b] for x in probs],
-                last_norms=norms[b],
-                head_out=[x[b] for x in heads],
-                v=[x[b] for x in vs],
-                bias=[x[b] for x in biases],
-                batch=batch,
-                index=b,
+        # wait for the forward here, and on a GPU everything here is done while it still runs.
+        norms = self._norms[0]  # B, N float32
+        if move:
+            # Each image's part copied there on its own (views of a moved batch would keep all of
+            # it alive); a mask shared by the batch (``[1, ...]``) is copied once.
+            shared: dict[int, torch.Tensor] = {}
+
+            def keep(t: torch.Tensor) -> torch.Tensor:
+                return t.to(to).contiguous()
+
+            def own(name: str, b: int) -> list[torch.Tensor | None]:
+                out: list[torch.Tensor | None] = []
+                for t in per_layer[name]:
+                    if t is not None and t.shape[0] != B and id(t) not in shared:
+                        shared[id(t)] = keep(t[0])
+                    x = None if t is None else keep(t[b]) if t.shape[0] == B else shared[id(t)]
+                    out.append(_expand_heads(x, H) if name == "bias" else x)
+                return out
+
+            return self._done(
+                [
+                    ImageAttention(
+                        L, H, N, list(scale), keep(norms[b]), per_layer={n: own(n, b) for n in LAYER_TENSORS}
+                    )
+                    for b in range(B)
+                ]
             )
-            for b in range(B)
-        ]
+        # Views of the forward's tensors, made when first read: nothing else holds them once the
+        # forward is done, and copying apart would cost more than the hooks (1.4 ms/img on 2 CPU
+        # cores at B=8; on a GPU, a kernel launch per tensor and image).
+        batch = CaptureBatch(
+            q=[q for q, *_ in layers],
+            k=[k for _, k, *_ in layers],
+            scale=scale,
+            bias=per_layer["bias"],
+            probs=per_layer["probs"],
+        )
+        views = BatchViews(per_layer, B, H)
+        return self._done(
+            [
+                ImageAttention(L, H, N, list(scale), last, batch=batch, index=b, views=views)
+                for b, last in enumerate(norms.unbind(0))
+            ]
+        )
+
+    def _done(self, out: list[ImageAttention]) -> list[ImageAttention]:
         self._reset()
         return out
 

@@ -60,7 +60,11 @@ class CapturedAttention(Protocol):
     def device(self) -> torch.device: ...
 
     last_norms: torch.Tensor  # token norms of the last block's output, float32, where the capture is kept
-    head_out: list[torch.Tensor]  # per layer: the concatenated head outputs, the input of W_O
+
+    @property
+    def head_out(self) -> list[torch.Tensor]:
+        """Per layer: the concatenated head outputs, the input of W_O."""
+        ...
 
     def heads_at(self, layer: int) -> int: ...
 

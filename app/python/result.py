@@ -145,10 +145,10 @@ def _own(found: FoundCapture) -> FoundCapture:
     att: Any = image.att
     if not (hasattr(image, "__dataclass_fields__") and hasattr(att, "__dataclass_fields__")):
         return found
-    fields = {f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att)}
-    if "batch" in fields:  # its own memory: no batch-mates left to compute with
-        fields["batch"] = None
-    copy = replace(att, **fields)
+    if hasattr(att, "owned"):  # ImageAttention: its views made and copied, no batch left
+        copy = att.owned()
+    else:
+        copy = replace(att, **{f.name: owned(getattr(att, f.name)) for f in dataclass_fields(att)})
     image = replace(image, att=copy)
     entry = found.entry
     return FoundCapture(
