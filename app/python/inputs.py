@@ -114,8 +114,6 @@ class TensorPicture:
 
     Args:
         levels: ``[3, H, W]`` uint8 on any device (`tensor_pictures`).
-        host: the same levels already copied to the host, or None to copy them when first
-            needed.
         batch: the `TensorBatch` this picture is picture ``index`` of: its host copy and its id
             come from there (hashed in the background while the model computes).
         index: its place in ``batch``.
@@ -123,12 +121,10 @@ class TensorPicture:
 
     filename = None
 
-    def __init__(self, levels: Any, host: Any = None, batch: TensorBatch | None = None, index: int = 0):
+    def __init__(self, levels: Any, batch: TensorBatch | None = None, index: int = 0):
         self._levels = levels  # 3, H, W uint8, any device
         self._batch = batch
         self._index = index
-        if host is not None:
-            self._host = host
 
     @functools.cached_property
     def _host(self) -> Any:
@@ -222,7 +218,7 @@ class TensorBatch:
 
     def pictures(self) -> list[TensorPicture]:
         """One `TensorPicture` per picture, in order."""
-        return [TensorPicture(lv, None, self, i) for i, lv in enumerate(self.levels)]
+        return [TensorPicture(lv, self, i) for i, lv in enumerate(self.levels)]
 
 
 @dataclass

@@ -52,20 +52,6 @@ class AnswerPart:
     maps: torch.Tensor  # [layers, heads, queries, tokens] float32, on the host, its own memory
     meta: dict[str, Any]
 
-    @classmethod
-    def of(
-        cls,
-        found: FoundCapture,
-        image_id: str,
-        filename: str | None,
-        params: AttentionParams,
-        pairs: Ablation,
-        tensor: torch.Tensor | None = None,
-    ) -> AnswerPart:
-        """The API's answer for ``params`` of a capture: its maps and metadata (``tensor``: the
-        selection's maps already computed with batch-mates, :func:`batch_maps`)."""
-        return AskedPart(found, image_id, filename, params, pairs).answer(tensor)
-
 
 class AskedPart:
     """An `AnswerPart` before its maps: what needs no number of the capture (the selection, the
@@ -99,7 +85,7 @@ def batch_maps(
 ) -> list[torch.Tensor | None]:
     """The maps ``params`` select of each capture of one batch, computed for them all at once
     (:func:`app.engine.analysis.batch_mates_tensors`); None where a capture's selection is not
-    its batch-mates' (a bad selection: `AnswerPart.of` answers it alone, with its error).
+    its batch-mates' (a bad selection: its `AskedPart` answers it alone, with its error).
     ``waits``: the copies to the host only started, their waits appended there (call them
     before reading a map)."""
     sels: list[Any] = []

@@ -126,25 +126,20 @@ class Scope:
         as ``batch_size`` allows. An error names its item and stops the pool's other work.
         """
         many = is_many(image)
-        hosts: list[Any] | None = None
         if is_tensor(image):
-            items: list[Any] = tensor_pictures(image)
-            _, H, W = items[0].shape
-            if self.pictures.fit(W, H) == (W, H):
-                # Nothing to prepare: the batches at once, their ids hashed meanwhile (the
-                # forward does not wait for them; on a GPU it runs while they are hashed, and
-                # their copy to the host is queued before it, so it does not wait for it either).
-                ready = TensorBatch(items, _cores()).pictures()
-                for s in range(0, len(ready), self.batch_size):
+            # One copy to the host for the whole tensor (on a GPU queued before the forward and
+            # not waited for), the ids hashed meanwhile.
+            tensors = TensorBatch(tensor_pictures(image), _cores())
+            items: list[Any] = tensors.pictures()
+            if self.pictures.fit(tensors.W, tensors.H) == (tensors.W, tensors.H):
+                # Nothing to prepare: the batches at once (the forward does not wait for the ids;
+                # on a GPU it runs while they are hashed).
+                for s in range(0, len(items), self.batch_size):
                     yield {
                         i: PreparedPicture(p, p.prepared(self.pictures))
-                        for i, p in enumerate(ready[s : s + self.batch_size], s)
+                        for i, p in enumerate(items[s : s + self.batch_size], s)
                     }
                 return
-            if len(items) > 1 and items[0].device.type != "cpu":
-                # One copy to the host for the whole batch (each picture is resized there), not
-                # one synchronising copy per picture.
-                hosts = list(torch.stack(items).cpu().unbind(0))
         else:
             items = list(image) if many else [image]
         if many and not items:
@@ -152,7 +147,7 @@ class Scope:
 
         def one(i: int) -> PreparedPicture:
             try:
-                return self._prepare(items[i]) if hosts is None else self._prepare(items[i], hosts[i])
+                return self._prepare(items[i])
             except ImageError as e:
                 if not many:
                     raise
@@ -171,7 +166,7 @@ class Scope:
         todo = sorted(set(first.values()))
         threads = min(len(todo), _cores())
         size = self.batch_size
-        if self.device.type != "cpu" and not all(is_tensor(it) for it in items):
+        if self.device.type != "cpu" and not all(isinstance(it, TensorPicture) or is_tensor(it) for it in items):
             size = min(size, max(threads, -(-len(items) // 4)))
         pool = ThreadPoolExecutor(threads, thread_name_prefix="headscope-prepare")
         try:
@@ -187,11 +182,13 @@ class Scope:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _prepare(self, item: Any, host: torch.Tensor | None = None) -> PreparedPicture:
-        if is_tensor(item):
+    def _prepare(self, item: Any) -> PreparedPicture:
+        if isinstance(item, TensorPicture):  # a picture of a tensor batch, to be resized
+            pic: Any = item
+        elif is_tensor(item):
             if item.dim() != 3:
                 raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
-            pic: Any = TensorPicture(tensor_pictures(item)[0], host)  # 3, H, W uint8, on its device
+            pic = TensorPicture(tensor_pictures(item)[0])  # 3, H, W uint8, on its device
         else:
             pic = picture(item, self.settings.max_upload_bytes)
         return PreparedPicture(pic, pic.prepared(self.pictures))
