@@ -75,9 +75,7 @@ def test_soak_memory_cache_fds_tempfiles(pace):
         # climbing to the plateau (about 1,500 MB) the quiet machine reaches before 100.
         n = 2000 if SLOW else 300
         res = asyncio.run(
-            loadscript.soak(
-                srv.url, srv.proc.pid, n, cache, tmpdir, 1200, client_timeout_s=deadline + 60, warmup=150
-            )
+            loadscript.soak(srv.url, srv.proc.pid, n, cache, tmpdir, 1200, client_timeout_s=deadline + 60, warmup=150)
         )
     finally:
         srv.stop()
