@@ -29,6 +29,7 @@ from ..engine.capture_base import CapturedAttention as Capture
 from ..engine.captured_image import CapturedImage
 from ..engine.layout import WindowedLayout
 from ..engine.model import LoadedModel
+from ..engine.selection import Selection
 from ..engine.stats import DEFAULT_MASS
 from ..engine.verdicts import Verdict
 from ..serving import answers
@@ -62,13 +63,22 @@ class AskedPart:
     """
 
     def __init__(
-        self, found: FoundCapture, image_id: str, filename: str | None, params: AttentionParams, pairs: Ablation
+        self,
+        found: FoundCapture,
+        image_id: str,
+        filename: str | None,
+        params: AttentionParams,
+        pairs: Ablation,
+        sel: Selection | None = None,
     ):
+        """``sel``: what ``params`` select of this capture, already resolved (a batch-mate's:
+        `batch_selections`); None resolves it here."""
         self.found = found
-        sel = answers.selection(params, found.entry.image)
+        if sel is None:
+            sel = answers.selection(params, found.entry.image)
         self.asked = answers.AnswerSubject(image_id, filename, found, params, sel, pairs)
         self.dropped = self.asked.dropped()
-        self.meta = answers.meta(self.asked, analysis.answer_shape(sel, found.entry.image.att))
+        self.meta = answers.meta(self.asked, analysis.answer_shape(sel, found.entry.image.att), self.dropped)
 
     def answer(self, tensor: torch.Tensor | None = None) -> AnswerPart:
         """The part, with its maps (``tensor``: the selection's maps already computed, on the
@@ -80,20 +90,37 @@ class AskedPart:
         return AnswerPart(torch.from_numpy(array), self.meta)
 
 
-def batch_maps(
-    founds: list[FoundCapture], params: AttentionParams, waits: list[Callable[[], None]] | None = None
-) -> list[torch.Tensor | None]:
-    """The maps ``params`` select of each capture of one batch, computed for them all at once
-    (:func:`app.engine.analysis.batch_mates_tensors`); None where a capture's selection is not
-    its batch-mates' (a bad selection: its `AskedPart` answers it alone, with its error).
-    ``waits``: the copies to the host only started, their waits appended there (call them
-    before reading a map)."""
-    sels: list[Any] = []
+def batch_selections(founds: list[FoundCapture], params: AttentionParams) -> list[Selection | None]:
+    """What ``params`` select of each capture of one batch; None where the selection is bad (its
+    `AskedPart` resolves it again and raises the error with its message).
+
+    A selection depends on the capture only through its kind, its input size (the token layout)
+    and its layers and heads, so it is resolved once per such key, not once per picture: batch-
+    mates share one (read-only: `answers.meta` copies its lists)."""
+    resolved: dict[tuple, Selection | None] = {}
+    out: list[Selection | None] = []
     for f in founds:
-        try:
-            sels.append(answers.selection(params, f.entry.image))
-        except ValueError:
-            sels.append(None)
+        image = f.entry.image
+        key = (type(image), image.input_size, image.att.num_layers, image.att.num_heads)
+        if key not in resolved:
+            try:
+                resolved[key] = answers.selection(params, image)
+            except ValueError:
+                resolved[key] = None
+        out.append(resolved[key])
+    return out
+
+
+def batch_maps(
+    founds: list[FoundCapture],
+    sels: list[Selection | None],
+    waits: list[Callable[[], None]] | None = None,
+) -> list[torch.Tensor | None]:
+    """The maps ``sels`` select of each capture of one batch (`batch_selections`), computed for
+    them all at once (:func:`app.engine.analysis.batch_mates_tensors`); None where a capture's
+    selection is not its batch-mates' (a bad selection: its `AskedPart` answers it alone, with
+    its error). ``waits``: the copies to the host only started, their waits appended there (call
+    them before reading a map)."""
     return analysis.batch_mates_tensors([f.entry.image.att for f in founds], sels, waits=waits)
 
 
@@ -158,6 +185,8 @@ class PendingAttention:
             `select`, `stats`, ... uses it too).
         keep_capture: keep the capture from the start (else it is computed again on first use,
             see the module docstring).
+        sel: what ``params`` select of the capture, already resolved (`batch_selections`; one
+            stage only); None resolves it here.
     """
 
     def __init__(
@@ -171,12 +200,14 @@ class PendingAttention:
         per_stage: bool,
         amp_dtype: torch.dtype | None = None,
         keep_capture: bool = False,
+        sel: Selection | None = None,
     ):
         self.lm, self.settings, self.item, self.found = lm, settings, item, found
         self.params, self.ablate, self.per_stage = params, ablate, per_stage
         self.amp_dtype, self.keep_capture = amp_dtype, keep_capture
         stages = _stage_params(lm, params, item.prep.input_size, per_stage)
-        self.asks = [AskedPart(found, item.image_id, item.picture.filename, p, ablate) for p in stages]
+        given = sel if len(stages) == 1 else None
+        self.asks = [AskedPart(found, item.image_id, item.picture.filename, p, ablate, given) for p in stages]
 
     def answer(self, tensor: torch.Tensor | None = None) -> Attention:
         """The result (``tensor``: the maps already computed with batch-mates, one stage only)."""

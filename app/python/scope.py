@@ -252,7 +252,7 @@ class Scope:
             ValueError: a bad parameter or picture, with the API's 4xx message.
             TypeError: an argument of the wrong type.
         """
-        from .result import PendingAttention, batch_maps, found_of
+        from .result import PendingAttention, batch_maps, batch_selections, found_of
 
         fields = dict(
             layers=P.indices(layers, "layers"),
@@ -301,9 +301,11 @@ class Scope:
                     # out, only started: on a GPU the forward and the products still run while
                     # each result is prepared below, and the results wait for the copy once.
                     waits: list[Any] = []
-                    tensors = batch_maps(founds, params, waits) if not every_stage else [None] * len(founds)
+                    # Swin asked for every layer: one answer per stage, each resolved alone.
+                    sels: list[Any] = batch_selections(founds, params) if not every_stage else [None] * len(founds)
+                    tensors = batch_maps(founds, sels, waits) if not every_stage else [None] * len(founds)
                 pending: dict[int, PendingAttention] = {}
-                for i, found in zip(idx, founds):
+                for i, found, sel in zip(idx, founds, sels):
                     with _naming(i, many):
                         pending[i] = PendingAttention(
                             self.lm,
@@ -315,6 +317,7 @@ class Scope:
                             every_stage,
                             self.amp_dtype,
                             keep_capture,
+                            sel,
                         )
                 # The batch before is finished only now, its maps long copied out: on a GPU its
                 # results are made while this batch's forward runs, and the forwards follow

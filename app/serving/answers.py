@@ -190,8 +190,9 @@ class AnswerSubject:
         return download_stem(self.image_id, self.found.entry.model_id, self.params)
 
 
-def meta(asked: AnswerSubject, shape: Sequence[int]) -> dict[str, Any]:
-    """What an attention answer says besides its maps."""
+def meta(asked: AnswerSubject, shape: Sequence[int], dropped: list[int] | None = None) -> dict[str, Any]:
+    """What an attention answer says besides its maps (``dropped``: ``asked.dropped()``, where the
+    caller has it already). Its lists are its own (a selection may be shared by batch-mates)."""
     entry, image, sel, params = asked.found.entry, asked.image, asked.sel, asked.params
     heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
     tokens = image.tokens(sel.stage)
@@ -202,14 +203,14 @@ def meta(asked: AnswerSubject, shape: Sequence[int]) -> dict[str, Any]:
         "image_size": list(entry.image_size),
         "input_size": list(entry.input_size),
         "tokens": tokens,
-        "layers": sel.layers,
+        "layers": list(sel.layers),
         "heads": heads,
-        "query": sel.queries if sel.queries is not None else list(range(tokens["count"])),
+        "query": list(sel.queries) if sel.queries is not None else list(range(tokens["count"])),
         "aggregate": sel.aggregate,
         "dtype": params.dtype,
         "shape": list(shape),
         "cached": asked.found.cached,
-        "dropped": asked.dropped(),
+        "dropped": list(dropped) if dropped is not None else asked.dropped(),
         "temperature": params.temperature,
         "ablated": [list(pair) for pair in asked.ablate],
         "precision": entry.precision,

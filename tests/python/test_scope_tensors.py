@@ -54,6 +54,26 @@ def test_a_batch_tensor_gives_one_result_per_picture_in_order(scope):
     assert torch.equal(mixed[0].maps, got[0].maps) and torch.equal(mixed[1].maps, got[1].maps)
 
 
+def test_batch_mates_share_a_selection_but_each_answer_is_its_own(scope):
+    """A batch's selection is resolved once (`batch_selections`), yet every result's metadata
+    equals the picture's alone, including what depends on its own tokens (``drop=artifacts``),
+    and its lists are its own."""
+    H, W = scope.lm.input_size
+    pics = [_levels(s, (H, W)) for s in (5, 6, 7)]
+    batch = torch.stack([_chw(a) for a in pics])
+    kw = dict(query="0,3", layers="0,-1", heads="1,0", drop="prefix,artifacts")
+    got = scope.attention(batch, **kw)
+    for g, a in zip(got, pics):
+        alone = scope.attention(_chw(a), **kw)
+        assert torch.equal(g.maps, alone.maps)
+        assert g.meta == alone.meta
+    got[0].meta["layers"].append(99)
+    got[0].meta["query"].append(99)
+    got[0].meta["dropped"].append(99)
+    assert all(99 not in g.meta[k] for g in got[1:] for k in ("layers", "query", "dropped"))
+    assert scope.attention(batch[:2], **kw)[1].meta["layers"] == [0, scope.lm.num_layers - 1]
+
+
 def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own():
     """`TensorBatch` hashes runs of pictures on threads while the caller computes; every id is
     the one the picture gets alone and that its PIL image gets (`pixels_id`)."""
