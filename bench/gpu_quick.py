@@ -10,9 +10,10 @@ Rows (every one timed with the device synchronised before and after each call):
   Scope's thread pool while the forwards of the batches already prepared run), fp32; its
   ``vs_limit`` is the target's ratio (batch 64: >= 0.8x the slower of ``prepare_jpegs`` and
   ``forward_jpegs``);
-* ``prepare_jpegs``: the preparation alone (``Scope._read``: the same threads; the decode
-  limit), and ``forward_jpegs``: the bare forward at the size the JPEGs become (294 x 224 for
-  the default model: the aspect is kept); the JPEG target is >= 0.8x the smaller of the two;
+* ``prepare_jpegs``: the preparation alone (``Scope._read``: the same threads, decoding,
+  resizing and each picture's id; the decode limit), and ``forward_jpegs``: the bare forward
+  at the size the JPEGs become (294 x 224 for the default model: the aspect is kept); the JPEG
+  target is >= 0.8x the smaller of the two;
 * ``capture_pil``: ``Scope.attention([PIL.Image] * B)`` of the same pictures already decoded
   (prepared from their pixels, no PNG round trip), fp32;
 * ``chefer``: ``Scope.relevance(tensors, method="chefer")`` at batch 1 and 8 (target <= 3x a

@@ -12,7 +12,11 @@ regime of the default model at batch 1-128 on an H100. Its rows:
 * ``capture``: ``Scope.attention(uint8 tensor [B, 3, 32, 32])``, CLS rows (what the #37 row
   times), and ``host_ms_per_picture``: ``(capture - forward) / B``;
 * ``chefer``, ``chefer2021``, ``attnlrp`` at batch 8: ``Scope.relevance`` against the forward,
-  and the aten operators each call runs (``ops``: on a GPU, about the kernel launches).
+  and the aten operators each call runs (``ops``: on a GPU, about the kernel launches);
+* ``pictures``: a list of 64 pictures of 640 x 480 as JPEG bytes and as decoded ``PIL.Image``s,
+  ``Scope.attention`` against ``Scope._read`` (the preparation alone, the same threads:
+  decoding, resizing, each picture's id) of the same list, ``vs_prepare``: how near a list's
+  capture comes to its preparation when the forward costs next to nothing.
 
 Every ratio comes from the same rounds, interleaved (forward, capture, forward, capture, ...):
 median of the per-round ratios, with min and max.
@@ -138,9 +142,41 @@ def _run(args: argparse.Namespace, batches: tuple[int, ...], relevance_batch: in
         row["ops"] = aten_ops(fns[m])
         res[m] = {**row, "batch": B}
         print(f"{m:<11} B={B} {row['ms_p50']:7.2f} ms  {row['vs_forward_p50']:.2f}x the forward  ops {row['ops']}")
+    res["pictures"] = pictures(scope, 2 if args.smoke else 64, max(1, args.rounds // 3), sync)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0
+
+
+def pictures(scope: Any, B: int, rounds: int, sync: Callable[[], None]) -> dict[str, Any]:
+    """``Scope.attention`` of ``B`` JPEGs (640 x 480) and of the same pictures decoded, each
+    against ``Scope._read`` of the same list (paired rounds), in pictures a second."""
+    from .gpu_quick import jpegs, pil_images
+
+    files = jpegs(B)
+    out: dict[str, Any] = {"batch": B}
+    for kind, items in (("jpeg", files), ("pil", pil_images(files))):
+        t = paired(
+            lambda items=items: scope._read(items),
+            {"capture": lambda items=items: scope.attention(items)},
+            rounds,
+            sync,
+        )
+        ratios = [p / c for c, p in zip(t["capture"], t["ref"])]
+        out[kind] = {
+            "prepare_per_s": B / (float(np.median(t["ref"])) / 1000),
+            "capture_per_s": B / (float(np.median(t["capture"])) / 1000),
+            "vs_prepare": float(np.median(ratios)),
+            "min": min(ratios),
+            "max": max(ratios),
+        }
+        row = out[kind]
+        print(
+            f"pictures {kind:<4} B={B}  prepare {row['prepare_per_s']:6.0f}/s  capture {row['capture_per_s']:6.0f}/s  "
+            f"{row['vs_prepare']:.2f}x the preparation",
+            flush=True,
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -147,7 +147,14 @@ class Scope:
 
         def one(i: int) -> PreparedPicture:
             try:
-                return self._prepare(items[i])
+                prepared = self._prepare(items[i])
+                if not isinstance(prepared.picture, TensorPicture):
+                    # The id here, beside the decode, not on the caller's thread when the result
+                    # is made: a PIL image's is a hash of its pixels (a millisecond for a photo),
+                    # which made a list of images three times slower than their preparation.
+                    # A tensor's stays lazy (its host copy would wait for the device).
+                    prepared.picture.image_id  # noqa: B018  # computed and cached
+                return prepared
             except ImageError as e:
                 if not many:
                     raise

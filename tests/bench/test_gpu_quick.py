@@ -109,3 +109,7 @@ def test_the_host_overhead_script_runs_tiny_on_the_cpu(tmp_path):
         assert "host_ms_per_picture" in row
     for method in ("chefer", "chefer2021", "attnlrp"):
         assert res[method]["batch"] == 2 and res[method]["vs_forward_p50"] > 0 and res[method]["ops"] > 0
+    assert res["pictures"]["batch"] == 2
+    for kind in ("jpeg", "pil"):
+        row = res["pictures"][kind]
+        assert row["prepare_per_s"] > 0 and row["capture_per_s"] > 0 and row["vs_prepare"] > 0

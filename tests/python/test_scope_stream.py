@@ -65,6 +65,27 @@ def test_on_another_device_a_batch_is_a_quarter_of_the_list(gpu_policy):
     assert [len(b) for b in gpu_policy._stream(_jpegs(5))] == [2, 2, 1]
 
 
+def test_a_list_s_ids_are_hashed_on_the_preparation_threads(scope, monkeypatch):
+    """A PIL image's id hashes its pixels (about a millisecond for a photo): done beside its
+    preparation, in the pool, not one after another on the caller's thread when the results are
+    made. The ids are those of each picture alone."""
+    from headscope.python import inputs
+
+    hashed_on: list[str] = []
+    pixels_id = inputs.pixels_id
+
+    def recording(image):
+        hashed_on.append(threading.current_thread().name)
+        return pixels_id(image)
+
+    images = [Image.open(io.BytesIO(f)).convert("RGB") for f in _jpegs(6)]
+    alone = [scope.attention(im).image_id for im in images]
+    monkeypatch.setattr(inputs, "pixels_id", recording)
+    got = scope.attention(images)
+    assert [g.image_id for g in got] == alone
+    assert len(hashed_on) == 6 and all(name.startswith("headscope-prepare") for name in hashed_on), hashed_on
+
+
 def test_the_first_batch_comes_before_the_last_picture_is_prepared(gpu_policy, monkeypatch):
     files = _jpegs(20)
     release, last_done = threading.Event(), threading.Event()
