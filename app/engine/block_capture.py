@@ -296,16 +296,34 @@ class BatchViews:
             tensor for the whole batch: an attention mask) or None.
         batch_size: ``B``.
         heads: a bias's heads (a per-image ``[1, N, N]`` bias is expanded to ``[H, N, N]``).
+        keep: what is done to each image's slice (None: the view itself). A tensor shared by
+            the batch is kept once for every image.
     """
 
-    def __init__(self, tensors: dict[str, list[torch.Tensor | None]], batch_size: int, heads: int):
+    def __init__(
+        self,
+        tensors: dict[str, list[torch.Tensor | None]],
+        batch_size: int,
+        heads: int,
+        keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.tensors, self.batch_size, self.heads = tensors, batch_size, heads
+        self.keep = keep or (lambda t: t)
+        self._shared: dict[int, torch.Tensor] = {}  # id of a [1, ...] tensor -> its kept slice
 
     def of(self, name: str, b: int) -> list[torch.Tensor | None]:
-        """Image ``b``'s views of ``name``, one per layer."""
+        """Image ``b``'s slices of ``name``, one per layer."""
         out: list[torch.Tensor | None] = []
         for t in self.tensors[name]:
-            x = None if t is None else t[b] if t.shape[0] == self.batch_size else t[0]
+            if t is None:
+                out.append(None)
+                continue
+            if t.shape[0] == self.batch_size:
+                x = self.keep(t[b])
+            else:
+                if id(t) not in self._shared:
+                    self._shared[id(t)] = self.keep(t[0])
+                x = self._shared[id(t)]
             out.append(_expand_heads(x, self.heads) if name == "bias" else x)
         return out
 
@@ -545,24 +563,11 @@ class AttentionCapture:
         if move:
             # Each image's part copied there on its own (views of a moved batch would keep all of
             # it alive); a mask shared by the batch (``[1, ...]``) is copied once.
-            shared: dict[int, torch.Tensor] = {}
-
-            def keep(t: torch.Tensor) -> torch.Tensor:
-                return t.to(to).contiguous()
-
-            def own(name: str, b: int) -> list[torch.Tensor | None]:
-                out: list[torch.Tensor | None] = []
-                for t in per_layer[name]:
-                    if t is not None and t.shape[0] != B and id(t) not in shared:
-                        shared[id(t)] = keep(t[0])
-                    x = None if t is None else keep(t[b]) if t.shape[0] == B else shared[id(t)]
-                    out.append(_expand_heads(x, H) if name == "bias" else x)
-                return out
-
+            moved = BatchViews(per_layer, B, H, keep=lambda t: t.to(to).contiguous())
             return self._done(
                 [
                     ImageAttention(
-                        L, H, N, list(scale), keep(norms[b]), per_layer={n: own(n, b) for n in LAYER_TENSORS}
+                        L, H, N, list(scale), moved.keep(norms[b]), per_layer={n: moved.of(n, b) for n in LAYER_TENSORS}
                     )
                     for b in range(B)
                 ]

@@ -308,9 +308,11 @@ class Scope:
                     # out, only started: on a GPU the forward and the products still run while
                     # each result is prepared below, and the results wait for the copy once.
                     waits: list[Any] = []
-                    # Swin asked for every layer: one answer per stage, each resolved alone.
-                    sels: list[Any] = batch_selections(founds, params) if not every_stage else [None] * len(founds)
-                    tensors = batch_maps(founds, sels, waits) if not every_stage else [None] * len(founds)
+                    sels: list[Any] = [None] * len(founds)
+                    tensors: list[Any] = [None] * len(founds)
+                    if not every_stage:  # Swin asked for every layer: one answer per stage, each alone
+                        sels = batch_selections(founds, params)
+                        tensors = batch_maps(founds, sels, waits)
                 pending: dict[int, PendingAttention] = {}
                 for i, found, sel in zip(idx, founds, sels):
                     with _naming(i, many):
@@ -336,7 +338,7 @@ class Scope:
             if last is not None:
                 finish(*last)
         out = [results[i] for i in sorted(results)]
-        return out if is_many(image) else out[0]
+        return out if many else out[0]
 
     # -- the model's output, ablation, importance -----------------------------------------
     def output(self, image: Any, ablate: Any = None) -> dict[str, Any] | list[dict[str, Any]]:
