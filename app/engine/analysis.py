@@ -76,8 +76,12 @@ def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
     heads = len(sel.heads) if sel.heads is not None else att.heads_at(first)
     queries = len(sel.queries) if sel.queries is not None else n
     out = torch.empty(len(sel.layers), heads, queries, n, device=att.device)  # L, H, Q, N
-    for i, layer in enumerate(sel.layers):
-        att.rows(layer, sel.heads, sel.queries, out=out[i], temperature=sel.temperature)
+    batch = getattr(att, "batch", None)
+    if batch is not None:  # a forward's slice: its layers' rows in a few products (CaptureBatch)
+        batch.layer_rows(sel.layers, [att.index], sel.heads, sel.queries, out.unsqueeze(1), sel.temperature)  # type: ignore[attr-defined]
+    else:
+        for i, layer in enumerate(sel.layers):
+            att.rows(layer, sel.heads, sel.queries, out=out[i], temperature=sel.temperature)
     if sel.aggregate == "mean":
         out = out.mean(dim=1, keepdim=True)
     elif sel.aggregate == "max":
@@ -107,8 +111,7 @@ def _batch_tensors(
     heads = len(sel.heads) if sel.heads is not None else first.heads_at(sel.layers[0])
     queries = len(sel.queries) if sel.queries is not None else n
     out = torch.empty(len(sel.layers), len(atts), heads, queries, n, device=first.device)  # L, B, H, Q, N
-    for i, layer in enumerate(sel.layers):
-        batch.rows(layer, images, sel.heads, sel.queries, out=out[i], temperature=sel.temperature)
+    batch.layer_rows(sel.layers, images, sel.heads, sel.queries, out, sel.temperature)
     if sel.aggregate == "mean":
         out = out.mean(dim=2, keepdim=True)
     elif sel.aggregate == "max":

@@ -5,10 +5,10 @@ keeps them, so any row, at any softmax temperature, and one head's whole computa
 (:mod:`app.engine.explain`) can be recomputed later without another forward pass:
 
 * ``qk``: for timm's plain ``Attention`` (vit, deit, dinov2, flexivit, siglip) the forward stays
-  fused; forward hooks on ``q_norm``/``k_norm`` (identity modules unless the model uses QK-norm)
-  keep q and k, and one on ``qkv`` keeps v as a view of the same tensor (free: q and k already
-  keep it alive). The rows a query asks for are recomputed from q and k exactly as the unfused
-  branch would. No N x N matrix exists unless a caller asks for every row.
+  fused; one forward hook on ``qkv`` keeps q, k and v as views of its output, made as timm
+  makes them (with QK-norm, q and k come from hooks on ``q_norm``/``k_norm`` instead, and v
+  alone from ``qkv``). The rows a query asks for are recomputed from q and k exactly as the
+  unfused branch would. No N x N matrix exists unless a caller asks for every row.
 * ``sdpa``: for classes that change q and k after the last module that sees them or add a bias
   before the softmax (EVA applies RoPE after ``k_norm``; BEiT computes qkv with ``F.linear`` and
   adds a relative position bias), the forward stays fused too: while the attention module runs, a
@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -340,6 +341,10 @@ class CaptureBatch:
     bias: list[torch.Tensor | None]
     probs: list[torch.Tensor | None]
 
+    # Most bytes of keys :meth:`layer_rows` stacks for one product (a big batch's layers go one
+    # by one: each is one product for the whole batch already).
+    STACK_BYTES = 32 * 2**20
+
     def rows(
         self,
         layer: int,
@@ -369,6 +374,61 @@ class CaptureBatch:
         if temperature != 1.0:
             temper_(logits, temperature)
         return torch.softmax(logits, dim=-1, out=logits)
+
+    def layer_rows(
+        self,
+        layers: list[int],
+        images: list[int],
+        heads: list[int] | None,
+        queries: list[int] | None,
+        out: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """:meth:`rows` of several ``layers`` into ``out`` ``[layers, images, heads, queries, N]``
+        float32 (contiguous).
+
+        Consecutive layers recomputed from q and k alike (no kept maps to slice, no bias, one
+        scale) are one product and one softmax for the run, bounded to :attr:`STACK_BYTES` of
+        stacked keys: the same operations on the same contiguous operands as each layer's own, so
+        the same numbers, in a handful of operations instead of a handful per layer (on a GPU at
+        batch 1 each is a kernel launch the device waits for).
+        """
+        run: list[int] = []  # positions in ``layers`` of the run being gathered
+        run_bytes = 0
+
+        def flush() -> None:
+            if len(run) == 1:
+                self.rows(layers[run[0]], images, heads, queries, out[run[0]], temperature)
+            elif run:
+                lo, hi = run[0], run[-1] + 1
+                q = torch.stack(
+                    [_take(_take(_take(self.q[layers[j]], images, 0), heads, 1), queries, 2) for j in run]
+                )  # R, B, H, Q, d
+                k = torch.stack([_take(_take(self.k[layers[j]], images, 0), heads, 1) for j in run])  # R, B, H, N, d
+                logits = torch.matmul(
+                    (q.float() * self.scale[layers[lo]]).contiguous(), k.float().transpose(-2, -1), out=out[lo:hi]
+                )
+                if temperature != 1.0:
+                    temper_(logits, temperature)
+                torch.softmax(logits, dim=-1, out=logits)
+            run.clear()
+
+        for j, layer in enumerate(layers):
+            k = self.k[layer]
+            alike = self.bias[layer] is None and (self.probs[layer] is None or temperature != 1.0)
+            if run and not (alike and self.scale[layer] == self.scale[layers[run[0]]]):
+                flush()
+            nbytes = len(images) * (len(heads) if heads is not None else k.shape[1]) * k.shape[2] * k.shape[3] * 4
+            if run and run_bytes + nbytes > self.STACK_BYTES:
+                flush()
+            if not run:
+                run_bytes = 0
+            run.append(j)
+            run_bytes += nbytes
+            if not alike:
+                flush()
+        flush()
+        return out
 
 
 def _take(t: torch.Tensor, idx: list[int] | None, dim: int) -> torch.Tensor:
@@ -442,38 +502,45 @@ class AttentionCapture:
         materialise = self._materialise
         keep = keep_graph_input if grad else store_input
         blocks: nn.Sequential = self.model.blocks  # type: ignore[assignment]  # every supported family
-        with ExitStack() as stack:
+        # What undoes the block, in reverse order: a plain list, not an ExitStack (its callbacks
+        # cost a call's host more than the hooks themselves at batch 1).
+        undo: list[Callable[[], Any]] = []
+
+        def fused(attn: Any, value: bool) -> None:
+            if attn.fused_attn != value:
+                undo.append(partial(setattr, attn, "fused_attn", attn.fused_attn))
+                attn.fused_attn = value
+
+        try:
             for i, (attn, kind) in enumerate(self.layers):
-                was_fused = attn.fused_attn
-                stack.callback(setattr, attn, "fused_attn", was_fused)
                 if kind == "qk":
-                    # q and k as the model uses them, and v as a view of the same qkv tensor.
-                    stack.callback(attn.q_norm.register_forward_hook(store_output(self._q[i])).remove)
-                    stack.callback(attn.k_norm.register_forward_hook(store_output(self._k[i])).remove)
-                    stack.callback(attn.qkv.register_forward_hook(self._store_v(self._v[i], attn.num_heads)).remove)
+                    # q and k as the model uses them, and v as a view of the same qkv tensor;
+                    # without QK-norm all three are views of qkv's output: one hook, not three
+                    # (each hooked module call costs the host a few microseconds, per layer and call).
+                    sinks = (self._q[i], self._k[i], self._v[i])
+                    if _plain_qk(attn):
+                        undo.append(attn.qkv.register_forward_hook(_store_qkv(sinks, attn.num_heads)).remove)
+                    else:
+                        undo.append(attn.q_norm.register_forward_hook(store_output(self._q[i])).remove)
+                        undo.append(attn.k_norm.register_forward_hook(store_output(self._k[i])).remove)
+                        undo.append(attn.qkv.register_forward_hook(_store_qkv(sinks[2:], attn.num_heads)).remove)
                     if materialise:
-                        attn.fused_attn = False
-                        stack.callback(attn.attn_drop.register_forward_pre_hook(keep(self._p[i])).remove)
+                        fused(attn, False)
+                        undo.append(attn.attn_drop.register_forward_pre_hook(keep(self._p[i])).remove)
                 else:
                     # The fused call is what records q, k, v and the mask.
-                    attn.fused_attn = True
+                    fused(attn, True)
                     tap = _SdpaTap(self._sdpa[i], float(attn.scale), materialise, grad)
-                    stack.callback(attn.register_forward_pre_hook(tap.enter).remove)
-                    stack.callback(attn.register_forward_hook(tap.exit).remove)
-                    stack.callback(tap.close)  # if the forward raised inside the module
-                stack.callback(attn.proj.register_forward_pre_hook(store_input(self._heads[i])).remove)
+                    undo.append(attn.register_forward_pre_hook(tap.enter).remove)
+                    undo.append(attn.register_forward_hook(tap.exit).remove)
+                    undo.append(tap.close)  # if the forward raised inside the module
+                undo.append(attn.proj.register_forward_pre_hook(store_input(self._heads[i])).remove)
             # Only the last block's token norms are used (artifact tokens); one hook, not L.
-            stack.callback(blocks[-1].register_forward_hook(store_norms(self._norms)).remove)
+            undo.append(blocks[-1].register_forward_hook(store_norms(self._norms)).remove)
             yield self
-
-    @staticmethod
-    def _store_v(sink: list, num_heads: int):
-        def hook(module, args, output):
-            B, N, _ = output.shape  # batch, tokens, 3 * heads * head dim
-            # timm's own reshape: [B, N, 3, H, d], v is the third; a view, not a copy.
-            sink.append(output.detach().reshape(B, N, 3, num_heads, -1)[:, :, 2].transpose(1, 2))  # B, H, N, d
-
-        return hook
+        finally:
+            for step in reversed(undo):
+                step()
 
     def _check_fired(self) -> None:
         """Raise :class:`CaptureError` unless every hook fired exactly once."""
@@ -593,6 +660,26 @@ class AttentionCapture:
     def _done(self, out: list[ImageAttention]) -> list[ImageAttention]:
         self._reset()
         return out
+
+
+def _plain_qk(attn: Any) -> bool:
+    """Whether ``attn`` uses q and k as ``qkv`` makes them (no QK-norm: identity modules)."""
+    return isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)
+
+
+def _store_qkv(sinks: tuple[list, ...], num_heads: int):
+    """A forward hook on ``qkv`` that keeps the last ``len(sinks)`` of q, k and v, ``[B, H, N, d]``
+    each: views of its output as timm's ``reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4)`` makes
+    them (the same strides: the same numbers in every later product)."""
+    first = 3 - len(sinks)
+
+    def hook(module, args, output):
+        B, N, _ = output.shape  # batch, tokens, 3 * heads * head dim
+        qkv = output.detach().reshape(B, N, 3, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, N, d]
+        for sink, t in zip(sinks, qkv[first:]):
+            sink.append(t)
+
+    return hook
 
 
 def head_dim(attn: nn.Module) -> int:

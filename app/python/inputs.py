@@ -38,7 +38,6 @@ whichever way it comes in:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engine.cached import cached_property
 from ..serving.pictures import PreparedPixels, picture_png, read_picture_file
 from ..serving.uploads import IMAGE_ID_HEX_CHARS, image_id_of
 
@@ -73,7 +73,7 @@ class Picture:
     data: bytes
     filename: str | None
 
-    @functools.cached_property
+    @cached_property
     def image_id(self) -> str:
         """The server's id of these bytes."""
         return image_id_of(self.data)
@@ -95,12 +95,12 @@ class ImagePicture:
         self.image = image
         self.filename = filename
 
-    @functools.cached_property
+    @cached_property
     def data(self) -> bytes:
         """The lossless PNG of the image (what `png_bytes` gives)."""
         return _png(self.image)
 
-    @functools.cached_property
+    @cached_property
     def image_id(self) -> str:
         return pixels_id(self.image)
 
@@ -126,17 +126,17 @@ class TensorPicture:
         self._batch = batch
         self._index = index
 
-    @functools.cached_property
+    @cached_property
     def _host(self) -> Any:
         if self._batch is not None:
             return self._batch.host(self._index)
         return self._levels.cpu()
 
-    @functools.cached_property
+    @cached_property
     def data(self) -> bytes:
         return png_bytes(self._host.permute(1, 2, 0).numpy())
 
-    @functools.cached_property
+    @cached_property
     def image_id(self) -> str:
         if self._batch is not None:
             return self._batch.image_id(self._index)

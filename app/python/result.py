@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from ..config import Settings
 from ..engine import analysis
 from ..engine.ablation import Ablation
 from ..engine.batching import BatchRunner
+from ..engine.cached import cached_property
 from ..engine.capture_base import CapturedAttention as Capture
 from ..engine.captured_image import CapturedImage
 from ..engine.layout import WindowedLayout

@@ -37,7 +37,6 @@ processes and checks the real peak stays under it.
 
 from __future__ import annotations
 
-import functools
 import io
 import math
 import warnings
@@ -50,6 +49,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..engine.batching import normal_table, normalise
+from ..engine.cached import cached_property
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF"}
 # Shrink by an integer factor first when a picture is more than GAP times its target size.
@@ -432,7 +432,7 @@ class PreparedPixels:
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
     std: tuple[float, float, float] = (1.0, 1.0, 1.0)
 
-    @functools.cached_property
+    @cached_property
     def pixels(self) -> torch.Tensor:
         """The normalised input ``[3, H, W]`` float32 on the host."""
         return normalise(self.raw, normal_table(self.mean, self.std))

@@ -11,6 +11,8 @@ TINY = dict(depth=2, embed_dim=64, num_heads=4)
 FAMILIES = [
     ("test_vit", dict(), (64, 96), ["cls"], "qk"),
     ("vit_small_patch16_224", dict(TINY, img_size=64), (64, 96), ["cls"], "qk"),
+    # QK-norm: q and k are the norms' outputs, not views of qkv's (their own hooks).
+    ("vit_small_patch16_224", dict(TINY, img_size=64, qk_norm=True), (64, 64), ["cls"], "qk"),
     ("deit_tiny_distilled_patch16_224", dict(depth=2, img_size=64), (64, 64), ["cls", "dist"], "qk"),
     ("vit_small_patch14_dinov2", dict(TINY, img_size=56), (56, 84), ["cls"], "qk"),
     ("vit_small_patch14_reg4_dinov2", dict(TINY, img_size=56), (56, 56), ["cls", "reg", "reg", "reg", "reg"], "qk"),

@@ -86,6 +86,27 @@ def test_a_list_s_ids_are_hashed_on_the_preparation_threads(scope, monkeypatch):
     assert len(hashed_on) == 6 and all(name.startswith("headscope-prepare") for name in hashed_on), hashed_on
 
 
+def test_a_list_s_ids_are_hashed_at_once_on_two_threads(scope, monkeypatch):
+    """Two pictures' ids are hashed on two preparation threads at the same time: each hash
+    waits here until the other has started. Python 3.11's ``functools.cached_property`` held
+    one lock for every picture's id, so the second waited for the first (here: the barrier
+    breaks)."""
+    from headscope.python import inputs
+
+    monkeypatch.setattr(scope_module, "_cores", lambda: 2)
+    both = threading.Barrier(2, timeout=10)
+    pixels_id = inputs.pixels_id
+
+    def meeting(image):
+        both.wait()
+        return pixels_id(image)
+
+    images = [Image.open(io.BytesIO(f)).convert("RGB") for f in _jpegs(2)]
+    alone = [scope.attention(im).image_id for im in images]
+    monkeypatch.setattr(inputs, "pixels_id", meeting)
+    assert [g.image_id for g in scope.attention(images)] == alone
+
+
 def test_the_first_batch_comes_before_the_last_picture_is_prepared(gpu_policy, monkeypatch):
     files = _jpegs(20)
     release, last_done = threading.Event(), threading.Event()

@@ -9,9 +9,11 @@ import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from headscope.engine.block_capture import AttentionCapture, CaptureError, UnsupportedModelError
+from headscope.engine.block_capture import AttentionCapture, CaptureBatch, CaptureError, UnsupportedModelError
 from headscope.zoo.loaders import prefix_kinds
 from helpers.models import FAMILIES, TINY, make
+
+FAMILY_IDS = [f[0] + ("-qk_norm" if f[1].get("qk_norm") else "") for f in FAMILIES]
 
 
 def reference_attention(model, x) -> list[torch.Tensor]:
@@ -55,7 +57,7 @@ def reference_attention(model, x) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("materialise", [False, True], ids=["default", "materialised"])
-@pytest.mark.parametrize("name,kwargs,hw,prefix,kind", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("name,kwargs,hw,prefix,kind", FAMILIES, ids=FAMILY_IDS)
 def test_capture_matches_independent_recomputation(name, kwargs, hw, prefix, kind, materialise):
     model = make(name, kwargs)
     torch.manual_seed(1)
@@ -102,6 +104,45 @@ def test_qk_capture_keeps_the_forward_fused_and_output_unchanged():
         hooked = model.forward_features(x)
     cap.results()
     torch.testing.assert_close(hooked, plain, atol=0, rtol=0)
+
+
+def test_one_hook_on_qkv_keeps_q_k_and_v_without_qk_norm():
+    """Without QK-norm q, k and v are views of qkv's output: one hook a layer (each hooked module
+    call costs the host a few microseconds); with it, q and k come from the norms' own hooks."""
+    for qk_norm in (False, True):
+        model = make("vit_small_patch16_224", dict(TINY, img_size=64, qk_norm=qk_norm))
+        attn = model.blocks[0].attn
+        cap = AttentionCapture(model)
+        with cap.capturing():
+            assert len(attn.qkv._forward_hooks) == 1
+            assert len(attn.q_norm._forward_hooks) == len(attn.k_norm._forward_hooks) == int(qk_norm)
+        assert not (attn.qkv._forward_hooks or attn.q_norm._forward_hooks or attn.k_norm._forward_hooks)
+
+
+@pytest.mark.parametrize("name,kwargs,hw,prefix,kind", FAMILIES, ids=FAMILY_IDS)
+def test_layer_rows_equal_each_layer_s_rows_bit_for_bit(name, kwargs, hw, prefix, kind, monkeypatch):
+    """`CaptureBatch.layer_rows` (the layers' rows in a few products) gives each layer's own
+    `rows`, bit for bit: any heads, queries, temperature and batch-mates, in runs of layers
+    bounded by STACK_BYTES too, and layers with a bias (BEiT) or kept maps one by one."""
+    model = make(name, kwargs)
+    torch.manual_seed(2)
+    x = torch.randn(3, 3, *hw)
+    for materialise in (False, True):
+        cap = AttentionCapture(model)
+        with torch.no_grad(), cap.capturing(materialise=materialise):
+            model.forward_features(x)
+        res = cap.results()
+        batch, L, H, n = res[0].batch, res[0].num_layers, res[0].num_heads, res[0].num_tokens
+        layers = list(range(L))
+        cases = [(None, [0], 1.0, [0, 1, 2]), ([1, 0], [n - 1, 0], 0.5, [2]), (None, None, 1.0, [1])]
+        for bound in (CaptureBatch.STACK_BYTES, 2 * len(cases[0][3]) * H * n * res[0].q[0].shape[-1] * 4):
+            monkeypatch.setattr(CaptureBatch, "STACK_BYTES", bound)
+            for heads, queries, t, images in cases:
+                out = torch.empty(L, len(images), len(heads or range(H)), len(queries or range(n)), n)
+                batch.layer_rows(layers, images, heads, queries, out, t)
+                for layer in layers:
+                    for j, b in enumerate(images):
+                        assert torch.equal(out[layer, j], res[b].rows(layer, heads, queries, temperature=t))
 
 
 def test_empty_capture_raises():
