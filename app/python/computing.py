@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch.nn as nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 from ..engine.device import exact_fp32
 from ..engine.model import LoadedModel
@@ -30,8 +32,34 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
 
 def _training(root: nn.Module) -> list[nn.Module]:
     """The modules under ``root`` (itself included) in training mode, each once: what
-    ``[m for m in root.modules() if m.training]`` gives, without the name ``modules()`` builds
-    for every submodule on each call."""
+    ``[m for m in root.modules() if m.training]`` gives."""
+    return [m for m in _modules(root) if m.training]
+
+
+# Every module under a root, walked once and kept until any module anywhere registers a
+# submodule (torch's global registration hook empties it): a walk of the default model's 180
+# modules cost 0.1 ms a call, a seventh of a one-picture call's host time.
+_FLAT: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, ...]] = weakref.WeakKeyDictionary()
+_watching = False
+
+
+def _forget(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+    _FLAT.clear()
+
+
+def _modules(root: nn.Module) -> tuple[nn.Module, ...]:
+    global _watching
+    if not _watching:
+        register_module_module_registration_hook(_forget)
+        _watching = True
+    flat = _FLAT.get(root)
+    if flat is None:
+        flat = _FLAT[root] = _walk(root)
+    return flat
+
+
+def _walk(root: nn.Module) -> tuple[nn.Module, ...]:
+    """The modules under ``root``, each once, without the names ``modules()`` builds."""
     out: list[nn.Module] = []
     seen: set[int] = set()
     todo = [root]
@@ -40,7 +68,6 @@ def _training(root: nn.Module) -> list[nn.Module]:
         if id(m) in seen:
             continue
         seen.add(id(m))
-        if m.training:
-            out.append(m)
+        out.append(m)
         todo.extend(c for c in m._modules.values() if c is not None)
-    return out
+    return tuple(out)

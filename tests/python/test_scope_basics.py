@@ -106,6 +106,21 @@ def test_a_module_in_memory_keeps_its_state():
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_a_module_added_after_a_call_is_in_eval_mode_while_headscope_computes():
+    """The walk over the model's modules is kept between calls, and forgotten when a module is
+    added: a new module (in training mode, as every new module is) is in eval mode during the
+    next call and back in training mode after it."""
+    model = timm.create_model("test_vit", pretrained=False, num_classes=3).eval()
+    scope = headscope.load(model)
+    scope.attention(_picture(3), layers=0)
+    seen: list[bool] = []
+    extra = torch.nn.Identity()
+    extra.register_forward_hook(lambda m, args, out: seen.append(m.training))
+    model.blocks[0].ls1 = torch.nn.Sequential(model.blocks[0].ls1, extra)
+    scope.attention(_picture(3), layers=0)
+    assert seen == [False] and extra.training
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
