@@ -133,7 +133,7 @@ class ImageAttention:
     scale: list[float]
     last_norms: torch.Tensor  # where the capture is kept, like the rest
     # The forward's batch this capture is a slice of (row ``index``), so that batch-mates' rows
-    # are computed in one product per layer (:meth:`CaptureBatch.rows`); None once moved or copied.
+    # are computed in one product per layer (:meth:`CaptureBatch.layer_rows`); None once moved or copied.
     batch: CaptureBatch | None = field(default=None, repr=False, compare=False)
     index: int = 0
     # q, k, v, probs, head_out and bias (the properties below): per layer, given, or made from
@@ -245,7 +245,7 @@ class ImageAttention:
         q, k = _take(q, heads, 0), _take(k, heads, 0)
         q = _take(q, queries, 1)
         # Same order of operations as timm's unfused branch: scale q, then q k^T, then the bias.
-        # Contiguous operands, as CaptureBatch.rows makes them: the same product for one image
+        # Contiguous operands, as CaptureBatch.layer_rows makes them: the same product for one image
         # alone and among batch-mates, bit for bit.
         q = (q.float() * self.scale[layer]).contiguous()
         logits = torch.matmul(q, k.float().contiguous().transpose(-2, -1), out=out)  # H, R, N
@@ -345,36 +345,6 @@ class CaptureBatch:
     # by one: each is one product for the whole batch already).
     STACK_BYTES = 32 * 2**20
 
-    def rows(
-        self,
-        layer: int,
-        images: list[int],
-        heads: list[int] | None,
-        queries: list[int] | None,
-        out: torch.Tensor,
-        temperature: float = 1.0,
-    ) -> torch.Tensor:
-        """:meth:`ImageAttention.rows` of the batch's ``images`` at once, into ``out``
-        ``[images, heads, queries, N]`` float32 (contiguous): one product for all of them, the
-        same operations in the same order as one image's."""
-        p = self.probs[layer]
-        if p is not None and temperature == 1.0:
-            return out.copy_(_take(_take(_take(p, images, 0), heads, 1), queries, 2))
-        q = _take(_take(_take(self.q[layer], images, 0), heads, 1), queries, 2)
-        k = _take(_take(self.k[layer], images, 0), heads, 1)
-        # Contiguous operands, as ImageAttention.logits makes them: each image's product is the
-        # one it gets alone, bit for bit (a batched product over strided views is not).
-        q = (q.float() * self.scale[layer]).contiguous()
-        logits = torch.matmul(q, k.float().contiguous().transpose(-2, -1), out=out)  # B, H, R, N
-        bias = self.bias[layer]
-        if bias is not None:
-            bias = bias if bias.shape[0] == 1 else _take(bias, images, 0)
-            bias = bias if bias.shape[1] == 1 else _take(bias, heads, 1)
-            logits.add_(_take(bias, queries, 2))
-        if temperature != 1.0:
-            temper_(logits, temperature)
-        return torch.softmax(logits, dim=-1, out=logits)
-
     def layer_rows(
         self,
         layers: list[int],
@@ -384,33 +354,43 @@ class CaptureBatch:
         out: torch.Tensor,
         temperature: float = 1.0,
     ) -> torch.Tensor:
-        """:meth:`rows` of several ``layers`` into ``out`` ``[layers, images, heads, queries, N]``
-        float32 (contiguous).
+        """:meth:`ImageAttention.rows` of the batch's ``images`` at once, for each of ``layers``,
+        into ``out`` ``[layers, images, heads, queries, N]`` float32 (contiguous): the same
+        operations in the same order as one image's, on the same contiguous operands, so the
+        same numbers, bit for bit (a batched product over strided views is not).
 
-        Consecutive layers recomputed from q and k alike (no kept maps to slice, no bias, one
-        scale) are one product and one softmax for the run, bounded to :attr:`STACK_BYTES` of
-        stacked keys: the same operations on the same contiguous operands as each layer's own, so
-        the same numbers, in a handful of operations instead of a handful per layer (on a GPU at
-        batch 1 each is a kernel launch the device waits for).
+        A layer is one product for all the images. Consecutive layers recomputed from q and k
+        alike (no kept maps to slice, no bias, one scale) are one product and one softmax for
+        the run, bounded to :attr:`STACK_BYTES` of stacked keys: a handful of operations instead
+        of a handful per layer (on a GPU at batch 1 each is a kernel launch the device waits for).
         """
         run: list[int] = []  # positions in ``layers`` of the run being gathered
         run_bytes = 0
 
+        def stacked(ts: list[torch.Tensor]) -> torch.Tensor:
+            return ts[0].unsqueeze(0) if len(ts) == 1 else torch.stack(ts)
+
         def flush() -> None:
-            if len(run) == 1:
-                self.rows(layers[run[0]], images, heads, queries, out[run[0]], temperature)
-            elif run:
-                lo, hi = run[0], run[-1] + 1
-                q = torch.stack(
-                    [_take(_take(_take(self.q[layers[j]], images, 0), heads, 1), queries, 2) for j in run]
-                )  # R, B, H, Q, d
-                k = torch.stack([_take(_take(self.k[layers[j]], images, 0), heads, 1) for j in run])  # R, B, H, N, d
-                logits = torch.matmul(
-                    (q.float() * self.scale[layers[lo]]).contiguous(), k.float().transpose(-2, -1), out=out[lo:hi]
-                )
-                if temperature != 1.0:
-                    temper_(logits, temperature)
-                torch.softmax(logits, dim=-1, out=logits)
+            if not run:
+                return
+            lo, hi, first = run[0], run[-1] + 1, layers[run[0]]
+            p = self.probs[first]
+            if p is not None and temperature == 1.0:  # a run of one
+                out[lo].copy_(_take(_take(_take(p, images, 0), heads, 1), queries, 2))
+                run.clear()
+                return
+            q = stacked([_take(_take(_take(self.q[layers[j]], images, 0), heads, 1), queries, 2) for j in run])
+            k = stacked([_take(_take(self.k[layers[j]], images, 0), heads, 1) for j in run])  # R, B, H, N, d
+            q = (q.float() * self.scale[first]).contiguous()  # R, B, H, Q, d
+            logits = torch.matmul(q, k.float().contiguous().transpose(-2, -1), out=out[lo:hi])  # R, B, H, Q, N
+            bias = self.bias[first]
+            if bias is not None:  # a run of one
+                bias = bias if bias.shape[0] == 1 else _take(bias, images, 0)
+                bias = bias if bias.shape[1] == 1 else _take(bias, heads, 1)
+                logits[0].add_(_take(bias, queries, 2))
+            if temperature != 1.0:
+                temper_(logits, temperature)
+            torch.softmax(logits, dim=-1, out=logits)
             run.clear()
 
         for j, layer in enumerate(layers):
