@@ -22,7 +22,13 @@ Rows (every one timed with the device synchronised before and after each call):
   real server, and the GPU's busy fraction meanwhile (``torch.cuda.utilization``, sampled);
   ``vs_limit`` against the JPEG limit at the batch nearest the concurrency (:func:`api_vs_limit`),
   and ``http``: one JPEG posted again and again (answered from the cache), the server's own
-  limit, so each row says which of the two ``binds``.
+  limit, so each row says which of the two ``binds``. Each API row also has the server
+  process's CPU time per answer (``server_cpu_ms_per_request``, all its threads) and the cores it
+  kept busy (``server_cores``); :func:`api_vs_limit` adds ``cores_at_target``: the cores a server
+  would need to answer at the target's 0.7x of the JPEG limit at that CPU cost, beside the
+  machine's (``machine_cores``). A server process that keeps about one core busy while the
+  machine has more is bound by itself (its GIL); ``cores_at_target`` says whether more
+  processes could reach the target on that machine.
 
 On the CPU (``--device cpu --gpu-quick``) the same code runs smoke-sized: the tests run it so.
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +53,7 @@ from .common import summary
 
 JPEG_SIZE = (480, 640)  # H, W
 RELEVANCE_ROWS = ("chefer", "chefer2021", "attnlrp")  # timed at batch 1 and 8
+REST_TARGET = 0.7  # issue #37: the REST API at concurrency 64 >= 0.7x the JPEG limit
 
 
 def random_levels(B: int, size: int, device: torch.device) -> torch.Tensor:
@@ -177,6 +185,34 @@ class BusySampler:
         return float(np.mean(self.samples)) / 100 if self.samples else None
 
 
+class ServerCpu:
+    """The CPU time a process used in a block (utime + stime of all its threads, from /proc),
+    and the cores it kept busy; None where /proc is not there (not Linux) or no pid is given."""
+
+    def __init__(self, pid: int | None):
+        self.pid = pid
+        self.seconds: float | None = None
+        self.cores: float | None = None
+
+    def __enter__(self) -> ServerCpu:
+        from .common import proc_jiffies
+
+        self._t0 = time.perf_counter()
+        self._j0 = proc_jiffies(self.pid) if self.pid else 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from .common import proc_jiffies
+
+        wall = time.perf_counter() - self._t0
+        if self.pid and self._j0:
+            self.seconds = (proc_jiffies(self.pid) - self._j0) / os.sysconf("SC_CLK_TCK")
+            self.cores = self.seconds / wall if wall > 0 else None
+
+    def per_request_ms(self, requests: int) -> float | None:
+        return 1000 * self.seconds / requests if self.seconds is not None and requests else None
+
+
 def inproc(
     scope_for: Callable[[str], Any],
     device: torch.device,
@@ -260,9 +296,15 @@ async def _api_level(url: str, c: int, n: int, files: list[bytes]) -> tuple[floa
 
 
 def api(
-    server_url: str, device: torch.device, levels: list[int], per_level: int, log: Callable[[str], None]
+    server_url: str,
+    device: torch.device,
+    levels: list[int],
+    per_level: int,
+    log: Callable[[str], None],
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
-    """``POST /api/v1/attention`` with distinct JPEGs at each concurrency; images/s and GPU busy."""
+    """``POST /api/v1/attention`` with distinct JPEGs at each concurrency; images/s, GPU busy and
+    (``server_pid``) the server's CPU time per answer."""
     res: dict[str, Any] = {}
     start = 0
     for c in levels:
@@ -270,7 +312,7 @@ def api(
         files = jpegs(n, start)
         start += n
         log(f"gpu-quick: API concurrency {c}, {n} requests")
-        with BusySampler(device) as busy:
+        with BusySampler(device) as busy, ServerCpu(server_pid) as cpu:
             wall, failed, why = asyncio.run(_api_level(server_url, c, n, files))
         res[str(c)] = {
             "requests": n,
@@ -279,6 +321,8 @@ def api(
             "images_per_s": (n - failed) / wall,
             "gpu_busy": busy.fraction,
             "gpu_busy_source": busy.source,
+            "server_cpu_ms_per_request": cpu.per_request_ms(n),
+            "server_cores": cpu.cores,
         }
     # The server's own limit beside it: one JPEG, computed once, then posted n times at the top
     # concurrency and answered from the cache (HTTP, multipart, the hash and the answer's
@@ -288,13 +332,16 @@ def api(
     log(f"gpu-quick: API concurrency {c}, one JPEG {n} times (the HTTP limit)")
     one = jpegs(1, start)
     asyncio.run(_api_level(server_url, 1, 1, one))  # computed once, before the clock starts
-    wall, failed, why = asyncio.run(_api_level(server_url, c, n, one * n))
+    with ServerCpu(server_pid) as cpu:
+        wall, failed, why = asyncio.run(_api_level(server_url, c, n, one * n))
     res["http"] = {
         "concurrency": c,
         "requests": n,
         "failed": failed,
         "failures": why,
         "images_per_s": (n - failed) / wall,
+        "server_cpu_ms_per_request": cpu.per_request_ms(n),
+        "server_cores": cpu.cores,
     }
     return res
 
@@ -315,5 +362,9 @@ def api_vs_limit(quick: dict[str, Any]) -> None:
             continue
         b = min(limits, key=lambda b: (abs(b - int(c)), b))
         row["limit_batch"], row["vs_limit"] = b, row["images_per_s"] / limits[b]
+        if row.get("server_cpu_ms_per_request") is not None:
+            # the cores that answering at the target (0.7x the limit) would keep busy at this cost
+            row["cores_at_target"] = REST_TARGET * limits[b] * row["server_cpu_ms_per_request"] / 1000
+            row["machine_cores"] = os.cpu_count()
         if http is not None:  # which limit binds the server: its HTTP path, or decoding and forwards
             row["binds"] = "http" if http < limits[b] else "jpeg"

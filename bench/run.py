@@ -519,7 +519,9 @@ def step_gpu_quick(run: Run) -> None:
     levels = args.concurrency if args.concurrency_given else ([1, 2] if smoke else [1, 16, 64])
     server = api.start_server(server_env(run, max(levels)), ROOT / "bench" / "results", models_dir=args.models_dir)
     try:
-        run.results["gpu_quick"]["api"] = gpu_quick.api(server.url, run.device, levels, 4 if smoke else 256, log)
+        run.results["gpu_quick"]["api"] = gpu_quick.api(
+            server.url, run.device, levels, 4 if smoke else 256, log, server_pid=server.pid
+        )
     finally:
         server.stop()
     gpu_quick.api_vs_limit(run.results["gpu_quick"])

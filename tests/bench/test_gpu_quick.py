@@ -4,7 +4,9 @@ present with positive times, the JSON written (and marked whole), the device's s
 from __future__ import annotations
 
 import json
+import time
 
+import pytest
 import torch
 
 from bench import gpu_quick
@@ -62,8 +64,6 @@ def test_the_one_command_gpu_script_refuses_a_machine_without_cuda(tmp_path):
     import sys
     from pathlib import Path
 
-    import pytest
-
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: bench/gpu_run.sh would run for minutes")
     script = Path(__file__).resolve().parents[2] / "bench" / "gpu_run.sh"
@@ -93,6 +93,27 @@ def test_the_api_rows_are_held_against_the_jpeg_limit_at_the_nearest_batch():
     gpu_quick.api_vs_limit(quick)
     assert [api[c]["binds"] for c in ("1", "16", "64")] == ["jpeg", "jpeg", "http"]
     assert "vs_limit" not in api["http"]
+    assert "cores_at_target" not in api["64"]  # no CPU time measured
+    api["64"]["server_cpu_ms_per_request"] = 20.0  # 20 ms of CPU an answer
+    gpu_quick.api_vs_limit(quick)
+    # 0.7 x 400 answers a second x 20 ms = 5.6 cores
+    assert api["64"]["cores_at_target"] == pytest.approx(5.6) and api["64"]["machine_cores"] >= 1
+
+
+def test_the_server_s_cpu_time_is_read_from_proc():
+    import os
+
+    if not os.path.exists(f"/proc/{os.getpid()}/stat"):
+        pytest.skip("no /proc here")
+    with gpu_quick.ServerCpu(os.getpid()) as cpu:
+        t = time.process_time()
+        while time.process_time() - t < 0.2:  # a fifth of a second of CPU
+            pass
+    assert 0.1 < cpu.seconds < 1.0 and cpu.cores > 0.3
+    assert cpu.per_request_ms(10) == pytest.approx(100 * cpu.seconds)
+    with gpu_quick.ServerCpu(None) as none:
+        pass
+    assert none.seconds is None and none.per_request_ms(10) is None
 
 
 def test_the_host_overhead_script_runs_tiny_on_the_cpu(tmp_path):
