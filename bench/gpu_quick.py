@@ -49,7 +49,7 @@ import torch
 
 from headscope.engine.device import autocast
 
-from .common import summary
+from .common import proc_jiffies, summary
 
 JPEG_SIZE = (480, 640)  # H, W
 RELEVANCE_ROWS = ("chefer", "chefer2021", "attnlrp")  # timed at batch 1 and 8
@@ -195,15 +195,11 @@ class ServerCpu:
         self.cores: float | None = None
 
     def __enter__(self) -> ServerCpu:
-        from .common import proc_jiffies
-
         self._t0 = time.perf_counter()
         self._j0 = proc_jiffies(self.pid) if self.pid else 0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from .common import proc_jiffies
-
         wall = time.perf_counter() - self._t0
         if self.pid and self._j0:
             self.seconds = (proc_jiffies(self.pid) - self._j0) / os.sysconf("SC_CLK_TCK")
