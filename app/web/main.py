@@ -29,6 +29,7 @@ from ..zoo.registry import Registry
 from . import errors
 from .deps import declared_query_only
 from .middleware import AllowedHosts, BodyLimit, HeadAsGet, RequestId, SecurityHeaders, SingleParams
+from .schemas import TRANSPORT_RESPONSES
 
 # Room for the multipart framing and the text fields around the file.
 FORM_OVERHEAD_BYTES = 64 * 1024
@@ -130,6 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dependencies=[Depends(declared_query_only)],
         docs_url=None,  # /docs and /redoc come from api/docs.py: local bundles, no inline script
         redoc_url=None,
+        responses=TRANSPORT_RESPONSES,  # any request can meet them, whatever its route
     )
     app.state.settings = settings
     app.state.ready = False

@@ -529,3 +529,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         504: "deadline exceeded",
     }.items()
 }
+
+# What the HTTP layer may answer any request before a route sees it (app/web/protocol.py, the
+# AllowedHosts middleware): every operation documents these (FastAPI(responses=...)).
+TRANSPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "a Host this server does not answer (bad_host), or a malformed request"},
+    408: ERROR_RESPONSES[408],
+    431: ERROR_RESPONSES[431],
+}
