@@ -72,11 +72,17 @@ def normalise(raw: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"normalise takes uint8 pixels; got {raw.dtype}")
     if raw.dim() < 3 or raw.shape[-3] != 3:
         raise ValueError(f"normalise takes [..., 3, H, W] pixels; got {tuple(raw.shape)}")
-    table = table.to(raw.device)
-    offsets = torch.arange(3, device=raw.device, dtype=torch.int32).mul_(256).view(3, 1, 1)  # 3, 1, 1
+    if table.device != raw.device:
+        table = table.to(raw.device)
+    offsets = _OFFSETS.get(raw.device)
+    if offsets is None:  # made once per device: three operators of every call otherwise
+        offsets = _OFFSETS[raw.device] = torch.arange(3, device=raw.device, dtype=torch.int32).mul_(256).view(3, 1, 1)
     # index_select over the flat index: the same lookup as advanced indexing, ~40 % faster on the CPU
     idx = (raw.to(torch.int32) + offsets).flatten()
     return table.view(-1).index_select(0, idx).view(raw.shape)  # ..., 3, H, W
+
+
+_OFFSETS: dict[torch.device, torch.Tensor] = {}  # per device, each channel's first row of a normal table, 3, 1, 1
 
 
 def to_device(raws: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -41,7 +41,7 @@ silently returns no maps is the classic bug this module exists to prevent.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -56,6 +56,7 @@ from .capture_base import (
     SUPPORTED_FAMILIES,
     CaptureError,
     UnsupportedModelError,
+    detached,
     keep_graph_input,
     store_input,
     store_norms,
@@ -303,7 +304,7 @@ class BatchViews:
 
     def __init__(
         self,
-        tensors: dict[str, list[torch.Tensor | None]],
+        tensors: dict[str, Sequence[torch.Tensor | None]],
         batch_size: int,
         heads: int,
         keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -335,8 +336,8 @@ class CaptureBatch:
     additive ``bias`` ``[B or 1, H or 1, N, N]`` (or None) and the maps ``probs`` ``[B, H, N, N]``
     (or None). What :class:`ImageAttention` holds views of, one image each."""
 
-    q: list[torch.Tensor]
-    k: list[torch.Tensor]
+    q: Sequence[torch.Tensor]
+    k: Sequence[torch.Tensor]
     scale: list[float]
     bias: list[torch.Tensor | None]
     probs: list[torch.Tensor | None]
@@ -379,7 +380,7 @@ class CaptureBatch:
                 out[lo].copy_(_take(_take(_take(p, images, 0), heads, 1), queries, 2))
                 run.clear()
                 return
-            q = stacked([_take(_take(_take(self.q[layers[j]], images, 0), heads, 1), queries, 2) for j in run])
+            q = stacked([_take(_take(self._q_rows(layers[j], queries), images, 0), heads, 1) for j in run])
             k = stacked([_take(_take(self.k[layers[j]], images, 0), heads, 1) for j in run])  # R, B, H, N, d
             q = (q.float() * self.scale[first]).contiguous()  # R, B, H, Q, d
             logits = torch.matmul(q, k.float().contiguous().transpose(-2, -1), out=out[lo:hi])  # R, B, H, Q, N
@@ -409,6 +410,12 @@ class CaptureBatch:
                 flush()
         flush()
         return out
+
+    def _q_rows(self, layer: int, queries: list[int] | None) -> torch.Tensor:
+        """``q`` of ``layer`` at the tokens ``queries``, ``[B, H, Q, d]``."""
+        if isinstance(self.q, LazyLayers):
+            return self.q.rows(layer, queries)
+        return _take(self.q[layer], queries, 2)
 
 
 def _take(t: torch.Tensor, idx: list[int] | None, dim: int) -> torch.Tensor:
@@ -456,9 +463,9 @@ class AttentionCapture:
 
     def _reset(self) -> None:
         n = len(self.layers)
-        self._q: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self._qkv: list[list[torch.Tensor]] = [[] for _ in range(n)]  # qkv's output, B, N, 3 * H * d
+        self._q: list[list[torch.Tensor]] = [[] for _ in range(n)]  # QK-norm's q and k, B, H, N, d
         self._k: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        self._v: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self._sdpa: list[list[_SdpaCall]] = [[] for _ in range(n)]
         self._p: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self._norms: list[torch.Tensor] = []
@@ -494,16 +501,15 @@ class AttentionCapture:
         try:
             for i, (attn, kind) in enumerate(self.layers):
                 if kind == "qk":
-                    # q and k as the model uses them, and v as a view of the same qkv tensor;
-                    # without QK-norm all three are views of qkv's output: one hook, not three
-                    # (each hooked module call costs the host a few microseconds, per layer and call).
-                    sinks = (self._q[i], self._k[i], self._v[i])
-                    if _plain_qk(attn):
-                        undo.append(attn.qkv.register_forward_hook(_store_qkv(sinks, attn.num_heads)).remove)
-                    else:
+                    # qkv's output, whose views q, k and v are (made from it when first read:
+                    # each view is an operator the host dispatches, and a CLS-rows answer reads
+                    # only k and q's rows); with QK-norm, q and k as the norms give them.
+                    # Without it one hook, not three (each hooked module call costs the host a
+                    # few microseconds, per layer and call).
+                    undo.append(attn.qkv.register_forward_hook(store_output(self._qkv[i])).remove)
+                    if not _plain_qk(attn):
                         undo.append(attn.q_norm.register_forward_hook(store_output(self._q[i])).remove)
                         undo.append(attn.k_norm.register_forward_hook(store_output(self._k[i])).remove)
-                        undo.append(attn.qkv.register_forward_hook(_store_qkv(sinks[2:], attn.num_heads)).remove)
                     if materialise:
                         fused(attn, False)
                         undo.append(attn.attn_drop.register_forward_pre_hook(keep(self._p[i])).remove)
@@ -525,11 +531,10 @@ class AttentionCapture:
     def _check_fired(self) -> None:
         """Raise :class:`CaptureError` unless every hook fired exactly once."""
         L = len(self.layers)
-        for i, (_, kind) in enumerate(self.layers):
+        for i, (attn, kind) in enumerate(self.layers):
             if kind == "qk":
-                got = [len(self._q[i]), len(self._k[i]), len(self._v[i])] + (
-                    [len(self._p[i])] if self._materialise else []
-                )
+                norms = [] if _plain_qk(attn) else [len(self._q[i]), len(self._k[i])]
+                got = [len(self._qkv[i]), *norms] + ([len(self._p[i])] if self._materialise else [])
             else:
                 got = [len(self._sdpa[i])]
             got += [len(self._heads[i])] + ([len(self._norms)] if i == L - 1 else [])
@@ -574,33 +579,48 @@ class AttentionCapture:
         H = self.num_heads
         move = to is not None and torch.device(to) != self._heads[0][0].device
 
-        # Per layer, the batch's q, k, v [B, H, N, d], mask (None or [B or 1, H or 1, N, N])
-        # and maps [B, H, N, N] or None.
-        layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        # Per layer, the batch's q, k, v [B, H, N, d] (None: a view of qkv's output, made when
+        # first read), mask (None or [B or 1, H or 1, N, N]) and maps [B, H, N, N] or None.
+        layers: list[tuple[Any, Any, Any, torch.Tensor | None, torch.Tensor | None]] = []
+        raws: list[torch.Tensor | None] = [None] * L
         for i, kind in enumerate(kinds):
             if kind == "qk":
-                q, k, v, mask = self._q[i][0], self._k[i][0], self._v[i][0], None
+                raw = raws[i] = self._qkv[i][0]
+                if raw.dim() != 3 or raw.shape[:2] != (B, N) or raw.shape[2] % (3 * H):
+                    raise CaptureError(f"layer {i}: qkv of shape {tuple(raw.shape)}, expected ({B}, {N}, 3 * {H} * d)")
+                q, k, v, mask = self._q[i][0] if self._q[i] else None, self._k[i][0] if self._k[i] else None, None, None
                 p = self._p[i][0] if self._materialise else None
             else:
                 call = self._sdpa[i][0]
                 q, k, v, mask, p = call.q, call.k, call.v, call.mask, call.probs
             for name, t in (("q", q), ("k", k), ("v", v)):
-                if t.dim() != 4 or t.shape[:3] != (B, H, N):
+                if t is not None and (t.dim() != 4 or t.shape[:3] != (B, H, N)):
                     raise CaptureError(f"layer {i}: {name} of shape {tuple(t.shape)}, expected ({B}, {H}, {N}, d)")
             if p is not None:
                 # Maps from a reduced-precision forward become float32 once per layer, not per
                 # image; detached: a capture never keeps an autograd graph alive.
-                p = p.detach().float()
+                p = detached(p)
+                p = p if p.dtype == torch.float32 else p.float()
                 if p.shape != (B, H, N, N):
                     raise CaptureError(f"layer {i}: attention of shape {tuple(p.shape)}, expected ({B}, {H}, {N}, {N})")
             layers.append((q, k, v, _as_additive(mask, B, H, N, i), p))
 
-        per_layer: dict[str, list[torch.Tensor | None]] = {
-            "q": [q for q, *_ in layers],
-            "k": [k for _, k, *_ in layers],
-            "v": [v for _, _, v, *_ in layers],
-            "bias": [m for *_, m, _ in layers],
-            "probs": [p for *_, p in layers],
+        def split(j: int) -> LazyLayers:
+            return LazyLayers(
+                [
+                    t if t is not None else QKVPart(cast(torch.Tensor, raws[i]), H, j)
+                    for i, t in enumerate(row[j] for row in layers)
+                ]
+            )
+
+        qs, ks = split(0), split(1)
+        bias, probs = [m for *_, m, _ in layers], [p for *_, p in layers]
+        per_layer: dict[str, Sequence[torch.Tensor | None]] = {
+            "q": qs,
+            "k": ks,
+            "v": split(2),
+            "bias": bias,
+            "probs": probs,
             "head_out": [h[0] for h in self._heads],
         }
         scale = [float(a.scale) for a, _ in self.layers]
@@ -622,13 +642,7 @@ class AttentionCapture:
         # Views of the forward's tensors, made when first read: nothing else holds them once the
         # forward is done, and copying apart would cost more than the hooks (1.4 ms/img on 2 CPU
         # cores at B=8; on a GPU, a kernel launch per tensor and image).
-        batch = CaptureBatch(
-            q=[q for q, *_ in layers],
-            k=[k for _, k, *_ in layers],
-            scale=scale,
-            bias=per_layer["bias"],
-            probs=per_layer["probs"],
-        )
+        batch = CaptureBatch(q=qs, k=ks, scale=scale, bias=bias, probs=probs)
         views = BatchViews(per_layer, B, H)
         return self._done(
             [
@@ -644,22 +658,65 @@ class AttentionCapture:
 
 def _plain_qk(attn: Any) -> bool:
     """Whether ``attn`` uses q and k as ``qkv`` makes them (no QK-norm: identity modules)."""
-    return isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)
+    children = attn._modules  # not nn.Module.__getattr__: this runs per layer and call
+    return isinstance(children.get("q_norm"), nn.Identity) and isinstance(children.get("k_norm"), nn.Identity)
 
 
-def _store_qkv(sinks: tuple[list, ...], num_heads: int):
-    """A forward hook on ``qkv`` that keeps the last ``len(sinks)`` of q, k and v, ``[B, H, N, d]``
-    each: views of its output as timm's ``reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4)`` makes
-    them (the same strides: the same numbers in every later product)."""
-    first = 3 - len(sinks)
+@dataclass(frozen=True)
+class QKVPart:
+    """q, k or v (``which`` 0, 1, 2) of ``qkv``'s output ``[B, N, 3 * H * d]``, not made yet."""
 
-    def hook(module, args, output):
-        B, N, _ = output.shape  # batch, tokens, 3 * heads * head dim
-        qkv = output.detach().reshape(B, N, 3, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, N, d]
-        for sink, t in zip(sinks, qkv[first:]):
-            sink.append(t)
+    qkv: torch.Tensor
+    heads: int
+    which: int
 
-    return hook
+    def view(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """``[B, H, N, d]`` (``rows``: ``(first, count)`` of the tokens only): the view timm's
+        ``reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)`` makes, with the same strides
+        (the same numbers in every later product), in one operator, not three or four."""
+        qkv, H = self.qkv, self.heads
+        B, N, C = qkv.shape  # batch, tokens, 3 * heads * head dim
+        d = C // (3 * H)
+        first, count = rows if rows is not None else (0, N)
+        if not qkv.is_contiguous():  # reshape would copy: timm's own operators
+            t = qkv.reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4)[self.which]
+            return t if rows is None else t.narrow(2, first, count)
+        return qkv.as_strided((B, H, count, d), (N * C, d, C, 1), qkv.storage_offset() + first * C + self.which * H * d)
+
+
+class LazyLayers(Sequence):
+    """Per layer, a tensor, made when first read where it is a `QKVPart` (q, k and v are views of
+    qkv's output: each view is an operator the host dispatches, about a kernel launch's time on
+    a GPU at batch 1, and the CLS rows read only k and q's first row).
+
+    Args:
+        items: per layer a tensor, None, or a `QKVPart`.
+    """
+
+    def __init__(self, items: list[Any]):
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        t = self._items[i]
+        if isinstance(t, QKVPart):
+            t = self._items[i] = t.view()
+        return t
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[i] for i in range(len(self)))
+
+    def rows(self, i: int, queries: list[int] | None) -> torch.Tensor:
+        """Layer ``i``'s tensor ``[B, H, N, d]`` at the tokens ``queries`` only (None: all), in one
+        view where it is not made yet and they are a run."""
+        t = self._items[i]
+        if isinstance(t, QKVPart) and queries and queries == list(range(queries[0], queries[0] + len(queries))):
+            return t.view((queries[0], len(queries)))
+        return _take(self[i], queries, 2)
 
 
 def head_dim(attn: nn.Module) -> int:

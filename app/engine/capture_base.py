@@ -129,11 +129,17 @@ def temper_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits.mul_(min(1.0 / temperature, _FLOAT32_MAX))
 
 
+def detached(t: torch.Tensor) -> torch.Tensor:
+    """``t`` out of the autograd graph: itself where it is in none (inference: a ``detach``
+    is an operator the host dispatches, per hook and call), else a detached view."""
+    return t.detach() if t.requires_grad else t
+
+
 def store_output(sink: list):
     """A forward hook that keeps the module's output (detached: a view, no copy)."""
 
     def hook(module, args, output):
-        sink.append(output.detach())
+        sink.append(detached(output))
 
     return hook
 
@@ -142,7 +148,7 @@ def store_input(sink: list):
     """A forward pre-hook that keeps the module's first input (detached: a view, no copy)."""
 
     def hook(module, args):
-        sink.append(args[0].detach())
+        sink.append(detached(args[0]))
 
     return hook
 
@@ -162,6 +168,8 @@ def store_norms(sink: list):
     (a ViT's ``[B, N, C]`` output, or a Swin stage's ``[B, H, W, C]`` grid row-major)."""
 
     def hook(module, args, output):
-        sink.append(output.detach().float().flatten(1, -2).norm(dim=-1))  # B, N
+        x = detached(output)
+        x = x if x.dtype == torch.float32 else x.float()
+        sink.append((x if x.dim() == 3 else x.flatten(1, -2)).norm(dim=-1))  # B, N
 
     return hook

@@ -12,8 +12,8 @@ it from then on; ``keep_capture=True`` keeps it from the start (this picture's p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from ..engine.verdicts import Verdict
 from ..serving import answers
 from ..serving.params import AttentionParams, StatsParams
 from ..serving.pictures import Pictures
+from ..serving.preprocess import PreparedPixels
 from ..serving.store import CachedCapture, FoundCapture
 from . import params as P
 from .computing import computing
@@ -45,18 +46,78 @@ if TYPE_CHECKING:
     import pandas
 
 
-@dataclass
+class PartMeta:
+    """What one answer part says besides its maps (`answers.meta`), made when first read.
+
+    Batch-mates of one selection and input size share everything of it but four fields (the
+    picture's id, name and size, and the tokens it drops): that part is made once per batch (the
+    ``template``), and each picture's dict, with lists of its own, only when it is read. A
+    picture's id is a hash of its pixels, and a batch's results wait for nothing that no one
+    reads (on a GPU the results of a batch are made while the forward runs; what is left after
+    it, per picture, is a copy of the maps).
+
+    Args:
+        template: `answers.meta` of a batch-mate (shared, never changed).
+        item: the picture (its id and name; read when the metadata is).
+        image_size: the picture's size as sent.
+        dropped: the key tokens its maps dropped.
+    """
+
+    __slots__ = ("template", "item", "image_size", "dropped", "_meta")
+
+    def __init__(self, template: dict[str, Any], item: PreparedPicture, image_size: Any, dropped: list[int]):
+        self.template, self.item, self.image_size, self.dropped = template, item, image_size, dropped
+        self._meta: dict[str, Any] | None = None
+
+    def get(self) -> dict[str, Any]:
+        if self._meta is None:
+            meta = _fresh(self.template)
+            meta["image_id"] = self.item.image_id
+            meta["filename"] = self.item.picture.filename
+            meta["image_size"] = list(self.image_size)
+            meta["dropped"] = list(self.dropped)
+            self._meta = meta
+        return self._meta
+
+
+def _fresh(v: Any) -> Any:
+    """``v`` with dicts and lists of its own (a template's values are shared by batch-mates)."""
+    if isinstance(v, dict):
+        return {k: _fresh(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_fresh(x) for x in v]
+    return v
+
+
 class AnswerPart:
     """One answer's worth of an `Attention`: the maps and what the answer says of them (a
     windowed model asked for every layer has one part per stage). Nothing of the capture."""
 
-    maps: torch.Tensor  # [layers, heads, queries, tokens] float32, on the host, its own memory
-    meta: dict[str, Any]
+    __slots__ = ("maps", "_meta")
+
+    def __init__(self, maps: torch.Tensor, meta: PartMeta):
+        self.maps = maps  # [layers, heads, queries, tokens] float32, on the host, its own memory
+        self._meta = meta
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self._meta.get()
 
 
 class AskedPart:
     """An `AnswerPart` before its maps: what needs no number of the capture (the selection, the
-    metadata) is done here, while a GPU may still be computing the maps; `answer` takes them.
+    tokens dropped, the metadata's template) is done here, while a GPU may still be computing the
+    maps; `answer` takes them.
+
+    Args:
+        found: the capture.
+        item: the picture, without its pixels (what the result keeps).
+        params: the request's parameters.
+        pairs: the heads removed.
+        sel: what ``params`` select of this capture, already resolved (a batch-mate's:
+            `batch_selections`); None resolves it here.
+        templates: the metadata templates of the call's batch-mates, by selection and input
+            size (filled here); None makes this part's own.
 
     Raises:
         ValueError: the parameters select nothing valid of this capture (the API's 4xx message).
@@ -65,29 +126,36 @@ class AskedPart:
     def __init__(
         self,
         found: FoundCapture,
-        image_id: str,
-        filename: str | None,
+        item: PreparedPicture,
         params: AttentionParams,
         pairs: Ablation,
         sel: Selection | None = None,
+        templates: dict[tuple, tuple[Selection, dict[str, Any]]] | None = None,
     ):
-        """``sel``: what ``params`` select of this capture, already resolved (a batch-mate's:
-        `batch_selections`); None resolves it here."""
         self.found = found
+        entry = found.entry
         if sel is None:
-            sel = answers.selection(params, found.entry.image)
-        self.asked = answers.AnswerSubject(image_id, filename, found, params, sel, pairs)
-        self.dropped = self.asked.dropped()
-        self.meta = answers.meta(self.asked, analysis.answer_shape(sel, found.entry.image.att), self.dropped)
+            sel = answers.selection(params, entry.image)
+        self.sel = sel
+        subject = answers.AnswerSubject("", None, found, params, sel, pairs)
+        self.dropped = subject.dropped()
+        key = (id(sel), entry.input_size, found.cached, entry.precision, entry.model_id)
+        kept = templates.get(key) if templates is not None else None
+        if kept is not None and kept[0] is sel:
+            template = kept[1]
+        else:
+            template = answers.meta(subject, analysis.answer_shape(sel, entry.image.att), [])
+            if templates is not None:  # the selection kept with it: its id is not reused meanwhile
+                templates[key] = (sel, template)
+        self.meta = PartMeta(template, item, entry.image_size, self.dropped)
 
     def answer(self, tensor: torch.Tensor | None = None) -> AnswerPart:
         """The part, with its maps (``tensor``: the selection's maps already computed, on the
         host; None computes them now)."""
-        image = self.found.entry.image
-        array = answers.maps(image, self.asked.sel, self.dropped, "float32", tensor)
-        if array.base is not None:  # a view of the capture's buffers would keep them all alive
-            array = array.copy()
-        return AnswerPart(torch.from_numpy(array), self.meta)
+        maps = answers.map_tensor(self.found.entry.image, self.sel, self.dropped, tensor)
+        if maps.untyped_storage().nbytes() != maps.numel() * maps.element_size():
+            maps = maps.clone()  # a view of a batch's or the capture's buffers would keep them all alive
+        return AnswerPart(maps, self.meta)
 
 
 def batch_selections(founds: list[FoundCapture], params: AttentionParams) -> list[Selection | None]:
@@ -137,10 +205,16 @@ def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], eve
     ]
 
 
+_NO_PIXELS = torch.empty(0, dtype=torch.uint8)
+
+
 def _without_pixels(item: PreparedPicture) -> PreparedPicture:
     """``item`` without its input tensor (its bytes and sizes stay)."""
-    light = PreparedPicture(item.picture, replace(item.prep, raw=torch.empty(0, dtype=torch.uint8)))
-    return light
+    prep = item.prep
+    if prep.raw.numel() == 0:
+        return item
+    light = PreparedPixels(_NO_PIXELS, prep.input_size, prep.image_size, prep.mean, prep.std)
+    return PreparedPicture(item.picture, light)
 
 
 def _own(found: FoundCapture) -> FoundCapture:
@@ -187,6 +261,7 @@ class PendingAttention:
             see the module docstring).
         sel: what ``params`` select of the capture, already resolved (`batch_selections`; one
             stage only); None resolves it here.
+        templates: the call's metadata templates, shared by batch-mates (see `AskedPart`).
     """
 
     def __init__(
@@ -201,13 +276,16 @@ class PendingAttention:
         amp_dtype: torch.dtype | None = None,
         keep_capture: bool = False,
         sel: Selection | None = None,
+        templates: dict[tuple, tuple[Selection, dict[str, Any]]] | None = None,
     ):
-        self.lm, self.settings, self.item, self.found = lm, settings, item, found
+        self.lm, self.settings, self.found = lm, settings, found
+        # The picture's bytes and sizes; its input tensor is made again when a capture is needed.
+        self.item = _without_pixels(item)
         self.params, self.ablate, self.per_stage = params, ablate, per_stage
         self.amp_dtype, self.keep_capture = amp_dtype, keep_capture
         stages = _stage_params(lm, params, item.prep.input_size, per_stage)
         given = sel if len(stages) == 1 else None
-        self.asks = [AskedPart(found, item.image_id, item.picture.filename, p, ablate, given) for p in stages]
+        self.asks = [AskedPart(found, self.item, p, ablate, given, templates) for p in stages]
 
     def answer(self, tensor: torch.Tensor | None = None) -> Attention:
         """The result (``tensor``: the maps already computed with batch-mates, one stage only)."""
@@ -226,8 +304,7 @@ class Attention:
     def __init__(self, asked: PendingAttention, parts: list[AnswerPart]):
         self.lm = asked.lm
         self.settings = asked.settings
-        # The picture's bytes and sizes; its input tensor is made again when a capture is needed.
-        self._item = _without_pixels(asked.item)
+        self._item = asked.item  # without its pixels
         self._found: FoundCapture | None = _own(asked.found) if asked.keep_capture else None
         self._precision = asked.found.entry.precision
         self._amp_dtype = asked.amp_dtype

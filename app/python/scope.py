@@ -280,12 +280,14 @@ class Scope:
         every_stage = self.lm.windowed and layers is None
         results: dict[int, Attention] = {}
         many = is_many(image)
+        templates: dict[tuple, Any] = {}  # what batch-mates' metadata share (AskedPart)
 
         def finish(waits: list[Any], pending: dict[int, PendingAttention], tensors: list[Any]) -> None:
             for wait in waits:
                 wait()
-            for (i, asked), tensor in zip(pending.items(), tensors):
-                with _naming(i, many):
+            with _Naming(-1, many) as naming:  # one for the batch: this loop is what waits for the device
+                for (i, asked), tensor in zip(pending.items(), tensors):
+                    naming.i = i
                     results[i] = asked.answer(tensor)
 
         last: tuple[list[Any], dict[int, PendingAttention], list[Any]] | None = None
@@ -315,7 +317,7 @@ class Scope:
                         tensors = batch_maps(founds, sels, waits)
                 pending: dict[int, PendingAttention] = {}
                 for i, found, sel in zip(idx, founds, sels):
-                    with _naming(i, many):
+                    with _Naming(i, many):
                         pending[i] = PendingAttention(
                             self.lm,
                             self.settings,
@@ -327,6 +329,7 @@ class Scope:
                             self.amp_dtype,
                             keep_capture,
                             sel,
+                            templates,
                         )
                 # The batch before is finished only now, its maps long copied out: on a GPU its
                 # results are made while this batch's forward runs, and the forwards follow
@@ -613,15 +616,19 @@ def _raised(results: list[Any]) -> list[Any]:
     return results
 
 
-@contextlib.contextmanager
-def _naming(i: int, many: bool) -> Generator[None, None, None]:
-    """A ``ValueError`` about picture ``i`` of a list names it (``pictures[i]: ...``)."""
-    try:
-        yield
-    except ValueError as e:
-        if not many:
-            raise
-        raise type(e)(f"pictures[{i}]: {e}") from None
+class _Naming:
+    """A ``ValueError`` about picture ``i`` of a list names it (``pictures[i]: ...``); a loop over
+    pictures moves ``i`` on as it goes."""
+
+    def __init__(self, i: int, many: bool):
+        self.i, self.many = i, many
+
+    def __enter__(self) -> _Naming:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: Any) -> None:
+        if self.many and kind is not None and issubclass(kind, ValueError):
+            raise kind(f"pictures[{self.i}]: {e}") from None
 
 
 def _cores() -> int:

@@ -121,7 +121,7 @@ def rows_logp(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> tuple[np.ndar
             "scope.attention(image, layers='-1'), or pass a larger max_bytes"
         )
     with computing(att.lm):
-        maps = torch.from_numpy(answers.maps(image, sel, [], "float32"))  # may share the capture's memory
+        maps = answers.map_tensor(image, sel, [])  # may share the capture's memory
         logp = torch.log(maps).to(torch.float16).numpy()
     return logp, {"layers": list(sel.layers), "tokens": image.tokens(sel.stage)}
 

@@ -150,20 +150,29 @@ def selection(params: AttentionParams, image: CapturedImage) -> Selection:
     )
 
 
-def maps(
-    image: CapturedImage, sel: Selection, dropped: list[int], dtype: str, tensor: torch.Tensor | None = None
-) -> np.ndarray:
-    """The maps ``sel`` asks for, ``dropped`` key tokens zeroed and rows renormalised, as a
-    ``[layers, heads, queries, tokens]`` numpy array of ``dtype``; ``tensor``: the selection
-    already computed (:func:`app.engine.analysis.batch_mates_tensors`, with batch-mates)."""
+def map_tensor(
+    image: CapturedImage, sel: Selection, dropped: list[int], tensor: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The maps ``sel`` asks for, ``dropped`` key tokens zeroed and rows renormalised,
+    ``[layers, heads, queries, tokens]`` float32 on the host (it may be a view of a batch's or
+    the capture's memory); ``tensor``: the selection already computed
+    (:func:`app.engine.analysis.batch_mates_tensors`, with batch-mates)."""
     if tensor is None:
         tensor = analysis.attention_tensor(image.att, sel)
     elif tensor.device.type != "cpu":
         tensor = to_host(tensor)
     if dropped:
         tensor = analysis.drop_and_renormalise(tensor, dropped)
+    return tensor if tensor.dtype == torch.float32 else tensor.float()
+
+
+def maps(
+    image: CapturedImage, sel: Selection, dropped: list[int], dtype: str, tensor: torch.Tensor | None = None
+) -> np.ndarray:
+    """:func:`map_tensor` as a numpy array of ``dtype``."""
+    tensor = map_tensor(image, sel, dropped, tensor)
     # torch converts to float16 with SIMD; numpy's astype is ~60x slower on 18 MiB of maps.
-    return (tensor.to(torch.float16) if dtype == "float16" else tensor.float()).numpy()
+    return (tensor.to(torch.float16) if dtype == "float16" else tensor).numpy()
 
 
 @dataclass

@@ -127,3 +127,40 @@ def test_bad_tensors_are_clear_errors(scope):
         scope.attention(torch.zeros(3, 32, 32, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"pictures\[1\]"):
         scope.attention([torch.zeros(3, 32, 32, dtype=torch.uint8), torch.randn(3, 32, 32)])
+
+
+def _dispatched(fn) -> int:
+    """The operators ``fn`` dispatches (each is about a kernel launch's host time on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_a_cls_capture_dispatches_a_few_operators_beyond_the_forward(scope):
+    """On a GPU at batch 1 the forward is bound by the host's dispatch of its operators, so a
+    capture's ratio to it is about the ratio of the operators each runs. CLS rows of one picture
+    cost the model's forward, two views a layer (q's CLS row and k, of qkv's output: no view in
+    the hooks) and a fixed handful (the normalisation, the stacked product and softmax, the
+    norms); each batch-mate adds one copy (its maps in memory of its own)."""
+    H, W = scope.lm.input_size
+    L = scope.lm.num_layers
+    for B in (1, 4):
+        t = torch.stack([_chw(_levels(20 + b, (H, W))) for b in range(B)])
+        x = scope.runner.inputs(t)
+        scope.attention(t)  # warm
+
+        def forward(x=x):
+            with torch.inference_mode():
+                scope.lm.model.forward_features(x)
+
+        extra = _dispatched(lambda t=t: scope.attention(t)) - _dispatched(forward)
+        assert extra <= 2 * L + 30 + B, (B, extra)

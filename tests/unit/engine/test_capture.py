@@ -9,7 +9,13 @@ import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from headscope.engine.block_capture import AttentionCapture, CaptureBatch, CaptureError, UnsupportedModelError
+from headscope.engine.block_capture import (
+    AttentionCapture,
+    CaptureBatch,
+    CaptureError,
+    QKVPart,
+    UnsupportedModelError,
+)
 from headscope.zoo.loaders import prefix_kinds
 from helpers.models import FAMILIES, TINY, make
 
@@ -117,6 +123,41 @@ def test_one_hook_on_qkv_keeps_q_k_and_v_without_qk_norm():
             assert len(attn.qkv._forward_hooks) == 1
             assert len(attn.q_norm._forward_hooks) == len(attn.k_norm._forward_hooks) == int(qk_norm)
         assert not (attn.qkv._forward_hooks or attn.q_norm._forward_hooks or attn.k_norm._forward_hooks)
+
+
+def test_q_k_and_v_are_timm_s_own_views_made_when_first_read():
+    """Without QK-norm the capture keeps qkv's output, and q, k and v are made from it when first
+    read (`QKVPart`: one view each, where timm's reshape, permute and unbind are three operators
+    the host dispatches per layer and call): the same memory, values and strides as timm's, and
+    q's rows alone in one view. A CLS capture reads no v, so none is made."""
+    model = make("vit_small_patch16_224", dict(TINY, img_size=64))
+    H = model.blocks[0].attn.num_heads
+    outs: list[torch.Tensor] = []
+    handles = [b.attn.qkv.register_forward_hook(lambda m, a, o: outs.append(o)) for b in model.blocks]
+    cap = AttentionCapture(model)
+    with torch.inference_mode(), cap.capturing():
+        model.forward_features(torch.randn(2, 3, 64, 64))
+    for h in handles:
+        h.remove()
+    views = cap.results()[0].views
+    assert views is not None
+    for name in "qkv":
+        assert all(isinstance(p, QKVPart) for p in views.tensors[name]._items)  # none made yet
+    for layer, out in enumerate(outs):
+        B, N, _ = out.shape
+        want = out.reshape(B, N, 3, H, -1).permute(2, 0, 3, 1, 4).unbind(0)  # timm's
+        rows = views.tensors["q"].rows(layer, [2, 3, 4])
+        assert torch.equal(rows, want[0].narrow(2, 2, 3)) and rows.stride() == want[0].stride()
+        for j, name in enumerate("qkv"):
+            got = views.tensors[name][layer]
+            assert torch.equal(got, want[j]) and got.stride() == want[j].stride()
+            assert got.data_ptr() == want[j].data_ptr()  # a view, no copy
+    # qkv's output not contiguous (no linear gives one; a model could): timm's own operators
+    odd = torch.randn(2, 3 * H * 4, 5).transpose(1, 2)  # B, N, 3 * H * d
+    want = odd.reshape(2, 5, 3, H, 4).permute(2, 0, 3, 1, 4)
+    for j in range(3):
+        assert torch.equal(QKVPart(odd, H, j).view(), want[j])
+        assert torch.equal(QKVPart(odd, H, j).view((1, 2)), want[j].narrow(2, 1, 2))
 
 
 @pytest.mark.parametrize("name,kwargs,hw,prefix,kind", FAMILIES, ids=FAMILY_IDS)
