@@ -17,6 +17,11 @@ regime of the default model at batch 1-128 on an H100. Its rows:
   ``Scope.attention`` against ``Scope._read`` (the preparation alone, the same threads:
   decoding, resizing, each picture's id) of the same list, ``vs_prepare``: how near a list's
   capture comes to its preparation when the forward costs next to nothing.
+* ``convoy``: ``Scope.attention(uint8 tensor [16, 3, 32, 32])`` alone, and beside threads that
+  prepare 640 x 480 JPEGs meanwhile (one thread, and one fewer than the machine's cores), in
+  alternating phases: ``slowdown`` is how much longer the call takes beside them. On a GPU the
+  calling thread dispatches every kernel while the decoding threads run (a list of JPEGs, the
+  server's uploads), and each operator gives up the GIL and waits to take it back behind them.
 
 Every ratio comes from the same rounds, interleaved (forward, capture, forward, capture, ...):
 median of the per-round ratios, with min and max.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -115,6 +121,11 @@ def _run(args: argparse.Namespace, batches: tuple[int, ...], relevance_batch: in
     scope = tiny_scope(args.device)
     runner = scope.runner
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "rounds": args.rounds, "capture": {}}
+
+    def save() -> None:  # after each row: a time limit keeps what was measured
+        if args.out:
+            Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+
     for B in batches:
         levels = random_levels(B, 32, device)
         forward = bare_forward(scope, runner.inputs(levels))
@@ -125,6 +136,7 @@ def _run(args: argparse.Namespace, batches: tuple[int, ...], relevance_batch: in
         row["host_ms_per_picture"] = float(np.median([(c - f) / B for c, f in zip(t["capture"], t["ref"])]))
         row["ops"], row["forward_ops"] = aten_ops(lambda: scope.attention(levels)), aten_ops(forward)
         res["capture"][str(B)] = row
+        save()
         print(
             f"capture B={B:<4} {row['ms_p50']:7.2f} ms  forward {row['forward_ms_p50']:6.2f} ms  "
             f"ratio fwd/capture {1 / row['vs_forward_p50']:.2f}  host {row['host_ms_per_picture']:.3f} ms/picture  "
@@ -141,10 +153,12 @@ def _run(args: argparse.Namespace, batches: tuple[int, ...], relevance_batch: in
         row = ratio_row(t[m], t["ref"])
         row["ops"] = aten_ops(fns[m])
         res[m] = {**row, "batch": B}
+        save()
         print(f"{m:<11} B={B} {row['ms_p50']:7.2f} ms  {row['vs_forward_p50']:.2f}x the forward  ops {row['ops']}")
     res["pictures"] = pictures(scope, 2 if args.smoke else 64, max(1, args.rounds // 3), sync)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    save()
+    res["convoy"] = convoy(scope, 2 if args.smoke else 20, sync)
+    save()
     return 0
 
 
@@ -177,6 +191,72 @@ def pictures(scope: Any, B: int, rounds: int, sync: Callable[[], None]) -> dict[
             flush=True,
         )
     return out
+
+
+def convoy(scope: Any, rounds: int, sync: Callable[[], None]) -> list[dict[str, Any]]:
+    """``Scope.attention`` of 16 tensors alone and beside threads preparing JPEGs, alternating
+    phases of 3 calls (``rounds`` phases each way); one row per number of threads."""
+    import threading
+
+    from .gpu_quick import jpegs
+
+    files = jpegs(16)
+    levels = random_levels(16, 32, scope.device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    rows = []
+    for n in sorted({1, max(1, cores - 1)}):
+        run, done = threading.Event(), threading.Event()
+        prepared = [0] * n
+
+        def prepare(k: int) -> None:
+            i = 0
+            while not done.is_set():
+                if run.wait(0.05):
+                    scope._prepare(files[i % len(files)])
+                    i += 1
+                    prepared[k] += 1
+
+        threads = [threading.Thread(target=prepare, args=(k,), daemon=True) for k in range(n)]
+        for t in threads:
+            t.start()
+        alone: list[float] = []
+        beside: list[float] = []
+        busy_s, busy_n = 0.0, 0
+        try:
+            scope.attention(levels)  # warm
+            for r in range(2 * rounds):
+                on = r % 2 == 1
+                (run.set if on else run.clear)()
+                time.sleep(0.02)  # the threads are running (or done with their picture)
+                n0, t0 = sum(prepared), time.perf_counter()
+                for _ in range(3):
+                    sync()
+                    t = time.perf_counter()
+                    scope.attention(levels)
+                    sync()
+                    (beside if on else alone).append((time.perf_counter() - t) * 1000)
+                if on:
+                    busy_s += time.perf_counter() - t0
+                    busy_n += sum(prepared) - n0
+        finally:
+            done.set()
+            run.set()
+            for t in threads:
+                t.join()
+        row = {
+            "threads": n,
+            "alone_ms": float(np.median(alone)),
+            "beside_ms": float(np.median(beside)),
+            "slowdown": float(np.median(beside) / np.median(alone)),
+            "preparations_per_s": busy_n / busy_s if busy_s > 0 else 0.0,
+        }
+        rows.append(row)
+        print(
+            f"convoy {n:>2} preparing thread(s)  attention(B=16) {row['alone_ms']:6.2f} ms alone, "
+            f"{row['beside_ms']:6.2f} ms beside them ({row['slowdown']:.2f}x); {row['preparations_per_s']:.0f} JPEGs/s",
+            flush=True,
+        )
+    return rows
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ keeps them, so any row, at any softmax temperature, and one head's whole computa
 (:mod:`app.engine.explain`) can be recomputed later without another forward pass:
 
 * ``qk``: for timm's plain ``Attention`` (vit, deit, dinov2, flexivit, siglip) the forward stays
-  fused; one forward hook on ``qkv`` keeps q, k and v as views of its output, made as timm
-  makes them (with QK-norm, q and k come from hooks on ``q_norm``/``k_norm`` instead, and v
-  alone from ``qkv``). The rows a query asks for are recomputed from q and k exactly as the
-  unfused branch would. No N x N matrix exists unless a caller asks for every row.
+  fused; one forward hook on ``qkv`` keeps its output, whose views q, k and v are, made as
+  timm makes them when first read (:class:`QKVPart`; with QK-norm, q and k come from hooks on
+  ``q_norm``/``k_norm`` instead, and v alone from ``qkv``). The rows a query asks for are
+  recomputed from q and k exactly as the unfused branch would. No N x N matrix exists unless a
+  caller asks for every row.
 * ``sdpa``: for classes that change q and k after the last module that sees them or add a bias
   before the softmax (EVA applies RoPE after ``k_norm``; BEiT computes qkv with ``F.linear`` and
   adds a relative position bias), the forward stays fused too: while the attention module runs, a

@@ -134,3 +134,6 @@ def test_the_host_overhead_script_runs_tiny_on_the_cpu(tmp_path):
     for kind in ("jpeg", "pil"):
         row = res["pictures"][kind]
         assert row["prepare_per_s"] > 0 and row["capture_per_s"] > 0 and row["vs_prepare"] > 0
+    assert res["convoy"] and res["convoy"][0]["threads"] == 1
+    for row in res["convoy"]:
+        assert row["alone_ms"] > 0 and row["beside_ms"] > 0 and row["slowdown"] > 0 and row["preparations_per_s"] > 0

@@ -164,3 +164,17 @@ def test_a_cls_capture_dispatches_a_few_operators_beyond_the_forward(scope):
 
         extra = _dispatched(lambda t=t: scope.attention(t)) - _dispatched(forward)
         assert extra <= 2 * L + 30 + B, (B, extra)
+
+
+def test_a_batch_s_results_hash_no_id_until_one_is_read(scope):
+    """An answer's metadata is made when first read (`PartMeta`): a batch's call hashes no
+    picture's pixels (a millisecond a photo) unless its id is read, and then gives what the
+    picture alone gives."""
+    H, W = scope.lm.input_size
+    pics = [_levels(30 + s, (H, W)) for s in range(3)]
+    got = scope.attention(torch.stack([_chw(a) for a in pics]))  # small: no hashing thread
+    batch = got[0]._item.picture._batch
+    assert batch is not None and not batch._runs and batch._ids == ["", "", ""]
+    assert got[1].meta["image_id"] == scope.attention(_chw(pics[1])).image_id
+    assert batch._ids[0] == batch._ids[2] == "" and batch._ids[1]
+    assert got[2].image_id == got[2].meta["image_id"] == scope.attention(_chw(pics[2])).image_id
