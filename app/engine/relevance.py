@@ -389,14 +389,21 @@ def gradient_maps(
         return out
     cams = [(g.float() * a.float()).clamp_min(0).mean(1) for a, g in zip(maps, grads)]  # L x (B, N, N)
     if "grad_attention" in methods:
-        out["grad_attention"] = (w[:, None, :] @ cams[-1])[:, 0]  # B, N
+        out["grad_attention"] = torch.bmm(w.unsqueeze(1), cams[-1]).squeeze(1)  # B, N
     if "chefer" in methods:
         # w @ R with R = (I + cam_{L-1}) ... (I + cam_0): vector-matrix products, last layer first
-        v = w
-        for cam in reversed(cams):
-            v = v + (v[:, None, :] @ cam)[:, 0]  # B, N
-        out["chefer"] = v
+        out["chefer"] = _rolled(w, reversed(cams))
     return out
+
+
+def _rolled(w: torch.Tensor, last_first: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``w @ (I + cam_{L-1}) ... (I + cam_0)``, ``[B, N]``, the cams ``[B, N, N]`` given from the
+    last layer down: ``v = v + v @ cam``, one ``baddbmm`` a layer (on a GPU each operator of a
+    launch-bound pass is a kernel launch: ``v[:, None, :] @ cam`` and back cost nine a layer)."""
+    v = w.unsqueeze(1)  # B, 1, N
+    for cam in last_first:
+        v = torch.baddbmm(v, v, cam)  # B, 1, N: v + v @ cam
+    return v.squeeze(1)
 
 
 def _signed_patch_map(v: torch.Tensor, prefix: int) -> tuple[torch.Tensor, bool]:
@@ -418,11 +425,9 @@ def chefer2021_maps(grads: list[torch.Tensor], lrp: list[torch.Tensor], readout:
         lrp: the same layers' LRP relevance arriving at ``A_l``, ``[B, H, N, N]`` each.
         readout: ``[B, N]`` weights of the final tokens (the CLS token alone for a CLS classifier).
     """
-    v = readout.float()
-    for g, r in reversed(list(zip(grads, lrp))):
-        cam = (g.float() * r.float()).clamp(min=0).mean(1)  # B, N, N
-        v = v + (v[:, None, :] @ cam)[:, 0]  # B, N
-    return v
+    # one cam alive at a time: L of them at 518 px and batch 8 would be 720 MB
+    cams = ((g.float() * r.float()).clamp(min=0).mean(1) for g, r in reversed(list(zip(grads, lrp))))  # B, N, N
+    return _rolled(readout.float(), cams)
 
 
 def _rules_forward(
