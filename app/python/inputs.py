@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,9 +113,9 @@ class TensorPicture:
     """A tensor picture: no name, its lossless PNG made when first asked for.
 
     Args:
-        levels: ``[3, H, W]`` uint8 on any device (`tensor_pictures`).
+        levels: ``[3, H, W]`` uint8 on any device (a picture of `tensor_pictures`).
         batch: the `TensorBatch` this picture is picture ``index`` of: its host copy and its id
-            come from there (hashed in the background while the model computes).
+            come from there (made for the whole batch when the first is asked for).
         index: its place in ``batch``.
     """
 
@@ -156,65 +156,70 @@ class TensorPicture:
 
 
 class TensorBatch:
-    """The pictures of one ``[B, 3, H, W]`` tensor: one copy to the host for them all, and their
-    ids hashed in the background, so that the caller runs the forward meanwhile and waits only
-    when it reads an id.
-
-    From a CUDA device the copy goes into pinned memory without blocking, ordered on the
-    device's stream before the forward the caller launches next; the hashing threads wait for
-    that copy alone (an event), not for the forward. Host pictures are hashed where they are.
+    """The pictures of one ``[B, 3, H, W]`` tensor, taken as they are when the call is made (one
+    copy on their device: a caller's buffer may hold the next pictures by the time a result
+    recomputes its capture or hashes its id), each picture a view of it. Their host copy and
+    their ids are made when first asked for, for the whole batch at once: a call that reads
+    neither spends nothing on them (on a GPU no copy to the host, no hashing threads beside the
+    thread that dispatches the forward).
 
     Args:
-        levels: ``[3, H, W]`` uint8 tensors of one shape, on one device.
-        threads: most threads hashing, each a run of pictures (fewer for a small batch: below
-            ``THREAD_BYTES`` a picture run is hashed on the thread that first reads one of its ids).
+        levels: ``[B, 3, H, W]`` uint8 (`tensor_pictures`), or ``[3, H, W]`` tensors of one shape,
+            on one device.
+        threads: most threads hashing the ids, each a run of pictures (fewer for a small batch:
+            below ``THREAD_BYTES`` a run is hashed on the thread that reads the first id).
     """
 
     THREAD_BYTES = 2 * 2**20  # a thread costs more than hashing less than this saves
 
-    def __init__(self, levels: list[Any], threads: int = 1):
+    def __init__(self, levels: Any, threads: int = 1):
         import torch
 
-        from ..engine.device import to_host_later
+        # B, 3, H, W: the snapshot, on the pictures' device
+        self.batch = (
+            levels.clone(memory_format=torch.contiguous_format)
+            if isinstance(levels, torch.Tensor)
+            else torch.stack(levels)
+        )
+        self.levels = list(self.batch.unbind(0))
+        _, _, self.H, self.W = self.batch.shape
+        self.threads = threads
+        self._hosts: list[Any] | None = None
+        self._ids: list[str] | None = None
+        self._lock = threading.RLock()
 
-        self.levels = levels
-        _, self.H, self.W = levels[0].shape
-        B = len(levels)
-        self._ready: Callable[[], Any] | None = None
-        if levels[0].device.type == "cpu":
-            self._hosts: list[Any] = list(levels)
-        else:
-            host, self._ready = to_host_later(torch.stack(levels))  # B, 3, H, W
-            self._hosts = list(host.unbind(0))
-        self._ids: list[str] = [""] * B
-        n = max(1, min(threads, B, (B * levels[0].numel()) // self.THREAD_BYTES))
-        self._run = -(-B // n)  # pictures per run
-        self._runs: list[Future[None]] = []
-        if n > 1:
-            pool = ThreadPoolExecutor(n, thread_name_prefix="headscope-ids")
-            self._runs = [pool.submit(self._hash, range(s, min(s + self._run, B))) for s in range(0, B, self._run)]
-            pool.shutdown(wait=False)  # its threads end with their runs
-
-    def _hash(self, idx: range) -> None:
-        if self._ready is not None:
-            self._ready()
-        for i in idx:
-            self._ids[i] = _rgb_id(self.H, self.W, self._hosts[i].numpy())
+    def _host_all(self) -> list[Any]:
+        with self._lock:
+            if self._hosts is None:
+                self._hosts = self.levels if self.batch.device.type == "cpu" else list(self.batch.cpu().unbind(0))
+            return self._hosts
 
     def host(self, i: int) -> Any:
-        """Picture ``i``'s levels on the host, once the copy has landed."""
-        if self._ready is not None:
-            self._ready()
-        return self._hosts[i]
+        """Picture ``i``'s levels on the host (the whole batch copied there when first asked)."""
+        return self._host_all()[i]
 
     def image_id(self, i: int) -> str:
-        """Picture ``i``'s id (`pixels_id` of its levels), once its run is hashed."""
-        if not self._ids[i]:
-            if self._runs:
-                self._runs[i // self._run].result()
-            else:
-                self._hash(range(i, i + 1))
-        return self._ids[i]
+        """Picture ``i``'s id (`pixels_id` of its levels); every picture's is hashed when the first
+        is asked for, on threads for a large batch."""
+        with self._lock:
+            if self._ids is None:
+                self._ids = self._hash_all()
+            return self._ids[i]
+
+    def _hash_all(self) -> list[str]:
+        hosts = self._host_all()
+        B = len(hosts)
+        n = max(1, min(self.threads, B, (B * hosts[0].numel()) // self.THREAD_BYTES))
+        run = -(-B // n)  # pictures per thread
+
+        def hashed(idx: range) -> list[str]:
+            return [_rgb_id(self.H, self.W, hosts[i].numpy()) for i in idx]
+
+        runs = [range(s, min(s + run, B)) for s in range(0, B, run)]
+        if n == 1:
+            return hashed(runs[0])
+        with ThreadPoolExecutor(n, thread_name_prefix="headscope-ids") as pool:
+            return [i for part in pool.map(hashed, runs) for i in part]
 
     def pictures(self) -> list[TensorPicture]:
         """One `TensorPicture` per picture, in order."""
@@ -296,8 +301,9 @@ def is_tensor(image: Any) -> bool:
     return isinstance(image, torch.Tensor)
 
 
-def tensor_pictures(t: Any) -> list[Any]:
-    """A tensor of pixels -> one ``[3, H, W]`` uint8 tensor per picture, on the tensor's device.
+def tensor_pictures(t: Any) -> Any:
+    """A tensor of pixels -> the pictures' uint8 levels ``[B, 3, H, W]``, on the tensor's device
+    (``t`` itself where it is a uint8 batch).
 
     Raises:
         TypeError: a dtype other than uint8 or floating.
@@ -325,7 +331,7 @@ def tensor_pictures(t: Any) -> list[Any]:
         levels = (t.float() * 255.0).round_().to(torch.uint8)
     else:
         raise TypeError(f"a tensor picture is uint8 (0..255) or floating (0..1); got {t.dtype}")
-    return list(levels) if levels.dim() == 4 else [levels]
+    return levels if levels.dim() == 4 else levels.unsqueeze(0)
 
 
 def png_bytes(image: Any) -> bytes:

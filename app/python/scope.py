@@ -127,13 +127,12 @@ class Scope:
         """
         many = is_many(image)
         if is_tensor(image):
-            # One copy to the host for the whole tensor (on a GPU queued before the forward and
-            # not waited for), the ids hashed meanwhile.
+            # The pictures as they are now, one copy where they are; their host copy and ids
+            # only when a result reads them.
             tensors = TensorBatch(tensor_pictures(image), _cores())
             items: list[Any] = tensors.pictures()
             if self.pictures.fit(tensors.W, tensors.H) == (tensors.W, tensors.H):
-                # Nothing to prepare: the batches at once (the forward does not wait for the ids;
-                # on a GPU it runs while they are hashed).
+                # Nothing to prepare: the batches at once (each a view of that copy: no other).
                 for s in range(0, len(items), self.batch_size):
                     yield {
                         i: PreparedPicture(p, p.prepared(self.pictures))
@@ -195,7 +194,8 @@ class Scope:
         elif is_tensor(item):
             if item.dim() != 3:
                 raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
-            pic = TensorPicture(tensor_pictures(item)[0])  # 3, H, W uint8, on its device
+            # 3, H, W uint8 on its device, as it is now (a copy: the caller's buffer may change)
+            pic = TensorPicture(tensor_pictures(item)[0].clone())
         else:
             pic = picture(item, self.settings.max_upload_bytes)
         return PreparedPicture(pic, pic.prepared(self.pictures))

@@ -74,23 +74,39 @@ def test_batch_mates_share_a_selection_but_each_answer_is_its_own(scope):
     assert scope.attention(batch[:2], **kw)[1].meta["layers"] == [0, scope.lm.num_layers - 1]
 
 
-def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own():
-    """`TensorBatch` hashes runs of pictures on threads while the caller computes; every id is
-    the one the picture gets alone and that its PIL image gets (`pixels_id`)."""
+def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own(monkeypatch):
+    """`TensorBatch` hashes every picture's id when the first is read, runs of pictures on
+    threads for a large batch; every id is the one the picture gets alone and that its PIL image
+    gets (`pixels_id`), and the pictures are those of the call, whatever the caller's tensor
+    holds afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from PIL import Image
 
+    from headscope.python import inputs
     from headscope.python.inputs import TensorBatch, TensorPicture, pixels_id
 
+    pools: list[int] = []
+
+    class Counted(ThreadPoolExecutor):
+        def __init__(self, n, **kw):
+            pools.append(n)
+            super().__init__(n, **kw)
+
+    monkeypatch.setattr(inputs, "ThreadPoolExecutor", Counted)
     pics = [_levels(10 + s, (300, 400)) for s in range(12)]  # 4.3 MB in all: two threads of 2 MiB
     batch = torch.stack([_chw(a) for a in pics])
     tb = TensorBatch(list(batch), threads=4)
-    assert len(tb._runs) == 2  # the threads did run
+    kept = batch.clone()
+    batch.zero_()  # the caller's buffer takes the next pictures
+    assert tb._ids is None and not pools  # nothing hashed before an id is read
     alone = [TensorPicture(_chw(a)).image_id for a in pics]
     assert [p.image_id for p in tb.pictures()] == alone
+    assert pools == [2]  # the threads did run, once for the batch
     assert alone == [pixels_id(Image.fromarray(a)) for a in pics]
-    assert torch.equal(tb.host(4), batch[4])
-    single = TensorBatch(list(batch[:2]), threads=4)  # small: hashed when first read, no thread
-    assert not single._runs and single.image_id(1) == alone[1]
+    assert torch.equal(tb.host(4), kept[4]) and torch.equal(tb.pictures()[4]._levels, kept[4])
+    single = TensorBatch(list(kept[:2]), threads=4)  # small: hashed on the reading thread
+    assert single.image_id(1) == alone[1] and pools == [2]
 
 
 def test_every_call_takes_tensors(scope):
@@ -174,7 +190,22 @@ def test_a_batch_s_results_hash_no_id_until_one_is_read(scope):
     pics = [_levels(30 + s, (H, W)) for s in range(3)]
     got = scope.attention(torch.stack([_chw(a) for a in pics]))  # small: no hashing thread
     batch = got[0]._item.picture._batch
-    assert batch is not None and not batch._runs and batch._ids == ["", "", ""]
+    assert batch is not None and batch._ids is None and batch._hosts is None
     assert got[1].meta["image_id"] == scope.attention(_chw(pics[1])).image_id
-    assert batch._ids[0] == batch._ids[2] == "" and batch._ids[1]
     assert got[2].image_id == got[2].meta["image_id"] == scope.attention(_chw(pics[2])).image_id
+
+
+def test_a_buffer_refilled_after_the_call_changes_no_result(scope):
+    """The pictures of a tensor are taken as they are when the call is made: a caller that
+    refills its buffer with the next pictures changes neither a result's id, nor its PNG, nor a
+    capture computed again (`select`), for a batch and for a list of tensors alike."""
+    H, W = scope.lm.input_size
+    pics = [_levels(40 + s, (H, W)) for s in range(2)]
+    for make in (lambda t: t, lambda t: list(t.unbind(0))):
+        buf = torch.stack([_chw(a) for a in pics])
+        got = scope.attention(make(buf))
+        buf.zero_()
+        for g, a in zip(got, pics):
+            alone = scope.attention(_chw(a))
+            assert g.image_id == alone.image_id and g.image_bytes == png_bytes(a)
+            assert torch.equal(g.select(query="all").maps, alone.select(query="all").maps)
