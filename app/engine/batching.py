@@ -93,10 +93,7 @@ def to_device(raws: Sequence[torch.Tensor], device: torch.device) -> torch.Tenso
     blocking: the copy is ordered before the forward on the device's stream.
     """
     if all(r.device == device for r in raws):
-        whole = _slices_of_one(raws) if raws[0].dtype == torch.uint8 else None
-        # uint8 pixels are normalised into new memory next: a view of the batch they are already
-        # slices of (a tensor picture batch) needs no copy, where torch.stack would make one
-        return whole if whole is not None else torch.stack(list(raws))
+        return torch.stack(list(raws))
     host = [r.cpu() for r in raws]
     if device.type == "cuda":
         x = torch.empty((len(host), *host[0].shape), dtype=host[0].dtype, pin_memory=True)  # B, 3, H, W
@@ -106,27 +103,6 @@ def to_device(raws: Sequence[torch.Tensor], device: torch.device) -> torch.Tenso
         np.stack([h.numpy() for h in host], out=x.numpy())
         return x.to(device, non_blocking=True)
     return torch.stack(host).to(device)
-
-
-def _slices_of_one(raws: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """``raws`` as one ``[B, ...]`` view of the tensor whose consecutive, evenly spaced slices
-    they are (``t.unbind(0)``), or None."""
-    first = raws[0]
-    if len(raws) == 1:
-        return first.unsqueeze(0)
-    ptr, step = first.untyped_storage().data_ptr(), raws[1].storage_offset() - first.storage_offset()
-    if step < first.numel():  # overlapping (or out of order): not a batch's slices
-        return None
-    for i, r in enumerate(raws):
-        if (
-            r.shape != first.shape
-            or r.stride() != first.stride()
-            or r.dtype != first.dtype
-            or r.untyped_storage().data_ptr() != ptr
-            or r.storage_offset() != first.storage_offset() + i * step
-        ):
-            return None
-    return first.as_strided((len(raws), *first.shape), (step, *first.stride()), first.storage_offset())
 
 
 def device_input(

@@ -164,8 +164,7 @@ class TensorBatch:
     thread that dispatches the forward).
 
     Args:
-        levels: ``[B, 3, H, W]`` uint8 (`tensor_pictures`), or ``[3, H, W]`` tensors of one shape,
-            on one device.
+        levels: ``[B, 3, H, W]`` uint8 on any device (`tensor_pictures`).
         threads: most threads hashing the ids, each a run of pictures (fewer for a small batch:
             below ``THREAD_BYTES`` a run is hashed on the thread that reads the first id).
     """
@@ -175,12 +174,7 @@ class TensorBatch:
     def __init__(self, levels: Any, threads: int = 1):
         import torch
 
-        # B, 3, H, W: the snapshot, on the pictures' device
-        self.batch = (
-            levels.clone(memory_format=torch.contiguous_format)
-            if isinstance(levels, torch.Tensor)
-            else torch.stack(levels)
-        )
+        self.batch = levels.clone(memory_format=torch.contiguous_format)  # B, 3, H, W: the snapshot
         self.levels = list(self.batch.unbind(0))
         _, _, self.H, self.W = self.batch.shape
         self.threads = threads

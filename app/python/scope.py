@@ -204,9 +204,17 @@ class Scope:
         """The model in eval mode while Headscope computes (see `computing`)."""
         return computing(self.lm, lock)
 
-    def _raws(self, batch: Mapping[int, PreparedPicture], idx: list[int]) -> list[torch.Tensor]:
-        """The uint8 pixels of ``batch[i]`` for ``i`` in ``idx`` (a streamed batch)."""
-        return [batch[i].prep.raw for i in idx]
+    def _raws(self, batch: Mapping[int, PreparedPicture], idx: list[int]) -> list[torch.Tensor] | torch.Tensor:
+        """The uint8 pixels of ``batch[i]`` for ``i`` in ``idx`` (a streamed batch): a view of their
+        `TensorBatch` where they are its consecutive pictures as they are (no stack to copy
+        them again), else one tensor each."""
+        raws = [batch[i].prep.raw for i in idx]
+        pic = batch[idx[0]].picture
+        if isinstance(pic, TensorPicture) and pic._batch is not None:
+            tensors, start, end = pic._batch, pic._index, pic._index + len(raws)
+            if end <= len(tensors.levels) and all(r is lv for r, lv in zip(raws, tensors.levels[start:end])):
+                return tensors.batch[start:end]
+        return raws
 
     # -- attention ------------------------------------------------------------------------
     def attention(

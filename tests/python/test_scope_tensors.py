@@ -96,7 +96,7 @@ def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own(monkeypatch):
     monkeypatch.setattr(inputs, "ThreadPoolExecutor", Counted)
     pics = [_levels(10 + s, (300, 400)) for s in range(12)]  # 4.3 MB in all: two threads of 2 MiB
     batch = torch.stack([_chw(a) for a in pics])
-    tb = TensorBatch(list(batch), threads=4)
+    tb = TensorBatch(batch, threads=4)
     kept = batch.clone()
     batch.zero_()  # the caller's buffer takes the next pictures
     assert tb._ids is None and not pools  # nothing hashed before an id is read
@@ -105,7 +105,7 @@ def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own(monkeypatch):
     assert pools == [2]  # the threads did run, once for the batch
     assert alone == [pixels_id(Image.fromarray(a)) for a in pics]
     assert torch.equal(tb.host(4), kept[4]) and torch.equal(tb.pictures()[4]._levels, kept[4])
-    single = TensorBatch(list(kept[:2]), threads=4)  # small: hashed on the reading thread
+    single = TensorBatch(kept[:2], threads=4)  # small: hashed on the reading thread
     assert single.image_id(1) == alone[1] and pools == [2]
 
 
@@ -209,3 +209,19 @@ def test_a_buffer_refilled_after_the_call_changes_no_result(scope):
             alone = scope.attention(_chw(a))
             assert g.image_id == alone.image_id and g.image_bytes == png_bytes(a)
             assert torch.equal(g.select(query="all").maps, alone.select(query="all").maps)
+
+
+def test_a_tensor_batch_goes_to_the_forward_as_its_one_copy(scope):
+    """The pictures of a tensor at the input size go to the forward as a view of the call's one
+    copy (`TensorBatch.batch`), not stacked again; pictures that are not its consecutive
+    pictures as they are (a list of tensors) go as they are."""
+    H, W = scope.lm.input_size
+    t = torch.stack([_chw(_levels(50 + s, (H, W))) for s in range(3)])
+    batch = next(scope._stream(t))
+    raws = scope._raws(batch, list(batch))
+    tb = batch[0].picture._batch
+    assert isinstance(raws, torch.Tensor) and raws.data_ptr() == tb.batch.data_ptr() and torch.equal(raws, t)
+    part = scope._raws(batch, [1, 2])
+    assert isinstance(part, torch.Tensor) and part.data_ptr() == tb.batch[1].data_ptr()
+    mixed = next(scope._stream(list(t.unbind(0))))
+    assert isinstance(scope._raws(mixed, list(mixed)), list)

@@ -16,7 +16,6 @@ from headscope.engine.batching import (
     normal_table,
     normalise,
     split_on_oom,
-    to_device,
 )
 from headscope.engine.forward import forward_capture
 from headscope.zoo.registry import Registry
@@ -53,24 +52,6 @@ def test_normalise_refuses_what_is_not_uint8_rgb():
         normalise(torch.zeros(3, 4, 4), normal_table(MEAN, STD))
     with pytest.raises(ValueError, match=r"\[\.\.\., 3, H, W\]"):
         normalise(torch.zeros(4, 4, 3, dtype=torch.uint8), normal_table(MEAN, STD))
-
-
-def test_a_batch_s_own_pictures_go_to_the_forward_without_a_copy():
-    """uint8 pictures that are a batch tensor's slices (a tensor picture batch) are that tensor
-    (a view: the forward normalises them into new memory next); any other list is stacked."""
-    batch = torch.randint(0, 256, (4, 3, 5, 6), dtype=torch.uint8)
-    x = to_device(list(batch.unbind(0)), batch.device)
-    assert torch.equal(x, batch) and x.data_ptr() == batch.data_ptr()
-    one = to_device([batch[2]], batch.device)
-    assert torch.equal(one, batch[2:3]) and one.data_ptr() == batch[2].data_ptr()
-    for raws in (
-        [batch[0], batch[2], batch[1]],  # out of order
-        [batch[0], batch[0]],  # the same picture twice
-        [batch[0], torch.randint(0, 256, (3, 5, 6), dtype=torch.uint8)],  # another tensor
-        list(batch.float().unbind(0)),  # float: taken as the model's input, never a view
-    ):
-        x = to_device(raws, batch.device)
-        assert torch.equal(x, torch.stack(raws)) and all(x.data_ptr() != r.data_ptr() for r in raws)
 
 
 def test_groups_keep_shapes_apart_in_order_and_bounded():
