@@ -108,22 +108,88 @@ def _recomputed_grad(fn: Callable, x: torch.Tensor, g: torch.Tensor) -> torch.Te
 
 
 class _Identity(Function):
-    """``fn(x)`` forward; relevance passes unchanged."""
+    """``fn(x)`` forward; relevance passes unchanged.
+
+    How the gradient pass answers (an identity rule's only other work) is ``derivative``:
+    ``None`` computes ``fn`` again under autograd; ``"self"`` is ``fn`` itself, for a scaling by a
+    constant (``J^T g = fn(g)`` where the output has the input's shape); otherwise
+    ``(g, *kept) -> J^T g`` with ``kept = keep(x, out)`` from the forward: the kernel autograd's
+    own backward runs, the same numbers, one operator and no graph built.
+    """
 
     @staticmethod
-    def forward(ctx, mode: Passes, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx, mode: Passes, fn: Callable, x: torch.Tensor, derivative: Any = None, keep: Callable | None = None
+    ) -> torch.Tensor:  # fmt: skip
         ctx.mode = mode
-        if mode.gradient_pass:  # the function and its input, for the derivative; the relevance needs neither
-            ctx.fn = fn
-            ctx.save_for_backward(*_saveable(x))
-        return fn(x)
+        out = fn(x)
+        if mode.gradient_pass:  # what the derivative needs; the relevance needs nothing
+            if derivative == "self" and out.shape != x.shape:
+                derivative = None  # a broadcast scaling: autograd sums it back
+            ctx.fn, ctx.derivative = fn, derivative
+            if derivative is None:
+                ctx.save_for_backward(*_saveable(x))
+            elif derivative != "self" and keep is not None:
+                ctx.save_for_backward(*_saveable(*keep(x, out)))
+        return out
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
-        if ctx.mode.gradient:
+        none = (None, None)
+        if not ctx.mode.gradient:
+            return None, None, r, *none
+        if ctx.derivative == "self":
+            return None, None, ctx.fn(r), *none
+        if ctx.derivative is None:
             (x,) = ctx.saved_tensors
-            return None, None, _recomputed_grad(ctx.fn, x, r)
-        return None, None, r
+            return None, None, _recomputed_grad(ctx.fn, x, r), *none
+        return None, None, ctx.derivative(r, *ctx.saved_tensors), *none
+
+
+def _identity(mode: Passes, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``func(*args, **kwargs)`` as an identity rule of its first argument, with its derivative
+    written out where autograd's is one kernel (softmax, GELU, LayerNorm)."""
+    x, rest = args[0], args[1:]
+    kw = {k: v for k, v in kwargs.items() if k != "_stacklevel"}  # F.softmax passes its own
+    if func in _SOFTMAXES and kw.get("dtype") is None and len(rest) + len(kw) - ("dtype" in kw) == 1:
+        dim = rest[0] if rest else kw["dim"]
+        return _Identity.apply(
+            mode, lambda t: t.softmax(dim), x,
+            lambda g, out: torch._softmax_backward_data(g, out, dim, out.dtype), lambda _x, out: (out,),
+        )  # fmt: skip
+    if func is F.gelu and not rest and set(kw) <= {"approximate"}:
+        approximate = kw.get("approximate", "none")
+        return _Identity.apply(
+            mode, lambda t: F.gelu(t, approximate=approximate), x,
+            lambda g, x_: torch.ops.aten.gelu_backward(g, x_, approximate=approximate), lambda x_, _out: (x_,),
+        )  # fmt: skip
+    named = dict(zip(_LAYER_NORM_ARGS, rest), **kw) if func is F.layer_norm else {}
+    if set(named) <= set(_LAYER_NORM_ARGS) and "normalized_shape" in named:
+        shape, w, b = list(named["normalized_shape"]), named.get("weight"), named.get("bias")
+        eps = named.get("eps", 1e-5)
+        kept: list[torch.Tensor] = []  # mean and 1 / std, from the kernel that makes the value
+
+        def norm(t: torch.Tensor) -> torch.Tensor:
+            out, mean, rstd = torch.native_layer_norm(t, shape, w, b, eps)
+            kept[:] = mean, rstd
+            return out
+
+        def derivative(g: torch.Tensor, x_: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+            return torch.ops.aten.native_layer_norm_backward(g, x_, shape, mean, rstd, w, b, [True, False, False])[0]
+
+        return _Identity.apply(mode, norm, x, derivative, lambda x_, _out: (x_, *kept))
+    return _Identity.apply(mode, _applied(func, right=rest, kwargs=kwargs), x)
+
+
+_SOFTMAXES = (torch.Tensor.softmax, F.softmax, torch.softmax)
+_LAYER_NORM_ARGS = ("normalized_shape", "weight", "bias", "eps")
+
+
+def _no_dropout(args: tuple, kwargs: dict) -> bool:
+    """``F.dropout``'s arguments drop nothing (evaluation, or ``p`` 0): it returns its input."""
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    training = args[2] if len(args) > 2 else kwargs.get("training", True)
+    return not training or p == 0
 
 
 class _Lrp0(Function):
@@ -171,13 +237,13 @@ class _AlphaBeta(Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
+        # a backward runs without grad mode: only the branches that build a graph need detached copies
         x, w = ctx.saved_tensors
-        x, w = x.detach(), w.detach()
         none = (None,) * 3
         if ctx.mode.gradient:
             if ctx.adjoint is not None:
                 return None, None, ctx.adjoint(r, w, x.shape), *none
-            return None, None, _recomputed_grad(lambda t: ctx.op(t, w, None), x, r), *none
+            return None, None, _recomputed_grad(lambda t: ctx.op(t, w.detach(), None), x, r), *none
         parts = _signed_parts(x, w)
         if not parts:  # x all zeros: no relevance passes
             return None, None, torch.zeros_like(x), *none
@@ -187,8 +253,8 @@ class _AlphaBeta(Function):
                 c = _total([xp * ctx.adjoint(s, wp, x.shape) for xp, wp in parts])
             return None, None, c, *none
         with torch.enable_grad():
-            xs = [xp.requires_grad_(True) for xp, _ in parts]
-            zs = [ctx.op(xp, wp, None) for xp, (_, wp) in zip(xs, parts)]
+            xs = [xp.detach().requires_grad_(True) for xp, _ in parts]
+            zs = [ctx.op(xp, wp.detach(), None) for xp, (_, wp) in zip(xs, parts)]
             s = _positive_share(r, _total([z.detach() for z in zs]))
             cs = torch.autograd.grad(zs, xs, [s] * len(zs))
         c = _total([xp.detach() * cp for xp, cp in zip(xs, cs)])
@@ -249,7 +315,7 @@ class _Product(Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor):
-        a, b = (t.detach() for t in ctx.saved_tensors)
+        a, b = ctx.saved_tensors
         op, grad = ctx.op, ctx.mode.gradient
         s = r if grad else safe_divide(r, op(a, b))
         if op in _MATMULS and a.dim() == b.dim() >= 2 and a.shape[:-2] == b.shape[:-2]:
@@ -258,6 +324,7 @@ class _Product(Function):
         elif op in _MULS:
             ca, cb = s * b, s * a
         else:
+            a, b = a.detach(), b.detach()
             with torch.enable_grad():
                 ag, bg = a.requires_grad_(True), b.requires_grad_(True)
                 ca, cb = torch.autograd.grad(op(ag, bg), [ag, bg], s)
@@ -281,14 +348,16 @@ class _Add(Function):
         a, b = ctx.saved_tensors
         if ctx.mode.gradient:
             return None, _unbroadcast(r, a.shape), _unbroadcast(r, b.shape)
-        s = safe_divide(r, (a + b).detach())
+        s = safe_divide(r, a + b)
         ra, rb = a * s, b * s
         dims = tuple(range(1, r.dim()))  # per picture: the authors sum the whole tensor of one picture
-        a_sum, b_sum, r_sum = (t.sum(dims, keepdim=True) if dims else t for t in (ra, rb, r))
-        total = a_sum.abs() + b_sum.abs()
-        ra = ra * safe_divide(safe_divide(a_sum.abs(), total) * r_sum, a_sum)
-        rb = rb * safe_divide(safe_divide(b_sum.abs(), total) * r_sum, b_sum)
-        return None, _unbroadcast(ra, a.shape), _unbroadcast(rb, b.shape)
+        # both sides' factors |S_side| / (|S_a| + |S_b|) * S_r / S_side at once, [2, B, 1, ...]:
+        # the authors' numbers, with a third of the operators of one side after the other
+        sums = torch.stack([ra.sum(dims, keepdim=True), rb.sum(dims, keepdim=True)] if dims else [ra, rb])
+        r_sum = r.sum(dims, keepdim=True) if dims else r
+        mag = sums.abs()
+        fa, fb = safe_divide(safe_divide(mag, mag.sum(0)) * r_sum, sums).unbind(0)
+        return None, _unbroadcast(ra * fa, a.shape), _unbroadcast(rb * fb, b.shape)
 
 
 _MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
@@ -404,6 +473,8 @@ class RelevanceMode(TorchFunctionMode):
             self.patches = func(*args, **kwargs).detach().requires_grad_(True)
             self.patch_bias = args[2] if len(args) > 2 else kwargs.get("bias")
             return self.patches
+        if func is F.dropout and _no_dropout(args, kwargs):
+            return args[0]  # what F.dropout returns then: no operator, and no node in the graph
         if not any(_grad(a) for a in args) and not any(_grad(a) for a in kwargs.values()):
             return func(*args, **kwargs)
         if self.rules == "attnlrp":
@@ -449,14 +520,18 @@ class RelevanceMode(TorchFunctionMode):
             a, b = args[0], args[1]
             if _grad(a) and _grad(b):
                 return _Product.apply(self.passes, func, a, b)
-            if _grad(a):  # a product with a constant: relevance passes; the derivative is the product's
-                return _Identity.apply(self.passes, _applied(func, right=(b, *args[2:]), kwargs=kwargs), a)
-            return _Identity.apply(self.passes, _applied(func, left=(a,), right=args[2:], kwargs=kwargs), b)
+            # a product with a constant: relevance passes; the derivative is the product's (an
+            # element-wise one's is the product itself: LayerScale)
+            linear = "self" if func in _MULS and not kwargs else None
+            if _grad(a):
+                return _Identity.apply(self.passes, _applied(func, right=(b, *args[2:]), kwargs=kwargs), a, linear)
+            return _Identity.apply(self.passes, _applied(func, left=(a,), right=args[2:], kwargs=kwargs), b, linear)
         if func in (torch.Tensor.mul_, torch.Tensor.div, torch.div, torch.Tensor.__truediv__):
             a = args[0]
             if _grad(a) and not (len(args) > 1 and _grad(args[1])):
                 scale: Callable[..., Any] = torch.Tensor.mul if func is torch.Tensor.mul_ else func
-                return _Identity.apply(self.passes, _applied(scale, right=args[1:], kwargs=kwargs), a)
+                linear = None if kwargs else "self"  # a rounding mode is no scaling
+                return _Identity.apply(self.passes, _applied(scale, right=args[1:], kwargs=kwargs), a, linear)
             return func(*args, **kwargs)
         if func in (torch.Tensor.add, torch.add, torch.Tensor.__add__) and len(args) == 2 and not kwargs:
             a, b = args
@@ -469,8 +544,7 @@ class RelevanceMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if func in (F.layer_norm, F.gelu, F.silu, F.dropout, F.relu, torch.relu, torch.sigmoid, F.sigmoid,
                     torch.Tensor.sigmoid, torch.Tensor.softmax, F.softmax, torch.softmax, F.batch_norm):  # fmt: skip
-            x = args[0]
-            return _Identity.apply(self.passes, _applied(func, right=args[1:], kwargs=kwargs), x)
+            return _identity(self.passes, func, args, kwargs)
         if func in (torch.Tensor.mean, torch.mean, F.interpolate):
             x = args[0]
             return _Lrp0.apply(self.passes, _applied(func, right=args[1:], kwargs=kwargs), x)
@@ -486,11 +560,11 @@ class RelevanceMode(TorchFunctionMode):
             # the rules sit around the fused kernel (its gradient is the softmax's): no N x N map
             q, k, v = _ScaleGrad.apply(q, 4.0), _ScaleGrad.apply(k, 4.0), _ScaleGrad.apply(v, 2.0)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
-        qs = _Identity.apply(self.passes, lambda t: t * scale, q)
+        qs = _Identity.apply(self.passes, lambda t: t * scale, q, "self")
         s = _Product.apply(self.passes, torch.matmul, qs, k.transpose(-2, -1))  # B, H, N, N
         if attn_mask is not None:
             s = _Add.apply(self.passes, s, attn_mask.detach().expand_as(s))
-        a = _Identity.apply(self.passes, lambda t: t.softmax(-1), s)
+        a = _identity(self.passes, torch.Tensor.softmax, (s, -1), {})
         self.maps.append(a)
         return _Product.apply(self.passes, torch.matmul, a, v)
 

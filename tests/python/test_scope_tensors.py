@@ -10,6 +10,7 @@ import torch
 
 import headscope
 from headscope.python.inputs import png_bytes
+from helpers.dispatch import dispatched
 
 MODEL = "random:test_vit"
 
@@ -145,22 +146,6 @@ def test_bad_tensors_are_clear_errors(scope):
         scope.attention([torch.zeros(3, 32, 32, dtype=torch.uint8), torch.randn(3, 32, 32)])
 
 
-def _dispatched(fn) -> int:
-    """The operators ``fn`` dispatches (each is about a kernel launch's host time on a GPU)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn()
-    return Count.n
-
-
 def test_a_cls_capture_dispatches_a_few_operators_beyond_the_forward(scope):
     """On a GPU at batch 1 the forward is bound by the host's dispatch of its operators, so a
     capture's ratio to it is about the ratio of the operators each runs. CLS rows of one picture
@@ -178,7 +163,7 @@ def test_a_cls_capture_dispatches_a_few_operators_beyond_the_forward(scope):
             with torch.inference_mode():
                 scope.lm.model.forward_features(x)
 
-        extra = _dispatched(lambda t=t: scope.attention(t)) - _dispatched(forward)
+        extra = dispatched(lambda t=t: scope.attention(t)) - dispatched(forward)
         assert extra <= 2 * L + 30 + B, (B, extra)
 
 

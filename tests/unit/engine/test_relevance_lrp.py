@@ -208,3 +208,86 @@ def test_no_graph_outlives_its_call(vit, monkeypatch):
         relevance(lm, x, "top", methods)
         gc.collect()
         assert made and not [r for r in made if r() is not None], methods
+
+
+def _layer_norm_no_affine(t):
+    return torch.nn.functional.layer_norm(t, (t.shape[-1],))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.nn.functional.layer_norm(t, (t.shape[-1],), _W, _B, 1e-6),
+        lambda t: torch.nn.LayerNorm(t.shape[-1], eps=1e-6)(t),  # the module: F.layer_norm's keywords
+        _layer_norm_no_affine,
+        lambda t: torch.nn.functional.gelu(t),
+        lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+        lambda t: t.softmax(-1),
+        lambda t: torch.nn.functional.softmax(t, dim=-1),
+        lambda t: t * _W,  # LayerScale
+        lambda t: t / 3.0,
+        lambda t: t * torch.ones(2, 1, 1),  # a scaling that broadcasts: autograd sums it back
+    ],
+    ids="layer_norm LayerNorm layer_norm_plain gelu gelu_tanh softmax F.softmax mul div broadcast".split(),
+)
+def test_the_identity_rules_derivatives_are_autograd_s_own_bit_for_bit(fn):
+    """The rules that pass relevance unchanged answer the gradient pass with the derivative
+    written out (the kernel autograd's own backward runs, from what the forward kept): the
+    same bits as autograd of the plain function, and the relevance passes unchanged."""
+    from headscope.engine.lrp import RelevanceMode
+
+    torch.manual_seed(5)
+    x = torch.randn(1, 5, 8) * 3
+    g = torch.randn(torch.broadcast_shapes(fn(x).shape))
+    xg = x.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(fn(xg), xg, g)
+    for gradient in (True, False):
+        xg = x.clone().requires_grad_(True)
+        mode = RelevanceMode("chefer2021", gradient_pass=True)
+        with mode:
+            out = fn(xg)
+        assert torch.equal(out, fn(x))
+        written_out = out.grad_fn.derivative is not None  # the broadcast alone computes fn again
+        assert written_out == (out.shape == x.shape)
+        mode.gradient = gradient
+        (got,) = torch.autograd.grad(out, xg, g)
+        if gradient:
+            assert torch.equal(got, want)
+        elif got.shape == g.shape:
+            assert torch.equal(got, g)  # the identity rule
+
+
+_W, _B = torch.linspace(-2, 2, 8), torch.linspace(0.5, -0.5, 8)
+
+
+def test_a_dropout_that_drops_nothing_is_its_input_under_both_rules():
+    """timm's ``Dropout(0)`` in evaluation returns its input: under the rules too, with no node
+    in the graph (each was a node in both passes and an operator in the forward)."""
+    from headscope.engine.lrp import RelevanceMode
+
+    x = torch.randn(2, 3).requires_grad_(True)
+    h = x * 2
+    for rules in ("chefer2021", "attnlrp"):
+        with RelevanceMode(rules):
+            assert torch.nn.Dropout(0.0).eval()(h) is h
+            assert torch.nn.Dropout(0.3).eval()(h) is h
+            assert torch.nn.functional.dropout(h, 0.0, True) is h
+            assert torch.nn.Dropout(0.5).train()(h) is not h  # a dropout that drops is left to its rule
+
+
+def test_chefer2021_dispatches_at_most_400_operators_a_layer():
+    """On a GPU the CVPR 2021 rule is bound by the host's dispatch (24x a forward at batch 8 on
+    an H100), so what a layer dispatches is its cost: a forward under the rules and two
+    backwards. Written-out derivatives for the identity rules, no dropout nodes and the Add
+    rule's per-picture shares in one pass: 375 a layer here, where it was 445."""
+    from helpers.dispatch import dispatched
+
+    _, arch, kwargs, classes, hw = FAMILY["vit"]
+    x = torch.randn(2, 3, *hw)
+    counts = {}
+    for depth in (2, 4):
+        lm = load_family(arch, dict(kwargs, depth=depth), classes)
+        relevance(lm, x, "top", ["chefer2021"])  # warm
+        counts[depth] = dispatched(lambda lm=lm: relevance(lm, x, "top", ["chefer2021"]))
+    per_layer = (counts[4] - counts[2]) / 2
+    assert per_layer <= 400, counts
