@@ -210,32 +210,35 @@ def test_no_graph_outlives_its_call(vit, monkeypatch):
         assert made and not [r for r in made if r() is not None], methods
 
 
+_W, _B = torch.linspace(-2, 2, 8), torch.linspace(0.5, -0.5, 8)
+
+
 def _layer_norm_no_affine(t):
     return torch.nn.functional.layer_norm(t, (t.shape[-1],))
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        lambda t: torch.nn.functional.layer_norm(t, (t.shape[-1],), _W, _B, 1e-6),
-        lambda t: torch.nn.LayerNorm(t.shape[-1], eps=1e-6)(t),  # the module: F.layer_norm's keywords
-        _layer_norm_no_affine,
-        lambda t: torch.nn.functional.gelu(t),
-        lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
-        lambda t: t.softmax(-1),
-        lambda t: torch.nn.functional.softmax(t, dim=-1),
-        lambda t: t * _W,  # LayerScale
-        lambda t: t / 3.0,
-        lambda t: t * torch.ones(2, 1, 1),  # a scaling that broadcasts: autograd sums it back
-    ],
-    ids="layer_norm LayerNorm layer_norm_plain gelu gelu_tanh softmax F.softmax mul div broadcast".split(),
-)
-def test_the_identity_rules_derivatives_are_autograd_s_own_bit_for_bit(fn):
+_IDENTITY_RULES = {
+    "layer_norm": lambda t: torch.nn.functional.layer_norm(t, (t.shape[-1],), _W, _B, 1e-6),
+    "LayerNorm": lambda t: torch.nn.LayerNorm(t.shape[-1], eps=1e-6)(t),  # the module: F.layer_norm's keywords
+    "layer_norm_plain": _layer_norm_no_affine,
+    "gelu": lambda t: torch.nn.functional.gelu(t),
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+    "softmax": lambda t: t.softmax(-1),
+    "F.softmax": lambda t: torch.nn.functional.softmax(t, dim=-1),
+    "mul": lambda t: t * _W,  # LayerScale
+    "div": lambda t: t / 3.0,
+    "broadcast": lambda t: t * torch.ones(2, 1, 1),  # a scaling that broadcasts: autograd sums it back
+}
+
+
+@pytest.mark.parametrize("name", list(_IDENTITY_RULES))
+def test_the_identity_rules_derivatives_are_autograd_s_own_bit_for_bit(name):
     """The rules that pass relevance unchanged answer the gradient pass with the derivative
     written out (the kernel autograd's own backward runs, from what the forward kept): the
     same bits as autograd of the plain function, and the relevance passes unchanged."""
     from headscope.engine.lrp import RelevanceMode
 
+    fn = _IDENTITY_RULES[name]
     torch.manual_seed(5)
     x = torch.randn(1, 5, 8) * 3
     g = torch.randn(torch.broadcast_shapes(fn(x).shape))
@@ -255,9 +258,6 @@ def test_the_identity_rules_derivatives_are_autograd_s_own_bit_for_bit(fn):
             assert torch.equal(got, want)
         elif got.shape == g.shape:
             assert torch.equal(got, g)  # the identity rule
-
-
-_W, _B = torch.linspace(-2, 2, 8), torch.linspace(0.5, -0.5, 8)
 
 
 def test_a_dropout_that_drops_nothing_is_its_input_under_both_rules():
