@@ -136,7 +136,7 @@ test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-dep
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not ($(LONG_TESTS))"
 
-# The long tests `make test` leaves out (about 8 minutes on 2 cores): the load and soak runs
+# The long tests `make test` leaves out (about 10 minutes on 2 cores): the load and soak runs
 # (tests/api/test_reliability.py; HEADSCOPE_SLOW=1 makes them the long versions), the survey's
 # Ray engine (a local Ray cluster per test), the packaging test (sdist, wheel, a fresh venv),
 # the tests that wait out request deadlines and paced sleeps (marker `waits`), two whole head
@@ -144,7 +144,8 @@ test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-dep
 # importance view, and the sweep's progress while an upload interleaves), the servers started to
 # fail, fall back or drain (marker `lifecycle`), the docs' examples run as written (marker
 # `examples`), the browser tests' other screen sizes (marker `screens`: each test's first size
-# runs in `make test`) and the surveys run end to end (marker `surveys`).
+# runs in `make test`) and the surveys and extracts run end to end (marker `surveys`: against the
+# server, and whole command-line runs; the command line's refusals and one extract stay in `make test`).
 # CI runs them after `make test`. The markers are in pyproject.toml.
 test-long: setup-dev $(VENV)/.installed-ray fetch browser-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "$(LONG_TESTS)"

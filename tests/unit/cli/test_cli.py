@@ -84,6 +84,7 @@ def test_extract_of_a_missing_path_fails_before_loading_the_model(tmp_path):
     assert not (tmp_path / "o.safetensors").exists()
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_extract_swin_asks_for_one_stage(tmp_path):
     out = tmp_path / "swin.safetensors"
     model = ["--model", "random:swin_tiny_patch4_window7_224"]

@@ -42,6 +42,7 @@ def test_serve_model_is_repeatable():
     assert cli.build_parser().parse_args(["serve"]).any_model is None  # unset: the environment decides
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_extract_refuses_an_existing_out_unless_force_and_writes_normal_permissions(tmp_path):
     out = tmp_path / "attn.safetensors"
     out.write_bytes(b"precious")
@@ -91,6 +92,7 @@ def test_extract_of_an_unknown_model_says_so_in_one_line(tmp_path):
     assert r.returncode == 1 and r.stderr.strip() == "headscope extract: timm has no architecture named 'nope'."
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_report_and_survey_outputs_get_normal_permissions(tmp_path):
     survey, report = tmp_path / "s.parquet", tmp_path / "r.html"
     r = run("survey", str(SAMPLES / "cat.png"), "--out", str(survey), "--quiet", umask=0o022)

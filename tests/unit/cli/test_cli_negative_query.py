@@ -14,6 +14,7 @@ from helpers.server import SAMPLES
 pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_extract_reads_negative_query_indices_as_python_does(tmp_path):
     """`patch:-1,0` is the first cell of the last row; out of range says the valid range."""
     out = tmp_path / "attn.safetensors"

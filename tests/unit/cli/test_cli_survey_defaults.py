@@ -44,6 +44,7 @@ def one_photo(tmp_path_factory, samples):
     return d
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_the_default_target_of_a_saliency_model_is_each_pictures_predicted_region(one_photo, tmp_path):
     out = tmp_path / "s.parquet"
     # no --quiet: the bar is on stderr (tqdm, no terminal: one line per refresh, \r between them)
@@ -79,6 +80,7 @@ def test_the_default_target_of_a_saliency_model_is_each_pictures_predicted_regio
     assert len(set(partial)) >= 2, r.stderr[-2000:]
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_a_weak_target_gets_a_warning(one_photo, tmp_path):
     out = tmp_path / "w.parquet"
     r = run_cli(

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(4 * CLI_TIMEOUT_S)
 PHRASE = "text:a Cat on a sofa"
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_survey_for_a_phrase(tmp_path, samples):
     src = tmp_path / "src"
     src.mkdir()

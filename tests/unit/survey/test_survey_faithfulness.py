@@ -61,6 +61,7 @@ def sorted_tests(out):
     return read_faithfulness(out).sort_by([("image", "ascending"), ("method", "ascending")])
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_the_table_holds_the_engines_perturbation_test(local, source):
     from headscope.config import Settings
     from headscope.engine.faithfulness import faithfulness
@@ -99,6 +100,7 @@ def test_the_table_holds_the_engines_perturbation_test(local, source):
         assert got["score0"] == pytest.approx(want.score0, rel=1e-5)
 
 
+@pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_the_report_prints_the_mean_auc_table_with_its_interval(local, tmp_path):
     page = tmp_path / "report.html"
     r = run_cli("report", str(local), "--out", str(page))
