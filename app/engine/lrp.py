@@ -151,8 +151,14 @@ def _identity(mode: Passes, func: Callable, args: tuple, kwargs: dict) -> torch.
     written out where autograd's is one kernel (softmax, GELU, LayerNorm)."""
     x, rest = args[0], args[1:]
     kw = {k: v for k, v in kwargs.items() if k != "_stacklevel"}  # F.softmax passes its own
-    if func in _SOFTMAXES and kw.get("dtype") is None and len(rest) + len(kw) - ("dtype" in kw) == 1:
-        dim = rest[0] if rest else kw["dim"]
+    dim = rest[0] if len(rest) == 1 else kw.get("dim")
+    if (
+        func in _SOFTMAXES
+        and dim is not None
+        and len(rest) <= 1
+        and set(kw) <= {"dim", "dtype"}
+        and kw.get("dtype") is None
+    ):
         return _Identity.apply(
             mode, lambda t: t.softmax(dim), x,
             lambda g, out: torch._softmax_backward_data(g, out, dim, out.dtype), lambda _x, out: (out,),
@@ -163,8 +169,8 @@ def _identity(mode: Passes, func: Callable, args: tuple, kwargs: dict) -> torch.
             mode, lambda t: F.gelu(t, approximate=approximate), x,
             lambda g, x_: torch.ops.aten.gelu_backward(g, x_, approximate=approximate), lambda x_, _out: (x_,),
         )  # fmt: skip
-    named = dict(zip(_LAYER_NORM_ARGS, rest), **kw) if func is F.layer_norm else {}
-    if set(named) <= set(_LAYER_NORM_ARGS) and "normalized_shape" in named:
+    named = dict(zip(_LAYER_NORM_ARGS, rest), **kw) if func is F.layer_norm else {}  # nn.LayerNorm: keywords
+    if "normalized_shape" in named and set(named) <= set(_LAYER_NORM_ARGS):
         shape, w, b = list(named["normalized_shape"]), named.get("weight"), named.get("bias")
         eps = named.get("eps", 1e-5)
         kept: list[torch.Tensor] = []  # mean and 1 / std, from the kernel that makes the value

@@ -213,14 +213,10 @@ def test_no_graph_outlives_its_call(vit, monkeypatch):
 _W, _B = torch.linspace(-2, 2, 8), torch.linspace(0.5, -0.5, 8)
 
 
-def _layer_norm_no_affine(t):
-    return torch.nn.functional.layer_norm(t, (t.shape[-1],))
-
-
 _IDENTITY_RULES = {
     "layer_norm": lambda t: torch.nn.functional.layer_norm(t, (t.shape[-1],), _W, _B, 1e-6),
     "LayerNorm": lambda t: torch.nn.LayerNorm(t.shape[-1], eps=1e-6)(t),  # the module: F.layer_norm's keywords
-    "layer_norm_plain": _layer_norm_no_affine,
+    "layer_norm_plain": lambda t: torch.nn.functional.layer_norm(t, (t.shape[-1],)),
     "gelu": lambda t: torch.nn.functional.gelu(t),
     "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
     "softmax": lambda t: t.softmax(-1),
