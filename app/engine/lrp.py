@@ -263,7 +263,7 @@ class _AlphaBeta(Function):
             zs = [ctx.op(xp, wp.detach(), None) for xp, (_, wp) in zip(xs, parts)]
             s = _positive_share(r, _total([z.detach() for z in zs]))
             cs = torch.autograd.grad(zs, xs, [s] * len(zs))
-        c = _total([xp.detach() * cp for xp, cp in zip(xs, cs)])
+        c = _total([xp * cp for (xp, _), cp in zip(parts, cs)])
         return None, None, c, *none
 
 

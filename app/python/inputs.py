@@ -156,15 +156,15 @@ class TensorPicture:
 
 
 class TensorBatch:
-    """The pictures of one ``[B, 3, H, W]`` tensor, taken as they are when the call is made (one
-    copy on their device: a caller's buffer may hold the next pictures by the time a result
-    recomputes its capture or hashes its id), each picture a view of it. Their host copy and
-    their ids are made when first asked for, for the whole batch at once: a call that reads
+    """The pictures of one ``[B, 3, H, W]`` tensor as they were when the call was made (`own_levels`:
+    one copy on their device, since a caller's buffer may hold the next pictures by the time a
+    result recomputes its capture or hashes its id), each picture a view of it. Their host copy
+    and their ids are made when first asked for, for the whole batch at once: a call that reads
     neither spends nothing on them (on a GPU no copy to the host, no hashing threads beside the
     thread that dispatches the forward).
 
     Args:
-        levels: ``[B, 3, H, W]`` uint8 on any device (`tensor_pictures`).
+        levels: ``[B, 3, H, W]`` uint8 on any device, contiguous and the batch's own (`own_levels`).
         threads: most threads hashing the ids, each a run of pictures (fewer for a small batch:
             below ``THREAD_BYTES`` a run is hashed on the thread that reads the first id).
     """
@@ -172,9 +172,9 @@ class TensorBatch:
     THREAD_BYTES = 2 * 2**20  # a thread costs more than hashing less than this saves
 
     def __init__(self, levels: Any, threads: int = 1):
-        import torch
-
-        self.batch = levels.clone(memory_format=torch.contiguous_format)  # B, 3, H, W: the snapshot
+        if not levels.is_contiguous():
+            raise ValueError("TensorBatch takes contiguous levels of its own (own_levels)")
+        self.batch = levels  # B, 3, H, W
         self.levels = list(self.batch.unbind(0))
         _, _, self.H, self.W = self.batch.shape
         self.threads = threads
@@ -316,7 +316,7 @@ def tensor_pictures(t: Any) -> Any:
     if t.dtype == torch.uint8:
         levels = t
     elif t.is_floating_point():
-        lo, hi = float(t.min()), float(t.max())
+        lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one pass, one wait for a GPU
         if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
             raise ValueError(
                 f"a float tensor picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
@@ -326,6 +326,21 @@ def tensor_pictures(t: Any) -> Any:
     else:
         raise TypeError(f"a tensor picture is uint8 (0..255) or floating (0..1); got {t.dtype}")
     return levels if levels.dim() == 4 else levels.unsqueeze(0)
+
+
+def own_levels(t: Any) -> Any:
+    """`tensor_pictures` of ``t`` as a contiguous copy of their own, on the tensor's device: the
+    pictures as they are when the call is made, whatever the caller's tensor holds afterwards.
+
+    One copy whatever the dtype: a uint8 tensor is cloned, a float tensor's levels are a new
+    tensor already (copied again only where ``t``'s strides made them non-contiguous).
+    """
+    import torch
+
+    levels = tensor_pictures(t)
+    if t.dtype == torch.uint8 or not levels.is_contiguous():
+        levels = levels.clone(memory_format=torch.contiguous_format)
+    return levels
 
 
 def png_bytes(image: Any) -> bytes:

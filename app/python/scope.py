@@ -39,8 +39,8 @@ from .inputs import (
     TensorPicture,
     is_many,
     is_tensor,
+    own_levels,
     picture,
-    tensor_pictures,
 )
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class Scope:
         if is_tensor(image):
             # The pictures as they are now, one copy where they are; their host copy and ids
             # only when a result reads them.
-            tensors = TensorBatch(tensor_pictures(image), _cores())
+            tensors = TensorBatch(own_levels(image), _cores())
             items: list[Any] = tensors.pictures()
             if self.pictures.fit(tensors.W, tensors.H) == (tensors.W, tensors.H):
                 # Nothing to prepare: the batches at once (each a view of that copy: no other).
@@ -195,7 +195,7 @@ class Scope:
             if item.dim() != 3:
                 raise ValueError(f"a tensor in a list is one picture [3, H, W]; got {tuple(item.shape)}")
             # 3, H, W uint8 on its device, as it is now (a copy: the caller's buffer may change)
-            pic = TensorPicture(tensor_pictures(item)[0].clone())
+            pic = TensorPicture(own_levels(item)[0])
         else:
             pic = picture(item, self.settings.max_upload_bytes)
         return PreparedPicture(pic, pic.prepared(self.pictures))

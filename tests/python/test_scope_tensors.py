@@ -85,7 +85,7 @@ def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own(monkeypatch):
     from PIL import Image
 
     from headscope.python import inputs
-    from headscope.python.inputs import TensorBatch, TensorPicture, pixels_id
+    from headscope.python.inputs import TensorBatch, TensorPicture, own_levels, pixels_id
 
     pools: list[int] = []
 
@@ -97,7 +97,7 @@ def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own(monkeypatch):
     monkeypatch.setattr(inputs, "ThreadPoolExecutor", Counted)
     pics = [_levels(10 + s, (300, 400)) for s in range(12)]  # 4.3 MB in all: two threads of 2 MiB
     batch = torch.stack([_chw(a) for a in pics])
-    tb = TensorBatch(batch, threads=4)
+    tb = TensorBatch(own_levels(batch), threads=4)
     kept = batch.clone()
     batch.zero_()  # the caller's buffer takes the next pictures
     assert tb._ids is None and not pools  # nothing hashed before an id is read
@@ -108,6 +108,46 @@ def test_a_batch_s_ids_hashed_in_threads_are_each_picture_s_own(monkeypatch):
     assert torch.equal(tb.host(4), kept[4]) and torch.equal(tb.pictures()[4]._levels, kept[4])
     single = TensorBatch(kept[:2], threads=4)  # small: hashed on the reading thread
     assert single.image_id(1) == alone[1] and pools == [2]
+
+
+def test_a_tensor_s_pictures_are_copied_once_whatever_the_dtype():
+    """`own_levels` snapshots a call's pictures in one copy: a uint8 tensor is cloned, a float
+    tensor's levels (a new tensor already) are not copied again; either way they share no memory
+    with the caller's tensor and are contiguous, and the float range is read in one pass."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from headscope.python.inputs import TensorBatch, own_levels
+
+    def ops(fn) -> tuple[list[str], torch.Tensor]:
+        seen: list[str] = []
+
+        class Names(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        with Names():
+            out = fn()
+        return seen, out
+
+    u8 = torch.from_numpy(_levels(20, (8 * 6, 5))).reshape(2, 3, 4, 5, 6)[..., 0]  # B, 3, H, W: strided
+    for t in (
+        u8,
+        u8.contiguous(),
+        u8.float() / 255.0,
+        (u8.float() / 255.0).contiguous(memory_format=torch.channels_last),
+    ):
+        seen, got = ops(lambda t=t: own_levels(t))
+        copies = [n for n in seen if n in ("clone", "copy_", "_to_copy", "contiguous")]
+        assert copies == (
+            ["clone"] if t.dtype == torch.uint8 else ["_to_copy"] if t.is_contiguous() else ["_to_copy", "clone"]
+        )
+        assert seen.count("min") + seen.count("max") == 0 and seen.count("aminmax") == (t.dtype != torch.uint8)
+        assert got.dtype == torch.uint8 and got.is_contiguous() and torch.equal(got, u8)
+        assert got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+        assert torch.equal(TensorBatch(got).batch, u8)
+    with pytest.raises(ValueError, match="contiguous"):
+        TensorBatch(u8)
 
 
 def test_every_call_takes_tensors(scope):
