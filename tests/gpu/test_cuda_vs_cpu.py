@@ -67,7 +67,9 @@ def test_tensors_on_the_gpu_equal_the_bytes_path(scopes):
     from headscope.python.inputs import png_bytes
 
     t = torch.from_numpy(a).permute(2, 0, 1).contiguous().to(DEVICE)
-    assert torch.equal(gpu.attention(t).maps, gpu.attention(png_bytes(a)).maps)
+    want = gpu.attention(png_bytes(a)).maps
+    for pixels in (t, t.float() / 255.0):  # the float's levels made on the device (own_levels)
+        assert torch.equal(gpu.attention(pixels).maps, want)
 
 
 def test_a_batch_tensor_on_the_gpu_is_its_pictures(scopes):
