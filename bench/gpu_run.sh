@@ -2,15 +2,16 @@
 # Issue 37's GPU check in one command, on a machine with a CUDA GPU: the --gpu-quick bench (JSON
 # and log), the CUDA-against-CPU tests (tests/gpu) and the CUDA parts of the unit tests, bf16 and
 # fp16 against fp32 per output kind (bench/precision.py), where a call's time goes
-# (bench/gpu_profile.py, to explain a missed target) and the host's own time per picture
-# (bench/host_overhead.py).
+# (bench/gpu_profile.py, to explain a missed target), the host's own time per picture
+# (bench/host_overhead.py) and whether the relevance passes run as captured CUDA graphs, with
+# what a replay gains (bench/graph_probe.py).
 #
 #   bash bench/gpu_run.sh [OUT_DIR]        # OUT_DIR defaults to docs/bench
 #
 # With the device tool and the shared GPU kit (../shared/tools/gpu/README.md), from the project
 # root, after the last code change: `bash ../shared/tools/gpu/pack.sh` (the device imports the
 # packed wheel, not the checkout; its image has pytest), then the tool's `run` with carry
-# [".gpu"], timeout_s 300 (three H100 runs ran 183-231 s) and the command
+# [".gpu"], timeout_s 360 (three H100 runs ran 183-231 s before the graph probe's step) and the command
 #   CMD='bash bench/gpu_run.sh $OUT' bash .gpu/run.sh
 # and copy the files that come back (gpu-*.json) into docs/bench/ here.
 #
@@ -61,6 +62,12 @@ timeout "${EXTRA_S:-60}" "$PY" -m bench.gpu_profile --device "$DEVICE" --models-
 echo "== host: the host's own time per picture, a 32 px ViT on the device (limit ${EXTRA_S:-60} s)"
 timeout "${EXTRA_S:-60}" "$PY" -m bench.host_overhead --device "$DEVICE" \
   --out "$OUT_DIR/gpu-host-$STAMP.json" 2>&1 | grep -v "^USDT:" | tail -12
+
+echo "== graphs: the relevance passes as captured CUDA graphs (limit ${EXTRA_S:-60} s)"
+probe_size=$([[ $DEVICE == cpu ]] && echo "--batch 2 --rounds 2")
+# shellcheck disable=SC2086  # probe_size is a list of arguments
+timeout "${EXTRA_S:-60}" "$PY" -m bench.graph_probe --device "$DEVICE" --models-dir "$MODELS" $probe_size \
+  --out "$OUT_DIR/gpu-graphs-$STAMP.json" 2>&1 | grep -v "^USDT:" | tail -12
 
 echo "gpu_run: bench exit $bench_rc, tests exit $tests_rc; results in $OUT_DIR (gpu-quick-$STAMP.json)"
 [[ $bench_rc -eq 0 ]] || exit "$bench_rc"

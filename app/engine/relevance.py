@@ -642,11 +642,52 @@ def relevance(
     names = parse_methods(methods)
     if isinstance(tgt, Target):
         check_target(tgt, hw)
-    full: dict[str, torch.Tensor] = {}
-    g_maps: list[torch.Tensor] = []
     layout = lm.layout(hw)
     prefix, grid = layout.num_prefix, layout.grid  # type: ignore[union-attr]  # global: a TokenLayout
     cls = layout.cls_index  # type: ignore[union-attr]
+    dev = relevance_tensors(
+        lm, pixels, tgt, names, amp_dtype=amp_dtype, ablate=ablate, chefer2021_start=chefer2021_start
+    )
+    return _results(names, dev.maps, tgt, dev.y, dev.captures, grid, prefix, cls, seed, tgt.class_index(dev.reference))
+
+
+@dataclass
+class RelevanceTensors:
+    """What :func:`relevance_tensors` computes, on the model's device: ``maps``: method -> ``[B, N]``
+    (or ``[B, P]``) before normalisation; ``y``: the target's values ``[B]``; ``reference``: the
+    output the target reads; ``captures``: each picture's attention (rollout and raw attention read
+    them), else None."""
+
+    maps: dict[str, torch.Tensor]
+    y: torch.Tensor
+    reference: torch.Tensor
+    captures: list
+
+
+def relevance_tensors(
+    lm: LoadedModel,
+    pixels: torch.Tensor,
+    tgt: Target | PerPicture,
+    names: tuple[str, ...],
+    *,
+    amp_dtype: torch.dtype | None = None,
+    ablate: Ablation = (),
+    chefer2021_start: int = CHEFER2021_START_LAYER,
+) -> RelevanceTensors:
+    """The device's part of :func:`relevance`: its forwards and backwards, with nothing read back
+    to the host on purpose (``bench/graph_probe.py`` captures it as a CUDA graph and says where
+    that fails, and what a replay would gain).
+
+    Args:
+        lm: the model (global attention).
+        pixels: ``[B, 3, H, W]`` normalised images on the model's device.
+        tgt: the target, checked (:func:`check_target`).
+        names: methods of :data:`METHODS`, parsed (:func:`parse_methods`).
+        amp_dtype, ablate, chefer2021_start: as :func:`relevance` takes them.
+    """
+    full: dict[str, torch.Tensor] = {}
+    g_maps: list[torch.Tensor] = []
+    B = int(pixels.shape[0])
     if set(names) & {"attnlrp", "chefer2021"} and not set(names) - {"attnlrp", "chefer2021", "random"}:
         # the LRP methods alone: their own forwards give the output too (no forward that keeps
         # the maps; chefer2021's gradients come from its own graph)
@@ -663,8 +704,7 @@ def relevance(
             full["attnlrp"], y_att, ref_att = _attnlrp_forward(lm, pixels, tgt, ref, ablate)
             y_lrp, ref = (y_lrp, ref) if y_lrp is not None else (y_att, ref_att)
         assert y_lrp is not None and ref is not None
-        captures: list = [None] * int(pixels.shape[0])
-        return _results(names, full, tgt, y_lrp, captures, grid, prefix, cls, seed, tgt.class_index(ref))
+        return RelevanceTensors(full, y_lrp, ref, [None] * B)
     grad = bool((GRADIENT_METHODS - {"chefer2021"}) & set(names))
     rows = bool({"rollout", "attention"} & set(names))  # the only methods that read the captures
     fwd = forward_maps(lm, pixels, grad=grad, amp_dtype=amp_dtype, ablate=ablate, captures=rows)
@@ -691,8 +731,7 @@ def relevance(
     if "attnlrp" in names:
         full["attnlrp"] = _attnlrp_forward(lm, pixels, tgt, ref, ablate)[0]  # B, P: patches only
     del g_maps
-    captures = fwd.captures if rows else [None] * int(pixels.shape[0])
-    return _results(names, full, tgt, y.detach(), captures, grid, prefix, cls, seed, tgt.class_index(ref))
+    return RelevanceTensors(full, y.detach(), ref, fwd.captures if rows else [None] * B)
 
 
 def _results(
