@@ -31,7 +31,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -39,18 +38,13 @@ from typing import Any
 
 import torch
 
+from .gpu_quick import timed
+
 METHODS = ("chefer", "chefer2021", "attnlrp")
 
 
 def _median_ms(fn: Callable[[], Any], sync: Callable[[], None], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return statistics.median(timed(fn, rounds, 0, sync)) * 1000
 
 
 def _first_line(e: BaseException) -> str:
