@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     exact_fp32_process()  # fp32 means fp32, as the server computes
     kw = {"models_dir": args.models_dir} if args.models_dir else {}
     lm = headscope.load(device=args.device, precision="fp32", **kw).lm
-    photos = [_pixels(lm, args.device, PHOTOS[i % len(PHOTOS)]) for i in range(args.batch)]
-    x = torch.cat(photos)  # B, 3, H, W
+    photos = [_pixels(lm, args.device, name) for name in PHOTOS]  # each decoded once
+    x = torch.cat([photos[i % len(photos)] for i in range(args.batch)])  # B, 3, H, W
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     rows = probe(lm, x, args.rounds, methods)
     result = {

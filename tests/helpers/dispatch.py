@@ -9,16 +9,21 @@ from typing import Any
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def dispatched(fn: Callable[[], Any]) -> int:
-    """The operators ``fn`` dispatches below autograd, its backwards' included."""
+def operators(fn: Callable[[], Any]) -> list[str]:
+    """The names of the operators ``fn`` dispatches below autograd (``clone``, ``mm``...), in
+    order, its backwards' included."""
+    seen: list[str] = []
 
-    class Count(TorchDispatchMode):
-        n = 0
-
+    class Names(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
+            seen.append(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
 
-    with Count():
+    with Names():
         fn()
-    return Count.n
+    return seen
+
+
+def dispatched(fn: Callable[[], Any]) -> int:
+    """How many operators ``fn`` dispatches below autograd, its backwards' included."""
+    return len(operators(fn))

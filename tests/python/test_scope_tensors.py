@@ -10,7 +10,7 @@ import torch
 
 import headscope
 from headscope.python.inputs import png_bytes
-from helpers.dispatch import dispatched
+from helpers.dispatch import dispatched, operators
 
 MODEL = "random:test_vit"
 
@@ -114,21 +114,7 @@ def test_a_tensor_s_pictures_are_copied_once_whatever_the_dtype():
     """`own_levels` snapshots a call's pictures in one copy: a uint8 tensor is cloned, a float
     tensor's levels (a new tensor already) are not copied again; either way they share no memory
     with the caller's tensor and are contiguous, and the float range is read in one pass."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from headscope.python.inputs import TensorBatch, own_levels
-
-    def ops(fn) -> tuple[list[str], torch.Tensor]:
-        seen: list[str] = []
-
-        class Names(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                seen.append(func.overloadpacket.__name__)
-                return func(*args, **(kwargs or {}))
-
-        with Names():
-            out = fn()
-        return seen, out
 
     u8 = torch.from_numpy(_levels(20, (8 * 6, 5))).reshape(2, 3, 4, 5, 6)[..., 0]  # B, 3, H, W: strided
     for t in (
@@ -137,7 +123,9 @@ def test_a_tensor_s_pictures_are_copied_once_whatever_the_dtype():
         u8.float() / 255.0,
         (u8.float() / 255.0).contiguous(memory_format=torch.channels_last),
     ):
-        seen, got = ops(lambda t=t: own_levels(t))
+        made: list[torch.Tensor] = []
+        seen = operators(lambda t=t, made=made: made.append(own_levels(t)))
+        got = made[0]
         copies = [n for n in seen if n in ("clone", "copy_", "_to_copy", "contiguous")]
         assert copies == (
             ["clone"] if t.dtype == torch.uint8 else ["_to_copy"] if t.is_contiguous() else ["_to_copy", "clone"]
