@@ -83,10 +83,12 @@ def cpu_jiffies_total() -> tuple[int, int, int]:
     return total - idle - steal, total, steal
 
 
-def proc_jiffies(pid: int) -> int:
-    """utime + stime of a process in jiffies (0 if it is gone)."""
+def proc_jiffies(pid: int, thread: int | None = None) -> int:
+    """utime + stime of a process (or of one of its threads: ``thread``, a thread id; the
+    process's own id is its main thread) in jiffies (0 if it is gone)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             rest = f.read().rsplit(")", 1)[1].split()
         return int(rest[11]) + int(rest[12])
     except (OSError, IndexError, ValueError):

@@ -23,12 +23,14 @@ Rows (every one timed with the device synchronised before and after each call):
   ``vs_limit`` against the JPEG limit at the batch nearest the concurrency (:func:`api_vs_limit`),
   and ``http``: one JPEG posted again and again (answered from the cache), the server's own
   limit, so each row says which of the two ``binds``. Each API row also has the server
-  process's CPU time per answer (``server_cpu_ms_per_request``, all its threads) and the cores it
-  kept busy (``server_cores``); :func:`api_vs_limit` adds ``cores_at_target``: the cores a server
-  would need to answer at the target's 0.7x of the JPEG limit at that CPU cost, beside the
-  machine's (``machine_cores``). A server process that keeps about one core busy while the
-  machine has more is bound by itself (its GIL); ``cores_at_target`` says whether more
-  processes could reach the target on that machine.
+  process's CPU time per answer (``server_cpu_ms_per_request``, all its threads), its event
+  loop's (``server_loop_ms_per_request``, the main thread: HTTP, routing and sending under one
+  GIL; ``loop_limit_per_s`` is 1000 over it, the most answers a second one process can give at
+  that cost) and the cores it kept busy (``server_cores``); :func:`api_vs_limit` adds
+  ``cores_at_target``: the cores a server would need to answer at the target's 0.7x of the
+  JPEG limit at that CPU cost, beside the machine's (``machine_cores``). A server process that
+  keeps about one core busy while the machine has more is bound by itself (its GIL);
+  ``cores_at_target`` says whether more processes could reach the target on that machine.
 
 On the CPU (``--device cpu --gpu-quick``) the same code runs smoke-sized: the tests run it so.
 """
@@ -187,26 +189,47 @@ class BusySampler:
 
 class ServerCpu:
     """The CPU time a process used in a block (utime + stime of all its threads, from /proc),
-    and the cores it kept busy; None where /proc is not there (not Linux) or no pid is given."""
+    the cores it kept busy, and the share of its main thread: the server's event loop, which
+    parses, routes and sends every answer under one GIL, so that ``1000 / loop_ms`` answers a
+    second is the most one server process can give at that cost. None where /proc is not
+    there (not Linux) or no pid is given."""
 
     def __init__(self, pid: int | None):
         self.pid = pid
         self.seconds: float | None = None
+        self.loop_seconds: float | None = None
         self.cores: float | None = None
 
     def __enter__(self) -> ServerCpu:
         self._t0 = time.perf_counter()
         self._j0 = proc_jiffies(self.pid) if self.pid else 0
+        self._loop0 = proc_jiffies(self.pid, self.pid) if self.pid else 0
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._t0
         if self.pid and self._j0:
-            self.seconds = (proc_jiffies(self.pid) - self._j0) / os.sysconf("SC_CLK_TCK")
+            tick = os.sysconf("SC_CLK_TCK")
+            self.seconds = (proc_jiffies(self.pid) - self._j0) / tick
+            self.loop_seconds = (proc_jiffies(self.pid, self.pid) - self._loop0) / tick
             self.cores = self.seconds / wall if wall > 0 else None
 
     def per_request_ms(self, requests: int) -> float | None:
         return 1000 * self.seconds / requests if self.seconds is not None and requests else None
+
+    def loop_ms(self, requests: int) -> float | None:
+        """The event loop's CPU per answer."""
+        return 1000 * self.loop_seconds / requests if self.loop_seconds is not None and requests else None
+
+    def row(self, requests: int) -> dict[str, Any]:
+        """The API row's server fields."""
+        loop = self.loop_ms(requests)
+        return {
+            "server_cpu_ms_per_request": self.per_request_ms(requests),
+            "server_loop_ms_per_request": loop,
+            "loop_limit_per_s": 1000 / loop if loop else None,
+            "server_cores": self.cores,
+        }
 
 
 def inproc(
@@ -317,8 +340,7 @@ def api(
             "images_per_s": (n - failed) / wall,
             "gpu_busy": busy.fraction,
             "gpu_busy_source": busy.source,
-            "server_cpu_ms_per_request": cpu.per_request_ms(n),
-            "server_cores": cpu.cores,
+            **cpu.row(n - failed),
         }
     # The server's own limit beside it: one JPEG, computed once, then posted n times at the top
     # concurrency and answered from the cache (HTTP, multipart, the hash and the answer's
@@ -336,8 +358,7 @@ def api(
         "failed": failed,
         "failures": why,
         "images_per_s": (n - failed) / wall,
-        "server_cpu_ms_per_request": cpu.per_request_ms(n),
-        "server_cores": cpu.cores,
+        **cpu.row(n - failed),
     }
     return res
 

@@ -268,7 +268,7 @@ class AblationService(ImageTasks):
         image_id: str,
         lm: LoadedModel,
         ablations: list[Ablation],
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
     ) -> tuple[list[Output], bool]:
         """The outputs of an image under each ablation set (cached), and whether all came from
         the cache (ImageNotFound once the image is gone)."""
@@ -281,7 +281,7 @@ class AblationService(ImageTasks):
         if missing:
             prep = await self.prepared(self.uploads.require(image_id), lm)
             piece = partial(outputs, lm, prep.raw, missing, self.worker.amp_dtype, self.device)
-            tensors = await wait_for_result(asyncio.ensure_future(self.piece(piece)), self.deadline(), is_disconnected)
+            tensors = await wait_for_result(asyncio.ensure_future(self.piece(piece)), self.deadline(), client_left)
             for a, t in zip(missing, tensors):
                 out = Output(t, prep.input_size, prep.image_size)
                 found[a] = out
@@ -294,13 +294,13 @@ class AblationService(ImageTasks):
         model_id: str | None,
         ablate: str = "",
         fmt: str = "json",
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
     ) -> OutputAnswer:
         """``GET …/output``: the model's output with the ``ablate`` heads removed."""
         t0 = time.perf_counter()
         lm = await self.model(model_id)
         pairs = lm.ablation(ablate)
-        (base, out), cached = await self.outputs(image_id, lm, [(), pairs], is_disconnected)
+        (base, out), cached = await self.outputs(image_id, lm, [(), pairs], client_left)
         return await self.worker.run_answer(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
 
     # -- importance and the pruning curve ------------------------------------------------------
@@ -309,7 +309,7 @@ class AblationService(ImageTasks):
         image_id: str,
         model_id: str | None,
         method: str = "ablation",
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
         wait: float | None = None,
     ) -> dict:
         """``GET …/importance``: every head's importance.
@@ -320,14 +320,14 @@ class AblationService(ImageTasks):
         """
         lm = await self.model(model_id)
         refuse_windowed_ablation(lm.windowed, "importance")
-        return await self._importance(image_id, lm, method, is_disconnected, wait)
+        return await self._importance(image_id, lm, method, client_left, wait)
 
     async def _importance(
         self,
         image_id: str,
         lm: LoadedModel,
         method: str,
-        is_disconnected: Disconnected | None,
+        client_left: Disconnected | None,
         wait: float | None,
         upload: Upload | None = None,
     ) -> dict:
@@ -337,7 +337,7 @@ class AblationService(ImageTasks):
             return await run_on(work, self.piece)
 
         key = ImportanceKey(image_id, lm.id, method)
-        return await self.result(key, "importance", image_id, compute, is_disconnected, wait, upload)
+        return await self.result(key, "importance", image_id, compute, client_left, wait, upload)
 
     async def pruning(
         self,
@@ -345,7 +345,7 @@ class AblationService(ImageTasks):
         model_id: str | None,
         method: str = "ablation",
         points: int = DEFAULT_POINTS,
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
         wait: float | None = None,
     ) -> dict:
         """``GET …/pruning``: the output change as heads are removed, least important first
@@ -358,7 +358,7 @@ class AblationService(ImageTasks):
             return {**hit, "cached": True}
         upload = self.uploads.require(image_id)
         t_wait = time.monotonic()
-        ranking = await self._importance(image_id, lm, method, is_disconnected, wait, upload)
+        ranking = await self._importance(image_id, lm, method, client_left, wait, upload)
         if "pending" in ranking:
             pending = ranking["pending"]
             stage = f"importance: {pending['stage']}"
@@ -371,7 +371,7 @@ class AblationService(ImageTasks):
             work = pruning_work(image_id, lm, prep, ranking, key.points, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
 
-        return await self.result(key, "pruning", image_id, compute, is_disconnected, wait, upload)
+        return await self.result(key, "pruning", image_id, compute, client_left, wait, upload)
 
     # -- progress ------------------------------------------------------------------------
     def _key(self, what: str, image_id: str, lm: LoadedModel, method: str, points: int = DEFAULT_POINTS):

@@ -77,14 +77,14 @@ class Ticket:
         cls: ``upload``, ``follow_up`` or ``heavy``.
         deadline: ``time.monotonic()`` by which its worker time must have started (an
             upload's is counted again from when its body has arrived: :meth:`restart`).
-        is_disconnected: polled while the request waits, to drop work nobody will read.
+        client_left: returns when the client has gone; a waiting request then drops work nobody will read.
         fault: injected fault (tests only): ``sleep:S`` delays each worker call of a
             follow-up or heavy request by S seconds.
     """
 
     cls: str
     deadline: float
-    is_disconnected: Disconnected | None = None
+    client_left: Disconnected | None = None
     fault: str | None = None
     timeout_s: float = 60.0
     client: str | None = None  # the client's address (a trusted proxy's X-Forwarded-For, else the peer)
@@ -311,7 +311,7 @@ class Admission:
     def admit(
         self,
         cls: str,
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
         fault: str | None = None,
         client: str | None = None,
     ) -> Iterator[Ticket]:
@@ -325,7 +325,7 @@ class Admission:
             QueueFullError: the pool is full, or this client holds its share (429).
         """
         with self._client_share(cls, client), self.pools[cls].slot():
-            ticket = Ticket(cls, time.monotonic() + self.timeout_s, is_disconnected, fault, self.timeout_s, client)
+            ticket = Ticket(cls, time.monotonic() + self.timeout_s, client_left, fault, self.timeout_s, client)
             try:
                 with using(ticket):
                     yield ticket

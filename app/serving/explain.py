@@ -103,12 +103,12 @@ def explain_fields(
 
 
 async def explain(
-    service: AttentionService, image_id: str, params: ExplainParams, is_disconnected: Disconnected | None = None
+    service: AttentionService, image_id: str, params: ExplainParams, client_left: Disconnected | None = None
 ) -> Answer:
     """One head's computation for an image the server has (ImageNotFound once it is evicted)."""
     lm = await service.model(params.model)
     # With heads removed, the capture of the ablated model (cached per ablation set like the maps').
     ablate = lm.ablation(params.ablate)
-    found = await service.store.get(image_id, lm, is_disconnected=is_disconnected, ablate=ablate)
+    found = await service.store.get(image_id, lm, client_left=client_left, ablate=ablate)
     # No filename: a follow-up never carries one (whoever sent the same bytes may have named them).
     return await service.worker.run_answer(explained, image_id, None, lm, found, params, ablate)

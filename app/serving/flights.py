@@ -46,7 +46,7 @@ class Flight(Generic[T]):
     async def wait(
         self,
         deadline: float | None,
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
         what: str = "the answer",
         keep_on_timeout: bool = False,
     ) -> T:
@@ -63,7 +63,7 @@ class Flight(Generic[T]):
         """
         self.holders += 1
         try:
-            return await wait_for_result(asyncio.shield(self.task), deadline, is_disconnected, what)
+            return await wait_for_result(asyncio.shield(self.task), deadline, client_left, what)
         except asyncio.TimeoutError:
             # Left on purpose to run on (``wait=``, or the deadline): from now on no client that
             # joins and disconnects may cancel it (#39).

@@ -444,7 +444,7 @@ class RelevanceService(ImageTasks):
         ablate: Ablation,
         target: Target,
         prep: preprocess.PreparedPixels | None = None,
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
         deadline: float | None = None,
         group: tuple[str, ...] = BASE_METHODS,
         upload: Upload | None = None,
@@ -473,10 +473,10 @@ class RelevanceService(ImageTasks):
             return m
 
         due = self.deadline() if deadline is None else deadline
-        return await self.map_tasks.run(key, "relevance", job, due, is_disconnected), False
+        return await self.map_tasks.run(key, "relevance", job, due, client_left), False
 
     async def relevance(
-        self, image_id: str, params: RelevanceParams, is_disconnected: Disconnected | None = None
+        self, image_id: str, params: RelevanceParams, client_left: Disconnected | None = None
     ) -> Answer:
         """``GET …/relevance``: one method's map for one target."""
         t0 = time.perf_counter()
@@ -486,14 +486,14 @@ class RelevanceService(ImageTasks):
         target = parse_target(params.target, lm)
         check_method(method, target, lm)
         maps, cached = await self.maps(
-            image_id, lm, ablate, target, is_disconnected=is_disconnected, group=method_group(method)
+            image_id, lm, ablate, target, client_left=client_left, group=method_group(method)
         )
         return await self.worker.run_answer(
             relevance_answer, image_id, lm, maps, method, params.seed, ablate, params.format, cached, t0
         )
 
     async def faithfulness(
-        self, image_id: str, params: FaithfulnessParams, is_disconnected: Disconnected | None = None
+        self, image_id: str, params: FaithfulnessParams, client_left: Disconnected | None = None
     ) -> dict:
         """``GET …/faithfulness``: the perturbation test (``{"pending": progress}`` when ``wait``
         ran out first; the computation goes on)."""
@@ -533,7 +533,7 @@ class RelevanceService(ImageTasks):
                 return await run_on(work, self.piece)
             return await self._perturbed(image_id, lm, prep, maps, spec, progress, deadline)
 
-        res = await self.result(key, "faithfulness", image_id, compute, is_disconnected, params.wait, upload)
+        res = await self.result(key, "faithfulness", image_id, compute, client_left, params.wait, upload)
         return res if "pending" in res else ordered(res, spec.methods)
 
     async def _perturbed(

@@ -130,7 +130,7 @@ class CaptureStore:
         upload: Upload | None = None,
         every_row: bool = False,
         fault: str | None = None,
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
         ablate: Ablation = (),
         answer: Callable[[CapturedImage], Selection] | None = None,
     ) -> FoundCapture:
@@ -156,7 +156,7 @@ class CaptureStore:
         upload = upload or self.uploads.get(image_id)
         if upload is None:
             raise ImageNotFound(image_id)
-        return await self._shared(image_id, upload, lm, every_row, fault, is_disconnected, ablate, answer)
+        return await self._shared(image_id, upload, lm, every_row, fault, client_left, ablate, answer)
 
     def recharge(self, image_id: str, lm: LoadedModel, ablate: Ablation, entry: CachedCapture) -> None:
         """Charge an entry anew once its memoised statistics have grown."""
@@ -177,7 +177,7 @@ class CaptureStore:
         lm: LoadedModel,
         every_row: bool,
         fault: str | None,
-        is_disconnected: Disconnected | None,
+        client_left: Disconnected | None,
         ablate: Ablation = (),
         answer: Callable[[CapturedImage], Selection] | None = None,
     ) -> FoundCapture:
@@ -190,7 +190,7 @@ class CaptureStore:
         key = CaptureKey(image_id, lm.id, ablate)
         ticket = current_ticket()
         deadline = ticket.deadline if ticket else time.monotonic() + self.settings.request_timeout_s
-        is_disconnected = is_disconnected or (ticket.is_disconnected if ticket else None)
+        client_left = client_left or (ticket.client_left if ticket else None)
         flight = self._flights.get(key) if fault is None else None
         if flight is not None:
             self.metrics.shared_computes.inc()
@@ -201,7 +201,7 @@ class CaptureStore:
                 shared=fault is None,
             )
         # Nobody waits for it any more once its last request has gone: its queued job is skipped.
-        return await flight.wait(deadline, is_disconnected)
+        return await flight.wait(deadline, client_left)
 
     async def _compute(
         self,

@@ -150,7 +150,7 @@ class Tasks:
         name: str,
         factory: Callable[[TaskProgress], Awaitable[Any]],
         deadline: float,
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
     ) -> Any:
         """Start the task for ``key`` (or join the running one) and wait for its result.
 
@@ -159,7 +159,7 @@ class Tasks:
             factory: ``factory(progress)`` -> the coroutine to run; it advances ``progress``.
             deadline: ``time.monotonic()`` after which this request gets a timeout (the task
                 goes on and caches its result: it is kept, and no later disconnect cancels it).
-            is_disconnected: polled while waiting; when every waiting client has gone and
+            client_left: returns when the client has gone; when every waiting client has gone and
                 nobody kept the task, it is cancelled.
 
         Raises:
@@ -168,7 +168,7 @@ class Tasks:
             ClientGone: the client went away.
         """
         flight, _ = self.join(key, name, factory)
-        return await flight.wait(deadline, is_disconnected, keep_on_timeout=True)
+        return await flight.wait(deadline, client_left, keep_on_timeout=True)
 
     def cancel(self, token: str) -> str | None:
         """Give up the task started with ``token``: ``cancelled``, or ``running`` when other
@@ -289,7 +289,7 @@ class ImageTasks:
         name: str,
         image_id: str,
         compute: Callable[[TaskProgress, Upload], Awaitable[dict]],
-        is_disconnected: Disconnected | None = None,
+        client_left: Disconnected | None = None,
         wait: float | None = None,
         upload: Upload | None = None,
     ) -> dict:
@@ -317,7 +317,7 @@ class ImageTasks:
 
         flight, started = self.tasks.join(key, name, job)
         try:
-            res = await flight.wait(self.deadline(wait), is_disconnected, keep_on_timeout=True)
+            res = await flight.wait(self.deadline(wait), client_left, keep_on_timeout=True)
         except asyncio.TimeoutError:
             info: TaskInfo = flight.about
             if wait is None or flight.done():

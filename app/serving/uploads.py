@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TypeVar
 
 from starlette.concurrency import run_in_threadpool
@@ -34,6 +35,11 @@ class Upload:
 
     data: bytes
     filename: str | None
+
+    @cached_property
+    def image_id(self) -> str:
+        """:func:`image_id_of` its bytes, hashed once (keeping and preparing both need it)."""
+        return image_id_of(self.data)
 
 
 class ImageNotFound(LookupError):
@@ -84,8 +90,9 @@ class Uploads:
         share it, and a name one of them gave must not show in the other's follow-ups. It is in
         the answer to the request that sent it, and nowhere else.
         """
-        image_id = image_id_of(upload.data)
+        image_id = upload.image_id
         kept = Upload(upload.data, None)
+        kept.image_id = image_id
         self.cache.put(ImageKey(image_id), kept, len(upload.data) + UPLOAD_OVERHEAD_BYTES)
         return image_id
 
@@ -115,7 +122,7 @@ class Uploads:
         in the cache beside the bytes, so the follow-ups (relevance, faithfulness, output,
         importance) of an upload do not decode it again."""
         prep = Pictures.for_model(lm, self.settings)
-        key = PreparedKey(image_id_of(upload.data), prep)
+        key = PreparedKey(upload.image_id, prep)
         hit = self.cache.get(key)
         if hit is not None:
             return hit

@@ -7,19 +7,20 @@ its deadline gets ``asyncio.TimeoutError`` (504), one whose client has gone gets
 that work nobody waits for any more is dropped before it starts, and its outcome is marked seen
 (an exception nobody reads is not logged as "never retrieved"). A computation other requests
 may still wait for is passed in ``asyncio.shield(...)``: it goes on.
+
+The client is watched, not polled: ``client_left()`` returns when the client has gone (the web
+layer's ``ClientWatch`` listens to the connection once per request), so a waiting request costs
+the event loop nothing until its result, its deadline or its client's leaving wakes it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-Disconnected = Callable[[], Awaitable[bool]]  # Starlette's request.is_disconnected, or the like
-
-POLL_S = 0.1  # how often a waiting request checks whether its client is still there
+Disconnected = Callable[[], Awaitable[object]]  # returns once the request's client has gone
 
 
 class ClientGone(Exception):
@@ -29,33 +30,37 @@ class ClientGone(Exception):
 async def wait_for_result(
     fut: asyncio.Future,
     deadline: float | None = None,
-    is_disconnected: Disconnected | None = None,
+    client_left: Disconnected | None = None,
     what: str = "the answer",
 ) -> Any:
-    """Await ``fut`` until ``deadline`` (``time.monotonic()``; None for none), polling the client.
+    """Await ``fut`` until ``deadline`` (``time.monotonic()``; None for none), or until the
+    client leaves.
 
     Args:
+        client_left: returns when the request's client has gone (None: not watched).
         what: what the client left before, for :class:`ClientGone`'s message.
 
     Raises:
         asyncio.TimeoutError: the deadline passed first.
-        ClientGone: ``is_disconnected()`` said so.
+        ClientGone: ``client_left()`` returned first.
     """
+    left: asyncio.Future | None = None
     try:
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise asyncio.TimeoutError()
-            if is_disconnected is None and remaining is None:
-                return await asyncio.shield(fut)
-            step = POLL_S if is_disconnected is not None else math.inf
-            if remaining is not None:
-                step = min(step, remaining)
-            done, _ = await asyncio.wait({fut}, timeout=step)
-            if done:
-                return fut.result()
-            if is_disconnected is not None and await is_disconnected():
-                raise ClientGone(f"the client closed the connection before {what}")
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise asyncio.TimeoutError()
+        if client_left is None and remaining is None:
+            return await asyncio.shield(fut)
+        waits = {fut}
+        if client_left is not None:
+            left = asyncio.ensure_future(client_left())
+            waits.add(left)
+        done, _ = await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        if fut in done:
+            return fut.result()
+        if left is not None and left in done:
+            raise ClientGone(f"the client closed the connection before {what}")
+        raise asyncio.TimeoutError()
     except BaseException:
         if not fut.done():
             fut.cancel()
@@ -64,6 +69,11 @@ async def wait_for_result(
         # was never retrieved" with a traceback.
         fut.add_done_callback(_seen)
         raise
+    finally:
+        if left is not None:
+            if not left.done():
+                left.cancel()
+            left.add_done_callback(_seen)
 
 
 def _seen(fut: asyncio.Future) -> None:

@@ -244,7 +244,7 @@ class Worker:
         call.future = asyncio.get_running_loop().create_future()
         heapq.heappush(self._calls, (call.priority, next(self._seq), call))
         self._wake.set()
-        return await wait_for_result(call.future, call.deadline, ticket.is_disconnected if ticket else None)
+        return await wait_for_result(call.future, call.deadline, ticket.client_left if ticket else None)
 
     async def run_answer(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Build an answer from a computed result (slicing, the copy to the host, encoding).
@@ -258,7 +258,7 @@ class Worker:
             return await self.run_in_worker(fn, *args)
         ticket = current_ticket()
         fut = asyncio.get_running_loop().run_in_executor(self._answers, _exact(fn), *args)
-        deadline, gone = (ticket.deadline, ticket.is_disconnected) if ticket else (None, None)
+        deadline, gone = (ticket.deadline, ticket.client_left) if ticket else (None, None)
         return await wait_for_result(fut, deadline, gone)
 
     async def run_after_forwards(self, fn: Callable[..., Any], *args: Any) -> Any:

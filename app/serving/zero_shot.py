@@ -70,7 +70,7 @@ def scores(
 
 
 async def zero_shot_answer(
-    rel: RelevanceService, image_id: str, params: ZeroShotParams, is_disconnected: Disconnected | None = None
+    rel: RelevanceService, image_id: str, params: ZeroShotParams, client_left: Disconnected | None = None
 ) -> dict[str, Any]:
     """The answer of ``GET …/zero-shot``: the labels ranked by probability."""
     t0 = time.perf_counter()
@@ -93,7 +93,7 @@ async def zero_shot_answer(
     grid = None
     if params.maps:
         for r in rows:
-            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, is_disconnected, upload=upload)
+            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, client_left, upload=upload)
             r["relevance"] = method_map(maps, params.method).tolist()
             r["text_tokens"] = maps.relevance.text_tokens
             grid = list(maps.relevance.grid)

@@ -105,15 +105,28 @@ def test_the_server_s_cpu_time_is_read_from_proc():
 
     if not os.path.exists(f"/proc/{os.getpid()}/stat"):
         pytest.skip("no /proc here")
-    with gpu_quick.ServerCpu(os.getpid()) as cpu:
-        t = time.process_time()
-        while time.process_time() - t < 0.2:  # a fifth of a second of CPU
+    import threading
+
+    def spin(seconds: float) -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < seconds:
             pass
-    assert 0.1 < cpu.seconds < 1.0 and cpu.cores > 0.3
+
+    with gpu_quick.ServerCpu(os.getpid()) as cpu:
+        spin(0.2)  # a fifth of a second of CPU here
+        other = threading.Thread(target=spin, args=(0.3,))  # and more on another thread
+        other.start()
+        other.join()
+    assert 0.4 < cpu.seconds < 1.5 and cpu.cores > 0.3
     assert cpu.per_request_ms(10) == pytest.approx(100 * cpu.seconds)
+    if threading.get_native_id() == os.getpid():  # this thread is the process's main thread: the "loop"
+        assert 0.1 < cpu.loop_seconds < 0.45, (cpu.loop_seconds, cpu.seconds)
+        row = cpu.row(10)
+        assert row["server_loop_ms_per_request"] == pytest.approx(100 * cpu.loop_seconds)
+        assert row["loop_limit_per_s"] == pytest.approx(10 / cpu.loop_seconds)
     with gpu_quick.ServerCpu(None) as none:
         pass
-    assert none.seconds is None and none.per_request_ms(10) is None
+    assert none.seconds is None and none.per_request_ms(10) is None and none.row(10)["loop_limit_per_s"] is None
 
 
 def test_the_host_overhead_script_runs_tiny_on_the_cpu(tmp_path):

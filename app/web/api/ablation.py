@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from ...serving.params import ImportanceParams, ImportanceQuery, OutputParams, PruningParams, PruningQuery
 from ..deps import AblationDep, AdmitDep, AdmitHeavy, ImageIdDep, MetricsDep
+from ..disconnects import client_watch
 from ..errors import JSONBody
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
@@ -47,7 +48,7 @@ async def get_output(
     ImageNet names and the full probability vector) or `embedding` (neither: the pooled
     embedding and its norm). With `ablate`, the output of the model with those heads removed,
     and its `change` against the unablated output."""
-    call = ablation.output(image_id, params.model, params.ablate, params.format, request.is_disconnected)
+    call = ablation.output(image_id, params.model, params.ablate, params.format, client_watch(request))
     answer = await measured(metrics, call, "output")
     return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
 
@@ -71,7 +72,7 @@ async def get_importance(
     top class's log-probability, with `kl` beside; embedding: relative L2 change). `gradient`:
     Michel et al.'s |d loss / d m_h| at m = 1 (`loss` says which loss). Computed once per image
     and cached; takes seconds: `…/importance/progress` reports how far it is."""
-    call = ablation.importance(image_id, params.model, params.method, request.is_disconnected, params.wait)
+    call = ablation.importance(image_id, params.model, params.method, client_watch(request), params.wait)
     return _long_answer(await measured(metrics, call, "importance"))
 
 
@@ -106,7 +107,7 @@ async def get_pruning(
     """The pruning curve (Michel et al., fig. 2, for one image): heads ordered by `method`'s
     importance, least important first; `change[i]` is the output change with the first
     `removed[i]` of `order` removed together. Computes the importance first if needed."""
-    call = ablation.pruning(image_id, params.model, params.method, params.points, request.is_disconnected, params.wait)
+    call = ablation.pruning(image_id, params.model, params.method, params.points, client_watch(request), params.wait)
     return _long_answer(await measured(metrics, call, "pruning"))
 
 

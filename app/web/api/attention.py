@@ -17,6 +17,7 @@ from ...serving.params import AttentionParams, StatsParams, validation_message
 from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
+from ..disconnects import client_watch
 from ..errors import ApiError, JSONBody
 from ..multipart import BodyTooSlow, is_multipart, read_form
 from ..schemas import ERROR_RESPONSES, AttentionResponse, StatsResponse
@@ -153,7 +154,7 @@ async def post_attention(
     fault = request.headers.get("x-headscope-fault") if settings.enable_fault_injection else None
     answer = await measured(
         metrics,
-        service.post(Upload(data, filename), params, fault=fault, is_disconnected=request.is_disconnected),
+        service.post(Upload(data, filename), params, fault=fault, client_left=client_watch(request)),
         "post",
     )
     return respond(answer)
@@ -199,7 +200,7 @@ async def get_stats(
 ):
     """Entropy, mean attention distance, attention to prefix and artifact tokens, head
     similarity, rank of the head outputs and mass-threshold sizes for every layer and head."""
-    call = service.stats(image_id, params.model, params.mass, request.is_disconnected, params.ablate)
+    call = service.stats(image_id, params.model, params.mass, client_watch(request), params.ablate)
     body = await measured(metrics, call, "stats")
     return JSONBody(body)
 
@@ -220,7 +221,7 @@ async def get_attention(
 ) -> Response:
     """The same selection as the POST, answered from the server's cache (LRU by bytes). 404 once
     the image has been evicted: upload it again."""
-    call = service.attention(image_id, params, is_disconnected=request.is_disconnected)
+    call = service.attention(image_id, params, client_left=client_watch(request))
     return respond(await measured(metrics, call, "get"))
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from ...serving.explain import explain
 from ...serving.params import ExplainParams
 from ..deps import AdmitDep, ImageIdDep, MetricsDep, ServiceDep
+from ..disconnects import client_watch
 from ..schemas import ERROR_RESPONSES, ExplainResponse
 from ..service_calls import measured, respond
 
@@ -46,4 +47,4 @@ async def get_explain(
     bias), the softmax row, the head's output, each head's share of the output projection and
     the projection's output, for an image already sent. No forward pass when the image's
     capture is cached; 404 once it has been evicted."""
-    return respond(await measured(metrics, explain(service, image_id, params, request.is_disconnected), "explain"))
+    return respond(await measured(metrics, explain(service, image_id, params, client_watch(request)), "explain"))

@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from ...serving.params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
+from ..disconnects import client_watch
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, FaithfulnessResponse, ProgressResponse, RelevanceResponse
 from ..service_calls import long_answer, measured, respond
@@ -53,7 +54,7 @@ async def get_relevance(
     backward give every method's map of the target: they are cached together, so another
     method of the same target answers from the cache. Windowed models (Swin): 422
     `relevance_unsupported`."""
-    return respond(await measured(metrics, relevance.relevance(image_id, params, request.is_disconnected), "relevance"))
+    return respond(await measured(metrics, relevance.relevance(image_id, params, client_watch(request)), "relevance"))
 
 
 @router.get(
@@ -76,7 +77,7 @@ async def get_faithfulness(
     `auc_negative`). The perturbed pictures run in batches on the worker; takes seconds:
     `…/faithfulness/progress` reports how far it is. Cached per image, model, target, methods,
     fractions and ablation set."""
-    call = relevance.faithfulness(image_id, params, request.is_disconnected)
+    call = relevance.faithfulness(image_id, params, client_watch(request))
     return long_answer(await measured(metrics, call, "faithfulness"))
 
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from ...serving.zero_shot import ZeroShotParams, zero_shot_answer
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
+from ..disconnects import client_watch
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, ZeroShotResponse
 from ..service_calls import measured
@@ -36,5 +37,5 @@ async def get_zero_shot(
     `…/relevance?target=text:LABEL`) and its tokens' relevance. A model without a text tower,
     an empty label, one over 300 characters or more than 64 labels: 422 `bad_text`."""
     return JSONBody(
-        await measured(metrics, zero_shot_answer(relevance, image_id, params, request.is_disconnected), "zero_shot")
+        await measured(metrics, zero_shot_answer(relevance, image_id, params, client_watch(request)), "zero_shot")
     )

@@ -98,7 +98,7 @@ def test_the_task_is_cancelled_once_every_client_has_gone():
     async def main():
         tasks = Tasks()
         cancelled = asyncio.Event()
-        gone = {"a": False, "b": False}
+        gone = {"a": asyncio.Event(), "b": asyncio.Event()}
 
         async def work(progress):
             try:
@@ -108,19 +108,19 @@ def test_the_task_is_cancelled_once_every_client_has_gone():
                 raise
 
         def client(name):
-            async def is_disconnected():
-                return gone[name]
+            async def client_left():
+                await gone[name].wait()
 
-            return asyncio.create_task(tasks.run("k", "importance", work, far(), is_disconnected))
+            return asyncio.create_task(tasks.run("k", "importance", work, far(), client_left))
 
         a, b = client("a"), client("b")
         await until(lambda: tasks.progress("k") is not None, 30, "the task to start")
-        gone["a"] = True
+        gone["a"].set()
         with pytest.raises(ClientGone):
             await a
         await asyncio.sleep(0)  # a cancel a's leaving had asked for would be delivered now
         assert not cancelled.is_set() and not b.done(), "b still waits: the task goes on"
-        gone["b"] = True
+        gone["b"].set()
         with pytest.raises(ClientGone):
             await b
         await asyncio.wait_for(cancelled.wait(), 5)
@@ -143,14 +143,10 @@ def test_a_task_left_to_run_on_is_not_cancelled_by_a_client_that_joins_and_leave
 
         with pytest.raises(asyncio.TimeoutError):  # the wait=0 starter
             await tasks.run("k", "faithfulness", work, time.monotonic())
-        gone = False
-
-        async def is_disconnected():
-            return gone
-
-        joiner = asyncio.create_task(tasks.run("k", "faithfulness", work, far(), is_disconnected))
+        gone = asyncio.Event()
+        joiner = asyncio.create_task(tasks.run("k", "faithfulness", work, far(), gone.wait))
         await asyncio.sleep(0.05)
-        gone = True
+        gone.set()
         with pytest.raises(ClientGone):
             await joiner
         assert tasks.progress("k") is not None, "the joiner's disconnect cancelled the starter's task"
