@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
 from ..config import Settings
+from ..engine.cached import cached_property
 from ..engine.model import LoadedModel
 from . import pictures
 from .admission import Admission
