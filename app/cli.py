@@ -108,10 +108,17 @@ def _serve(args) -> int:
     server = uvicorn.Server(config)
     # No model could load at start-up (the lifespan tried each one): stop, and exit non-zero.
     app.state.on_fatal = lambda: setattr(server, "should_exit", True)
+    # Log lines are written by a thread of their own: a reader that stops reading stdout or
+    # stderr (a full pipe) would otherwise block the event loop, and every request with it.
+    from .web import log_writer
+
+    logs = log_writer.install(capacity=settings.log_queue_records)
     try:
         server.run()
     except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C while stopping
         pass
+    finally:
+        logs.stop()
     fatal = getattr(app.state, "fatal", None)
     if fatal:
         print(f"headscope serve: {fatal}", file=sys.stderr)

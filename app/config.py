@@ -171,6 +171,11 @@ class Settings(BaseSettings):
     send_timeout_s: float = Field(
         60.0, description="a connection whose reader takes nothing for this long while an answer waits is closed"
     )
+    log_queue_records: int = Field(
+        10_000,
+        ge=1,
+        description="log records that may wait for a log reader that stopped reading; more are dropped and counted",
+    )
 
     # results cache
     cache_bytes: int = Field(

@@ -7,14 +7,21 @@ import re
 import httpx
 
 from helpers.api import API, assert_error, fresh_png, post
+from helpers.waiting import wait_until
 
 TIMEOUT = 120  # seconds: generous, the machine may be loaded
 
 
 def _log_line(server, rid: str) -> str:
-    lines = [line for line in server.log().splitlines() if f"[request_id={rid}]" in line]
-    assert len(lines) == 1, f"request id {rid}: {len(lines)} log lines"
-    return lines[0]
+    # The server's log writer is a thread of its own (web/log_writer.py): the line may reach the
+    # file a moment after the answer reached the client.
+    def lines() -> list[str]:
+        return [line for line in server.log().splitlines() if f"[request_id={rid}]" in line]
+
+    wait_until(lines, TIMEOUT, f"the log line of request {rid}")
+    found = lines()
+    assert len(found) == 1, f"request id {rid}: {len(found)} log lines"
+    return found[0]
 
 
 def test_each_error_answer_is_logged_with_its_request_id(live_server, samples):
