@@ -112,6 +112,7 @@ def _serve(args) -> int:
     # stderr (a full pipe) would otherwise block the event loop, and every request with it.
     from .web import log_writer
 
+    logging.captureWarnings(True)  # a library's warning, too, goes through the writer
     logs = log_writer.install(capacity=settings.log_queue_records)
     try:
         server.run()
