@@ -34,11 +34,12 @@ from ..engine.batching import device_input
 from ..engine.model import LoadedModel
 from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_change, kl_divergence
 from . import preprocess
+from .admission import current_client_left
 from .cache import ImportanceKey, OutputKey, PruningKey
 from .params import DEFAULT_POINTS
 from .tasks import ImageTasks, TaskProgress, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
-from .waiting import Disconnected, wait_for_result
+from .waiting import wait_for_result
 
 OUTPUT_OVERHEAD_BYTES = 1024
 
@@ -268,7 +269,6 @@ class AblationService(ImageTasks):
         image_id: str,
         lm: LoadedModel,
         ablations: list[Ablation],
-        client_left: Disconnected | None = None,
     ) -> tuple[list[Output], bool]:
         """The outputs of an image under each ablation set (cached), and whether all came from
         the cache (ImageNotFound once the image is gone)."""
@@ -281,7 +281,9 @@ class AblationService(ImageTasks):
         if missing:
             prep = await self.prepared(self.uploads.require(image_id), lm)
             piece = partial(outputs, lm, prep.raw, missing, self.worker.amp_dtype, self.device)
-            tensors = await wait_for_result(asyncio.ensure_future(self.piece(piece)), self.deadline(), client_left)
+            tensors = await wait_for_result(
+                asyncio.ensure_future(self.piece(piece)), self.deadline(), current_client_left()
+            )
             for a, t in zip(missing, tensors):
                 out = Output(t, prep.input_size, prep.image_size)
                 found[a] = out
@@ -294,13 +296,12 @@ class AblationService(ImageTasks):
         model_id: str | None,
         ablate: str = "",
         fmt: str = "json",
-        client_left: Disconnected | None = None,
     ) -> OutputAnswer:
         """``GET …/output``: the model's output with the ``ablate`` heads removed."""
         t0 = time.perf_counter()
         lm = await self.model(model_id)
         pairs = lm.ablation(ablate)
-        (base, out), cached = await self.outputs(image_id, lm, [(), pairs], client_left)
+        (base, out), cached = await self.outputs(image_id, lm, [(), pairs])
         return await self.worker.run_answer(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
 
     # -- importance and the pruning curve ------------------------------------------------------
@@ -309,7 +310,6 @@ class AblationService(ImageTasks):
         image_id: str,
         model_id: str | None,
         method: str = "ablation",
-        client_left: Disconnected | None = None,
         wait: float | None = None,
     ) -> dict:
         """``GET …/importance``: every head's importance.
@@ -320,14 +320,13 @@ class AblationService(ImageTasks):
         """
         lm = await self.model(model_id)
         refuse_windowed_ablation(lm.windowed, "importance")
-        return await self._importance(image_id, lm, method, client_left, wait)
+        return await self._importance(image_id, lm, method, wait)
 
     async def _importance(
         self,
         image_id: str,
         lm: LoadedModel,
         method: str,
-        client_left: Disconnected | None,
         wait: float | None,
         upload: Upload | None = None,
     ) -> dict:
@@ -337,7 +336,7 @@ class AblationService(ImageTasks):
             return await run_on(work, self.piece)
 
         key = ImportanceKey(image_id, lm.id, method)
-        return await self.result(key, "importance", image_id, compute, client_left, wait, upload)
+        return await self.result(key, "importance", image_id, compute, wait, upload)
 
     async def pruning(
         self,
@@ -345,7 +344,6 @@ class AblationService(ImageTasks):
         model_id: str | None,
         method: str = "ablation",
         points: int = DEFAULT_POINTS,
-        client_left: Disconnected | None = None,
         wait: float | None = None,
     ) -> dict:
         """``GET …/pruning``: the output change as heads are removed, least important first
@@ -358,7 +356,7 @@ class AblationService(ImageTasks):
             return {**hit, "cached": True}
         upload = self.uploads.require(image_id)
         t_wait = time.monotonic()
-        ranking = await self._importance(image_id, lm, method, client_left, wait, upload)
+        ranking = await self._importance(image_id, lm, method, wait, upload)
         if "pending" in ranking:
             pending = ranking["pending"]
             stage = f"importance: {pending['stage']}"
@@ -371,7 +369,7 @@ class AblationService(ImageTasks):
             work = pruning_work(image_id, lm, prep, ranking, key.points, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
 
-        return await self.result(key, "pruning", image_id, compute, client_left, wait, upload)
+        return await self.result(key, "pruning", image_id, compute, wait, upload)
 
     # -- progress ------------------------------------------------------------------------
     def _key(self, what: str, image_id: str, lm: LoadedModel, method: str, points: int = DEFAULT_POINTS):

@@ -120,6 +120,14 @@ def current_ticket() -> Ticket | None:
     return _current.get()
 
 
+def current_client_left() -> Disconnected | None:
+    """What a wait for the current request watches for its client leaving (the ticket's
+    ``client_left``); None outside a request, and in a task, which outlives the request that
+    started it (its ticket has no client)."""
+    ticket = _current.get()
+    return ticket.client_left if ticket is not None else None
+
+
 @contextmanager
 def using(ticket: Ticket | None) -> Iterator[Ticket | None]:
     """Run the block as ``ticket``'s request (worker calls get its priority and deadline)."""

@@ -21,7 +21,6 @@ from .answers import Answer, server_timing
 from .params import ExplainParams
 from .service import AttentionService
 from .store import FoundCapture
-from .waiting import Disconnected
 
 
 def explained(
@@ -102,13 +101,11 @@ def explain_fields(
     return meta, hc
 
 
-async def explain(
-    service: AttentionService, image_id: str, params: ExplainParams, client_left: Disconnected | None = None
-) -> Answer:
+async def explain(service: AttentionService, image_id: str, params: ExplainParams) -> Answer:
     """One head's computation for an image the server has (ImageNotFound once it is evicted)."""
     lm = await service.model(params.model)
     # With heads removed, the capture of the ablated model (cached per ablation set like the maps').
     ablate = lm.ablation(params.ablate)
-    found = await service.store.get(image_id, lm, client_left=client_left, ablate=ablate)
+    found = await service.store.get(image_id, lm, ablate=ablate)
     # No filename: a follow-up never carries one (whoever sent the same bytes may have named them).
     return await service.worker.run_answer(explained, image_id, None, lm, found, params, ablate)

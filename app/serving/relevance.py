@@ -57,14 +57,13 @@ from ..engine.relevance import (
 from ..engine.selection import SelectionError
 from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
 from . import preprocess
-from .admission import HEAVY, PRIORITY, current_ticket
+from .admission import HEAVY, PRIORITY, current_client_left, current_ticket
 from .answers import Answer, server_timing
 from .cache import FaithfulnessKey, RelevanceKey
 from .encoders import MEDIA_TYPES, encode
 from .params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
 from .tasks import TASK_DEADLINE_S, ImageTasks, TaskProgress, Tasks, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
-from .waiting import Disconnected
 from .worker import Job
 
 # The maps of one forward and backward, computed and cached together; each LRP method runs a
@@ -444,7 +443,6 @@ class RelevanceService(ImageTasks):
         ablate: Ablation,
         target: Target,
         prep: preprocess.PreparedPixels | None = None,
-        client_left: Disconnected | None = None,
         deadline: float | None = None,
         group: tuple[str, ...] = BASE_METHODS,
         upload: Upload | None = None,
@@ -473,11 +471,9 @@ class RelevanceService(ImageTasks):
             return m
 
         due = self.deadline() if deadline is None else deadline
-        return await self.map_tasks.run(key, "relevance", job, due, client_left), False
+        return await self.map_tasks.run(key, "relevance", job, due, current_client_left()), False
 
-    async def relevance(
-        self, image_id: str, params: RelevanceParams, client_left: Disconnected | None = None
-    ) -> Answer:
+    async def relevance(self, image_id: str, params: RelevanceParams) -> Answer:
         """``GET …/relevance``: one method's map for one target."""
         t0 = time.perf_counter()
         method = params.method
@@ -485,16 +481,12 @@ class RelevanceService(ImageTasks):
         ablate = lm.ablation(params.ablate)
         target = parse_target(params.target, lm)
         check_method(method, target, lm)
-        maps, cached = await self.maps(
-            image_id, lm, ablate, target, client_left=client_left, group=method_group(method)
-        )
+        maps, cached = await self.maps(image_id, lm, ablate, target, group=method_group(method))
         return await self.worker.run_answer(
             relevance_answer, image_id, lm, maps, method, params.seed, ablate, params.format, cached, t0
         )
 
-    async def faithfulness(
-        self, image_id: str, params: FaithfulnessParams, client_left: Disconnected | None = None
-    ) -> dict:
+    async def faithfulness(self, image_id: str, params: FaithfulnessParams) -> dict:
         """``GET …/faithfulness``: the perturbation test (``{"pending": progress}`` when ``wait``
         ran out first; the computation goes on)."""
         lm = await self._model(params.model)
@@ -533,7 +525,7 @@ class RelevanceService(ImageTasks):
                 return await run_on(work, self.piece)
             return await self._perturbed(image_id, lm, prep, maps, spec, progress, deadline)
 
-        res = await self.result(key, "faithfulness", image_id, compute, client_left, params.wait, upload)
+        res = await self.result(key, "faithfulness", image_id, compute, params.wait, upload)
         return res if "pending" in res else ordered(res, spec.methods)
 
     async def _perturbed(

@@ -25,7 +25,7 @@ import threading
 from ..config import Settings
 from ..engine.model import LoadedModel
 from ..zoo.registry import Registry
-from .admission import Admission
+from .admission import Admission, current_client_left
 from .answers import Answer, Answers, selection, stats_body
 from .cache import ByteLRU
 from .metrics import Metrics
@@ -33,7 +33,7 @@ from .params import AttentionParams
 from .store import CaptureStore
 from .tasks import model_of
 from .uploads import Upload, Uploads
-from .waiting import ClientGone, Disconnected, wait_for_result
+from .waiting import ClientGone, wait_for_result
 from .worker import Worker
 
 
@@ -87,7 +87,6 @@ class AttentionService:
         *,
         upload: Upload | None = None,
         fault: str | None = None,
-        client_left: Disconnected | None = None,
     ) -> Answer:
         """The attention a request selects for an image.
 
@@ -106,7 +105,6 @@ class AttentionService:
             upload=upload,
             every_row=params.needs_every_row,
             fault=fault,
-            client_left=client_left,
             ablate=ablate,
             answer=lambda image: selection(params, image),
         )
@@ -120,25 +118,23 @@ class AttentionService:
         params: AttentionParams,
         *,
         fault: str | None = None,
-        client_left: Disconnected | None = None,
     ) -> Answer:
         """Keep the upload (for follow-up queries and the page), then answer as :meth:`attention`."""
         image_id = self.uploads.keep(upload)
-        return await self.attention(image_id, params, upload=upload, fault=fault, client_left=client_left)
+        return await self.attention(image_id, params, upload=upload, fault=fault)
 
     async def stats(
         self,
         image_id: str,
         model_id: str | None,
         mass: float,
-        client_left: Disconnected | None = None,
         ablate: str = "",
     ) -> dict:
         """Per-head statistics of a known image (computed once per mass fraction), of the model
         with the ``ablate`` heads removed."""
         lm = await self.model(model_id)
         pairs = lm.ablation(ablate)
-        found = await self.store.get(image_id, lm, client_left=client_left, ablate=pairs)
+        found = await self.store.get(image_id, lm, ablate=pairs)
         # The statistics hold the worker for seconds: when the client leaves (the page cancels them
         # for a new image), a queued run is dropped and a running one stops at its next layer.
         gone = threading.Event()
@@ -150,7 +146,7 @@ class AttentionService:
         # Uploads go first: the priority queue runs their forwards ahead of this call.
         fut = asyncio.ensure_future(self.worker.run_after_forwards(found.entry.stats, mass, check))
         try:
-            stats = await wait_for_result(fut, None, client_left, "the statistics")
+            stats = await wait_for_result(fut, None, current_client_left(), "the statistics")
         except BaseException:
             gone.set()
             raise

@@ -26,12 +26,11 @@ from ..engine.captured_image import CapturedImage
 from ..engine.model import LoadedModel
 from ..engine.selection import Selection
 from ..engine.stats import DEFAULT_MASS
-from .admission import current_ticket
+from .admission import current_client_left, current_ticket
 from .cache import ByteLRU, CaptureKey
 from .flights import Flights
 from .metrics import Metrics
 from .uploads import ImageNotFound, Upload, Uploads
-from .waiting import Disconnected
 from .worker import Job, Worker
 
 # What a cached entry costs beyond its buffers (the dataclass, dicts, the key).
@@ -130,12 +129,11 @@ class CaptureStore:
         upload: Upload | None = None,
         every_row: bool = False,
         fault: str | None = None,
-        client_left: Disconnected | None = None,
         ablate: Ablation = (),
         answer: Callable[[CapturedImage], Selection] | None = None,
     ) -> FoundCapture:
         """The capture of an image: from the cache, else computed from ``upload`` or the cached
-        upload.
+        upload. The wait ends early when the current request's client leaves.
 
         Args:
             upload: the image's bytes, when the request brought them.
@@ -156,7 +154,7 @@ class CaptureStore:
         upload = upload or self.uploads.get(image_id)
         if upload is None:
             raise ImageNotFound(image_id)
-        return await self._shared(image_id, upload, lm, every_row, fault, client_left, ablate, answer)
+        return await self._shared(image_id, upload, lm, every_row, fault, ablate, answer)
 
     def recharge(self, image_id: str, lm: LoadedModel, ablate: Ablation, entry: CachedCapture) -> None:
         """Charge an entry anew once its memoised statistics have grown."""
@@ -177,7 +175,6 @@ class CaptureStore:
         lm: LoadedModel,
         every_row: bool,
         fault: str | None,
-        client_left: Disconnected | None,
         ablate: Ablation = (),
         answer: Callable[[CapturedImage], Selection] | None = None,
     ) -> FoundCapture:
@@ -190,7 +187,6 @@ class CaptureStore:
         key = CaptureKey(image_id, lm.id, ablate)
         ticket = current_ticket()
         deadline = ticket.deadline if ticket else time.monotonic() + self.settings.request_timeout_s
-        client_left = client_left or (ticket.client_left if ticket else None)
         flight = self._flights.get(key) if fault is None else None
         if flight is not None:
             self.metrics.shared_computes.inc()
@@ -201,7 +197,7 @@ class CaptureStore:
                 shared=fault is None,
             )
         # Nobody waits for it any more once its last request has gone: its queued job is skipped.
-        return await flight.wait(deadline, client_left)
+        return await flight.wait(deadline, current_client_left())
 
     async def _compute(
         self,

@@ -30,7 +30,7 @@ from ..engine.device import is_oom
 from ..engine.model import LoadedModel
 from ..zoo.registry import Registry
 from . import preprocess
-from .admission import QueueFullError, Ticket, current_ticket, using
+from .admission import QueueFullError, Ticket, current_client_left, current_ticket, using
 from .cache import ByteLRU
 from .flights import Flight, Flights
 from .uploads import Upload, Uploads
@@ -289,7 +289,6 @@ class ImageTasks:
         name: str,
         image_id: str,
         compute: Callable[[TaskProgress, Upload], Awaitable[dict]],
-        client_left: Disconnected | None = None,
         wait: float | None = None,
         upload: Upload | None = None,
     ) -> dict:
@@ -317,7 +316,7 @@ class ImageTasks:
 
         flight, started = self.tasks.join(key, name, job)
         try:
-            res = await flight.wait(self.deadline(wait), client_left, keep_on_timeout=True)
+            res = await flight.wait(self.deadline(wait), current_client_left(), keep_on_timeout=True)
         except asyncio.TimeoutError:
             info: TaskInfo = flight.about
             if wait is None or flight.done():

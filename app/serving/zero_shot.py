@@ -23,7 +23,6 @@ from ..engine.text_relevance import TextTarget, check_method, require_text, zero
 from . import preprocess
 from .params import DEFAULT_METHOD, RelevanceMethod
 from .relevance import RelevanceService, method_map
-from .waiting import Disconnected
 
 
 class ZeroShotParams(BaseModel):
@@ -69,9 +68,7 @@ def scores(
         return zero_shot(lm, prep.pixels[None].to(device), labels, amp_dtype)
 
 
-async def zero_shot_answer(
-    rel: RelevanceService, image_id: str, params: ZeroShotParams, client_left: Disconnected | None = None
-) -> dict[str, Any]:
+async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroShotParams) -> dict[str, Any]:
     """The answer of ``GET …/zero-shot``: the labels ranked by probability."""
     t0 = time.perf_counter()
     lm = await rel._model(params.model)
@@ -93,7 +90,7 @@ async def zero_shot_answer(
     grid = None
     if params.maps:
         for r in rows:
-            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, client_left, upload=upload)
+            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, upload=upload)
             r["relevance"] = method_map(maps, params.method).tolist()
             r["text_tokens"] = maps.relevance.text_tokens
             grid = list(maps.relevance.grid)

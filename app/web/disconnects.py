@@ -72,8 +72,9 @@ def _body_read(request: Request) -> bool:
 
 
 def client_watch(request: Request) -> ClientWatch:
-    """The request's one :class:`ClientWatch` (kept in its ASGI scope, shared by the request's
-    dependencies and its route)."""
+    """The request's one :class:`ClientWatch` (kept in its ASGI scope). The admission dependency
+    gives it to the request's ticket, and every wait of the serving layer reads it from there
+    (``serving.admission.current_client_left``)."""
     watch = request.scope.get(_SCOPE_KEY)
     if watch is None:
         watch = request.scope[_SCOPE_KEY] = ClientWatch(request)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from ...serving.params import ImportanceParams, ImportanceQuery, OutputParams, PruningParams, PruningQuery
 from ..deps import AblationDep, AdmitDep, AdmitHeavy, ImageIdDep, MetricsDep
-from ..disconnects import client_watch
 from ..errors import JSONBody
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
@@ -36,7 +35,6 @@ _OUTPUT_CONTENT = {
     responses={**ERROR_RESPONSES, 200: {"content": _OUTPUT_CONTENT}},
 )
 async def get_output(
-    request: Request,
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitDep,
@@ -48,7 +46,7 @@ async def get_output(
     ImageNet names and the full probability vector) or `embedding` (neither: the pooled
     embedding and its norm). With `ablate`, the output of the model with those heads removed,
     and its `change` against the unablated output."""
-    call = ablation.output(image_id, params.model, params.ablate, params.format, client_watch(request))
+    call = ablation.output(image_id, params.model, params.ablate, params.format)
     answer = await measured(metrics, call, "output")
     return PartsResponse(answer.body, media_type=answer.media_type, headers=answer.headers)
 
@@ -60,7 +58,6 @@ async def get_output(
     responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
 async def get_importance(
-    request: Request,
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
@@ -72,7 +69,7 @@ async def get_importance(
     top class's log-probability, with `kl` beside; embedding: relative L2 change). `gradient`:
     Michel et al.'s |d loss / d m_h| at m = 1 (`loss` says which loss). Computed once per image
     and cached; takes seconds: `…/importance/progress` reports how far it is."""
-    call = ablation.importance(image_id, params.model, params.method, client_watch(request), params.wait)
+    call = ablation.importance(image_id, params.model, params.method, params.wait)
     return _long_answer(await measured(metrics, call, "importance"))
 
 
@@ -97,7 +94,6 @@ async def get_importance_progress(
     responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
 async def get_pruning(
-    request: Request,
     ablation: AblationDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
@@ -107,7 +103,7 @@ async def get_pruning(
     """The pruning curve (Michel et al., fig. 2, for one image): heads ordered by `method`'s
     importance, least important first; `change[i]` is the output change with the first
     `removed[i]` of `order` removed together. Computes the importance first if needed."""
-    call = ablation.pruning(image_id, params.model, params.method, params.points, client_watch(request), params.wait)
+    call = ablation.pruning(image_id, params.model, params.method, params.points, params.wait)
     return _long_answer(await measured(metrics, call, "pruning"))
 
 

@@ -17,7 +17,6 @@ from ...serving.params import AttentionParams, StatsParams, validation_message
 from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
-from ..disconnects import client_watch
 from ..errors import ApiError, JSONBody
 from ..multipart import BodyTooSlow, is_multipart, read_form
 from ..schemas import ERROR_RESPONSES, AttentionResponse, StatsResponse
@@ -154,7 +153,7 @@ async def post_attention(
     fault = request.headers.get("x-headscope-fault") if settings.enable_fault_injection else None
     answer = await measured(
         metrics,
-        service.post(Upload(data, filename), params, fault=fault, client_left=client_watch(request)),
+        service.post(Upload(data, filename), params, fault=fault),
         "post",
     )
     return respond(answer)
@@ -191,7 +190,6 @@ async def _read_fields(form) -> tuple[dict[str, str], bytes, str | None]:
     responses=ERROR_RESPONSES,
 )
 async def get_stats(
-    request: Request,
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitFollowUp,
@@ -200,7 +198,7 @@ async def get_stats(
 ):
     """Entropy, mean attention distance, attention to prefix and artifact tokens, head
     similarity, rank of the head outputs and mass-threshold sizes for every layer and head."""
-    call = service.stats(image_id, params.model, params.mass, client_watch(request), params.ablate)
+    call = service.stats(image_id, params.model, params.mass, params.ablate)
     body = await measured(metrics, call, "stats")
     return JSONBody(body)
 
@@ -212,7 +210,6 @@ async def get_stats(
     responses=ERROR_RESPONSES,
 )
 async def get_attention(
-    request: Request,
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitFollowUp,
@@ -221,7 +218,7 @@ async def get_attention(
 ) -> Response:
     """The same selection as the POST, answered from the server's cache (LRU by bytes). 404 once
     the image has been evicted: upload it again."""
-    call = service.attention(image_id, params, client_left=client_watch(request))
+    call = service.attention(image_id, params)
     return respond(await measured(metrics, call, "get"))
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from ...serving.explain import explain
 from ...serving.params import ExplainParams
 from ..deps import AdmitDep, ImageIdDep, MetricsDep, ServiceDep
-from ..disconnects import client_watch
 from ..schemas import ERROR_RESPONSES, ExplainResponse
 from ..service_calls import measured, respond
 
@@ -36,7 +35,6 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     responses=_RESPONSES,
 )
 async def get_explain(
-    request: Request,
     service: ServiceDep,
     metrics: MetricsDep,
     _: AdmitDep,
@@ -47,4 +45,4 @@ async def get_explain(
     bias), the softmax row, the head's output, each head's share of the output projection and
     the projection's output, for an image already sent. No forward pass when the image's
     capture is cached; 404 once it has been evicted."""
-    return respond(await measured(metrics, explain(service, image_id, params, client_watch(request)), "explain"))
+    return respond(await measured(metrics, explain(service, image_id, params), "explain"))

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from ...serving.params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
-from ..disconnects import client_watch
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, FaithfulnessResponse, ProgressResponse, RelevanceResponse
 from ..service_calls import long_answer, measured, respond
@@ -41,7 +40,6 @@ _RELEVANCE_RESPONSES: dict[int | str, dict[str, Any]] = {
     responses=_RELEVANCE_RESPONSES,
 )
 async def get_relevance(
-    request: Request,
     relevance: RelevanceDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
@@ -54,7 +52,7 @@ async def get_relevance(
     backward give every method's map of the target: they are cached together, so another
     method of the same target answers from the cache. Windowed models (Swin): 422
     `relevance_unsupported`."""
-    return respond(await measured(metrics, relevance.relevance(image_id, params, client_watch(request)), "relevance"))
+    return respond(await measured(metrics, relevance.relevance(image_id, params), "relevance"))
 
 
 @router.get(
@@ -64,7 +62,6 @@ async def get_relevance(
     responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
 async def get_faithfulness(
-    request: Request,
     relevance: RelevanceDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
@@ -77,7 +74,7 @@ async def get_faithfulness(
     `auc_negative`). The perturbed pictures run in batches on the worker; takes seconds:
     `…/faithfulness/progress` reports how far it is. Cached per image, model, target, methods,
     fractions and ablation set."""
-    call = relevance.faithfulness(image_id, params, client_watch(request))
+    call = relevance.faithfulness(image_id, params)
     return long_answer(await measured(metrics, call, "faithfulness"))
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 
 from ...serving.zero_shot import ZeroShotParams, zero_shot_answer
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
-from ..disconnects import client_watch
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, ZeroShotResponse
 from ..service_calls import measured
@@ -23,7 +22,6 @@ router = APIRouter(prefix="/api/v1", tags=["relevance"])
     responses=ERROR_RESPONSES,
 )
 async def get_zero_shot(
-    request: Request,
     relevance: RelevanceDep,
     metrics: MetricsDep,
     _: AdmitHeavy,
@@ -36,6 +34,4 @@ async def get_zero_shot(
     per model and phrase. `maps=true` adds each label's relevance map (`method`, as
     `…/relevance?target=text:LABEL`) and its tokens' relevance. A model without a text tower,
     an empty label, one over 300 characters or more than 64 labels: 422 `bad_text`."""
-    return JSONBody(
-        await measured(metrics, zero_shot_answer(relevance, image_id, params, client_watch(request)), "zero_shot")
-    )
+    return JSONBody(await measured(metrics, zero_shot_answer(relevance, image_id, params), "zero_shot"))
