@@ -114,6 +114,7 @@ def _serve(args) -> int:
 
     logging.captureWarnings(True)  # a library's warning, too, goes through the writer
     logs = log_writer.install(capacity=settings.log_queue_records)
+    app.state.log_writer = logs  # its drops are counted in /metrics (the lifespan connects them)
     try:
         server.run()
     except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C while stopping

@@ -40,3 +40,9 @@ class Metrics:
         self.shared_computes = Counter(
             "headscope_shared_computes", "Uploads answered from an identical upload's computation in flight", registry=r
         )
+        # app/web/log_writer.py
+        self.log_records_dropped = Counter(
+            "headscope_log_records_dropped",
+            "Log records dropped because the log's reader did not read them in time (a full pipe)",
+            registry=r,
+        )

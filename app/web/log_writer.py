@@ -25,7 +25,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 # Records waiting for the writer; past this the newest are dropped (about 10 MB at most).
 QUEUE_RECORDS = 10_000
@@ -68,6 +68,7 @@ class LogWriter:
         self._lock = threading.Lock()
         self._dropped = 0  # since the last notice
         self.dropped_total = 0
+        self.on_drop: Callable[[], None] | None = None  # called for each record dropped (a metric)
         self.loggers: list[tuple[logging.Logger, list[logging.Handler], _Enqueue]] = []
         # Where the notice of dropped records goes: the first logger's handlers (the root's when it
         # has any), not an access log's, whose formatter reads a request's fields.
@@ -81,6 +82,8 @@ class LogWriter:
             with self._lock:
                 self._dropped += 1
                 self.dropped_total += 1
+            if self.on_drop is not None:
+                self.on_drop()
 
     def start(self) -> None:
         self._thread.start()

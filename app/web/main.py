@@ -61,6 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         device = resolve_device(settings.device)
         st.registry = Registry(settings.model_ids, settings.models_dir, device, settings.max_loaded_models)
         st.metrics = Metrics()
+        writer = getattr(st, "log_writer", None)  # `serve`'s (app/web/log_writer.py)
+        if writer is not None:
+            writer.on_drop = st.metrics.log_records_dropped.inc
         st.admission = Admission.from_settings(settings, st.metrics, device.type)
         max_batch, max_wait = settings.batching(device.type)
         st.worker = Worker(

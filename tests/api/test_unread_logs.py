@@ -100,6 +100,7 @@ def test_once_the_log_is_read_again_its_lines_resume_and_say_what_was_dropped():
                 assert time.monotonic() < deadline, "no access line after the log was read again"
                 assert client.get("/api/v1/models").status_code == 200
                 time.sleep(0.2)
+            metrics = client.get("/metrics").text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
         out_reader.join(30)
@@ -115,4 +116,6 @@ def test_once_the_log_is_read_again_its_lines_resume_and_say_what_was_dropped():
     assert said, stderr[-2000:]
     # every line it lost is counted: those of /healthz, and any /api/v1/models dropped above
     assert sum(map(int, said)) >= REQUESTS - len(healthz)
+    counted = re.search(r"^headscope_log_records_dropped_total (\S+)$", metrics, re.M)
+    assert counted and float(counted.group(1)) == sum(map(int, said)), metrics[-1500:]
     assert "Traceback" not in stderr

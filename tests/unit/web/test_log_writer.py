@@ -89,6 +89,8 @@ def test_a_reader_that_stops_reading_blocks_no_logger_and_the_drops_are_said(pip
     log = logger_to("test.log_writer.stall", handler)
     writer = install([log], capacity=100)
     writer.notice_targets = (notice_handler,)
+    counted: list[int] = []
+    writer.on_drop = lambda: counted.append(1)  # the server's /metrics counter
     try:
         # Written straight to the pipe, the 65th line would block until someone reads.
         took = in_thread(lambda: [log.info("%d %s", i, LINE) for i in range(5000)])
@@ -107,6 +109,7 @@ def test_a_reader_that_stops_reading_blocks_no_logger_and_the_drops_are_said(pip
     numbers = [int(line.split()[0]) for line in lines[:-1]]
     assert numbers == sorted(set(numbers))  # in order, none twice
     assert len(numbers) + writer.dropped_total == 5000
+    assert len(counted) == writer.dropped_total
     # Said once the writer could write again (once per stall): how many were lost in all.
     said = notices.getvalue().splitlines()
     assert said and all(line == DROPPED_NOTICE % int(line.split()[0]) for line in said)
