@@ -3,9 +3,10 @@
 A log line is written to stdout or stderr, and when that is a pipe whose reader stops reading (a
 server started from a notebook with ``subprocess.Popen(..., stdout=PIPE)`` and never read, a
 stalled log collector), the write blocks once the pipe's buffer is full (64 KiB on Linux: about
-a thousand access-log lines). Written from the event loop, that stopped the whole server: every
-request waited for the reader. So ``headscope serve`` hands its records to a bounded queue
-(:func:`install`): the loggers' handlers are kept, and called by one writer thread.
+a thousand access-log lines); a terminal blocks it after Ctrl-S. Written from the event loop,
+that stopped the whole server: every request waited for the reader. So ``headscope serve`` hands
+its records to a bounded queue (:func:`install`): the loggers' handlers are kept, and called by
+one writer thread.
 
 * A record is handed over without being formatted (the writer formats it with the handler's own
   formatter: uvicorn's access lines read their ``args``).
@@ -196,6 +197,8 @@ def _fileno(h: logging.Handler) -> int | None:
         return None
     try:
         fd = stream.fileno()
+        if os.name == "nt" and stream.isatty():  # a Windows console takes text in its own encoding
+            return None
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         return None
     return fd
