@@ -142,8 +142,8 @@ test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-dep
 # the tests that wait out request deadlines and paced sleeps (marker `waits`), two whole head
 # sweeps through the server whose results no other test reuses (marker `sweeps`: the page's
 # importance view, and the sweep's progress while an upload interleaves), the servers started to
-# fail, fall back or drain (marker `lifecycle`), the docs' examples run as written (marker
-# `examples`), the browser tests' other screen sizes (marker `screens`: each test's first size
+# fail, fall back, drain or log into a pipe nobody reads (marker `lifecycle`), the docs' examples
+# run as written (marker `examples`), the browser tests' other screen sizes (marker `screens`: each test's first size
 # runs in `make test`) and the surveys and extracts run end to end (marker `surveys`: against the
 # server, and whole command-line runs; the command line's refusals and one extract stay in `make test`).
 # CI runs them after `make test`. The markers are in pyproject.toml.
