@@ -88,6 +88,30 @@ def entries() -> dict[str, CatalogEntry]:
     return out
 
 
+def hub_weights(name: str) -> CatalogEntry | None:
+    """Where timm reads the pretrained weights of ``name`` on the Hugging Face hub (a bare
+    architecture takes its default tag), for any timm model, not just the catalogue's.
+
+    None where only timm knows: weights at a URL or in a file, a pinned revision, or timm told by
+    ``TIMM_USE_OLD_CACHE`` to look in torch's cache first.
+    """
+    import os
+
+    from timm.models import get_arch_name, get_pretrained_cfg
+    from timm.models._registry import _model_to_module
+
+    try:
+        cfg = get_pretrained_cfg(name)
+    except Exception:  # a tag timm does not know: its own build says so
+        return None
+    if cfg is None or not cfg.hf_hub_id or "@" in cfg.hf_hub_id or cfg.file or cfg.state_dict:
+        return None
+    if cfg.source not in (None, "", "timm", "hf-hub") or os.environ.get("TIMM_USE_OLD_CACHE"):
+        return None
+    family = FAMILIES.get(_model_to_module.get(get_arch_name(name), ""), "")
+    return CatalogEntry(name, family, cfg.hf_hub_id, cfg.hf_hub_filename)
+
+
 def _open_clip_vit(arch: str) -> bool:
     """Whether open_clip's ``arch`` has a ViT image tower Headscope captures and a text tower it
     writes out (its configuration alone: nothing is built). Left out: CoCa (attentional pooling),

@@ -57,7 +57,12 @@ def candidates(entry: CatalogEntry) -> tuple[str, ...]:
         if not f or f == OPEN_CLIP_FILES[1]:
             return OPEN_CLIP_FILES
         return (f[:-4] + ".safetensors", f) if f.endswith((".bin", ".pth")) else (f,)
-    return (entry.filename,) if entry.filename else DEFAULT_FILES
+    f = entry.filename
+    if not f or f == DEFAULT_FILES[1]:
+        return DEFAULT_FILES
+    # timm reads a .bin's safetensors twin first (timm/models/_hub.py _get_safe_alternatives)
+    twin = OPEN_CLIP_FILES[0] if f == OPEN_CLIP_FILES[1] else f[:-4] + ".safetensors"
+    return (twin, f) if f.endswith(".bin") else (f,)
 
 
 def cached_weights(entry: CatalogEntry) -> Path | None:
@@ -126,11 +131,18 @@ def _bar(progress: DownloadProgress):
     return Bar
 
 
-def unreachable_message(entry: CatalogEntry) -> str:
+def unreachable_message(entry: CatalogEntry, here: str = "the server") -> str:
+    """Why the weights of ``entry`` cannot be had, and what to do instead.
+
+    Args:
+        entry: the model.
+        here: who cannot reach the hub: the server, or (``headscope fetch``, the Python API)
+            this machine.
+    """
     why = (
-        "the server runs with HF_HUB_OFFLINE=1"
+        f"{here} runs with HF_HUB_OFFLINE=1"
         if hub_offline_by_choice()
-        else f"the Hugging Face hub ({hub_endpoint()}) cannot be reached from the server"
+        else f"the Hugging Face hub ({hub_endpoint()}) cannot be reached from {here}"
     )
     if entry.source == "open_clip":
         other = f"use open_clip:{entry.name.split('/')[0]} (the same model with random weights)"

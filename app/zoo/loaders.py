@@ -15,7 +15,9 @@ from ..engine.capture_base import CaptureHooks, UnsupportedModelError
 from ..engine.model import LoadedModel
 from ..engine.windows import WINDOWED_MODULES, WindowCapture, is_windowed
 from . import embedded
-from .errors import ModelLoadError, UnknownModelError
+from .catalog import hub_weights
+from .download import cached_weights, unreachable_message
+from .errors import HubUnreachableError, ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
 from .pos_embed import install_exact_pos_embed
@@ -208,9 +210,14 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
     # device, no weights): its error lists the supported families.
     with torch.device("meta"):
         capture_for(_create(name, pretrained=False)[0])
+    offline = not hub_reachable()
+    entry = hub_weights(name) if offline else None
+    if entry is not None and cached_weights(entry) is None:
+        # Said before the build, which takes seconds (a ViT-g: 20 s) of random init for nothing.
+        raise HubUnreachableError(unreachable_message(entry, here="this machine"))
     try:
         # Unreachable hub: use the local cache only, and fail in seconds instead of a minute of retries.
-        with hub_offline(not hub_reachable()):
+        with hub_offline(offline):
             # The checkpoint's own head is kept: a classifier shows its classes (app.engine.output).
             model, dynamic = _create(name, pretrained=True)
     except UnsupportedModelError:
