@@ -9,6 +9,7 @@ anything is fetched.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -95,8 +96,6 @@ def hub_weights(name: str) -> CatalogEntry | None:
     None where only timm knows: weights at a URL or in a file, a pinned revision, or timm told by
     ``TIMM_USE_OLD_CACHE`` to look in torch's cache first.
     """
-    import os
-
     from timm.models import get_arch_name, get_pretrained_cfg
     from timm.models._registry import _model_to_module
 

@@ -131,14 +131,15 @@ def _bar(progress: DownloadProgress):
     return Bar
 
 
-def unreachable_message(entry: CatalogEntry, here: str = "the server") -> str:
+def unreachable_message(entry: CatalogEntry, on_server: bool = True) -> str:
     """Why the weights of ``entry`` cannot be had, and what to do instead.
 
     Args:
         entry: the model.
-        here: who cannot reach the hub: the server, or (``headscope fetch``, the Python API)
-            this machine.
+        on_server: said by the server (whose user may pick another model), or on this machine to
+            someone who asked for this one (``headscope fetch``, ``extract``, the Python API).
     """
+    here = "the server" if on_server else "this machine"
     why = (
         f"{here} runs with HF_HUB_OFFLINE=1"
         if hub_offline_by_choice()
@@ -148,10 +149,11 @@ def unreachable_message(entry: CatalogEntry, here: str = "the server") -> str:
         other = f"use open_clip:{entry.name.split('/')[0]} (the same model with random weights)"
     else:
         other = f"serve a local file as local:{entry.name.split('.')[0]}@/path/to/weights.safetensors"
+    first = "Load a model that is cached, put" if on_server else "Put"
     return (
-        f"{why}, and the weights of {entry.name} are not in its Hugging Face cache. Load a model "
-        f"that is cached, put the weights there with `headscope fetch {entry.model_id}` on a machine "
-        f"with internet (then copy ~/.cache/huggingface), or {other}"
+        f"{why}, and the weights of {entry.name} are not in its Hugging Face cache. {first} the weights "
+        f"there with `headscope fetch {entry.model_id}` on a machine with internet (then copy "
+        f"~/.cache/huggingface), or {other}"
     )
 
 

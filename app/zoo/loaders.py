@@ -214,7 +214,7 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
     entry = hub_weights(name) if offline else None
     if entry is not None and cached_weights(entry) is None:
         # Said before the build, which takes seconds (a ViT-g: 20 s) of random init for nothing.
-        raise HubUnreachableError(unreachable_message(entry, here="this machine"))
+        raise HubUnreachableError(unreachable_message(entry, on_server=False))
     try:
         # Unreachable hub: use the local cache only, and fail in seconds instead of a minute of retries.
         with hub_offline(offline):

@@ -72,7 +72,8 @@ def test_unreachable_and_not_cached_is_said_before_any_build_with_weights(offlin
         loaders.load_timm_pretrained(ModelSpec.parse(f"timm:{NAME}"))
     said = str(e.value)
     assert "this machine runs with HF_HUB_OFFLINE=1" in said and "not in its Hugging Face cache" in said
-    assert f"headscope fetch timm:{NAME}" in said and "local:vit_tiny_patch16_224@" in said
+    assert f"Put the weights there with `headscope fetch timm:{NAME}`" in said and "local:vit_tiny_patch16_224@" in said
+    assert "Load a model that is cached" not in said  # the server's words, for a page that may pick another
     assert builds == [False]  # the family check on the meta device, and nothing after it
 
 
