@@ -121,7 +121,8 @@ node_modules/.installed: package.json package-lock.json | js-deps
 
 # The suite runs in parallel (pytest-xdist, a test file per worker: module-scoped servers are
 # started once): most tests wait on real servers and browsers, and on 2 cores two workers take
-# 15 minutes instead of 20. The suite is CPU-bound beyond that, so at most 4 workers. PASSIVE:
+# 15 minutes instead of 20. The suite is CPU-bound beyond that, so at most 4 workers (three on 2
+# cores took 927 s where two took 761 s, 2026-11-29). PASSIVE:
 # idle OpenMP threads sleep instead of spinning, so the workers' servers do not burn the CPU
 # the others need. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)

@@ -51,6 +51,7 @@ def test_preflight_says_what_stops_each_model(tmp_path):
     assert preflight("dinov2-s14-focus", models) is None
 
 
+@pytest.mark.lifecycle  # a serve process that refuses to start (its imports, 5 s): make test-long
 def test_a_typo_exits_non_zero_with_the_nearest_names(offline):
     r = serve("--model", TYPO, env=offline)
     assert r.returncode == 1, r.stderr
@@ -61,6 +62,7 @@ def test_a_typo_exits_non_zero_with_the_nearest_names(offline):
     assert "Uvicorn running" not in r.stderr  # refused before the server started
 
 
+@pytest.mark.lifecycle  # a serve process that refuses to start (its imports, 5 s): make test-long
 def test_an_unsupported_family_names_the_supported_ones(offline):
     r = serve("--model", "resnet50.a1_in1k", env=offline)
     assert r.returncode == 1, r.stderr
@@ -69,6 +71,7 @@ def test_an_unsupported_family_names_the_supported_ones(offline):
     assert "local:resnet50" not in r.stderr  # not a family a local file could serve either
 
 
+@pytest.mark.lifecycle  # a serve process that refuses to start (its imports, 5 s): make test-long
 def test_weights_neither_cached_nor_reachable_say_so(offline):
     r = serve("--model", "timm:vit_tiny_patch16_224.augreg_in21k", env=offline)
     assert r.returncode == 1, r.stderr

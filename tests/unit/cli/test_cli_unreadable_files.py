@@ -22,7 +22,8 @@ from helpers.cli import run_cli as run
 from helpers.server import SAMPLES
 
 CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine; a hang ends here
-pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
+# Whole survey and extract runs (a model load and every picture each, 10 s on 2 cores): make test-long
+pytestmark = [pytest.mark.timeout(3 * CLI_TIMEOUT_S), pytest.mark.surveys]
 MODEL = "random:test_vit"
 HUGE = 2 * 1024**3  # the probe's sparse 2 GiB ".png": read whole, it took the survey to 2.98 GB
 
