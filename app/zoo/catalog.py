@@ -74,12 +74,11 @@ class CatalogEntry:
 def entries() -> dict[str, CatalogEntry]:
     """Every pretrained timm model of a supported family whose weights are on the Hugging Face hub."""
     import timm
-    from timm.models import get_arch_name, get_pretrained_cfg
-    from timm.models._registry import _model_to_module  # timm's own name -> module table
+    from timm.models import get_pretrained_cfg
 
     out: dict[str, CatalogEntry] = {}
     for name in timm.list_models(pretrained=True):
-        family = FAMILIES.get(_model_to_module.get(get_arch_name(name), ""))
+        family = _family(name)
         if family is None or any(re.search(p, name) for p in UNSUPPORTED_PATTERNS):
             continue
         cfg = get_pretrained_cfg(name)
@@ -96,8 +95,7 @@ def hub_weights(name: str) -> CatalogEntry | None:
     None where only timm knows: weights at a URL or in a file, a pinned revision, or timm told by
     ``TIMM_USE_OLD_CACHE`` to look in torch's cache first.
     """
-    from timm.models import get_arch_name, get_pretrained_cfg
-    from timm.models._registry import _model_to_module
+    from timm.models import get_pretrained_cfg
 
     try:
         cfg = get_pretrained_cfg(name)
@@ -107,8 +105,16 @@ def hub_weights(name: str) -> CatalogEntry | None:
         return None
     if cfg.source not in (None, "", "timm", "hf-hub") or os.environ.get("TIMM_USE_OLD_CACHE"):
         return None
-    family = FAMILIES.get(_model_to_module.get(get_arch_name(name), ""), "")
-    return CatalogEntry(name, family, cfg.hf_hub_id, cfg.hf_hub_filename)
+    return CatalogEntry(name, _family(name) or "", cfg.hf_hub_id, cfg.hf_hub_filename)
+
+
+def _family(name: str) -> str | None:
+    """The family the picker shows for timm's ``name``, from the module that defines it; None
+    for a module Headscope does not capture."""
+    from timm.models import get_arch_name
+    from timm.models._registry import _model_to_module  # timm's own name -> module table
+
+    return FAMILIES.get(_model_to_module.get(get_arch_name(name), ""))
 
 
 def _open_clip_vit(arch: str) -> bool:
