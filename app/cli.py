@@ -261,6 +261,7 @@ def _extract(args) -> int:
     from .zoo.registry import Registry
 
     settings = Settings()
+    preprocess.adopt_pixel_limit(settings.max_image_pixels)
     out = Path(args.out)
     refuse_existing(out, args.force)  # before anything slow, like a wrong path below
     files = _collect(args.inputs)  # a wrong path fails here, before the model loads
@@ -336,7 +337,9 @@ def _extract(args) -> int:
 
 def _survey(args) -> int:
     """Per-head statistics of every picture of SOURCE into a Parquet dataset (app/survey/)."""
+    from .config import Settings
     from .engine.selection import SelectionError
+    from .serving import preprocess
     from .serving.malloc import tune_malloc
     from .survey.output import OutputError
     from .survey.ray_engine import RayMissing
@@ -345,6 +348,7 @@ def _survey(args) -> int:
     from .zoo.errors import ModelLoadError, UnknownModelError
 
     tune_malloc()  # as the server does: large maps reuse freed memory instead of fresh pages
+    preprocess.adopt_pixel_limit(Settings().max_image_pixels)
     try:
         s = survey(
             args.source,

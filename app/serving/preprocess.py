@@ -78,10 +78,24 @@ _TRANSPOSE = {
 # (width, height) of the picture as shown -> (width, height) it will be resized to.
 Fit = Callable[[int, int], tuple[int, int]]
 
-# Over Pillow's own limit (89 M pixels) an image is a bomb, not a warning. Installed once here:
-# changing warning filters per decode (warnings.catch_warnings) is not thread-safe, and decodes
-# run on several threads. The server's own limit (HEADSCOPE_MAX_IMAGE_PIXELS) is checked first.
-warnings.simplefilter("error", Image.DecompressionBombWarning)
+
+def adopt_pixel_limit(max_pixels: int) -> None:
+    """Make Pillow's decompression-bomb limit Headscope's, in a process Headscope runs.
+
+    Pillow checks every ``Image.open`` against its process-wide ``Image.MAX_IMAGE_PIXELS`` (89 M
+    pixels: a warning over it, an error over twice it) before :func:`probe` can check
+    ``max_pixels``. Left alone, that refuses pictures a larger ``HEADSCOPE_MAX_IMAGE_PIXELS``
+    allows and prints a warning for each bomb. The server's lifespan, ``headscope extract`` and
+    ``survey`` (and its Ray actors) call this once; the Python API does not, as a library must
+    not change its user's Pillow or warning filters (there Pillow's limit applies as the user
+    set it, and a refusal by it says so). The filter is installed once, not per decode:
+    ``warnings.catch_warnings`` is not thread-safe, and decodes run on several threads.
+
+    Args:
+        max_pixels: the process's ``max_image_pixels`` setting.
+    """
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 
 class ImageError(ValueError):
@@ -130,14 +144,26 @@ class _Errors:
                 "the file is not an image Headscope can read (PNG, JPEG, WebP, GIF, BMP, TIFF)", 415, "not_an_image"
             ) from None
         if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
-            raise ImageError(
-                f"image is over the limit of {self.max_pixels:,} pixels (decompression bomb?)", 413, "image_too_large"
-            ) from None
+            raise ImageError(_bomb_message(exc, self.max_pixels), 413, "image_too_large") from None
         if isinstance(exc, (OSError, SyntaxError, ValueError, EOFError)):
             raise ImageError(
                 f"the image could not be decoded (truncated or corrupt): {str(exc)[:120]}", 422, "corrupt_image"
             ) from None
         return False
+
+
+def _bomb_message(exc: Exception, max_pixels: int) -> str:
+    """Name the limit that refused the picture: Headscope's, or Pillow's where that is lower."""
+    pillow = Image.MAX_IMAGE_PIXELS
+    if pillow is not None:
+        twice = isinstance(exc, Image.DecompressionBombError)  # Pillow's error is at twice its limit
+        if pillow * (2 if twice else 1) < max_pixels:
+            return (
+                f"image is over Pillow's limit in this process ({pillow * (2 if twice else 1):,} pixels: "
+                f"{'twice ' if twice else ''}PIL.Image.MAX_IMAGE_PIXELS), below Headscope's {max_pixels:,} "
+                "(decompression bomb?)"
+            )
+    return f"image is over the limit of {max_pixels:,} pixels (decompression bomb?)"
 
 
 def _orientation(img: Image.Image) -> int:

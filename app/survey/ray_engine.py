@@ -85,20 +85,21 @@ class SurveyActor:
 
         from ..config import Settings
         from ..engine.selection import SelectionError
+        from ..serving import preprocess
         from ..serving.malloc import tune_malloc
         from .compute import Surveyor
         from .faithfulness import FaithfulnessPlan
 
         tune_malloc()
+        config = Settings(**settings)
+        preprocess.adopt_pixel_limit(config.max_image_pixels)
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         if cpus:
             torch.set_num_threads(max(1, int(cpus)))
         plan = FaithfulnessPlan.from_meta(faithfulness) if faithfulness is not None else None
         self.error = ""
         try:
-            self.surveyor = Surveyor(
-                model, device, batch_size, similarity, Settings(**settings), ranks, faithfulness=plan
-            )
+            self.surveyor = Surveyor(model, device, batch_size, similarity, config, ranks, faithfulness=plan)
         except SelectionError as e:  # the target's kind, a windowed model
             self.error = str(e)
 

@@ -21,7 +21,7 @@ from ..serving.admission import Admission
 from ..serving.malloc import tune_malloc
 from ..serving.metrics import Metrics
 from ..serving.model_loads import ModelLoads
-from ..serving.preprocess import plan_size
+from ..serving.preprocess import adopt_pixel_limit, plan_size
 from ..serving.relevance import RelevanceService
 from ..serving.service import AttentionService
 from ..serving.worker import Worker
@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         st = app.state
         tune_malloc()
+        adopt_pixel_limit(settings.max_image_pixels)
         if settings.threads > 0:
             torch.set_num_threads(settings.threads)
         device = resolve_device(settings.device)

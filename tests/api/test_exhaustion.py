@@ -54,6 +54,7 @@ LIMITS = {
     "HEADSCOPE_ENABLE_FAULT_INJECTION": "1",
     "HEADSCOPE_MAX_WAIT_MS": "20",
     "HEADSCOPE_DECODE_BUDGET_BYTES": str(150 * MiB),
+    "HEADSCOPE_MAX_IMAGE_PIXELS": "100000000",  # over Pillow's own 89,478,485
     "HEADSCOPE_MAX_FOLLOW_UPS": "8",
     "HEADSCOPE_MAX_LARGE_ANSWERS": "2",
     "HEADSCOPE_SEND_TIMEOUT_S": "3",
@@ -127,6 +128,16 @@ def test_a_picture_whose_header_says_it_will_not_fit_is_refused_before_decoding(
     assert_error(r, 413, "image_too_large")
     assert "decode budget" in r.json()["error"]["message"]
     assert status(pid)["VmHWM"] - base < 64 * MiB  # nothing was decoded
+
+
+def test_the_servers_pixel_limit_is_the_one_that_holds(srv):
+    """Between Pillow's default limit (89 M pixels) and the server's (100 M here): decoded; over it: 413."""
+    r = post(srv.url, png(Image.new("1", (9_600, 9_600))), layers="-1")  # 92 M pixels, 11 KB
+    assert r.status_code == 200, r.text
+    r = post(srv.url, png(Image.new("1", (10_100, 10_000))), layers="-1")
+    assert_error(r, 413, "image_too_large")
+    assert "over the limit of 100,000,000 pixels" in r.json()["error"]["message"]
+    assert "DecompressionBombWarning" not in srv.log()  # Pillow's limit is the server's (adopt_pixel_limit)
 
 
 def test_a_decode_flood_is_bounded_by_the_budget_and_refused_with_retry_after(srv):

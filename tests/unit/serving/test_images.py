@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from headscope.serving import preprocess
 from headscope.serving.preprocess import ImageError, load, plan_size, prepare, probe, to_rgb
 
 LIMIT = 40_000_000
@@ -83,9 +86,45 @@ def test_bad_input_raises_with_status(data, status, code):
 
 def test_decompression_bomb_is_an_error():
     data = encode(Image.new("1", (10_000, 10_000)), "PNG")  # 100 MP, a few KB
-    with pytest.raises(ImageError) as e:
+    # A library leaves Pillow's warning to its user's filters; Headscope's own limit refuses it.
+    with pytest.warns(Image.DecompressionBombWarning), pytest.raises(ImageError) as e:
         decode(data, LIMIT)
     assert e.value.status == 413
+    assert "10000 x 10000 pixels is over the limit of 40,000,000" in str(e.value)
+
+
+def test_a_process_headscope_runs_takes_its_pixel_limit_as_pillows(monkeypatch):
+    """Over Pillow's 89 M pixels but under a larger HEADSCOPE_MAX_IMAGE_PIXELS: accepted, no warning."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # set back afterwards
+    data = encode(Image.new("1", (10_000, 10_000)), "PNG")
+    preprocess.adopt_pixel_limit(120_000_000)
+    assert probe(data, 120_000_000).size == (10_000, 10_000)
+    preprocess.adopt_pixel_limit(LIMIT)  # over it: refused by Pillow's check, under Headscope's words
+    with pytest.raises(ImageError) as e:
+        probe(data, LIMIT)
+    assert (e.value.status, e.value.code) == (413, "image_too_large")
+    assert str(e.value) == "image is over the limit of 40,000,000 pixels (decompression bomb?)"
+
+
+def test_a_refusal_by_pillows_own_lower_limit_names_it(monkeypatch):
+    """Pillow errors at twice its limit whatever Headscope's is: the answer says whose limit it was."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000_000)
+    data = encode(Image.new("1", (2_000, 2_000)), "PNG")  # 4 MP: over twice Pillow's limit
+    with pytest.raises(ImageError) as e:
+        probe(data, LIMIT)
+    assert e.value.status == 413
+    assert "Pillow's limit in this process (2,000,000 pixels: twice PIL.Image.MAX_IMAGE_PIXELS)" in str(e.value)
+    assert "below Headscope's 40,000,000" in str(e.value)
+
+
+def test_importing_headscope_leaves_pillow_and_warning_filters_alone():
+    code = (
+        "import warnings; from PIL import Image; import numpy, torch, timm, torchvision; "  # filters of their own
+        "before = (list(warnings.filters), Image.MAX_IMAGE_PIXELS); "
+        "import headscope, headscope.serving.preprocess, headscope.serving.pictures, headscope.python.scope; "
+        "assert (list(warnings.filters), Image.MAX_IMAGE_PIXELS) == before, 'changed'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 @pytest.mark.parametrize(
