@@ -21,10 +21,9 @@ from .errors import HubUnreachableError, ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
 from .pos_embed import install_exact_pos_embed
+from .seeding import seeded
 from .suggest import did_you_mean
 from .weights import load_state_file
-
-RANDOM_SEED = 0  # random:ARCH models are the same on every start
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +254,8 @@ def load_local(spec: ModelSpec) -> LoadedModel:
 def load_random(spec: ModelSpec, **kwargs) -> LoadedModel:
     """Random weights (seeded): the mechanics without a download."""
     _check_arch(spec.arch)
-    torch.manual_seed(RANDOM_SEED)
-    model, dynamic = _create(spec.arch, pretrained=False, num_classes=0, **kwargs)
+    with seeded():
+        model, dynamic = _create(spec.arch, pretrained=False, num_classes=0, **kwargs)
     return _finish(spec, model, dynamic)
 
 

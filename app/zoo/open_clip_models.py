@@ -35,8 +35,7 @@ from ..engine.clip_text import TextError, TextTower
 from .errors import ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
-
-RANDOM_SEED = 0
+from .seeding import seeded
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +76,10 @@ def _create(spec: ModelSpec) -> nn.Module:
     oc = _open_clip()
     name, tag = check_name(spec.arch)
     if tag is None:
-        torch.manual_seed(RANDOM_SEED)
         # under torch.device("meta") (loaders.skeleton) open_clip must not move it off the meta device
         meta = torch.get_default_device().type == "meta"
-        return oc.create_model(name, pretrained=None, **({"device": "meta"} if meta else {}))
+        with seeded():
+            return oc.create_model(name, pretrained=None, **({"device": "meta"} if meta else {}))
     try:
         # Unreachable hub: the local cache only, and a failure in seconds instead of retries.
         with hub_offline(not hub_reachable()):

@@ -49,6 +49,20 @@ def test_random_model_of_a_supported_family_loads(tmp_path):
     assert lm.num_layers == len(lm.model.blocks) and lm.prefix == ["cls"]
 
 
+def test_random_weights_are_seed_0_and_leave_the_callers_random_stream_alone(tmp_path):
+    torch.manual_seed(0)
+    want = timm.create_model("test_vit", pretrained=False, num_classes=0, dynamic_img_size=True).state_dict()
+    torch.manual_seed(123)
+    torch.rand(2)
+    lm = Registry(["random:test_vit"], tmp_path).get()
+    after = torch.rand(2)
+    torch.manual_seed(123)
+    torch.rand(2)
+    assert torch.equal(after, torch.rand(2))  # a notebook's stream goes on as if nothing was loaded
+    for k, v in lm.model.state_dict().items():
+        assert torch.equal(v, want[k]), k
+
+
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
 def test_local_checkpoint_loads_the_given_weights(tmp_path, suffix):
     torch.manual_seed(3)

@@ -1,0 +1,29 @@
+"""Seeded random weights (``random:ARCH``, an open_clip model without a tag) that leave the
+caller's random stream as it was: a notebook's ``torch.manual_seed(0); torch.randn(...)`` gives the
+same numbers whether or not a random model was loaded in between."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+RANDOM_SEED = 0  # random models are the same on every start
+
+
+@contextmanager
+def seeded(seed: int = RANDOM_SEED) -> Iterator[None]:
+    """Within: the CPU generator seeded with ``seed``; after: its state as it was.
+
+    Models are built on the CPU and moved, so the CPU generator is the one their initialisation
+    draws from. Where the caller made another device the default (``torch.set_default_device``),
+    the model is built there: that device's generator is seeded too and, as ``torch.manual_seed``
+    would leave it, not set back.
+    """
+    device = torch.get_default_device()
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        if device.type not in ("cpu", "meta"):
+            torch.get_device_module(device.type).manual_seed(seed)
+        yield
