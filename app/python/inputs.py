@@ -300,12 +300,17 @@ def tensor_pictures(t: Any) -> Any:
     (``t`` itself where it is a uint8 batch).
 
     Raises:
-        TypeError: a dtype other than uint8 or floating.
+        TypeError: a dtype other than uint8 or floating; a sparse (or other non-dense) tensor, or
+            one on the meta device (no values to read).
         ValueError: a shape other than ``[3, H, W]`` / ``[B, 3, H, W]``, an empty tensor, or
             float values outside 0..1 (a normalised input, or 0..255 values as floats).
     """
     import torch
 
+    if t.layout != torch.strided:
+        raise TypeError(f"a tensor picture is a dense tensor; got one of layout {t.layout} (t.to_dense())")
+    if t.is_meta:
+        raise TypeError("a tensor picture on the meta device has no pixels to read")
     if t.dim() not in (3, 4) or t.shape[-3] != 3:
         hint = " (channels last? use t.permute(2, 0, 1))" if t.dim() == 3 and t.shape[-1] == 3 else ""
         raise ValueError(

@@ -172,6 +172,10 @@ def test_bad_tensors_are_clear_errors(scope):
         scope.attention(torch.zeros(3, 32, 32, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"pictures\[1\]"):
         scope.attention([torch.zeros(3, 32, 32, dtype=torch.uint8), torch.randn(3, 32, 32)])
+    with pytest.raises(TypeError, match="dense"):
+        scope.attention(torch.rand(3, 32, 32).to_sparse())
+    with pytest.raises(TypeError, match="meta device"):
+        scope.relevance(torch.empty(3, 32, 32, device="meta"))
 
 
 def test_a_cls_capture_dispatches_a_few_operators_beyond_the_forward(scope):
