@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -544,22 +544,13 @@ class Scope:
             ``labels``: ``[{label, index, logit, probability}]`` ranked (with ``relevance`` and
             ``text_tokens`` when ``maps``), ``rule``, ``logit_scale``, ``logit_bias``.
         """
-        from ..engine.clip_text import MAX_LABELS, TextError, check_phrase
-        from ..engine.text_relevance import check_method, require_text
-        from ..serving.zero_shot import parse_labels
+        from ..engine.text_relevance import parse_target_methods, require_text
 
         tower = require_text(self.lm)
-        labs = (
-            parse_labels(labels)
-            if isinstance(labels, str)
-            else list(dict.fromkeys(check_phrase(str(s)) for s in labels))
-        )
-        if len(labs) > MAX_LABELS:
-            raise TextError(f"{len(labs)} labels; at most {MAX_LABELS}")
+        labs = _labels(labels)
         for lab in labs:
             tower.check(lab)
-        if maps:
-            check_method(method, "text:", self.lm)
+        parse_target_methods([method], "text:", self.lm)  # checked with or without maps: a typo is not ignored
         out = []
         for it in self._read(image):
             one = [it.prep.raw]
@@ -721,6 +712,40 @@ def load(
             f"load() takes a model id, a timm model or nothing (the default model); got {type(model_or_id).__name__}"
         )
     return Scope(lm, settings, precision, batch_size)
+
+
+def _labels(labels: Any) -> list[str]:
+    """Zero-shot labels: one comma-separated string (as the API reads them) or a sequence of
+    phrases, each checked, repeats dropped.
+
+    Raises:
+        TypeError: neither a string nor a sequence of strings.
+        TextError: no label, an empty or too long one, more than ``MAX_LABELS``.
+    """
+    from ..engine.clip_text import MAX_LABELS, TextError, check_phrase
+    from ..serving.zero_shot import parse_labels
+
+    if isinstance(labels, str):
+        return parse_labels(labels)
+    if isinstance(labels, bytes) or not isinstance(labels, Iterable):
+        raise TypeError(
+            f"labels: phrases (['a dog', 'a cat']) or one comma-separated string; got {type(labels).__name__}"
+        )
+    items = list(labels)
+    for i, s in enumerate(items):
+        if not isinstance(s, str):
+            raise TypeError(f"labels[{i}]: a phrase is a str; got {type(s).__name__}")
+    if not items:
+        raise TextError("no labels given: write phrases like ['a dog', 'a cat']")
+    if len(items) > MAX_LABELS:
+        raise TextError(f"{len(items)} labels; at most {MAX_LABELS}")
+    out = []
+    for i, s in enumerate(items):
+        try:
+            out.append(check_phrase(s))
+        except TextError as e:
+            raise TextError(f"label {i + 1}: {e}") from None
+    return list(dict.fromkeys(out))
 
 
 __all__ = ["Scope", "load"]

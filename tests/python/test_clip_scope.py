@@ -61,3 +61,22 @@ def test_zero_shot(scope, picture, pixels):
     assert [r["probability"] for r in res["labels"]] == sorted(got.tolist(), reverse=True)
     both = scope.zero_shot([picture, picture], "a dog, a cat", maps=True)
     assert len(both) == 2 and all(r["relevance"].shape == (7, 7) for r in both[0]["labels"])
+
+
+def test_zero_shot_labels_that_cannot_be_read_are_clear_errors(scope, picture):
+    from headscope.engine.clip_text import TextError
+
+    with pytest.raises(TextError, match="no labels"):
+        scope.zero_shot(picture, [])
+    with pytest.raises(TypeError, match="comma-separated string; got NoneType"):
+        scope.zero_shot(picture, None)
+    with pytest.raises(TypeError, match=r"labels\[1\]: a phrase is a str; got int"):
+        scope.zero_shot(picture, ["a dog", 2])
+    with pytest.raises(TextError, match="label 2: the phrase is empty"):
+        scope.zero_shot(picture, ["a dog", " "])
+    with pytest.raises(TextError, match="65 labels; at most 64"):
+        scope.zero_shot(picture, [f"a {i}" for i in range(65)])
+    with pytest.raises(MethodError, match="unknown"):  # a typo is refused without maps too
+        scope.zero_shot(picture, ["a dog"], method="chefr")
+    res = scope.zero_shot(picture, ("a dog", "a dog", "a cat"))  # any sequence; repeats once
+    assert sorted(r["label"] for r in res["labels"]) == ["a cat", "a dog"]
