@@ -13,6 +13,7 @@ No worker thread, no asyncio, no HTTP; a list of pictures runs as batches on the
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import time
 from collections.abc import Generator, Iterable, Mapping
@@ -74,9 +75,8 @@ class Scope:
         self.device = _device_of(lm.model)
         self.precision = precision
         self.amp_dtype = autocast_dtype(self.device.type, precision)
-        if batch_size is None:
-            batch_size = settings.batching(self.device.type)[0]
-        self.batch_size = max(1, int(batch_size))
+        size = _batch_size(batch_size)
+        self.batch_size = size if size is not None else settings.batching(self.device.type)[0]
         self.pictures = Pictures.for_model(lm, settings)
         self.runner = BatchRunner(lm, self.amp_dtype, self.batch_size)
 
@@ -686,14 +686,16 @@ def load(
             and ``HEADSCOPE_MAX_BATCH_SIZE`` change them).
 
     Raises:
-        ValueError: an unknown model id (also a ``KeyError``), device or precision.
-        TypeError: ``model_or_id`` of another type.
+        ValueError: an unknown model id (also a ``KeyError``), device or precision; a
+            ``batch_size`` under 1.
+        TypeError: ``model_or_id`` of another type; a ``batch_size`` that is not a whole number.
     """
     settings = settings or Settings()
     if models_dir is not None:
         settings = settings.model_copy(update={"models_dir": Path(models_dir)})
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: use auto, fp32, fp16 or bf16")
+    _batch_size(batch_size)  # before the model loads
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     if isinstance(model_or_id, (LoadedModel, nn.Module)):
@@ -712,6 +714,21 @@ def load(
             f"load() takes a model id, a timm model or nothing (the default model); got {type(model_or_id).__name__}"
         )
     return Scope(lm, settings, precision, batch_size)
+
+
+def _batch_size(value: Any) -> int | None:
+    """A ``batch_size`` argument checked: None, or a whole number of at least 1."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)  # ints and numpy's; not 2.5 or "8"
+    except TypeError:
+        raise TypeError(f"batch_size: a whole number of at least 1, or None; got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"batch_size: at least 1; got {n}")
+    return n
 
 
 def _labels(labels: Any) -> list[str]:

@@ -150,6 +150,21 @@ def test_bad_pictures(scope, tmp_path):
         headscope.load("random:no_such_arch_xyz")
 
 
+@pytest.mark.parametrize(
+    ("size", "error", "message"),
+    [
+        (0, ValueError, "at least 1; got 0"),
+        (-3, ValueError, "got -3"),
+        (2.5, TypeError, "got 2.5"),
+        ("8", TypeError, "got '8'"),
+    ],
+)
+def test_a_batch_size_that_is_not_a_count_is_refused_before_the_model_loads(size, error, message):
+    with pytest.raises(error, match=f"batch_size: .*{message}"):
+        headscope.load("random:no_such_arch_xyz", batch_size=size)  # the model's error would come later
+    assert headscope.load(MODEL, device="cpu", batch_size=np.int64(3)).batch_size == 3
+
+
 def test_version_and_lazy_import():
     import subprocess
     import sys
