@@ -245,6 +245,7 @@ def _check_selection(args, model_id: str, models_dir: Path) -> None:
 
 def _extract(args) -> int:
     """Batch extraction to one safetensors file: a tensor per image, metadata in the header."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -254,7 +255,7 @@ def _extract(args) -> int:
     from .engine.block_capture import UnsupportedModelError
     from .engine.device import autocast_dtype, resolve_device
     from .engine.selection import SelectionError
-    from .outputs import publish, refuse_existing, temporary_beside
+    from .outputs import check_writable, publish, refuse_existing, temporary_beside
     from .serving import preprocess
     from .serving.pictures import Pictures, read_picture_file
     from .zoo.errors import ModelLoadError, UnknownModelError
@@ -264,6 +265,7 @@ def _extract(args) -> int:
     preprocess.adopt_pixel_limit(settings.max_image_pixels)
     out = Path(args.out)
     refuse_existing(out, args.force)  # before anything slow, like a wrong path below
+    check_writable(out)
     files = _collect(args.inputs)  # a wrong path fails here, before the model loads
     if not files:
         print("headscope extract: no images found", file=sys.stderr)
@@ -320,13 +322,16 @@ def _extract(args) -> int:
     if not tensors:
         print("headscope extract: no image could be read:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1
-    out.parent.mkdir(parents=True, exist_ok=True)
     refuse_existing(out, args.force)  # made meanwhile by someone else: still not replaced unasked
     tmp = temporary_beside(out)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         metadata = {"model": lm.id, "precision": runner.precision, "images": json.dumps(meta)}
         save_file(tensors, str(tmp), metadata=metadata)
         publish(tmp, out)  # whole or absent, with the user's normal permissions (safetensors writes 0600)
+    except (OSError, SafetensorError) as e:  # a disk that filled, a place that changed since the check
+        print(f"headscope extract: cannot write {out}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return 1
     finally:
         tmp.unlink(missing_ok=True)
     print(f"wrote {len(tensors)} tensors to {out}" + (f"; skipped {len(failed)}" if failed else ""))

@@ -21,10 +21,46 @@ def normal_mode() -> int:
 
 
 def refuse_existing(path: Path, force: bool, flag: str = "--force") -> None:
-    """Raise ``FileExistsError`` for an existing ``path`` unless ``force``; the message says how to replace it."""
+    """Raise ``FileExistsError`` for an existing ``path`` unless ``force``; the message says how to
+    replace it. A folder is never replaced, ``force`` or not: the output is a file, and the folder
+    may be the very one the pictures are read from."""
+    if path.is_dir():
+        raise FileExistsError(f"{path} is a folder; --out names the file to write (a folder is never replaced)")
     if path.exists() and not force:
-        what = "folder" if path.is_dir() else "file"
-        raise FileExistsError(f"{path} exists (a {what}); pass {flag} to replace it, or choose another --out")
+        raise FileExistsError(f"{path} exists (a file); pass {flag} to replace it, or choose another --out")
+
+
+class OutputError(ValueError):
+    """An output that cannot be written there, said before the work that would fill it."""
+
+
+def check_writable(path: Path, folder: bool = False) -> None:
+    """Whether ``path`` can be written, found before the work that would fill it: a read-only
+    place, a missing permission or a file where a folder should be fails here, not after minutes
+    of work. A folder that exists is tried with a temporary file; missing folders (made when the
+    output is written, as ``mkdir -p`` would) are not made here, their nearest existing one is asked.
+
+    Args:
+        path: the output.
+        folder: ``path`` is a folder the output's files go into (a survey's), not a file.
+
+    Raises:
+        OutputError: the place cannot be written; the message says why.
+    """
+    home = path if folder else path.parent  # where files are created
+    base = next(p for p in (home, *home.parents) if p.exists())  # the root exists
+    if not base.is_dir():
+        raise OutputError(f"cannot write {path}: {base} is a file, not a folder")
+    if base != home:
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise OutputError(f"cannot write {path}: cannot make folders in {base}")
+        return
+    probe = home / f".{path.name}.{os.getpid()}.tmp"  # temporary_beside's name for a file
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or type(e).__name__}") from None
 
 
 def temporary_beside(path: Path) -> Path:

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..outputs import check_writable
 from . import schema
 
 FAILURES_DIR = "_failures"
@@ -93,6 +94,8 @@ def check_target(out: Path | str, resume: bool, faithfulness: bool = False) -> N
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a survey folder (a Parquet dataset folder)")
+    _refuse_others(out, "a survey's parts")
+    _check_writable(out)
     existing = parts(out) + parts(out / FAILURES_DIR)
     if existing and not resume:
         raise OutputError(
@@ -105,6 +108,25 @@ def check_target(out: Path | str, resume: bool, faithfulness: bool = False) -> N
             raise OutputError(f"{beside} exists and is not a folder of the survey's faithfulness table")
         if parts(beside) and not resume:
             raise OutputError(f"{beside} already holds a faithfulness table; pass --resume, or choose another --out")
+        _refuse_others(beside, "a faithfulness table's parts")
+        _check_writable(beside)
+
+
+def _refuse_others(folder: Path, what: str) -> None:
+    """A folder holding anything but Parquet parts (and hidden or ``_`` entries) is someone
+    else's, perhaps the pictures' own (``survey photos --out photos``): not written into."""
+    if not folder.is_dir():
+        return
+    other = next((p for p in folder.iterdir() if not p.name.startswith((".", "_")) and p.suffix != ".parquet"), None)
+    if other is not None:
+        raise OutputError(f"{folder} holds files that are not {what} ({other.name!r}...); choose a new or empty --out")
+
+
+def _check_writable(folder: Path) -> None:
+    try:
+        check_writable(folder, folder=True)
+    except ValueError as e:
+        raise OutputError(str(e)) from None
 
 
 class SurveyOutput:

@@ -42,6 +42,28 @@ def test_serve_model_is_repeatable():
     assert cli.build_parser().parse_args(["serve"]).any_model is None  # unset: the environment decides
 
 
+def test_extract_never_replaces_a_folder_even_with_force(tmp_path, capsys):
+    """The folder may be the pictures' own (``extract photos --out photos``): refused before anything loads."""
+    (tmp_path / "keep.png").write_bytes((SAMPLES / "cat.png").read_bytes())
+    assert cli.main(["extract", str(tmp_path), "--out", str(tmp_path), "--force", "--model", "timm:nope"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"headscope extract: {tmp_path} is a folder; --out names the file to write (a folder is never replaced)"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.png"]
+
+
+def test_extract_says_an_out_it_cannot_write_before_the_model_loads(tmp_path, capsys):
+    (tmp_path / "notes").write_text("a file")
+    out = tmp_path / "notes" / "run" / "attn.safetensors"
+    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(out), "--model", "timm:nope"]) == 2
+    said = f"headscope extract: cannot write {out}: {tmp_path / 'notes'} is a file, not a folder"
+    assert capsys.readouterr().err.strip() == said
+    fresh = tmp_path / "new" / "sub" / "attn.safetensors"  # missing folders are made when it is written
+    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(fresh), "--model", "timm:nope"]) == 1
+    assert "timm has no architecture named 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # ... and not before
+
+
 @pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
 def test_extract_refuses_an_existing_out_unless_force_and_writes_normal_permissions(tmp_path):
     out = tmp_path / "attn.safetensors"

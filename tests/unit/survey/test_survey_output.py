@@ -103,3 +103,27 @@ def test_a_part_that_failed_midway_is_never_visible_and_is_cleaned_up(tmp_path, 
     monkeypatch.setattr(out_mod.pq, "write_table", real)
     SurveyOutput(path, META, resume=True)  # a new run removes the leftover
     assert not list(path.glob(".*.tmp"))
+
+
+def test_an_out_that_is_someone_elses_folder_or_cannot_be_made_is_refused_before_the_model_loads(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "cat.png").write_bytes(b"...")
+    (photos / ".DS_Store").write_bytes(b"")
+    with pytest.raises(OutputError, match=r"photos holds files that are not a survey's parts \('cat.png'"):
+        out_mod.check_target(photos, resume=False)  # `survey photos --out photos`
+    (tmp_path / "notes").write_text("a file")
+    with pytest.raises(OutputError, match="notes is a file, not a folder"):
+        out_mod.check_target(tmp_path / "notes" / "survey.parquet", resume=False)
+    with pytest.raises(OutputError, match="faithfulness.parquet holds files that are not a faithfulness table's"):
+        beside = tmp_path / "s.faithfulness.parquet"
+        beside.mkdir()
+        (beside / "readme.txt").write_text("mine")
+        out_mod.check_target(tmp_path / "s.parquet", resume=False, faithfulness=True)
+    fresh = tmp_path / "new" / "survey.parquet"
+    out_mod.check_target(fresh, resume=False)  # made when the first part is written, not here
+    assert not (tmp_path / "new").exists()
+    empty = tmp_path / "empty.parquet"
+    empty.mkdir()
+    out_mod.check_target(empty, resume=False)
+    assert list(empty.iterdir()) == []  # the probe file is gone
