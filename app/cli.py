@@ -392,15 +392,23 @@ def _survey(args) -> int:
 
 
 def _report(args) -> int:
+    from .outputs import check_writable
     from .survey.report import ReportError, write_report
 
     if not Path(args.survey).exists():
         raise FileNotFoundError(f"no such survey: {args.survey}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise FileExistsError(f"{out} is a folder; --out names the HTML file to write (a folder is never replaced)")
+    check_writable(out)  # before the survey is read
     try:
-        path = write_report(args.survey, args.out, title=args.title)
+        path = write_report(args.survey, out, title=args.title)
     except ReportError as e:
         print(f"headscope report: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a disk that filled, a place that changed since the check
+        print(f"headscope report: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
     print(f"wrote {path}")
     from .survey.faithfulness_table import markdown, paper_markdown, summarise
     from .survey.output import read_faithfulness

@@ -124,3 +124,15 @@ def test_report_and_survey_outputs_get_normal_permissions(tmp_path):
     r = run("report", str(survey), "--out", str(report), umask=0o022)
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(report.stat().st_mode) == 0o644
+
+
+def test_report_says_an_out_it_cannot_write_before_reading_the_survey(tmp_path, capsys):
+    survey = tmp_path / "s.parquet"
+    survey.mkdir()  # not read: the checks come first
+    assert cli.main(["report", str(survey), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"headscope report: {tmp_path} is a folder; --out names the HTML file to write (a folder is never replaced)"
+    )
+    (tmp_path / "notes").write_text("a file")
+    assert cli.main(["report", str(survey), "--out", str(tmp_path / "notes" / "r.html")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{tmp_path / 'notes'} is a file, not a folder")
