@@ -155,11 +155,13 @@ def _check_models(settings, fetch_first: bool) -> dict[str, tuple[str, bool]] | 
     for mid, (why, _) in problems.items():
         print(f"headscope serve: model {mid} cannot load: {why}", file=sys.stderr)
     if problems and len(problems) == len(set(settings.model_ids)):
-        print(
-            "headscope serve: no model to serve; fix the model id (--model, HEADSCOPE_MODEL) or serve another "
-            "(headscope serve --model dinov2-s14-focus serves the embedded default)",
-            file=sys.stderr,
+        hint = (
+            "fix what is said above"  # the default itself failed: a models folder, the network
+            if embedded.MODEL_ID in problems
+            else "fix the model id (--model, HEADSCOPE_MODEL) or serve another "
+            f"(headscope serve --model {embedded.MODEL_ID} serves the embedded default)"
         )
+        print(f"headscope serve: no model to serve; {hint}", file=sys.stderr)
         return None
     if problems:
         ok = [m for m in settings.model_ids if m not in problems]

