@@ -739,8 +739,7 @@ def _labels(labels: Any) -> list[str]:
         TypeError: neither a string nor a sequence of strings.
         TextError: no label, an empty or too long one, more than ``MAX_LABELS``.
     """
-    from ..engine.clip_text import MAX_LABELS, TextError, check_phrase
-    from ..serving.zero_shot import parse_labels
+    from ..serving.zero_shot import check_labels, parse_labels
 
     if isinstance(labels, str):
         return parse_labels(labels)
@@ -752,17 +751,7 @@ def _labels(labels: Any) -> list[str]:
     for i, s in enumerate(items):
         if not isinstance(s, str):
             raise TypeError(f"labels[{i}]: a phrase is a str; got {type(s).__name__}")
-    if not items:
-        raise TextError("no labels given: write phrases like ['a dog', 'a cat']")
-    if len(items) > MAX_LABELS:
-        raise TextError(f"{len(items)} labels; at most {MAX_LABELS}")
-    out = []
-    for i, s in enumerate(items):
-        try:
-            out.append(check_phrase(s))
-        except TextError as e:
-            raise TextError(f"label {i + 1}: {e}") from None
-    return list(dict.fromkeys(out))
+    return check_labels(items)
 
 
 __all__ = ["Scope", "load"]

@@ -48,7 +48,17 @@ def parse_labels(text: str) -> list[str]:
     Raises:
         TextError: an empty label, one too long or not text, more than :data:`MAX_LABELS`.
     """
-    raw = text.split(",")
+    return check_labels(text.split(","))
+
+
+def check_labels(raw: list[str]) -> list[str]:
+    """Labels given one by one, each checked as a phrase, repeats dropped.
+
+    Raises:
+        TextError: none, an empty label, one too long or not text, more than :data:`MAX_LABELS`.
+    """
+    if not raw:
+        raise TextError("no labels given: write phrases like 'a dog, a cat'")
     if len(raw) > MAX_LABELS:
         raise TextError(f"{len(raw)} labels; at most {MAX_LABELS}")
     labels = []

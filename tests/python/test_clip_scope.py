@@ -66,7 +66,7 @@ def test_zero_shot(scope, picture, pixels):
 def test_zero_shot_labels_that_cannot_be_read_are_clear_errors(scope, picture):
     from headscope.engine.clip_text import TextError
 
-    with pytest.raises(TextError, match="no labels"):
+    with pytest.raises(TextError, match="no labels given"):
         scope.zero_shot(picture, [])
     with pytest.raises(TypeError, match="comma-separated string; got NoneType"):
         scope.zero_shot(picture, None)
