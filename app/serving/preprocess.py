@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -153,17 +154,20 @@ class _Errors:
 
 
 def _bomb_message(exc: Exception, max_pixels: int) -> str:
-    """Name the limit that refused the picture: Headscope's, or Pillow's where that is lower."""
+    """Name the limit that refused the picture (Headscope's, or Pillow's where that is lower) and
+    the picture's size where Pillow's words give it ("Image size (N pixels) exceeds ...")."""
+    found = re.search(r"\((\d+) pixels\)", str(exc))
+    image = f"image of {int(found.group(1)):,} pixels" if found else "image"
     pillow = Image.MAX_IMAGE_PIXELS
     if pillow is not None:
         twice = isinstance(exc, Image.DecompressionBombError)  # Pillow's error is at twice its limit
         if pillow * (2 if twice else 1) < max_pixels:
             return (
-                f"image is over Pillow's limit in this process ({pillow * (2 if twice else 1):,} pixels: "
+                f"{image} is over Pillow's limit in this process ({pillow * (2 if twice else 1):,} pixels: "
                 f"{'twice ' if twice else ''}PIL.Image.MAX_IMAGE_PIXELS), below Headscope's {max_pixels:,} "
                 "(decompression bomb?)"
             )
-    return f"image is over the limit of {max_pixels:,} pixels (decompression bomb?)"
+    return f"{image} is over the limit of {max_pixels:,} pixels (decompression bomb?)"
 
 
 def _orientation(img: Image.Image) -> int:

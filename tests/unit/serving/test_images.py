@@ -103,7 +103,7 @@ def test_a_process_headscope_runs_takes_its_pixel_limit_as_pillows(monkeypatch):
     with pytest.raises(ImageError) as e:
         probe(data, LIMIT)
     assert (e.value.status, e.value.code) == (413, "image_too_large")
-    assert str(e.value) == "image is over the limit of 40,000,000 pixels (decompression bomb?)"
+    assert str(e.value) == "image of 100,000,000 pixels is over the limit of 40,000,000 pixels (decompression bomb?)"
 
 
 def test_a_refusal_by_pillows_own_lower_limit_names_it(monkeypatch):
