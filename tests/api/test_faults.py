@@ -89,8 +89,11 @@ def test_fault_header_is_ignored_unless_enabled(server_factory):
 
 
 @pytest.mark.waits
-def test_deadline_full_queue_and_disconnect(server_factory, pace):
-    # Durations for the quiet development machine, scaled by this machine's pace now.
+def test_deadline_full_queue_and_disconnect(server_factory, pace_now):
+    # Durations for the quiet development machine, scaled by this machine's pace now: measured as
+    # the test starts, not at the session's start (a CI run's load changes over its minutes; with
+    # the session's pace a queued request met its 1.5 s deadline and answered 504).
+    pace = pace_now
     deadline = pace.s(1.5)
     srv = server_factory(
         {
