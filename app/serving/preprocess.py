@@ -161,9 +161,10 @@ def _bomb_message(exc: Exception, max_pixels: int) -> str:
     pillow = Image.MAX_IMAGE_PIXELS
     if pillow is not None:
         twice = isinstance(exc, Image.DecompressionBombError)  # Pillow's error is at twice its limit
-        if pillow * (2 if twice else 1) < max_pixels:
+        limit = 2 * pillow if twice else pillow
+        if limit < max_pixels:
             return (
-                f"{image} is over Pillow's limit in this process ({pillow * (2 if twice else 1):,} pixels: "
+                f"{image} is over Pillow's limit in this process ({limit:,} pixels: "
                 f"{'twice ' if twice else ''}PIL.Image.MAX_IMAGE_PIXELS), below Headscope's {max_pixels:,} "
                 "(decompression bomb?)"
             )
