@@ -241,9 +241,20 @@ def inproc(
     warmup: int,
     sync: Callable[[], None],
     log: Callable[[str], None],
+    res: dict[str, Any] | None = None,
+    save: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
-    """The in-process rows (forward, capture from tensors and JPEGs, preparation, chefer)."""
-    res: dict[str, Any] = {"capture": {}, **{m: {} for m in RELEVANCE_ROWS}}
+    """The in-process rows (forward, capture from tensors and JPEGs, preparation, chefer).
+
+    Args:
+        res: filled row by row (the caller's dict, so a run stopped by a timeout keeps the rows
+            measured before it); a new one when None.
+        save: called after each row, to write what is measured so far.
+    """
+    res = {} if res is None else res
+    res.setdefault("capture", {})
+    for m in RELEVANCE_ROWS:
+        res.setdefault(m, {})
     for precision in precisions:
         scope = scope_for(precision)
         runner = scope.runner
@@ -271,6 +282,7 @@ def inproc(
                 images = pil_images(files)
                 rows["capture_pil"] = _row(timed(lambda: scope.attention(images), iters, warmup, sync), B, ref)
             res["capture"][f"{precision}/{B}"] = rows
+            save()
         if precision == "fp32":
             for B in [b for b in (1, 8) if b <= max(batches)] or [1]:
                 levels = random_levels(B, 224, device)
@@ -282,6 +294,7 @@ def inproc(
                         **_row(t, B),
                         "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"],
                     }
+                    save()
     return res
 
 

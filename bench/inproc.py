@@ -184,6 +184,9 @@ def headscope_variants(lm: LoadedModel, device: str = "cpu") -> list[Variant]:
     sel_cls = Selection(all_l, all_h, [0])
     sel_all = Selection(all_l, all_h, None)
     check_cls, check_full = _map_checks(lm)
+    # the phases' clocks wait for the device's queue (CUDA runs asynchronously: unsynchronised,
+    # forward_hooked would time only the launches and its kernels would land in results)
+    sync = torch.cuda.synchronize if dev_type == "cuda" else (lambda: None)
 
     def headscope(sel, amp=False):
         """What the worker and the service do: hooked forward, results(), attention_tensor().
@@ -199,10 +202,13 @@ def headscope_variants(lm: LoadedModel, device: str = "cpu") -> list[Variant]:
                 t0 = time.perf_counter()
                 with ctx, cap.capturing(materialise=materialise):
                     model.forward_features(x)
+                sync()
                 t1 = time.perf_counter()
                 atts = cap.results()
+                sync()
                 t2 = time.perf_counter()
                 out = [attention_tensor(a, sel) for a in atts]
+                sync()
                 t3 = time.perf_counter()
             fn.variant.phases.setdefault("forward_hooked", []).append(t1 - t0)
             fn.variant.phases.setdefault("results", []).append(t2 - t1)
@@ -295,7 +301,7 @@ def python_api(lm: LoadedModel, device: str):
     from headscope.config import Settings
     from headscope.python.scope import Scope
 
-    scope = Scope(lm, Settings(), precision="fp32" if torch.device(device).type == "cpu" else "auto")
+    scope = Scope(lm, Settings(), precision="fp32")  # the API's default on every device, as hs_cls
     pictures: dict[int, list[bytes]] = {}
 
     def fn(x):

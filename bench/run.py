@@ -179,9 +179,13 @@ def setup(args: argparse.Namespace, argv: list[str] | None) -> Run | None:
     the device asked for is missing."""
     import torch
 
+    from headscope.engine.device import exact_fp32_process
     from headscope.serving.malloc import tune_malloc
 
     tune_malloc()  # as the server does at start-up, so the in-process rows see the same allocator
+    # as the server does too: no TF32 in the whole process, so the bare fp32 forward (the
+    # reference) and the peers compute what Headscope's fp32 computes (cuDNN's TF32 is on by default)
+    exact_fp32_process()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     from headscope.zoo.loaders import load_embedded
@@ -510,9 +514,8 @@ def step_gpu_quick(run: Run) -> None:
     def scope_for(precision: str) -> Any:
         return headscope.load(run.lm, precision=precision, batch_size=max(batches))
 
-    run.results["gpu_quick"] = gpu_quick.inproc(
-        scope_for, run.device, batches, precisions, iters, warmup, run.sync, log
-    )
+    res = run.results["gpu_quick"] = {}
+    gpu_quick.inproc(scope_for, run.device, batches, precisions, iters, warmup, run.sync, log, res, run.save)
     run.save()
     if args.no_api:
         return
@@ -578,9 +581,13 @@ def main(argv: list[str] | None = None) -> int:
         steps += [] if args.no_ablation else [step_ablation]
         steps += [] if args.no_relevance else [step_relevance]
         steps += [] if args.no_api else [step_api]
-    for step in steps:
-        step(run)
-        run.save()  # each part on disk as soon as it is measured
+    try:
+        for step in steps:
+            step(run)
+            run.save()  # each part on disk as soon as it is measured
+    except SystemExit:
+        run.save()  # stopped (SIGTERM from a timeout): keep the rows measured so far
+        raise
     return finish(run)
 
 

@@ -35,6 +35,26 @@ def test_the_gpu_profile_runs_tiny_on_the_cpu(tmp_path):
         assert set(q[method]) == {"1"} and q[method]["1"]["vs_forward_time"] > 0
 
 
+def test_a_run_stopped_by_a_timeout_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    """bench/gpu_run.sh runs the profile under `timeout` (SIGTERM: SystemExit through main's
+    handler): the rows measured before the signal are on disk, marked partial."""
+    out = tmp_path / "quick.json"
+    real = gpu_quick.timed
+
+    def stop_after_the_first_row(*args, **kwargs):
+        if out.exists() and "fp32/1" in json.loads(out.read_text()).get("gpu_quick", {}).get("capture", {}):
+            raise SystemExit(143)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_quick, "timed", stop_after_the_first_row)
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--gpu-quick", "--no-api", "--batch-sizes", "1", "--quiet", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["partial"] is True
+    assert list(res["gpu_quick"]["capture"]) == ["fp32/1"]
+    assert res["gpu_quick"]["capture"]["fp32/1"]["capture_tensors"]["ms"]["median"] > 0
+
+
 def test_timed_synchronises_around_every_call():
     calls: list[str] = []
     times = gpu_quick.timed(lambda: calls.append("fn"), 3, 1, lambda: calls.append("sync"))
