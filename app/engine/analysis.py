@@ -75,7 +75,7 @@ def attention_tensor(att: CapturedAttention, sel: Selection) -> torch.Tensor:
     n = att.tokens_at(first)
     heads = len(sel.heads) if sel.heads is not None else att.heads_at(first)
     queries = len(sel.queries) if sel.queries is not None else n
-    out = torch.empty(len(sel.layers), heads, queries, n, device=att.device)  # L, H, Q, N
+    out = torch.empty(len(sel.layers), heads, queries, n, dtype=torch.float32, device=att.device)  # L, H, Q, N
     batch = getattr(att, "batch", None)
     if batch is not None:  # a forward's slice: its layers' rows in a few products (CaptureBatch)
         batch.layer_rows(sel.layers, [att.index], sel.heads, sel.queries, out.unsqueeze(1), sel.temperature)  # type: ignore[attr-defined]
@@ -110,7 +110,9 @@ def _batch_tensors(
     n = first.tokens_at(sel.layers[0])
     heads = len(sel.heads) if sel.heads is not None else first.heads_at(sel.layers[0])
     queries = len(sel.queries) if sel.queries is not None else n
-    out = torch.empty(len(sel.layers), len(atts), heads, queries, n, device=first.device)  # L, B, H, Q, N
+    out = torch.empty(
+        len(sel.layers), len(atts), heads, queries, n, dtype=torch.float32, device=first.device
+    )  # L, B, H, Q, N
     batch.layer_rows(sel.layers, images, sel.heads, sel.queries, out, sel.temperature)
     if sel.aggregate == "mean":
         out = out.mean(dim=2, keepdim=True)

@@ -80,10 +80,14 @@ def autocast_dtype(device_type: str, precision: str = "auto", bf16_supported: bo
     return torch.bfloat16 if bf16_supported else torch.float16
 
 
-def autocast(device_type: str, dtype: torch.dtype | None):
-    """An autocast context for ``dtype``, or a no-op for fp32."""
+def autocast(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[object]:
+    """An autocast context for ``dtype``; for fp32 (None), autocast turned off on the device, so a
+    caller's own ``torch.autocast`` block does not make an fp32 computation bf16."""
     if dtype is None:
-        return contextlib.nullcontext()
+        try:
+            return torch.autocast(device_type=device_type, enabled=False)
+        except RuntimeError:  # a device type this torch has no autocast for: nothing to turn off
+            return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
@@ -98,8 +102,41 @@ def precision_name(dtype: torch.dtype | None) -> str:
     raise ValueError(f"no precision name for {dtype}")
 
 
-def tf32_flags() -> tuple[bool, bool, str]:
-    """The process's TF32 settings: CUDA matmuls, cuDNN convolutions, float32 matmul precision."""
+# torch >= 2.9 sets reduced-precision fp32 per backend and operator (``fp32_precision``: ``ieee``,
+# ``tf32``, ``bf16``, ``none`` = inherit). Once a user has set one of those, the older getters
+# (``allow_tf32``, ``get_float32_matmul_precision``) raise, so where the new API exists it is the
+# only one read or written. Only these operators are touched, and only when not already exact:
+# a value written and set back still counts, for torch, as set by the user (a later
+# ``torch.backends.fp32_precision = ...`` no longer reaches it), so untouched is best.
+_CUDA_OPS = ("cuda.matmul", "cudnn.conv")
+_CPU_OPS = ("mkldnn.matmul", "mkldnn.conv")
+_EXACT = ("ieee", "none")
+
+
+def _new_api() -> bool:
+    return hasattr(torch.backends, "fp32_precision")
+
+
+def _op(name: str) -> object:
+    obj: object = torch.backends
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _ops() -> tuple[str, ...]:
+    # cuDNN's and cuBLAS's settings are left alone where no CUDA device computes
+    return (_CUDA_OPS if torch.cuda.is_available() else ()) + _CPU_OPS
+
+
+Flags = tuple[str, ...] | tuple[bool, bool, str]
+
+
+def _new_flags() -> tuple[str, ...]:
+    return tuple(f"{name}={_op(name).fp32_precision}" for name in _ops())  # type: ignore[attr-defined]
+
+
+def _legacy_flags() -> tuple[bool, bool, str]:
     return (
         bool(torch.backends.cuda.matmul.allow_tf32),
         bool(torch.backends.cudnn.allow_tf32),
@@ -107,27 +144,64 @@ def tf32_flags() -> tuple[bool, bool, str]:
     )
 
 
-def _set_tf32_flags(flags: tuple[bool, bool, str]) -> None:
+def tf32_flags() -> Flags:
+    """The process's reduced-precision fp32 settings, as a value to compare and give back.
+
+    On torch with per-backend ``fp32_precision``: ``("cuda.matmul=tf32", ...)`` for the
+    operators Headscope computes with (CUDA's only where CUDA is available). On older torch: CUDA
+    matmuls' TF32, cuDNN convolutions' TF32, the float32 matmul precision.
+    """
+    return _new_flags() if _new_api() else _legacy_flags()
+
+
+def reduced_fp32() -> list[str]:
+    """The settings under which fp32 is not computed exactly now (TF32, bf16 matmuls): empty
+    inside :func:`exact_fp32`."""
+    if _new_api():
+        return [f for f in _new_flags() if f.split("=")[1] not in _EXACT]
+    matmul, cudnn, precision = _legacy_flags()
+    named = (("cuda.matmul", matmul), ("cudnn", cudnn), ("matmul_precision", precision != "highest"))
+    return [name for name, reduced in named if reduced]
+
+
+def _exact_flags() -> Flags:
+    if _new_api():
+        return tuple(f if f.split("=")[1] in _EXACT else f"{f.split('=')[0]}=ieee" for f in _new_flags())
+    return (False, False, "highest")
+
+
+def _set_tf32_flags(flags: Flags) -> None:
+    if _new_api():
+        for want, was in zip(flags, _new_flags()):
+            if want != was:  # only what differs: see _CUDA_OPS
+                name, value = str(want).split("=")
+                _op(name).fp32_precision = value  # type: ignore[attr-defined]
+        return
     matmul, cudnn, precision = flags
     # The matmul precision and matmul.allow_tf32 are one setting seen twice: the precision
     # first, then the flag (restoring ("high", False) must leave the flag False).
-    torch.set_float32_matmul_precision(precision)
-    torch.backends.cuda.matmul.allow_tf32 = matmul
-    torch.backends.cudnn.allow_tf32 = cudnn
+    torch.set_float32_matmul_precision(str(precision))
+    torch.backends.cuda.matmul.allow_tf32 = bool(matmul)
+    torch.backends.cudnn.allow_tf32 = bool(cudnn)
 
 
 @contextlib.contextmanager
 def exact_fp32() -> Iterator[None]:
     """fp32 means fp32 while Headscope computes: no TF32 in CUDA matmuls or cuDNN convolutions,
-    float32 matmuls at ``highest`` precision; the caller's flags are set back afterwards.
+    no bf16 in oneDNN's (the CPU's) fp32 matmuls and convolutions; the caller's settings are
+    set back afterwards.
 
-    The flags are the process's (torch has no per-thread TF32 setting): a user thread running
-    CUDA matmuls at the same time as a Headscope call runs them without TF32 meanwhile.
-    Nesting is fine (the inner call restores what the outer one set). Under bf16/fp16
-    autocast the flags are off too: the ops autocast leaves in fp32 stay exact.
+    The settings are the process's (torch has no per-thread one): a user thread running
+    matmuls at the same time as a Headscope call runs them exactly meanwhile. Nesting is fine
+    (the inner call restores what the outer one set). Under bf16/fp16 autocast they are exact
+    too: the ops autocast leaves in fp32 stay exact.
     """
     saved = tf32_flags()
-    _set_tf32_flags((False, False, "highest"))
+    exact = _exact_flags()
+    if exact == saved:  # already exact: nothing written, nothing to give back
+        yield
+        return
+    _set_tf32_flags(exact)
     try:
         yield
     finally:
@@ -135,9 +209,9 @@ def exact_fp32() -> Iterator[None]:
 
 
 def exact_fp32_process() -> None:
-    """TF32 off for the rest of the process: for a process Headscope owns (the server), where
-    several threads compute at once and the flags, being the process's, must not flicker."""
-    _set_tf32_flags((False, False, "highest"))
+    """Exact fp32 for the rest of the process: for a process Headscope owns (the server), where
+    several threads compute at once and the settings, being the process's, must not flicker."""
+    _set_tf32_flags(_exact_flags())
 
 
 def computing_precision(device_type: str, dtype: torch.dtype | None) -> contextlib.ExitStack:

@@ -189,10 +189,13 @@ def gradient_importance(
     """
     L, H = lm.num_layers, lm.num_heads
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
-    gates = torch.ones(L, H, device=pixels.device, requires_grad=True)
-    with torch.enable_grad(), autocast(pixels.device.type, amp_dtype):
+    # the caller may be in inference mode (a notebook's, a serving thread's): the gates, the
+    # graph and a normal copy of the pixels (an inference tensor cannot be saved for backward)
+    with torch.inference_mode(False), torch.enable_grad(), autocast(pixels.device.type, amp_dtype):
+        gates = torch.ones(L, H, device=pixels.device, requires_grad=True)
+        x = pixels.clone() if pixels.is_inference() else pixels
         with heads_masked(lm.model, {layer: gates[layer] for layer in range(L)}):
-            out = head_output(lm, timm_model(lm).forward_features(pixels), hw)
+            out = head_output(lm, timm_model(lm).forward_features(x), hw)
         loss = surrogate_loss(lm.output_kind, out)
         (grad,) = torch.autograd.grad(loss, gates)
     return grad.abs().float().cpu(), float(loss.detach())
