@@ -263,7 +263,7 @@ def _extract(args) -> int:
     from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
 
-    settings = Settings()
+    settings = Settings(**({"precision": args.precision} if args.precision else {}))
     preprocess.adopt_pixel_limit(settings.max_image_pixels)
     out = Path(args.out)
     refuse_existing(out, args.force)  # before anything slow, like a wrong path below
@@ -355,7 +355,8 @@ def _survey(args) -> int:
     from .zoo.errors import ModelLoadError, UnknownModelError
 
     tune_malloc()  # as the server does: large maps reuse freed memory instead of fresh pages
-    preprocess.adopt_pixel_limit(Settings().max_image_pixels)
+    settings = Settings(**({"precision": args.precision} if args.precision else {}))
+    preprocess.adopt_pixel_limit(settings.max_image_pixels)
     try:
         s = survey(
             args.source,
@@ -375,6 +376,7 @@ def _survey(args) -> int:
             target=args.target,
             fractions=args.fractions,
             protocol=args.protocol,
+            settings=settings,
         )
     except (OutputError, SourceError, RayMissing, ModelLoadError, UnknownModelError, SelectionError) as e:
         print(f"headscope survey: {e}", file=sys.stderr)
@@ -490,6 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
     e.add_argument("--model", help="model id (default HEADSCOPE_MODEL, else dinov2-s14-focus)")
     e.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (default HEADSCOPE_DEVICE, else auto)")
+    e.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "auto"],
+        help="fp32 (default, every device: exact, no TF32), bf16 or fp16 autocast, auto = bf16/fp16 on CUDA "
+        "(env HEADSCOPE_PRECISION); the file's metadata says it",
+    )
     e.add_argument("--layers", default="all", help="'all', indices '0,5,-1' or ranges '0-3' (default all)")
     e.add_argument("--heads", default="all", help="'all' or indices/ranges like --layers (default all)")
     e.add_argument(
@@ -518,6 +526,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--address", help="Ray cluster to join (else RAY_ADDRESS, else a local Ray for the run)")
     v.add_argument("--model", help="model id (default HEADSCOPE_MODEL)")
     v.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (local; ray: the actors' device)")
+    v.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "auto"],
+        help="fp32 (default, every device: exact, no TF32), bf16 or fp16 autocast, auto = bf16/fp16 on CUDA "
+        "(env HEADSCOPE_PRECISION); every row says its precision",
+    )
     v.add_argument("--batch-size", type=ascii_int, default=8, help="pictures per forward pass (default 8)")
     v.add_argument("--limit", type=ascii_int, help="survey at most N pictures in this run")
     v.add_argument("--resume", action="store_true", help="continue OUT, skipping pictures already in it")

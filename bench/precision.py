@@ -10,7 +10,10 @@ device and the same pictures (the sample photos), the largest difference over th
 * ``entropy`` (normalised, 0..1) and ``distance_px``: the statistics, absolute;
 * ``chefer``: the relevance map, as a fraction of the fp32 map's maximum;
 * ``y``: the relevance target (the model's saliency mean), relative;
-* ``output``: the model's own output (the saliency map, 0..1), absolute.
+* ``output``: the model's own output (the saliency map, 0..1), absolute;
+* ``faithfulness_auc``: the perturbation test's AUCs (``chefer`` and ``attention``, both curves,
+  the live protocol at fractions 0, 0.25, 0.5, 0.75), absolute (an AUC is 0..0.9 or so);
+* ``importance``: every head's gradient importance, as a fraction of the fp32 maximum.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ["astronaut.png", "cat.png", "coffee.png", "rocket.jpg"]
+FRACTIONS = [0, 0.25, 0.5, 0.75]
 
 
 def errors(device: str, models_dir: str | None, precisions: list[str]) -> dict[str, Any]:
@@ -51,6 +55,16 @@ def errors(device: str, models_dir: str | None, precisions: list[str]) -> dict[s
                     "chefer": rel["relevance"].float().cpu(),
                     "y": float(rel["y"]),
                     "output": scope.output(pic)["output"].float().cpu(),
+                    "faithfulness_auc": torch.tensor(
+                        [
+                            c[k]
+                            for c in scope.faithfulness(pic, methods="chefer,attention", fractions=FRACTIONS)[
+                                "methods"
+                            ].values()
+                            for k in ("auc_positive", "auc_negative")
+                        ]
+                    ),
+                    "importance": scope.importance(pic, method="gradient")["importance"].float().cpu(),
                     "precision": att.precision,
                 }
             )
@@ -71,6 +85,10 @@ def errors(device: str, models_dir: str | None, precisions: list[str]) -> dict[s
                 "chefer": float((b["chefer"] - a["chefer"]).abs().max() / a["chefer"].abs().max().clamp_min(1e-30)),
                 "y": abs(b["y"] - a["y"]) / max(abs(a["y"]), 1e-30),
                 "output": float((b["output"] - a["output"]).abs().max()),
+                "faithfulness_auc": float((b["faithfulness_auc"] - a["faithfulness_auc"]).abs().max()),
+                "importance": float(
+                    (b["importance"] - a["importance"]).abs().max() / a["importance"].abs().max().clamp_min(1e-30)
+                ),
             }
             for k, v in diffs.items():
                 row[k] = max(row.get(k, 0.0), v)

@@ -100,7 +100,8 @@ class TextTower:
         self.logit_scale = float(torch.as_tensor(clip.logit_scale).detach().exp().reshape(-1)[0])
         bias = getattr(clip, "logit_bias", None)
         self.logit_bias = None if bias is None else float(bias.detach().reshape(-1)[0])
-        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        # per (phrase, autocast dtype or None): a Scope in fp32 and one in bf16 may share the tower
+        self._cache: OrderedDict[tuple[str, torch.dtype | None], torch.Tensor] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -212,23 +213,27 @@ class TextTower:
         return TextForward(pooled, maps, readout, ids)
 
     def embeddings(self, phrases: Sequence[str]) -> torch.Tensor:
-        """Unnormalised text embeddings ``[K, D]`` float32, cached per phrase (no autograd)."""
+        """Unnormalised text embeddings ``[K, D]`` float32 (no autograd), computed in the
+        caller's precision (its autocast on the tower's device) and cached per phrase and
+        precision."""
+        dev = self.device.type
+        amp = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         with self._lock:
-            missing = [p for p in dict.fromkeys(phrases) if p not in self._cache]
+            missing = [p for p in dict.fromkeys(phrases) if (p, amp) not in self._cache]
         if missing:
             ids = self.tokenize(missing)
             with torch.inference_mode():
                 emb = self.forward(ids).embedding.float()
             with self._lock:
                 for p, e in zip(missing, emb):
-                    self._cache[p] = e
+                    self._cache[(p, amp)] = e
                 while len(self._cache) > EMBEDDING_CACHE:
                     self._cache.popitem(last=False)
         with self._lock:
             out = []
             for p in phrases:
-                self._cache.move_to_end(p)
-                out.append(self._cache[p])
+                self._cache.move_to_end((p, amp))
+                out.append(self._cache[(p, amp)])
         return torch.stack(out)
 
     def logits(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:

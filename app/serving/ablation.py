@@ -31,6 +31,7 @@ import torch
 from ..engine import importance as imp
 from ..engine.ablation import Ablation, ablate_text, refuse_windowed_ablation
 from ..engine.batching import device_input
+from ..engine.device import precision_name
 from ..engine.model import LoadedModel
 from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_change, kl_divergence
 from . import preprocess
@@ -84,10 +85,11 @@ def output_answer(
     fmt: str,
     t0: float,
     cached: bool,
+    precision: str,
 ) -> OutputAnswer:
     """The answer of ``GET …/output``: ``out`` (with ``pairs`` removed) and its change against ``base``."""
     kind = lm.output_kind
-    meta = output_meta(image_id, lm, pairs, base, out, cached)
+    meta = output_meta(image_id, lm, pairs, base, out, cached, precision)
     if fmt == "json":
         meta["output"] = describe(lm, out.tensor)
         meta["timing_ms"] = {"total": (time.perf_counter() - t0) * 1000}
@@ -113,7 +115,9 @@ def output_answer(
     return OutputAnswer([body], headers, "application/octet-stream")
 
 
-def output_meta(image_id: str, lm: LoadedModel, pairs: Ablation, base: Output, out: Output, cached: bool) -> dict:
+def output_meta(
+    image_id: str, lm: LoadedModel, pairs: Ablation, base: Output, out: Output, cached: bool, precision: str
+) -> dict:
     """What the answer of ``GET …/output`` says besides the output itself (and its timing): the
     answer (:func:`output_answer`) and the Python API (``Scope.output``) both come from here."""
     kind = lm.output_kind
@@ -129,6 +133,7 @@ def output_meta(image_id: str, lm: LoadedModel, pairs: Ablation, base: Output, o
         "image_size": list(out.image_size),
         "note": lm.output_note or None,
         "change": describe_change(lm, base.tensor, out.tensor) if pairs else None,
+        "precision": precision,
         "cached": cached,
     }
 
@@ -172,6 +177,7 @@ def importance_work(
         "layers": L,
         "heads": H,
         "input_size": list(prep.input_size),
+        "precision": precision_name(amp_dtype),
     }
     if method == "gradient":
         progress.total, progress.stage = 1.0, "forward and backward pass"
@@ -243,6 +249,7 @@ def pruning_work(
         "removed": steps,
         "change": change(kind, base, stacked).tolist(),
         "heads_total": len(order),
+        "precision": precision_name(amp_dtype),
     }
     if kind == "classes":
         res["kl"] = kl_divergence(base, stacked).tolist()
@@ -302,7 +309,9 @@ class AblationService(ImageTasks):
         lm = await self.model(model_id)
         pairs = lm.ablation(ablate)
         (base, out), cached = await self.outputs(image_id, lm, [(), pairs])
-        return await self.worker.run_answer(output_answer, image_id, lm, pairs, base, out, fmt, t0, cached)
+        return await self.worker.run_answer(
+            output_answer, image_id, lm, pairs, base, out, fmt, t0, cached, self.worker.precision
+        )
 
     # -- importance and the pruning curve ------------------------------------------------------
     async def importance(

@@ -257,6 +257,7 @@ def stats_body(image_id: str, found: FoundCapture, stats: dict[str, Any], ablate
         "tokens": image.tokens(),
         **image.layout_meta(),
         "ablated": [list(pair) for pair in ablate],
+        "precision": found.entry.precision,
     }
 
 

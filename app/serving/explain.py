@@ -86,6 +86,7 @@ def explain_fields(
         **image.layout_meta(),
         "cached": found.cached,
         "ablated": [list(pair) for pair in ablate],
+        "precision": entry.precision,
         "layer": layer,
         "head": head,
         "query": query,

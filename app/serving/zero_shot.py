@@ -108,6 +108,7 @@ async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroSho
         "model": lm.id,
         "image_id": image_id,
         "rule": res["rule"],
+        "precision": rel.worker.precision,
         "logit_scale": tower.logit_scale,
         "logit_bias": tower.logit_bias,
         "labels": rows,

@@ -26,7 +26,7 @@ import torch
 
 from ..engine.batching import split_on_oom
 from ..engine.clip_text import check_phrase
-from ..engine.device import autocast
+from ..engine.device import autocast, precision_name
 from ..engine.faithfulness import (
     DEFAULT_BATCH,
     DEFAULT_PROTOCOL,
@@ -243,6 +243,7 @@ class FaithfulnessPlan:
                 rows["seed"].append(self.seed if method == "random" else None)
                 rows["protocol"].append(res.protocol)
                 rows["score0"].append(res.score0)
+                rows["precision"].append(precision_name(amp_dtype))
         return pa.table(rows, schema=schema.FAITHFULNESS), []
 
 

@@ -80,12 +80,14 @@ FAITHFULNESS = pa.schema(
         pa.field("target", pa.string(), nullable=False),  # normalised: output, box:X0,Y0,X1,Y1, top, class:N...
         pa.field("class_index", pa.int32()),  # top / class:N: the class whose logit y is
         pa.field("y", pa.float64(), nullable=False),  # the target's unperturbed value
-        pa.field("auc_positive", pa.float64()),  # lower is better (null when y = 0)
+        pa.field("auc_positive", pa.float64()),  # lower is better (null when score0 = 0)
         pa.field("auc_negative", pa.float64()),  # higher is better
         pa.field("fractions", pa.list_(pa.float64()), nullable=False),
-        pa.field("positive", pa.list_(pa.float64()), nullable=False),  # y(most relevant removed) / y
-        pa.field("negative", pa.list_(pa.float64()), nullable=False),  # y(least relevant removed) / y
-        pa.field("removed", pa.list_(pa.int32()), nullable=False),  # patches removed at each fraction
+        # the score with the most (positive) or least (negative) relevant part removed, over score0
+        # (live: the class's probability, or the output's y; paper: top-1 hits, 0 or 1)
+        pa.field("positive", pa.list_(pa.float64()), nullable=False),
+        pa.field("negative", pa.list_(pa.float64()), nullable=False),
+        pa.field("removed", pa.list_(pa.int32()), nullable=False),  # live: patches; paper: pixels removed
         pa.field("num_patches", pa.int32(), nullable=False),
         pa.field("seed", pa.int32()),  # method=random: the map's seed
         pa.field("box", pa.list_(pa.int32())),  # target region: the picture's box [X0, Y0, X1, Y1]
@@ -93,6 +95,7 @@ FAITHFULNESS = pa.schema(
         # AUC in percent); null in tables written before the option: live
         pa.field("protocol", pa.string()),
         pa.field("score0", pa.float64()),  # live: every curve's denominator; paper: the clean picture's hit
+        pa.field("precision", pa.string()),  # fp32, bf16, fp16; null in tables written before the column
     ]
 )
 

@@ -106,7 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     log.warning("serving %s as the default: %s failed to load", mid, st.registry.default)
                     st.registry.use_default(mid)
                 st.ready = True
-                log.info("ready: %s on %s", mid, device)
+                log.info("ready: %s on %s in %s", mid, device, st.worker.precision)
                 return
             refused = {m: st.registry.error(m) or "" for m in st.registry.ids if m not in failed}
             why = "; ".join(f"{m}: {e}" for m, e in {**refused, **failed}.items())

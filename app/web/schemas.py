@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
+
+# what every computing answer says it was computed in (issue #37)
+Precision = Annotated[
+    Literal["fp32", "bf16", "fp16"],
+    Field(description="what the numbers were computed in: fp32 (exact, no TF32), or bf16/fp16 autocast"),
+]
 
 
 class StatsResponse(BaseModel):
@@ -38,6 +44,7 @@ class StatsResponse(BaseModel):
         None, description="windowed models: statistics that have no meaning there (null fields), with the reason"
     )
     ablated: list[list[int]] = Field(default_factory=list, description="[layer, head] pairs removed (`ablate`)")
+    precision: Precision = "fp32"
 
 
 class StageInfo(BaseModel):
@@ -131,6 +138,7 @@ class ExplainResponse(BaseModel):
     tokens: Tokens
     cached: bool = Field(description="answered from the server's cache without a forward pass")
     ablated: list[list[int]] = Field(default_factory=list, description="[layer, head] pairs removed (`ablate`)")
+    precision: Precision = "fp32"
     layer: int
     head: int
     query: int = Field(description="token index of the query")
@@ -293,6 +301,7 @@ class OutputResponse(BaseModel):
     image_size: list[int]
     note: str | None = Field(None, description="why the model's output is missing or reduced, if it is")
     cached: bool = Field(description="both outputs (ablated and unablated) came from the server's cache")
+    precision: Precision = "fp32"
     timing_ms: dict[str, float]
 
 
@@ -310,6 +319,7 @@ class ImportanceResponse(BaseModel):
     loss: str | None = Field(None, description="method=gradient: the loss differentiated")
     loss_value: float | None = None
     input_size: list[int]
+    precision: Precision = "fp32"
     cached: bool
     timing_ms: dict[str, float]
 
@@ -328,6 +338,7 @@ class PruningResponse(BaseModel):
     top1: list[int] | None = Field(None, description="classes: the top class at each point")
     top1_kept: list[bool] | None = None
     heads_total: int
+    precision: Precision = "fp32"
     cached: bool
     timing_ms: dict[str, float]
 
@@ -386,6 +397,9 @@ class RelevanceResponse(BaseModel):
         "without a CLS token (`mean`)"
     )
     seed: int | None = Field(description="method=random: the seed of the map")
+    start_layer: int | None = Field(
+        None, description="method=chefer2021: the layer its rollout starts at (`start_layer`, default 1); else null"
+    )
     uniform: bool = Field(description="the map was zero everywhere and is answered as the uniform map")
     text_tokens: list[TextToken] | None = Field(
         None,
@@ -426,6 +440,7 @@ class ZeroShotResponse(BaseModel):
     method: str | None = Field(description="maps=true: the relevance method of the maps")
     grid: list[int] | None = Field(description="maps=true: (rows, cols) of the maps")
     input_size: list[int]
+    precision: Precision = "fp32"
     timing_ms: dict[str, float]
 
 
@@ -494,6 +509,9 @@ class FaithfulnessResponse(BaseModel):
     batch_size: int
     text_tokens: list[TextToken] | None = Field(None, description="target=text:PHRASE: the phrase's tokens' relevance")
     seed: int | None = Field(description="the random map's seed, when `random` is tested")
+    start_layer: int | None = Field(
+        None, description="the layer chefer2021's rollout starts at, when `chefer2021` is tested; else null"
+    )
     ablated: list[list[int]]
     ablate: str
     cached: bool

@@ -80,3 +80,17 @@ def test_zero_shot_labels_that_cannot_be_read_are_clear_errors(scope, picture):
         scope.zero_shot(picture, ["a dog"], method="chefr")
     res = scope.zero_shot(picture, ("a dog", "a dog", "a cat"))  # any sequence; repeats once
     assert sorted(r["label"] for r in res["labels"]) == ["a cat", "a dog"]
+
+
+def test_zero_shot_says_its_precision_and_text_embeddings_are_kept_per_precision(scope, picture):
+    """A bf16 Scope and an fp32 Scope sharing one model (one text tower, one embedding cache):
+    the fp32 scores are those of fp32 text embeddings, whichever ran first."""
+    labels = ["a photo of a cat", "a photo of a dog"]
+    scope.lm.text._cache.clear()
+    want = scope.zero_shot(picture, labels)  # fp32 first: its embeddings cached
+    scope.lm.text._cache.clear()
+    bf16 = headscope.load(scope.lm, precision="bf16").zero_shot(picture, labels)  # bf16 first now
+    got = scope.zero_shot(picture, labels)
+    assert want["precision"] == got["precision"] == "fp32" and bf16["precision"] == "bf16"
+    assert [r["logit"] for r in got["labels"]] == [r["logit"] for r in want["labels"]]
+    assert [r["logit"] for r in bf16["labels"]] != [r["logit"] for r in want["labels"]]

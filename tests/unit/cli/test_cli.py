@@ -36,6 +36,23 @@ def test_extract_many_files_into_one_safetensors(tmp_path):
     assert torch.allclose(tensors[cat].sum(-1), torch.ones(1, 6, 1), atol=1e-5)
 
 
+def test_extract_and_survey_take_a_precision_flag(tmp_path, monkeypatch):
+    """--precision beside HEADSCOPE_PRECISION (the flag wins), said in the file's metadata and in
+    every survey row; in this process (the same code as the command)."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("HEADSCOPE_PRECISION", "fp32")
+    cat = str(SAMPLES / "cat.png")
+    out = tmp_path / "attn.safetensors"
+    assert headscope_cli.main(["extract", cat, "--out", str(out), "--layers", "-1", "--precision", "bf16"]) == 0
+    with open(out, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        assert json.loads(f.read(n))["__metadata__"]["precision"] == "bf16"
+    folder = tmp_path / "survey.parquet"
+    assert headscope_cli.main(["survey", cat, "--out", str(folder), "--precision", "bf16", "--quiet"]) == 0
+    assert set(pq.read_table(folder).column("precision").to_pylist()) == {"bf16"}
+
+
 def test_fetch_timm_offline_says_what_to_do(capsys):
     r = cli("fetch", "timm:vit_base_patch16_224.augreg_in21k")
     assert r.returncode == 1

@@ -1,5 +1,5 @@
 """Every answer says its precision: the attention answer (JSON, the X-Headscope-Meta header and
-the safetensors header of binary answers) and relevance, whose result is built in one place
+the safetensors header of binary answers), the statistics and relevance, whose result is built in one place
 (``uniform`` a bool, as the REST schema has it)."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def test_attention_answers_say_their_precision(lm):
         found = FoundCapture(
             CachedCapture(lm.id, lm.captured(att, prep.input_size), prep.image_size, precision), False, {}
         )
+        assert answers.stats_body("abc", found, {})["precision"] == precision
         for fmt in ("json", "safetensors", "npy"):
             params = AttentionParams(format=fmt)
             answer = answers.built(

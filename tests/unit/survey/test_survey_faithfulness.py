@@ -74,8 +74,10 @@ def test_the_table_holds_the_engines_perturbation_test(local, source):
     assert t.column_names == [
         "image", "method", "target", "class_index", "y", "auc_positive", "auc_negative",
         "fractions", "positive", "negative", "removed", "num_patches", "seed", "box", "protocol", "score0",
+        "precision",
     ]  # fmt: skip
     assert set(t.column("protocol").to_pylist()) == {"live"}
+    assert set(t.column("precision").to_pylist()) == {"fp32"}
     assert t.column("image").to_pylist() == [p for p in PICTURES for _ in METHODS]
     assert t.column("method").to_pylist() == METHODS * 2
     assert set(t.column("target").to_pylist()) == {BOX} and t.column("class_index").null_count == 4
