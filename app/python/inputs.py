@@ -300,15 +300,21 @@ def tensor_pictures(t: Any) -> Any:
     (``t`` itself where it is a uint8 batch).
 
     Raises:
-        TypeError: a dtype other than uint8 or floating; a sparse (or other non-dense) tensor, or
-            one on the meta device (no values to read).
+        TypeError: a dtype other than uint8 or float16/bfloat16/float32/float64 (float8 has no
+            pixels' precision); a sparse, nested (or other non-dense) tensor, or one on the meta
+            device (no values to read).
         ValueError: a shape other than ``[3, H, W]`` / ``[B, 3, H, W]``, an empty tensor, or
             float values outside 0..1 (a normalised input, or 0..255 values as floats).
     """
     import torch
 
-    if t.layout != torch.strided:
-        raise TypeError(f"a tensor picture is a dense tensor; got one of layout {t.layout} (t.to_dense())")
+    if t.layout != torch.strided or t.is_nested:
+        got = (
+            "a nested tensor (stack same-sized pictures, or pass a list)"
+            if t.is_nested
+            else f"{t.layout} (t.to_dense())"
+        )
+        raise TypeError(f"a tensor picture is a dense tensor; got {got}")
     if t.is_meta:
         raise TypeError("a tensor picture on the meta device has no pixels to read")
     if t.dim() not in (3, 4) or t.shape[-3] != 3:
@@ -320,17 +326,32 @@ def tensor_pictures(t: Any) -> Any:
         raise ValueError(f"a tensor picture is empty: shape {tuple(t.shape)}")
     if t.dtype == torch.uint8:
         levels = t
-    elif t.is_floating_point():
+    elif t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one pass, one wait for a GPU
         if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
-            raise ValueError(
-                f"a float tensor picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
-                f"got values in {lo:.4g}..{hi:.4g}"
-            )
+            raise ValueError(_out_of_range(t, lo, hi))
         levels = (t.float() * 255.0).round_().to(torch.uint8)
     else:
         raise TypeError(f"a tensor picture is uint8 (0..255) or floating (0..1); got {t.dtype}")
     return levels if levels.dim() == 4 else levels.unsqueeze(0)
+
+
+def _out_of_range(t: Any, lo: float, hi: float) -> str:
+    """Why a float tensor's values are not pixels in 0..1: NaN or infinity said as such, the
+    bounds exactly (1.0000001 is not "1"), and in a batch the first picture at fault."""
+    import torch
+
+    where = ""
+    if t.dim() == 4 and t.shape[0] > 1:
+        flat = t.reshape(t.shape[0], -1)
+        bad = ~((flat >= 0) & (flat <= 1)).all(1)  # NaN compares False: bad too
+        where = f" (picture {int(bad.nonzero()[0])} of the batch)"
+    if not bool(torch.isfinite(t).all()):
+        return f"a float tensor picture holds pixels in 0..1; it holds NaN or infinite values{where}"
+    return (
+        f"a float tensor picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
+        f"got values in {lo!r}..{hi!r}{where}"
+    )
 
 
 def own_levels(t: Any) -> Any:

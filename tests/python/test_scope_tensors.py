@@ -176,6 +176,21 @@ def test_bad_tensors_are_clear_errors(scope):
         scope.attention(torch.rand(3, 32, 32).to_sparse())
     with pytest.raises(TypeError, match="meta device"):
         scope.relevance(torch.empty(3, 32, 32, device="meta"))
+    with pytest.raises(TypeError, match="nested"):
+        scope.attention(torch.nested.nested_tensor([torch.rand(3, 32, 32), torch.rand(3, 32, 32)]))
+    with pytest.raises(TypeError, match="float8"):
+        scope.attention(torch.zeros(3, 32, 32).to(torch.float8_e4m3fn))
+
+
+def test_out_of_range_floats_say_exactly_what_is_wrong(scope):
+    with pytest.raises(ValueError, match=r"1\.0000001"):  # not rounded to "1"
+        scope.attention(torch.full((3, 32, 32), 1.0000001, dtype=torch.float64))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        scope.attention(torch.full((3, 32, 32), float("nan")))
+    batch = torch.rand(3, 3, 32, 32)
+    batch[2] = batch[2] * 2 - 1  # the third picture normalised
+    with pytest.raises(ValueError, match="picture 2 of the batch"):
+        scope.output(batch)
 
 
 def test_a_cls_capture_dispatches_a_few_operators_beyond_the_forward(scope):
