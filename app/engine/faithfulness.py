@@ -83,13 +83,22 @@ def parse_protocol(spec: str | None) -> str:
     """``live`` (the default: patches, mean-grey fill, the target's score ratio) or ``paper``
     (Chefer et al. 2021's: pixels, black fill, top-1 accuracy).
 
+    The names are exact (lowercase, no spaces), as the survey's ``--protocol`` takes them; None or
+    ``""`` is the default. The Python API and the REST API both parse with this function, so a
+    value is accepted or refused (422 ``bad_protocol``) the same way by either.
+
     Raises:
-        ProtocolError: anything else.
+        ProtocolError: anything else (another spelling, another type).
     """
-    name = (spec or DEFAULT_PROTOCOL).strip().lower()
-    if name not in PROTOCOLS:
-        raise ProtocolError(f"protocol {name[:40]!r}: unknown; use live (the default) or paper")
-    return name
+    if spec is None or (isinstance(spec, str) and spec == ""):
+        return DEFAULT_PROTOCOL
+    if not isinstance(spec, str):
+        raise ProtocolError(
+            f"protocol is a string, live (the default) or paper; got {type(spec).__name__} {str(spec)[:40]}"
+        )
+    if spec not in PROTOCOLS:
+        raise ProtocolError(f"protocol {spec[:40]!r}: unknown; use live (the default) or paper, spelt exactly so")
+    return spec
 
 
 def check_protocol(protocol: str, lm: LoadedModel, target: Target) -> None:
@@ -123,7 +132,13 @@ def parse_fractions(spec: str | Sequence[float] | None) -> tuple[float, ...]:
                 raise FractionsError(f"fractions: cannot read {raw[:40]!r}; write numbers in [0, 1) like 0,0.1,0.2")
             values.append(float(raw))
     else:
-        values = [float(v) for v in spec]
+        try:
+            values = [_number(v) for v in spec]
+        except TypeError:  # not iterable: fractions=0.5
+            raise FractionsError(
+                f"fractions: give numbers in [0, 1) as a sequence or a string like 0,0.1,0.2; got "
+                f"{type(spec).__name__} {str(spec)[:40]}"
+            ) from None
     if not values:
         raise FractionsError("fractions: none given")
     if len(values) > MAX_FRACTIONS:
@@ -135,6 +150,22 @@ def parse_fractions(spec: str | Sequence[float] | None) -> tuple[float, ...]:
         if not a < b:
             raise FractionsError(f"fractions: not strictly ascending ({a} then {b})")
     return tuple(values)
+
+
+def _number(v: object) -> float:
+    """One fraction of a sequence as a float: a number (numpy's and torch's scalars too) or a
+    string read as the string form reads it; :class:`FractionsError` for anything else (a bool,
+    None, ``"a"``), not the ``ValueError`` or ``TypeError`` of ``float()``."""
+    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+        return float(v)
+    if not isinstance(v, (str, bool)) and hasattr(v, "__float__"):
+        try:
+            return float(v)
+        except (TypeError, ValueError, RuntimeError):  # a tensor of several values
+            pass
+    raise FractionsError(
+        f"fractions: cannot read {str(v)[:40]!r} ({type(v).__name__}); write numbers in [0, 1) like [0, 0.1, 0.2]"
+    )
 
 
 def removed_count(fraction: float, num_patches: int) -> int:
@@ -270,8 +301,9 @@ class Faithfulness:
     protocol: str = DEFAULT_PROTOCOL
 
     def verdicts(self) -> dict[str, Verdict]:
-        """Each method's verdict against the random map (:mod:`app.engine.verdicts`)."""
-        return verdicts({name: c.as_dict() for name, c in self.methods.items()})
+        """Each method's verdict against the random map (:mod:`app.engine.verdicts`), its margins
+        judged in this protocol's units (paper AUCs are percent)."""
+        return verdicts({name: c.as_dict() for name, c in self.methods.items()}, protocol=self.protocol)
 
     def as_dict(self) -> dict:
         return {

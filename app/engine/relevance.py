@@ -40,6 +40,7 @@ products instead of L N x N matrix products, the same number.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,24 @@ SIGNED_METHODS = frozenset({"attnlrp"})  # maps with negative patches: divided b
 # The CVPR 2021 rule's first layer, as the authors' evaluation (generate_visualizations.py) calls
 # generate_LRP(..., start_layer=1): layer 0's map is left out of the product.
 CHEFER2021_START_LAYER = 1
+# The one method that takes a start layer (``start_layer`` in the Python API and the REST API).
+START_LAYER_METHOD = "chefer2021"
+
+
+def _chefer2021_text(start_layer: int) -> str:
+    """``chefer2021``'s one line, with the first layer of its product (the start actually used)."""
+    whose = (
+        "the authors' evaluation's"
+        if start_layer == CHEFER2021_START_LAYER
+        else f"the authors' evaluation uses {CHEFER2021_START_LAYER}"
+    )
+    return (
+        "Chefer, Gur & Wolf, CVPR 2021 (transformer attribution): LRP relevance of each attention map "
+        "(alpha-beta rules) times its gradient, positive part, mean over heads, rolled out from layer "
+        f"{start_layer} (start_layer={start_layer}, {whose}; R = prod_l (I + cam_l) over layers {start_layer}..L-1), "
+        "read out by each final token's relevance"
+    )
+
 
 METHOD_TEXT = {
     "chefer": "Chefer et al. 2021: R = I; R += mean_h max(0, dy/dA_l * A_l) @ R over the layers; "
@@ -70,9 +89,7 @@ METHOD_TEXT = {
     "rollout": "attention rollout (Abnar & Zuidema 2020): prod_l rownorm(0.5 A_l + 0.5 I), heads fused by the mean",
     "attention": "the last layer's raw attention, mean over heads",
     "random": "a seeded random map: the baseline",
-    "chefer2021": "Chefer, Gur & Wolf, CVPR 2021 (transformer attribution): LRP relevance of each attention map "
-    "(alpha-beta rules) times its gradient, positive part, mean over heads, rolled out from layer 1 "
-    "(R = prod_l (I + cam_l)), read out by each final token's relevance",
+    "chefer2021": _chefer2021_text(CHEFER2021_START_LAYER),
     "attnlrp": "AttnLRP (Achtibat et al., ICML 2024): one backward pass with LRP rules for softmax, the attention "
     "products, LayerNorm and the non-linearities; gradient x input per patch (signed: negative patches speak "
     "against the target)",
@@ -112,6 +129,13 @@ class MethodError(SelectionError):
     code = "bad_method"
 
 
+class StartLayerError(SelectionError):
+    """A ``start_layer`` that is not a layer of the model, not an integer, or given without
+    ``chefer2021``, the one method that takes it (answered as 422)."""
+
+    code = "bad_start_layer"
+
+
 class RelevanceUnsupportedError(SelectionError):
     """Relevance asked of a model it is not defined for: windowed models (answered as 422)."""
 
@@ -124,6 +148,63 @@ WINDOWED = (
     "per-stage grids joined by patch merging, so there is no N x N map per layer to propagate "
     "through and no CLS token to read out"
 )
+
+
+def method_text(method: str, start_layer: int | None = None) -> str:
+    """A method's definition in one line (:data:`METHOD_TEXT`); ``chefer2021``'s names the first
+    layer of its product, ``start_layer`` (None: :data:`CHEFER2021_START_LAYER`)."""
+    if method == START_LAYER_METHOD and start_layer is not None:
+        return _chefer2021_text(start_layer)
+    return METHOD_TEXT[method]
+
+
+def check_start_layer(start_layer: Any, num_layers: int) -> int:
+    """``start_layer`` as the first layer of ``chefer2021``'s product: an integer in ``0..L-1``.
+
+    Negative values are refused, not counted from the end: the product's start is a layer index
+    as the authors' ``start_layer`` is, and a wrapped -1 would silently be the last layer.
+
+    Raises:
+        StartLayerError: not an integer (a bool is not one), or outside ``0..num_layers-1``.
+    """
+    value: int | None = None
+    if not isinstance(start_layer, bool):  # True is an int to Python, not a layer to a user
+        try:
+            value = operator.index(start_layer)  # int and numpy's integers; not a float or a string
+        except TypeError:
+            value = None
+    if value is None:
+        raise StartLayerError(
+            f"start_layer is an integer layer index 0..{num_layers - 1} (the first layer of chefer2021's product; "
+            f"default {CHEFER2021_START_LAYER}); got {type(start_layer).__name__} {str(start_layer)[:40]}"
+        )
+    if not 0 <= value < num_layers:
+        raise StartLayerError(
+            f"start_layer {value} is not a layer of this {num_layers}-layer model: use 0..{num_layers - 1} "
+            f"(the first layer of chefer2021's product; default {CHEFER2021_START_LAYER}, the authors' evaluation's; "
+            "negative values are not counted from the end)"
+        )
+    return value
+
+
+def resolve_start_layer(start_layer: Any, methods: Iterable[str], num_layers: int) -> int | None:
+    """The ``chefer2021`` start layer a request asks for, checked: None when ``chefer2021`` is not
+    among ``methods``, else ``start_layer`` (None: :data:`CHEFER2021_START_LAYER`).
+
+    Raises:
+        StartLayerError: ``start_layer`` given without ``chefer2021`` (no other method has a start
+            layer: silently ignoring it would answer a question that was not asked), or not a
+            layer of the model (:func:`check_start_layer`).
+    """
+    methods = tuple(methods)
+    if START_LAYER_METHOD not in methods:
+        if start_layer is not None:
+            raise StartLayerError(
+                f"start_layer is the first layer of chefer2021's product and only chefer2021 takes it; the methods "
+                f"asked for are {', '.join(methods)}: leave start_layer out, or add chefer2021"
+            )
+        return None
+    return check_start_layer(CHEFER2021_START_LAYER if start_layer is None else start_layer, num_layers)
 
 
 def refuse_windowed_relevance(lm: LoadedModel) -> None:
@@ -326,7 +407,8 @@ class Relevance:
     ``y``: the target's value for this picture (float32 forward); ``class_index``: the class y is
     the logit of (classifiers); ``rows``: ``cls`` (rollout and attention read the CLS row) or
     ``mean`` (no CLS token: the mean over all rows); ``seed``: the random map's seed;
-    ``uniform``: methods whose map was zero everywhere and is answered as the uniform map.
+    ``uniform``: methods whose map was zero everywhere and is answered as the uniform map;
+    ``start_layer``: the first layer of ``chefer2021``'s product where it was computed, else None.
     """
 
     target: Target
@@ -339,6 +421,7 @@ class Relevance:
     uniform: list[str] = field(default_factory=list)
     # a phrase (text:PHRASE): each of its tokens' relevance (app.engine.text_relevance)
     text_tokens: list[dict] | None = None
+    start_layer: int | None = None
 
     def info(self) -> dict:
         """JSON-ready metadata (everything but the maps)."""
@@ -350,8 +433,9 @@ class Relevance:
             "rows": self.rows,
             "seed": self.seed,
             "uniform": list(self.uniform),
-            "methods": {m: METHOD_TEXT[m] for m in self.maps},
+            "methods": {m: method_text(m, self.start_layer) for m in self.maps},
             "text_tokens": self.text_tokens,
+            "start_layer": self.start_layer,
         }
 
 
@@ -618,10 +702,12 @@ def relevance(
         amp_dtype: autocast dtype, or None for plain fp32.
         ablate: ``(layer, head)`` pairs removed before anything is computed.
         chefer2021_start: the first layer of the CVPR 2021 rule's product (the authors'
-            ``start_layer``; 1 as their evaluation uses it).
+            ``start_layer``; 1 as their evaluation uses it), ``0..L-1``; checked only when
+            ``chefer2021`` is among the methods (no other method reads it).
 
     Raises:
-        TargetError, MethodError, RelevanceUnsupportedError: bad arguments (422 in the API).
+        TargetError, MethodError, RelevanceUnsupportedError, StartLayerError: bad arguments (422
+            in the API).
     """
     refuse_windowed_relevance(lm)
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
@@ -640,6 +726,8 @@ def relevance(
     if tgt.kind in TARGET_KINDS:  # a phrase: both towers (app.engine.text_relevance)
         return TARGET_KINDS[tgt.kind][1](lm, pixels, tgt, methods, seed=seed, amp_dtype=amp_dtype, ablate=ablate)
     names = parse_methods(methods)
+    if "chefer2021" in names:  # before any forward: a bad start is the caller's error, not autograd's
+        chefer2021_start = check_start_layer(chefer2021_start, lm.num_layers)
     if isinstance(tgt, Target):
         check_target(tgt, hw)
     layout = lm.layout(hw)
@@ -648,7 +736,9 @@ def relevance(
     dev = relevance_tensors(
         lm, pixels, tgt, names, amp_dtype=amp_dtype, ablate=ablate, chefer2021_start=chefer2021_start
     )
-    return _results(names, dev.maps, tgt, dev.y, dev.captures, grid, prefix, cls, seed, tgt.class_index(dev.reference))
+    start = chefer2021_start if "chefer2021" in names else None
+    classes = tgt.class_index(dev.reference)
+    return _results(names, dev.maps, tgt, dev.y, dev.captures, grid, prefix, cls, seed, classes, start)
 
 
 @dataclass
@@ -684,7 +774,13 @@ def relevance_tensors(
         tgt: the target, checked (:func:`check_target`).
         names: methods of :data:`METHODS`, parsed (:func:`parse_methods`).
         amp_dtype, ablate, chefer2021_start: as :func:`relevance` takes them.
+
+    Raises:
+        StartLayerError: ``chefer2021`` asked for with a ``chefer2021_start`` that is not a layer of
+            the model (its slice of the maps would be empty, or wrap round).
     """
+    if "chefer2021" in names:
+        chefer2021_start = check_start_layer(chefer2021_start, lm.num_layers)
     full: dict[str, torch.Tensor] = {}
     g_maps: list[torch.Tensor] = []
     B = int(pixels.shape[0])
@@ -745,9 +841,11 @@ def _results(
     cls: int | None,
     seed: int,
     classes: list[int] | None,
+    start_layer: int | None = None,
 ) -> list[Relevance]:
     """One :class:`Relevance` per picture from the batch's maps (``full``: method -> ``[B, N]``),
-    the captures (rollout and raw attention) and the target's values ``y`` ``[B]``."""
+    the captures (rollout and raw attention) and the target's values ``y`` ``[B]`` (``start_layer``:
+    chefer2021's, where it was computed)."""
     values = y.float().cpu().tolist()
     # each method's maps of the batch leave the device in one copy, not one per picture
     host = {name: m.detach().cpu() for name, m in full.items()}
@@ -782,6 +880,7 @@ def _results(
                 rows="cls" if cls is not None else "mean",
                 seed=seed,
                 uniform=uniform,
+                start_layer=start_layer,
             )
         )
     return out

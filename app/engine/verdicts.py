@@ -10,6 +10,9 @@ two margins, each signed so that above 0 is better than random:
 * ``margin_positive = AUC+(random) - AUC+(method)``;
 * ``margin_negative = AUC-(method) - AUC-(random)``.
 
+A margin under :data:`NARROW` (0.05) is said to be narrow; the paper protocol's AUCs are in
+percent (100x the live protocol's units), so there the bound is 5 (:func:`narrow_margin`).
+
 ``random`` itself is the ``baseline``; without a random map among the methods there is no
 verdict (``untested``); a target of 0 has no ratio, so no AUC and no verdict (``undefined``).
 
@@ -33,8 +36,13 @@ BASELINE = "random"
 # docs/relevance.md's section that explains verdicts and curves above 1 (the page links to it).
 DOCS_ANCHOR = "relevance.md#reading-the-verdict"
 # A margin below this is within what the random map's seed alone moves its mean AUC by on the
-# sample photos (docs/relevance.md: about ±0.05): better, but narrowly.
+# sample photos (docs/relevance.md: about ±0.05): better, but narrowly. In the live protocol's
+# units (a ratio of scores); see :func:`narrow_margin` for the paper protocol's.
 NARROW = 0.05
+# AUCs of each protocol in the live protocol's units: paper AUCs are trapz(y, x) x 100, percent.
+# Its curves are top-1 hits (0 or 1) where live's are ratios near 1, so the same share of the
+# curves' area is 100x the number; the narrow margin scales with it (0.05 -> 5 percentage points).
+UNITS = {"live": 1.0, "paper": 100.0}
 # A curve is said to rise above 1 when it goes more than this above it (less is the noise of a
 # target that barely moves).
 ABOVE = 0.01
@@ -94,10 +102,21 @@ def _highest(curves: Sequence[Any]) -> float | None:
     return max(values) if values else None
 
 
-def _margin(label: str, margin: float, better: str) -> str:
+def narrow_margin(protocol: str = "live") -> float:
+    """:data:`NARROW` in ``protocol``'s units: 0.05 (live) or 5 percentage points (paper).
+
+    Raises:
+        ValueError: an unknown protocol.
+    """
+    if protocol not in UNITS:
+        raise ValueError(f"protocol {protocol!r}: use one of {', '.join(UNITS)}")
+    return NARROW * UNITS[protocol]
+
+
+def _margin(label: str, margin: float, better: str, narrow: float = NARROW) -> str:
     # "AUC+ lower by 0.109" / "AUC+ higher by 0.054, worse" — the sign said in words.
     if margin > 0:
-        return f"{label} {better} by {margin:.3f}" + (" (narrowly)" if margin < NARROW else "")
+        return f"{label} {better} by {margin:.3f}" + (" (narrowly)" if margin < narrow else "")
     if margin < 0:
         worse = "higher" if better == "lower" else "lower"
         return f"{label} {worse} by {-margin:.3f}"
@@ -124,7 +143,11 @@ def _above_one(curves: Mapping[str, Any]) -> str:
 
 
 def verdict_of(
-    method: str, curves: Mapping[str, Any], random: Mapping[str, Any] | None, baseline: str = BASELINE
+    method: str,
+    curves: Mapping[str, Any],
+    random: Mapping[str, Any] | None,
+    baseline: str = BASELINE,
+    protocol: str = "live",
 ) -> Verdict:
     """One method's verdict from its curves and AUCs and the random map's (None: not tested).
 
@@ -133,7 +156,10 @@ def verdict_of(
         curves: ``auc_positive``, ``auc_negative`` and (optionally) the ``positive`` and
             ``negative`` curves: the faithfulness answer's entry of the method.
         random: the same of the baseline, or None.
+        protocol: the protocol the AUCs are of (``live`` or ``paper``): which margin is narrow
+            (:func:`narrow_margin`).
     """
+    narrow = narrow_margin(protocol)
     high = _highest([curves.get("positive"), curves.get("negative")])
     pos, neg = _finite(curves.get("auc_positive")), _finite(curves.get("auc_negative"))
     if method == baseline:
@@ -153,14 +179,17 @@ def verdict_of(
     rating: Rating = "both" if on_pos and on_neg else "positive" if on_pos else "negative" if on_neg else "neither"
     mp, mn = rpos - pos, neg - rneg
     text = (
-        f"{_WORDS[rating]} ({_margin('AUC+', mp, 'lower')}: {pos:.3f} against {rpos:.3f}; "
-        f"{_margin('AUC−', mn, 'higher')}: {neg:.3f} against {rneg:.3f})." + _above_one(curves)
+        f"{_WORDS[rating]} ({_margin('AUC+', mp, 'lower', narrow)}: {pos:.3f} against {rpos:.3f}; "
+        f"{_margin('AUC−', mn, 'higher', narrow)}: {neg:.3f} against {rneg:.3f})." + _above_one(curves)
     )
     return Verdict(method, rating, mp, mn, high, text)
 
 
-def verdicts(methods: Mapping[str, Mapping[str, Any]], baseline: str = BASELINE) -> dict[str, Verdict]:
+def verdicts(
+    methods: Mapping[str, Mapping[str, Any]], baseline: str = BASELINE, protocol: str = "live"
+) -> dict[str, Verdict]:
     """Every method's verdict, in the methods' order (``methods``: name -> its curves and AUCs,
-    as in the faithfulness answer's ``methods``)."""
+    as in the faithfulness answer's ``methods``; ``protocol``: the one they are of, whose units
+    set the narrow margin)."""
     random = methods.get(baseline)
-    return {name: verdict_of(name, c, random, baseline) for name, c in methods.items()}
+    return {name: verdict_of(name, c, random, baseline, protocol) for name, c in methods.items()}

@@ -73,12 +73,13 @@ class Scope:
         self.lm = lm
         self.settings = settings
         self.device = _device_of(lm.model)
-        self.precision = precision
         self.amp_dtype = autocast_dtype(self.device.type, precision)
         size = _batch_size(batch_size)
         self.batch_size = size if size is not None else settings.batching(self.device.type)[0]
         self.pictures = Pictures.for_model(lm, settings)
         self.runner = BatchRunner(lm, self.amp_dtype, self.batch_size)
+        # what it computes in, ``auto`` resolved for the device (the name every result carries)
+        self.precision = self.runner.precision
 
     # -- what it is -----------------------------------------------------------------------
     @property
@@ -239,7 +240,9 @@ class Scope:
         validation, the same messages), in Python spellings too.
 
         Args:
-            image: a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, or a list of these.
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+                ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
+                input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             query: ``"cls"``, ``"all"``, a token index, a grid cell ``(row, col)``, lists of
                 either, or the API's text (``"patch:3,5"``, ``"0,17"``).
             layers: None (every layer), an int, ints, or the API's text (``"0-3,-1"``). A
@@ -354,7 +357,13 @@ class Scope:
     # -- the model's output, ablation, importance -----------------------------------------
     def output(self, image: Any, ablate: Any = None) -> dict[str, Any] | list[dict[str, Any]]:
         """The model's own output (``GET …/output``): saliency, classes or embedding, and with
-        ``ablate`` its change against the unablated output. Arrays are torch tensors."""
+        ``ablate`` its change against the unablated output. Arrays are torch tensors.
+
+        Args:
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+                ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
+                input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
+        """
         from ..engine.output import describe
         from ..serving.ablation import Output, output_meta, outputs
 
@@ -366,8 +375,7 @@ class Scope:
                 base_t, out_t = outputs(self.lm, it.prep.raw, [(), pairs], self.amp_dtype, self.device)
             base = Output(base_t, it.prep.input_size, it.prep.image_size)
             out = Output(out_t, it.prep.input_size, it.prep.image_size)
-            meta = output_meta(it.image_id, self.lm, pairs, base, out, False)
-            meta["precision"] = self.runner.precision
+            meta = output_meta(it.image_id, self.lm, pairs, base, out, False, self.runner.precision)
             meta["output"] = _tensors(describe(self.lm, out.tensor))
             res.append(meta)
         return res if is_many(image) else res[0]
@@ -376,6 +384,9 @@ class Scope:
         """Every head's importance (``GET …/importance``): ``importance`` ``[layers, heads]``.
 
         Args:
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+                ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
+                input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             method: ``ablation`` (exact: the output change with each head removed alone) or
                 ``gradient`` (Michel et al.'s ``|d loss / d m_h|``, one forward and backward).
         """
@@ -402,7 +413,13 @@ class Scope:
         self, image: Any, method: str = "ablation", points: int | None = None
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """The pruning curve (``GET …/pruning``): heads removed least important first, the
-        output change after each step (``change``); the importance by ``method`` first."""
+        output change after each step (``change``); the importance by ``method`` first.
+
+        Args:
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+                ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
+                input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
+        """
         from ..serving.ablation import pruning_work
         from ..serving.params import PruningQuery
         from ..serving.tasks import TaskProgress, run_now
@@ -422,11 +439,19 @@ class Scope:
 
     # -- relevance and faithfulness -------------------------------------------------------
     def relevance(
-        self, image: Any, method: str = "chefer", target: str | None = None, ablate: Any = None
+        self,
+        image: Any,
+        method: str = "chefer",
+        target: str | None = None,
+        ablate: Any = None,
+        start_layer: int | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """A relevance map for one scalar of the model's output (Chefer et al. 2021 and baselines).
 
         Args:
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+                ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
+                input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             method: ``chefer`` (the GAE rule, ICCV 2021), ``grad_attention``, ``rollout``,
                 ``attention``, ``random``, ``chefer2021`` (the CVPR 2021 rule: LRP x gradient,
                 rolled out), ``attnlrp`` (AttnLRP, ICML 2024; signed) or ``legrad`` (a phrase on
@@ -436,12 +461,19 @@ class Scope:
                 of the picture against the phrase; the answer adds ``text_tokens``); None for the
                 model's default.
             ablate: heads removed first.
+            start_layer: ``chefer2021`` only: the first layer of its product, ``0..L-1`` (None:
+                1, the authors' evaluation's; negative values are not counted from the end).
 
         Returns:
             ``relevance`` (``[rows, cols]`` on the patch grid, summing to 1), ``method``,
-            ``target``, ``y`` (the target's value), ``grid`` and the map's metadata.
+            ``target``, ``y`` (the target's value), ``grid``, ``start_layer`` (chefer2021's,
+            else None) and the map's metadata.
+
+        Raises:
+            StartLayerError: ``start_layer`` with another method, or not a layer of the model
+                (code ``bad_start_layer``, as the REST API's 422).
         """
-        from ..engine.relevance import MethodError, refuse_windowed_relevance
+        from ..engine.relevance import MethodError, refuse_windowed_relevance, resolve_start_layer
         from ..engine.text_relevance import parse_target_methods
         from ..serving.relevance import relevance_meta
 
@@ -452,9 +484,10 @@ class Scope:
                 f"method: one method per map; faithfulness(methods=...) compares several (got {method!r})"
             )
         name = names[0]
+        start = resolve_start_layer(start_layer, names, self.lm.num_layers)
         pairs = self.lm.ablation(P.ablate(ablate))
         out: dict[int, dict[str, Any]] = {}
-        with contextlib.closing(self._relevance(image, target, [name], pairs)) as parts:
+        with contextlib.closing(self._relevance(image, target, [name], pairs, start)) as parts:
             for batch, maps in parts:
                 for (i, it), m in zip(batch.items(), maps):
                     meta = relevance_meta(it.image_id, self.lm, m, name, m.relevance.seed, pairs)
@@ -469,19 +502,26 @@ class Scope:
         target: str | None = None,
         fractions: Any = None,
         ablate: Any = None,
-        protocol: str = "live",
+        protocol: str | None = "live",
+        start_layer: int | None = None,
     ) -> FaithfulnessResult | list[FaithfulnessResult]:
         """The perturbation test of each method's relevance map: remove the most (``positive``)
         or least (``negative``) relevant patches and watch the target; the curves and their AUC.
 
         Args:
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+                ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
+                input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             methods: names (``["chefer", "attention", "random"]`` or ``"chefer,random"``); None: all.
             target: as for `relevance`.
             fractions: the fractions of patches removed (default 0, 0.1, ..., 0.9).
             ablate: heads removed first (maps and perturbed forwards alike).
-            protocol: ``live`` (patches, mean-colour fill, the score's ratio) or ``paper``
-                (Chefer et al. 2021: pixels, black fill, top-1 hits, AUC in percent; class
-                targets only).
+            protocol: ``live`` (patches, mean-colour fill, the score's ratio; also None or
+                ``""``) or ``paper`` (Chefer et al. 2021: pixels, black fill, top-1 hits, AUC in
+                percent; class targets only), spelt exactly so: anything else is a
+                ``ProtocolError`` (``bad_protocol``, as the REST API's 422).
+            start_layer: ``chefer2021``'s first layer, as for `relevance`; only with
+                ``chefer2021`` among the methods (``StartLayerError`` otherwise).
 
         Returns:
             The API's answer as a dict (``methods``: curves and AUCs) whose ``verdicts``
@@ -489,7 +529,7 @@ class Scope:
             curves, one or neither, and by how much; its ``repr`` prints that in words.
         """
         from ..engine.faithfulness import check_protocol, parse_fractions, parse_protocol
-        from ..engine.relevance import parse_target, refuse_windowed_relevance
+        from ..engine.relevance import parse_target, refuse_windowed_relevance, resolve_start_layer
         from ..engine.text_relevance import parse_target_methods
         from ..serving.relevance import FaithfulnessSpec, faithfulness_result
         from .result import FaithfulnessResult
@@ -499,10 +539,11 @@ class Scope:
         fracs = parse_fractions(fractions)
         proto = parse_protocol(protocol)
         check_protocol(proto, self.lm, parse_target(target, self.lm))
+        start = resolve_start_layer(start_layer, names, self.lm.num_layers)
         pairs = self.lm.ablation(P.ablate(ablate))
         prepared: dict[int, PreparedPicture] = {}
         maps_of: dict[int, Any] = {}
-        with contextlib.closing(self._relevance(image, target, names, pairs)) as parts:
+        with contextlib.closing(self._relevance(image, target, names, pairs, start)) as parts:
             for batch, maps in parts:
                 prepared.update(batch)
                 maps_of.update(zip(batch, maps))
@@ -523,7 +564,7 @@ class Scope:
             )
         out: list[FaithfulnessResult] = []
         for it, m, res in zip(items, found, results):
-            spec = FaithfulnessSpec(tuple(names), m.relevance.target, fracs, m.relevance.seed, pairs, proto)
+            spec = FaithfulnessSpec(tuple(names), m.relevance.target, fracs, m.relevance.seed, pairs, proto, start)
             out.append(FaithfulnessResult(faithfulness_result(it.image_id, self.lm, m, spec, res)))
         return out if is_many(image) else out[0]
 
@@ -536,6 +577,9 @@ class Scope:
         label's sigmoid (``rule``). The labels' text embeddings are cached per model and phrase.
 
         Args:
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+                ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
+                input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             labels: phrases (``["a dog", "a cat"]``) or one comma-separated string.
             maps: also each label's relevance map (``method``) and its tokens' relevance.
             method: the relevance method of the maps.
@@ -575,6 +619,7 @@ class Scope:
                     "model": self.lm.id,
                     "image_id": it.image_id,
                     "rule": res["rule"],
+                    "precision": self.runner.precision,
                     "logit_scale": tower.logit_scale,
                     "logit_bias": tower.logit_bias,
                     "labels": rows,
@@ -583,11 +628,13 @@ class Scope:
         return out if is_many(image) else out[0]
 
     def _relevance(
-        self, image: Any, target: str | None, names: Any, pairs: Any
+        self, image: Any, target: str | None, names: Any, pairs: Any, start_layer: int | None = None
     ) -> Generator[tuple[dict[int, PreparedPicture], list[Any]], None, None]:
         """Relevance maps of one picture or a list, a batch of one input size at a time (one
         forward and one backward each), each computed as soon as it is prepared while the pool
-        prepares the next: the batch (index -> picture) and its ``RelevanceMaps``, in its order."""
+        prepares the next: the batch (index -> picture) and its ``RelevanceMaps``, in its order
+        (``start_layer``: chefer2021's, checked; None for the engine's default)."""
+        more = {} if start_layer is None else {"chefer2021_start": start_layer}
         from ..serving.relevance import RelevanceMaps
 
         with contextlib.closing(self._stream(image)) as batches:
@@ -595,7 +642,7 @@ class Scope:
 
                 def run(ids: list[int], batch: dict[int, PreparedPicture] = batch) -> list[Any]:
                     t0 = time.perf_counter()
-                    rels = self.runner.relevance(self._raws(batch, ids), target, names, ablate=pairs)
+                    rels = self.runner.relevance(self._raws(batch, ids), target, names, ablate=pairs, **more)
                     ms = (time.perf_counter() - t0) * 1000 / len(ids)
                     return [
                         RelevanceMaps(r, batch[i].prep.input_size, batch[i].prep.image_size, ms, self.runner.precision)

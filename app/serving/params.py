@@ -111,6 +111,18 @@ Seed = Annotated[
     int, Field(ge=0, le=2**31 - 1, description="the seed of the `random` map (the same seed, the same map)")
 ]
 
+# No bounds here: the engine checks it against the model's layers (422 bad_start_layer, the same
+# code the Python API raises), which a bound without the model could not.
+StartLayer = Annotated[
+    int | None,
+    Field(
+        description="chefer2021 only: the first layer of its product, 0..L-1 (default: 1, the authors' evaluation's "
+        "start_layer; layer 0's map is left out). Given with other methods alone, or outside 0..L-1 (negative values "
+        "are not counted from the end): 422 bad_start_layer",
+        examples=[1, 0],
+    ),
+]
+
 
 class _Params(BaseModel):
     """A request's parameters: nothing else is taken."""
@@ -259,6 +271,7 @@ class RelevanceParams(_Params):
         "metadata in the X-Headscope-Meta header (and the safetensors header)",
     )
     ablate: Ablate = ""
+    start_layer: StartLayer = None
 
 
 class FaithfulnessQuery(_Params):
@@ -282,14 +295,20 @@ class FaithfulnessQuery(_Params):
     )
     seed: Seed = 0
     ablate: Ablate = ""
-    protocol: Literal["live", "paper"] = Field(
+    # A string parsed by the engine's parse_protocol, not a Literal: an unknown name is then 422
+    # bad_protocol here as in the Python API, with the same words (not pydantic's invalid_parameter).
+    protocol: str | None = Field(
         "live",
-        description="`live` (the default: patches removed and set to the mean colour, each curve the target's score "
-        "over its unperturbed value: a class's softmax probability, else the target) or `paper` (Chefer et al. "
-        "2021's protocol: the map upsampled bilinearly to pixels, pixels set to black before normalisation, each "
-        "point 1 where the top-1 class is still the target's class, else 0; AUC trapz(y, x) * 100, in percent; "
-        "class targets only). docs/relevance.md says where they differ",
+        max_length=MAX_SPEC,
+        examples=["live", "paper"],
+        description="`live` (the default, also when empty: patches removed and set to the mean colour, each curve "
+        "the target's score over its unperturbed value: a class's softmax probability, else the target) or `paper` "
+        "(Chefer et al. 2021's protocol: the map upsampled bilinearly to pixels, pixels set to black before "
+        "normalisation, each point 1 where the top-1 class is still the target's class, else 0; AUC trapz(y, x) * "
+        "100, in percent; class targets only), spelt exactly so: anything else is 422 bad_protocol. "
+        "docs/relevance.md says where they differ",
     )
+    start_layer: StartLayer = None
 
 
 class FaithfulnessParams(FaithfulnessQuery):

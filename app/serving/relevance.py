@@ -15,8 +15,15 @@
   :func:`faithfulness_work`, in pieces, where no worker loop runs), with progress
   (``GET …/faithfulness/progress``) and ``wait=``, like ``…/importance``
   (:class:`~.tasks.ImageTasks`). Cached per image, model, ablation set, target, methods (as a
-  set), fractions and seed (:class:`~.cache.FaithfulnessKey`); the answer lists the methods in
-  the order the request named them.
+  set), fractions, seed, protocol and ``chefer2021``'s start layer
+  (:class:`~.cache.FaithfulnessKey`); the answer lists the methods in the order the request
+  named them.
+
+``start_layer`` (``chefer2021``'s first layer; refused with any other method) is part of every
+key that holds a ``chefer2021`` map: the maps' (:class:`~.cache.RelevanceKey`'s ``group``,
+``chefer2021:start_layer=N``), the test's (``methods``, where ``chefer2021`` is spelt so too) and
+the worker's batch (:class:`RelevanceWork`), so two start layers never share an answer; the
+default is spelt out in the key, so leaving it out and asking for it share one.
 
 Parameters are normalised before they become keys: the target by its parsed spelling (``""``
 and ``output`` are one key), methods as a sorted set, fractions as numbers (``0.10`` is
@@ -43,16 +50,19 @@ from ..engine.batching import BatchRunner, device_input
 from ..engine.model import LoadedModel
 from ..engine.output import class_names
 from ..engine.relevance import (
+    CHEFER2021_START_LAYER,
     LRP_METHODS,
-    METHOD_TEXT,
     METHODS,
+    START_LAYER_METHOD,
     Relevance,
     Target,
     check_target,
+    method_text,
     parse_methods,
     parse_target,
     random_map,
     refuse_windowed_relevance,
+    resolve_start_layer,
 )
 from ..engine.selection import SelectionError
 from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
@@ -74,6 +84,20 @@ BASE_METHODS = tuple(m for m in METHODS if m not in LRP_METHODS)
 def method_group(method: str) -> tuple[str, ...]:
     """The methods computed together with ``method``."""
     return (method,) if method in LRP_METHODS else BASE_METHODS
+
+
+def keyed_method(method: str, start_layer: int | None) -> str:
+    """A method as a cache key spells it: ``chefer2021`` with its start layer
+    (``chefer2021:start_layer=1``; None: the default's), any other method as it is."""
+    if method != START_LAYER_METHOD:
+        return method
+    return f"{method}:start_layer={CHEFER2021_START_LAYER if start_layer is None else start_layer}"
+
+
+def group_key(group: tuple[str, ...], start_layer: int | None = None) -> str:
+    """:class:`~.cache.RelevanceKey`'s ``group``: "" for :data:`BASE_METHODS`, else the group's
+    methods as :func:`keyed_method` spells them."""
+    return "" if group == BASE_METHODS else ",".join(keyed_method(m, start_layer) for m in group)
 
 
 MAPS_OVERHEAD_BYTES = 4096  # what a cached set of maps costs beyond its arrays
@@ -130,6 +154,7 @@ class FaithfulnessSpec:
     seed: int
     ablate: Ablation
     protocol: str = faith.DEFAULT_PROTOCOL
+    start_layer: int | None = None  # chefer2021's first layer, where chefer2021 is tested; else None
 
     def key(self, image_id: str, model_id: str) -> FaithfulnessKey:
         seed = self.seed if "random" in self.methods else 0
@@ -138,7 +163,7 @@ class FaithfulnessSpec:
             model_id,
             self.ablate,
             str(self.target),
-            tuple(sorted(self.methods)),
+            tuple(sorted(keyed_method(m, self.start_layer) for m in self.methods)),
             self.fractions,
             seed,
             self.protocol,
@@ -146,15 +171,16 @@ class FaithfulnessSpec:
 
 
 def faithfulness_spec(lm: LoadedModel, q: FaithfulnessQuery) -> FaithfulnessSpec:
-    """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate, protocol; a
-    windowed model)."""
+    """``q`` resolved against ``lm`` (422 errors: methods, target, fractions, ablate, protocol,
+    start_layer; a windowed model)."""
     refuse_windowed_relevance(lm)
     target = parse_target(q.target, lm)
     methods = parse_target_methods(q.methods, target, lm)
     fractions = faith.parse_fractions(q.fractions)
     protocol = faith.parse_protocol(q.protocol)
     faith.check_protocol(protocol, lm, target)
-    return FaithfulnessSpec(methods, target, fractions, q.seed, lm.ablation(q.ablate), protocol)
+    start = resolve_start_layer(q.start_layer, methods, lm.num_layers)
+    return FaithfulnessSpec(methods, target, fractions, q.seed, lm.ablation(q.ablate), protocol, start)
 
 
 # -- the computations (any thread; the server runs them on its worker) ---------------------------
@@ -166,16 +192,17 @@ def relevance_maps(
     amp_dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
     methods: Sequence[str] = BASE_METHODS,
+    start_layer: int | None = None,
 ) -> RelevanceMaps:
     """The maps of ``methods`` (by default every method of one forward and one backward) of one
-    prepared picture for ``target``."""
+    prepared picture for ``target`` (``start_layer``: chefer2021's, None for the default)."""
     t0 = time.perf_counter()
     check_target(target, prep.input_size)
     runner = BatchRunner(lm, amp_dtype)
     with lm.lock:
         if is_text(target):  # a phrase: its own forward of both towers gives every map it has
             methods = text_methods(lm)
-        rel = runner.relevance([prep.raw], target, methods, ablate=ablate)[0]
+        rel = runner.relevance([prep.raw], target, methods, ablate=ablate, **_start_kwargs(start_layer))[0]
     ms = (time.perf_counter() - t0) * 1000
     return RelevanceMaps(rel, prep.input_size, prep.image_size, ms, runner.precision)
 
@@ -195,6 +222,7 @@ def merge_maps(parts: Sequence[RelevanceMaps]) -> RelevanceMaps:
         rows=rel.rows,
         seed=rel.seed,
         uniform=[u for p in parts for u in p.relevance.uniform],
+        start_layer=next((p.relevance.start_layer for p in parts if p.relevance.start_layer is not None), None),
     )
     return RelevanceMaps(merged, first.input_size, first.image_size, sum(p.compute_ms for p in parts), first.precision)
 
@@ -240,13 +268,16 @@ def relevance_meta(
     image_id: str, lm: LoadedModel, maps: RelevanceMaps, method: str, seed: int = 0, ablate: Ablation = ()
 ) -> dict[str, Any]:
     """The one relevance result: everything ``GET …/relevance`` says of one method's map but the
-    map itself, the request's own fields (``cached``, ``timing_ms``) and the Python API's."""
+    map itself, the request's own fields (``cached``, ``timing_ms``) and the Python API's
+    (``start_layer``: the first layer of chefer2021's product, null for other methods)."""
     m = method_map(maps, method, seed)
+    start = maps.relevance.start_layer if method == START_LAYER_METHOD else None
     return {
         **_common(image_id, lm, maps, ablate),
         "method": method,
-        "method_text": METHOD_TEXT[method],
+        "method_text": method_text(method, start),
         "seed": seed if method == "random" else None,
+        "start_layer": start,
         "uniform": method in maps.relevance.uniform,
         "shape": list(m.shape),
         "dtype": "float32",
@@ -257,12 +288,14 @@ def faithfulness_result(
     image_id: str, lm: LoadedModel, maps: RelevanceMaps, spec: FaithfulnessSpec, result: faith.Faithfulness
 ) -> dict[str, Any]:
     """The one faithfulness result: what ``GET …/faithfulness`` answers but ``cached`` and
-    ``timing_ms`` (the Python API's too); methods in ``spec.methods``' order."""
+    ``timing_ms`` (the Python API's too); methods in ``spec.methods``' order; ``start_layer``:
+    chefer2021's, null when it is not tested."""
     return {
         **_common(image_id, lm, maps, spec.ablate),
         **result.as_dict(),
         "seed": spec.seed if "random" in spec.methods else None,
-        "method_text": {m: METHOD_TEXT[m] for m in spec.methods},
+        "start_layer": spec.start_layer,
+        "method_text": {m: method_text(m, spec.start_layer) for m in spec.methods},
     }
 
 
@@ -353,11 +386,16 @@ def faithfulness_work(
 
 def ordered(res: dict, methods: Sequence[str]) -> dict:
     """A cached answer with its methods in the request's order."""
-    texts = {m: METHOD_TEXT[m] for m in methods}
+    texts = {m: method_text(m, res.get("start_layer")) for m in methods}
     out = {**res, "methods": {m: res["methods"][m] for m in methods}, "method_text": texts}
     if "verdicts" in res:
         out["verdicts"] = {m: res["verdicts"][m] for m in methods}
     return out
+
+
+def _start_kwargs(start_layer: int | None) -> dict[str, int]:
+    """The engine's keyword for chefer2021's start layer (none: the engine's default)."""
+    return {} if start_layer is None else {"chefer2021_start": start_layer}
 
 
 # -- batched on the worker (app/serving/worker.py: jobs of one key share a call) -------------------
@@ -369,14 +407,21 @@ class RelevanceWork:
 
     target: Target
     methods: tuple[str, ...]
+    start_layer: int | None = None  # chefer2021's (None: the default): jobs of two starts never share a call
 
     @property
     def key(self) -> tuple:
-        return ("relevance", str(self.target), self.methods)
+        return ("relevance", str(self.target), self.methods, self.start_layer)
 
     def run(self, runner: BatchRunner, jobs: list) -> list[Any]:
         t0 = time.perf_counter()
-        rels = runner.relevance([j.pixels for j in jobs], self.target, self.methods, ablate=jobs[0].ablate)
+        rels = runner.relevance(
+            [j.pixels for j in jobs],
+            self.target,
+            self.methods,
+            ablate=jobs[0].ablate,
+            **_start_kwargs(self.start_layer),
+        )
         ms = (time.perf_counter() - t0) * 1000 / len(jobs)
         return [(r, ms) for r in rels]
 
@@ -446,11 +491,14 @@ class RelevanceService(ImageTasks):
         deadline: float | None = None,
         group: tuple[str, ...] = BASE_METHODS,
         upload: Upload | None = None,
+        start_layer: int | None = None,
     ) -> tuple[RelevanceMaps, bool]:
         """The maps of ``group`` (:func:`method_group`) for ``target``, from the cache or computed
         once (joined by identical requests meanwhile); and whether it came from the cache
-        (``upload``: the image, when the caller has already looked it up)."""
-        key = RelevanceKey(image_id, lm.id, ablate, str(target), "" if group == BASE_METHODS else ",".join(group))
+        (``upload``: the image, when the caller has already looked it up; ``start_layer``:
+        chefer2021's, checked, None for the default)."""
+        start_layer = start_layer if START_LAYER_METHOD in group else None  # no other group reads it
+        key = RelevanceKey(image_id, lm.id, ablate, str(target), group_key(group, start_layer))
         hit = self.cache.get(key)
         if hit is not None:
             return hit, True
@@ -462,10 +510,13 @@ class RelevanceService(ImageTasks):
             progress.stage = "forward and backward pass"
             if is_text(target) or not self.worker.running:  # a phrase: both towers, alone
                 m = await self.piece(
-                    partial(relevance_maps, lm, p, target, ablate, self.worker.amp_dtype, self.device, group)
+                    partial(
+                        relevance_maps, lm, p, target, ablate, self.worker.amp_dtype, self.device, group, start_layer
+                    )
                 )
-            else:  # batched with concurrent requests of the same target, size and ablation
-                rel, ms = await self.worker.compute(_job(lm, p.raw, due, ablate, RelevanceWork(target, group)))
+            else:  # batched with concurrent requests of the same target, size, ablation and start layer
+                work = RelevanceWork(target, group, start_layer)
+                rel, ms = await self.worker.compute(_job(lm, p.raw, due, ablate, work))
                 m = RelevanceMaps(rel, p.input_size, p.image_size, ms, self.worker.precision)
             self.cache.put(key, m, m.nbytes)
             return m
@@ -481,7 +532,8 @@ class RelevanceService(ImageTasks):
         ablate = lm.ablation(params.ablate)
         target = parse_target(params.target, lm)
         check_method(method, target, lm)
-        maps, cached = await self.maps(image_id, lm, ablate, target, group=method_group(method))
+        start = resolve_start_layer(params.start_layer, (method,), lm.num_layers)
+        maps, cached = await self.maps(image_id, lm, ablate, target, group=method_group(method), start_layer=start)
         return await self.worker.run_answer(
             relevance_answer, image_id, lm, maps, method, params.seed, ablate, params.format, cached, t0
         )
@@ -513,7 +565,15 @@ class RelevanceService(ImageTasks):
             parts = [
                 (
                     await self.maps(
-                        image_id, lm, spec.ablate, spec.target, prep, deadline=deadline, group=g, upload=upload
+                        image_id,
+                        lm,
+                        spec.ablate,
+                        spec.target,
+                        prep,
+                        deadline=deadline,
+                        group=g,
+                        upload=upload,
+                        start_layer=spec.start_layer,
                     )
                 )[0]
                 for g in groups
@@ -580,8 +640,11 @@ class RelevanceService(ImageTasks):
             # not loaded yet: check what can be checked without the model
             rest = [m for m in params.methods.split(",") if m.strip().lower() not in TEXT_METHODS]
             if rest:
-                parse_methods(rest)
+                names = parse_methods(rest)
+                if params.start_layer is not None and START_LAYER_METHOD not in names:
+                    resolve_start_layer(params.start_layer, names, 1)  # raises: no chefer2021 to take it
             faith.parse_fractions(params.fractions)
+            faith.parse_protocol(params.protocol)
         if self.uploads.get(image_id) is None:
             raise ImageNotFound(image_id)
         return {"state": "idle", "task": "faithfulness", "done": 0, "total": None, "fraction": 0.0}

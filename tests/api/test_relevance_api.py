@@ -358,7 +358,57 @@ def test_the_papers_protocol_is_a_named_choice(why, clf_lm, samples):
     r = get(why, f"{API}/{saliency_id}/faithfulness", protocol="paper")
     assert_error(r, 422, "bad_protocol")
     assert "class target" in r.json()["error"]["message"]
-    assert_error(get(why, f"{API}/{image_id}/faithfulness", model=CLF, protocol="ours"), 422, "invalid_parameter")
+    # parsed by the engine, as the Python API parses it: any other spelling is bad_protocol (before,
+    # the query's Literal answered invalid_parameter), empty is the default
+    for other in ("ours", "Paper", "papr", " paper"):
+        r = get(why, f"{API}/{image_id}/faithfulness", model=CLF, protocol=other)
+        assert_error(r, 422, "bad_protocol")
+        assert "use live (the default) or paper" in r.json()["error"]["message"]
+        progress = get(why, f"{API}/{image_id}/faithfulness/progress", model=CLF, protocol=other)
+        assert_error(progress, 422, "bad_protocol")
+    empty = faith(why, image_id, model=CLF, methods="chefer", fractions="0,0.3,0.6", protocol="")
+    assert empty["protocol"] == "live" and empty["cached"] is True  # the default's cached answer
+
+
+def test_chefer2021_takes_a_start_layer_of_its_own(why, clf_lm, samples):
+    """start_layer: the engine's map for that start, echoed and said in method_text, its own cache
+    entry (maps and test); outside 0..L-1 or without chefer2021: 422 bad_start_layer. Before, the
+    API had no such parameter (invalid_parameter) and the engine answered 6 or 100 with
+    autograd's error and wrapped -1."""
+    from headscope.engine.relevance import relevance
+
+    data = fresh_photo(samples["astronaut"], 44)
+    image_id = post(why, data, "astronaut.png", model=CLF, layers="-1")["image_id"]
+    x = pixels(clf_lm, data)
+    L = clf_lm.num_layers
+    zero = rel(why, image_id, model=CLF, method="chefer2021", start_layer=0)
+    want = relevance(clf_lm, x[None], None, ["chefer2021"], chefer2021_start=0)[0].maps["chefer2021"]
+    np.testing.assert_allclose(grid_of(zero), want.numpy(), rtol=1e-4, atol=1e-6)
+    assert zero["start_layer"] == 0 and "rolled out from layer 0 (start_layer=0" in zero["method_text"]
+    default = rel(why, image_id, model=CLF, method="chefer2021")
+    assert default["start_layer"] == 1 and default["cached"] is False  # not start 0's cached maps
+    assert not np.array_equal(grid_of(default), grid_of(zero))
+    assert rel(why, image_id, model=CLF, method="chefer2021", start_layer=1)["cached"] is True  # the default's
+    assert rel(why, image_id, model=CLF, method="chefer2021", start_layer=0)["cached"] is True
+    assert rel(why, image_id, model=CLF)["start_layer"] is None
+    path = f"{API}/{image_id}/relevance"
+    for bad in (L, 100, -1, -100):
+        r = get(why, path, model=CLF, method="chefer2021", start_layer=bad)
+        assert_error(r, 422, "bad_start_layer")
+        assert f"0..{L - 1}" in r.json()["error"]["message"]
+    assert_error(get(why, path, model=CLF, method="chefer", start_layer=0), 422, "bad_start_layer")
+    assert_error(get(why, path, model=CLF, method="chefer2021", start_layer="one"), 422, "invalid_parameter")
+    test0 = faith(why, image_id, model=CLF, methods="chefer2021,random", fractions="0,0.5", start_layer=0)
+    test1 = faith(why, image_id, model=CLF, methods="chefer2021,random", fractions="0,0.5")
+    assert (test0["start_layer"], test1["start_layer"], test1["cached"]) == (0, 1, False)
+    assert "from layer 0" in test0["method_text"]["chefer2021"] and "from layer 1" in test1["method_text"]["chefer2021"]
+    again = faith(why, image_id, model=CLF, methods="random,chefer2021", fractions="0,0.5", start_layer=0)
+    assert again["cached"] is True and again["start_layer"] == 0 and list(again["methods"]) == ["random", "chefer2021"]
+    assert "from layer 0" in again["method_text"]["chefer2021"]
+    for path in ("faithfulness", "faithfulness/progress"):
+        test_path = f"{API}/{image_id}/{path}"
+        assert_error(get(why, test_path, model=CLF, methods="chefer,random", start_layer=1), 422, "bad_start_layer")
+        assert_error(get(why, test_path, model=CLF, methods="chefer2021", start_layer=L), 422, "bad_start_layer")
 
 
 def test_the_lrp_methods_are_served_and_tested_on_demand(why, clf_lm, samples):

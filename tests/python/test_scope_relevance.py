@@ -112,3 +112,56 @@ def test_a_list_of_pictures_of_several_sizes_equals_each_picture_alone(scope):
         for m in ("chefer", "random"):
             for d in ("positive", "negative"):
                 np.testing.assert_allclose(got["methods"][m][d], alone["methods"][m][d], rtol=1e-4, atol=1e-6)
+
+
+def test_chefer2021_takes_its_start_layer_checked_and_echoed(scope, picture):
+    """``start_layer`` (chefer2021's first layer): the engine's map for that start, said in the
+    answer and its text; outside the model's layers, or with another method, StartLayerError
+    (``bad_start_layer``, the REST API's code). Before, Scope took no start layer at all."""
+    from headscope.engine.relevance import StartLayerError, relevance
+
+    x = _x(scope, picture)
+    L = scope.lm.num_layers
+    zero = scope.relevance(picture, method="chefer2021", target="top", start_layer=0)
+    want = relevance(scope.lm, x[None], "top", ["chefer2021"], chefer2021_start=0)[0].maps["chefer2021"]
+    torch.testing.assert_close(zero["relevance"], want, atol=1e-7, rtol=1e-5)
+    assert zero["start_layer"] == 0 and "rolled out from layer 0 (start_layer=0" in zero["method_text"]
+    default = scope.relevance(picture, method="chefer2021", target="top")
+    assert default["start_layer"] == 1 and "from layer 1 (start_layer=1, the authors'" in default["method_text"]
+    assert not torch.equal(default["relevance"], zero["relevance"])
+    assert scope.relevance(picture, method="chefer", target="top")["start_layer"] is None
+    for bad in (L, 100, -1, -100, 1.5, "1"):
+        with pytest.raises(StartLayerError, match="start_layer") as e:
+            scope.relevance(picture, method="chefer2021", start_layer=bad)
+        assert e.value.code == "bad_start_layer"
+    with pytest.raises(StartLayerError, match="only chefer2021 takes it"):
+        scope.relevance(picture, method="chefer", start_layer=0)
+    test = scope.faithfulness(picture, methods="chefer2021,random", target="top", fractions=[0, 0.5], start_layer=0)
+    assert test["start_layer"] == 0 and "from layer 0" in test["method_text"]["chefer2021"]
+    again = scope.faithfulness(picture, methods="chefer2021,random", target="top", fractions=[0, 0.5])
+    assert again["start_layer"] == 1 and "from layer 1" in again["method_text"]["chefer2021"]
+    assert scope.faithfulness(picture, methods="chefer,random", fractions=[0, 0.5])["start_layer"] is None
+    with pytest.raises(StartLayerError, match="only chefer2021 takes it"):
+        scope.faithfulness(picture, methods="chefer,random", start_layer=1)
+    with pytest.raises(StartLayerError, match=f"0..{L - 1}"):
+        scope.faithfulness(picture, methods="chefer2021", start_layer=L)
+
+
+def test_bad_protocols_and_fractions_raise_the_apis_named_errors(scope, picture):
+    """One behaviour with the REST API: exact protocol names (None or "" the default); any other
+    spelling or type is ProtocolError (bad_protocol); fractions that are not numbers are
+    FractionsError (bad_fractions). Before: "Paper" and " paper " were taken, protocol=1 was an
+    AttributeError and fractions=["a"] float()'s ValueError."""
+    from headscope.engine.faithfulness import FractionsError, ProtocolError
+
+    for protocol in ("Paper", " paper ", "LIVE", "papr", 1, ["paper"]):
+        with pytest.raises(ProtocolError) as e:
+            scope.faithfulness(picture, methods="random", target="top", fractions=[0, 0.5], protocol=protocol)
+        assert e.value.code == "bad_protocol"
+    for protocol in (None, ""):
+        got = scope.faithfulness(picture, methods="random", target="top", fractions=[0, 0.5], protocol=protocol)
+        assert got["protocol"] == "live"
+    for fractions in (["a"], [0.1, None], 0.5):
+        with pytest.raises(FractionsError) as e:
+            scope.faithfulness(picture, methods="random", target="top", fractions=fractions)
+        assert e.value.code == "bad_fractions"

@@ -50,7 +50,9 @@ async def get_relevance(
     `target` of the model's output (saliency: `output` or a `box`; classes: `top` or `class:N`;
     embedding: `embedding`) by one `method`. One forward that keeps the attention maps and one
     backward give every method's map of the target: they are cached together, so another
-    method of the same target answers from the cache. Windowed models (Swin): 422
+    method of the same target answers from the cache. `start_layer` (chefer2021 only, 0..L-1,
+    default 1): the first layer of its product, part of its cache key and echoed in the answer;
+    with another method or outside the layers, 422 `bad_start_layer`. Windowed models (Swin): 422
     `relevance_unsupported`."""
     return respond(await measured(metrics, relevance.relevance(image_id, params), "relevance"))
 
@@ -68,12 +70,17 @@ async def get_faithfulness(
     image_id: ImageIdDep,
     params: Annotated[FaithfulnessParams, Query()],
 ):
-    """For each method, remove the most relevant patches first (`positive`: the target should
+    """For each method, remove the most relevant part first (`positive`: the target should
     fall, lower is better) and the least relevant first (`negative`: it should hold, higher is
-    better) at each fraction; each curve is y(perturbed) / y, with its area (`auc_positive`,
-    `auc_negative`). The perturbed pictures run in batches on the worker; takes seconds:
-    `…/faithfulness/progress` reports how far it is. Cached per image, model, target, methods,
-    fractions and ablation set."""
+    better) at each fraction. protocol=live: each point is score(most relevant patches removed) /
+    score0 at each fraction (see `score`: a class's softmax probability for `top` and `class:N`,
+    else the target y itself; null when score0 = 0); protocol=paper: 1 where the top-1 prediction
+    is still the target's class, else 0 (pixels of the upsampled map removed, not patches); with
+    each curve's area (`auc_positive`, `auc_negative`; paper: in percent). `start_layer` is
+    chefer2021's first layer (only with chefer2021 among the methods). The perturbed pictures run
+    in batches on the worker; takes seconds: `…/faithfulness/progress` reports how far it is.
+    Cached per image, model, target, methods, fractions, seed, protocol, chefer2021's start_layer
+    and ablation set."""
     call = relevance.faithfulness(image_id, params)
     return long_answer(await measured(metrics, call, "faithfulness"))
 

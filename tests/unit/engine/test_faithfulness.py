@@ -48,6 +48,8 @@ def test_fractions_parse_from_text_or_a_sequence():
     assert parse_fractions("0, 0.25,.5,0.75") == (0.0, 0.25, 0.5, 0.75)
     assert parse_fractions([0.1, 0.2]) == (0.1, 0.2)
     assert parse_fractions("1e-1,0.5") == (0.1, 0.5)
+    assert parse_fractions(["0", " 0.5"]) == (0.0, 0.5)  # strings read as the string form reads them
+    assert parse_fractions(torch.tensor([0.0, 0.25])) == (0.0, 0.25)  # a tensor's elements are numbers
     assert len(parse_fractions([i / MAX_FRACTIONS for i in range(MAX_FRACTIONS)])) == 50
 
 
@@ -66,6 +68,14 @@ def test_fractions_parse_from_text_or_a_sequence():
         ("0.1,,0.2", "cannot read"),
         ([], "none given"),
         (",".join(str(i / 60) for i in range(51)), "at most 50"),
+        # a sequence of what is not a number: before, float()'s raw ValueError / TypeError
+        (["a"], "cannot read 'a'"),
+        ([0.1, "x"], "cannot read 'x'"),
+        ([0.1, None], "cannot read 'None'"),
+        ([0.1, [0.2]], "cannot read"),
+        ([False, 0.5], "cannot read 'False'"),
+        (0.5, "as a sequence or a string"),
+        (object(), "as a sequence or a string"),
     ],
 )
 def test_bad_fractions_are_422_bad_fractions(spec, says):
@@ -320,9 +330,16 @@ def test_the_paper_protocol_fills_black_and_removes_pixels_not_patches(classifie
 def test_the_paper_protocol_needs_a_class_target_and_protocols_are_named():
     from headscope.engine.faithfulness import ProtocolError, parse_protocol
 
-    assert parse_protocol(None) == "live" and parse_protocol(" Paper ") == "paper"
-    with pytest.raises(ProtocolError, match="unknown"):
-        parse_protocol("chefer")
+    assert parse_protocol(None) == parse_protocol("") == "live" and parse_protocol("paper") == "paper"
+    # exact names only, as the REST API and the survey's --protocol take them (one behaviour everywhere)
+    for spelling in ("chefer", "Paper", " paper ", "LIVE", "papr"):
+        with pytest.raises(ProtocolError, match="unknown") as e:
+            parse_protocol(spelling)
+        assert to_api_error(e.value).code == "bad_protocol"
+    for other in (1, 0.5, ["paper"], b"paper"):  # before: AttributeError ('int' object has no attribute 'strip')
+        with pytest.raises(ProtocolError, match="protocol is a string") as e:
+            parse_protocol(other)
+        assert to_api_error(e.value).code == "bad_protocol"
     _, arch, kwargs, classes, hw = FAMILY["dinov2"]
     lm = load_family(arch, kwargs, classes)  # an embedding model
     x = torch.randn(3, *hw)

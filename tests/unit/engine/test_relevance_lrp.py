@@ -58,6 +58,48 @@ def test_the_default_start_layer_is_the_authors_evaluation_one(vit):
     assert (one - zero).abs().max() > 100 * ATOL  # the start layer matters on this model
 
 
+@pytest.mark.parametrize("start", [3, 100, -1, -100, 1.0, True, "1", None])
+def test_a_start_layer_outside_the_model_is_refused_with_its_own_code(vit, start):
+    """Before: 3 or 100 on this 3-layer model raised autograd's "`inputs` argument to `grad()`
+    cannot be empty", and -1 / -100 silently sliced from the end."""
+    from headscope.engine.relevance import StartLayerError
+    from headscope.web.errors import to_api_error
+
+    lm, x = vit
+    with pytest.raises(StartLayerError, match="start_layer") as e:
+        relevance(lm, x[:1], "top", ["chefer2021"], chefer2021_start=start)
+    assert to_api_error(e.value).status == 422 and to_api_error(e.value).code == "bad_start_layer"
+    if isinstance(start, int) and not isinstance(start, bool):
+        assert "0..2" in str(e.value)  # names the layers it could be
+    with pytest.raises(StartLayerError):  # the device half alone checks it too
+        rel.relevance_tensors(lm, x[:1], rel.Target("top"), ("chefer2021",), chefer2021_start=start)
+    # no other method reads it: their maps do not depend on it, so it is not checked for them
+    assert relevance(lm, x[:1], "top", ["attention"], chefer2021_start=start)[0].start_layer is None
+
+
+def test_the_start_layer_is_echoed_and_said_in_the_methods_text(vit):
+    lm, x = vit
+    last = relevance(lm, x[:1], "top", ["chefer2021", "random"], chefer2021_start=2)[0]
+    default = relevance(lm, x[:1], "top", ["chefer2021"])[0]
+    assert last.start_layer == 2 and default.start_layer == rel.CHEFER2021_START_LAYER == 1
+    assert "rolled out from layer 2 (start_layer=2" in last.info()["methods"]["chefer2021"]
+    assert "rolled out from layer 1 (start_layer=1, the authors' evaluation's" in rel.METHOD_TEXT["chefer2021"]
+    assert default.info()["methods"]["chefer2021"] == rel.METHOD_TEXT["chefer2021"]
+    assert last.info()["start_layer"] == 2 and last.info()["methods"]["random"] == rel.METHOD_TEXT["random"]
+    assert not torch.equal(last.maps["chefer2021"], default.maps["chefer2021"])
+    # the interfaces' resolution: None is the default, only chefer2021 takes one
+    assert rel.resolve_start_layer(None, ["chefer2021", "random"], 3) == 1
+    assert rel.resolve_start_layer(0, ("chefer2021",), 3) == 0
+    assert rel.resolve_start_layer(None, ("chefer", "random"), 3) is None
+    with pytest.raises(rel.StartLayerError, match="only chefer2021 takes it"):
+        rel.resolve_start_layer(1, ("chefer", "random"), 3)
+    with pytest.raises(rel.StartLayerError, match="0..2"):
+        rel.resolve_start_layer(3, ("chefer2021",), 3)
+    import numpy as np
+
+    assert rel.check_start_layer(np.int64(2), 3) == 2 and type(rel.check_start_layer(np.int64(2), 3)) is int
+
+
 def test_the_rules_are_scoped_to_their_forward(vit):
     """After an LRP forward the model's own forward, its attention flags and its gradients are
     as before: nothing is patched beyond the call."""

@@ -10,7 +10,7 @@ import torch
 
 from headscope.engine.faithfulness import faithfulness
 from headscope.engine.relevance import relevance
-from headscope.engine.verdicts import beats, verdict_of, verdicts
+from headscope.engine.verdicts import NARROW, beats, narrow_margin, verdict_of, verdicts
 from helpers.relevance_reference import FAMILIES, load_family
 
 RANDOM = {"positive": [1.0, 0.8, 0.5], "negative": [1.0, 0.9, 0.7], "auc_positive": 0.5, "auc_negative": 0.6}
@@ -90,3 +90,32 @@ def test_a_tests_answer_carries_a_verdict_per_method_from_its_own_aucs():
         assert v["margin_negative"] == pytest.approx(c.auc_negative - r.auc_negative)
         assert v["max_ratio"] == pytest.approx(max(c.positive + c.negative))
     assert body["verdicts"]["random"]["verdict"] == "baseline"
+
+
+def test_the_narrow_margin_is_in_the_protocols_units():
+    """Paper AUCs are percent (trapz x 100 over 0/1 hits): a 3-point margin there is as narrow as
+    0.03 is live. Before, the live 0.05 was applied to them, so no paper margin was ever narrow."""
+    assert narrow_margin("live") == NARROW == 0.05 and narrow_margin("paper") == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="protocol"):
+        narrow_margin("ours")
+    hits = {"positive": [1.0, 1.0, 0.0], "negative": [1.0, 1.0, 1.0]}
+    random = {**hits, "auc_positive": 60.0, "auc_negative": 80.0}
+    close = {**hits, "auc_positive": 57.0, "auc_negative": 90.0}  # 3 points lower, 10 higher
+    paper = verdicts({"chefer": close, "random": random}, protocol="paper")["chefer"]
+    assert paper.verdict == "both" and "AUC+ lower by 3.000 (narrowly)" in paper.text
+    assert "AUC− higher by 10.000:" in paper.text and "10.000 (narrowly)" not in paper.text
+    live = verdicts({"chefer": close, "random": random})["chefer"]  # the same numbers read as live ones
+    assert "(narrowly)" not in live.text
+    assert "(narrowly)" in verdict_of("chefer", curves(0.48, 0.9), RANDOM, protocol="live").text
+
+
+def test_a_paper_protocol_answer_judges_its_margins_in_percent():
+    from headscope.engine.faithfulness import Curves, Faithfulness
+
+    def result(protocol: str) -> Faithfulness:
+        c = Curves([1.0, 0.0], [1.0, 1.0], auc_positive=47.0, auc_negative=90.0, removed=[0, 1])
+        r = Curves([1.0, 0.0], [1.0, 1.0], auc_positive=50.0, auc_negative=88.0, removed=[0, 1])
+        return Faithfulness([0.0, 0.9], "top", 1.0, {"chefer": c, "random": r}, 4, 3, 8, protocol=protocol)
+
+    assert "AUC+ lower by 3.000 (narrowly)" in result("paper").as_dict()["verdicts"]["chefer"]["text"]
+    assert "(narrowly)" not in result("live").verdicts()["chefer"].text

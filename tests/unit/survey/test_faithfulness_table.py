@@ -42,6 +42,10 @@ def rows(aucs: dict[str, list[tuple[float | None, float | None]]]) -> pa.Table:
                              removed=[0], num_patches=4, seed=None, box=None, protocol=None,
                              score0=1.0).items():  # fmt: skip
                 out[k].append(v)
+    n = max(len(v) for v in out.values())
+    for v in out.values():  # columns this helper does not set (added to the schema later): null
+        if not v:
+            v.extend([None] * n)
     return pa.table(out, schema=schema.FAITHFULNESS)
 
 
@@ -100,8 +104,37 @@ def test_the_papers_protocol_over_pictures_in_the_papers_units_beside_table_1():
     mean = np.mean([w.methods["rollout"].auc_positive for w in want])
     assert rollout.auc_positive.mean == pytest.approx(mean) and 0 <= mean <= 90
     rows_ = paper_rows(summaries)
-    assert rows_[0][:2] == ["top", "rollout"] and rows_[0][4] == "20.05" and rows_[0][6] == "53.10"
+    # Headscope's rollout (every layer) is not the paper's (from layer 1): no figure beside it,
+    # the paper's row listed apart under its own name; raw attention is the same rule: beside it
+    assert rows_[0][:2] == ["top", "rollout"] and rows_[0][4] == rows_[0][6] == ""
+    assert rows_[1][:2] == ["top", "attention"] and rows_[1][4] == "23.99" and rows_[1][6] == "45.55"
     assert ["(Table 1)", "transformer attribution (theirs)", "", "", "17.03", "", "54.16"] in rows_
-    assert len(rows_) == 3 + len(PAPER_TABLE1) - 2  # rollout and attention are matched
+    assert any(r[0] == "(Table 1)" and r[1].startswith("rollout (from layer 1") and r[4] == "20.05" for r in rows_)
+    assert len(rows_) == 3 + len(PAPER_TABLE1) - 1  # attention alone is matched
     assert "Table 1 AUC+" in paper_markdown(summaries) and paper_markdown(summarise(rows({"x": [(0.1, 0.2)]}))) == ""
     assert 'id="faithfulness-paper"' in faithfulness_section(table)
+
+
+def paper_summaries(target: str, methods: tuple[str, ...]) -> list:
+    t = rows({m: [(20.0, 50.0), (30.0, 60.0)] for m in methods})
+    t = t.set_column(t.schema.get_field_index("target"), "target", pa.array([target] * t.num_rows))
+    t = t.set_column(t.schema.get_field_index("protocol"), "protocol", pa.array(["paper"] * t.num_rows))
+    return summarise(t)
+
+
+def test_table_1_figures_sit_beside_predicted_class_rows_only():
+    """Table 1 reports the predicted class (target top); a class:N row is the paper's target-class
+    run, another table: before, it was printed beside Table 1's predicted-class figures."""
+    from headscope.survey.faithfulness_table import PAPER_TABLE1, paper_rows
+
+    methods = ("chefer2021", "attention", "rollout", "random")
+    top = paper_rows(paper_summaries("top", methods))
+    by = {r[1]: r for r in top if r[0] == "top"}
+    assert by["chefer2021"][4:] == ["17.03", "55.00 [-8.53, 118.53]", "54.16"]
+    assert by["attention"][4] == "23.99" and by["rollout"][4] == "" and by["random"][4] == ""
+    assert len(top) == 4 + len(PAPER_TABLE1) - 2  # chefer2021 and attention matched
+    target = paper_rows(paper_summaries("class:3", methods))
+    mine = [r for r in target if r[0] == "class:3"]
+    assert len(mine) == 4 and all(r[4] == "" and r[6] == "" for r in mine)
+    # every Table 1 row is still listed for reference, apart, under the paper's names
+    assert [r[1] for r in target if r[0] == "(Table 1)"] == [name for name, *_ in PAPER_TABLE1]
