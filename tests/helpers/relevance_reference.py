@@ -69,6 +69,13 @@ def load_family(arch: str, kwargs: dict, classes: int):
     return lm
 
 
+def load_vit():
+    """FAMILIES' plain ViT (vit_small, 3 blocks, 4 heads, qkv x3, 10 classes) by
+    :func:`load_family`, and its input size ``(H, W)``."""
+    _, arch, kwargs, classes, hw = next(f for f in FAMILIES if f[0] == "vit")
+    return load_family(arch, kwargs, classes), hw
+
+
 def layer_norm(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(mod, nn.Identity):
         return x

@@ -9,11 +9,10 @@ import torch
 
 import headscope
 from helpers.relevance_reference import (
-    FAMILIES,
     curves,
     differentiate,
     forward,
-    load_family,
+    load_vit,
     probability_of,
     relevance_maps,
     top_logit,
@@ -23,8 +22,7 @@ from helpers.relevance_reference import (
 
 @pytest.fixture(scope="module")
 def scope():
-    _, arch, kwargs, classes, _ = next(f for f in FAMILIES if f[0] == "vit")
-    return headscope.load(load_family(arch, kwargs, classes).model)  # a timm module in memory
+    return headscope.load(load_vit()[0].model)  # a timm module in memory
 
 
 @pytest.fixture(scope="module")

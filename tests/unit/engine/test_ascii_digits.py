@@ -19,7 +19,7 @@ from headscope.engine.layout import TokenLayout
 from headscope.engine.relevance import TargetError, parse_target
 from headscope.engine.selection import SelectionError, parse_indices, parse_query
 from headscope.zoo import loaders
-from helpers.relevance_reference import FAMILIES, load_family
+from helpers.relevance_reference import load_vit
 from helpers.server import ROOT
 
 # Each: a spelling of 3 (or 1, 2) in other digits, and one that mixes scripts.
@@ -61,8 +61,7 @@ def saliency():
 
 @pytest.fixture(scope="module")
 def classifier():
-    _, arch, kwargs, classes, _ = next(f for f in FAMILIES if f[0] == "vit")
-    return load_family(arch, kwargs, classes)
+    return load_vit()[0]
 
 
 @pytest.mark.parametrize("digit", FOREIGN)

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from headscope.engine.relevance import relevance
-from helpers.relevance_reference import FAMILIES, load_family
+from helpers.relevance_reference import load_vit
 
 
 def _lxt_efficient():
@@ -118,9 +118,8 @@ def lxt_relevance(tv: nn.Module, x: torch.Tensor, index: int | None) -> torch.Te
 
 @pytest.fixture(scope="module")
 def models():
-    _, arch, kwargs, classes, hw = next(f for f in FAMILIES if f[0] == "vit")
-    lm = load_family(arch, kwargs, classes)  # vit_small, 3 blocks, 4 heads, qkv x3, 10 classes
-    return lm, torchvision_vit(lm.model, hw[0], classes), hw
+    lm, hw = load_vit()  # vit_small, 3 blocks, 4 heads, qkv x3, 10 classes
+    return lm, torchvision_vit(lm.model, hw[0], lm.model.num_classes), hw
 
 
 def test_the_mapped_torchvision_vit_is_the_same_model(models):

@@ -11,7 +11,7 @@ import torch
 from headscope.engine.faithfulness import faithfulness
 from headscope.engine.relevance import relevance
 from headscope.engine.verdicts import NARROW, beats, narrow_margin, verdict_of, verdicts
-from helpers.relevance_reference import FAMILIES, load_family
+from helpers.relevance_reference import load_vit
 
 RANDOM = {"positive": [1.0, 0.8, 0.5], "negative": [1.0, 0.9, 0.7], "auc_positive": 0.5, "auc_negative": 0.6}
 
@@ -72,8 +72,7 @@ def test_baseline_untested_and_undefined():
 
 
 def test_a_tests_answer_carries_a_verdict_per_method_from_its_own_aucs():
-    _, arch, kwargs, classes, hw = next(f for f in FAMILIES if f[0] == "vit")
-    lm = load_family(arch, kwargs, classes)
+    lm, hw = load_vit()
     torch.manual_seed(0)
     x = torch.randn(3, *hw)
     rel = relevance(lm, x[None], "top", ["chefer", "attention", "random"])[0]

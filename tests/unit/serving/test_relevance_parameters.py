@@ -21,13 +21,12 @@ from headscope.serving.relevance import (
     keyed_method,
 )
 from headscope.web.errors import to_api_error
-from helpers.relevance_reference import FAMILIES, load_family
+from helpers.relevance_reference import load_vit
 
 
 @pytest.fixture(scope="module")
 def vit():
-    _, arch, kwargs, classes, _ = next(f for f in FAMILIES if f[0] == "vit")
-    return load_family(arch, kwargs, classes)  # 3 layers, 10 classes
+    return load_vit()[0]  # 3 layers, 10 classes
 
 
 def test_start_layer_is_resolved_checked_and_refused_without_chefer2021(vit):

@@ -16,7 +16,7 @@ from headscope.engine.relevance import parse_target
 from headscope.serving.faults import InjectedFault
 from headscope.serving.relevance import BASE_METHODS, PerturbedWork, RelevanceWork
 from headscope.serving.worker import Job, Worker
-from helpers.relevance_reference import FAMILIES, load_family
+from helpers.relevance_reference import load_vit
 
 SIZES = [(64, 64), (48, 80), (64, 64), (64, 64)]
 FRACTIONS = [0.0, 0.3, 0.6]
@@ -24,8 +24,7 @@ FRACTIONS = [0.0, 0.3, 0.6]
 
 @pytest.fixture(scope="module")
 def vit():
-    _, arch, kwargs, classes, _ = next(f for f in FAMILIES if f[0] == "vit")
-    return load_family(arch, kwargs, classes)
+    return load_vit()[0]
 
 
 @pytest.fixture(scope="module")

@@ -79,10 +79,9 @@ def test_the_papers_protocol_over_pictures_in_the_papers_units_beside_table_1():
     from headscope.survey.faithfulness import FaithfulnessPlan
     from headscope.survey.faithfulness_table import PAPER_TABLE1, paper_markdown, paper_rows
     from headscope.survey.report import faithfulness_section
-    from helpers.relevance_reference import FAMILIES, load_family
+    from helpers.relevance_reference import load_vit
 
-    _, arch, kwargs, classes, hw = next(f for f in FAMILIES if f[0] == "vit")
-    lm = load_family(arch, kwargs, classes)
+    lm, hw = load_vit()
     torch.manual_seed(3)
     x = torch.randn(3, 3, *hw)
     plan = FaithfulnessPlan.parse("rollout,attention,random", "top", None, "paper")
