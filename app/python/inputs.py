@@ -1,7 +1,8 @@
 """What the Python API takes as a picture, and how each kind reaches the one preparation path.
 
 A picture is a path (``str`` or ``os.PathLike``), the file's bytes, a ``PIL.Image.Image``, an
-``HxWx3`` ``uint8`` array (``HxWx4`` RGBA and ``HxW`` grey too) or a torch tensor. Every kind is
+``HxWx3`` numpy array (``HxWx4`` RGBA and ``HxW`` grey too; ``uint8`` 0..255, or floating 0..1
+quantised as a tensor's are) or a torch tensor. Every kind is
 prepared by the server's one preparation path (`Pictures`), so a picture gives the same pixels
 whichever way it comes in:
 
@@ -61,7 +62,7 @@ PNG_LEVEL = 0
 _PNG_MODES = {"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"}
 
 PICTURE_TYPES = (
-    "a path, bytes, a PIL.Image, an HxWx3 uint8 array or a torch tensor of pixels [3,H,W] / [B,3,H,W] "
+    "a path, bytes, a PIL.Image, an HxWx3 array or a torch tensor of pixels [3,H,W] / [B,3,H,W] "
     "(uint8 0..255 or float 0..1)"
 )
 
@@ -393,10 +394,12 @@ def _array_image(a: Any):
 
     if not isinstance(a, np.ndarray):
         raise TypeError(f"a picture is {PICTURE_TYPES}; got {type(a).__module__}.{type(a).__qualname__}")
+    if a.dtype in (np.float16, np.float32, np.float64) and a.size:
+        a = _float_levels(a)
     if a.dtype != np.uint8:
         raise TypeError(
-            f"an array picture holds uint8 values (0..255); got {a.dtype}: convert it, e.g. "
-            "(a * 255).round().clip(0, 255).astype(np.uint8) for values in 0..1"
+            f"an array picture holds uint8 values (0..255) or floats (0..1); got {a.dtype}: convert it, e.g. "
+            "a.astype(np.uint8) for integer levels 0..255"
         )
     if a.size == 0:
         raise ValueError(f"the array picture has no pixels (shape {a.shape}); it needs a height and width of 1 or more")
@@ -406,6 +409,23 @@ def _array_image(a: Any):
         return Image.fromarray(np.ascontiguousarray(a), "RGB" if a.shape[2] == 3 else "RGBA")
     hint = " (channels first? use a.transpose(1, 2, 0))" if a.ndim == 3 and a.shape[0] in (3, 4) else ""
     raise ValueError(f"an array picture is HxWx3 (RGB), HxWx4 (RGBA) or HxW (grey); got shape {a.shape}{hint}")
+
+
+def _float_levels(a: Any) -> Any:
+    """A float array of pixels in 0..1 as its uint8 levels, by the tensors' rule
+    (``round(x * 255)`` in float32, ties to even), so an array and a tensor of the same values
+    are the same picture; :class:`ValueError` for other values (a normalised input, 0..255)."""
+    import numpy as np
+
+    if not np.isfinite(a).all():
+        raise ValueError("a float array picture holds pixels in 0..1; it holds NaN or infinite values")
+    lo, hi = float(a.min()), float(a.max())
+    if not (lo >= 0.0 and hi <= 1.0):
+        raise ValueError(
+            "a float array picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
+            f"got values in {lo!r}..{hi!r}"
+        )
+    return np.round(a.astype(np.float32) * np.float32(255.0)).astype(np.uint8)
 
 
 def picture(image: Any, max_file_bytes: int) -> Picture | ImagePicture:

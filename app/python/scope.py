@@ -52,7 +52,8 @@ class Scope:
     """One model, ready to answer what the REST API answers, in Python.
 
     Made by `load`. Every method takes a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3``
-    uint8 array, or a torch tensor of pixels ``[3, H, W]``) or a list of them, or a tensor
+    numpy array of uint8 0..255 or float 0..1, or a torch tensor of pixels ``[3, H, W]``) or a
+    list of them, or a tensor
     ``[B, 3, H, W]`` (one result each, in order). A tensor holds RGB pixels, channels first,
     **not** the model's normalised input: ``uint8`` 0..255, or floating 0..1 (quantised to the
     256 levels, ``round(x * 255)``); other ranges, shapes and dtypes are refused
@@ -240,7 +241,7 @@ class Scope:
         validation, the same messages), in Python spellings too.
 
         Args:
-            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             query: ``"cls"``, ``"all"``, a token index, a grid cell ``(row, col)``, lists of
@@ -360,7 +361,7 @@ class Scope:
         ``ablate`` its change against the unablated output. Arrays are torch tensors.
 
         Args:
-            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
         """
@@ -384,7 +385,7 @@ class Scope:
         """Every head's importance (``GET …/importance``): ``importance`` ``[layers, heads]``.
 
         Args:
-            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             method: ``ablation`` (exact: the output change with each head removed alone) or
@@ -416,7 +417,7 @@ class Scope:
         output change after each step (``change``); the importance by ``method`` first.
 
         Args:
-            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
         """
@@ -449,7 +450,7 @@ class Scope:
         """A relevance map for one scalar of the model's output (Chefer et al. 2021 and baselines).
 
         Args:
-            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             method: ``chefer`` (the GAE rule, ICCV 2021), ``grad_attention``, ``rollout``,
@@ -509,7 +510,7 @@ class Scope:
         or least (``negative``) relevant patches and watch the target; the curves and their AUC.
 
         Args:
-            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             methods: names (``["chefer", "attention", "random"]`` or ``"chefer,random"``); None: all.
@@ -577,7 +578,7 @@ class Scope:
         label's sigmoid (``rule``). The labels' text embeddings are cached per model and phrase.
 
         Args:
-            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` uint8 array, a tensor
+            image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
             labels: phrases (``["a dog", "a cat"]``) or one comma-separated string.

@@ -141,7 +141,9 @@ def test_bad_pictures(scope, tmp_path):
     with pytest.raises(TypeError, match="a picture is a path, bytes"):
         scope.attention(3.5)
     with pytest.raises(TypeError, match="uint8"):
-        scope.attention(np.zeros((8, 8, 3), np.float32))
+        scope.attention(np.zeros((8, 8, 3), np.int64))
+    with pytest.raises(ValueError, match=r"0\.\.1 \(not the model's normalised input"):
+        scope.attention(np.full((8, 8, 3), 200.0, np.float32))  # 0..255 as floats
     with pytest.raises(ValueError, match=r"pictures\[1\]: .*missing.png"):
         scope.attention([_picture(5), tmp_path / "missing.png"])
     with pytest.raises(ValueError, match="not an image"):

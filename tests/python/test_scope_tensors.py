@@ -182,6 +182,19 @@ def test_bad_tensors_are_clear_errors(scope):
         scope.attention(torch.zeros(3, 32, 32).to(torch.float8_e4m3fn))
 
 
+def test_float_arrays_are_the_pictures_float_tensors_are(scope):
+    """An HxWx3 float array of 0..1 is quantised by the tensors' rule: the same levels, the same
+    maps and the same image_id as the tensor of the same values (float64 and float16 too)."""
+    a = np.random.default_rng(7).random((40, 50, 3))
+    for dtype in (np.float64, np.float32, np.float16):
+        arr = a.astype(dtype)
+        t = torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+        got, want = scope.attention(arr), scope.attention(t)
+        assert torch.equal(got.maps, want.maps) and got.image_id == want.image_id, dtype
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        scope.attention(np.full((8, 8, 3), np.inf, np.float32))
+
+
 def test_out_of_range_floats_say_exactly_what_is_wrong(scope):
     with pytest.raises(ValueError, match=r"1\.0000001"):  # not rounded to "1"
         scope.attention(torch.full((3, 32, 32), 1.0000001, dtype=torch.float64))
