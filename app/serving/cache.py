@@ -93,6 +93,7 @@ class RelevanceKey:
     ablate: tuple[tuple[int, int], ...]
     target: str
     group: str = ""  # "": the methods of one forward and backward; else an LRP method, its own forward
+    start_layer: int | None = None  # group chefer2021: the first layer of its product; else None
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class FaithfulnessKey:
     fractions: tuple[float, ...]
     seed: int
     protocol: str = "live"
+    start_layer: int | None = None  # chefer2021 tested: the first layer of its product; else None
 
 
 class ByteLRU:

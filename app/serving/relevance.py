@@ -20,10 +20,10 @@
   named them.
 
 ``start_layer`` (``chefer2021``'s first layer; refused with any other method) is part of every
-key that holds a ``chefer2021`` map: the maps' (:class:`~.cache.RelevanceKey`'s ``group``,
-``chefer2021:start_layer=N``), the test's (``methods``, where ``chefer2021`` is spelt so too) and
-the worker's batch (:class:`RelevanceWork`), so two start layers never share an answer; the
-default is spelt out in the key, so leaving it out and asking for it share one.
+key that holds a ``chefer2021`` map: the maps' and the test's (the keys' ``start_layer``,
+:func:`resolved_start`) and the worker's batch (:class:`RelevanceWork`), so two start layers
+never share an answer; the default is spelt out in the key, so leaving it out and asking for it
+share one.
 
 Parameters are normalised before they become keys: the target by its parsed spelling (``""``
 and ``output`` are one key), methods as a sorted set, fractions as numbers (``0.10`` is
@@ -86,18 +86,12 @@ def method_group(method: str) -> tuple[str, ...]:
     return (method,) if method in LRP_METHODS else BASE_METHODS
 
 
-def keyed_method(method: str, start_layer: int | None) -> str:
-    """A method as a cache key spells it: ``chefer2021`` with its start layer
-    (``chefer2021:start_layer=1``; None: the default's), any other method as it is."""
-    if method != START_LAYER_METHOD:
-        return method
-    return f"{method}:start_layer={CHEFER2021_START_LAYER if start_layer is None else start_layer}"
-
-
-def group_key(group: tuple[str, ...], start_layer: int | None = None) -> str:
-    """:class:`~.cache.RelevanceKey`'s ``group``: "" for :data:`BASE_METHODS`, else the group's
-    methods as :func:`keyed_method` spells them."""
-    return "" if group == BASE_METHODS else ",".join(keyed_method(m, start_layer) for m in group)
+def resolved_start(methods: tuple[str, ...], start_layer: int | None) -> int | None:
+    """The start layer a cache key holds: chefer2021's, the default spelt out (leaving it out and
+    asking for the default share one answer), where ``methods`` hold chefer2021; else None."""
+    if START_LAYER_METHOD not in methods:
+        return None
+    return CHEFER2021_START_LAYER if start_layer is None else start_layer
 
 
 MAPS_OVERHEAD_BYTES = 4096  # what a cached set of maps costs beyond its arrays
@@ -163,10 +157,11 @@ class FaithfulnessSpec:
             model_id,
             self.ablate,
             str(self.target),
-            tuple(sorted(keyed_method(m, self.start_layer) for m in self.methods)),
+            tuple(sorted(self.methods)),
             self.fractions,
             seed,
             self.protocol,
+            resolved_start(self.methods, self.start_layer),
         )
 
 
@@ -498,7 +493,8 @@ class RelevanceService(ImageTasks):
         (``upload``: the image, when the caller has already looked it up; ``start_layer``:
         chefer2021's, checked, None for the default)."""
         start_layer = start_layer if START_LAYER_METHOD in group else None  # no other group reads it
-        key = RelevanceKey(image_id, lm.id, ablate, str(target), group_key(group, start_layer))
+        group_name = "" if group == BASE_METHODS else ",".join(group)
+        key = RelevanceKey(image_id, lm.id, ablate, str(target), group_name, resolved_start(group, start_layer))
         hit = self.cache.get(key)
         if hit is not None:
             return hit, True
