@@ -328,12 +328,16 @@ class BatchRunner:
         *,
         seed: int = 0,
         ablate: Ablation = (),
+        start_layer: int | None = None,
         **kwargs: Any,
     ) -> list[Any]:
         """:func:`app.engine.relevance.relevance` of a batch of one shape (one per picture);
+        ``start_layer``: chefer2021's (its ``chefer2021_start``; None: the engine's default);
         ``kwargs`` go to it as they are."""
         from .relevance import relevance
 
+        if start_layer is not None:
+            kwargs["chefer2021_start"] = start_layer
         x = self.inputs(raws)
         with self.numerics():
             return relevance(self.lm, x, target, methods, seed=seed, amp_dtype=self.amp_dtype, ablate=ablate, **kwargs)

@@ -635,7 +635,6 @@ class Scope:
         forward and one backward each), each computed as soon as it is prepared while the pool
         prepares the next: the batch (index -> picture) and its ``RelevanceMaps``, in its order
         (``start_layer``: chefer2021's, checked; None for the engine's default)."""
-        more = {} if start_layer is None else {"chefer2021_start": start_layer}
         from ..serving.relevance import RelevanceMaps
 
         with contextlib.closing(self._stream(image)) as batches:
@@ -643,7 +642,9 @@ class Scope:
 
                 def run(ids: list[int], batch: dict[int, PreparedPicture] = batch) -> list[Any]:
                     t0 = time.perf_counter()
-                    rels = self.runner.relevance(self._raws(batch, ids), target, names, ablate=pairs, **more)
+                    rels = self.runner.relevance(
+                        self._raws(batch, ids), target, names, ablate=pairs, start_layer=start_layer
+                    )
                     ms = (time.perf_counter() - t0) * 1000 / len(ids)
                     return [
                         RelevanceMaps(r, batch[i].prep.input_size, batch[i].prep.image_size, ms, self.runner.precision)

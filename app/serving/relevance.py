@@ -197,7 +197,7 @@ def relevance_maps(
     with lm.lock:
         if is_text(target):  # a phrase: its own forward of both towers gives every map it has
             methods = text_methods(lm)
-        rel = runner.relevance([prep.raw], target, methods, ablate=ablate, **_start_kwargs(start_layer))[0]
+        rel = runner.relevance([prep.raw], target, methods, ablate=ablate, start_layer=start_layer)[0]
     ms = (time.perf_counter() - t0) * 1000
     return RelevanceMaps(rel, prep.input_size, prep.image_size, ms, runner.precision)
 
@@ -388,11 +388,6 @@ def ordered(res: dict, methods: Sequence[str]) -> dict:
     return out
 
 
-def _start_kwargs(start_layer: int | None) -> dict[str, int]:
-    """The engine's keyword for chefer2021's start layer (none: the engine's default)."""
-    return {} if start_layer is None else {"chefer2021_start": start_layer}
-
-
 # -- batched on the worker (app/serving/worker.py: jobs of one key share a call) -------------------
 @dataclass(frozen=True)
 class RelevanceWork:
@@ -415,7 +410,7 @@ class RelevanceWork:
             self.target,
             self.methods,
             ablate=jobs[0].ablate,
-            **_start_kwargs(self.start_layer),
+            start_layer=self.start_layer,
         )
         ms = (time.perf_counter() - t0) * 1000 / len(jobs)
         return [(r, ms) for r in rels]
