@@ -12,6 +12,10 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
@@ -245,13 +249,30 @@ def _check_selection(args, model_id: str, models_dir: Path) -> None:
         parse_query(q, layout)
 
 
+def _settings(args) -> Settings:
+    """The ``HEADSCOPE_*`` settings with the command's ``--precision`` over
+    ``HEADSCOPE_PRECISION`` (extract, survey)."""
+    from .config import Settings
+
+    return Settings(**({"precision": args.precision} if args.precision else {}))
+
+
+def _precision_option(parser: argparse.ArgumentParser, says: str) -> None:
+    """``--precision`` of serve, extract and survey; ``says``: where the answer names it."""
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "auto"],
+        help="fp32 (default, every device: exact, no TF32), bf16 or fp16 autocast, auto = bf16/fp16 on CUDA "
+        f"(env HEADSCOPE_PRECISION); {says}",
+    )
+
+
 def _extract(args) -> int:
     """Batch extraction to one safetensors file: a tensor per image, metadata in the header."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from .config import Settings
     from .engine import analysis
     from .engine.batching import BatchRunner
     from .engine.block_capture import UnsupportedModelError
@@ -263,7 +284,7 @@ def _extract(args) -> int:
     from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
 
-    settings = Settings(**({"precision": args.precision} if args.precision else {}))
+    settings = _settings(args)
     preprocess.adopt_pixel_limit(settings.max_image_pixels)
     out = Path(args.out)
     refuse_existing(out, args.force)  # before anything slow, like a wrong path below
@@ -344,7 +365,6 @@ def _extract(args) -> int:
 
 def _survey(args) -> int:
     """Per-head statistics of every picture of SOURCE into a Parquet dataset (app/survey/)."""
-    from .config import Settings
     from .engine.selection import SelectionError
     from .serving import preprocess
     from .serving.malloc import tune_malloc
@@ -355,7 +375,7 @@ def _survey(args) -> int:
     from .zoo.errors import ModelLoadError, UnknownModelError
 
     tune_malloc()  # as the server does: large maps reuse freed memory instead of fresh pages
-    settings = Settings(**({"precision": args.precision} if args.precision else {}))
+    settings = _settings(args)
     preprocess.adopt_pixel_limit(settings.max_image_pixels)
     try:
         s = survey(
@@ -464,12 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default is unloaded (default 3; env HEADSCOPE_MAX_LOADED_MODELS)",
     )
     s.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (env HEADSCOPE_DEVICE)")
-    s.add_argument(
-        "--precision",
-        choices=["fp32", "bf16", "fp16", "auto"],
-        help="fp32 (default, every device: exact, no TF32), bf16 or fp16 autocast, auto = bf16/fp16 on CUDA "
-        "(env HEADSCOPE_PRECISION); every answer says its precision",
-    )
+    _precision_option(s, "every answer says its precision")
     s.add_argument(
         "--log-level",
         default=os.environ.get("HEADSCOPE_LOG_LEVEL", "info"),
@@ -492,12 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
     e.add_argument("--model", help="model id (default HEADSCOPE_MODEL, else dinov2-s14-focus)")
     e.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (default HEADSCOPE_DEVICE, else auto)")
-    e.add_argument(
-        "--precision",
-        choices=["fp32", "bf16", "fp16", "auto"],
-        help="fp32 (default, every device: exact, no TF32), bf16 or fp16 autocast, auto = bf16/fp16 on CUDA "
-        "(env HEADSCOPE_PRECISION); the file's metadata says it",
-    )
+    _precision_option(e, "the file's metadata says it")
     e.add_argument("--layers", default="all", help="'all', indices '0,5,-1' or ranges '0-3' (default all)")
     e.add_argument("--heads", default="all", help="'all' or indices/ranges like --layers (default all)")
     e.add_argument(
@@ -526,12 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--address", help="Ray cluster to join (else RAY_ADDRESS, else a local Ray for the run)")
     v.add_argument("--model", help="model id (default HEADSCOPE_MODEL)")
     v.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (local; ray: the actors' device)")
-    v.add_argument(
-        "--precision",
-        choices=["fp32", "bf16", "fp16", "auto"],
-        help="fp32 (default, every device: exact, no TF32), bf16 or fp16 autocast, auto = bf16/fp16 on CUDA "
-        "(env HEADSCOPE_PRECISION); every row says its precision",
-    )
+    _precision_option(v, "every row says its precision")
     v.add_argument("--batch-size", type=ascii_int, default=8, help="pictures per forward pass (default 8)")
     v.add_argument("--limit", type=ascii_int, help="survey at most N pictures in this run")
     v.add_argument("--resume", action="store_true", help="continue OUT, skipping pictures already in it")
