@@ -328,17 +328,26 @@ def tensor_pictures(t: Any) -> Any:
     if t.dtype == torch.uint8:
         levels = t
     elif t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one pass, one wait for a GPU
-        if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
-            raise ValueError(_out_of_range(t, lo, hi))
-        levels = (t.float() * 255.0).round_().to(torch.uint8)
+        levels = _float_levels(t, "tensor")
     else:
         raise TypeError(f"a tensor picture is uint8 (0..255) or floating (0..1); got {t.dtype}")
     return levels if levels.dim() == 4 else levels.unsqueeze(0)
 
 
-def _out_of_range(t: Any, lo: float, hi: float) -> str:
-    """Why a float tensor's values are not pixels in 0..1: NaN or infinity said as such, the
+def _float_levels(t: Any, kind: str) -> Any:
+    """Float pixels in 0..1 (a tensor, or an array's values as one) as their uint8 levels,
+    ``round(x * 255)`` in float32 on ``t``'s device; :class:`ValueError` for other values (a
+    normalised input, 0..255), ``kind`` naming the picture in the message."""
+    import torch
+
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one pass, one wait for a GPU
+    if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
+        raise ValueError(_out_of_range(t, lo, hi, kind))
+    return (t.float() * 255.0).round_().to(torch.uint8)
+
+
+def _out_of_range(t: Any, lo: float, hi: float, kind: str) -> str:
+    """Why a float picture's values are not pixels in 0..1: NaN or infinity said as such, the
     bounds exactly (1.0000001 is not "1"), and in a batch the first picture at fault."""
     import torch
 
@@ -348,9 +357,9 @@ def _out_of_range(t: Any, lo: float, hi: float) -> str:
         bad = ~((flat >= 0) & (flat <= 1)).all(1)  # NaN compares False: bad too
         where = f" (picture {int(bad.nonzero()[0])} of the batch)"
     if not bool(torch.isfinite(t).all()):
-        return f"a float tensor picture holds pixels in 0..1; it holds NaN or infinite values{where}"
+        return f"a float {kind} picture holds pixels in 0..1; it holds NaN or infinite values{where}"
     return (
-        f"a float tensor picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
+        f"a float {kind} picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
         f"got values in {lo!r}..{hi!r}{where}"
     )
 
@@ -395,7 +404,10 @@ def _array_image(a: Any):
     if not isinstance(a, np.ndarray):
         raise TypeError(f"a picture is {PICTURE_TYPES}; got {type(a).__module__}.{type(a).__qualname__}")
     if a.dtype in (np.float16, np.float32, np.float64) and a.size:
-        a = _float_levels(a)
+        import torch
+
+        # the tensors' rule itself: the same values give the same picture either way
+        a = _float_levels(torch.from_numpy(np.ascontiguousarray(a)), "array").numpy()
     if a.dtype != np.uint8:
         raise TypeError(
             f"an array picture holds uint8 values (0..255) or floats (0..1); got {a.dtype}: convert it, e.g. "
@@ -409,23 +421,6 @@ def _array_image(a: Any):
         return Image.fromarray(np.ascontiguousarray(a), "RGB" if a.shape[2] == 3 else "RGBA")
     hint = " (channels first? use a.transpose(1, 2, 0))" if a.ndim == 3 and a.shape[0] in (3, 4) else ""
     raise ValueError(f"an array picture is HxWx3 (RGB), HxWx4 (RGBA) or HxW (grey); got shape {a.shape}{hint}")
-
-
-def _float_levels(a: Any) -> Any:
-    """A float array of pixels in 0..1 as its uint8 levels, by the tensors' rule
-    (``round(x * 255)`` in float32, ties to even), so an array and a tensor of the same values
-    are the same picture; :class:`ValueError` for other values (a normalised input, 0..255)."""
-    import numpy as np
-
-    if not np.isfinite(a).all():
-        raise ValueError("a float array picture holds pixels in 0..1; it holds NaN or infinite values")
-    lo, hi = float(a.min()), float(a.max())
-    if not (lo >= 0.0 and hi <= 1.0):
-        raise ValueError(
-            "a float array picture holds pixels in 0..1 (not the model's normalised input, not 0..255); "
-            f"got values in {lo!r}..{hi!r}"
-        )
-    return np.round(a.astype(np.float32) * np.float32(255.0)).astype(np.uint8)
 
 
 def picture(image: Any, max_file_bytes: int) -> Picture | ImagePicture:
