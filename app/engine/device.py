@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 
@@ -129,11 +130,12 @@ def _ops() -> tuple[str, ...]:
     return (_CUDA_OPS if torch.cuda.is_available() else ()) + _CPU_OPS
 
 
-Flags = tuple[str, ...] | tuple[bool, bool, str]
+# per-backend: (operator, its fp32_precision) pairs; older torch: (matmul TF32, cuDNN TF32, precision)
+Flags = tuple[tuple[str, str], ...] | tuple[bool, bool, str]
 
 
-def _new_flags() -> tuple[str, ...]:
-    return tuple(f"{name}={_op(name).fp32_precision}" for name in _ops())  # type: ignore[attr-defined]
+def _new_flags() -> tuple[tuple[str, str], ...]:
+    return tuple((name, _op(name).fp32_precision) for name in _ops())  # type: ignore[attr-defined]
 
 
 def _legacy_flags() -> tuple[bool, bool, str]:
@@ -147,7 +149,7 @@ def _legacy_flags() -> tuple[bool, bool, str]:
 def tf32_flags() -> Flags:
     """The process's reduced-precision fp32 settings, as a value to compare and give back.
 
-    On torch with per-backend ``fp32_precision``: ``("cuda.matmul=tf32", ...)`` for the
+    On torch with per-backend ``fp32_precision``: ``(("cuda.matmul", "tf32"), ...)`` for the
     operators Headscope computes with (CUDA's only where CUDA is available). On older torch: CUDA
     matmuls' TF32, cuDNN convolutions' TF32, the float32 matmul precision.
     """
@@ -158,7 +160,7 @@ def reduced_fp32() -> list[str]:
     """The settings under which fp32 is not computed exactly now (TF32, bf16 matmuls): empty
     inside :func:`exact_fp32`."""
     if _new_api():
-        return [f for f in _new_flags() if f.split("=")[1] not in _EXACT]
+        return [f"{name}={value}" for name, value in _new_flags() if value not in _EXACT]
     matmul, cudnn, precision = _legacy_flags()
     named = (("cuda.matmul", matmul), ("cudnn", cudnn), ("matmul_precision", precision != "highest"))
     return [name for name, reduced in named if reduced]
@@ -166,15 +168,15 @@ def reduced_fp32() -> list[str]:
 
 def _exact_flags() -> Flags:
     if _new_api():
-        return tuple(f if f.split("=")[1] in _EXACT else f"{f.split('=')[0]}=ieee" for f in _new_flags())
+        return tuple((name, value if value in _EXACT else "ieee") for name, value in _new_flags())
     return (False, False, "highest")
 
 
 def _set_tf32_flags(flags: Flags) -> None:
     if _new_api():
-        for want, was in zip(flags, _new_flags()):
-            if want != was:  # only what differs: see _CUDA_OPS
-                name, value = str(want).split("=")
+        pairs = cast(tuple[tuple[str, str], ...], flags)
+        for (name, value), (_, now) in zip(pairs, _new_flags()):
+            if value != now:  # only what differs: see _CUDA_OPS
                 _op(name).fp32_precision = value  # type: ignore[attr-defined]
         return
     matmul, cudnn, precision = flags
