@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..engine.faithfulness import PROTOCOLS
 from ..engine.relevance import METHODS
 from ..engine.selection import MAX_SPEC, needs_every_row
 from ..engine.stats import DEFAULT_MASS
@@ -297,9 +298,9 @@ class FaithfulnessQuery(_Params):
     ablate: Ablate = ""
     # A string parsed by the engine's parse_protocol, not a Literal: an unknown name is then 422
     # bad_protocol here as in the Python API, with the same words (not pydantic's invalid_parameter).
-    protocol: str | None = Field(
+    # The schema still lists the names as an enum, so generated clients offer exactly those.
+    protocol: Annotated[str, Field(max_length=MAX_SPEC, json_schema_extra={"enum": list(PROTOCOLS)})] | None = Field(
         "live",
-        max_length=MAX_SPEC,
         examples=["live", "paper"],
         description="`live` (the default, also when empty: patches removed and set to the mean colour, each curve "
         "the target's score over its unperturbed value: a class's softmax probability, else the target) or `paper` "
