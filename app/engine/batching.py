@@ -42,7 +42,7 @@ import torch
 
 from .ablation import Ablation
 from .capture_base import CapturedAttention
-from .device import exact_fp32, is_oom, precision_name, release_memory
+from .device import exact_computing, is_oom, precision_name, release_memory
 from .model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -267,9 +267,10 @@ class BatchRunner:
         return precision_name(self.amp_dtype)
 
     def numerics(self) -> contextlib.AbstractContextManager[None]:
-        """Around every computation: fp32 without TF32 (the engine's entry points autocast to
+        """Around every computation: fp32 without TF32 and without the caller's autocast
+        (:func:`~app.engine.device.exact_computing`; the engine's entry points autocast to
         ``amp_dtype`` themselves, where one is asked for)."""
-        return exact_fp32()
+        return exact_computing(self.device.type)
 
     # -- inputs ----------------------------------------------------------------------------
     def inputs(self, raws: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:

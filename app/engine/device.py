@@ -225,6 +225,18 @@ def computing_precision(device_type: str, dtype: torch.dtype | None) -> contextl
     return stack
 
 
+def exact_computing(device_type: str) -> contextlib.ExitStack:
+    """Around every Headscope computation: :func:`exact_fp32`, and a caller's own
+    ``torch.autocast`` turned off on ``device_type`` and on the CPU (where host-side products run),
+    so fp32 is fp32 wherever the call is made from. The engine's entry points autocast to a
+    bf16/fp16 precision asked for themselves, inside this."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(exact_fp32())
+    for dev in dict.fromkeys((device_type, "cpu")):
+        stack.enter_context(autocast(dev, None))
+    return stack
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for CUDA (and MPS) out-of-memory errors."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import torch.nn as nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
-from ..engine.device import exact_fp32
+from ..engine.batching import model_device
+from ..engine.device import exact_computing
 from ..engine.model import LoadedModel
 
 
@@ -18,8 +19,8 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
     """The model in eval mode while Headscope computes: a module that was training (one being
     fine-tuned, say) gets each submodule's mode back afterwards. Under the model's lock
     (``lock=False`` for the server's works, whose pieces take it themselves). fp32 means fp32
-    meanwhile: TF32 off, the caller's flags set back afterwards (`exact_fp32`)."""
-    with lm.lock if lock else contextlib.nullcontext(), exact_fp32():
+    meanwhile (`numerics`)."""
+    with lm.lock if lock else contextlib.nullcontext(), numerics(lm):
         training = _training(lm.model)
         for m in training:
             m.training = False
@@ -28,6 +29,13 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
         finally:
             for m in training:
                 m.training = True
+
+
+def numerics(lm: LoadedModel) -> contextlib.AbstractContextManager[None]:
+    """fp32 means fp32 while Headscope computes with ``lm``'s outputs (maps made from a capture,
+    say), the model's lock not needed: TF32 off and the caller's own ``torch.autocast`` off, the
+    caller's settings set back afterwards (`exact_computing`)."""
+    return exact_computing(model_device(lm).type)
 
 
 def _training(root: nn.Module) -> list[nn.Module]:

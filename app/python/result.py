@@ -38,7 +38,7 @@ from ..serving.pictures import Pictures
 from ..serving.preprocess import PreparedPixels
 from ..serving.store import CachedCapture, FoundCapture
 from . import params as P
-from .computing import computing
+from .computing import computing, numerics
 from .extras import need
 from .inputs import PreparedPicture
 
@@ -355,7 +355,8 @@ class Attention:
         pending = PendingAttention(
             self.lm, self.settings, self._item, found, params, self.ablate, per_stage, self._amp_dtype
         )
-        return pending.answer()
+        with numerics(self.lm):
+            return pending.answer()
 
     def _one(self, values: list) -> Any:
         return values if self.per_stage else values[0]

@@ -32,7 +32,7 @@ from ..engine.model import LoadedModel
 from ..serving.pictures import Pictures
 from ..serving.preprocess import ImageError
 from . import params as P
-from .computing import computing
+from .computing import computing, numerics
 from .inputs import (
     PICTURE_TYPES,
     PreparedPicture,
@@ -347,11 +347,14 @@ class Scope:
                 # results are made while this batch's forward runs, and the forwards follow
                 # each other without the device waiting for the host in between (the price: two
                 # batches' captures are alive at once).
+                # Maps not made with batch-mates (a batch of one) are made in finish: fp32 there too.
                 if last is not None:
-                    finish(*last)
+                    with numerics(self.lm):
+                        finish(*last)
                 last = (waits, pending, tensors)
             if last is not None:
-                finish(*last)
+                with numerics(self.lm):
+                    finish(*last)
         out = [results[i] for i in sorted(results)]
         return out if many else out[0]
 

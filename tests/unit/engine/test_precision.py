@@ -163,3 +163,56 @@ def test_batching_defaults_per_device():
     assert s.batching("cpu") == (s.max_batch_size, s.max_wait_ms) == (8, 5.0)
     assert s.batching("cuda") == (s.cuda_max_batch_size, s.cuda_max_wait_ms)
     assert s.cuda_max_batch_size > s.max_batch_size
+
+
+def test_maps_made_after_the_forward_are_exact_too(user_flags, tmp_path, monkeypatch):
+    """The maps of a picture computed alone (and of ``select``) are made from its capture after
+    the forward, outside the model's lock: they too are computed without reduced precision or the
+    caller's autocast (they were bf16 matmuls under ``set_float32_matmul_precision("medium")``
+    while the answer said fp32)."""
+    import numpy as np
+
+    import headscope
+    from headscope.serving import answers
+
+    scope = headscope.load("random:test_vit", device="cpu", models_dir=tmp_path)
+    seen: list[tuple[list[str], bool]] = []
+    made = answers.map_tensor
+
+    def recorded(*args, **kwargs):
+        seen.append((reduced_fp32(), torch.is_autocast_enabled("cpu")))
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(answers, "map_tensor", recorded)
+    x = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        att = scope.attention(x)
+        att.select(query="all")
+    assert len(seen) == 2 and seen == [([], False)] * 2, seen
+    assert tf32_flags() == user_flags
+
+
+def test_relevance_keeps_a_users_autocast_block_out(tmp_path, monkeypatch):
+    """The products after relevance's forward and backward (chefer's gradient times attention,
+    rolled out) are fp32 inside a user's bf16 autocast block as outside it."""
+    import numpy as np
+
+    import headscope
+    from headscope.engine import relevance as engine_relevance
+
+    scope = headscope.load("random:test_vit", device="cpu", models_dir=tmp_path)
+    x = np.random.default_rng(2).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    ref = scope.relevance(x, method="chefer")["relevance"]
+    enabled: list[bool] = []
+    products = engine_relevance.gradient_maps
+
+    def recorded(*args, **kwargs):
+        enabled.append(torch.is_autocast_enabled("cpu"))
+        return products(*args, **kwargs)
+
+    monkeypatch.setattr(engine_relevance, "gradient_maps", recorded)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = scope.relevance(x, method="chefer")
+    assert enabled == [False]
+    assert got["precision"] == "fp32"
+    torch.testing.assert_close(torch.as_tensor(got["relevance"]), torch.as_tensor(ref), rtol=0, atol=0)
