@@ -21,7 +21,7 @@ from .errors import HubUnreachableError, ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
 from .pos_embed import install_exact_pos_embed
-from .seeding import seeded
+from .seeding import rng_kept, seeded
 from .suggest import did_you_mean
 from .weights import load_state_file
 
@@ -332,7 +332,13 @@ def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
 
 
 def build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
-    """Build the model a spec names (slow: weights, maybe a download)."""
+    """Build the model a spec names (slow: weights, maybe a download), the caller's random
+    streams left as they were (`rng_kept`)."""
+    with rng_kept():
+        return _build(spec, models_dir)
+
+
+def _build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
     if spec.source == "embedded":
         return load_embedded(models_dir, spec)
     if spec.source == "local":

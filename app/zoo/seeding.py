@@ -27,3 +27,14 @@ def seeded(seed: int = RANDOM_SEED) -> Iterator[None]:
         if device.type not in ("cpu", "meta"):
             torch.get_device_module(device.type).manual_seed(seed)
         yield
+
+
+@contextmanager
+def rng_kept() -> Iterator[None]:
+    """Within: anything; after: the caller's random streams as they were. Building a model with
+    loaded weights still runs timm's random initialisation (then overwritten), which would move a
+    notebook's seeded stream (``torch.manual_seed(0); headscope.load(); torch.randn(3)``)."""
+    device = torch.get_default_device()
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    with torch.random.fork_rng(devices=[device.index or 0] if cuda else []):
+        yield
