@@ -717,6 +717,7 @@ def load(
     *,
     settings: Settings | None = None,
     batch_size: int | None = None,
+    model_id: str | None = None,
 ) -> Scope:
     """A model ready for `Scope.attention` and the rest.
 
@@ -736,6 +737,9 @@ def load(
         batch_size: most pictures per forward when a list is given; None: the server's batch
             size for the device (64 on CUDA, 8 on the CPU and MPS; ``HEADSCOPE_CUDA_MAX_BATCH_SIZE``
             and ``HEADSCOPE_MAX_BATCH_SIZE`` change them).
+        model_id: the id a model object's results and figures show (default: its architecture,
+            ``vit_small_patch16_224``: Headscope cannot tell which weights a module holds, so it
+            does not name a pretrained tag); only with a model object.
 
     Raises:
         ValueError: an unknown model id (also a ``KeyError``), device or precision; a
@@ -750,10 +754,14 @@ def load(
     _batch_size(batch_size)  # before the model loads
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
+    if model_id is not None and (not isinstance(model_id, str) or not model_id.strip()):
+        raise TypeError(f"model_id: a non-empty string; got {model_id!r}")
+    if model_id is not None and not isinstance(model_or_id, nn.Module):
+        raise TypeError("model_id names a timm model object given to load(); a model id or a loaded model names itself")
     if isinstance(model_or_id, (LoadedModel, nn.Module)):
         from ..zoo.loaders import wrap_module
 
-        lm = model_or_id if isinstance(model_or_id, LoadedModel) else wrap_module(model_or_id)
+        lm = model_or_id if isinstance(model_or_id, LoadedModel) else wrap_module(model_or_id, model_id)
         if str(device) != "auto":
             lm.to(resolve_device(str(device)))
     elif model_or_id is None or isinstance(model_or_id, str):

@@ -294,8 +294,9 @@ def wrap_module(model: nn.Module, model_id: str | None = None) -> LoadedModel:
     """
     cfg = getattr(model, "pretrained_cfg", None) or {}
     arch = str(cfg.get("architecture") or type(model).__name__)
-    tag = cfg.get("tag")
-    name = model_id or (f"{arch}.{tag}" if tag else arch)
+    # Not the config's tag: timm sets it with pretrained=False too, and a fine-tuned module's
+    # weights are its own, so arch.tag would name weights the module may not hold.
+    name = model_id or arch
     spec = ModelSpec(name, "memory", arch)
     built = getattr(getattr(model, "patch_embed", None), "img_size", None)
     input_size = (built, built) if isinstance(built, int) else tuple(built) if built is not None else None

@@ -106,6 +106,21 @@ def test_a_module_in_memory_keeps_its_state():
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_a_module_in_memory_is_named_by_its_architecture_or_the_id_given():
+    """timm sets a pretrained tag in ``pretrained_cfg`` for random weights too: a module's results
+    are named by its architecture (not ``test_vit.r160_in1k``, weights it may not hold), or by
+    ``model_id``."""
+    model = timm.create_model("test_vit", pretrained=False, num_classes=3)
+    assert model.pretrained_cfg.get("tag")  # what the old id spelt out
+    assert headscope.load(model).id == "test_vit"
+    mine = headscope.load(model, model_id="my-finetune")
+    assert mine.id == "my-finetune" and mine.attention(_picture(3), layers=0).meta["model"] == "my-finetune"
+    with pytest.raises(TypeError, match="model_id names a timm model object"):
+        headscope.load("random:test_vit", model_id="x")
+    with pytest.raises(TypeError, match="non-empty string"):
+        headscope.load(model, model_id="")
+
+
 def test_a_module_added_after_a_call_is_in_eval_mode_while_headscope_computes():
     """The walk over the model's modules is kept between calls, and forgotten when a module is
     added: a new module (in training mode, as every new module is) is in eval mode during the
