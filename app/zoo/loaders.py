@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -334,9 +336,21 @@ def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
 
 def build(spec: ModelSpec, models_dir: Path) -> LoadedModel:
     """Build the model a spec names (slow: weights, maybe a download), the caller's random
-    streams left as they were (`rng_kept`)."""
-    with rng_kept():
+    streams left as they were (`rng_kept`), in float32 whatever the caller's default dtype (under
+    ``torch.set_default_dtype(torch.float64)`` timm builds float64 modules: twice the memory, and
+    answers saying fp32 computed in float64)."""
+    with rng_kept(), _float32_default():
         return _build(spec, models_dir)
+
+
+@contextlib.contextmanager
+def _float32_default() -> Iterator[None]:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _build(spec: ModelSpec, models_dir: Path) -> LoadedModel:

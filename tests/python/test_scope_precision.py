@@ -70,3 +70,41 @@ def test_another_default_dtype_changes_nothing(scopes):
         torch.set_default_dtype(saved)
     assert got.maps.dtype == torch.float32 and torch.equal(got.maps, want.maps)
     assert got_stats["entropy"].tolist() == want_stats["entropy"].tolist()
+
+
+@pytest.fixture
+def float64_default():
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(saved)
+
+
+def test_a_model_loaded_under_a_float64_default_is_float32(scopes, tmp_path, float64_default):
+    """Under ``torch.set_default_dtype(torch.float64)`` timm builds float64 modules: Headscope's
+    loaders build float32 ones (the weights' own dtype), so answers that say fp32 are fp32, and
+    the same numbers as a model loaded before."""
+    scope = headscope.load(MODEL, device="cpu", models_dir=tmp_path)
+    assert {p.dtype for p in scope.model.parameters()} == {torch.float32}
+    assert torch.get_default_dtype() == torch.float64  # the caller's default given back
+    x = _picture(4)
+    for method in ("chefer", "chefer2021", "attnlrp"):
+        got, want = scope.relevance(x, method=method), scopes[0].relevance(x, method=method)
+        assert torch.equal(torch.as_tensor(got["relevance"]), torch.as_tensor(want["relevance"])), method
+
+
+@pytest.mark.parametrize("method", ["chefer2021", "attnlrp"])
+def test_the_rule_methods_run_on_a_users_float64_module(method, float64_default):
+    """A module the caller keeps in float64: the LRP rules' forward takes its input in the
+    weights' dtype (it was cast to float32: a dtype error from the first convolution)."""
+    import timm
+
+    model = timm.create_model("test_vit", pretrained=False, num_classes=5).eval()
+    assert next(model.parameters()).dtype == torch.float64
+    import copy
+
+    single = copy.deepcopy(model).float()
+    x = _picture(5)
+    got = torch.as_tensor(headscope.load(model).relevance(x, method=method)["relevance"])
+    want = torch.as_tensor(headscope.load(single).relevance(x, method=method)["relevance"])
+    torch.testing.assert_close(got, want, atol=1e-4 * float(want.abs().max()), rtol=0)
