@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from contextlib import asynccontextmanager
 
@@ -45,6 +46,18 @@ def _load_default(registry: Registry, model_id: str | None = None) -> None:
     forward_capture(lm, torch.zeros(1, 3, h, w, device=registry.device))
 
 
+def _import_model_libraries() -> None:
+    """timm, the parts it imports lazily, and torchvision, imported once before the loader thread
+    and request threads can import them at the same time: torchvision's circular imports, begun
+    by two threads at once, ended in a "partially initialized module" ImportError (a model that
+    failed to load, a 500 from GET /api/v1/models)."""
+    for name in ("torchvision", "timm", "timm.data", "timm.utils"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # torchvision is optional: timm works without it
+            pass
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     paths.check_asset_dirs(settings.static_dir, settings.templates_dir)
@@ -55,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         st = app.state
+        _import_model_libraries()
         tune_malloc()
         adopt_pixel_limit(settings.max_image_pixels)
         if settings.threads > 0:
