@@ -434,7 +434,7 @@ def _report(args) -> int:
         print(f"headscope report: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return 1
     print(f"wrote {path}")
-    from .survey.faithfulness_table import markdown, paper_markdown, summarise
+    from .survey.faithfulness_table import PAPER_CAVEAT, markdown, paper_markdown, summarise
     from .survey.output import read_faithfulness
 
     tests = read_faithfulness(args.survey) if Path(args.survey).is_dir() else None
@@ -445,6 +445,7 @@ def _report(args) -> int:
         paper = paper_markdown(summaries)
         if paper:
             print("\n--protocol paper, in the paper's units beside Chefer et al. 2021's Table 1:\n" + paper)
+            print(PAPER_CAVEAT)
     return 0
 
 

@@ -221,6 +221,14 @@ def paper_rows(summaries: list[MethodSummary]) -> list[list[str]]:
     return out
 
 
+# What the paper-protocol table cannot say by its numbers alone (the report's page and the terminal)
+PAPER_CAVEAT = (
+    "Headscope has no labels: for `top` a hit is the unperturbed prediction surviving (x = 0 scores 1, the "
+    "paper's x = 0 is the model's accuracy), so compare rankings of methods, not the digits, unless your "
+    "pictures and model are the paper's."
+)
+
+
 def paper_markdown(summaries: list[MethodSummary]) -> str:
     """:func:`paper_rows` as Markdown ('' when no row used the paper's protocol)."""
     rows = paper_rows(summaries)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..html_json import script_json
-from .faithfulness_table import HEADER, PAPER_HEADER, cells, paper_rows, summarise
+from .faithfulness_table import HEADER, PAPER_CAVEAT, PAPER_HEADER, cells, paper_rows, summarise
 from .output import read_failures, read_faithfulness
 from .report_input import ReportError as ReportError  # raised for the command line (cli.py)
 from .report_input import checked_survey
@@ -298,10 +299,12 @@ def _paper_section(summaries) -> str:
     return (
         '<p class="note">With <code>--protocol paper</code> (Chefer et al. 2021\'s protocol: pixels of the bilinearly '
         "upsampled map set to black, top-1 hits of the target's class, AUC = trapz(y, x) &times; 100), in the paper's "
-        "units beside its Table 1 (ViT-B/16, ImageNet validation set, predicted class). Headscope has no labels: "
-        "for <code>top</code> a hit is the unperturbed prediction surviving (x = 0 scores 1, the paper's x = 0 is "
-        "the model's accuracy), so compare rankings of methods, not the digits, unless your pictures and model are "
-        "the paper's.</p>" + '<div class="card" id="faithfulness-paper">' + _table(PAPER_HEADER, rows) + "</div>"
+        "units beside its Table 1 (ViT-B/16, ImageNet validation set, predicted class). "
+        + re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(PAPER_CAVEAT, quote=False))
+        + "</p>"
+        + '<div class="card" id="faithfulness-paper">'
+        + _table(PAPER_HEADER, rows)
+        + "</div>"
     )
 
 

@@ -115,10 +115,7 @@ def test_the_papers_protocol_over_pictures_in_the_papers_units_beside_table_1():
 
 
 def paper_summaries(target: str, methods: tuple[str, ...]) -> list:
-    t = rows({m: [(20.0, 50.0), (30.0, 60.0)] for m in methods})
-    t = t.set_column(t.schema.get_field_index("target"), "target", pa.array([target] * t.num_rows))
-    t = t.set_column(t.schema.get_field_index("protocol"), "protocol", pa.array(["paper"] * t.num_rows))
-    return summarise(t)
+    return summarise(paper_summaries_table(target, methods))
 
 
 def test_table_1_figures_sit_beside_predicted_class_rows_only():
@@ -137,3 +134,32 @@ def test_table_1_figures_sit_beside_predicted_class_rows_only():
     assert len(mine) == 4 and all(r[4] == "" and r[6] == "" for r in mine)
     # every Table 1 row is still listed for reference, apart, under the paper's names
     assert [r[1] for r in target if r[0] == "(Table 1)"] == [name for name, *_ in PAPER_TABLE1]
+
+
+def test_the_terminal_report_says_what_the_paper_table_cannot(tmp_path, capsys):
+    """``headscope report`` prints the --protocol paper table with the page's caveat: Headscope
+    has no labels, so its x = 0 is 1 where the paper's is the model's accuracy."""
+    import pyarrow.parquet as pq
+    from test_survey_output import rows as survey_rows
+
+    from headscope import cli
+    from headscope.survey.faithfulness_table import PAPER_CAVEAT
+    from headscope.survey.report import faithfulness_section
+
+    out = tmp_path / "s.parquet"
+    out.mkdir()
+    pq.write_table(survey_rows(["p0.png", "p1.png"], L=2, H=3), out / "part-00000.parquet")
+    tests = paper_summaries_table("top", ("attention", "random"))
+    faith = tmp_path / "s.faithfulness.parquet"
+    faith.mkdir()
+    pq.write_table(tests, faith / "part-00000.parquet")
+    assert cli.main(["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
+    printed = capsys.readouterr().out
+    assert "beside Chefer et al. 2021's Table 1" in printed and PAPER_CAVEAT in printed
+    assert "Headscope has no labels: for <code>top</code> a hit" in faithfulness_section(tests)
+
+
+def paper_summaries_table(target: str, methods: tuple[str, ...]) -> pa.Table:
+    t = rows({m: [(20.0, 50.0), (30.0, 60.0)] for m in methods})
+    t = t.set_column(t.schema.get_field_index("target"), "target", pa.array([target] * t.num_rows))
+    return t.set_column(t.schema.get_field_index("protocol"), "protocol", pa.array(["paper"] * t.num_rows))
