@@ -313,6 +313,31 @@ class Attention:
         self.ablate: Ablation = asked.ablate
         self.per_stage = asked.per_stage
 
+    # Pickling: a result is tied to its loaded model (select, stats, explain, the widget compute
+    # with it), which holds a lock and the module; a copy shares the model, never copies it.
+    def __getstate__(self) -> Any:
+        raise TypeError(
+            "an Attention is tied to its loaded model and is not pickled: keep its numbers instead, e.g. "
+            "torch.save({'maps': att.maps, 'meta': att.meta}, 'att.pt'), att.stats().to_parquet('heads.parquet'), "
+            "or att.save('map.png') for a figure; copy.deepcopy(att) copies it in this process"
+        )
+
+    def __copy__(self) -> Attention:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Attention:
+        import copy
+
+        for shared in (self.lm, self.lm.model, self.settings):  # wherever referred to: the same ones
+            memo[id(shared)] = shared
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            new.__dict__[k] = copy.deepcopy(v, memo)
+        return new
+
     def _capture_found(self) -> FoundCapture:
         """The capture behind the maps: kept, or computed again now (one forward of this picture,
         with the same heads removed) and kept from then on."""

@@ -121,6 +121,24 @@ def test_a_module_in_memory_is_named_by_its_architecture_or_the_id_given():
         headscope.load(model, model_id="")
 
 
+def test_a_result_copies_in_process_and_says_why_it_is_not_pickled():
+    """A result is tied to its loaded model: ``copy.deepcopy`` copies its numbers and shares the
+    model (select and stats still work); pickling raises a TypeError that says what to save."""
+    import copy
+    import pickle
+
+    scope = headscope.load("random:test_vit", device="cpu")
+    att = scope.attention(_picture(3), layers=0)
+    twin = copy.deepcopy(att)
+    assert twin.lm is att.lm and twin.lm.model is att.lm.model and torch.equal(twin.maps, att.maps)
+    assert twin.maps.data_ptr() != att.maps.data_ptr()
+    assert torch.equal(twin.select(query="all").maps, att.select(query="all").maps)
+    assert twin.stats().equals(att.stats())
+    assert copy.copy(att).maps is att.maps
+    with pytest.raises(TypeError, match=r"not pickled: keep its numbers instead, e\.g\. torch\.save"):
+        pickle.dumps(att)
+
+
 def test_a_module_added_after_a_call_is_in_eval_mode_while_headscope_computes():
     """The walk over the model's modules is kept between calls, and forgotten when a module is
     added: a new module (in training mode, as every new module is) is in eval mode during the
