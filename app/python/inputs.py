@@ -409,9 +409,13 @@ def _array_image(a: Any):
         # the tensors' rule itself: the same values give the same picture either way
         a = _float_levels(torch.from_numpy(np.ascontiguousarray(a)), "array").numpy()
     if a.dtype != np.uint8:
+        how = (
+            "(a // 257).astype(np.uint8) for 16-bit levels 0..65535 (astype alone would wrap them)"
+            if a.dtype == np.uint16
+            else "a.astype(np.uint8) for integer levels 0..255"
+        )
         raise TypeError(
-            f"an array picture holds uint8 values (0..255) or floats (0..1); got {a.dtype}: convert it, e.g. "
-            "a.astype(np.uint8) for integer levels 0..255"
+            f"an array picture holds uint8 values (0..255) or floats (0..1); got {a.dtype}: convert it, e.g. {how}"
         )
     if a.size == 0:
         raise ValueError(f"the array picture has no pixels (shape {a.shape}); it needs a height and width of 1 or more")

@@ -200,6 +200,11 @@ class Scope:
             pic = TensorPicture(own_levels(item)[0])
         else:
             pic = picture(item, self.settings.max_upload_bytes)
+            if isinstance(item, (str, os.PathLike)):
+                try:
+                    return PreparedPicture(pic, pic.prepared(self.pictures))
+                except ImageError as e:  # a file that is not a picture: its message names the file
+                    raise type(e)(f"{item}: {e}", e.status, e.code) from None
         return PreparedPicture(pic, pic.prepared(self.pictures))
 
     def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:

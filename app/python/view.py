@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import functools
 import html
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -179,6 +180,37 @@ def _widget_class() -> type:
         temperature = t.Float(1.0).tag(sync=True)
         colormap = t.Unicode("viridis").tag(sync=True)
         opacity = t.Float(0.6).tag(sync=True)
+
+        # What the view can draw, checked where it is set (w.head = 99 was taken, drawn as nothing).
+        @t.validate("layer")
+        def _layer(self, proposal: Any) -> int:
+            v = proposal["value"]
+            if self.layers and v not in self.layers:
+                raise t.TraitError(f"layer {v}: this view holds layers {self.layers}")
+            return v
+
+        @t.validate("head", "query")
+        def _index(self, proposal: Any) -> int:
+            name, v = proposal["trait"].name, proposal["value"]
+            if len(self.shape) == 4:
+                n = self.shape[1] if name == "head" else self.shape[2]
+                if not 0 <= v < n:
+                    raise t.TraitError(f"{name} {v}: 0..{n - 1} ({n} {'heads' if name == 'head' else 'tokens'})")
+            return v
+
+        @t.validate("temperature")
+        def _temperature(self, proposal: Any) -> float:
+            v = proposal["value"]
+            if not (v > 0 and math.isfinite(v)):
+                raise t.TraitError(f"temperature {v}: a number above 0")
+            return v
+
+        @t.validate("opacity")
+        def _opacity(self, proposal: Any) -> float:
+            v = proposal["value"]
+            if not 0 <= v <= 1:
+                raise t.TraitError(f"opacity {v}: 0..1")
+            return v
 
     return AttentionWidget
 

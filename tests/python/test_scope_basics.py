@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 
 import numpy as np
 import pytest
@@ -181,6 +182,16 @@ def test_bad_pictures(scope, tmp_path):
         scope.attention([_picture(5), tmp_path / "missing.png"])
     with pytest.raises(ValueError, match="not an image"):
         scope.attention(b"not a picture")
+    # 16-bit levels: astype(np.uint8) would wrap them, so the hint divides
+    with pytest.raises(TypeError, match=r"got uint16: convert it, e\.g\. \(a // 257\)\.astype\(np\.uint8\)"):
+        scope.attention(np.zeros((8, 8, 3), np.uint16))
+    # a file that is not a picture: the error names it, alone as in a list
+    text = tmp_path / "notes.txt"
+    text.write_text("not a picture")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(text))}: the file is not an image"):
+        scope.attention(text)
+    with pytest.raises(ValueError, match=f"^pictures\\[0\\]: {re.escape(str(text))}: the file is not an image"):
+        scope.attention([text])
     with pytest.raises(ValueError, match="has no architecture named"):
         headscope.load("random:no_such_arch_xyz")
 

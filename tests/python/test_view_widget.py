@@ -90,6 +90,28 @@ def test_widget_traits_hold_every_row_as_float16_bytes(scope, att):
     assert "application/vnd.jupyter.widget-view+json" in data
 
 
+def test_widget_traits_refuse_what_the_view_cannot_draw(att):
+    """A layer, head or query the view does not hold, a temperature of 0 or less, an opacity past 1:
+    a TraitError that says what it holds (they were taken and drawn as nothing)."""
+    import traitlets
+
+    w = att.widget()
+    L, H, N = len(att.layers), att.maps.shape[1], att.tokens["count"]
+    missing = next(i for i in range(100) if i not in att.layers)
+    for name, value, message in [
+        ("layer", missing, f"layer {missing}: this view holds layers"),
+        ("head", H, f"head {H}: 0..{H - 1}"),
+        ("query", N, f"query {N}: 0..{N - 1}"),
+        ("query", -1, "query -1"),
+        ("temperature", 0.0, "above 0"),
+        ("opacity", 1.5, "0..1"),
+    ]:
+        with pytest.raises(traitlets.TraitError, match=message):
+            setattr(w, name, value)
+    w.layer, w.head, w.query, w.temperature = att.layers[0], H - 1, N - 1, 0.5  # in range: taken
+    assert (w.layer, w.head, w.query, w.temperature) == (att.layers[0], H - 1, N - 1, 0.5) and L >= 1
+
+
 def test_view_refuses_too_many_bytes_and_names_the_extra(att, monkeypatch):
     with pytest.raises(ValueError, match=r"MiB .*fewer layers"):
         att.widget(max_bytes=1000)
