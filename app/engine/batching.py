@@ -266,7 +266,7 @@ class BatchRunner:
         """``fp32``, ``bf16`` or ``fp16``: what the answers' metadata says."""
         return precision_name(self.amp_dtype)
 
-    def numerics(self) -> contextlib.AbstractContextManager[None]:
+    def numerics(self) -> contextlib.ExitStack:
         """Around every computation: fp32 without TF32 and without the caller's autocast
         (:func:`~app.engine.device.exact_computing`; the engine's entry points autocast to
         ``amp_dtype`` themselves, where one is asked for)."""

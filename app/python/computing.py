@@ -31,7 +31,7 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
                 m.training = True
 
 
-def numerics(lm: LoadedModel) -> contextlib.AbstractContextManager[None]:
+def numerics(lm: LoadedModel) -> contextlib.ExitStack:
     """fp32 means fp32 while Headscope computes with ``lm``'s outputs (maps made from a capture,
     say), the model's lock not needed: TF32 off and the caller's own ``torch.autocast`` off, the
     caller's settings set back afterwards (`exact_computing`)."""
