@@ -113,17 +113,19 @@ class Flights(Generic[T]):
         shared: bool = True,
         kept: bool = False,
         about: Any = None,
+        bounded: bool = True,
     ) -> Flight[T]:
         """Start ``factory()`` as the flight for ``key`` (in a copy of the current context).
 
         Args:
             shared: registered under ``key`` for later requests to join (a computation with an
                 injected fault is not).
+            bounded: counted against ``limit`` (False: work of something admitted already).
 
         Raises:
             QueueFullError: ``limit`` flights are running.
         """
-        if self.limit is not None and len(self._flights) >= self.limit:
+        if bounded and self.limit is not None and len(self._flights) >= self.limit:
             raise QueueFullError(f"the server is busy ({self.limit} {self.what} in progress)")
         flight: Flight[T] = Flight(asyncio.ensure_future(factory()), kept, about)
         if shared:

@@ -45,6 +45,10 @@ RESULT_BYTES = 64 * 1024  # what a cached result is charged (small JSON)
 # calls get a deadline of their own, at the priority of that request's class.
 TASK_DEADLINE_S = 3600.0
 TOKEN_BYTES = 18  # a cancel token: 144 random bits, never guessed
+# A task that failed while no request waited for it (answered 202, polled later): its error is
+# kept this long for the next request of its key, which gets it instead of a silent new start.
+FAILURE_KEPT_S = 300.0
+FAILURES_KEPT = 256
 
 
 @dataclass
@@ -117,10 +121,12 @@ class Tasks:
     def __len__(self) -> int:
         return len(self._flights)
 
-    def _start(self, key: Hashable, name: str, factory: Callable[[TaskProgress], Awaitable[Any]]) -> Flight[Any]:
+    def _start(
+        self, key: Hashable, name: str, factory: Callable[[TaskProgress], Awaitable[Any]], bounded: bool = True
+    ) -> Flight[Any]:
         parent = current_ticket()
         client = parent.client if parent else None
-        if client is not None:
+        if bounded and client is not None:
             mine = sum(1 for f in self._flights if f.about.client == client and not f.done())
             if mine >= self.per_client:
                 raise QueueFullError(
@@ -129,12 +135,16 @@ class Tasks:
                 )
         info = TaskInfo(TaskProgress(name), client)
         with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S, client=client) if parent else None):
-            return self._flights.start(key, lambda: _awaited(factory(info.progress)), about=info)
+            return self._flights.start(key, lambda: _awaited(factory(info.progress)), about=info, bounded=bounded)
 
     def join(
-        self, key: Hashable, name: str, factory: Callable[[TaskProgress], Awaitable[Any]]
+        self, key: Hashable, name: str, factory: Callable[[TaskProgress], Awaitable[Any]], bounded: bool = True
     ) -> tuple[Flight[Any], bool]:
         """The running task for ``key``, or a new one; and whether this call started it.
+
+        Args:
+            bounded: a new task counts against ``limit`` and the client's share (False: the
+                work of a task admitted already, which must not fail for want of a slot).
 
         Raises:
             QueueFullError: ``limit`` other tasks are running, or this client runs its share.
@@ -142,7 +152,7 @@ class Tasks:
         flight = self._flights.get(key)
         if flight is not None:
             return flight, False
-        return self._start(key, name, factory), True
+        return self._start(key, name, factory, bounded), True
 
     async def run(
         self,
@@ -151,6 +161,7 @@ class Tasks:
         factory: Callable[[TaskProgress], Awaitable[Any]],
         deadline: float,
         client_left: Disconnected | None = None,
+        bounded: bool = True,
     ) -> Any:
         """Start the task for ``key`` (or join the running one) and wait for its result.
 
@@ -161,13 +172,14 @@ class Tasks:
                 goes on and caches its result: it is kept, and no later disconnect cancels it).
             client_left: returns when the client has gone; when every waiting client has gone and
                 nobody kept the task, it is cancelled.
+            bounded: see :meth:`join`.
 
         Raises:
             QueueFullError: ``limit`` other tasks are running, or this client runs its share.
             asyncio.TimeoutError: the deadline passed first (the task goes on).
             ClientGone: the client went away.
         """
-        flight, _ = self.join(key, name, factory)
+        flight, _ = self.join(key, name, factory, bounded)
         return await flight.wait(deadline, client_left, keep_on_timeout=True)
 
     def cancel(self, token: str) -> str | None:
@@ -244,6 +256,7 @@ class ImageTasks:
         self.cache = cache
         self.registry = registry
         self.tasks = Tasks(max_tasks, settings.max_tasks_per_client)
+        self._failed: dict[Hashable, tuple[Exception, float]] = {}  # see FAILURE_KEPT_S
 
     def pools(self) -> list[Tasks]:
         """Every pool of tasks this service runs (a subclass with more adds them)."""
@@ -303,14 +316,24 @@ class ImageTasks:
         Raises:
             ImageNotFound: the image is gone.
             asyncio.TimeoutError: the request's deadline passed (the computation goes on).
+            Exception: the error of this key's task that failed while nobody waited for it
+                (once, within ``FAILURE_KEPT_S``; the request after it starts the task again).
         """
         hit = self.cache.get(key)
         if hit is not None:
             return {**hit, "cached": True}
+        failed = self._failed.pop(key, None)
+        if failed is not None and time.monotonic() - failed[1] < FAILURE_KEPT_S and self.tasks.progress(key) is None:
+            raise failed[0]
         picture = upload or self.uploads.require(image_id)
 
         async def job(progress: TaskProgress) -> dict:
-            res = await compute(progress, picture)
+            try:
+                res = await compute(progress, picture)
+            except Exception as e:
+                if flight.holders == 0:  # nobody to tell now: the next request of the key is told
+                    self._keep_failure(key, e)
+                raise
             self.cache.put(key, res, RESULT_BYTES)
             return res
 
@@ -326,6 +349,14 @@ class ImageTasks:
                 pending["cancel_token"] = info.token
             return {"pending": pending}
         return {**res, "cached": False}
+
+    def _keep_failure(self, key: Hashable, e: Exception) -> None:
+        now = time.monotonic()
+        for k in [k for k, (_, t) in self._failed.items() if now - t >= FAILURE_KEPT_S]:
+            del self._failed[k]
+        while len(self._failed) >= FAILURES_KEPT:
+            del self._failed[next(iter(self._failed))]  # the oldest
+        self._failed[key] = (e.with_traceback(None), now)
 
     def state(self, key: Hashable, name: str) -> dict | None:
         """What ``GET …/progress`` says of ``key``: ``done`` (cached), ``running`` (with the

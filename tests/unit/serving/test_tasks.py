@@ -168,3 +168,82 @@ def test_a_failing_task_fails_its_waiters_and_frees_the_key():
         await until(lambda: len(tasks) == 0, 30, "the failed task to be forgotten")
 
     asyncio.run(main())
+
+
+def test_the_work_of_an_admitted_task_is_not_refused_for_a_full_pool():
+    """A faithfulness test answered 202 asks for its maps later, from the maps' pool: full of
+    relevance requests then, it must still start them (bounded=False), or the accepted test died
+    unseen (QueueFullError with nobody waiting)."""
+
+    async def main():
+        tasks = Tasks(limit=1, per_client=1)
+        gate = asyncio.Event()
+
+        async def work(progress):
+            await gate.wait()
+            return "done"
+
+        a = asyncio.create_task(tasks.run("a", "relevance", work, far()))
+        await until(lambda: len(tasks) == 1, 30, "the first task to start")
+        with pytest.raises(QueueFullError):
+            tasks.join("b", "relevance", work)
+        b = asyncio.create_task(tasks.run("b", "relevance", work, far(), bounded=False))
+        await until(lambda: len(tasks) == 2, 30, "the admitted work to start beside it")
+        gate.set()
+        assert await a == await b == "done"
+
+    asyncio.run(main())
+
+
+def test_a_task_that_fails_unwatched_tells_the_next_request():
+    """A task left to run on (``wait`` ran out: 202) that fails with nobody waiting: the next
+    request of its key gets that error once (it restarted silently, at 0 %, before); the one
+    after starts the task again."""
+    from types import SimpleNamespace
+
+    from headscope.config import Settings
+    from headscope.serving.cache import ByteLRU
+    from headscope.serving.tasks import ImageTasks
+
+    async def main():
+        svc = ImageTasks(Settings(), SimpleNamespace(require=lambda image_id: object()), None, ByteLRU(2**20), None)
+        gate, runs = asyncio.Event(), []
+
+        async def compute(progress, upload):
+            runs.append(1)
+            await gate.wait()
+            if len(runs) == 1:
+                raise QueueFullError("the server is busy (4 long computations in progress)")
+            return {"value": 1}
+
+        first = await svc.result("k", "faithfulness", "img", compute, wait=0.01)
+        assert "pending" in first and "cancel_token" in first["pending"]
+        gate.set()
+        await until(lambda: svc.tasks.progress("k") is None, 30, "the task to fail")
+        with pytest.raises(QueueFullError, match="busy"):
+            await svc.result("k", "faithfulness", "img", compute, wait=5)
+        assert len(runs) == 1  # told, not started again
+        assert (await svc.result("k", "faithfulness", "img", compute, wait=5))["value"] == 1
+        assert len(runs) == 2
+
+    asyncio.run(main())
+
+
+def test_a_failure_someone_waited_for_is_not_told_twice():
+    from types import SimpleNamespace
+
+    from headscope.config import Settings
+    from headscope.serving.cache import ByteLRU
+    from headscope.serving.tasks import ImageTasks
+
+    async def main():
+        svc = ImageTasks(Settings(), SimpleNamespace(require=lambda image_id: object()), None, ByteLRU(2**20), None)
+
+        async def compute(progress, upload):
+            raise ValueError("bad target")
+
+        with pytest.raises(ValueError, match="bad target"):
+            await svc.result("k", "faithfulness", "img", compute, wait=5)
+        assert svc._failed == {}
+
+    asyncio.run(main())
