@@ -34,6 +34,7 @@ and ``output`` are one key), methods as a sorted set, fractions as numbers (``0.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Sequence
@@ -443,14 +444,29 @@ class PerturbedWork:
 
 
 def _job(
-    lm: LoadedModel, pixels: torch.Tensor, deadline: float, ablate: Ablation, work: Any, faults: bool = True
+    lm: LoadedModel,
+    pixels: torch.Tensor,
+    deadline: float,
+    ablate: Ablation,
+    work: Any,
+    faults: bool = True,
+    counted: bool = True,
 ) -> Job:
     """A worker job at the current request's priority (heavy work outside a request); with the
-    request's injected fault (tests only) where ``faults``."""
+    request's injected fault (tests only) where ``faults``; ``counted``: see :class:`Job`."""
     ticket = current_ticket()
     priority = ticket.priority if ticket else PRIORITY[HEAVY]
     fault = ticket.fault if faults and ticket and ticket.priority > 0 else None
-    return Job(lm=lm, pixels=pixels, deadline=deadline, fault=fault, ablate=ablate, priority=priority, work=work)
+    return Job(
+        lm=lm,
+        pixels=pixels,
+        deadline=deadline,
+        fault=fault,
+        ablate=ablate,
+        priority=priority,
+        work=work,
+        counted=counted,
+    )
 
 
 # -- the service --------------------------------------------------------------------------------
@@ -605,17 +621,27 @@ class RelevanceService(ImageTasks):
         # one job per forward: an injected fault stays with the test's worker calls (its set-up and
         # result), not once per perturbed picture (a batch acts out every job's fault)
         futures = [
-            self.worker.submit(_job(lm, test.pixels, deadline, spec.ablate, PerturbedWork(test, e), faults=False))
+            self.worker.submit(
+                _job(lm, test.pixels, deadline, spec.ablate, PerturbedWork(test, e), faults=False, counted=False)
+            )
             for e in test.queue
         ]
+        given_up = False
         try:
             for i, fut in enumerate(futures):
                 await fut
                 progress.advance(1, f"perturbed forwards: {i + 1} of {test.total}")
+        except asyncio.CancelledError:
+            given_up = True
+            raise
         finally:
-            for fut in futures:
-                if not fut.done():
-                    fut.cancel()
+            left = [fut for fut in futures if not fut.done()]
+            for fut in left:
+                fut.cancel()
+            if left:  # the rest out of the queue now; a test given up counts once, not per forward
+                if given_up:
+                    self.worker.metrics.rejections.labels("cancelled_before_compute").inc()
+                self.worker.drop_cancelled()
         result = await self.piece(test.result)
         progress.stage = "done"
         res = faithfulness_result(image_id, lm, maps, spec, result)

@@ -85,6 +85,9 @@ class Job:
     # The selection the request will answer, of its capture: the worker computes those maps
     # for the whole batch at once (one product per layer) before answers are built one by one.
     answer: Callable[[CapturedAttention], Selection] | None = None
+    # Cancelled before it ran, it counts as a request refused before compute; False for one of a
+    # faithfulness test's perturbed forwards (the test, which may queue hundreds, counts once).
+    counted: bool = True
     future: asyncio.Future = field(init=False, repr=False)  # set by Worker.submit
     enqueued: float = field(default_factory=time.monotonic)
     started: float = 0.0
@@ -273,6 +276,20 @@ class Worker:
         """Items waiting for the worker thread (forward jobs and calls)."""
         return len(self._jobs) + len(self._calls)
 
+    def drop_cancelled(self) -> None:
+        """Take the queued jobs whose futures are done (cancelled) out of the queue now, not when
+        a batch would have pulled them: a test given up leaves no queue depth behind. Event loop
+        only, as the queue."""
+        dead = [e for e in self._jobs if e[2].future.done()]
+        if not dead:
+            return
+        self._jobs = [e for e in self._jobs if not e[2].future.done()]
+        heapq.heapify(self._jobs)
+        for _, _, job in dead:
+            if job.counted:
+                self.metrics.rejections.labels("cancelled_before_compute").inc()
+        self.metrics.queue_depth.set(self.depth)
+
     # -- submission ------------------------------------------------------------------------
     def submit(self, job: Job) -> asyncio.Future:
         """Queue a job; its future resolves to a :class:`Computed` or an exception."""
@@ -360,7 +377,8 @@ class Worker:
         live = []
         for j in jobs:
             if j.future.done():  # cancelled: deadline hit or client gone
-                self.metrics.rejections.labels("cancelled_before_compute").inc()
+                if j.counted:
+                    self.metrics.rejections.labels("cancelled_before_compute").inc()
             elif now > j.deadline:
                 self.metrics.rejections.labels("deadline_before_compute").inc()
                 j.future.set_exception(asyncio.TimeoutError())

@@ -90,6 +90,39 @@ def test_cancelled_jobs_are_not_computed(lm):
     assert asyncio.run(go()) == 1
 
 
+def _cancelled_count(metrics) -> float:
+    return metrics.rejections.labels("cancelled_before_compute")._value.get()
+
+
+def test_jobs_given_up_leave_the_queue_at_once_and_count_as_the_job_says(lm):
+    """A faithfulness test given up cancels its queued perturbed forwards (counted=False: the test
+    counts once, not 75 times) and takes them out of the queue at once (no depth left behind);
+    a request's own job still counts."""
+
+    async def go():
+        metrics = Metrics()
+        w = Worker(torch.device("cpu"), max_batch_size=1, metrics=metrics)
+        await w.start()
+        blocker = w.submit(jobs_for(lm, ["sleep:0.3"])[0])
+        await until(lambda: w.inflight, 30, "the first job on the worker")
+        perturbed = jobs_for(lm, [None] * 5)
+        for j in perturbed:
+            j.counted = False
+        own = jobs_for(lm, [None])[0]
+        futs = [w.submit(j) for j in [*perturbed, own]]
+        assert w.depth == 6
+        for f in futs:
+            f.cancel()
+        w.drop_cancelled()
+        assert w.depth == 0 and metrics.queue_depth._value.get() == 0
+        assert _cancelled_count(metrics) == 1  # the request's own job; the test counts itself once
+        await blocker
+        await w.stop(1)
+        return w.jobs_computed
+
+    assert asyncio.run(go()) == 1
+
+
 def test_statistics_wait_for_the_uploads_queued_before_them(lm):
     """run_after_forwards: forwards queued before it run first (the priority queue; see the
     priority tests below for forwards that arrive while it waits)."""
