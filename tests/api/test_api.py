@@ -235,6 +235,24 @@ def test_concurrent_clients_get_their_own_answers_and_batches_form(base_url, sam
     assert "headscope_queue_depth" in after and "headscope_request_seconds_bucket" in after
 
 
+def test_every_upload_is_counted_with_its_status_form_errors_too(base_url, cat):
+    """requests_total{endpoint="post"} counts an upload refused while its form is read (a bad
+    parameter, an unknown field: 422) as it counts one refused later (a corrupt picture)."""
+
+    def counted(status: str) -> float:
+        text = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
+        m = re.search(rf'headscope_requests_total{{endpoint="post",status="{status}"}} (\S+)', text)
+        return float(m.group(1)) if m else 0.0
+
+    before = counted("422")
+    assert_error(post(base_url, cat, temperature="0"), 422, "invalid_parameter")
+    assert_error(post(base_url, cat, bogus="1"), 422, "unknown_field")
+    assert counted("422") == before + 2
+    bad = post(base_url, b"not a picture")
+    assert_error(bad, bad.status_code, "not_an_image")
+    assert counted(str(bad.status_code)) >= 1
+
+
 def test_a_batched_answer_equals_a_fresh_single_compute(server_factory, samples):
     """Same image alone on a fresh server (no cache) vs inside a batch of 8 on another."""
     srv = server_factory({"HEADSCOPE_MAX_WAIT_MS": "200", "HEADSCOPE_MAX_BATCH_SIZE": "8"})

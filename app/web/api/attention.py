@@ -13,7 +13,11 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 
+from ...config import Settings
+from ...serving.admission import Ticket
+from ...serving.answers import Answer
 from ...serving.params import AttentionParams, StatsParams, validation_message
+from ...serving.service import AttentionService
 from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
@@ -110,6 +114,12 @@ async def post_attention(
     """Upload an image (multipart field `image`) and get the softmax attention of the selected
     layers, heads and query rows: `[layers, heads, queries, tokens]`. The answer's `image_id`
     lets later GETs ask for other slices without uploading again."""
+    # Counted from here, the body's errors too (a 422 for a form field was not in requests_total).
+    return respond(await measured(metrics, _post(request, service, settings, ticket), "post"))
+
+
+async def _post(request: Request, service: AttentionService, settings: Settings, ticket: Ticket) -> Answer:
+    """What ``POST /attention`` does once admitted: read the body, check it, compute."""
     registry = service.registry
     if not request.app.state.ready and registry.error(registry.default):
         raise ApiError(503, "model_unavailable", "the default model failed to load; see /readyz")
@@ -151,12 +161,7 @@ async def post_attention(
     ticket.restart()
     params = _params(fields)
     fault = request.headers.get("x-headscope-fault") if settings.enable_fault_injection else None
-    answer = await measured(
-        metrics,
-        service.post(Upload(data, filename), params, fault=fault),
-        "post",
-    )
-    return respond(answer)
+    return await service.post(Upload(data, filename), params, fault=fault)
 
 
 async def _read_fields(form) -> tuple[dict[str, str], bytes, str | None]:
