@@ -302,7 +302,7 @@ class FaithfulnessQuery(_Params):
     protocol: Annotated[str, Field(max_length=MAX_SPEC, json_schema_extra={"enum": list(PROTOCOLS)})] | None = Field(
         "live",
         examples=["live", "paper"],
-        description="`live` (the default, also when empty: patches removed and set to the mean colour, each curve "
+        description="`live` (the default: patches removed and set to the mean colour, each curve "
         "the target's score over its unperturbed value: a class's softmax probability, else the target) or `paper` "
         "(Chefer et al. 2021's protocol: the map upsampled bilinearly to pixels, pixels set to black before "
         "normalisation, each point 1 where the top-1 class is still the target's class, else 0; AUC trapz(y, x) * "

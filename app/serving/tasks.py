@@ -19,8 +19,11 @@ measure of heads) is a subclass with a :data:`TaskWork` and its routes.
 from __future__ import annotations
 
 import asyncio
+import copy
+import logging
 import secrets
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Generator, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,8 @@ from .flights import Flight, Flights
 from .uploads import Upload, Uploads
 from .waiting import Disconnected
 from .worker import OutOfMemory, Worker
+
+log = logging.getLogger("headscope")
 
 TaskPiece = Callable[[], Any]  # one call on the worker thread
 TaskWork = Generator[TaskPiece, Any, dict]  # yields pieces, is sent their results, returns the answer
@@ -351,12 +356,24 @@ class ImageTasks:
         return {**res, "cached": False}
 
     def _keep_failure(self, key: Hashable, e: Exception) -> None:
+        """Keep ``e`` for the next request of ``key``: logged now with its traceback (nobody else
+        sees where it failed), kept as a copy without traceback or chained errors, whose frames
+        would hold the failed computation's tensors (device memory after an out-of-memory)."""
+        # the traceback as text: a log record holding exc_info would keep the frames alive
+        where = "".join(traceback.format_exception(e)).rstrip()
+        log.warning("a task failed with nobody waiting for it; its next request gets: %s\n%s", str(e), where)
+        try:
+            kept = copy.copy(e)  # args and attributes, not __traceback__, __context__, __cause__
+        except Exception:  # an exception that cannot be rebuilt from its args: itself, detached
+            kept = e
+        kept.__traceback__ = kept.__context__ = kept.__cause__ = None
+        kept.__suppress_context__ = True
         now = time.monotonic()
         for k in [k for k, (_, t) in self._failed.items() if now - t >= FAILURE_KEPT_S]:
             del self._failed[k]
         while len(self._failed) >= FAILURES_KEPT:
             del self._failed[next(iter(self._failed))]  # the oldest
-        self._failed[key] = (e.with_traceback(None), now)
+        self._failed[key] = (kept, now)
 
     def state(self, key: Hashable, name: str) -> dict | None:
         """What ``GET …/progress`` says of ``key``: ``done`` (cached), ``running`` (with the

@@ -83,6 +83,11 @@ def _one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
+class BodyTooLarge(Exception):
+    """A request body past the limit, raised from ``receive()`` by the ``BodyLimit`` middleware,
+    which answers it (413 with its limit) when it comes back out of the route."""
+
+
 def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
     """Map a known exception to an :class:`ApiError`; None for unexpected ones."""
     if isinstance(exc, ApiError):

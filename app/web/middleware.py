@@ -48,7 +48,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge()
+                    raise errors.BodyTooLarge()
             return message
 
         async def tracking_send(message):
@@ -59,7 +59,7 @@ class BodyLimit:
 
         try:
             await self.app(scope, counted_receive, tracking_send)
-        except _TooLarge:
+        except errors.BodyTooLarge:
             if not started:
                 await self._refuse(scope, send)
 
@@ -79,10 +79,6 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": resp.body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 class RequestId:

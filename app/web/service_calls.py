@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from ..serving.answers import Answer
 from ..serving.metrics import Metrics
-from .errors import JSONBody, to_api_error
+from .errors import BodyTooLarge, JSONBody, to_api_error
 from .responses import PartsResponse, StreamedResponse
 
 T = TypeVar("T")
@@ -24,6 +24,9 @@ async def measured(metrics: Metrics, call: Awaitable[T], endpoint: str) -> T:
     status = 200
     try:
         return await call
+    except BodyTooLarge:
+        status = 413  # answered by the BodyLimit middleware: let it through
+        raise
     except Exception as e:
         mapped = to_api_error(e, retry_after=1)
         status = mapped.status if mapped else 500

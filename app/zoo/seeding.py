@@ -36,5 +36,6 @@ def rng_kept() -> Iterator[None]:
     notebook's seeded stream (``torch.manual_seed(0); headscope.load(); torch.randn(3)``)."""
     device = torch.get_default_device()
     cuda = device.type == "cuda" and torch.cuda.is_available()
-    with torch.random.fork_rng(devices=[device.index or 0] if cuda else []):
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
+    with torch.random.fork_rng(devices=[index] if index is not None else []):
         yield

@@ -174,16 +174,26 @@ def test_bad_uploads(base_url, cat):
     assert httpx.get(base_url + "/healthz", timeout=HTTP_TIMEOUT).status_code == 200  # still serving
 
 
+def posts_counted(base_url: str, status: str) -> float:
+    """``headscope_requests_total{endpoint="post", status}`` now."""
+    text = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
+    m = re.search(rf'headscope_requests_total{{endpoint="post",status="{status}"}} (\S+)', text)
+    return float(m.group(1)) if m else 0.0
+
+
 def test_upload_cap_is_checked_while_reading(base_url):
     def chunks():
         yield b'--b\r\nContent-Disposition: form-data; name="image"; filename="x.png"\r\n\r\n'
         for _ in range(30):
             yield b"\0" * (1024 * 1024)
 
+    before = {s: posts_counted(base_url, s) for s in ("413", "500")}
     r = httpx.post(
         base_url + API, content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"}, timeout=30
     )
     assert_error(r, 413, "upload_too_large")
+    # counted as what it was answered (it was a 500 in the metrics while the middleware answered 413)
+    assert posts_counted(base_url, "413") == before["413"] + 1 and posts_counted(base_url, "500") == before["500"]
 
 
 @pytest.mark.parametrize(
@@ -240,9 +250,7 @@ def test_every_upload_is_counted_with_its_status_form_errors_too(base_url, cat):
     parameter, an unknown field: 422) as it counts one refused later (a corrupt picture)."""
 
     def counted(status: str) -> float:
-        text = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
-        m = re.search(rf'headscope_requests_total{{endpoint="post",status="{status}"}} (\S+)', text)
-        return float(m.group(1)) if m else 0.0
+        return posts_counted(base_url, status)
 
     before = counted("422")
     assert_error(post(base_url, cat, temperature="0"), 422, "invalid_parameter")

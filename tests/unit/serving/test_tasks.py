@@ -4,7 +4,9 @@ kept running (and cached by their owner) when a request merely timed out."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 
 import pytest
 
@@ -209,17 +211,33 @@ def test_a_task_that_fails_unwatched_tells_the_next_request():
         svc = ImageTasks(Settings(), SimpleNamespace(require=lambda image_id: object()), None, ByteLRU(2**20), None)
         gate, runs = asyncio.Event(), []
 
+        class Activations:  # what a failed forward's frames hold (device memory after an OOM)
+            pass
+
+        alive: list[weakref.ref] = []
+
         async def compute(progress, upload):
             runs.append(1)
             await gate.wait()
             if len(runs) == 1:
-                raise QueueFullError("the server is busy (4 long computations in progress)")
+                held = Activations()
+                alive.append(weakref.ref(held))
+                try:
+                    raise RuntimeError("out of memory")
+                except RuntimeError:  # chained, as OutOfMemory(...) from a CUDA error is
+                    raise QueueFullError("the server is busy (4 long computations in progress)") from None
             return {"value": 1}
 
         first = await svc.result("k", "faithfulness", "img", compute, wait=0.01)
         assert "pending" in first and "cancel_token" in first["pending"]
         gate.set()
         await until(lambda: svc.tasks.progress("k") is None, 30, "the task to fail")
+        kept = svc._failed["k"][0]
+        assert kept.__traceback__ is None and kept.__context__ is None and kept.__cause__ is None
+        for _ in range(5):  # the task's done callbacks, queued on the loop, let go of it
+            await asyncio.sleep(0.01)
+        gc.collect()
+        assert alive and alive[0]() is None  # the failed frames are not kept with the error
         with pytest.raises(QueueFullError, match="busy"):
             await svc.result("k", "faithfulness", "img", compute, wait=5)
         assert len(runs) == 1  # told, not started again
