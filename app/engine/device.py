@@ -216,15 +216,6 @@ def exact_fp32_process() -> None:
     _set_tf32_flags(_exact_flags())
 
 
-def computing_precision(device_type: str, dtype: torch.dtype | None) -> contextlib.ExitStack:
-    """The one numeric context of a Headscope computation: :func:`exact_fp32` and, for bf16 or
-    fp16, autocast to ``dtype`` on ``device_type``."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(exact_fp32())
-    stack.enter_context(autocast(device_type, dtype))
-    return stack
-
-
 def exact_computing(device_type: str) -> contextlib.ExitStack:
     """Around every Headscope computation: :func:`exact_fp32`, and a caller's own
     ``torch.autocast`` turned off on ``device_type`` and on the CPU (where host-side products run),

@@ -427,6 +427,16 @@ def _array_image(a: Any):
     raise ValueError(f"an array picture is HxWx3 (RGB), HxWx4 (RGBA) or HxW (grey); got shape {a.shape}{hint}")
 
 
+def named(e: Exception, where: object) -> Exception:
+    """``e`` again with ``where`` (a file, ``pictures[i]``) before its message, so that an error
+    about one picture says which; an error with a ``status`` and ``code`` (an ``ImageError``, a
+    ``PictureFileError``: the API's 4xx) keeps them."""
+    status, code = getattr(e, "status", None), getattr(e, "code", None)
+    if status is not None and code is not None:
+        return type(e)(f"{where}: {e}", status, code)
+    return type(e)(f"{where}: {e}")
+
+
 def picture(image: Any, max_file_bytes: int) -> Picture | ImagePicture:
     """One picture that is not a tensor (see the module docstring for what it can be).
 
@@ -443,7 +453,7 @@ def picture(image: Any, max_file_bytes: int) -> Picture | ImagePicture:
         try:
             return Picture(read_picture_file(path, max_file_bytes), path.name)
         except ValueError as e:  # PictureFileError: its message does not repeat the path
-            raise type(e)(f"{path}: {e}", e.status, e.code) from None  # type: ignore[attr-defined]
+            raise named(e, path) from None
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
         if not data:

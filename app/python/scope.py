@@ -40,6 +40,7 @@ from .inputs import (
     TensorPicture,
     is_many,
     is_tensor,
+    named,
     own_levels,
     picture,
 )
@@ -156,14 +157,10 @@ class Scope:
                     # A tensor's stays lazy (its host copy would wait for the device).
                     prepared.picture.image_id  # noqa: B018  # computed and cached
                 return prepared
-            except ImageError as e:
+            except (TypeError, ValueError) as e:  # an ImageError too
                 if not many:
                     raise
-                raise type(e)(f"pictures[{i}]: {e}", e.status, e.code) from None
-            except (TypeError, ValueError) as e:
-                if not many:
-                    raise
-                raise type(e)(f"pictures[{i}]: {e}") from None
+                raise named(e, f"pictures[{i}]") from None
 
         if len(items) == 1:
             yield {0: one(0)}
@@ -200,12 +197,12 @@ class Scope:
             pic = TensorPicture(own_levels(item)[0])
         else:
             pic = picture(item, self.settings.max_upload_bytes)
-            if isinstance(item, (str, os.PathLike)):
-                try:
-                    return PreparedPicture(pic, pic.prepared(self.pictures))
-                except ImageError as e:  # a file that is not a picture: its message names the file
-                    raise type(e)(f"{item}: {e}", e.status, e.code) from None
-        return PreparedPicture(pic, pic.prepared(self.pictures))
+        try:
+            return PreparedPicture(pic, pic.prepared(self.pictures))
+        except ImageError as e:
+            if not isinstance(item, (str, os.PathLike)):
+                raise
+            raise named(e, item) from None  # a file that is not a picture: its message names the file
 
     def computing(self, lock: bool = True) -> contextlib.AbstractContextManager[None]:
         """The model in eval mode while Headscope computes (see `computing`)."""

@@ -14,15 +14,15 @@ RANDOM_SEED = 0  # random models are the same on every start
 
 @contextmanager
 def seeded(seed: int = RANDOM_SEED) -> Iterator[None]:
-    """Within: the CPU generator seeded with ``seed``; after: its state as it was.
+    """Within: the CPU generator seeded with ``seed``; after: the caller's streams as they were
+    (`rng_kept`).
 
     Models are built on the CPU and moved, so the CPU generator is the one their initialisation
     draws from. Where the caller made another device the default (``torch.set_default_device``),
-    the model is built there: that device's generator is seeded too and, as ``torch.manual_seed``
-    would leave it, not set back.
+    the model is built there: that device's generator is seeded too (and, on CUDA, given back).
     """
     device = torch.get_default_device()
-    with torch.random.fork_rng(devices=[]):
+    with rng_kept():
         torch.random.default_generator.manual_seed(seed)
         if device.type not in ("cpu", "meta"):
             torch.get_device_module(device.type).manual_seed(seed)
