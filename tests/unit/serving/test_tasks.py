@@ -197,18 +197,24 @@ def test_the_work_of_an_admitted_task_is_not_refused_for_a_full_pool():
     asyncio.run(main())
 
 
-def test_a_task_that_fails_unwatched_tells_the_next_request():
-    """A task left to run on (``wait`` ran out: 202) that fails with nobody waiting: the next
-    request of its key gets that error once (it restarted silently, at 0 %, before); the one
-    after starts the task again."""
+def image_tasks():
+    """An ImageTasks whose uploads are always there (its tasks' own logic only: no worker, no models)."""
     from types import SimpleNamespace
 
     from headscope.config import Settings
     from headscope.serving.cache import ByteLRU
     from headscope.serving.tasks import ImageTasks
 
+    return ImageTasks(Settings(), SimpleNamespace(require=lambda image_id: object()), None, ByteLRU(2**20), None)
+
+
+def test_a_task_that_fails_unwatched_tells_the_next_request():
+    """A task left to run on (``wait`` ran out: 202) that fails with nobody waiting: the next
+    request of its key gets that error once (it restarted silently, at 0 %, before); the one
+    after starts the task again."""
+
     async def main():
-        svc = ImageTasks(Settings(), SimpleNamespace(require=lambda image_id: object()), None, ByteLRU(2**20), None)
+        svc = image_tasks()
         gate, runs = asyncio.Event(), []
 
         class Activations:  # what a failed forward's frames hold (device memory after an OOM)
@@ -248,14 +254,8 @@ def test_a_task_that_fails_unwatched_tells_the_next_request():
 
 
 def test_a_failure_someone_waited_for_is_not_told_twice():
-    from types import SimpleNamespace
-
-    from headscope.config import Settings
-    from headscope.serving.cache import ByteLRU
-    from headscope.serving.tasks import ImageTasks
-
     async def main():
-        svc = ImageTasks(Settings(), SimpleNamespace(require=lambda image_id: object()), None, ByteLRU(2**20), None)
+        svc = image_tasks()
 
         async def compute(progress, upload):
             raise ValueError("bad target")
