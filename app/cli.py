@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+    from pydantic import ValidationError
+
     from .config import Settings
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -70,6 +73,9 @@ def _serve(args) -> int:
         "max_loaded_models": args.max_loaded_models,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    from .engine.device import resolve_device
+
+    resolve_device(settings.device)  # a device that is not there: one line now, not a failed start-up
     if args.model:  # every --model is offered, the first is the default; HEADSCOPE_EXTRA_MODELS adds more
         settings.extra_models = [*args.model[1:], *settings.extra_models]
     refusal = settings.any_model_refusal()
@@ -309,9 +315,11 @@ def _extract(args) -> int:
         print(f"headscope extract: {e}", file=sys.stderr)
         return 1
     pictures = Pictures.for_model(lm, settings)
-    tensors, meta, failed = {}, {}, []
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, dict] = {}
+    failed: list[str] = []
     runner = BatchRunner(lm, autocast_dtype(device.type, settings.precision))
-    for i, f in enumerate(tqdm(files, unit="img", desc="extract")):
+    for f in tqdm(files, unit="img", desc="extract"):
         try:
             # Read safely (no FIFO, nothing over the upload limit), prepared as the server does.
             prep = pictures.prepare(read_picture_file(f, settings.max_upload_bytes))
@@ -327,10 +335,10 @@ def _extract(args) -> int:
         try:
             # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first layer.
             sel = image.select(args.layers, args.heads, args.query, args.aggregate)
-        except SelectionError as e:
-            print(f"headscope extract: {f}: {e}", file=sys.stderr)
-            return 2
-        key = f"{i:05d}"
+        except SelectionError as e:  # a token or cell this picture's grid has not: skipped, named at the end
+            failed.append(f"{f}: {e} (bad_selection)")
+            continue
+        key = f"{len(tensors):05d}"  # the written tensors in order, without gaps where a file was skipped
         tensors[key] = analysis.attention_tensor(att, sel).contiguous()
         meta[key] = {
             "file": str(f),
@@ -338,12 +346,12 @@ def _extract(args) -> int:
             "input_size": list(prep.input_size),
             "tokens": image.tokens(sel.stage),
             "layers": sel.layers,
-            "heads": sel.heads,
+            "heads": sel.head_labels,  # ["mean"] for fused heads, as the REST and Python answers say
             "query": sel.queries if sel.queries is not None else "all",
             "aggregate": sel.aggregate,
         }
     if not tensors:
-        print("headscope extract: no image could be read:\n  " + "\n  ".join(failed), file=sys.stderr)
+        print("headscope extract: no picture could be written:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1
     refuse_existing(out, args.force)  # made meanwhile by someone else: still not replaced unasked
     tmp = temporary_beside(out)
@@ -404,7 +412,9 @@ def _survey(args) -> int:
     print(
         ("interrupted: " if s.interrupted else "")
         + f"surveyed {s.surveyed} image(s) ({s.rows} rows) in {s.seconds:.1f} s, "
-        f"{s.images_per_s:.2f} img/s; {s.failed} could not be read"
+        # _failures holds pictures that could not be read or computed, and refused perturbation
+        # tests (a box outside one picture's map) of pictures whose rows are written
+        f"{s.images_per_s:.2f} img/s; {s.failed} failure(s) recorded"
         + (f" (see {Path(args.out) / '_failures'})" if s.failed else "")
         + (f"; {s.skipped} already in {args.out}" if s.skipped else "")
         + (f"; faithfulness: {s.tests} row(s) in {s.tests_out}" if s.tests_out is not None else "")
@@ -588,11 +598,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def settings_message(e: ValidationError, flags: set[str]) -> str:
+    """A refused setting in the words of its environment variable (and its flag, where the command
+    has one: ``flags``, the command's option names), one per line."""
+    lines = []
+    for err in e.errors():
+        name = str(err["loc"][0]) if err.get("loc") else "setting"
+        where = f"HEADSCOPE_{name.upper()}"
+        if name in flags:
+            where = "--" + name.replace("_", "-") + " / " + where
+        value = "" if err.get("input") is None else f" (got {err['input']!r})"
+        lines.append(f"{where}: {err['msg'][0].lower()}{err['msg'][1:]}{value}")
+    return "\n  ".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except ValidationError as e:  # a setting out of range, from a flag or the environment
+        print(f"headscope {args.cmd}: {settings_message(e, set(vars(args)))}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"headscope {args.cmd}: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HEADSCOPE_", env_file=None, extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(8000, ge=0, le=65535, description="the port to listen on (0: any free one)")
     model: str = Field(
         "dinov2-s14-focus",
         description="the default model id; several ids separated by commas are all offered, the first is the default",
@@ -66,7 +66,7 @@ class Settings(BaseSettings):
         description="fp32 (the default on every device: exact, TF32 off), bf16 or fp16 (autocast); "
         "auto = bf16/fp16 on CUDA, fp32 elsewhere. Every answer says its precision",
     )
-    threads: int = Field(0, description="torch intra-op threads on CPU (0 = torch default)")
+    threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = torch default)")
     models_dir: Path = Field(
         default_factory=paths.default_models_dir,
         description="downloaded and converted models: models/ in a checkout, else the user's cache directory",
@@ -85,29 +85,32 @@ class Settings(BaseSettings):
     )
 
     # worker
-    max_batch_size: int = Field(8, description="images per forward pass (dynamic batching) on the CPU and MPS")
-    max_wait_ms: float = Field(5.0, description="how long a batch waits for company, on the CPU and MPS")
+    max_batch_size: int = Field(8, ge=1, description="images per forward pass (dynamic batching) on the CPU and MPS")
+    max_wait_ms: float = Field(5.0, ge=0, description="how long a batch waits for company, on the CPU and MPS")
     cuda_max_batch_size: int = Field(64, ge=1, description="images per forward pass on CUDA")
     cuda_max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for company on CUDA")
-    max_queue: int = Field(32, description="uploads admitted at once (decoding, queued or computing); more get 429")
-    request_timeout_s: float = 60.0
-    shutdown_grace_s: float = 20.0
+    max_queue: int = Field(
+        32, ge=1, description="uploads admitted at once (decoding, queued or computing); more get 429"
+    )
+    request_timeout_s: float = Field(60.0, gt=0)
+    shutdown_grace_s: float = Field(20.0, ge=0)
 
     # input limits
     max_upload_bytes: int = Field(
         20 * 1024 * 1024,
+        ge=1,
         description="the largest upload; also the largest picture file the survey and extract read "
         "(larger files are refused before being read, as file_too_large)",
     )
-    max_image_pixels: int = 40_000_000
-    max_aspect: float = 3.0
+    max_image_pixels: int = Field(40_000_000, ge=1)
+    max_aspect: float = Field(3.0, ge=1)
     resize: Literal["aspect", "square"] = "aspect"
 
     # admission and resource bounds (app/serving/admission.py; README "Resource limits")
     max_follow_ups: int = Field(
-        16, description="follow-up requests (cached GETs, stats) admitted at once, besides uploads; more get 429"
+        16, ge=1, description="follow-up requests (cached GETs, stats) admitted at once, besides uploads; more get 429"
     )
-    max_heavy: int = Field(2, description="heavy requests (ablation) admitted at once; more get 429")
+    max_heavy: int = Field(2, ge=1, description="heavy requests (ablation) admitted at once; more get 429")
     max_uploads_per_client: int | None = Field(
         None,
         ge=1,
@@ -155,21 +158,24 @@ class Settings(BaseSettings):
     )
     decode_budget_bytes: int = Field(
         512 * 1024 * 1024,
+        ge=1,
         description="estimated peak memory of the decodes running; a picture over it alone gets 413, "
         "one that does not fit beside the running ones when its turn comes 429 (waiting holds none of it)",
     )
     max_json_bytes: int = Field(
-        64 * 1024 * 1024, description="JSON answers estimated over this are refused (413 answer_too_large)"
+        64 * 1024 * 1024, ge=1, description="JSON answers estimated over this are refused (413 answer_too_large)"
     )
-    large_answer_bytes: int = Field(8 * 1024 * 1024, description="answers of this size or more are 'large'")
-    max_large_answers: int = Field(4, description="large answers being built or sent at once; more get 429")
+    large_answer_bytes: int = Field(8 * 1024 * 1024, ge=1, description="answers of this size or more are 'large'")
+    max_large_answers: int = Field(4, ge=1, description="large answers being built or sent at once; more get 429")
 
     # HTTP (uvicorn; app/web/protocol.py)
-    max_header_bytes: int = Field(32 * 1024, description="request line and headers together; more is refused with 431")
-    header_timeout_s: float = Field(10.0, description="a request's line and headers must arrive within this")
-    keep_alive_s: int = Field(5, description="idle keep-alive connections are closed after this")
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="request line and headers together; more is refused with 431"
+    )
+    header_timeout_s: float = Field(10.0, gt=0, description="a request's line and headers must arrive within this")
+    keep_alive_s: int = Field(5, ge=0, description="idle keep-alive connections are closed after this")
     send_timeout_s: float = Field(
-        60.0, description="a connection whose reader takes nothing for this long while an answer waits is closed"
+        60.0, gt=0, description="a connection whose reader takes nothing for this long while an answer waits is closed"
     )
     log_queue_records: int = Field(
         10_000,
@@ -180,6 +186,7 @@ class Settings(BaseSettings):
     # results cache
     cache_bytes: int = Field(
         1024 * 1024 * 1024,
+        ge=0,
         description="uploads and captures kept for follow-up queries; captures kept on a GPU count here too",
     )
     max_variant_bytes: int | None = Field(

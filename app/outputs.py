@@ -52,8 +52,15 @@ def check_writable(path: Path, folder: bool = False) -> None:
     if not base.is_dir():
         raise OutputError(f"cannot write {path}: {base} is a file, not a folder")
     if base != home:
-        if not os.access(base, os.W_OK | os.X_OK):
-            raise OutputError(f"cannot write {path}: cannot make folders in {base}")
+        # Tried, not asked of os.access: root passes that check where nothing can be made (/proc,
+        # a read-only disk).
+        probe_dir = base / f".{path.name}.{os.getpid()}.probe"
+        try:
+            probe_dir.mkdir()
+            probe_dir.rmdir()
+        except OSError as e:
+            why = e.strerror or type(e).__name__
+            raise OutputError(f"cannot write {path}: cannot make folders in {base} ({why})") from None
         return
     probe = home / f".{path.name}.{os.getpid()}.tmp"  # temporary_beside's name for a file
     try:

@@ -136,6 +136,11 @@ class Selection:
     temperature: float = 1.0
     stage: Stage | None = None  # windowed models: the one stage of the layers; queries are its cells
 
+    @property
+    def head_labels(self) -> list[int | str]:
+        """What the answer's head axis holds: the heads, or the one fused entry (``["mean"]``)."""
+        return list(self.heads) if self.aggregate == "none" else [self.aggregate]
+
 
 def _spans(layers: list[int]) -> str:
     """``0-1, 4`` for [0, 1, 4]: a short spelling of layer indices."""

@@ -156,6 +156,21 @@ def parse_target_methods(
     return tuple(dict.fromkeys(items))
 
 
+def parse_method(spec: str, target: Target | str | None, lm: LoadedModel) -> str:
+    """The one method of a map for ``target`` (``chefer``; any case), checked as
+    :func:`parse_target_methods` checks a list: the same errors wherever it is asked (REST, Python).
+
+    Raises:
+        MethodError: unknown, not defined for the target, or more than one.
+    """
+    names = parse_target_methods(spec, target, lm)
+    if len(names) != 1:
+        raise MethodError(
+            f"method: one method per map (got {str(spec)[:80]!r}); the faithfulness test compares several"
+        )
+    return names[0]
+
+
 def check_method(method: str, target: Target | str | None, lm: LoadedModel) -> None:
     """Raise :class:`MethodError` for ``legrad`` without a phrase or on a model without a CLS token,
     and for an LRP method with a phrase."""

@@ -479,18 +479,13 @@ class Scope:
             StartLayerError: ``start_layer`` with another method, or not a layer of the model
                 (code ``bad_start_layer``, as the REST API's 422).
         """
-        from ..engine.relevance import MethodError, refuse_windowed_relevance, resolve_start_layer
-        from ..engine.text_relevance import parse_target_methods
+        from ..engine.relevance import refuse_windowed_relevance, resolve_start_layer
+        from ..engine.text_relevance import parse_method
         from ..serving.relevance import relevance_meta
 
         refuse_windowed_relevance(self.lm)
-        names = parse_target_methods(method, target, self.lm)
-        if len(names) != 1:
-            raise MethodError(
-                f"method: one method per map; faithfulness(methods=...) compares several (got {method!r})"
-            )
-        name = names[0]
-        start = resolve_start_layer(start_layer, names, self.lm.num_layers)
+        name = parse_method(method, target, self.lm)
+        start = resolve_start_layer(start_layer, (name,), self.lm.num_layers)
         pairs = self.lm.ablation(P.ablate(ablate))
         out: dict[int, dict[str, Any]] = {}
         with contextlib.closing(self._relevance(image, target, [name], pairs, start)) as parts:
@@ -594,13 +589,13 @@ class Scope:
             ``labels``: ``[{label, index, logit, probability}]`` ranked (with ``relevance`` and
             ``text_tokens`` when ``maps``), ``rule``, ``logit_scale``, ``logit_bias``.
         """
-        from ..engine.text_relevance import parse_target_methods, require_text
+        from ..engine.text_relevance import parse_method, require_text
 
         tower = require_text(self.lm)
         labs = _labels(labels)
         for lab in labs:
             tower.check(lab)
-        parse_target_methods([method], "text:", self.lm)  # checked with or without maps: a typo is not ignored
+        method = parse_method(method, "text:", self.lm)  # checked with or without maps: a typo is not ignored
         out = []
         for it in self._read(image):
             one = [it.prep.raw]

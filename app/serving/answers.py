@@ -203,7 +203,6 @@ def meta(asked: AnswerSubject, shape: Sequence[int], dropped: list[int] | None =
     """What an attention answer says besides its maps (``dropped``: ``asked.dropped()``, where the
     caller has it already). Its lists are its own (a selection may be shared by batch-mates)."""
     entry, image, sel, params = asked.found.entry, asked.image, asked.sel, asked.params
-    heads: list[Any] = list(sel.heads) if sel.aggregate == "none" else [sel.aggregate]
     tokens = image.tokens(sel.stage)
     return {
         "model": entry.model_id,
@@ -213,7 +212,7 @@ def meta(asked: AnswerSubject, shape: Sequence[int], dropped: list[int] | None =
         "input_size": list(entry.input_size),
         "tokens": tokens,
         "layers": list(sel.layers),
-        "heads": heads,
+        "heads": sel.head_labels,
         "query": list(sel.queries) if sel.queries is not None else list(range(tokens["count"])),
         "aggregate": sel.aggregate,
         "dtype": params.dtype,

@@ -146,6 +146,22 @@ class ModelLoads:
         mid = self.model_id(entry)
         if mid in self.registry.ids and self.registry.is_loaded(mid):
             return self.state(name)
+        try:
+            await self._check(entry)
+        except (ModelTooLargeError, HubUnreachableError) as e:
+            # Refused before anything started; a client polling GET …/load (its 503 lost, or another
+            # tab) is told why, as for a load that failed later, instead of "idle" forever.
+            self._loads[entry.name] = Load(entry, mid, "failed", error=e, finished=time.monotonic())
+            raise
+        load = Load(entry, mid)
+        self._loads[entry.name] = load
+        with using(Ticket(HEAVY, time.monotonic() + TASK_DEADLINE_S)):  # below uploads on the worker
+            self._flights.start(entry.name, lambda: self._run(load, mid), kept=True, about=load)
+        return load.as_dict(self.describe)
+
+    async def _check(self, entry: CatalogEntry) -> None:
+        """Refuse a load that cannot succeed here, before any download: over the caps, or not cached
+        with the hub out of reach."""
         params = await asyncio.to_thread(parameter_count, entry)
         if params > self.max_params:
             raise ModelTooLargeError(
@@ -156,11 +172,6 @@ class ModelLoads:
             if not await asyncio.to_thread(hub_reachable):
                 raise HubUnreachableError(unreachable_message(entry))
             await asyncio.to_thread(check_download, entry, self.max_bytes)  # size and free disk first
-        load = Load(entry, mid)
-        self._loads[entry.name] = load
-        with using(Ticket(HEAVY, time.monotonic() + TASK_DEADLINE_S)):  # below uploads on the worker
-            self._flights.start(entry.name, lambda: self._run(load, mid), kept=True, about=load)
-        return load.as_dict(self.describe)
 
     async def _run(self, load: Load, mid: str) -> None:
         try:

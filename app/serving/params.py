@@ -14,9 +14,9 @@ of every route and the Python API's ``ValueError``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ..engine.faithfulness import PROTOCOLS
 from ..engine.relevance import METHODS
@@ -89,11 +89,11 @@ ImportanceMethod = Annotated[
 
 Points = Annotated[int, Field(ge=2, le=1025, description="points of the curve (at most heads + 1 are used)")]
 
-RelevanceMethod = Literal[
-    "chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"
-]  # an enum in the schema
-assert get_args(RelevanceMethod) == METHODS + TEXT_METHODS
-DEFAULT_METHOD: RelevanceMethod = "chefer"
+# A string parsed by the engine's parse_method, not a Literal: an unknown name is then 422
+# bad_method, as in the Python API and in …/faithfulness's methods= (not pydantic's
+# invalid_parameter). The schema still lists the names as an enum, for generated clients.
+RelevanceMethod = Annotated[str, Field(max_length=MAX_SPEC, json_schema_extra={"enum": list(METHODS + TEXT_METHODS)})]
+DEFAULT_METHOD = "chefer"
 
 Target = Annotated[
     str | None,
@@ -171,7 +171,9 @@ class AttentionParams(_Params):
     drop: Literal["none", "prefix", "artifacts", "prefix,artifacts"] = Field(
         "none", description="zero these key tokens and renormalise rows (attention sinks)"
     )
-    stats: bool = Field(False, description="also return per-head statistics (JSON only)")
+    stats: bool = Field(
+        False, description="also return per-head statistics (JSON only: with a binary format, 422 invalid_parameter)"
+    )
     temperature: float = Field(
         1.0,
         gt=0,
@@ -180,6 +182,17 @@ class AttentionParams(_Params):
         examples=[1.0, 0.5, 2.0],
     )
     ablate: Ablate = ""
+
+    @field_validator("stats")
+    @classmethod
+    def _stats_in_json(cls, stats: bool, info: ValidationInfo) -> bool:
+        # A binary answer is the tensor alone: refused rather than answered without what was asked.
+        if stats and info.data.get("format", "json") != "json":
+            raise ValueError(
+                f"stats=true needs format=json (a {info.data['format']} answer holds the tensor alone); "
+                "GET /api/v1/attention/{image_id}/stats gives the statistics"
+            )
+        return stats
 
     @property
     def needs_every_row(self) -> bool:

@@ -66,7 +66,7 @@ from ..engine.relevance import (
     resolve_start_layer,
 )
 from ..engine.selection import SelectionError
-from ..engine.text_relevance import TEXT_METHODS, check_method, is_text, parse_target_methods, text_methods
+from ..engine.text_relevance import TEXT_METHODS, is_text, parse_method, parse_target_methods, text_methods
 from . import preprocess
 from .admission import HEAVY, PRIORITY, current_client_left, current_ticket
 from .answers import Answer, server_timing
@@ -538,11 +538,10 @@ class RelevanceService(ImageTasks):
     async def relevance(self, image_id: str, params: RelevanceParams) -> Answer:
         """``GET …/relevance``: one method's map for one target."""
         t0 = time.perf_counter()
-        method = params.method
         lm = await self._model(params.model)
         ablate = lm.ablation(params.ablate)
         target = parse_target(params.target, lm)
-        check_method(method, target, lm)
+        method = parse_method(params.method, target, lm)
         start = resolve_start_layer(params.start_layer, (method,), lm.num_layers)
         maps, cached = await self.maps(image_id, lm, ablate, target, group=method_group(method), start_layer=start)
         return await self.worker.run_answer(

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, check_phrase
 from ..engine.model import LoadedModel
-from ..engine.text_relevance import TextTarget, check_method, require_text, zero_shot
+from ..engine.text_relevance import TextTarget, parse_method, require_text, zero_shot
 from . import preprocess
 from .params import DEFAULT_METHOD, RelevanceMethod
 from .relevance import RelevanceService, method_map
@@ -87,8 +87,7 @@ async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroSho
     for lab in labels:
         tower.check(lab)
     targets = [TextTarget("text", phrase=lab, tower=tower) for lab in labels]
-    if params.maps:
-        check_method(params.method, targets[0], lm)
+    method = parse_method(params.method, targets[0], lm)  # with or without maps, as in Python: a typo is not ignored
     upload = rel.uploads.require(image_id)
     prep = await rel.prepared(upload, lm)
     res = await rel.piece(partial(scores, lm, prep, labels, rel.worker.amp_dtype, rel.device))
@@ -101,7 +100,7 @@ async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroSho
     if params.maps:
         for r in rows:
             maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, upload=upload)
-            r["relevance"] = method_map(maps, params.method).tolist()
+            r["relevance"] = method_map(maps, method).tolist()
             r["text_tokens"] = maps.relevance.text_tokens
             grid = list(maps.relevance.grid)
     return {
@@ -112,7 +111,7 @@ async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroSho
         "logit_scale": tower.logit_scale,
         "logit_bias": tower.logit_bias,
         "labels": rows,
-        "method": params.method if params.maps else None,
+        "method": method if params.maps else None,
         "grid": grid,
         "input_size": list(prep.input_size),
         "timing_ms": {"total": (time.perf_counter() - t0) * 1000},

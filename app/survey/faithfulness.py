@@ -159,7 +159,11 @@ class FaithfulnessPlan:
                     "(top or class:N) of a classifier, not a saliency model's predicted region; use protocol=live"
                 )
             return REGION
-        target = parse_target(spelled, lm)
+        try:
+            target = parse_target(spelled, lm)
+        except TargetError as e:  # the engine's words name what the API takes; the survey takes region too
+            also = "; the survey also takes region (the default: each picture's predicted region)"
+            raise TargetError(f"--target: {e}{also if lm.output_kind == 'saliency' else ''}") from None
         check_protocol(self.protocol, lm, target)
         return str(target)
 

@@ -122,6 +122,17 @@ def _refuse_others(folder: Path, what: str) -> None:
         raise OutputError(f"{folder} holds files that are not {what} ({other.name!r}...); choose a new or empty --out")
 
 
+def _flat(meta: dict[str, Any]) -> dict[str, Any]:
+    """``{"faithfulness": {"methods": [...]}}`` -> ``{"faithfulness.methods": [...]}`` (one level)."""
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{k2}": v2 for k2, v2 in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
 def _check_writable(folder: Path) -> None:
     try:
         check_writable(folder, folder=True)
@@ -164,8 +175,10 @@ class SurveyOutput:
         elif self.faith_out is not None and parts(self.faith_out):
             theirs = schema.meta_of(pq.read_schema(parts(self.faith_out)[0]))
         if theirs is not None:
-            keys = set(meta) | ({"faithfulness"} if "faithfulness" in theirs else set())
-            diff = {k: (theirs.get(k), meta.get(k)) for k in sorted(keys) if theirs.get(k) != meta.get(k)}
+            # nested settings (the faithfulness test's) compared and named one by one
+            mine, there = _flat(meta), _flat(theirs)
+            keys = set(mine) | {k for k in there if k.split(".")[0] in meta or k.startswith("faithfulness")}
+            diff = {k: (there.get(k), mine.get(k)) for k in sorted(keys) if there.get(k) != mine.get(k)}
             if diff:
                 detail = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
                 raise OutputError(f"{self.out} was surveyed with other settings ({detail}); use another --out")

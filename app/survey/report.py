@@ -713,7 +713,7 @@ def header_html(s: SurveyData, title: str) -> str:
     n_fail = s.failures.num_rows if s.failures is not None else 0
     facts = [
         ("images", f"{s.images:,}"),
-        ("could not be read", f"{n_fail:,}"),
+        ("failures (unreadable pictures, refused tests)", f"{n_fail:,}"),
         (
             ("layers x heads", f"{L} x {H}")
             if s.heads_per_layer.min() == H
@@ -735,13 +735,14 @@ def header_html(s: SurveyData, title: str) -> str:
 
 
 def failures_html(s: SurveyData) -> str:
-    """The first pictures that could not be read, and how many more; empty when none failed."""
+    """The first failures (pictures that could not be read or computed, refused perturbation
+    tests), and how many more; empty when none failed."""
     n_fail = s.failures.num_rows if s.failures is not None else 0
     if s.failures is None or not n_fail:
         return ""
     shown = s.failures.slice(0, 20).to_pylist()
     return (
-        "<h2>Pictures that could not be read</h2>"
+        "<h2>Failures: pictures that could not be read or computed, refused tests</h2>"
         + _table(["image", "error", "message"], [[r["image"], r["error"], r["message"]] for r in shown])
         + (f'<p class="note">… and {n_fail - 20:,} more (in the _failures table).</p>' if n_fail > 20 else "")
     )

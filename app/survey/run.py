@@ -139,6 +139,8 @@ def survey(
         raise ValueError("--batch-size must be at least 1")
     if limit is not None and limit < 0:
         raise ValueError("--limit must be 0 or more")
+    if actors is not None and actors < 1:  # before Ray starts (0 meant the default, silently)
+        raise ValueError("--actors must be at least 1 (leave it out for one per GPU, else one per node)")
     if faithfulness is None and (target is not None or fractions is not None or protocol is not None):
         raise ValueError("--target, --fractions and --protocol belong to --faithfulness [METHODS]")
     # methods, fractions, protocol and the target's spelling are checked before anything loads

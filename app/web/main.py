@@ -190,7 +190,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(SingleParams)
     app.add_middleware(SecurityHeaders)
-    app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FORM_OVERHEAD_BYTES)
+    app.add_middleware(
+        BodyLimit, limit=settings.max_upload_bytes + FORM_OVERHEAD_BYTES, upload_limit=settings.max_upload_bytes
+    )
     # Before anything else reads the request: a Host that is not this server's (DNS rebinding) is
     # refused; inside HeadAsGet (a HEAD gets no body) and RequestId (the answer has its id).
     app.add_middleware(AllowedHosts, bind_host=settings.host, allowed=settings.allowed_hosts)

@@ -22,15 +22,22 @@ CSP = (
 )
 
 
+def upload_too_large_message(upload_limit: int) -> str:
+    """The one message of 413 ``upload_too_large``, wherever the body was found too large."""
+    return f"upload over the {upload_limit:,}-byte limit (HEADSCOPE_MAX_UPLOAD_BYTES)"
+
+
 class BodyLimit:
     """Refuse request bodies over ``limit`` bytes with 413, checked while they are read.
 
     A declared Content-Length over the limit is refused before a byte is read; a chunked body is
-    counted as it streams and cut off at the limit.
+    counted as it streams and cut off at the limit. ``upload_limit`` is the limit a user set
+    (``HEADSCOPE_MAX_UPLOAD_BYTES``), which the message names: ``limit`` is that plus the form's
+    own bytes around the file, a sum nobody configured.
     """
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, upload_limit: int):
+        self.app, self.limit, self.upload_limit = app, limit, upload_limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -64,9 +71,7 @@ class BodyLimit:
                 await self._refuse(scope, send)
 
     async def _refuse(self, scope, send):
-        resp = errors.logged_error_response(
-            scope, 413, "upload_too_large", f"request body over the {self.limit:,}-byte limit"
-        )
+        resp = errors.logged_error_response(scope, 413, "upload_too_large", upload_too_large_message(self.upload_limit))
         await send(
             {
                 "type": "http.response.start",

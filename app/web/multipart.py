@@ -11,6 +11,9 @@ What a form may look like (each case answered by the route, ``api/attention.py``
   both ``filename`` and ``filename*``, ``filename*`` wins (as RFC 6266 says for downloads); one
   that cannot be decoded (a charset other than UTF-8 or ISO-8859-1, bad UTF-8) leaves the part
   a file without a name;
+* a body that ends before its closing boundary (``--BOUNDARY--``) is malformed: an upload cut
+  short would otherwise lose its unfinished part silently, and be answered as if it had no file
+  (python-multipart does not check that the message ended);
 * the body must have arrived by the request's deadline, and after a grace period at a minimum
   average rate (408 otherwise, :func:`paced`); a client that drops mid-upload ends the request
   quietly (499 in the log, no traceback).
@@ -26,7 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from urllib.parse import unquote_to_bytes
 
 from starlette.datastructures import FormData
-from starlette.formparsers import MultiPartParser
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 
@@ -61,7 +64,14 @@ def _plain_filename(disposition: bytes) -> bytes:
 
 
 class FormParser(MultiPartParser):
-    """Starlette's parser, reading ``filename*`` too (see the module docstring)."""
+    """Starlette's parser, reading ``filename*`` too, and knowing whether the body reached its
+    closing boundary (see the module docstring)."""
+
+    ended = False
+
+    def on_end(self) -> None:
+        self.ended = True
+        super().on_end()
 
     def on_headers_finished(self) -> None:
         cd = self._current_part.content_disposition
@@ -133,4 +143,8 @@ async def read_form(
     stream = paced(request.stream(), grace_s, min_rate)
     limits = {"max_files": max_files, "max_fields": max_fields, "max_part_size": max_part_size}
     parser = FormParser(request.headers, stream, **limits)
-    return await asyncio.wait_for(parser.parse(), max(0.001, timeout_s))
+    form = await asyncio.wait_for(parser.parse(), max(0.001, timeout_s))
+    if not parser.ended:
+        await form.close()
+        raise MultiPartException("the body ends before its closing boundary (was the upload cut short?)")
+    return form

@@ -49,10 +49,13 @@ class _Connection(h11.Connection):
 
 
 def _error_bytes(status: int, reason: str, code: str, message: str) -> bytes:
-    body = orjson.dumps({"error": {"code": code, "message": message, "request_id": uuid.uuid4().hex[:12]}})
+    # The one error body, and its id in X-Request-ID as on every other answer (no request head was
+    # read, so there is no client id to keep: a new one).
+    rid = uuid.uuid4().hex[:12]
+    body = orjson.dumps({"error": {"code": code, "message": message, "request_id": rid}})
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
+        f"x-request-id: {rid}\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode("ascii") + body
 

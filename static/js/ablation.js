@@ -16,8 +16,8 @@ import { getOutput } from "./api.js";
 import {
   renderDifference, renderImportance, renderModelOutput, renderPicture, renderProgress, renderPruning, renderToggles,
 } from "./ablation-view.js";
-import { $ } from "./dom.js";
-import { bindRoving, syncRoving } from "./keys.js";
+import { $, onPress, setOff } from "./dom.js";
+import { announce, bindRoving, syncRoving } from "./keys.js";
 import { ablateText, ablatedPairs, dims } from "./state.js";
 import { longRequest, track } from "./long-requests.js";
 import { isWindowed } from "./windows.js";
@@ -179,9 +179,9 @@ function render(s, act, shown) {
   $("ablate-count").textContent = pairs.length
     ? `${pairs.length} of ${L * H} heads off${loading ? " · updating…" : ""}`
     : `all ${L * H} heads on`;
-  $("ablate-reset").disabled = !pairs.length;
+  setOff($("ablate-reset"), !pairs.length);
   renderProgress($("importance-progress"), progressView(d, method));
-  $("importance-run").disabled = d.loading.has(`importance|${method}`) || d.importance.has(method);
+  setOff($("importance-run"), d.loading.has(`importance|${method}`) || d.importance.has(method));
   $("importance-method").value = method;
   const wanted = asked(s, method);
   renderImportance($("importance-heatmap"), imp ? { L, H, answer: imp } : null, toggle,
@@ -194,7 +194,13 @@ function render(s, act, shown) {
 function bind(act, s) {
   // the toggles: one Tab stop, arrows inside (layers down, heads across)
   bindRoving($("ablate-grid"), ".ablate-head", (b) => [Number(b.dataset.layer), Number(b.dataset.head)]);
-  for (const id of ["ablate-reset", "maps-ablated-reset"]) $(id).addEventListener("click", () => act.setIn("ablation", { off: [] }));
+  onPress($("ablate-reset"), () => act.setIn("ablation", { off: [] }));
+  // The maps' note hides itself once every head is on: its button's focus goes to the map.
+  onPress($("maps-ablated-reset"), () => {
+    act.setIn("ablation", { off: [] });
+    $("overlay").focus();
+    announce("All heads on: the maps are the model's own again.");
+  });
   const ask = (method) => `${keyOf(s)}|${method}`;
   $("importance-method").addEventListener("change", (e) => {
     const method = e.target.value;
@@ -202,7 +208,7 @@ function bind(act, s) {
     const more = ["ablation", "gradient"].some((m) => s.ablation.asked.includes(ask(m)));
     act.setIn("ablation", { method, asked: more ? [...new Set([...s.ablation.asked, ask(method)])] : s.ablation.asked });
   });
-  $("importance-run").addEventListener("click", () => {
+  onPress($("importance-run"), () => {
     if (!keyOf(s)) return;
     const method = s.ablation.method;
     act.setIn("ablation", { asked: [...new Set([...s.ablation.asked, ask(method)])], retry: method });

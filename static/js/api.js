@@ -176,7 +176,8 @@ export function describeError(err) {
   let message = err.message;
   if (err.code === "busy") {
     const wait = err.retryAfter ? ` Try again in ${err.retryAfter} s.` : " Try again in a moment.";
-    message = `Too many images are being computed right now (${err.message}).${wait}`;
+    // the server's own words: its pool is full, or this page already holds its share of it
+    message = `${err.message.charAt(0).toUpperCase()}${err.message.slice(1)}.${wait}`;
   } else if (err.code === "image_not_found") {
     message = "The server keeps recent images only and this one has been evicted. Upload the image again to continue.";
   }
@@ -204,6 +205,11 @@ export async function getOutput(imageId, params, signal) {
 export async function getLong(imageId, what, params, signal) {
   const resp = await request(`/api/v1/attention/${encodeURIComponent(imageId)}/${what}?${query(params)}`, { signal });
   return { done: resp.status === 200, body: await resp.json() };
+}
+
+/** DELETE /api/v1/tasks/{token}: give up a long computation this page started (the token of its 202). */
+export async function cancelTask(token) {
+  return (await request(`/api/v1/tasks/${encodeURIComponent(token)}`, { method: "DELETE" })).json();
 }
 
 /** GET /api/v1/attention/{id}/{what}/progress: {state: idle|running|done, fraction, eta_s, stage}. */

@@ -17,6 +17,24 @@ export function scrollMotion() {
   return window.matchMedia("(prefers-reduced-motion: reduce)").matches ? "auto" : "smooth";
 }
 
+/**
+ * A button that is off for now but keeps focus: aria-disabled and the .disabled look, not the
+ * `disabled` attribute, which would drop a keyboard user's focus to the page the moment the button
+ * they pressed turns itself off (a reset, a "run" that starts its work). Pair with onPress.
+ */
+export function setOff(button, off) {
+  button.setAttribute("aria-disabled", off ? "true" : "false");
+  button.classList.toggle("disabled", off);
+}
+
+/** A click handler that does nothing while the button is off (setOff): Enter and Space still click it. */
+export function onPress(button, fn) {
+  button.addEventListener("click", (e) => {
+    if (e.currentTarget.getAttribute("aria-disabled") === "true") return;
+    fn(e);
+  });
+}
+
 /** A new <tag> element with class `cls` and text `text` (each optional). */
 export function el(tag, cls, text) {
   const e = document.createElement(tag);

@@ -13,7 +13,7 @@
 // outlined, and the temperature recomputes the softmax over the window's places.
 
 import { getExplain } from "./api.js";
-import { $, fmtTemperature, setText, sliderTemperature } from "./dom.js";
+import { $, fmtTemperature, onPress, setOff, setText, sliderTemperature } from "./dom.js";
 import { renderAnswer } from "./learn-stages.js";
 import { isWindowAnswer } from "./learn-window.js";
 import { tokenLabel } from "./learn-words.js";
@@ -80,7 +80,7 @@ function renderSlider(s) {
     slider.value = String(Math.log10(T));
   }
   setText("temperature-out", fmtTemperature(T));
-  $("temperature-reset").disabled = T === 1;
+  setOff($("temperature-reset"), T === 1);
 }
 
 /** Bring the view up to date with the state (reads it, writes the DOM only). */
@@ -133,7 +133,7 @@ function bind(act, state) {
     act.setIn("learn", { previewT: null });
     act.setTemperature(T);
   });
-  $("temperature-reset").addEventListener("click", () => {
+  onPress($("temperature-reset"), () => {
     act.setIn("learn", { previewT: null });
     act.setTemperature(1);
   });

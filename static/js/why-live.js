@@ -1,8 +1,9 @@
 // The faithfulness test for screen readers (and for reading): its progress and its finish in a
 // polite live region, and its result as text, a table of each method's areas under the curves in
-// words and rounded numbers. The verdicts the Why view writes ([data-testid=why-verdict], one per
-// method where the page has them) are read out with the finish. why.js calls these from render.
+// words and rounded numbers. The answer's verdicts (what the Why view writes under the chart) are
+// read out with the finish, sentence by sentence. why.js calls these from render.
 
+import { verdictWords } from "./why-verdict.js";
 import { METHOD_NAMES } from "./why-view.js";
 
 const STEPS = 4; // the running test is announced at its start and at each quarter done
@@ -21,12 +22,6 @@ function auc(v) {
 export function resultSentences(answer) {
   return Object.entries(answer.methods).map(([m, c]) => `${METHOD_NAMES[m] || m}: area under the positive curve `
     + `${auc(c.auc_positive)} (lower is better), under the negative curve ${auc(c.auc_negative)} (higher is better).`);
-}
-
-/** The verdicts the page shows, in words (none where the view has no verdicts). */
-function verdictText() {
-  return [...document.querySelectorAll("[data-testid=why-verdict]")]
-    .map((v) => v.textContent.replace(/\s+/g, " ").trim()).filter(Boolean).join(" ");
 }
 
 /**
@@ -85,20 +80,13 @@ export function renderFaithfulnessLive(live, progress, answer) {
       : `Faithfulness test ${Math.round(100 * (progress.fraction || 0))}% done${eta}.`;
   } else if (progress.state === "done" && answer) {
     said = `done|${answer.image_id}|${answer.target}|${Object.keys(answer.methods)}|${answer.fractions}`;
-    text = `Faithfulness test done: ${progress.label}. ${resultSentences(answer).join(" ")}`;
+    const verdicts = verdictWords(answer, METHOD_NAMES);
+    text = `Faithfulness test done: ${progress.label}. ${resultSentences(answer).join(" ")}${verdicts ? ` ${verdicts}` : ""}`;
   } else if (progress.state === "failed") {
     said = "failed";
     text = "The faithfulness test failed.";
   }
   if (live.dataset.said === said) return;
   live.dataset.said = said;
-  if (!said.startsWith("done")) {
-    live.textContent = text;
-    return;
-  }
-  // The verdicts are drawn by the same render, after this: read them once it is through.
-  setTimeout(() => {
-    const verdicts = verdictText();
-    live.textContent = verdicts ? `${text} ${verdicts}` : text;
-  }, 0);
+  live.textContent = text;
 }

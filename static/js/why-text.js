@@ -49,8 +49,14 @@ export function renderTokens(el, answer) {
  * @param {(label: string) => void} pick  called when a label is clicked
  */
 export function renderZeroShot(el, answer, chosen, pick, state) {
-  el.replaceChildren();
   el.dataset.state = state;
+  if (el.zeroShot === answer && el.dataset.chosen === String(chosen)) return; // nothing new to draw
+  el.zeroShot = answer;
+  el.dataset.chosen = String(chosen);
+  // A label picked from the keyboard rebuilds the list (the marked one changes): its focus goes to
+  // the same label's new button, not to the page.
+  const had = el.contains(document.activeElement) ? document.activeElement.dataset.label : null;
+  el.replaceChildren();
   if (!answer) return;
   for (const row of answer.labels) {
     const li = document.createElement("li");
@@ -65,5 +71,6 @@ export function renderZeroShot(el, answer, chosen, pick, state) {
     b.addEventListener("click", () => pick(row.label));
     li.append(b);
     el.append(li);
+    if (row.label === had) b.focus();
   }
 }

@@ -27,6 +27,33 @@ export function verdictHeadline(answer, names) {
   return `${list} beat${good.length === 1 ? "s" : ""} the random map on both curves.`;
 }
 
+/** The verdicts to list: random's own line only where its curves need explaining (it is the baseline). */
+function listed(answer) {
+  return Object.entries(answer.verdicts).filter(([, v]) => !(v.verdict === "baseline" && !v.above_one));
+}
+
+/** How to read the verdicts, after them (a sentence more where a curve went above 1). */
+function readingNote(answer) {
+  const above = Object.values(answer.verdicts).some((v) => v.above_one);
+  return "Better means a lower AUC on the positive curve and a higher one on the negative, than the random map's; a "
+    + "margin under 0.05 is within the random map's own noise." + (above ? " A curve above 1: removing those "
+    + "patches raised the target." : "");
+}
+
+const sentence = (t) => (/[.!?]$/.test(t.trim()) ? t.trim() : `${t.trim()}.`);
+
+/**
+ * The verdicts as one text to be read out (the live region): the headline, each method's line and
+ * how to read them, as separate sentences and without the link's label. "" without verdicts.
+ */
+export function verdictWords(answer, names) {
+  if (!answer || !answer.verdicts) return "";
+  const lines = [verdictHeadline(answer, names)];
+  for (const [method, v] of listed(answer)) lines.push(`${names[method] || method}: ${v.text}`);
+  lines.push(readingNote(answer));
+  return lines.map(sentence).join(" ");
+}
+
 /**
  * The verdict element: a headline, one line per method (the server's sentence), the link.
  * elm: the #why-verdict element; answer: GET …/faithfulness or null; names: method -> its name
@@ -44,9 +71,7 @@ export function renderVerdict(elm, answer, names, docsUrl) {
   if (elm.dataset.key === key) return;
   elm.dataset.key = key;
   const list = el("ul", "verdict-list");
-  for (const [method, v] of Object.entries(answer.verdicts)) {
-    // random's own line only where its curves need explaining (it is the baseline, not a verdict)
-    if (v.verdict === "baseline" && !v.above_one) continue;
+  for (const [method, v] of listed(answer)) {
     const li = el("li", `verdict verdict-${v.verdict}`);
     li.dataset.method = method;
     li.dataset.verdict = v.verdict;
@@ -56,12 +81,7 @@ export function renderVerdict(elm, answer, names, docsUrl) {
   const head = el("p", "verdict-head", verdictHeadline(answer, names));
   head.setAttribute("data-testid", "why-verdict-head");
   const more = el("p", "hint verdict-more");
-  const above = Object.values(answer.verdicts).some((v) => v.above_one);
-  more.append(document.createTextNode(
-    "Better means a lower AUC on the positive curve and a higher one on the negative, than the random map's; a "
-    + "margin under 0.05 is within the random map's own noise." + (above ? " A curve above 1: removing those "
-    + "patches raised the target." : "") + " ",
-  ));
+  more.append(document.createTextNode(`${readingNote(answer)} `));
   if (docsUrl) {
     const a = el("a", "", "How to read the verdict");
     a.href = `${docsUrl.replace(/\/+$/, "")}/${DOCS_PAGE}`;

@@ -15,16 +15,17 @@ export const METHOD_NAMES = {
   random: "random",
   chefer2021: "Chefer et al. 2021 (LRP)",
   attnlrp: "AttnLRP",
+  legrad: "LeGrad",
 };
 const COLOURS = {
   chefer: "#38bdf8", grad_attention: "#a78bfa", rollout: "#34d399", attention: "#fbbf24", random: "#94a3b8",
-  chefer2021: "#f472b6", attnlrp: "#fb923c",
+  chefer2021: "#f472b6", attnlrp: "#fb923c", legrad: "#2dd4bf",
 };
 // A marker shape per method too: the curves stay apart without colour (deuteranopia mixes the
 // first two colours).
 export const SYMBOLS = {
   chefer: "circle", grad_attention: "square", rollout: "diamond", attention: "triangle-up", random: "x",
-  chefer2021: "star", attnlrp: "hexagon",
+  chefer2021: "star", attnlrp: "hexagon", legrad: "cross",
 };
 
 /** A target in words: "the whole output", "the box x 60–150, y 40–120", "class 281". */
@@ -36,6 +37,7 @@ export function targetWords(target, answer) {
   }
   if (answer && answer.class_label) return `“${answer.class_label}”`;
   if (target === "embedding") return "the embedding";
+  if (target.startsWith("text:")) return `the phrase “${target.slice(5)}”`;
   return target.replace(":", " ");
 }
 
@@ -131,9 +133,11 @@ export function renderRelevance(fig, view) {
   caption.textContent = view.role === "raw" ? rawCaption(answer) : mapCaption(answer);
 }
 
-// Methods whose map follows the target's gradient; the others (attention alone, a seeded random
+// Methods whose map follows the target's gradient, and those that propagate the target's relevance
+// back with LRP rules: both change with the target. The others (attention alone, a seeded random
 // map) are the same map whatever the target is, and their captions say so.
-export const GRADIENT_METHODS = ["chefer", "grad_attention"];
+export const GRADIENT_METHODS = ["chefer", "grad_attention", "legrad"];
+export const LRP_METHODS = ["chefer2021", "attnlrp"];
 
 function rowsWords(answer) {
   return answer.rows === "cls" ? "where the class token looks" : "the mean over every token's row";
@@ -157,6 +161,15 @@ export function mapCaption(answer) {
     case "grad_attention":
       return `${METHOD_NAMES.grad_attention}: how much each patch pushed ${what} up (${value}), from the last `
         + `layer's attention weighted by its gradient.${flat}`;
+    case "legrad":
+      return `${METHOD_NAMES.legrad}: how much each patch pushed ${what} up (${value}), from the gradient of `
+        + `its attention maps in the last layers.${flat}`;
+    case "chefer2021":
+      return `${METHOD_NAMES.chefer2021}: how much each patch contributed to ${what} (${value}), every layer's `
+        + `attention relevance (LRP) weighted by its gradient and chained through the layers.${flat}`;
+    case "attnlrp":
+      return `${METHOD_NAMES.attnlrp}: how much each patch contributed to ${what} (${value}), its relevance `
+        + `carried back through the whole model in one backward pass with LRP rules.${flat}`;
     case "rollout":
       return "Attention rollout: how much attention flows from each patch "
         + `${answer.rows === "cls" ? "to the class token" : "to the tokens (the mean over every row)"} through all `
@@ -179,6 +192,11 @@ export function methodHint(method) {
     return "A relevance map says how much each patch of the picture pushed one number of the model's output (the "
       + "target) up: attention combined with the gradient of that number, so it follows what the model computed, "
       + `not only where its heads look.${common}`;
+  }
+  if (LRP_METHODS.includes(method)) {
+    return "A relevance map says how much each patch of the picture contributed to one number of the model's output "
+      + "(the target): that number's relevance carried back through the model with LRP rules, so it follows what "
+      + `the model computed, not only where its heads look.${common}`;
   }
   if (method === "random") {
     return "A random map is the baseline: the faithfulness test below says whether the other maps do better than "

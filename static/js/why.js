@@ -12,7 +12,7 @@
 
 import { getLong, getOutput } from "./api.js";
 import { renderProgress } from "./ablation-view.js";
-import { $, setOptions } from "./dom.js";
+import { $, onPress, setOff, setOptions } from "./dom.js";
 import { ablateText, ablatedPairs } from "./state.js";
 import { longRequest, track } from "./long-requests.js";
 import { renderVerdict } from "./why-verdict.js";
@@ -52,6 +52,7 @@ function freshData(key, imageId, model, ablate) {
     maps: new Map(),       // "method|target" -> GET …/relevance answer
     tests: new Map(),      // "target|methods|fractions" -> GET …/faithfulness answer
     progress: new Map(),   // the same keys -> progress answer while the test runs
+    running: new Map(),    // the same keys -> the AbortController of the test while it runs
     zeroShot: new Map(),   // labels -> GET …/zero-shot answer
     loading: new Set(),
     failed: new Set(),
@@ -115,11 +116,22 @@ async function testRequest(s, d, key, params, app) {
     d.progress.set(key, p);
     if (dataOf(s) === d) app.update();
   };
+  const stop = new AbortController();
+  d.running.set(key, stop);
   try {
-    return await longRequest(d.imageId, "faithfulness", params, onProgress);
+    return await longRequest(d.imageId, "faithfulness", params, onProgress, stop.signal);
   } finally {
     d.progress.delete(key);
+    d.running.delete(key);
   }
+}
+
+/**
+ * Give up the tests of `d` the view no longer shows (all but `keep`): each holds a share of the
+ * server's heavy work that the test on show needs (a client holds 2 by default).
+ */
+function stopTests(d, keep = null) {
+  for (const [key, stop] of d.running) if (key !== keep) stop.abort();
 }
 
 function fetchTest(s, d, target, app) {
@@ -127,6 +139,7 @@ function fetchTest(s, d, target, app) {
   const fractions = FRACTIONS[s.why.steps] ?? "";
   const key = testKey(target, methods, fractions);
   if (d.tests.has(key) || d.loading.has(key) || d.failed.has(key)) return false;
+  stopTests(d, key);
   const params = { model: d.model, ablate: d.ablate, methods, target, fractions };
   return track(d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app, () => dataOf(s) === d);
 }
@@ -138,7 +151,10 @@ function fetchTest(s, d, target, app) {
 function need(s, app) {
   const key = keyOf(s);
   if (!key || !s.image || isWindowed(s.meta)) return false;
-  if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s));
+  if (!dataOf(s)) {
+    if (s.why.data) stopTests(s.why.data); // another picture, model or ablation: its answers are dropped
+    s.why.data = freshData(key, s.imageId, s.model, ablateOf(s));
+  }
   const d = s.why.data;
   let started = fetchOutput(s, d, app);
   if (hasText(s.models, s.model)) started = fetchZeroShot(s, d, labelsText(s.why.labels), app) || started;
@@ -246,21 +262,12 @@ function render(s, act, shown) {
   const asked = s.why.asked.includes(keyOf(s));
   const progress = key ? testProgress(d, key) : { state: "idle", fraction: 0 };
   renderProgress($("faithfulness-progress"), progress);
-  renderRunButton($("faithfulness-run"), !key || d.loading.has(key) || d.tests.has(key));
+  setOff($("faithfulness-run"), !key || d.loading.has(key) || d.tests.has(key));
   const test = key ? d.tests.get(key) || null : null;
   renderFaithfulness($("faithfulness-chart"), test, asked && key ? "Running the test…" : null);
   renderFaithfulnessResults($("faithfulness-results"), test);
   renderVerdict($("why-verdict"), test, METHOD_NAMES, document.body.dataset.docsUrl || "");
   renderFaithfulnessLive($("faithfulness-live"), progress, test);
-}
-
-/**
- * "Run the test" off while it cannot run: aria-disabled, not disabled, so that focus stays on it
- * after Enter (a disabled button drops focus to the page) and a screen reader reads it dimmed.
- */
-function renderRunButton(button, off) {
-  button.setAttribute("aria-disabled", off ? "true" : "false");
-  button.classList.toggle("disabled", off);
 }
 
 /** Map pixels of the output figure under a pointer event (clamped to the map). */
@@ -280,8 +287,7 @@ function bind(act, s) {
   $("relevance-phrase").addEventListener("change", (e) => act.setIn("why", { phrase: e.target.value.trim(), target: "text" }));
   $("zero-shot-labels").addEventListener("change", (e) => act.setIn("why", { labels: e.target.value }));
   $("faithfulness-steps").addEventListener("change", (e) => act.setIn("why", { steps: e.target.value }));
-  $("faithfulness-run").addEventListener("click", (e) => {
-    if (e.currentTarget.getAttribute("aria-disabled") === "true") return;
+  onPress($("faithfulness-run"), () => {
     const key = keyOf(s);
     if (key) act.setIn("why", { asked: [...new Set([...s.why.asked, key])] });
   });

@@ -150,9 +150,9 @@ def test_unreachable_hub_is_a_clear_503_and_cached_models_still_load(server, hub
     assert r.status_code == 503, r.text
     err = r.json()["error"]
     assert err["code"] == "hub_unreachable" and "cannot be reached" in err["message"] and MISSING in err["message"]
-    # Refused at the request, not after a download attempt: no load of it was started.
+    # Refused at the request, not after a download attempt; a client polling the load is told why.
     st = httpx.get(f"{server.url}/api/v1/models/catalog/{MISSING}/load", timeout=HTTP_TIMEOUT).json()
-    assert st["state"] == "idle", st
+    assert st["state"] == "failed" and st["error"] == {"code": err["code"], "message": err["message"]}, st
     assert f"timm:{MISSING}" not in models(server.url)
     # The prepared cache needs no hub; it is the third model, so the least recently used goes.
     r = httpx.post(f"{server.url}/api/v1/models/catalog/{CACHED}/load", timeout=HTTP_TIMEOUT)
@@ -192,7 +192,8 @@ def test_open_clip_models_are_in_the_catalogue_and_refused_clearly_offline(serve
         assert err["code"] == "hub_unreachable" and "ViT-B-32/openai" in err["message"]
         assert "open_clip:ViT-B-32 (the same model with random weights)" in err["message"]
         st = httpx.get(f"{server.url}/api/v1/models/catalog/{name}/load", timeout=HTTP_TIMEOUT).json()
-        assert st["state"] == "idle" and st["id"] == "open_clip:ViT-B-32/openai", st
+        assert st["state"] == "failed" and st["id"] == "open_clip:ViT-B-32/openai", st
+        assert st["error"]["code"] == "hub_unreachable", st
     for bad in ["ViT-B-32%2Fnosuchtag", "NoSuchArch%2Fopenai", "RN50%2Fopenai", "ViT-B-32%2Fopenai%2Fx"]:
         r = httpx.post(f"{server.url}/api/v1/models/catalog/{bad}/load", timeout=HTTP_TIMEOUT)
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model", (bad, r.text)

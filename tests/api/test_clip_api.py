@@ -145,12 +145,13 @@ def test_faithfulness_for_a_phrase(server, image_id):
         ("relevance", {"target": "text:" + "a" * 301}, "bad_text"),
         ("relevance", {"target": "text:" + "a " * 100}, "bad_text"),
         ("relevance", {"target": "embedding", "method": "legrad"}, "bad_method"),
-        ("relevance", {"target": "text:a dog", "method": "nope"}, None),
+        ("relevance", {"target": "text:a dog", "method": "nope"}, "bad_method"),
         ("faithfulness", {"target": "text:a dog", "methods": "legrad,nope"}, "bad_method"),
         ("zero-shot", {"labels": ""}, "bad_text"),
         ("zero-shot", {"labels": "dog,,cat"}, "bad_text"),
         ("zero-shot", {"labels": ",".join(f"l{i}" for i in range(65))}, "bad_text"),
-        ("zero-shot", {"labels": "dog", "maps": "true", "method": "nope"}, None),
+        ("zero-shot", {"labels": "dog", "maps": "true", "method": "nope"}, "bad_method"),
+        ("zero-shot", {"labels": "dog", "method": "chefer2021"}, "bad_method"),  # without maps too, as in Python
         ("zero-shot", {}, None),
     ],
 )

@@ -280,6 +280,14 @@ def test_readers_that_never_read_hold_little_memory_and_few_slots(srv, wide):
 
 
 # -- 4. HTTP -------------------------------------------------------------------------------------
+def assert_request_id_header(out: bytes) -> None:
+    """A raw answer's X-Request-ID header holds its body's request_id, as on every answer."""
+    head, _, body = out.partition(b"\r\n\r\n")
+    m = re.search(rb"(?im)^x-request-id: (\S+)\r?$", head)
+    assert m, head
+    assert json.loads(body)["error"]["request_id"] == m.group(1).decode()
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-read", "many-reads"])
 def test_oversized_headers_get_431(srv, split):
     port = srv.port
@@ -296,6 +304,7 @@ def test_oversized_headers_get_431(srv, split):
         out = raw(port, head)
     assert out.startswith(b"HTTP/1.1 431"), out[:100]
     assert b'"headers_too_large"' in out
+    assert_request_id_header(out)
     assert get(srv.url + "/healthz", headers={"X-Fine": "b" * 8000}).status_code == 200
 
 
@@ -303,6 +312,7 @@ def test_slow_or_idle_clients_are_timed_out(srv):
     port = srv.port
     out = raw(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finishes its headers
     assert out.startswith(b"HTTP/1.1 408")
+    assert_request_id_header(out)
     with socket.create_connection(("127.0.0.1", port)) as s:  # keep-alive, then idle
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         got = b""

@@ -215,8 +215,9 @@ def test_one_client_gets_its_share_of_the_long_computations_and_can_cancel_its_o
         r = mine.get(srv.url + path, params={**HEAVY, "seed": 3, "wait": 0})  # its share is free again
         assert r.status_code == 202, r.text
         assert httpx.delete(f"{srv.url}/api/v1/tasks/{r.json()['cancel_token']}", timeout=HTTP_TIMEOUT).is_success
-    for bad in ("short", "x" * 65, "no/slash", "a b c d e f g h"):
-        assert httpx.delete(f"{srv.url}/api/v1/tasks/{bad}", timeout=HTTP_TIMEOUT).status_code in (404, 422)
+    for bad in ("short", "x" * 65, "a b c d e f g h", "café" * 3):  # of no token's shape: unknown all the same
+        assert_error(httpx.delete(f"{srv.url}/api/v1/tasks/{bad}", timeout=HTTP_TIMEOUT), 404, "task_not_found")
+    assert_error(httpx.delete(f"{srv.url}/api/v1/tasks/no/slash", timeout=HTTP_TIMEOUT), 404)
 
 
 def test_a_test_over_the_cost_bound_is_a_clear_422_before_it_starts(srv):
@@ -298,6 +299,8 @@ def test_the_catalogue_cap_is_checked_before_any_download(server_factory, tmp_pa
         r = httpx.post(load.format(small), timeout=HTTP_TIMEOUT)
         assert_error(r, 422, "model_too_large")
         assert "HEADSCOPE_CATALOG_MAX_BYTES" in r.json()["error"]["message"]
+        st = httpx.get(load.format(small), timeout=HTTP_TIMEOUT).json()  # what a poll of it says
+        assert st["state"] == "failed" and st["error"]["code"] == "model_too_large", st
         assert not any(q.startswith("GET") and "/resolve/" in q for q in hub.requests), (
             hub.requests
         )  # nothing downloaded

@@ -121,6 +121,18 @@ def test_the_protocol_is_an_enum_of_the_engines_names(spec):
         assert "null" in types_of(schema) and schema["default"] == "live"
 
 
+def test_the_relevance_method_is_an_enum_of_the_engines_names(spec):
+    """A map's method is parsed by the engine (422 bad_method, as in Python), yet generated clients
+    see the names as an enum."""
+    from headscope.engine.relevance import METHODS
+    from headscope.engine.text_relevance import TEXT_METHODS
+
+    for path in ("/api/v1/attention/{image_id}/relevance", "/api/v1/attention/{image_id}/zero-shot"):
+        (schema,) = [p["schema"] for p in spec["paths"][path]["get"]["parameters"] if p["name"] == "method"]
+        assert enum_of(schema) == list(METHODS + TEXT_METHODS), path
+        assert schema["default"] == "chefer"
+
+
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
 def test_docs_pages_load_nothing_from_another_host(base_url, page):
     html = httpx.get(base_url + page, timeout=HTTP_TIMEOUT).text

@@ -274,8 +274,9 @@ def test_every_bad_parameter_is_a_4xx_in_the_one_error_shape(why, cat_id):
             assert_error(r, 422, "bad_target" if len(target) < 5000 else "invalid_parameter")
         assert "output, box:X0,Y0,X1,Y1" in get(why, f"{API}/{cat_id}/{path}", target="top").json()["error"]["message"]
     rel_path = f"{API}/{cat_id}/relevance"
-    for method in ("magic", "chefer,random", "", "lrp"):
-        assert_error(get(why, rel_path, method=method), 422, "invalid_parameter")
+    for method in ("magic", "chefer,random", "", "lrp"):  # the engine's code and words, as in Python and methods=
+        assert_error(get(why, rel_path, method=method), 422, "bad_method")
+    assert rel(why, cat_id, method="Chefer")["method"] == "chefer"  # any case, as in Python
     assert_error(get(why, rel_path, format="xml"), 422, "invalid_parameter")
     assert_error(get(why, rel_path, methods="chefer"), 422, "invalid_parameter")  # that is …/faithfulness's
     for path in ("faithfulness", "faithfulness/progress"):

@@ -63,8 +63,14 @@ def test_toggles_change_the_models_output_and_show_the_difference(page, base_url
     page.click(toggle(11, 0))  # back on
     wait_output(page, "3:2")
     assert page.get_attribute(toggle(11, 0), "aria-pressed") == "false"
-    page.click("[data-testid=ablate-reset]")
+    # From the keyboard: the reset turns itself off but keeps focus (aria-disabled, not disabled).
+    page.focus("[data-testid=ablate-reset]")
+    page.keyboard.press("Enter")
     wait_output(page, "")
+    assert page.evaluate("() => document.activeElement.dataset.testid") == "ablate-reset"
+    assert page.get_attribute("[data-testid=ablate-reset]", "aria-disabled") == "true"
+    page.keyboard.press("Enter")  # off: nothing happens
+    assert page.evaluate("() => document.activeElement.dataset.testid") == "ablate-reset"
     assert output_png(page) == base_png
     assert page.is_hidden(DIFF)
     assert page.locator("[data-testid=ablate-head][aria-pressed=true]").count() == 0
@@ -157,8 +163,12 @@ def test_the_maps_view_shows_the_model_with_the_heads_switched_off(page, base_ur
         "b => document.querySelector('[data-testid=overlay]').toDataURL('image/png') !== b", arg=before
     )
 
-    page.click("[data-testid=maps-ablated-reset]")
+    # Its note hides itself once every head is on: the button's focus goes to the map, and is said.
+    page.focus("[data-testid=maps-ablated-reset]")
+    page.keyboard.press("Enter")
     page.wait_for_selector("[data-testid=maps-ablated]", state="hidden")
+    assert page.evaluate("() => document.activeElement.dataset.testid") == "overlay"
+    page.wait_for_function("() => /All heads on/.test(document.querySelector('[data-testid=announce]').textContent)")
     page.wait_for_function(
         "b => document.querySelector('[data-testid=overlay]').toDataURL('image/png') === b", arg=before
     )

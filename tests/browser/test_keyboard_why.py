@@ -116,6 +116,10 @@ def test_a_box_by_keyboard_and_a_faithfulness_test_a_screen_reader_follows(page_
     assert answer["cached"]  # the page's own test
     final = page.inner_text("[data-testid=faithfulness-live]")
     assert f"{answer['forwards']} forwards in" in final
+    # The verdicts are read out as sentences: none run into the next, and no link label is spoken.
+    assert page.inner_text("[data-testid=why-verdict-head]") in final
+    assert "How to read the verdict" not in final
+    assert not re.search(r"[a-z)]\.[A-Z]", final), final
     chefer = answer["methods"]["chefer"]
     assert (
         f"Chefer et al.: area under the positive curve {chefer['auc_positive']:.3f} (lower is better), "

@@ -117,6 +117,9 @@ def test_temperature_slider_recomputes_in_the_page_then_tempers_the_maps(page, b
         "() => document.querySelector('[data-testid=overlay]').dataset.temperature === '1'", timeout=LONG
     )
     assert "t" not in parse_qs(urlsplit(page.url).query)
+    # "T = 1" is off at T = 1 but keeps its Tab stop (aria-disabled): pressed, it keeps focus.
+    assert page.get_attribute("[data-testid=temperature-reset]", "aria-disabled") == "true"
+    assert page.eval_on_selector("[data-testid=temperature-reset]", "b => b.disabled") is False
 
 
 def test_hover_shows_the_numbers_of_a_key_and_a_click_queries_it(page, base_url, samples):

@@ -156,6 +156,42 @@ def test_why_view_maps_pickers_box_and_faithfulness_chart(page, base_url, sample
     assert {m["sign"] for m, _ in styles} == {"positive", "negative"}
 
 
+@pytest.mark.timeout(900)
+def test_a_test_the_view_no_longer_shows_is_given_up_on_the_server_too(page, base_url, samples):
+    """Fractions changed while a test runs: the page closes the older test's request, the server
+    cancels that test (it would hold one of this client's two heavy slots until its end), and the
+    new test runs with no busy error. Found by a reviewer: a box's map, the new test and the old
+    test together were three heavy requests of one client, and the page gave up after 3 tries."""
+    page.set_default_timeout(SLOW_MS)
+    failed: list[tuple[str, str]] = []
+    page.on("requestfailed", lambda r: failed.append((r.url, r.failure or "")))
+    open_page(page, base_url, "?view=why")
+    upload(page, samples["astronaut"])
+    iid = image_id(samples["astronaut"].read_bytes())
+    wait_map(page, MAP, method="chefer", target="output")
+    page.select_option("[data-testid=faithfulness-steps]", "full")
+    with page.expect_request(lambda r: "/faithfulness?" in r.url) as first:
+        page.click("[data-testid=faithfulness-run]")
+    full = {k: v[0] for k, v in parse_qs(urlsplit(first.value.url).query).items()}
+    assert "fractions" not in full  # the server's default, 0, 0.1, ..., 0.9
+    page.wait_for_selector("[data-testid=faithfulness-progress][data-state=running]")
+    page.select_option("[data-testid=faithfulness-steps]", "quick")  # the asked test follows the fractions
+
+    page.wait_for_selector("[data-testid=faithfulness-progress][data-state=done]")
+    assert page.is_hidden("[data-testid=error]")
+    assert "Faithfulness test done" in page.inner_text("[data-testid=faithfulness-live]")
+    assert [f for u, f in failed if u == first.value.url and "ABORTED" in f], failed
+    # The server gave the older test up: its progress is idle again, not running on to its end.
+    asked = {k: full[k] for k in ("methods", "target")}
+    states = []
+    for _ in range(100):
+        states.append(follow_up(base_url, iid, "faithfulness/progress", **asked)["state"])
+        if states[-1] == "idle":
+            break
+        page.wait_for_timeout(200)
+    assert states[-1] == "idle", states
+
+
 def test_a_classifier_explains_a_class_of_its_top_5_and_a_swin_says_why_not(page, base_url, samples):
     page.set_default_timeout(SLOW_MS)
     seen: list[str] = []

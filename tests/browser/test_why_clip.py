@@ -104,7 +104,10 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples):
     shown = page.eval_on_selector_all("[data-testid=zero-shot-label]", "bs => bs.map(b => b.dataset.label)")
     ranked = follow_up(base_url, iid, "zero-shot", model=MODEL_ID, labels="a dog,a cat,a red car")["labels"]
     assert shown == [r["label"] for r in ranked]
-    page.click(f"[data-testid=zero-shot-label][data-label='{shown[-1]}']")
+    # Picked from the keyboard: the list is drawn again (the marked label moves) and focus stays on it.
+    page.focus(f"[data-testid=zero-shot-label][data-label='{shown[-1]}']")
+    page.keyboard.press("Enter")
     wait_map(page, method="chefer", target=f"text:{shown[-1]}")
     assert page.get_attribute(f"[data-testid=zero-shot-label][data-label='{shown[-1]}']", "aria-pressed") == "true"
+    assert page.evaluate("() => document.activeElement.dataset.label") == shown[-1]
     assert page.input_value("[data-testid=relevance-phrase]") == shown[-1]

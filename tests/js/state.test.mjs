@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { isRetryable, ApiError } from "../../static/js/api.js";
+import { isRetryable, ApiError, describeError } from "../../static/js/api.js";
 import {
   DROPS, apiQuery, canonicalQuery, defaultQuery, dims, dropParts, headChoices, mapQuery, markerAt, parseQuery, queryLabel,
   queryRows, stageQuery, tokensAt,
@@ -111,4 +111,14 @@ test("windowed models: layers of their stage's grid and heads, the query on each
   assert.equal(stageQuery(SWIN, "patch:5,3", SWIN.stages[1]), "patch:2,1");
   assert.equal(stageQuery(SWIN, "patch:9,0", SWIN.stages[1]), "patch:9,0"); // off the grid: as it is
   assert.equal(markerAt(SWIN, "cls", 0), null);
+});
+
+test("a busy answer is told in the server's words: a full pool, or this page's own share", () => {
+  const share = describeError(new ApiError(429, "busy",
+    "this client already has 2 heavy requests in progress (its share of the server's 2); retry when one has finished", 1));
+  assert.equal(share.title, "The server is busy.");
+  assert.equal(share.message, "This client already has 2 heavy requests in progress (its share of the server's 2); "
+    + "retry when one has finished. Try again in 1 s.");
+  const full = describeError(new ApiError(429, "busy", "the server is busy (32 upload requests in progress); retry shortly"));
+  assert.equal(full.message, "The server is busy (32 upload requests in progress); retry shortly. Try again in a moment.");
 });

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { verdictHeadline } from "../../static/js/why-verdict.js";
+import { verdictHeadline, verdictWords } from "../../static/js/why-verdict.js";
 import { METHOD_NAMES, mapCaption, methodHint } from "../../static/js/why-view.js";
 
 const answer = (method, target = "box:60,40,150,120", extra = {}) => ({
@@ -32,11 +32,22 @@ test("a gradient method's caption names the target; attention, rollout and rando
   assert.match(mapCaption(answer("attention", "top", { rows: "mean" })), /the mean over every token's row/);
 });
 
-test("the hint names the gradient only for the gradient methods", () => {
-  for (const m of ["chefer", "grad_attention"]) assert.match(methodHint(m), /combined with the gradient/);
-  for (const m of ["attention", "rollout", "random"]) assert.doesNotMatch(methodHint(m), /combined with the gradient/);
+test("the hint names the gradient only for the gradient methods, LRP's rules for the LRP methods", () => {
+  for (const m of ["chefer", "grad_attention", "legrad"]) assert.match(methodHint(m), /combined with the gradient/);
+  for (const m of ["chefer2021", "attnlrp"]) {
+    assert.match(methodHint(m), /LRP rules/);
+    assert.doesNotMatch(methodHint(m), /attention alone|same for every target/); // they follow the target
+  }
+  for (const m of ["attention", "rollout", "random"]) assert.doesNotMatch(methodHint(m), /combined with the gradient|LRP/);
   assert.match(methodHint("attention"), /no gradient/);
   assert.match(methodHint("random"), /baseline/);
+});
+
+test("the LRP methods and LeGrad have captions of their own that name the target", () => {
+  assert.match(mapCaption(answer("chefer2021")), /^Chefer et al. 2021 \(LRP\): how much each patch contributed to the box x 60–150/);
+  assert.match(mapCaption(answer("attnlrp")), /^AttnLRP: .*one backward pass with LRP rules/);
+  assert.match(mapCaption(answer("legrad", "text:a cat")), /^LeGrad: how much each patch pushed the phrase “a cat” up/);
+  for (const m of ["chefer2021", "attnlrp", "legrad"]) assert.doesNotMatch(mapCaption(answer(m)), /same map for every target/);
 });
 
 test("the verdict's headline: who beat random on both curves, or that none did", () => {
@@ -48,4 +59,23 @@ test("the verdict's headline: who beat random on both curves, or that none did",
   const none = { verdicts: { chefer: v("positive"), attention: v("neither"), random: v("baseline") } };
   assert.match(verdictHeadline(none, METHOD_NAMES), /^No map beat the random one on both curves/);
   assert.match(verdictHeadline({ verdicts: { chefer: v("untested") } }, METHOD_NAMES), /random map was not tested/);
+});
+
+test("the verdicts read out: headline, each method's line and how to read them, as separate sentences", () => {
+  const v = (verdict, text, aboveOne = false) => ({ verdict, text, above_one: aboveOne });
+  const answer = { verdicts: {
+    chefer: v("both", "better than random on both curves"),
+    attention: v("positive", "better than random on the positive curve only."),
+    random: v("baseline", "the baseline"),
+  } };
+  const words = verdictWords(answer, METHOD_NAMES);
+  assert.equal(words, "Chefer et al. beats the random map on both curves. "
+    + "Chefer et al.: better than random on both curves. "
+    + "raw attention: better than random on the positive curve only. "
+    + "Better means a lower AUC on the positive curve and a higher one on the negative, than the random map's; "
+    + "a margin under 0.05 is within the random map's own noise.");
+  assert.doesNotMatch(words, /How to read/);
+  const above = { verdicts: { ...answer.verdicts, random: v("baseline", "its curve went above 1", true) } };
+  assert.match(verdictWords(above, METHOD_NAMES), /random: its curve went above 1\. .* A curve above 1: removing those patches raised the target\.$/);
+  assert.equal(verdictWords({ verdicts: null }, METHOD_NAMES), "");
 });

@@ -22,6 +22,7 @@ from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
 from ..errors import ApiError, JSONBody
+from ..middleware import upload_too_large_message
 from ..multipart import BodyTooSlow, is_multipart, read_form
 from ..schemas import ERROR_RESPONSES, AttentionResponse, StatsResponse
 from ..service_calls import measured, respond
@@ -156,7 +157,7 @@ async def _post(request: Request, service: AttentionService, settings: Settings,
     finally:
         await form.close()
     if len(data) > settings.max_upload_bytes:
-        raise ApiError(413, "upload_too_large", f"upload over the {settings.max_upload_bytes:,}-byte limit")
+        raise ApiError(413, "upload_too_large", upload_too_large_message(settings.max_upload_bytes))
     # The body had a deadline of its own; decoding and computing get a whole one.
     ticket.restart()
     params = _params(fields)

@@ -36,6 +36,25 @@ def test_extract_many_files_into_one_safetensors(tmp_path):
     assert torch.allclose(tensors[cat].sum(-1), torch.ones(1, 6, 1), atol=1e-5)
 
 
+def test_extract_skips_a_picture_without_the_token_asked_for_and_names_fused_heads(tmp_path, capsys):
+    """Token 300 exists in the cat (385 tokens), not in the astronaut (257): the astronaut is skipped
+    and named, the cat written as 00000 (no gap); fused heads are ["mean"] in the metadata, as in
+    the API's answers. In this process (the same code as the command). Found by a reviewer: the
+    whole run stopped at the astronaut, and the metadata listed the six heads that were fused."""
+    out = tmp_path / "attn.safetensors"
+    files = [str(SAMPLES / "astronaut.png"), str(SAMPLES / "cat.png")]
+    argv = ["extract", *files, "--out", str(out), "--layers", "-1", "--query", "300", "--aggregate", "mean"]
+    assert headscope_cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "astronaut.png" in err and "out of range" in err and "(bad_selection)" in err, err
+    tensors = load_file(str(out))
+    assert list(tensors) == ["00000"] and tensors["00000"].shape == (1, 1, 1, 385)
+    with open(out, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        meta = json.loads(json.loads(f.read(n))["__metadata__"]["images"])
+    assert meta["00000"]["file"].endswith("cat.png") and meta["00000"]["heads"] == ["mean"]
+
+
 def test_extract_and_survey_take_a_precision_flag(tmp_path, monkeypatch):
     """--precision beside HEADSCOPE_PRECISION (the flag wins), said in the file's metadata and in
     every survey row; in this process (the same code as the command)."""
@@ -88,6 +107,64 @@ def test_serve_on_a_port_in_use_says_so_in_one_line():
     finally:
         other.terminate()
         other.wait(30)
+
+
+@pytest.mark.parametrize(
+    "argv, env, said",
+    [
+        (["--port", "-1"], {}, "--port / HEADSCOPE_PORT: input should be greater than or equal to 0 (got -1)"),
+        (["--port", "70000"], {}, "--port / HEADSCOPE_PORT: input should be less than or equal to 65535"),
+        ([], {"HEADSCOPE_PORT": "-1"}, "--port / HEADSCOPE_PORT: input should be greater than or equal to 0"),
+        (["--max-loaded-models", "0"], {}, "--max-loaded-models / HEADSCOPE_MAX_LOADED_MODELS: input should be"),
+        ([], {"HEADSCOPE_MAX_QUEUE": "-1"}, "headscope serve: HEADSCOPE_MAX_QUEUE: input should be greater"),
+        (["--device", "bogus"], {}, "headscope serve: device 'bogus': use auto, cpu, cuda, cuda:N or mps"),
+    ],
+)
+def test_serve_refuses_a_bad_setting_in_one_line_before_starting(argv, env, said, capsys, monkeypatch):
+    """Out of range or not there: the flag and its variable named, exit 2, no traceback and no
+    start-up (a port out of range was a traceback from the port check; a bad device, uvicorn's
+    failed start-up; a pool of -1, a server that refused every request)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert headscope_cli.main(["serve", "--no-fetch", *argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and said in lines[0], err
+    assert "Traceback" not in err and "pydantic.dev" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--actors", "0"], "--actors must be at least 1"),  # 0 was the default, silently; -1 Ray's own words
+        (["--actors", "-1"], "--actors must be at least 1"),
+    ],
+)
+def test_survey_refuses_a_bad_flag_in_one_line(tmp_path, argv, said, capsys):
+    cat = str(SAMPLES / "cat.png")
+    assert headscope_cli.main(["survey", cat, "--out", str(tmp_path / "s.parquet"), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"headscope survey: {said}" in err and "Traceback" not in err, err
+
+
+def test_a_class_target_on_the_saliency_model_names_the_surveys_own_targets(tmp_path, capsys):
+    cat = str(SAMPLES / "cat.png")
+    out = str(tmp_path / "s.parquet")
+    argv = ["survey", cat, "--out", out, "--quiet", "--faithfulness", "chefer", "--target", "top"]
+    assert headscope_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "headscope survey: --target: target 'top' is for" in err, err
+    assert "the survey also takes region (the default" in err, err
+
+
+def test_a_place_where_no_folder_can_be_made_is_said_before_the_work(tmp_path, capsys):
+    """/proc takes no new folders, even from root (whom os.access lets through): said at once, in
+    the words extract uses, not as the errno of a mkdir after the pictures were computed."""
+    cat = str(SAMPLES / "cat.png")
+    assert headscope_cli.main(["survey", cat, "--out", "/proc/headscope-test.parquet", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write /proc/headscope-test.parquet: cannot make folders in /proc" in err, err
+    assert "Errno" not in err
 
 
 def _listening(port: int) -> bool:

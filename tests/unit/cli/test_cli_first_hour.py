@@ -36,6 +36,23 @@ def test_every_option_of_every_subcommand_has_help():
     assert not undocumented, f"options without help text: {undocumented}"
 
 
+def test_the_synopsis_in_the_docs_lists_every_option():
+    """docs/cli.md's first block has a line per command: each of the command's options is on it."""
+    from helpers.server import ROOT
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = {line.split()[1]: line for line in block.splitlines() if line.startswith("headscope ")}
+    missing = []
+    for name, parser in subcommands(cli.build_parser()).items():
+        assert name in lines, f"no synopsis line for {name}"
+        for action in parser._actions:
+            long = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
+            if long and not any(f"[{o}" in lines[name] or f" {o} " in lines[name] for o in long):
+                missing.append(f"{name} {long[0]}")
+    assert not missing, f"options the synopsis leaves out: {missing}"
+
+
 def test_serve_model_is_repeatable():
     args = cli.build_parser().parse_args(["serve", "--model", "a", "--model", "timm:b", "--any-model"])
     assert args.model == ["a", "timm:b"] and args.any_model is True

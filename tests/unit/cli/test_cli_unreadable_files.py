@@ -85,7 +85,7 @@ def test_survey_of_a_list_naming_a_fifo_does_not_hang(tmp_path):
     assert_clean(r)
     assert surveyed(out) == {"ok1.png"}
     assert failures(out) == {"pipe.png": "not_a_file"}
-    assert "surveyed 1 image(s)" in r.stdout and "1 could not be read" in r.stdout
+    assert "surveyed 1 image(s)" in r.stdout and "1 failure(s) recorded" in r.stdout
 
 
 def test_survey_of_a_fifo_as_source_does_not_hang(tmp_path):
@@ -125,7 +125,7 @@ def test_survey_of_a_folder_records_fifos_broken_links_and_loops(tmp_path):
         "loop.png": "symlink_loop",
         "locked.png": "permission_denied",
     }
-    assert "4 could not be read" in r.stdout
+    assert "4 failure(s) recorded" in r.stdout
 
 
 # -- item 3: files over the size limit, refused before they are read -----------------------------

@@ -169,8 +169,10 @@ def test_resume_skips_what_is_done_and_repairs_a_half_written_flush(tiny, tiny_s
     assert (again.skipped, again.surveyed, again.tests) == (3, 0, 0) and sorted_tests(whole).equals(before)
     with pytest.raises(OutputError, match="other settings.*faithfulness"):
         tiny_survey(tiny, whole, tiny_settings, resume=True, faithfulness=None, fractions=None)
-    with pytest.raises(OutputError, match="other settings.*faithfulness"):
+    with pytest.raises(OutputError, match="other settings.*faithfulness") as refused:
         tiny_survey(tiny, whole, tiny_settings, resume=True, fractions="0,0.4")
+    # the one setting that differs, named, not the whole test's settings as a dict
+    assert "(faithfulness.fractions: [0.0, 0.5] there, [0.0, 0.4] now)" in str(refused.value), refused.value
     with pytest.raises(OutputError, match="already holds a survey"):
         tiny_survey(tiny, whole, tiny_settings)
     # A run killed between the two tables' parts of a flush: one of them misses that part.
