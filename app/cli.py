@@ -349,10 +349,12 @@ def _extract(args) -> int:
             "heads": sel.head_labels,  # ["mean"] for fused heads, as the REST and Python answers say
             "query": sel.queries if sel.queries is not None else "all",
             "aggregate": sel.aggregate,
+            **({} if sel.aggregate == "none" else {"fused_heads": sel.heads}),  # which heads the one entry fused
         }
     if not tensors:
         print("headscope extract: no picture could be written:\n  " + "\n  ".join(failed), file=sys.stderr)
-        return 1
+        # the selection fits none of the pictures: a usage error (2), as one refused before the model
+        return 2 if all(line.endswith("(bad_selection)") for line in failed) else 1
     refuse_existing(out, args.force)  # made meanwhile by someone else: still not replaced unasked
     tmp = temporary_beside(out)
     try:
@@ -603,12 +605,17 @@ def settings_message(e: ValidationError, flags: set[str]) -> str:
     has one: ``flags``, the command's option names), one per line."""
     lines = []
     for err in e.errors():
-        name = str(err["loc"][0]) if err.get("loc") else "setting"
+        msg = err["msg"].removeprefix("Value error, ")
+        msg = msg[:1].lower() + msg[1:]
+        if not err.get("loc"):  # a check of several settings together: its message names them
+            lines.append(msg)
+            continue
+        name = str(err["loc"][0])
         where = f"HEADSCOPE_{name.upper()}"
         if name in flags:
             where = "--" + name.replace("_", "-") + " / " + where
         value = "" if err.get("input") is None else f" (got {err['input']!r})"
-        lines.append(f"{where}: {err['msg'][0].lower()}{err['msg'][1:]}{value}")
+        lines.append(f"{where}: {msg}{value}")
     return "\n  ".join(lines)
 
 

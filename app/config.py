@@ -234,7 +234,10 @@ class Settings(BaseSettings):
     def _several_models(self) -> Settings:
         """``HEADSCOPE_MODEL=a,b``: ``a`` is the default and ``b`` is offered too."""
         if "," in self.model:
-            first, *rest = [m.strip() for m in self.model.split(",") if m.strip()]
+            ids = [m.strip() for m in self.model.split(",") if m.strip()]
+            if not ids:
+                raise ValueError(f"model: no model id in {self.model!r}")
+            first, *rest = ids
             self.model, self.extra_models = first, [*rest, *self.extra_models]
         return self
 

@@ -10,6 +10,7 @@ whole or absent, and readable like any other file the user creates.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 
@@ -54,7 +55,7 @@ def check_writable(path: Path, folder: bool = False) -> None:
     if base != home:
         # Tried, not asked of os.access: root passes that check where nothing can be made (/proc,
         # a read-only disk).
-        probe_dir = base / f".{path.name}.{os.getpid()}.probe"
+        probe_dir = base / f".{path.name}.{secrets.token_hex(6)}.probe"  # no other run's, no leftover
         try:
             probe_dir.mkdir()
             probe_dir.rmdir()
@@ -62,7 +63,7 @@ def check_writable(path: Path, folder: bool = False) -> None:
             why = e.strerror or type(e).__name__
             raise OutputError(f"cannot write {path}: cannot make folders in {base} ({why})") from None
         return
-    probe = home / f".{path.name}.{os.getpid()}.tmp"  # temporary_beside's name for a file
+    probe = home / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         os.unlink(probe)

@@ -377,8 +377,13 @@ def check_target(target: Target, output_hw: tuple[int, int]) -> None:
         )
 
 
-def parse_methods(spec: str | Iterable[str] | None, default: tuple[str, ...] = METHODS) -> tuple[str, ...]:
+def parse_methods(
+    spec: str | Iterable[str] | None, default: tuple[str, ...] = METHODS, offered: tuple[str, ...] = METHODS
+) -> tuple[str, ...]:
     """Relevance methods from ``chefer,attention,random`` (or a sequence); duplicates dropped.
+
+    Args:
+        offered: the methods the error names (a phrase's are not all of :data:`METHODS`).
 
     Raises:
         MethodError: an unknown or empty method.
@@ -392,10 +397,10 @@ def parse_methods(spec: str | Iterable[str] | None, default: tuple[str, ...] = M
     for raw in items:
         name = str(raw).strip().lower()
         if name not in METHODS:
-            raise MethodError(f"method {name[:40]!r}: unknown; use one of {', '.join(METHODS)}")
+            raise MethodError(f"method {name[:40]!r}: unknown; use one of {', '.join(offered)}")
         out.append(name)
     if not out:
-        raise MethodError(f"no method given; use one of {', '.join(METHODS)}")
+        raise MethodError(f"no method given; use one of {', '.join(offered)}")
     return tuple(dict.fromkeys(out))
 
 

@@ -152,7 +152,8 @@ def parse_target_methods(
         check_method(name, target, lm)
     rest = [n for n in items if n not in TEXT_METHODS]
     if rest or not items:
-        parse_methods(rest)  # the usual errors: an unknown method, none at all
+        # the usual errors (an unknown method, none at all), naming what this target takes
+        parse_methods(rest, offered=text_methods(lm) if is_text(target) else METHODS)
     return tuple(dict.fromkeys(items))
 
 

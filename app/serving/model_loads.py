@@ -150,9 +150,15 @@ class ModelLoads:
             await self._check(entry)
         except (ModelTooLargeError, HubUnreachableError) as e:
             # Refused before anything started; a client polling GET …/load (its 503 lost, or another
-            # tab) is told why, as for a load that failed later, instead of "idle" forever.
-            self._loads[entry.name] = Load(entry, mid, "failed", error=e, finished=time.monotonic())
+            # tab) is told why, as for a load that failed later, instead of "idle" forever. Not over
+            # a load another request started meanwhile (its own check passed while this one waited).
+            current = self._loads.get(entry.name)
+            if self._flights.get(entry.name) is None and (current is None or current.state == "failed"):
+                self._loads[entry.name] = Load(entry, mid, "failed", error=e, finished=time.monotonic())
             raise
+        flight = self._flights.get(entry.name)  # started by a request whose check ended first
+        if flight is not None:
+            return flight.about.as_dict(self.describe)
         load = Load(entry, mid)
         self._loads[entry.name] = load
         with using(Ticket(HEAVY, time.monotonic() + TASK_DEADLINE_S)):  # below uploads on the worker

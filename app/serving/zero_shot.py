@@ -39,7 +39,9 @@ class ZeroShotParams(BaseModel):
         examples=["dog,cat,a red car"],
     )
     maps: bool = Field(False, description="also each label's relevance map on the patch grid and its tokens' relevance")
-    method: RelevanceMethod = Field(DEFAULT_METHOD, description="the relevance method of the maps (with maps=true)")
+    method: RelevanceMethod = Field(
+        DEFAULT_METHOD, description="the relevance method of the maps (maps=true); checked without maps too"
+    )
 
 
 def parse_labels(text: str) -> list[str]:

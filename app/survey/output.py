@@ -5,7 +5,8 @@ Layout of ``--out survey.parquet``::
     survey.parquet/                      read it whole: pandas.read_parquet("survey.parquet"),
       part-<run>-00000.parquet           pyarrow.dataset, DuckDB 'survey.parquet/*.parquet', Polars
       part-<run>-00001.parquet
-      _failures/part-<run>-00000.parquet pictures that could not be read (image, error, message)
+      _failures/part-<run>-00000.parquet pictures that could not be read or computed, and refused
+                                         tests (image, error, message)
 
 Readers skip names that start with ``_`` or ``.``, so the failures never mix with the rows.
 With ``--faithfulness`` the perturbation test's rows go to a second dataset folder beside it,

@@ -11,7 +11,7 @@ import { render, renderSlow } from "./render.js";
 import {
   ablateText, ablatedPairs, canonicalQuery, defaultQuery, dims, headChoices, parseQuery, state, syncUrl,
 } from "./state.js";
-import { shownView } from "./views.js";
+import { releaseViews, shownView } from "./views.js";
 
 const SLOW_MS = 40; // charts and the model view wait until the pointer rests this long
 
@@ -40,6 +40,7 @@ export function update() {
   render(state, actions);
   slowSoon();
   if (state.imageId || state.view !== "viewer") syncUrl(state);
+  releaseViews(state);
   const view = shownView(state);
   // What need() starts (a loading note, a spinner) shows at once, not with the answer.
   const rows = needRows(state, app); // the shown image's query rows, whichever view is shown

@@ -176,8 +176,10 @@ export function describeError(err) {
   let message = err.message;
   if (err.code === "busy") {
     const wait = err.retryAfter ? ` Try again in ${err.retryAfter} s.` : " Try again in a moment.";
-    // the server's own words: its pool is full, or this page already holds its share of it
-    message = `${err.message.charAt(0).toUpperCase()}${err.message.slice(1)}.${wait}`;
+    // the server's own words up to its advice for API clients: its pool is full, or this page
+    // already holds its share of it
+    const said = err.message.split(";")[0].trim();
+    message = `${said.charAt(0).toUpperCase()}${said.slice(1)}.${wait}`;
   } else if (err.code === "image_not_found") {
     message = "The server keeps recent images only and this one has been evicted. Upload the image again to continue.";
   }

@@ -22,6 +22,9 @@
 //   need?(s, app),         // the shown view only: start the requests it lacks after a render;
 //                          //   app.update() re-renders when an answer is in, app.fail(e, retry);
 //                          //   returns whether it started one (the loading state shows at once)
+//   release?(s),           // every view, shown or not, after each change: give up the long
+//                          //   requests whose answers it would no longer show (another picture,
+//                          //   model or target), so they stop holding this page's server share
 // }
 // The sidebar (layer, head, query, display options) and the error banner are shared by every
 // view; a view reads s.layer, s.head, s.query like the maps do.
@@ -32,6 +35,11 @@ import { mapsView } from "./maps.js";
 import { whyView } from "./why.js";
 
 export const VIEWS = [mapsView, learnView, ablationView, whyView];
+
+/** Every view's release(s): see above. */
+export function releaseViews(s) {
+  for (const v of VIEWS) if (v.release) v.release(s);
+}
 
 /** The view names the page has, in tab order. */
 export function viewNames() {

@@ -169,7 +169,8 @@ export function mapCaption(answer) {
         + `attention relevance (LRP) weighted by its gradient and chained through the layers.${flat}`;
     case "attnlrp":
       return `${METHOD_NAMES.attnlrp}: how much each patch contributed to ${what} (${value}), its relevance `
-        + `carried back through the whole model in one backward pass with LRP rules.${flat}`;
+        + `carried back through the whole model in one backward pass with LRP rules; signed, the patches that `
+        + `spoke against it are drawn dark.${flat}`;
     case "rollout":
       return "Attention rollout: how much attention flows from each patch "
         + `${answer.rows === "cls" ? "to the class token" : "to the tokens (the mean over every row)"} through all `
@@ -194,9 +195,13 @@ export function methodHint(method) {
       + `not only where its heads look.${common}`;
   }
   if (LRP_METHODS.includes(method)) {
+    const signs = method === "attnlrp"
+      ? " Its relevance is signed: bright patches pushed the target up; those that spoke against it are drawn dark "
+        + "(the map sums to 1, or to −1 where the target's total relevance is negative)."
+      : common;
     return "A relevance map says how much each patch of the picture contributed to one number of the model's output "
       + "(the target): that number's relevance carried back through the model with LRP rules, so it follows what "
-      + `the model computed, not only where its heads look.${common}`;
+      + `the model computed, not only where its heads look.${signs}`;
   }
   if (method === "random") {
     return "A random map is the baseline: the faithfulness test below says whether the other maps do better than "

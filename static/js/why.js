@@ -134,12 +134,35 @@ function stopTests(d, keep = null) {
   for (const [key, stop] of d.running) if (key !== keep) stop.abort();
 }
 
-function fetchTest(s, d, target, app) {
+/** The test the view shows for `target`: the methods it compares, its fractions and its key. */
+function testSpec(s, target) {
   const methods = testedMethods(s.why.method);
   const fractions = FRACTIONS[s.why.steps] ?? "";
-  const key = testKey(target, methods, fractions);
+  return { methods, fractions, key: testKey(target, methods, fractions) };
+}
+
+/** The key of the test the view shows for `d` now; null when it shows none (not asked, no target yet). */
+function shownTest(s, d) {
+  if (!d.output || !s.why.asked.includes(d.key)) return null;
+  const target = targetOf(s.why, d.output.kind, hasText(s.models, s.model));
+  return target === null ? null : testSpec(s, target).key;
+}
+
+/**
+ * After every change, shown or not: the tests the view would no longer show are given up (another
+ * picture, model or heads off: all of them; another target, method or fractions: all but the one
+ * shown), each holding a share of the server's heavy work that the next one needs. Switching to
+ * another view keeps a test running: it is still the one the Why view shows.
+ */
+function release(s) {
+  const d = s.why.data;
+  if (!d || !d.running.size) return;
+  stopTests(d, d.key === keyOf(s) ? shownTest(s, d) : null);
+}
+
+function fetchTest(s, d, target, app) {
+  const { methods, fractions, key } = testSpec(s, target);
   if (d.tests.has(key) || d.loading.has(key) || d.failed.has(key)) return false;
-  stopTests(d, key);
   const params = { model: d.model, ablate: d.ablate, methods, target, fractions };
   return track(d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app, () => dataOf(s) === d);
 }
@@ -151,10 +174,7 @@ function fetchTest(s, d, target, app) {
 function need(s, app) {
   const key = keyOf(s);
   if (!key || !s.image || isWindowed(s.meta)) return false;
-  if (!dataOf(s)) {
-    if (s.why.data) stopTests(s.why.data); // another picture, model or ablation: its answers are dropped
-    s.why.data = freshData(key, s.imageId, s.model, ablateOf(s));
-  }
+  if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s)); // release() stopped the old tests
   const d = s.why.data;
   let started = fetchOutput(s, d, app);
   if (hasText(s.models, s.model)) started = fetchZeroShot(s, d, labelsText(s.why.labels), app) || started;
@@ -331,4 +351,4 @@ function bind(act, s) {
 }
 
 /** The view object (views.js): its answers live in state.why.data. */
-export const whyView = { name: "why", render, need, bind };
+export const whyView = { name: "why", render, need, bind, release };

@@ -117,8 +117,11 @@ test("a busy answer is told in the server's words: a full pool, or this page's o
   const share = describeError(new ApiError(429, "busy",
     "this client already has 2 heavy requests in progress (its share of the server's 2); retry when one has finished", 1));
   assert.equal(share.title, "The server is busy.");
-  assert.equal(share.message, "This client already has 2 heavy requests in progress (its share of the server's 2); "
-    + "retry when one has finished. Try again in 1 s.");
+  assert.equal(share.message, "This client already has 2 heavy requests in progress (its share of the server's 2). "
+    + "Try again in 1 s.");
   const full = describeError(new ApiError(429, "busy", "the server is busy (32 upload requests in progress); retry shortly"));
-  assert.equal(full.message, "The server is busy (32 upload requests in progress); retry shortly. Try again in a moment.");
+  assert.equal(full.message, "The server is busy (32 upload requests in progress). Try again in a moment.");
+  const tasks = describeError(new ApiError(429, "busy", "this client already has 2 long computations running (its share "
+    + "of the server's 4); wait for one, or cancel one with DELETE /api/v1/tasks/{cancel_token}", 1));
+  assert.doesNotMatch(tasks.message, /DELETE|cancel_token/); // an API client's advice, not a page user's
 });

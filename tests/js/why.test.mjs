@@ -7,6 +7,7 @@ import test from "node:test";
 
 import { verdictHeadline, verdictWords } from "../../static/js/why-verdict.js";
 import { METHOD_NAMES, mapCaption, methodHint } from "../../static/js/why-view.js";
+import { whyView } from "../../static/js/why.js";
 
 const answer = (method, target = "box:60,40,150,120", extra = {}) => ({
   method, target, y: 0.977, rows: "cls", seed: method === "random" ? 0 : null, uniform: false, ...extra,
@@ -45,7 +46,9 @@ test("the hint names the gradient only for the gradient methods, LRP's rules for
 
 test("the LRP methods and LeGrad have captions of their own that name the target", () => {
   assert.match(mapCaption(answer("chefer2021")), /^Chefer et al. 2021 \(LRP\): how much each patch contributed to the box x 60–150/);
-  assert.match(mapCaption(answer("attnlrp")), /^AttnLRP: .*one backward pass with LRP rules/);
+  assert.match(mapCaption(answer("attnlrp")), /^AttnLRP: .*one backward pass with LRP rules; signed/);
+  assert.match(methodHint("attnlrp"), /signed/); // its map is signed: not "bright patches matter most"
+  assert.doesNotMatch(methodHint("attnlrp"), /Bright patches matter most/);
   assert.match(mapCaption(answer("legrad", "text:a cat")), /^LeGrad: how much each patch pushed the phrase “a cat” up/);
   for (const m of ["chefer2021", "attnlrp", "legrad"]) assert.doesNotMatch(mapCaption(answer(m)), /same map for every target/);
 });
@@ -78,4 +81,46 @@ test("the verdicts read out: headline, each method's line and how to read them, 
   const above = { verdicts: { ...answer.verdicts, random: v("baseline", "its curve went above 1", true) } };
   assert.match(verdictWords(above, METHOD_NAMES), /random: its curve went above 1\. .* A curve above 1: removing those patches raised the target\.$/);
   assert.equal(verdictWords({ verdicts: null }, METHOD_NAMES), "");
+});
+
+// The Why view's running tests, as the page holds them: `d` its answers for one picture, `s` the state.
+const QUICK = "output|chefer,attention,random|0,0.25,0.5,0.75";
+const FULL = "output|chefer,attention,random|";
+
+function holding() {
+  const full = new AbortController();
+  const d = {
+    key: "img|m|", imageId: "img", model: "m", ablate: "", output: { kind: "saliency" },
+    maps: new Map(), tests: new Map([[QUICK, { done: true }]]), progress: new Map(),
+    running: new Map([[FULL, full]]), zeroShot: new Map(), loading: new Set([FULL]), failed: new Set(), retries: new Map(),
+  };
+  const s = {
+    imageId: "img", model: "m", meta: { layers: 12, heads: 6, tokens: { count: 257 } }, image: {}, models: [],
+    view: "why", ablation: { off: [] },
+    why: { method: "chefer", target: "output", box: null, steps: "full", asked: ["img|m|"], data: d, phrase: "", labels: "" },
+  };
+  return { s, full };
+}
+
+test("a running test the view no longer shows is given up, also when the view goes back to one it has", () => {
+  let { s, full } = holding();
+  whyView.release(s);
+  assert.equal(full.signal.aborted, false); // the test on show
+  s.view = "viewer";
+  whyView.release(s);
+  assert.equal(full.signal.aborted, false); // another view shown: still the Why view's test
+  s.why.steps = "quick"; // back to the quick test, answered already: nothing new starts
+  whyView.release(s);
+  assert.equal(full.signal.aborted, true);
+
+  ({ s, full } = holding());
+  s.why.target = "box"; // a box not drawn yet: no test on show
+  whyView.release(s);
+  assert.equal(full.signal.aborted, true);
+
+  ({ s, full } = holding());
+  s.imageId = "another"; // another picture (or model, or heads off), on any view
+  s.view = "ablation";
+  whyView.release(s);
+  assert.equal(full.signal.aborted, true);
 });

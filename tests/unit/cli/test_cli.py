@@ -53,6 +53,7 @@ def test_extract_skips_a_picture_without_the_token_asked_for_and_names_fused_hea
         n = int.from_bytes(f.read(8), "little")
         meta = json.loads(json.loads(f.read(n))["__metadata__"]["images"])
     assert meta["00000"]["file"].endswith("cat.png") and meta["00000"]["heads"] == ["mean"]
+    assert meta["00000"]["fused_heads"] == [0, 1, 2, 3, 4, 5]
 
 
 def test_extract_and_survey_take_a_precision_flag(tmp_path, monkeypatch):
@@ -118,6 +119,7 @@ def test_serve_on_a_port_in_use_says_so_in_one_line():
         (["--max-loaded-models", "0"], {}, "--max-loaded-models / HEADSCOPE_MAX_LOADED_MODELS: input should be"),
         ([], {"HEADSCOPE_MAX_QUEUE": "-1"}, "headscope serve: HEADSCOPE_MAX_QUEUE: input should be greater"),
         (["--device", "bogus"], {}, "headscope serve: device 'bogus': use auto, cpu, cuda, cuda:N or mps"),
+        ([], {"HEADSCOPE_MODEL": " , "}, "headscope serve: model: no model id in ' , '"),  # no settings dump
     ],
 )
 def test_serve_refuses_a_bad_setting_in_one_line_before_starting(argv, env, said, capsys, monkeypatch):

@@ -138,5 +138,11 @@ def test_legrad_needs_a_phrase(lm):
     with pytest.raises(MethodError, match="phrase"):
         parse_target_methods("chefer,legrad", Target("embedding"), lm)
     assert parse_target_methods("legrad,chefer", parse_target("text:a", lm), lm) == ("legrad", "chefer")
-    with pytest.raises(MethodError, match="unknown"):
+    with pytest.raises(MethodError, match="unknown") as unknown:
         parse_target_methods("legrad,nope", parse_target("text:a", lm), lm)
+    # the methods a phrase takes are named: legrad, not the LRP rules it refuses
+    offered = str(unknown.value).split("use one of ")[1]
+    assert "legrad" in offered and "chefer2021" not in offered and "attnlrp" not in offered, offered
+    with pytest.raises(MethodError, match="chefer2021") as image:
+        parse_target_methods("nope", Target("embedding"), lm)
+    assert "legrad" not in str(image.value).split("use one of ")[1]
