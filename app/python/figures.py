@@ -181,6 +181,8 @@ def grid_figure(
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
+    if not 0 <= opacity <= 1:  # before any drawing, in the words save() uses
+        raise ValueError(f"opacity: between 0 and 1; got {opacity}")
     if path is not None:
         _format_of(path)
     if layers is None:

@@ -232,7 +232,7 @@ class Scope:
         *,
         aggregate: str = "none",
         drop: str = "none",
-        rollout_start: int = 0,
+        rollout_start: int | None = None,
         head_fusion: str = "mean",
         discard_ratio: float = 0.0,
         keep_capture: bool = False,
@@ -258,7 +258,8 @@ class Scope:
             aggregate: ``none``, ``mean``, ``max`` (over the heads) or ``rollout``.
             drop: ``none``, ``prefix``, ``artifacts`` or ``prefix,artifacts``: key tokens zeroed
                 and rows renormalised.
-            rollout_start: the rollout's first layer.
+            rollout_start: the rollout's first layer (default: 0; on a windowed model, the
+                first layer of the selected stage).
             head_fusion: how the rollout fuses heads: ``mean``, ``max`` or ``min``.
             discard_ratio: the share of each row's smallest weights the rollout sets to 0.
             keep_capture: keep each picture's capture (every layer's q and k, megabytes) with

@@ -89,6 +89,9 @@ class ViewedAttention(Protocol):
 MAX_BYTES = 64 * 2**20
 ENTRY = "widget"
 BINARY = ("logp", "image")
+# The colour maps the view's front end draws (static/js/colormaps.js COLORMAPS; a test keeps them
+# equal): not matplotlib's whole set, which `save()` and `figure()` take.
+VIEW_COLORMAPS = ("viridis", "inferno", "magma", "plasma", "cividis", "grey")
 
 
 def _layers(att: ViewedAttention) -> list[int]:
@@ -124,7 +127,11 @@ def rows_logp(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> tuple[np.ndar
     with computing(att.lm):
         maps = answers.map_tensor(image, sel, [])  # may share the capture's memory
         logp = torch.log(maps).to(torch.float16).numpy()
-    return logp, {"layers": list(sel.layers), "tokens": image.tokens(sel.stage)}
+        # A Swin stage padded to whole windows: the padding keys hold part of each row's softmax
+        # and are not among the N tokens, so a row sums to less than 1 and no tempered row can be
+        # made from it (the view then draws T = 1 only, exactly: exp(log p), not renormalised).
+        complete = bool((maps.sum(-1) > 1 - 1e-3).all())
+    return logp, {"layers": list(sel.layers), "tokens": image.tokens(sel.stage), "complete": complete}
 
 
 def _state(att: ViewedAttention, max_bytes: int) -> dict[str, Any]:
@@ -145,7 +152,8 @@ def _state(att: ViewedAttention, max_bytes: int) -> dict[str, Any]:
         "layer": asked_layers[-1] if asked_layers else layers[-1],
         "head": shown[0] if shown else 0,
         "query": att.query[0],
-        "temperature": float(att.params.temperature),
+        "complete": meta["complete"],
+        "temperature": float(att.params.temperature) if meta["complete"] else 1.0,
         "colormap": "viridis",
         "opacity": 0.6,
     }
@@ -177,6 +185,7 @@ def _widget_class() -> type:
         layer = t.Int().tag(sync=True)
         head = t.Int().tag(sync=True)
         query = t.Int().tag(sync=True)
+        complete = t.Bool(True).tag(sync=True)  # every row holds all of its softmax (else T = 1 only)
         temperature = t.Float(1.0).tag(sync=True)
         colormap = t.Unicode("viridis").tag(sync=True)
         opacity = t.Float(0.6).tag(sync=True)
@@ -185,6 +194,8 @@ def _widget_class() -> type:
         @t.validate("layer")
         def _layer(self, proposal: Any) -> int:
             v = proposal["value"]
+            if isinstance(v, bool):  # t.Int takes True, which would travel as JSON true
+                raise t.TraitError(f"layer {v!r}: an int")
             if self.layers and v not in self.layers:
                 raise t.TraitError(f"layer {v}: this view holds layers {self.layers}")
             return v
@@ -192,6 +203,8 @@ def _widget_class() -> type:
         @t.validate("head", "query")
         def _index(self, proposal: Any) -> int:
             name, v = proposal["trait"].name, proposal["value"]
+            if isinstance(v, bool):
+                raise t.TraitError(f"{name} {v!r}: an int")
             if len(self.shape) == 4:
                 n = self.shape[1] if name == "head" else self.shape[2]
                 if not 0 <= v < n:
@@ -203,6 +216,18 @@ def _widget_class() -> type:
             v = proposal["value"]
             if not (v > 0 and math.isfinite(v)):
                 raise t.TraitError(f"temperature {v}: a number above 0")
+            if not self.complete and v != 1.0:
+                raise t.TraitError(
+                    f"temperature {v}: this view's rows miss their windows' padding keys (a Swin stage padded to "
+                    "whole windows), so it draws T = 1 only; att.select(temperature=...) computes a tempered map"
+                )
+            return v
+
+        @t.validate("colormap")
+        def _colormap(self, proposal: Any) -> str:
+            v = proposal["value"]
+            if v not in VIEW_COLORMAPS:  # the front end drew an unknown name as viridis, saying nothing
+                raise t.TraitError(f"colormap {v!r}: the view draws {', '.join(VIEW_COLORMAPS)}")
             return v
 
         @t.validate("opacity")

@@ -79,17 +79,18 @@ def json_bytes(shape: Sequence[int]) -> int:
     return numbers(shape) * JSON_BYTES_PER_NUMBER + 64 * 1024
 
 
-def check_json(shape: Sequence[int], dtype: str, limit: int) -> int:
-    """The JSON answer's estimated size; raise :class:`AnswerTooLarge` when it is over ``limit``."""
+def check_json(shape: Sequence[int], dtype: str, limit: int, cls_token: bool = True) -> int:
+    """The JSON answer's estimated size; raise :class:`AnswerTooLarge` when it is over ``limit``
+    (``cls_token``: whether ``query=cls`` is advice this model can take; Swin has no CLS token)."""
     size = json_bytes(shape)
     if size > limit:
         L, H, Q, N = shape
+        rows = "query=cls or query=patch:R,C" if cls_token else "query=patch:R,C"
         raise AnswerTooLarge(
             f"this selection ({L} layers x {H} heads x {Q} query rows x {N} tokens) would be about "
             f"{size / MiB:,.0f} MiB of JSON, over the {limit / MiB:,.0f} MiB limit for JSON answers; ask for "
             f"format=safetensors or format=npy ({binary_bytes(shape, dtype) / MiB:,.1f} MiB, streamed), or select "
-            f"less: fewer layers (layers=-1), heads (heads=0 or aggregate=mean) or query rows (query=cls or "
-            f"query=patch:R,C)"
+            f"less: fewer layers (layers=-1), heads (heads=0 or aggregate=mean) or query rows ({rows})"
         )
     return size
 
@@ -288,7 +289,9 @@ class Answers:
         sel = selection(params, found.entry.image)
         shape = answer_shape(sel, found.entry.image.att)
         if params.format == "json":
-            size = check_json(shape, params.dtype, self.settings.max_json_bytes)
+            prefix = found.entry.image.tokens(sel.stage)["prefix"]  # Swin, avg-pooled ViTs: no CLS token
+            cls_token = any(p["kind"] == "cls" for p in prefix)
+            size = check_json(shape, params.dtype, self.settings.max_json_bytes, cls_token)
         else:
             size = binary_bytes(shape, params.dtype)
         self.admission.large_answer(size)

@@ -163,7 +163,13 @@ class AttentionParams(_Params):
     dtype: Literal["float32", "float16"] = Field(
         "float32", description="number type of the binary answers (safetensors, npy); float16 halves their size"
     )
-    rollout_start: int = Field(0, ge=-1000, le=1000, description="rollout: first layer of the product")
+    rollout_start: int | None = Field(
+        None,
+        ge=-1000,
+        le=1000,
+        description="rollout: first layer of the product (default: the first layer, 0; on a windowed model, the first "
+        "layer of the selected stage, as `headscope extract` does)",
+    )
     head_fusion: Literal["mean", "max", "min"] = Field("mean", description="rollout: how heads are fused")
     discard_ratio: float = Field(
         0.0, ge=0.0, lt=1.0, description="rollout: share of each row's smallest weights set to 0"

@@ -178,7 +178,9 @@ function extras(s, dropped, maskCount, rings) {
 
 function explanation(s, q, row, tokens, marker) {
   const { H } = dims(s.meta, s.layer);
-  const who = `row q = ${queryLabel(s.query, s.meta.tokens)} (token ${marker ? marker.token : q.token})`;
+  // the cell on the shown layer's grid (a Swin stage's, not the first stage's), with its token there
+  const label = marker ? `patch (row ${marker.r}, col ${marker.c})` : queryLabel(s.query, s.meta.tokens);
+  const who = `row q = ${label} (token ${marker ? marker.token : q.token})`;
   const l = s.layer;
   const over = tokens.window ? "over the window's cells" : "of the row";
   const tail = ` Colours run from the map's minimum to its maximum over the patches (colour bar); `

@@ -3,7 +3,9 @@
 // it the query, the softmax temperature. It draws with the page's own overlay.js and
 // colormaps.js. Its data: `logp`, every row of the shown layers as log-probabilities at
 // temperature 1, float16 [layers, heads, N, N]; a row at temperature T is softmax(logp / T)
-// (the same as softmax(scores / T): log p differs from the scores by a constant per row).
+// (the same as softmax(scores / T): log p differs from the scores by a constant per row, where
+// the row holds all of its softmax; `complete` false: a Swin stage padded to whole windows, whose
+// rows miss the padding keys, drawn at T = 1 only).
 //
 // `render({ model, el })` is anywidget's entry point; `model` is an anywidget model (get, set,
 // save_changes, on, off) or, in a standalone file, `localModel(state)`.
@@ -63,7 +65,12 @@ function makeRows(model) {
       const off = ((li * H + h) * N + q) * N;
       const scores = new Float32Array(N);
       for (let i = 0; i < N; i++) scores[i] = table[bits[off + i]];
-      return temperedSoftmax(scores, T);
+      if (T !== 1) return temperedSoftmax(scores, T);
+      // T = 1: the weights themselves, not renormalised over the N tokens (a padded window's row
+      // sums to less than 1: its padding keys hold the rest)
+      const p = new Float64Array(N);
+      for (let i = 0; i < N; i++) p[i] = Math.exp(scores[i]);
+      return p;
     },
   };
 }
@@ -127,6 +134,11 @@ export function render({ model, el: root }) {
   const tSlider = el("input", { type: "range", min: "-1", max: "1", step: "0.01", testid: "hs-temperature",
     title: "softmax temperature (log scale)" });
   const tLabel = el("span", { testid: "hs-temperature-value" });
+  if (model.get("complete") === false) {
+    tSlider.disabled = true;
+    tSlider.title = "T = 1 only: this stage's windows are padded, and its rows miss the padding keys' weights "
+      + "(att.select(temperature=...) computes a tempered map)";
+  }
   const cmapSel = el("select", { testid: "hs-colormap", title: "colour map" });
   options(cmapSel, COLORMAPS.map((c) => [c, c]));
   const canvas = el("canvas", { class: "hs-overlay", testid: "hs-overlay" });

@@ -162,11 +162,23 @@ def test_stage_rules_are_422s_that_say_what_to_ask(swin_server, samples):
         get(url, image_id, model=V1, layers="2", query="patch:28,0"), "bad_selection"
     )
     assert "for 6 heads" in error(get(url, image_id, model=V1, layers="3", heads="6", query="0"), "bad_selection")
-    msg = error(get(url, image_id, model=V1, layers="4-9", query="0", aggregate="rollout"), "layers_span_stages")
+    msg = error(
+        get(url, image_id, model=V1, layers="4-9", query="0", aggregate="rollout", rollout_start=0),
+        "layers_span_stages",
+    )
     assert "rollout_start=4" in msg
+    # left out, the rollout starts at the stage's first layer (it was 0 here, refused; extract's start)
+    alone = get(url, image_id, model=V1, layers="4-9", query="0", aggregate="rollout").json()
+    four = get(url, image_id, model=V1, layers="4-9", query="0", aggregate="rollout", rollout_start=4).json()
+    assert alone["attention"] == four["attention"] and alone["shape"] == [6, 1, 1, 294]
     assert "last stage" in error(get(url, image_id, model=V1, layers="2", query="0", drop="artifacts"), "bad_selection")
     msg = error(get(url, image_id, model=V1, layers="0", query="all"), "bad_selection")  # 4704 x 4704 maps
     assert "at most 2048 cells (stages 1, 2, 3 here)" in msg
+    # Too large for JSON: the advice names only what this model takes (query=cls: Swin has no CLS token)
+    r = get(url, image_id, model=V1, layers="2-3", query="all")
+    assert r.status_code == 413 and r.json()["error"]["code"] == "answer_too_large", r.text
+    advice = r.json()["error"]["message"]
+    assert "query=patch:R,C" in advice and "query=cls" not in advice, advice
     # What does work: head fusion, drop on the last stage, every row of a stage, npy.
     b = get(url, image_id, model=V1, layers="10-11", query="patch:0,0;6,10", aggregate="mean").json()
     assert b["shape"] == [2, 1, 2, 77] and b["heads"] == ["mean"]

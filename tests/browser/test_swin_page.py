@@ -75,6 +75,9 @@ def test_layers_are_drawn_on_their_stage_grid_with_the_query_window(page, base_u
     assert (v["layer"], v["head"], v["query"]) == ("11", "0", "patch:28,42")
     assert (v["stage"], v["cells"], v["window"], v["shift"], v["marked"]) == ("3", "7,11", "7,7", "0,0", "3,5")
     assert "stage 3" in page.locator("[data-testid=layer-value]").inner_text()
+    # The words name the cell on the shown stage's grid, with its token there (they named stage 0's
+    # cell 28,42, outside this 7 x 11 grid, beside stage 3's token)
+    assert "row q = patch (row 3, col 5) (token 38)" in page.locator("[data-testid=explain]").inner_text()
     # The map is the API's row of that stage cell, exactly (colour bar range).
     row = api_row(base_url, v["image"], RANDOM, 11, 0, "patch:3,5")
     assert float(v["min"]) == pytest.approx(min(row), abs=1e-9) and float(v["max"]) == pytest.approx(max(row), rel=1e-6)

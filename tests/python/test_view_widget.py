@@ -105,11 +105,30 @@ def test_widget_traits_refuse_what_the_view_cannot_draw(att):
         ("query", -1, "query -1"),
         ("temperature", 0.0, "above 0"),
         ("opacity", 1.5, "0..1"),
+        ("head", True, "head True: an int"),  # t.Int takes a bool, which would travel as JSON true
+        ("layer", True, "layer True: an int"),
+        ("colormap", "jet", "colormap 'jet': the view draws viridis"),  # was drawn as viridis, silently
     ]:
         with pytest.raises(traitlets.TraitError, match=message):
             setattr(w, name, value)
     w.layer, w.head, w.query, w.temperature = att.layers[0], H - 1, N - 1, 0.5  # in range: taken
     assert (w.layer, w.head, w.query, w.temperature) == (att.layers[0], H - 1, N - 1, 0.5) and L >= 1
+    for cmap in view.VIEW_COLORMAPS:
+        w.colormap = cmap
+
+
+def test_the_views_colour_maps_are_the_front_ends():
+    import re
+
+    js = (Path(__file__).resolve().parents[2] / "static" / "js" / "colormaps.js").read_text()
+    anchors = js.split("const ANCHORS = {", 1)[1].split("};", 1)[0]
+    assert tuple(re.findall(r"^\s*(\w+):", anchors, re.M)) == view.VIEW_COLORMAPS
+
+
+def test_figure_refuses_an_opacity_past_1_before_drawing(att, tmp_path):
+    with pytest.raises(ValueError, match=r"opacity: between 0 and 1; got 2"):
+        att.figure(path=tmp_path / "grid.svg", opacity=2)
+    assert not (tmp_path / "grid.svg").exists()
 
 
 def test_view_refuses_too_many_bytes_and_names_the_extra(att, monkeypatch):
@@ -251,3 +270,23 @@ def test_swin_view_covers_one_stage(page, tmp_path):
     R, C = att.grid
     click_cell(page, R - 1, C - 1, att.grid)
     assert page.text_content("[data-testid=hs-query]") == f"patch:{R - 1},{C - 1}"
+
+    # The last stage's 7 x 11 cells in 7 x 7 windows: the second window is padded, its padding keys
+    # hold part of each row's softmax. The view draws the weights themselves (it renormalised them
+    # over the N tokens: 1.6x too large, found by a reviewer) and offers T = 1 only.
+    import traitlets
+
+    assert (R, C) == (7, 11)
+    padded = swin.attention(SAMPLE, layers="-1", heads="0", query=f"patch:3,{C - 1}")
+    row = padded.maps[0, 0, 0].double()
+    assert row.sum() < 0.95
+    w = padded.widget()
+    assert w.complete is False and w.temperature == 1.0
+    with pytest.raises(traitlets.TraitError, match="T = 1 only"):
+        w.temperature = 2.0
+    stage2 = swin.attention(SAMPLE, layers="4", query="patch:0,0")  # 14 x 21 cells: whole windows
+    assert stage2.grid == (14, 21) and stage2.widget().complete is True
+    open_file(page, padded.to_html(tmp_path / "padded.html"))
+    shown = float(page.text_content("[data-testid=hs-legend-max]"))
+    assert shown == pytest.approx(float(row.max()), rel=2e-2), (shown, float(row.max()))  # 2 digits shown
+    assert page.is_disabled("[data-testid=hs-temperature]")
