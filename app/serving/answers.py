@@ -289,8 +289,8 @@ class Answers:
         sel = selection(params, found.entry.image)
         shape = answer_shape(sel, found.entry.image.att)
         if params.format == "json":
-            prefix = found.entry.image.tokens(sel.stage)["prefix"]  # Swin, avg-pooled ViTs: no CLS token
-            cls_token = any(p["kind"] == "cls" for p in prefix)
+            # Swin, avg-pooled ViTs: no CLS token to advise
+            cls_token = found.entry.image.layout_at(sel.layers[0]).cls_index is not None
             size = check_json(shape, params.dtype, self.settings.max_json_bytes, cls_token)
         else:
             size = binary_bytes(shape, params.dtype)

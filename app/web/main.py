@@ -32,8 +32,6 @@ from .deps import declared_query_only
 from .middleware import AllowedHosts, BodyLimit, HeadAsGet, RequestId, SecurityHeaders, SingleParams
 from .schemas import TRANSPORT_RESPONSES
 
-# Room for the multipart framing and the text fields around the file.
-FORM_OVERHEAD_BYTES = 64 * 1024
 GUIDE_URL = "/guide"  # the documentation site, when the checkout has it built (paths.built_docs_dir)
 
 log = logging.getLogger("headscope")
@@ -190,9 +188,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(SingleParams)
     app.add_middleware(SecurityHeaders)
-    app.add_middleware(
-        BodyLimit, limit=settings.max_upload_bytes + FORM_OVERHEAD_BYTES, upload_limit=settings.max_upload_bytes
-    )
+    app.add_middleware(BodyLimit, upload_limit=settings.max_upload_bytes)
     # Before anything else reads the request: a Host that is not this server's (DNS rebinding) is
     # refused; inside HeadAsGet (a HEAD gets no body) and RequestId (the answer has its id).
     app.add_middleware(AllowedHosts, bind_host=settings.host, allowed=settings.allowed_hosts)

@@ -22,22 +22,28 @@ CSP = (
 )
 
 
+# Room for the multipart framing and the text fields around the file.
+FORM_OVERHEAD_BYTES = 64 * 1024
+
+
 def upload_too_large_message(upload_limit: int) -> str:
     """The one message of 413 ``upload_too_large``, wherever the body was found too large."""
     return f"upload over the {upload_limit:,}-byte limit (HEADSCOPE_MAX_UPLOAD_BYTES)"
 
 
 class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413, checked while they are read.
+    """Refuse request bodies over the upload limit and the form around it with 413, checked while
+    they are read.
 
     A declared Content-Length over the limit is refused before a byte is read; a chunked body is
-    counted as it streams and cut off at the limit. ``upload_limit`` is the limit a user set
-    (``HEADSCOPE_MAX_UPLOAD_BYTES``), which the message names: ``limit`` is that plus the form's
-    own bytes around the file, a sum nobody configured.
+    counted as it streams and cut off at the limit. The message names ``upload_limit``, the limit a
+    user set (``HEADSCOPE_MAX_UPLOAD_BYTES``), not the body's limit with the form's own bytes, a
+    sum nobody configured.
     """
 
-    def __init__(self, app, limit: int, upload_limit: int):
-        self.app, self.limit, self.upload_limit = app, limit, upload_limit
+    def __init__(self, app, upload_limit: int):
+        self.app, self.upload_limit = app, upload_limit
+        self.limit = upload_limit + FORM_OVERHEAD_BYTES
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -157,7 +157,7 @@ function shownTest(s, d) {
 function release(s) {
   const d = s.why.data;
   if (!d || !d.running.size) return;
-  stopTests(d, d.key === keyOf(s) ? shownTest(s, d) : null);
+  stopTests(d, dataOf(s) === d ? shownTest(s, d) : null);
 }
 
 function fetchTest(s, d, target, app) {
