@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "image": Path(args.image).name,
         "grid": list(att.grid),
         "shape": w.shape,
-        "logp_bytes": len(w.logp),
+        "logp_bytes": len(w.logp) + len(w.logp_max),
         "image_bytes": len(w.image),
         "widget_build_first_ms": round(1000 * cold_s, 1),
         "widget_build_ms": round(1000 * statistics.median(builds), 1),

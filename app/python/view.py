@@ -13,17 +13,20 @@ picture and the script are inside it, so it opens offline in any browser, from d
 without a server or a kernel.
 
 What travels. The view ships every row of every head of the result's layers (``layers=`` of
-``scope.attention``), as log-probabilities at temperature 1 in float16: ``layers x heads x N x N
-x 2`` bytes for N tokens, sent as a binary buffer (a ``bytes`` trait, a ``DataView`` in the
-browser; base64 in the HTML file), never as JSON lists, plus the picture as PNG. The browser
-takes the row of the clicked query from them, and a temperature T as ``softmax(logp / T)``, which
-is ``softmax(scores / T)`` since log-probabilities differ from the scores by a constant per row:
-clicks and the slider need no kernel and no forward. For the default model and a 224 x 336
-picture (16 x 24 patches, N = 385): 12 x 6 x 385 x 385 x 2 bytes = 21 MB (28 MB of base64 in the
-HTML file); for one layer, 1.8 MB. Past ``max_bytes`` (64 MiB by default) the view refuses with
-the size and asks for fewer layers (``scope.attention(image, layers="-1")``). Float16 log-probabilities
-keep each weight within ``2^-11 |log p|`` of its value (0.34 % at p = 0.001, 0.05 % at p = 0.37):
-the view is for looking, ``att.maps`` holds the exact numbers. A
+``scope.attention``), as log-probabilities at temperature 1 less their row's largest, in float16
+(``log p - max log p``: 0 at the row's peak), with each row's largest ``log p`` in float32:
+``layers x heads x N x (2N + 4)`` bytes for N tokens, sent as binary buffers (``bytes`` traits,
+``DataView``s in the browser; base64 in the HTML file), never as JSON lists, plus the picture as
+PNG. The browser takes the row of the clicked query from them, and a temperature T as
+``softmax((log p - max) / T)``, which is ``softmax(scores / T)`` since log-probabilities differ
+from the scores by a constant per row: clicks and the slider need no kernel and no forward. For
+the default model and a 224 x 336 picture (16 x 24 patches, N = 385): 12 x 6 x 385 x 774 bytes =
+21 MB (29 MB of base64 in the HTML file); for one layer, 1.8 MB. Past ``max_bytes`` (64 MiB by
+default) the view refuses with the size and asks for fewer layers
+(``scope.attention(image, layers="-1")``). Float16 keeps each weight within
+``2^-11 |log(p / max p)|`` of its value: exact at the row's peak, 0.34 % at a thousandth of it,
+so a near-uniform row (a random model's, an early layer's) keeps its small differences instead of
+drawing float16's steps. The view is for looking, ``att.maps`` holds the exact numbers. A
 Swin model's view covers the layers of one stage. The view shows every head unfused and every
 key column: a result fused over heads (``aggregate=``) or with dropped columns (``drop=``) opens
 on head 0 of its layers.
@@ -88,7 +91,7 @@ class ViewedAttention(Protocol):
 
 MAX_BYTES = 64 * 2**20
 ENTRY = "widget"
-BINARY = ("logp", "image")
+BINARY = ("logp", "logp_max", "image")
 # The colour maps the view's front end draws (static/js/colormaps.js COLORMAPS; a test keeps them
 # equal): not matplotlib's whole set, which `save()` and `figure()` take.
 VIEW_COLORMAPS = ("viridis", "inferno", "magma", "plasma", "cividis", "grey")
@@ -103,9 +106,10 @@ def _layers(att: ViewedAttention) -> list[int]:
     return list(att.layers)
 
 
-def rows_logp(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+def rows_logp(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Every row of every head of the result's layers at temperature 1, as the API answers
-    ``query=all`` for them, in log space and float16: ``([layers, heads, N, N] float16, meta)``.
+    ``query=all`` for them, in log space less each row's largest:
+    ``([layers, heads, N, N] float16 log p - max, [layers, heads, N] float32 max log p, meta)``.
 
     Args:
         att: the result.
@@ -117,7 +121,7 @@ def rows_logp(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> tuple[np.ndar
     sel = answers.selection(params, image)
     heads = len(sel.heads)
     n = image.tokens(sel.stage)["count"]
-    size = len(sel.layers) * heads * n * n * 2
+    size = len(sel.layers) * heads * n * (2 * n + 4)
     if size > max_bytes:
         raise ValueError(
             f"the view would ship {size / 2**20:.1f} MiB (every row of {len(sel.layers)} layers x {heads} heads x "
@@ -126,22 +130,28 @@ def rows_logp(att: ViewedAttention, max_bytes: int = MAX_BYTES) -> tuple[np.ndar
         )
     with computing(att.lm):
         maps = answers.map_tensor(image, sel, [])  # may share the capture's memory
-        logp = torch.log(maps).to(torch.float16).numpy()
+        logp = torch.log(maps)  # L, H, N, N
+        # Shifted so that each row peaks at 0, where float16 is finest: a near-uniform row's small
+        # differences would otherwise drown in float16's steps at log p ~ -log N.
+        top = logp.amax(-1, keepdim=True)  # L, H, N, 1
+        rel = (logp - top).to(torch.float16).numpy()
         # A Swin stage padded to whole windows: the padding keys hold part of each row's softmax
         # and are not among the N tokens, so a row sums to less than 1 and no tempered row can be
-        # made from it (the view then draws T = 1 only, exactly: exp(log p), not renormalised).
+        # made from it (the view then draws T = 1 only, exactly: exp(logp + logp_max), not renormalised).
         complete = bool((maps.sum(-1) > 1 - 1e-3).all())
-    return logp, {"layers": list(sel.layers), "tokens": image.tokens(sel.stage), "complete": complete}
+    meta = {"layers": list(sel.layers), "tokens": image.tokens(sel.stage), "complete": complete}
+    return rel, top.squeeze(-1).to(torch.float32).numpy(), meta
 
 
 def _state(att: ViewedAttention, max_bytes: int) -> dict[str, Any]:
     """The view's traits: the binary ones as bytes, the rest plain JSON values."""
-    logp, meta = rows_logp(att, max_bytes)
+    logp, top, meta = rows_logp(att, max_bytes)
     layers = meta["layers"]
     shown = [h for h in att.heads if isinstance(h, int)]
     asked_layers: list[int] = att.layers  # one stage (see _layers)
     return {
         "logp": logp.astype("<f2", copy=False).tobytes(),
+        "logp_max": top.astype("<f4", copy=False).tobytes(),
         "shape": list(logp.shape),
         "layers": layers,
         "tokens": meta["tokens"],
@@ -174,7 +184,8 @@ def _widget_class() -> type:
         """One picture's attention, drawn by the page's modules; the traits are the view's state."""
 
         _esm = esm()
-        logp = t.Bytes().tag(sync=True)
+        logp = t.Bytes().tag(sync=True)  # float16 log p - max log p per row, [L, H, N, N]
+        logp_max = t.Bytes().tag(sync=True)  # float32 max log p per row, [L, H, N]
         shape = t.List(t.Int()).tag(sync=True)
         layers = t.List(t.Int()).tag(sync=True)
         tokens = t.Dict().tag(sync=True)

@@ -2,8 +2,10 @@
 // layer / head / colour controls, the heads of the layer at a glance, a click on a patch makes
 // it the query, the softmax temperature. It draws with the page's own overlay.js and
 // colormaps.js. Its data: `logp`, every row of the shown layers as log-probabilities at
-// temperature 1, float16 [layers, heads, N, N]; a row at temperature T is softmax(logp / T)
-// (the same as softmax(scores / T): log p differs from the scores by a constant per row, where
+// temperature 1 less the row's largest, float16 [layers, heads, N, N] (0 at the row's peak, where
+// float16 is finest), and `logp_max`, each row's largest log p, float32 [layers, heads, N]; a row
+// at temperature T is softmax(logp / T) (the same as softmax(scores / T): log p differs from the
+// scores by a constant per row, where
 // the row holds all of its softmax; `complete` false: a Swin stage padded to whole windows, whose
 // rows miss the padding keys, drawn at T = 1 only).
 //
@@ -48,16 +50,18 @@ function halfTable() {
   return HALF;
 }
 
-/** A DataView's bytes as little-endian uint16 values (copied where the offset is odd). */
-function halves(view) {
-  if (view.byteOffset % 2 === 0) return new Uint16Array(view.buffer, view.byteOffset, view.byteLength >> 1);
-  return new Uint16Array(new Uint8Array(view.buffer, view.byteOffset, view.byteLength).slice().buffer);
+/** A DataView's bytes as little-endian values of a typed array (copied where the offset is not aligned). */
+function typed(view, Type) {
+  const size = Type.BYTES_PER_ELEMENT;
+  if (view.byteOffset % size === 0) return new Type(view.buffer, view.byteOffset, view.byteLength / size);
+  return new Type(new Uint8Array(view.buffer, view.byteOffset, view.byteLength).slice().buffer);
 }
 
 /** The rows of the shown layers: rowAt(layerIndex, head, query, T) -> Float64Array of N. */
 function makeRows(model) {
   const [L, H, N] = model.get("shape");
-  const bits = halves(model.get("logp"));
+  const bits = typed(model.get("logp"), Uint16Array);
+  const tops = typed(model.get("logp_max"), Float32Array);
   const table = halfTable();
   return {
     L, H, N,
@@ -69,7 +73,8 @@ function makeRows(model) {
       // T = 1: the weights themselves, not renormalised over the N tokens (a padded window's row
       // sums to less than 1: its padding keys hold the rest)
       const p = new Float64Array(N);
-      for (let i = 0; i < N; i++) p[i] = Math.exp(scores[i]);
+      const top = tops[(li * H + h) * N + q];
+      for (let i = 0; i < N; i++) p[i] = Math.exp(scores[i] + top);
       return p;
     },
   };

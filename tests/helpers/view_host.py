@@ -11,7 +11,7 @@ from pathlib import Path
 VIEW = "[data-testid=hs-view]"
 QUERY = "[data-testid=hs-query]"
 OVERLAY = "[data-testid=hs-overlay]"
-BINARY = ("logp", "image")
+BINARY = ("logp", "logp_max", "image")
 
 # A minimal anywidget host: the widget's ES module text, imported from a blob: URL, given a model
 # over the widget's synced state (bytes traits as DataViews, as anywidget gives them) that records
@@ -29,7 +29,7 @@ async ([esm, values, binary]) => {
   const model = {
     get: (k) => values[k],
     set: (k, v) => { values[k] = v; (handlers["change:" + k] || []).forEach((f) => f()); },
-    save_changes: () => window.saved.push({ ...values, logp: null, image: null }),
+    save_changes: () => window.saved.push({ ...values, logp: null, logp_max: null, image: null }),
     on: (e, f) => { (handlers[e] = handlers[e] || []).push(f); },
     off: (e, f) => { handlers[e] = (handlers[e] || []).filter((g) => g !== f); },
   };
