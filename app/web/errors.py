@@ -79,6 +79,19 @@ def logged_error_response(scope: Scope, status: int, code: str, message: str, he
     return error_response(status, code, message, headers, request_id=rid)
 
 
+# Set on an exception that service_calls.measured() has counted in headscope_requests_total.
+COUNTED = "_headscope_counted"
+
+
+def count_refused(request: Request, exc: BaseException, status: int) -> None:
+    """Count an error answer that ``measured()`` did not: one raised before the route's service
+    call (FastAPI's parameter check, a dependency: a bad image id, a full queue), on a route
+    labelled with ``service_calls.counted_as``."""
+    endpoint = getattr(request.scope.get("endpoint"), "metric_endpoint", None)
+    if endpoint is not None and not getattr(exc, COUNTED, False):
+        request.app.state.metrics.requests.labels(endpoint, str(status)).inc()
+
+
 def _one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else " " for ch in text)
 
@@ -172,6 +185,7 @@ def install(app: FastAPI) -> None:
     async def _known(request: Request, exc: Exception):
         mapped = to_api_error(exc)
         assert mapped is not None
+        count_refused(request, exc, mapped.status)
         return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
 
     kinds: tuple[type[Exception], ...] = (ApiError, *KNOWN_ERRORS)
@@ -182,6 +196,7 @@ def install(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError):
         # The code the upload form's own check gives (api/attention.py): one code for a bad
         # parameter, whichever the method and wherever it is read.
+        count_refused(request, exc, 422)
         return logged_error_response(request.scope, 422, "invalid_parameter", validation_message(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
@@ -205,6 +220,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         mapped = to_api_error(exc)
+        count_refused(request, exc, mapped.status if mapped is not None else 500)
         if mapped is not None:
             return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
         if isinstance(exc, StreamAborted):  # the answer had started: nothing more to send or log

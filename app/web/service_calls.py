@@ -4,17 +4,30 @@ turned into a response (whole, or streamed)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi.responses import Response
 
 from ..serving.answers import Answer
 from ..serving.metrics import Metrics
-from .errors import BodyTooLarge, JSONBody, to_api_error
+from .errors import COUNTED, BodyTooLarge, JSONBody, to_api_error
 from .responses import PartsResponse, StreamedResponse
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def counted_as(endpoint: str) -> Callable[[F], F]:
+    """Label a route with the ``endpoint`` its :func:`measured` call counts under, so that a
+    request refused before that call (a bad query parameter, a bad image id, a full queue: FastAPI
+    and the dependencies answer those) is counted in ``headscope_requests_total`` too (``errors.count_refused``)."""
+
+    def mark(fn: F) -> F:
+        fn.metric_endpoint = endpoint  # type: ignore[attr-defined]
+        return fn
+
+    return mark
 
 
 async def measured(metrics: Metrics, call: Awaitable[T], endpoint: str) -> T:
@@ -31,11 +44,20 @@ async def measured(metrics: Metrics, call: Awaitable[T], endpoint: str) -> T:
         mapped = to_api_error(e, retry_after=1)
         status = mapped.status if mapped else 500
         if mapped is None:
+            _mark_counted(e)
             raise
+        _mark_counted(mapped)
         raise mapped from None
     finally:
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
+
+
+def _mark_counted(exc: BaseException) -> None:
+    try:
+        setattr(exc, COUNTED, True)
+    except AttributeError:  # an exception type without attributes: counted twice, never lost
+        pass
 
 
 def respond(answer: Answer) -> Response:

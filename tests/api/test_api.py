@@ -186,10 +186,10 @@ def post_raw(base_url: str, body: bytes) -> httpx.Response:
     return httpx.post(base_url + API, content=body, headers=headers, timeout=HTTP_TIMEOUT)
 
 
-def posts_counted(base_url: str, status: str) -> float:
-    """``headscope_requests_total{endpoint="post", status}`` now."""
+def posts_counted(base_url: str, status: str, endpoint: str = "post") -> float:
+    """``headscope_requests_total{endpoint, status}`` now."""
     text = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
-    m = re.search(rf'headscope_requests_total{{endpoint="post",status="{status}"}} (\S+)', text)
+    m = re.search(rf'headscope_requests_total{{endpoint="{endpoint}",status="{status}"}} (\S+)', text)
     return float(m.group(1)) if m else 0.0
 
 
@@ -271,6 +271,46 @@ def test_every_upload_is_counted_with_its_status_form_errors_too(base_url, cat):
     bad = post(base_url, b"not a picture")
     assert_error(bad, bad.status_code, "not_an_image")
     assert counted(str(bad.status_code)) >= 1
+
+
+def test_a_follow_up_refused_before_its_call_is_counted_too(base_url, cat):
+    """A GET refused by FastAPI's parameter check or by a dependency (a malformed image id) is
+    counted under its route's endpoint, as one refused by the service is (they were not counted)."""
+    image_id = post(base_url, cat, layers="-1").json()["image_id"]
+    cases = [
+        ("get", f"/attention/{image_id}?temperature=abc", 422, "invalid_parameter"),
+        ("get", "/attention/not-an-id", 422, "invalid_image_id"),
+        ("stats", f"/attention/{image_id}/stats?mass=2", 422, "invalid_parameter"),
+        ("relevance", f"/attention/{image_id}/relevance?start_layer=x", 422, "invalid_parameter"),
+        ("get", "/attention/" + "0" * 24, 404, None),  # refused by the service: counted as before
+    ]
+    for endpoint, path, status, code in cases:
+        before = posts_counted(base_url, str(status), endpoint)
+        assert_error(httpx.get(base_url + API + path[len("/attention") :], timeout=HTTP_TIMEOUT), status, code)
+        assert posts_counted(base_url, str(status), endpoint) == before + 1, (endpoint, path)
+
+
+def test_every_measured_route_is_labelled_as_it_counts():
+    """``counted_as`` on each route names the endpoint its ``measured()`` call counts under."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from headscope.web import api
+
+    routes = []
+    for info in pkgutil.iter_modules(api.__path__):
+        module = importlib.import_module(f"headscope.web.api.{info.name}")
+        routes += getattr(getattr(module, "router", None), "routes", [])
+    labelled = 0
+    for route in routes:
+        fn = getattr(route, "endpoint", None)
+        source = inspect.getsource(fn) if fn is not None and inspect.isfunction(fn) else ""
+        found = re.findall(r'measured\(.*?"(\w+)"\)', source, re.S)
+        if found:
+            labelled += 1
+            assert getattr(fn, "metric_endpoint", None) == found[0], route.path
+    assert labelled >= 11
 
 
 def test_a_batched_answer_equals_a_fresh_single_compute(server_factory, samples):

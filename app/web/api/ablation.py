@@ -13,8 +13,8 @@ from ..deps import AblationDep, AdmitDep, AdmitHeavy, ImageIdDep, MetricsDep
 from ..errors import JSONBody
 from ..responses import PartsResponse
 from ..schemas import ERROR_RESPONSES, ImportanceResponse, OutputResponse, ProgressResponse, PruningResponse
+from ..service_calls import counted_as, measured
 from ..service_calls import long_answer as _long_answer
-from ..service_calls import measured
 
 router = APIRouter(prefix="/api/v1", tags=["ablation"])
 
@@ -34,6 +34,7 @@ _OUTPUT_CONTENT = {
     response_model=OutputResponse,
     responses={**ERROR_RESPONSES, 200: {"content": _OUTPUT_CONTENT}},
 )
+@counted_as("output")
 async def get_output(
     ablation: AblationDep,
     metrics: MetricsDep,
@@ -57,6 +58,7 @@ async def get_output(
     response_model=ImportanceResponse,
     responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
+@counted_as("importance")
 async def get_importance(
     ablation: AblationDep,
     metrics: MetricsDep,
@@ -93,6 +95,7 @@ async def get_importance_progress(
     response_model=PruningResponse,
     responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
+@counted_as("pruning")
 async def get_pruning(
     ablation: AblationDep,
     metrics: MetricsDep,

@@ -25,7 +25,7 @@ from ..errors import ApiError, JSONBody
 from ..middleware import upload_too_large_message
 from ..multipart import BodyTooSlow, is_multipart, read_form
 from ..schemas import ERROR_RESPONSES, AttentionResponse, StatsResponse
-from ..service_calls import measured, respond
+from ..service_calls import counted_as, measured, respond
 
 # Each text field of the form is small; the file is bounded by the body limit.
 MAX_FIELD_BYTES = 64 * 1024
@@ -109,6 +109,7 @@ def _params(fields: dict) -> AttentionParams:
     responses=ERROR_RESPONSES,
     openapi_extra=_OPENAPI_POST,
 )
+@counted_as("post")
 async def post_attention(
     request: Request, service: ServiceDep, settings: SettingsDep, metrics: MetricsDep, ticket: AdmitUpload
 ) -> Response:
@@ -195,6 +196,7 @@ async def _read_fields(form) -> tuple[dict[str, str], bytes, str | None]:
     response_model=StatsResponse,
     responses=ERROR_RESPONSES,
 )
+@counted_as("stats")
 async def get_stats(
     service: ServiceDep,
     metrics: MetricsDep,
@@ -215,6 +217,7 @@ async def get_stats(
     response_model=AttentionResponse,
     responses=ERROR_RESPONSES,
 )
+@counted_as("get")
 async def get_attention(
     service: ServiceDep,
     metrics: MetricsDep,
@@ -233,6 +236,7 @@ async def get_attention(
     summary="The uploaded picture as PNG (for the page)",
     responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[404]},
 )
+@counted_as("image")
 async def get_image(image_id: ImageIdDep, service: ServiceDep, metrics: MetricsDep, _: AdmitFollowUp) -> Response:
     """Decoded within the decode budget (413/429 as for uploads), made once and kept in the cache."""
     png = await measured(metrics, service.display_png(image_id), "image")

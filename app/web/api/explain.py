@@ -11,7 +11,7 @@ from ...serving.explain import explain
 from ...serving.params import ExplainParams
 from ..deps import AdmitDep, ImageIdDep, MetricsDep, ServiceDep
 from ..schemas import ERROR_RESPONSES, ExplainResponse
-from ..service_calls import measured, respond
+from ..service_calls import counted_as, measured, respond
 
 router = APIRouter(prefix="/api/v1", tags=["attention"])
 
@@ -34,6 +34,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     response_model=ExplainResponse,
     responses=_RESPONSES,
 )
+@counted_as("explain")
 async def get_explain(
     service: ServiceDep,
     metrics: MetricsDep,

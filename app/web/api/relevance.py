@@ -11,7 +11,7 @@ from ...serving.params import FaithfulnessParams, FaithfulnessQuery, RelevancePa
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, FaithfulnessResponse, ProgressResponse, RelevanceResponse
-from ..service_calls import long_answer, measured, respond
+from ..service_calls import counted_as, long_answer, measured, respond
 
 router = APIRouter(prefix="/api/v1", tags=["relevance"])
 
@@ -39,6 +39,7 @@ _RELEVANCE_RESPONSES: dict[int | str, dict[str, Any]] = {
     response_model=RelevanceResponse,
     responses=_RELEVANCE_RESPONSES,
 )
+@counted_as("relevance")
 async def get_relevance(
     relevance: RelevanceDep,
     metrics: MetricsDep,
@@ -63,6 +64,7 @@ async def get_relevance(
     response_model=FaithfulnessResponse,
     responses={**ERROR_RESPONSES, 202: {"model": ProgressResponse, "description": "`wait` ran out: the progress"}},
 )
+@counted_as("faithfulness")
 async def get_faithfulness(
     relevance: RelevanceDep,
     metrics: MetricsDep,

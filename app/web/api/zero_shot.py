@@ -10,7 +10,7 @@ from ...serving.zero_shot import ZeroShotParams, zero_shot_answer
 from ..deps import AdmitHeavy, ImageIdDep, MetricsDep, RelevanceDep
 from ..errors import JSONBody
 from ..schemas import ERROR_RESPONSES, ZeroShotResponse
-from ..service_calls import measured
+from ..service_calls import counted_as, measured
 
 router = APIRouter(prefix="/api/v1", tags=["relevance"])
 
@@ -21,6 +21,7 @@ router = APIRouter(prefix="/api/v1", tags=["relevance"])
     response_model=ZeroShotResponse,
     responses=ERROR_RESPONSES,
 )
+@counted_as("zero_shot")
 async def get_zero_shot(
     relevance: RelevanceDep,
     metrics: MetricsDep,
