@@ -102,4 +102,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('HEADSCOPE_PORT', '8000'), timeout=4)"]
 
-CMD ["headscope", "serve", "--host", "0.0.0.0", "--port", "8000"]
+# No --host/--port here: flags would override HEADSCOPE_HOST/HEADSCOPE_PORT (`docker run -e
+# HEADSCOPE_PORT=9000` served on 8000 while the health check probed 9000).
+CMD ["headscope", "serve"]

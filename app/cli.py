@@ -34,26 +34,45 @@ def ascii_int(text: str) -> int:
     return int(text)
 
 
-def port_in_use_hint(host: str, port: int) -> str | None:
-    """A one-line hint when ``host:port`` cannot be bound because something already listens there.
+def bind_hint(host: str, port: int) -> str | None:
+    """A one-line hint when ``host:port`` cannot be bound: something already listens there, the
+    address is not this machine's, the name does not resolve, or the port needs privileges.
 
     Binds and closes a socket with the options uvicorn uses, before anything heavy starts, so a
-    busy port costs no model load and gets a sentence instead of uvicorn's errno.
+    bad address costs no model load and gets a sentence instead of uvicorn's errno.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                return None  # uvicorn reports other bind errors (bad address, no permission) itself
+        except socket.gaierror:
             return (
-                f"port {port} on {host} is already in use (another headscope or another program); "
-                f"stop it, or serve on another port: headscope serve --port {port + 1} "
-                f"(or HEADSCOPE_PORT={port + 1}; make serve PORT={port + 1})"
+                f"cannot resolve the host {host!r} (--host or HEADSCOPE_HOST): give an address of this "
+                "machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
             )
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return (
+                    f"port {port} on {host} is already in use (another headscope or another program); "
+                    f"stop it, or serve on another port: headscope serve --port {port + 1} "
+                    f"(or HEADSCOPE_PORT={port + 1}; make serve PORT={port + 1})"
+                )
+            if e.errno == errno.EADDRNOTAVAIL:
+                return (
+                    f"{host} is not an address of this machine (--host or HEADSCOPE_HOST): serve on "
+                    "127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses"
+                )
+            if e.errno == errno.EACCES:
+                return (
+                    f"port {port} needs privileges this user does not have (ports below 1024): serve on "
+                    f"a port above 1023, e.g. --port 8000 (or HEADSCOPE_PORT=8000)"
+                )
+            return f"cannot listen on {host}:{port}: {e.strerror or e}"
     return None
+
+
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
 
 
 def _serve(args) -> int:
@@ -73,6 +92,14 @@ def _serve(args) -> int:
         "max_loaded_models": args.max_loaded_models,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    # argparse checks --log-level against its choices, never the default it took from the environment.
+    if args.log_level.lower() not in LOG_LEVELS:
+        print(
+            f"headscope serve: HEADSCOPE_LOG_LEVEL {args.log_level!r}: one of {', '.join(LOG_LEVELS)}",
+            file=sys.stderr,
+        )
+        return 2
+    args.log_level = args.log_level.lower()
     from .engine.device import resolve_device
 
     resolve_device(settings.device)  # a device that is not there: one line now, not a failed start-up
@@ -82,7 +109,7 @@ def _serve(args) -> int:
     if refusal:
         print(f"headscope serve: {refusal}", file=sys.stderr)
         return 2
-    hint = port_in_use_hint(settings.host, settings.port)
+    hint = bind_hint(settings.host, settings.port)
     if hint:
         print(f"headscope serve: {hint}", file=sys.stderr)
         return 1
@@ -501,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--log-level",
         default=os.environ.get("HEADSCOPE_LOG_LEVEL", "info"),
-        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        choices=LOG_LEVELS,
         help="uvicorn's log level (default info; env HEADSCOPE_LOG_LEVEL)",
     )
     s.add_argument(

@@ -43,14 +43,23 @@ def asset_dir(name: str) -> Path:
     return PACKAGE_DIR / name
 
 
-def check_asset_dirs(*dirs: Path) -> None:
-    """Raise FileNotFoundError, saying what to do, for the first of ``dirs`` that is missing."""
-    for d in dirs:
-        if not d.is_dir():
+def check_asset_dirs(**dirs: Path) -> None:
+    """Raise FileNotFoundError, saying what to do, for the first of ``dirs`` that is missing.
+
+    Args:
+        **dirs: each folder by its name (``static``, ``templates``), whose setting is
+            ``HEADSCOPE_<NAME>_DIR``.
+    """
+    for name, d in dirs.items():
+        if d.is_dir():
+            continue
+        variable = f"HEADSCOPE_{name.upper()}_DIR"
+        if d == asset_dir(name):  # the default: the package (or checkout) lacks it
             raise FileNotFoundError(
                 f"the web assets folder {d} is missing (neither the installed package nor a checkout "
-                f"has {d.name}/); reinstall headscope, or set HEADSCOPE_{d.name.upper()}_DIR"
+                f"has {name}/); reinstall headscope, or set {variable} to a folder that has them"
             )
+        raise FileNotFoundError(f"{variable}: {d} is not a folder (it holds the page's {name} files)")
 
 
 def default_models_dir() -> Path:

@@ -221,9 +221,16 @@ class GlobalImage(CapturedImage):
         if query is None or not query.strip():
             cls = self.layout.cls_index
             return layer, head, cls if cls is not None else self.layout.num_prefix
-        queries = parse_query(query, self.layout)
+        one = f"query: explain takes one query token ('cls', a token index or 'patch:R,C'); got {query.strip()!r}"
+        try:
+            queries = parse_query(query, self.layout)
+        except SelectionError as e:
+            # The general advice (all, several indices, boxes) is what explain refuses next.
+            if "cannot read" in str(e):
+                raise SelectionError(one) from None
+            raise  # a cell outside the grid, a token out of range: their own words
         if queries is None or len(queries) != 1:
-            raise SelectionError("query: explain takes one query token ('cls', a token index or 'patch:R,C')")
+            raise SelectionError(one)
         return layer, head, queries[0]
 
     def explain(self, module: Any, layer: int, head: int, query: int) -> HeadComputation:

@@ -62,7 +62,7 @@ class Load:
             "bytes_done": self.progress.done,
             "bytes_total": self.progress.total,
             "fraction": 1.0 if self.state == "ready" else self.progress.fraction,
-            "seconds": round(end - self.started, 2),
+            "seconds": max(0.0, round(end - self.started, 2)),
             "error": err,
         }
 
@@ -154,7 +154,8 @@ class ModelLoads:
             # a load another request started meanwhile (its own check passed while this one waited).
             current = self._loads.get(entry.name)
             if self._flights.get(entry.name) is None and (current is None or current.state == "failed"):
-                self._loads[entry.name] = Load(entry, mid, "failed", error=e, finished=time.monotonic())
+                now = time.monotonic()  # one instant: started after finished read -0.0 seconds
+                self._loads[entry.name] = Load(entry, mid, "failed", error=e, started=now, finished=now)
             raise
         flight = self._flights.get(entry.name)  # started by a request whose check ended first
         if flight is not None:

@@ -39,7 +39,9 @@ def validation_message(errors: ValidationError | Iterable[Mapping[str, Any]]) ->
     parts = []
     for err in listed[:MAX_ERRORS]:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
-        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+        # A validator's own words, without pydantic's label for where they came from.
+        msg = str(err.get("msg")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts) or "invalid parameter"
 
 
@@ -64,6 +66,7 @@ Mass = Annotated[
     Field(
         gt=0,
         le=1,
+        allow_inf_nan=False,  # nan was refused as "less than or equal to 1"
         description="DINO mass threshold: mass_patches counts the fewest patches that hold this share of the CLS row",
     ),
 ]
@@ -73,6 +76,7 @@ Wait = Annotated[
     Field(
         ge=0,
         le=3600,
+        allow_inf_nan=False,
         description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
         "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
         "timeout and then answers 504 (the computation goes on too).",
@@ -172,7 +176,7 @@ class AttentionParams(_Params):
     )
     head_fusion: Literal["mean", "max", "min"] = Field("mean", description="rollout: how heads are fused")
     discard_ratio: float = Field(
-        0.0, ge=0.0, lt=1.0, description="rollout: share of each row's smallest weights set to 0"
+        0.0, ge=0.0, lt=1.0, allow_inf_nan=False, description="rollout: share of each row's smallest weights set to 0"
     )
     drop: Literal["none", "prefix", "artifacts", "prefix,artifacts"] = Field(
         "none", description="zero these key tokens and renormalise rows (attention sinks)"

@@ -58,7 +58,7 @@ def _import_model_libraries() -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    paths.check_asset_dirs(settings.static_dir, settings.templates_dir)
+    paths.check_asset_dirs(static=settings.static_dir, templates=settings.templates_dir)
     refusal = settings.any_model_refusal()
     if refusal:
         raise ValueError(refusal)

@@ -77,6 +77,11 @@ class BodyLimit:
                 await self._refuse(scope, send)
 
     async def _refuse(self, scope, send):
+        # Before routing, so no endpoint's requests_total: counted as a refusal by reason.
+        app = scope.get("app")
+        metrics = getattr(getattr(app, "state", None), "metrics", None)
+        if metrics is not None:
+            metrics.rejections.labels("upload_too_large").inc()
         resp = errors.logged_error_response(scope, 413, "upload_too_large", upload_too_large_message(self.upload_limit))
         await send(
             {

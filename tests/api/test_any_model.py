@@ -144,6 +144,10 @@ def test_load_shows_download_progress_then_the_model_is_offered(server, hub, pac
     assert r.json()["model"] == f"timm:{DOWNLOADED}" and r.json()["shape"][:2] == [1, 3]
 
 
+def st_text(url: str, name: str) -> str:
+    return httpx.get(f"{url}/api/v1/models/catalog/{name}/load", timeout=HTTP_TIMEOUT).text.replace(" ", "")
+
+
 def test_unreachable_hub_is_a_clear_503_and_cached_models_still_load(server, hub, pace):
     hub.stop()  # from here on the hub refuses connections
     r = httpx.post(f"{server.url}/api/v1/models/catalog/{MISSING}/load", timeout=HTTP_TIMEOUT)
@@ -153,6 +157,7 @@ def test_unreachable_hub_is_a_clear_503_and_cached_models_still_load(server, hub
     # Refused at the request, not after a download attempt; a client polling the load is told why.
     st = httpx.get(f"{server.url}/api/v1/models/catalog/{MISSING}/load", timeout=HTTP_TIMEOUT).json()
     assert st["state"] == "failed" and st["error"] == {"code": err["code"], "message": err["message"]}, st
+    assert '"seconds":0.0' in st_text(server.url, MISSING)  # no time spent (it read -0.0)
     assert f"timm:{MISSING}" not in models(server.url)
     # The prepared cache needs no hub; it is the third model, so the least recently used goes.
     r = httpx.post(f"{server.url}/api/v1/models/catalog/{CACHED}/load", timeout=HTTP_TIMEOUT)

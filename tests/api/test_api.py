@@ -147,6 +147,22 @@ def test_bad_parameters(base_url, cat, fields, status, code):
     assert_error(post(base_url, cat, **fields), status, code)
 
 
+@pytest.mark.parametrize(
+    "path, field, said",
+    [
+        ("", "stats=true&format=npy", "stats: stats=true needs format=json"),  # no pydantic "Value error, "
+        ("/stats", "mass=nan", "mass: Input should be a finite number"),  # was "less than or equal to 1"
+        ("", "discard_ratio=nan", "discard_ratio: Input should be a finite number"),
+        ("/faithfulness", "wait=nan", "wait: Input should be a finite number"),
+    ],
+)
+def test_a_refused_parameter_is_said_in_its_own_words(base_url, cat, path, field, said):
+    image_id = post(base_url, cat, layers="-1").json()["image_id"]
+    r = httpx.get(f"{base_url}{API}/{image_id}{path}?{field}", timeout=HTTP_TIMEOUT)
+    assert_error(r, 422, "invalid_parameter")
+    assert r.json()["error"]["message"].startswith(said), r.text
+
+
 def test_bad_uploads(base_url, cat):
     assert_error(httpx.post(base_url + API, data={"layers": "all"}, timeout=HTTP_TIMEOUT), 415, "not_multipart")
     assert_error(httpx.post(base_url + API, files={"file": ("a.png", cat)}, timeout=HTTP_TIMEOUT), 422, "unknown_field")
@@ -191,6 +207,20 @@ def posts_counted(base_url: str, status: str, endpoint: str = "post") -> float:
     text = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
     m = re.search(rf'headscope_requests_total{{endpoint="{endpoint}",status="{status}"}} (\S+)', text)
     return float(m.group(1)) if m else 0.0
+
+
+def rejected(base_url: str, reason: str) -> float:
+    text = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
+    m = re.search(rf'headscope_rejections_total{{reason="{reason}"}} (\S+)', text)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_a_body_refused_by_its_declared_length_is_counted(base_url):
+    """Refused before any route reads it (Content-Length over the limit): in the metrics as a
+    rejection by reason (it was in none)."""
+    before = rejected(base_url, "upload_too_large")
+    assert_error(post(base_url, b"\0" * (25 * 1024 * 1024)), 413, "upload_too_large")
+    assert rejected(base_url, "upload_too_large") == before + 1
 
 
 def test_upload_cap_is_checked_while_reading(base_url):

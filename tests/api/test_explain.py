@@ -118,6 +118,15 @@ def test_explain_bad_parameters(base_url, cat_id, params, status, code):
     assert_error(explain(base_url, cat_id, **params), status, code)
 
 
+@pytest.mark.parametrize("query", ["register", "all", "0,1", "box:0,0,2,2"])
+def test_explain_refuses_what_is_not_one_token_with_its_own_advice(base_url, cat_id, query):
+    """Not the general query advice ("use cls, all, token indices ..."), which explain refuses next."""
+    r = explain(base_url, cat_id, query=query)
+    assert_error(r, 422, "bad_selection")
+    message = r.json()["error"]["message"]
+    assert message == f"query: explain takes one query token ('cls', a token index or 'patch:R,C'); got {query!r}"
+
+
 def test_explain_unknown_or_evicted_image(base_url, server_factory, samples):
     assert_error(explain(base_url, "0" * 24), 404, "image_not_found")
     assert_error(explain(base_url, "not-hex!"), 422, "invalid_image_id")

@@ -217,8 +217,10 @@ show_logs() { "$DOCKER" logs "$1" 2>&1 | tail -30 | sed "s/^/    $1: /"; }
 # --- 4. run on the host network ----------------------------------------------------------
 phase_start "run-host"
 PORT=$(free_port)
-if ! "$DOCKER" run -d --name "$NAME_HOST" --network host -e "HEADSCOPE_PORT=$PORT" \
-        "$IMAGE" headscope serve --host 127.0.0.1 --port "$PORT" >/dev/null; then
+# The image's own CMD, the address from the environment alone (as docs/docker.md's -e): the
+# server and the HEALTHCHECK below both follow it.
+if ! "$DOCKER" run -d --name "$NAME_HOST" --network host -e "HEADSCOPE_HOST=127.0.0.1" -e "HEADSCOPE_PORT=$PORT" \
+        "$IMAGE" >/dev/null; then
     fail "container start (host network)"
     exit 1
 fi

@@ -47,7 +47,7 @@ def test_assets_come_from_the_package_then_the_checkout_never_the_cwd(monkeypatc
     monkeypatch.setattr(paths, "CHECKOUT_DIR", tmp_path / "none")
     assert paths.asset_dir("templates") == pkg / "templates"  # missing: Settings still build (fetch)
     with pytest.raises(FileNotFoundError, match="reinstall headscope"):
-        paths.check_asset_dirs(paths.asset_dir("static"), paths.asset_dir("templates"))
+        paths.check_asset_dirs(static=paths.asset_dir("static"), templates=paths.asset_dir("templates"))
 
 
 def test_serve_refuses_to_start_without_its_web_assets(tmp_path):
@@ -55,6 +55,9 @@ def test_serve_refuses_to_start_without_its_web_assets(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="HEADSCOPE_TEMPLATES_DIR"):
         create_app(Settings(templates_dir=tmp_path / "templates", models_dir=tmp_path))
+    # A folder of another name is named by its setting (the hint was HEADSCOPE_ASSETS_DIR).
+    with pytest.raises(FileNotFoundError, match=r"^HEADSCOPE_STATIC_DIR: .*assets is not a folder"):
+        create_app(Settings(static_dir=tmp_path / "www" / "assets", models_dir=tmp_path))
 
 
 def test_several_models_in_headscope_model(monkeypatch):

@@ -110,6 +110,16 @@ def test_serve_on_a_port_in_use_says_so_in_one_line():
         other.wait(30)
 
 
+def test_serve_on_an_address_not_this_machines_says_so_before_loading(capsys):
+    """192.0.2.1 (TEST-NET-1) is no interface's: one line naming --host / HEADSCOPE_HOST, before the
+    model loads (it was uvicorn's errno 99 after the model had loaded and said ready)."""
+    assert headscope_cli.main(["serve", "--no-fetch", "--host", "192.0.2.1", "--port", str(free_port())]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "192.0.2.1 is not an address of this machine (--host or HEADSCOPE_HOST)" in lines[0], err
+    assert "Errno" not in err and "ready" not in err
+
+
 @pytest.mark.parametrize(
     "argv, env, said",
     [
@@ -120,6 +130,8 @@ def test_serve_on_a_port_in_use_says_so_in_one_line():
         ([], {"HEADSCOPE_MAX_QUEUE": "-1"}, "headscope serve: HEADSCOPE_MAX_QUEUE: input should be greater"),
         (["--device", "bogus"], {}, "headscope serve: device 'bogus': use auto, cpu, cuda, cuda:N or mps"),
         ([], {"HEADSCOPE_MODEL": " , "}, "headscope serve: model: no model id in ' , '"),  # no settings dump
+        # argparse never checks a default against its choices: this was uvicorn's KeyError traceback
+        ([], {"HEADSCOPE_LOG_LEVEL": "verbose"}, "headscope serve: HEADSCOPE_LOG_LEVEL 'verbose': one of critical"),
     ],
 )
 def test_serve_refuses_a_bad_setting_in_one_line_before_starting(argv, env, said, capsys, monkeypatch):
