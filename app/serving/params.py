@@ -13,10 +13,11 @@ of every route and the Python API's ``ValueError``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ..engine.faithfulness import PROTOCOLS
 from ..engine.relevance import METHODS
@@ -43,6 +44,18 @@ def validation_message(errors: ValidationError | Iterable[Mapping[str, Any]]) ->
         msg = str(err.get("msg")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts) or "invalid parameter"
+
+
+def _ascii_int(value: Any) -> Any:
+    """A query's or form's integer as its ASCII digits alone, as the selection grammar takes them:
+    pydantic's lax int also reads "1.0" as 1 and "1_0" as 10."""
+    if isinstance(value, str) and not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+        raise ValueError("Input should be a valid integer, unable to parse string as an integer")
+    return value
+
+
+# An integer parameter: ASCII digits with an optional sign, from text (a number from Python as it is).
+Int = Annotated[int, BeforeValidator(_ascii_int)]
 
 
 # -- parameters several requests take -------------------------------------------------------
@@ -91,7 +104,7 @@ ImportanceMethod = Annotated[
     ),
 ]
 
-Points = Annotated[int, Field(ge=2, le=1025, description="points of the curve (at most heads + 1 are used)")]
+Points = Annotated[Int, Field(ge=2, le=1025, description="points of the curve (at most heads + 1 are used)")]
 
 # A string parsed by the engine's parse_method, not a Literal: an unknown name is then 422
 # bad_method, as in the Python API and in …/faithfulness's methods= (not pydantic's
@@ -113,13 +126,13 @@ Target = Annotated[
 ]
 
 Seed = Annotated[
-    int, Field(ge=0, le=2**31 - 1, description="the seed of the `random` map (the same seed, the same map)")
+    Int, Field(ge=0, le=2**31 - 1, description="the seed of the `random` map (the same seed, the same map)")
 ]
 
 # No bounds here: the engine checks it against the model's layers (422 bad_start_layer, the same
 # code the Python API raises), which a bound without the model could not.
 StartLayer = Annotated[
-    int | None,
+    Int | None,
     Field(
         description="chefer2021 only: the first layer of its product, 0..L-1 (default: 1, the authors' evaluation's "
         "start_layer; layer 0's map is left out). Given with other methods alone, or outside 0..L-1 (negative values "
@@ -167,7 +180,7 @@ class AttentionParams(_Params):
     dtype: Literal["float32", "float16"] = Field(
         "float32", description="number type of the binary answers (safetensors, npy); float16 halves their size"
     )
-    rollout_start: int | None = Field(
+    rollout_start: Int | None = Field(
         None,
         ge=-1000,
         le=1000,
@@ -222,8 +235,8 @@ class ExplainParams(_Params):
     """``GET …/explain``: which head, layer and query token to explain."""
 
     model: Model = None
-    layer: int = Field(-1, ge=-100_000, le=100_000, description="block index; negative counts from the end")
-    head: int = Field(0, ge=-100_000, le=100_000, description="head index; negative counts from the end")
+    layer: Int = Field(-1, ge=-100_000, le=100_000, description="block index; negative counts from the end")
+    head: Int = Field(0, ge=-100_000, le=100_000, description="head index; negative counts from the end")
     query: str | None = Field(
         None,
         max_length=MAX_SPEC,

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from starlette.concurrency import run_in_threadpool
 
+from ...serving.params import Int
 from ...zoo import catalog
 from ...zoo.download import cached_weights
 from ..deps import ModelLoadsDep, RegistryDep, SettingsDep
@@ -67,7 +68,7 @@ async def search_catalog(
             examples=["vit_small", "dinov2 reg4", "swin"],
         ),
     ] = "",
-    limit: Annotated[int, Query(ge=1, le=catalog.MAX_LIMIT, description="at most this many names")] = 50,
+    limit: Annotated[Int, Query(ge=1, le=catalog.MAX_LIMIT, description="at most this many names")] = 50,
 ) -> JSONBody:
     """`timm.list_models(pretrained=True)` cut to the families Headscope captures (vit, deit,
     eva, beit, swin, swinv2) and to weights on the Hugging Face hub: an exact name first, then

@@ -95,3 +95,28 @@ def test_command_line_integers(digit):
     assert parser.parse_args(["survey", "x", "--out", "y", "--batch-size", "3"]).batch_size == 3
     with pytest.raises(argparse.ArgumentTypeError, match="ASCII digits only"):
         cli.ascii_int(digit)
+
+
+@pytest.mark.parametrize("text", ["1.0", "1_0", "1e0", "0x1", "٣", " ", "+-1"])
+def test_integer_parameters_take_digits_alone(text):
+    """Pydantic's lax int read "1.0" as 1 and "1_0" as 10: every integer parameter (``Int``)
+    takes an optional sign and ASCII digits, from a query or a form; a number from Python as it is."""
+    from pydantic import ValidationError
+
+    from headscope.serving.params import AttentionParams, ExplainParams, FaithfulnessParams, validation_message
+
+    for cls, field in [
+        (ExplainParams, "head"),
+        (ExplainParams, "layer"),
+        (AttentionParams, "rollout_start"),
+        (FaithfulnessParams, "seed"),
+    ]:
+        with pytest.raises(ValidationError) as e:
+            cls(**{field: text})
+        assert (
+            validation_message(e.value)
+            == f"{field}: Input should be a valid integer, unable to parse string as an integer"
+        )
+    assert (
+        ExplainParams(head=" -2 ").head == -2 and ExplainParams(head="+3").head == 3 and ExplainParams(head=4).head == 4
+    )
