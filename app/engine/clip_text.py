@@ -55,7 +55,7 @@ class TextForward:
 
 def check_phrase(phrase: str) -> str:
     """A phrase as a text target takes it: stripped, not empty, at most :data:`MAX_PHRASE_CHARS`
-    characters, no control characters or undecodable bytes (U+FFFD).
+    characters, no control characters or undecodable bytes (U+FFFD, lone surrogates).
 
     Raises:
         TextError: otherwise.
@@ -65,7 +65,9 @@ def check_phrase(phrase: str) -> str:
         raise TextError("the phrase is empty: write text:PHRASE with some words, e.g. text:a dog")
     if len(text) > MAX_PHRASE_CHARS:
         raise TextError(f"the phrase has {len(text)} characters; at most {MAX_PHRASE_CHARS}")
-    if "\ufffd" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
+    # U+FFFD: bytes a request could not decode; a lone surrogate: the same bytes in a Python str
+    # (os.fsdecode, surrogateescape), which the tokenizer would read as something else.
+    if "\ufffd" in text or any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in text):
         raise TextError("the phrase holds bytes that are not UTF-8 text or control characters")
     return text
 

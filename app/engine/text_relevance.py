@@ -99,9 +99,10 @@ def is_text(spec: object) -> bool:
 def require_text(lm: LoadedModel) -> Any:
     """The model's text tower, or :class:`TextError` (422) for a model without one."""
     if lm.text is None:
-        why = f" ({lm.text_note})" if lm.text_note else ""
+        if lm.text_note:  # a CLIP-style model whose text tower did not load: why, not another model
+            raise TextError(f"{lm.id} has no text tower here: {lm.text_note}")
         raise TextError(
-            f"{lm.id} has no text tower{why}: text targets and zero-shot need a CLIP-style model "
+            f"{lm.id} has no text tower: text targets and zero-shot need a CLIP-style model "
             "(open_clip:ARCH or open_clip:ARCH/PRETRAINED)"
         )
     return lm.text

@@ -112,10 +112,11 @@ Points = Annotated[Int, Field(ge=2, le=1025, description="points of the curve (a
 RelevanceMethod = Annotated[str, Field(max_length=MAX_SPEC, json_schema_extra={"enum": list(METHODS + TEXT_METHODS)})]
 DEFAULT_METHOD = "chefer"
 
+# No max_length: the engine's parse_target bounds every kind in its own words (a phrase over its
+# 300 characters: 422 bad_text, a box or class spec past MAX_SPEC: bad_target), as the docs say.
 Target = Annotated[
     str | None,
     Field(
-        max_length=MAX_SPEC,
         description="the scalar of the output to explain: `output` (saliency: the mean of the map; the default), "
         "`box:X0,Y0,X1,Y1` (saliency: the mean over output-map rows Y0:Y1, columns X0:X1, pixels, end-exclusive), "
         "`top` (classes: the logit of the top class; the default), `class:N` (the logit of class N), `embedding` "

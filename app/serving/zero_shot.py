@@ -61,15 +61,16 @@ def check_labels(raw: list[str]) -> list[str]:
     """
     if not raw:
         raise TextError("no labels given: write phrases like 'a dog, a cat'")
-    if len(raw) > MAX_LABELS:
-        raise TextError(f"{len(raw)} labels; at most {MAX_LABELS}")
     labels = []
     for i, r in enumerate(raw):
         try:
             labels.append(check_phrase(r))
         except TextError as e:
             raise TextError(f"label {i + 1}: {e}") from None
-    return list(dict.fromkeys(labels))
+    distinct = list(dict.fromkeys(labels))  # counted once repeated, as the parameter's description says
+    if len(distinct) > MAX_LABELS:
+        raise TextError(f"{len(distinct)} labels; at most {MAX_LABELS}")
+    return distinct
 
 
 def scores(

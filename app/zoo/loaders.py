@@ -270,7 +270,8 @@ def load_open_clip(spec: ModelSpec) -> LoadedModel:
     from .open_clip_models import open_clip_parts
 
     p = open_clip_parts(spec)
-    # a fixed position table: square inputs at the model's size, as open_clip resizes
+    # a fixed position table: square inputs at the model's size, the whole picture squeezed (open_clip's
+    # preprocess crops the centre square; docs/models.md says so)
     lm = _finish(spec, p.model, False, input_size=p.input_size, mean=p.mean, std=p.std, description=p.description)
     lm.text, lm.text_note = p.text, p.text_note
     return lm

@@ -223,14 +223,22 @@ def open_clip_parts(spec: ModelSpec) -> OpenClipParts:
     size = (size, size) if isinstance(size, int) else tuple(size)
     text: TextTower | None = None
     note = ""
+    reachable = hub_reachable()
     try:
-        with hub_offline(not hub_reachable()):  # a Hugging Face tokenizer (SigLIP): the cache only, offline
+        with hub_offline(not reachable):  # a Hugging Face tokenizer (SigLIP): the cache only, offline
             tokenizer = oc.get_tokenizer(name)
         text = TextTower(clip, tokenizer, kind)
     except TextError as e:
         note = str(e)
-    except Exception as e:  # a Hugging Face tokenizer offline, say
-        note = f"the text tower could not be loaded ({type(e).__name__}: {str(e)[:200]})"
+    except OSError as e:  # a Hugging Face tokenizer (SigLIP) neither cached nor reachable
+        note = (
+            f"its tokenizer could not be loaded from the Hugging Face hub or its cache ({type(e).__name__}); "
+            "load the model once on a machine with internet and copy ~/.cache/huggingface"
+            if not reachable
+            else f"the text tower could not be loaded ({type(e).__name__}: {_first_line(e)})"
+        )
+    except Exception as e:
+        note = f"the text tower could not be loaded ({type(e).__name__}: {_first_line(e)})"
     if text is not None:
         clip.visual = nn.Identity()  # the timm copy serves the image; the text tower keeps the rest
     weights = f"pretrained {tag}" if tag else "random weights"
@@ -238,3 +246,9 @@ def open_clip_parts(spec: ModelSpec) -> OpenClipParts:
     return OpenClipParts(
         vit, size, tuple(pre["mean"]), tuple(pre["std"]), f"open_clip {name} ({label}, {weights})", text, note
     )
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    """An exception's first line, whole words up to ``limit`` characters (hub errors run to pages)."""
+    line = (str(e).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"

@@ -265,8 +265,10 @@ function render(s, act, shown) {
   renderZeroShot($("zero-shot-list"), text ? d.zeroShot.get(labels) || null : null, isText ? s.why.phrase.trim() : null,
     (label) => act.setIn("why", { target: "text", phrase: label }), zsState);
   const rawKey = `${RAW}|${target}`;
+  // asked for once the chosen map is in (need()): never, where the chosen map was refused
+  const rawComing = !d.maps.has(rawKey) && !d.failed.has(`map|${rawKey}`) && !d.failed.has(`map|${mapKey}`);
   renderRelevance($("raw-figure"), {
-    image: s.image, answer: d.maps.get(rawKey) || null, loading: !d.maps.has(rawKey) && !d.failed.has(`map|${rawKey}`) && target !== null, role: "raw",
+    image: s.image, answer: d.maps.get(rawKey) || null, loading: rawComing && target !== null, role: "raw",
   });
   const note = $("why-target-note");
   const whole = out && out.kind === "saliency" && target === "output";

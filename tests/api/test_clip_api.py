@@ -144,6 +144,8 @@ def test_faithfulness_for_a_phrase(server, image_id):
         ("relevance", {"target": "text:   "}, "bad_text"),
         ("relevance", {"target": "text:" + "a" * 301}, "bad_text"),
         ("relevance", {"target": "text:" + "a " * 100}, "bad_text"),
+        ("relevance", {"target": "text:" + "a" * 4100}, "bad_text"),  # was pydantic's max_length: invalid_parameter
+        ("faithfulness", {"target": "text:" + "a" * 4100}, "bad_text"),
         ("relevance", {"target": "embedding", "method": "legrad"}, "bad_method"),
         ("relevance", {"target": "text:a dog", "method": "nope"}, "bad_method"),
         ("faithfulness", {"target": "text:a dog", "methods": "legrad,nope"}, "bad_method"),
@@ -158,6 +160,22 @@ def test_faithfulness_for_a_phrase(server, image_id):
 def test_bad_input_is_422(server, image_id, path, params, code):
     r = get(server, f"{API}/{image_id}/{path}", model=MODEL_ID, **params)
     assert_error(r, 422, code)
+
+
+def test_a_repeated_label_counts_once(server, image_id):
+    """65 copies of one label are one label (the parameter's description says so); 65 distinct are
+    too many, counted as distinct."""
+    r = get(server, f"{API}/{image_id}/zero-shot", model=MODEL_ID, labels=",".join(["a dog"] * 65))
+    assert r.status_code == 200, r.text
+    assert [x["label"] for x in r.json()["labels"]] == ["a dog"]
+    r = get(
+        server,
+        f"{API}/{image_id}/zero-shot",
+        model=MODEL_ID,
+        labels=",".join(["a dog"] * 10 + [f"l{i}" for i in range(65)]),
+    )
+    assert_error(r, 422, "bad_text")
+    assert r.json()["error"]["message"] == "66 labels; at most 64"
 
 
 def test_non_utf8_and_no_text_tower_are_422(server, image_id):

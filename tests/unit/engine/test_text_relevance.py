@@ -113,6 +113,7 @@ def test_faithfulness_for_a_phrase(lm, pixels, rel):
         ("text:   ", "empty"),
         ("text:" + "a" * (MAX_PHRASE_CHARS + 1), "at most"),
         ("text:caf\ufffd", "UTF-8"),
+        ("text:a \udcff cat", "UTF-8"),  # bytes that are not UTF-8, as os.fsdecode gives them (was taken)
         ("text:a\x00b", "control"),
         ("text:" + "a " * 100, "tokens"),
     ],

@@ -120,9 +120,19 @@ def test_siglip_without_its_tokenizer_has_no_text_tower_and_says_why(monkeypatch
     def offline(name, **kw):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
 
+    from headscope.zoo import open_clip_models
+
     monkeypatch.setattr(open_clip, "get_tokenizer", offline)
+    monkeypatch.setattr(open_clip_models, "hub_reachable", lambda: False)
     sk = skeleton(ModelSpec.parse("open_clip:ViT-B-16-SigLIP"), None)
     assert sk.prefix == [] and sk.output_kind == "embedding" and sk.num_layers == 12
-    assert sk.text is None and "could not be loaded" in sk.text_note and "huggingface.co" in sk.text_note
-    with pytest.raises(TextError, match="no text tower"):
+    assert sk.text is None and "tokenizer could not be loaded from the Hugging Face hub" in sk.text_note
+    # Why, in whole words (the hub's error was cut mid-URL), and no advice to use the model it is.
+    with pytest.raises(TextError) as e:
         parse_target("text:a dog", sk)
+    said = str(e.value)
+    assert (
+        said.startswith("open_clip:ViT-B-16-SigLIP has no text tower here: its tokenizer")
+        and "~/.cache/huggingface" in said
+    )
+    assert "need a CLIP-style model" not in said and "https://" not in said
