@@ -134,6 +134,14 @@ def _flat(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _said(key: str, value: Any) -> str:
+    """A setting's value as the command line spells it (the faithfulness target's default, None in
+    the table's metadata, is ``region``)."""
+    if key == "faithfulness.target" and value is None:
+        return "'region'"
+    return repr(value)
+
+
 def _check_writable(folder: Path) -> None:
     try:
         check_writable(folder, folder=True)
@@ -178,10 +186,14 @@ class SurveyOutput:
         if theirs is not None:
             # nested settings (the faithfulness test's) compared and named one by one
             mine, there = _flat(meta), _flat(theirs)
+            methods = "faithfulness.methods"
+            listed = isinstance(mine.get(methods), list) and isinstance(there.get(methods), list)
+            if listed and sorted(mine[methods]) == sorted(there[methods]):  # the same test in another order
+                meta["faithfulness"]["methods"] = mine[methods] = list(there[methods])
             keys = set(mine) | {k for k in there if k.split(".")[0] in meta or k.startswith("faithfulness")}
             diff = {k: (there.get(k), mine.get(k)) for k in sorted(keys) if there.get(k) != mine.get(k)}
             if diff:
-                detail = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+                detail = ", ".join(f"{k}: {_said(k, a)} there, {_said(k, b)} now" for k, (a, b) in diff.items())
                 raise OutputError(f"{self.out} was surveyed with other settings ({detail}); use another --out")
         (self.out / FAILURES_DIR).mkdir(parents=True, exist_ok=True)
         if self.faith_out is not None:

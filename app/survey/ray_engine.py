@@ -149,6 +149,13 @@ def _init(address: str | None) -> bool:
     return True
 
 
+def plan_blocks(pictures: int, batch_size: int, actors: int) -> int:
+    """How many blocks Ray Data cuts the pictures into: about four batches each, but at least one
+    per actor while there are pictures for it (13 pictures in one block kept a second actor idle
+    after it had loaded the model), at most 1000."""
+    return min(max(pictures // max(1, batch_size * 4), min(actors, pictures), 1), 1000)
+
+
 def plan_actors(resources: dict[str, float], nodes: list[dict[str, Any]], actors: int | None) -> tuple[int, dict]:
     """How many actors, and the resources of each: ``(count, {"num_cpus": .., "num_gpus": ..})``."""
     gpus = int(resources.get("GPU", 0))
@@ -225,7 +232,7 @@ class RayEngine:
 
         if not self.started:
             settings = {k: v for k, v in settings.items() if k != "models_dir"}  # each node has its own
-        blocks = max(1, min(len(items) // max(1, batch_size * 4), 1000))
+        blocks = plan_blocks(len(items), batch_size, self.count)
         paths = ray.data.from_items([{"image": it.image, "path": it.path} for it in items], override_num_blocks=blocks)
         ds = paths.map_batches(
             SurveyActor,

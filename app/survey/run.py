@@ -141,6 +141,8 @@ def survey(
         raise ValueError("--limit must be 0 or more")
     if actors is not None and actors < 1:  # before Ray starts (0 meant the default, silently)
         raise ValueError("--actors must be at least 1 (leave it out for one per GPU, else one per node)")
+    if engine == "local" and (actors is not None or address is not None):  # taken and ignored, before
+        raise ValueError("--actors and --address belong to --engine ray")
     if faithfulness is None and (target is not None or fractions is not None or protocol is not None):
         raise ValueError("--target, --fractions and --protocol belong to --faithfulness [METHODS]")
     # methods, fractions, protocol and the target's spelling are checked before anything loads
@@ -188,12 +190,15 @@ def survey(
         file=sys.stderr,
         dynamic_ncols=True,
         smoothing=0.05,
+        # parts of a picture between its perturbed forwards: one decimal, not float's 3.9999999999999964
+        bar_format=None
+        if plan is None
+        else "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
     )
-    counts: dict[str, float] = {"failed": 0, "ahead": 0.0}
+    counts: dict[str, float] = {"failed": 0, "done": 0}
 
     def ahead(share: float) -> None:  # a batch of perturbed forwards: part of a picture done
         bar.update(share)
-        counts["ahead"] += share
 
     if surveyor is not None and plan is not None:
         surveyor.on_progress = ahead
@@ -201,8 +206,9 @@ def survey(
     def emit(res: Result) -> None:
         output.add(res.rows, res.failures, res.images, res.faithfulness)
         counts["failed"] += res.failures.num_rows
-        bar.update(max(0.0, res.images - counts["ahead"]))  # what the perturbed forwards did not say yet
-        counts["ahead"] = 0.0
+        counts["done"] += res.images
+        # the pictures done, exactly: the shares said ahead only moved the bar between them
+        bar.update(counts["done"] - bar.n)
         if counts["failed"]:
             bar.set_postfix(failed=counts["failed"], refresh=False)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import shutil
 
 import numpy as np
@@ -114,7 +115,9 @@ def test_the_report_prints_the_mean_auc_table_with_its_interval(local, tmp_path)
     cell = f"{aucs.mean():.3f} [{aucs.mean() - half:.3f}, {aucs.mean() + half:.3f}]"
     assert "t-based 95 % interval" in r.stdout and f"| {BOX} | chefer | 2 | {cell} |" in r.stdout, r.stdout
     html = page.read_text()
-    assert "How faithful each relevance map is" in html and 'id="faithfulness-table"' in html and cell in html
+    assert "How faithful each relevance map is" in html and cell in html
+    # a region keyboard users can scroll (axe: scrollable-region-focusable with the paper's long names)
+    assert 'id="faithfulness-table" tabindex="0" role="region" aria-label="faithfulness table"' in html
     assert "fig-faithfulness" in html and "Mean attention distance against depth" in html
 
 
@@ -194,6 +197,18 @@ def test_resume_skips_what_is_done_and_repairs_a_half_written_flush(tiny, tiny_s
         )
 
 
+def test_the_progress_bar_counts_whole_pictures_with_one_decimal(tiny, tiny_settings, tmp_path, capsys):
+    """The perturbed forwards move the bar by parts of a picture; it ends at the pictures done,
+    exactly, and prints one decimal (it printed 3.9999999999999964/4)."""
+    from headscope.survey.run import survey as run_survey
+
+    options = {"model": TINY, **TINY_OPTIONS}
+    run_survey(tiny, tmp_path / "p.parquet", batch_size=2, progress=True, settings=tiny_settings, **options)
+    err = capsys.readouterr().err
+    assert "3.0/3" in err.split("\r")[-1], err[-300:]
+    assert not re.search(r"\d\.\d{2,}/3", err), err[-300:]
+
+
 def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny_settings, tmp_path):
     from headscope.engine.faithfulness import FractionsError, ProtocolError
     from headscope.engine.relevance import MethodError, RelevanceUnsupportedError, TargetError
@@ -205,6 +220,7 @@ def test_options_the_model_cannot_take_are_refused_before_any_picture(tiny, tiny
         (dict(faithfulness="chefr"), MethodError, "method 'chefr': unknown"),
         (dict(fractions="0,2"), FractionsError, r"outside \[0, 1\)"),
         (dict(faithfulness=None, target="top"), ValueError, "belong to --faithfulness"),
+        (dict(actors=2), ValueError, "belong to --engine ray"),  # taken and ignored by the local engine
         (dict(protocol="paper"), ProtocolError, "class target"),  # an embedding model: no top-1 to score
         (dict(protocol="theirs"), ProtocolError, "unknown"),
     ]

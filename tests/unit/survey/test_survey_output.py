@@ -85,6 +85,23 @@ def test_an_existing_survey_needs_resume_and_the_same_settings(tmp_path):
         SurveyOutput(tmp_path / "file.parquet", META)
 
 
+def test_resume_takes_the_same_methods_in_another_order_and_names_the_default_target(tmp_path):
+    """``--faithfulness chefer,random`` then ``random,chefer``: the same test (it was refused); the
+    parts keep the first order. A different target names the default as the flag does (region)."""
+    path = tmp_path / "s.parquet"
+    test = {"methods": ["chefer", "random"], "target": None, "fractions": [0.5], "seed": 0}
+    out = SurveyOutput(path, {**META, "faithfulness": test})
+    out.add(rows(["a.png"]), schema.empty_failures(), 1)
+    out.close()
+    meta = {**META, "faithfulness": {**test, "methods": ["random", "chefer"]}}
+    again = SurveyOutput(path, meta, resume=True)
+    assert again.done() == {"a.png"} and meta["faithfulness"]["methods"] == ["chefer", "random"]
+    with pytest.raises(OutputError, match=r"faithfulness.target: 'region' there, 'output' now"):
+        SurveyOutput(path, {**META, "faithfulness": {**test, "target": "output"}}, resume=True)
+    with pytest.raises(OutputError, match=r"faithfulness.methods: \['chefer', 'random'\] there"):
+        SurveyOutput(path, {**META, "faithfulness": {**test, "methods": ["chefer"]}}, resume=True)
+
+
 def test_a_part_that_failed_midway_is_never_visible_and_is_cleaned_up(tmp_path, monkeypatch):
     path = tmp_path / "s.parquet"
     out = SurveyOutput(path, META)
