@@ -317,6 +317,8 @@ def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] |
     if spec and ":" in spec and head in TARGET_KINDS:  # spelled as its own module reads it
         return TARGET_KINDS[head][0](spec, lm)
     kind = lm.output_kind
+    if spec and len(spec) > 2 * MAX_SPEC:  # before the spaces go: a megabyte of them is not a target
+        raise TargetError("target: specification too long")
     text = (spec or "").strip().lower().replace(" ", "")
     if len(text) > MAX_SPEC:
         raise TargetError("target: specification too long")

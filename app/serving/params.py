@@ -113,7 +113,7 @@ RelevanceMethod = Annotated[str, Field(max_length=MAX_SPEC, json_schema_extra={"
 DEFAULT_METHOD = "chefer"
 
 # No max_length: the engine's parse_target bounds every kind in its own words (a phrase over its
-# 300 characters: 422 bad_text, a box or class spec past MAX_SPEC: bad_target), as the docs say.
+# 300 characters: 422 bad_text, any other spec past 2 x MAX_SPEC characters: bad_target), as the docs say.
 Target = Annotated[
     str | None,
     Field(

@@ -223,9 +223,9 @@ def paper_rows(summaries: list[MethodSummary]) -> list[list[str]]:
 
 # What the paper-protocol table cannot say by its numbers alone (the report's page and the terminal)
 PAPER_CAVEAT = (
-    "Headscope has no labels: for `top` a hit is the unperturbed prediction surviving (x = 0 scores 1, the "
-    "paper's x = 0 is the model's accuracy), so compare rankings of methods, not the digits, unless your "
-    "pictures and model are the paper's."
+    "Headscope has no labels: a hit is the model still predicting the target's class (for `top`, the "
+    "unperturbed prediction, so x = 0 scores 1 where the paper's x = 0 is the model's accuracy; for `class:N`, "
+    "class N), so compare rankings of methods, not the digits, unless your pictures, labels and model are the paper's."
 )
 
 

@@ -219,12 +219,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
+        if isinstance(exc, StreamAborted):  # the answer had started (counted as it): nothing more to send or log
+            return error_response(500, "internal", "answer cut short")
         mapped = to_api_error(exc)
         count_refused(request, exc, mapped.status if mapped is not None else 500)
         if mapped is not None:
             return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
-        if isinstance(exc, StreamAborted):  # the answer had started: nothing more to send or log
-            return error_response(500, "internal", "answer cut short")
         rid = getattr(request.state, "request_id", None) or new_request_id()
         log.error("unhandled error %s on %s %s", rid, request.method, request.url.path, exc_info=exc)
         return error_response(500, "internal", "internal error; the server log has details", request_id=rid)

@@ -31,6 +31,14 @@ def upload_too_large_message(upload_limit: int) -> str:
     return f"upload over the {upload_limit:,}-byte limit (HEADSCOPE_MAX_UPLOAD_BYTES)"
 
 
+def count_rejection(scope, reason: str) -> None:
+    """Count a request a middleware refuses before routing (no endpoint to count it under) in
+    ``headscope_rejections_total{reason}``."""
+    metrics = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
+    if metrics is not None:
+        metrics.rejections.labels(reason).inc()
+
+
 class BodyLimit:
     """Refuse request bodies over the upload limit and the form around it with 413, checked while
     they are read.
@@ -51,6 +59,9 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            # Before routing, so in no endpoint's requests_total: counted as a refusal by reason (a
+            # body cut off while read is counted by its route, measured()).
+            count_rejection(scope, "upload_too_large")
             return await self._refuse(scope, send)
         seen = 0
         started = False
@@ -77,11 +88,6 @@ class BodyLimit:
                 await self._refuse(scope, send)
 
     async def _refuse(self, scope, send):
-        # Before routing, so no endpoint's requests_total: counted as a refusal by reason.
-        app = scope.get("app")
-        metrics = getattr(getattr(app, "state", None), "metrics", None)
-        if metrics is not None:
-            metrics.rejections.labels("upload_too_large").inc()
         resp = errors.logged_error_response(scope, 413, "upload_too_large", upload_too_large_message(self.upload_limit))
         await send(
             {
@@ -183,6 +189,7 @@ class SingleParams:
             names = Counter(k for k, _ in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
             repeated = sorted(k for k, n in names.items() if n > 1)
             if repeated:
+                count_rejection(scope, "duplicate_parameter")  # before routing, as BodyLimit's
                 resp = errors.logged_error_response(
                     scope,
                     422,

@@ -221,6 +221,11 @@ def test_a_body_refused_by_its_declared_length_is_counted(base_url):
     before = rejected(base_url, "upload_too_large")
     assert_error(post(base_url, b"\0" * (25 * 1024 * 1024)), 413, "upload_too_large")
     assert rejected(base_url, "upload_too_large") == before + 1
+    # A parameter given twice, refused before routing too.
+    before = rejected(base_url, "duplicate_parameter")
+    r = httpx.get(f"{base_url}{API}/{'0' * 24}?layers=1&layers=2", timeout=HTTP_TIMEOUT)
+    assert_error(r, 422, "duplicate_parameter")
+    assert rejected(base_url, "duplicate_parameter") == before + 1
 
 
 def test_upload_cap_is_checked_while_reading(base_url):
@@ -230,12 +235,14 @@ def test_upload_cap_is_checked_while_reading(base_url):
             yield b"\0" * (1024 * 1024)
 
     before = {s: posts_counted(base_url, s) for s in ("413", "500")}
+    refused = rejected(base_url, "upload_too_large")
     r = httpx.post(
         base_url + API, content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"}, timeout=30
     )
     assert_error(r, 413, "upload_too_large")
     # counted as what it was answered (it was a 500 in the metrics while the middleware answered 413)
     assert posts_counted(base_url, "413") == before["413"] + 1 and posts_counted(base_url, "500") == before["500"]
+    assert rejected(base_url, "upload_too_large") == refused  # by its route, not twice
 
 
 @pytest.mark.parametrize(

@@ -111,6 +111,12 @@ def test_targets_parse_to_their_canonical_spelling(classifier, saliency):
         ("box:0,0,225,10", "saliency", "outside the 224 x 224 output map"),
         ("box:0,0,10,300", "saliency", "outside"),
         ("box:0,0,1,1" + "0" * 5000, "saliency", "too long"),
+        (
+            "box:0,0, " + " " * 1_000_000 + "8,8",
+            "saliency",
+            "too long",
+        ),  # spaces are not free (the field has no max_length)
+        ("top" + " " * 10_000, "classifier", "too long"),
     ],
 )
 def test_bad_targets_are_422_bad_target_naming_what_the_model_takes(spec, where, says, classifier, embedder, saliency):

@@ -1,0 +1,55 @@
+"""``headscope_requests_total`` counts each answer of a labelled route once: an answer cut short
+after it started (counted 200 by ``measured()``) is not counted again as a 500 by the error
+handler; a refusal before the service call is counted by the handler. The project's own
+handlers, ``counted_as``, ``measured``, ``respond`` and ``Metrics`` around a stand-in route."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from headscope.serving.answers import Answer, StreamAborted
+from headscope.serving.metrics import Metrics
+from headscope.web import errors
+from headscope.web.service_calls import counted_as, measured, respond
+
+
+def counts(metrics: Metrics) -> dict[tuple[str, str], float]:
+    out = {}
+    for family in metrics.registry.collect():
+        if family.name == "headscope_requests":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    out[(s.labels["endpoint"], s.labels["status"])] = s.value
+    return out
+
+
+def test_an_answer_cut_short_is_counted_once_and_a_refusal_before_the_call_once():
+    app = FastAPI()
+    errors.install(app)
+    app.state.metrics = metrics = Metrics()
+
+    async def cut_short():
+        async def body():
+            yield b"head"
+            raise StreamAborted("TimeoutError")  # as a chunk's worker call that failed mid-answer
+
+        return Answer([], {}, "application/octet-stream", {}, stream=body(), length=100)
+
+    @app.get("/stream")
+    @counted_as("get")
+    async def stream_route():
+        return respond(await measured(metrics, cut_short(), "get"))
+
+    @app.get("/refused")
+    @counted_as("stats")
+    async def refused_route(n: int):
+        raise AssertionError("not reached: n is refused by FastAPI's check")
+
+    client = TestClient(app, raise_server_exceptions=False)
+    try:
+        client.get("/stream")
+    except Exception:  # the client sees a body cut short
+        pass
+    assert client.get("/refused", params={"n": "x"}).status_code == 422
+    assert counts(metrics) == {("get", "200"): 1.0, ("stats", "422"): 1.0}
