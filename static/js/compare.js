@@ -131,7 +131,7 @@ function renderSide(s, name) {
     mask: s.mask ? s.massFraction : null, rings: artifactTokens(ctx.store),
   });
   Object.assign(canvas.dataset, {
-    image: ctx.store.imageId, model: ctx.store.model, layer: String(side.layer), head, query: q,
+    image: ctx.store.imageId, model: ctx.store.model, layer: String(side.layer), head, query: q, temperature: String(ctx.store.temperature),
     min: String(range.min), max: String(range.max), dropped: droppedTokens(ctx.store, tokens, s.drop).join(","),
     patchSum: String(patchSum(row, tokens)),
   });

@@ -391,5 +391,18 @@ def test_compare_mode_shows_two_views(page, base_url, samples):
     wait_side("a", query="patch:8,4")
     b = wait_side("b", image=astro, query="patch:8,3")  # the same place on the 16 x 16 grid: (4.5 / 24) * 16 = 3
 
+    # The map's temperature tempers the other image's side too (the docs said it stayed at T = 1).
+    page.evaluate(
+        """() => { const t = document.querySelector('[data-testid=map-temperature]');
+        t.value = String(Math.log10(2)); t.dispatchEvent(new Event('input', {bubbles: true}));
+        t.dispatchEvent(new Event('change', {bubbles: true})); }"""
+    )
+    page.wait_for_function(
+        """() => { const c = document.querySelector('[data-testid=compare-b]');
+        return c.dataset.pending === '0' && Math.abs(Number(c.dataset.temperature) - 2) < 1e-9; }"""
+    )
+    hot = api_rows(base_url, astro, layers="2", heads="0", query="patch:8,3", temperature=2)["attention"][0][0][0]
+    assert_close(side("b")["max"], max(hot[1:]))
+
     page.uncheck("[data-testid=compare-toggle]")
     panel.wait_for(state="hidden")
