@@ -156,7 +156,9 @@ def test_the_terminal_report_says_what_the_paper_table_cannot(tmp_path, capsys):
     assert cli.main(["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
     printed = capsys.readouterr().out
     assert "beside Chefer et al. 2021's Table 1" in printed and PAPER_CAVEAT in printed
-    assert "Headscope has no labels: for <code>top</code> a hit" in faithfulness_section(tests)
+    assert "Headscope has no labels: a hit is the model still predicting the target's class (for <code>top</code>" in (
+        faithfulness_section(tests)
+    )
 
 
 def paper_summaries_table(target: str, methods: tuple[str, ...]) -> pa.Table:
