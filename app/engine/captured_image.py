@@ -25,7 +25,7 @@ from .block_capture import ImageAttention
 from .capture_base import CapturedAttention
 from .explain import HeadComputation, explain_head
 from .layout import Stage, TokenLayout, WindowedLayout
-from .selection import Selection, SelectionError, parse_indices, parse_query, resolve_windowed
+from .selection import Selection, SelectionError, SelectionSyntaxError, parse_indices, parse_query, resolve_windowed
 from .stats import DEFAULT_MASS, HeadStats, artifact_tokens, compute_stats, compute_stats_batch, mass_threshold_count
 from .window_explain import explain_window_head
 from .window_stats import window_stats
@@ -224,11 +224,10 @@ class GlobalImage(CapturedImage):
         one = f"query: explain takes one query token ('cls', a token index or 'patch:R,C'); got {query.strip()!r}"
         try:
             queries = parse_query(query, self.layout)
-        except SelectionError as e:
-            # The general advice (all, several indices, boxes) is what explain refuses next.
-            if "cannot read" in str(e):
-                raise SelectionError(one) from None
-            raise  # a cell outside the grid, a token out of range: their own words
+        except SelectionSyntaxError:
+            # The general advice (all, several indices, boxes) is what explain refuses next; a
+            # cell outside the grid or a token out of range keeps its own words.
+            raise SelectionError(one) from None
         if queries is None or len(queries) != 1:
             raise SelectionError(one)
         return layer, head, queries[0]

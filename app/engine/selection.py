@@ -29,6 +29,11 @@ class SelectionError(ValueError):
     code = "bad_selection"
 
 
+class SelectionSyntaxError(SelectionError):
+    """A selection that cannot be read at all (not one out of range): a caller with a narrower
+    grammar (explain's one query token) gives its own advice instead of the general one."""
+
+
 class StageSpanError(SelectionError):
     """A windowed model's request whose layers (or rollout) reach over more than one stage."""
 
@@ -56,7 +61,9 @@ def parse_indices(spec: str | None, n: int, what: str) -> list[int]:
     for raw in spec.replace(" ", "").split(","):
         m = _ITEM.fullmatch(raw)
         if not m:
-            raise SelectionError(f"{what}: cannot read {raw!r}; use 'all', indices like 0,5,-1 or ranges like 0-3")
+            raise SelectionSyntaxError(
+                f"{what}: cannot read {raw!r}; use 'all', indices like 0,5,-1 or ranges like 0-3"
+            )
         a = int(m.group(1))
         b = int(m.group(2)) if m.group(2) is not None else a
         for v in (a, b):
@@ -100,7 +107,7 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
         for cell in spec[len("patch:") :].replace(" ", "").split(";"):
             m = re.fullmatch(r"(-?[0-9]{1,6}),(-?[0-9]{1,6})", cell)
             if not m:
-                raise SelectionError(f"query: cannot read patch {cell!r}; use patch:ROW,COL")
+                raise SelectionSyntaxError(f"query: cannot read patch {cell!r}; use patch:ROW,COL")
             r, c = int(m.group(1)), int(m.group(2))
             if not (-gh <= r < gh and -gw <= c < gw):
                 raise SelectionError(
@@ -112,7 +119,7 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
     rows = []
     for raw in spec.replace(" ", "").split(","):
         if not re.fullmatch(r"-?[0-9]{1,7}", raw):
-            raise SelectionError(f"query: cannot read {raw!r}; use cls, all, token indices or patch:ROW,COL")
+            raise SelectionSyntaxError(f"query: cannot read {raw!r}; use cls, all, token indices or patch:ROW,COL")
         v = int(raw)
         if not -n <= v < n:
             raise SelectionError(

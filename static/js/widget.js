@@ -5,9 +5,8 @@
 // temperature 1 less the row's largest, float16 [layers, heads, N, N] (0 at the row's peak, where
 // float16 is finest), and `logp_max`, each row's largest log p, float32 [layers, heads, N]; a row
 // at temperature T is softmax(logp / T) (the same as softmax(scores / T): log p differs from the
-// scores by a constant per row, where
-// the row holds all of its softmax; `complete` false: a Swin stage padded to whole windows, whose
-// rows miss the padding keys, drawn at T = 1 only).
+// scores by a constant per row, where the row holds all of its softmax; `complete` false: a Swin
+// stage padded to whole windows, whose rows miss the padding keys, drawn at T = 1 only).
 //
 // `render({ model, el })` is anywidget's entry point; `model` is an anywidget model (get, set,
 // save_changes, on, off) or, in a standalone file, `localModel(state)`.
