@@ -79,7 +79,7 @@ def parse_ablate(spec: str | None, num_layers: int, num_heads: int, *, windowed:
     """
     spec = (spec or "").strip().lower()
     if len(spec) > MAX_SPEC:
-        raise AblationError("ablate: specification too long")
+        raise AblationError(f"ablate: specification too long (at most {MAX_SPEC:,} characters)")
     if spec in ("", "none"):
         return ()
     refuse_windowed_ablation(windowed, "ablate")

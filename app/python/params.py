@@ -45,11 +45,32 @@ def indices(value: Any, name: str) -> str:
         return "all"
     if isinstance(value, str):
         return value
+    value = _listed(value)
     if _is_int(value):
         return str(int(value))
     if isinstance(value, (Sequence, range)) and all(_is_int(v) for v in value):
+        if len(value) == 0:  # "" in the grammar would be every one: twelve times what was meant
+            raise ParameterError(f"{name}: an empty selection selects nothing; give None for all")
         return ",".join(str(int(v)) for v in value)
-    raise TypeError(f"{name}: None (all), an int, a sequence of ints or the API's text like '0-3,-1'; got {value!r}")
+    raise TypeError(
+        f"{name}: None (all), an int, a sequence of ints (a 1-D integer array or tensor too) or the API's text "
+        f"like '0-3,-1'; got {value!r}"
+    )
+
+
+def _listed(value: Any) -> Any:
+    """A numpy array or torch tensor of integers as a Python int (0-D) or list (1-D); anything
+    else as it is."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, np.ndarray) and value.ndim <= 1 and value.dtype.kind in "iu":
+        return value.tolist()
+    if isinstance(value, torch.Tensor) and value.ndim <= 1:
+        d = value.dtype
+        if not (d.is_floating_point or d.is_complex or d == torch.bool):
+            return value.tolist()
+    return value
 
 
 def _cell(v: Any) -> bool:
@@ -63,6 +84,7 @@ def query(value: Any) -> str:
         return "cls"
     if isinstance(value, str):
         return value
+    value = _listed(value)
     if _is_int(value):
         return str(int(value))
     if _cell(value):

@@ -38,7 +38,7 @@ from . import preprocess
 from .admission import current_client_left
 from .cache import ImportanceKey, OutputKey, PruningKey
 from .params import DEFAULT_POINTS
-from .tasks import ImageTasks, TaskProgress, TaskWork, run_on
+from .tasks import TASK_DEADLINE_S, ImageTasks, TaskProgress, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
 from .waiting import wait_for_result
 
@@ -338,6 +338,8 @@ class AblationService(ImageTasks):
         method: str,
         wait: float | None,
         upload: Upload | None = None,
+        deadline: float | None = None,
+        bounded: bool = True,
     ) -> dict:
         async def compute(progress: TaskProgress, upload: Upload) -> dict:
             prep = await self.prepared(upload, lm)
@@ -345,7 +347,7 @@ class AblationService(ImageTasks):
             return await run_on(work, self.piece)
 
         key = ImportanceKey(image_id, lm.id, method)
-        return await self.result(key, "importance", image_id, compute, wait, upload)
+        return await self.result(key, "importance", image_id, compute, wait, upload, deadline, bounded)
 
     async def pruning(
         self,
@@ -364,16 +366,19 @@ class AblationService(ImageTasks):
         if hit is not None:
             return {**hit, "cached": True}
         upload = self.uploads.require(image_id)
-        t_wait = time.monotonic()
-        ranking = await self._importance(image_id, lm, method, wait, upload)
-        if "pending" in ranking:
-            pending = ranking["pending"]
-            stage = f"importance: {pending['stage']}"
-            return {"pending": {**pending, "task": "pruning", "stage": stage, "fraction": 0.0}}
-        if wait is not None:
-            wait = max(0.0, wait - (time.monotonic() - t_wait))
 
         async def compute(progress: TaskProgress, upload: Upload) -> dict:
+            # The ranking first, inside this task: a request that left with a 202 (wait=) leaves
+            # the whole curve running, and its progress reports the ranking's meanwhile.
+            # Unbounded: this task holds the slot already; cancelling it cancels the ranking too,
+            # unless another request waits for that.
+            progress.waiting_for = lambda: self.tasks.progress(ImportanceKey(image_id, lm.id, method))
+            try:
+                ranking = await self._importance(
+                    image_id, lm, method, None, upload, deadline=time.monotonic() + TASK_DEADLINE_S, bounded=False
+                )
+            finally:
+                progress.waiting_for = None
             prep = await self.prepared(upload, lm)
             work = pruning_work(image_id, lm, prep, ranking, key.points, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)
@@ -396,20 +401,14 @@ class AblationService(ImageTasks):
         to start it).
         """
         mid = self.registry.resolve(model_id)
+        refuse_windowed_ablation(self.registry.windowed(mid), what)  # loaded or not: one answer
         lm = self.registry.loaded(mid)
         idle = {"state": "idle", "task": what, "done": 0, "total": None, "fraction": 0.0}
         if lm is not None:
-            refuse_windowed_ablation(lm.windowed, what)
             key = self._key(what, image_id, lm, method, points)
-            state = self.state(key, what)
+            state = self.state(key, what)  # a pruning curve's reports its ranking's while that runs
             if state is not None:
                 return state
-            if what == "pruning":
-                # A pruning curve first waits for its importance ranking: report that.
-                first = self.tasks.progress(ImportanceKey(image_id, lm.id, method))
-                if first is not None:
-                    stage = f"importance: {first.stage}"
-                    return {**first.as_dict(), "task": "pruning", "stage": stage, "fraction": 0.0}
         if self.uploads.get(image_id) is None:
             raise ImageNotFound(image_id)
         return idle

@@ -30,16 +30,24 @@ DEFAULT_POINTS = 25  # points of the pruning curve
 DEFAULT_TEST_METHODS = "chefer,attention,random"
 
 
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
 def validation_message(errors: ValidationError | Iterable[Mapping[str, Any]]) -> str:
     """The API's text for refused parameters: ``loc: msg`` per error (at most 5), ``"; "``-joined.
 
     Args:
         errors: pydantic's error, or its ``errors()`` (FastAPI's ``RequestValidationError.errors()``).
     """
+    # FastAPI's locations start with where the value was: ("query", name); a model's do not.
+    from_model = isinstance(errors, ValidationError)
     listed = errors.errors() if isinstance(errors, ValidationError) else list(errors)
     parts = []
     for err in listed[:MAX_ERRORS]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+        where = list(err.get("loc", ()))
+        if not from_model and where and where[0] in _LOCATIONS:
+            where = where[1:]  # the location only: a parameter may be named "query" itself
+        loc = ".".join(str(p) for p in where)
         # A validator's own words, without pydantic's label for where they came from.
         msg = str(err.get("msg")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
@@ -64,10 +72,10 @@ Model = Annotated[
     Field(description="model id, one of GET /api/v1/models (default: the server's default model)"),
 ]
 
+# No max_length: parse_ablate refuses an over-long one as the bad_ablate it is, on every endpoint.
 Ablate = Annotated[
     str,
     Field(
-        max_length=MAX_SPEC,
         description="remove heads first: layer:head pairs '0:1,11:5' (each head's output is zeroed before W_O "
         "in its block; everything after it, later layers' maps included, is recomputed)",
         examples=["", "0:1", "3:0,3:1,11:5"],

@@ -166,8 +166,8 @@ class PictureFileError(ImageError):
     Codes: ``not_found`` (no such file, or a symbolic link to none), ``symlink_loop``,
     ``not_a_file`` (a folder, FIFO, socket or device), ``permission_denied``,
     ``file_too_large`` (over the size limit; status 413), ``empty_file``, ``read_error``
-    (any other error of the system). The message does not repeat the path: callers name the
-    file themselves.
+    (any other error of the system), ``url`` (a URL given as a path: the Python API reads no
+    URLs). The message does not repeat the path: callers name the file themselves.
     """
 
 

@@ -70,6 +70,9 @@ class TaskProgress:
     done: float = 0.0
     stage: str = "queued"
     started: float = field(default_factory=time.monotonic)
+    # While the task waits for another it needs first (a pruning curve for its importance):
+    # that one's progress, looked up when asked (None once it is over).
+    waiting_for: Callable[[], TaskProgress | None] | None = None
 
     def advance(self, units: float, stage: str | None = None) -> None:
         self.done = min(self.total, self.done + units)
@@ -77,6 +80,9 @@ class TaskProgress:
             self.stage = stage
 
     def as_dict(self) -> dict[str, Any]:
+        first = self.waiting_for() if self.waiting_for is not None else None
+        if first is not None:  # its numbers, under this task's name: "importance: block 3"
+            return {**first.as_dict(), "task": self.task, "stage": f"{first.task}: {first.stage}"}
         elapsed = time.monotonic() - self.started
         frac = self.done / self.total if self.total else 0.0
         eta = elapsed * (1 - frac) / frac if frac > 0 else None
@@ -309,6 +315,8 @@ class ImageTasks:
         compute: Callable[[TaskProgress, Upload], Awaitable[dict]],
         wait: float | None = None,
         upload: Upload | None = None,
+        deadline: float | None = None,
+        bounded: bool = True,
     ) -> dict:
         """The result for ``key``: from the cache (``cached: true``), else ``compute(progress,
         upload)`` as a task (joined by later requests; its result cached).
@@ -317,6 +325,9 @@ class ImageTasks:
             wait: answer ``{"pending": progress}`` after this many seconds instead of a timeout
                 (the computation goes on; the route answers 202).
             upload: the image, when the caller has already looked it up.
+            deadline: when to stop waiting (``time.monotonic()``; default: the request timeout
+                from now, or ``wait``).
+            bounded: see :meth:`Tasks.join` (False: asked by a task that holds a slot already).
 
         Raises:
             ImageNotFound: the image is gone.
@@ -342,9 +353,10 @@ class ImageTasks:
             self.cache.put(key, res, RESULT_BYTES)
             return res
 
-        flight, started = self.tasks.join(key, name, job)
+        flight, started = self.tasks.join(key, name, job, bounded)
+        due = self.deadline(wait) if deadline is None else deadline
         try:
-            res = await flight.wait(self.deadline(wait), current_client_left(), keep_on_timeout=True)
+            res = await flight.wait(due, current_client_left(), keep_on_timeout=True)
         except asyncio.TimeoutError:
             info: TaskInfo = flight.about
             if wait is None or flight.done():

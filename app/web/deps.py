@@ -81,7 +81,9 @@ async def image_id_path(
     async, so that it runs on the event loop, not in the thread pool. Described, not constrained
     in the schema: a malformed id gets this 422, not a generic validation error."""
     if not is_image_id(image_id):
-        raise ApiError(422, "invalid_image_id", "image ids are hexadecimal content hashes")
+        raise ApiError(
+            422, "invalid_image_id", "image ids are lower-case hexadecimal content hashes, 8 to 64 digits long"
+        )
     return image_id
 
 

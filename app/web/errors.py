@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match, Mount
 from starlette.types import Scope
 
 from ..engine.ablation import AblationError
@@ -149,8 +150,8 @@ def describe(exc: Exception) -> tuple[str, str]:
 
 
 # Raised by the engine, the service or a dependency; each has its own handler so that it is
-# answered by Starlette's ExceptionMiddleware (the catch-all below runs in ServerErrorMiddleware,
-# which re-raises for the server to log a traceback).
+# answered by Starlette's ExceptionMiddleware. Anything else is answered by the CatchUnexpected
+# middleware (middleware.py) with unexpected_response().
 KNOWN_ERRORS: tuple[type[Exception], ...] = (
     ImageError,
     ImageNotFound,
@@ -209,22 +210,52 @@ def install(app: FastAPI) -> None:
             408: "request_timeout",
             431: "headers_too_large",
         }.get(exc.status_code, "http_error")
-        return logged_error_response(
-            request.scope, exc.status_code, code, str(exc.detail), getattr(exc, "headers", None)
-        )
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route with this path.
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        return logged_error_response(request.scope, exc.status_code, code, str(exc.detail), headers)
 
     server_log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, QuietAborts) for f in server_log.filters):
         server_log.addFilter(QuietAborts())
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
-        if isinstance(exc, StreamAborted):  # the answer had started (counted as it): nothing more to send or log
-            return error_response(500, "internal", "answer cut short")
-        mapped = to_api_error(exc)
-        count_refused(request, exc, mapped.status if mapped is not None else 500)
-        if mapped is not None:
-            return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
-        rid = getattr(request.state, "request_id", None) or new_request_id()
-        log.error("unhandled error %s on %s %s", rid, request.method, request.url.path, exc_info=exc)
-        return error_response(500, "internal", "internal error; the server log has details", request_id=rid)
+    # Reached only by an error raised outside the middleware stack's CatchUnexpected (which
+    # answers the rest inside it, where the ids and headers are added): a last resort.
+    app.add_exception_handler(Exception, unexpected_response)
+
+
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route answers at the request's path, HEAD wherever GET is
+    (middleware.HeadAsGet): each method is matched against the routes as a request of it would
+    be (a mount is static files, which answer GET and HEAD)."""
+    methods: set[str] = set()
+    # From the app's root: inside a mount (static files) the scope's root_path is the mount's.
+    root = request.scope.get("app_root_path", "")
+    for method in _METHODS:
+        scope = {**request.scope, "root_path": root, "method": method}
+        for route in request.app.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                methods.add("GET" if isinstance(route, Mount) else method)
+                break
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
+async def unexpected_response(request: Request, exc: Exception) -> Response:
+    """The answer to an exception no handler knows: 500 ``internal`` with the request's id, and
+    the traceback in the server's log under that id."""
+    if isinstance(exc, StreamAborted):  # the answer had started (counted as it): nothing more to send or log
+        return error_response(500, "internal", "answer cut short")
+    mapped = to_api_error(exc)
+    count_refused(request, exc, mapped.status if mapped is not None else 500)
+    if mapped is not None:
+        return logged_error_response(request.scope, mapped.status, mapped.code, mapped.message, mapped.headers)
+    rid = getattr(request.state, "request_id", None) or new_request_id()
+    log.error("unhandled error %s on %s %s", rid, request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal error; the server log has details", request_id=rid)

@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 import torch
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from .. import __version__, paths
@@ -29,10 +28,29 @@ from ..serving.worker import Worker
 from ..zoo.registry import Registry
 from . import errors
 from .deps import declared_query_only
-from .middleware import AllowedHosts, BodyLimit, HeadAsGet, RequestId, SecurityHeaders, SingleParams
+from .middleware import (
+    AllowedHosts,
+    BodyLimit,
+    CatchUnexpected,
+    HeadAsGet,
+    RequestId,
+    SecurityHeaders,
+    SingleParams,
+    site_csp,
+)
 from .schemas import TRANSPORT_RESPONSES
+from .static_files import Static
 
 GUIDE_URL = "/guide"  # the documentation site, when the checkout has it built (paths.built_docs_dir)
+# What a page of an allowed origin may send (DELETE: cancelling a task) and read from an answer.
+CORS_METHODS = ["GET", "HEAD", "POST", "DELETE"]
+CORS_EXPOSED_HEADERS = [
+    "X-Request-ID",
+    "X-Headscope-Meta",  # an npy answer's only metadata
+    "Content-Disposition",
+    "Retry-After",
+    "Server-Timing",
+]
 
 log = logging.getLogger("headscope")
 
@@ -170,28 +188,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(pages.router)
     app.include_router(docs.router)
-    app.mount("/static", StaticFiles(directory=str(settings.static_dir)), name="static")
-    app.mount(docs.ASSETS_URL, StaticFiles(directory=str(docs.assets_dir())), name="docs-assets")
+    app.mount("/static", Static(directory=str(settings.static_dir)), name="static")
+    app.mount(docs.ASSETS_URL, Static(directory=str(docs.assets_dir())), name="docs-assets")
     site = None if settings.docs_url else paths.built_docs_dir()
     if site is not None:  # `make docs` built the site: the page's "how to read it" links open it here
-        app.mount(GUIDE_URL, StaticFiles(directory=str(site), html=True), name="guide")
+        app.mount(GUIDE_URL, Static(directory=str(site), html=True), name="guide")
     app.state.docs_url = settings.docs_url or (GUIDE_URL if site is not None else "")
 
+    # add_middleware wraps what is there: the last added runs first. From the outside in:
+    # RequestId (every answer has its id), SecurityHeaders and CORS (on every answer, the refusals
+    # below and the 500 included), then the refusals made before routing, then CatchUnexpected.
+    app.add_middleware(CatchUnexpected)
+    app.add_middleware(SingleParams)
+    app.add_middleware(BodyLimit, upload_limit=settings.max_upload_bytes)
+    # Before anything else reads the request: a Host that is not this server's (DNS rebinding) is
+    # refused; inside HeadAsGet (a HEAD gets no body).
+    app.add_middleware(AllowedHosts, bind_host=settings.host, allowed=settings.allowed_hosts)
+    app.add_middleware(HeadAsGet)
     if settings.cors_origins:
         # An explicit allow-list only: never "*" with credentials, never a reflected origin.
         app.add_middleware(
             CORSMiddleware,
             allow_origins=[o for o in settings.cors_origins if o != "*"],
             allow_credentials=False,
-            allow_methods=["GET", "POST"],
+            allow_methods=CORS_METHODS,
             allow_headers=["*"],
+            expose_headers=CORS_EXPOSED_HEADERS,
         )
-    app.add_middleware(SingleParams)
-    app.add_middleware(SecurityHeaders)
-    app.add_middleware(BodyLimit, upload_limit=settings.max_upload_bytes)
-    # Before anything else reads the request: a Host that is not this server's (DNS rebinding) is
-    # refused; inside HeadAsGet (a HEAD gets no body) and RequestId (the answer has its id).
-    app.add_middleware(AllowedHosts, bind_host=settings.host, allowed=settings.allowed_hosts)
-    app.add_middleware(HeadAsGet)
-    app.add_middleware(RequestId)  # outermost: BodyLimit's 413 carries the id too
+    guide_csp = {GUIDE_URL: site_csp(site)} if site is not None else {}
+    app.add_middleware(SecurityHeaders, csp_by_prefix=guide_csp)
+    app.add_middleware(RequestId)  # outermost: every answer carries the id
     return app

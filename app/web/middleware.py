@@ -1,13 +1,19 @@
 """ASGI middleware: request ids, the allowed Host names, the request body limit (checked while the
-body streams), security headers, HEAD for every GET route, and no repeated query parameters."""
+body streams), security headers, HEAD for every GET route, no repeated query parameters, and the
+500 for an error nothing else answers."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from urllib.parse import parse_qsl
+
+from starlette.requests import Request
 
 from . import errors
 from .responses import HEAD_KEY
@@ -20,6 +26,27 @@ CSP = (
     "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
     "script-src 'self'; object-src 'none'; base-uri 'self'; frame-ancestors 'none'; form-action 'self'"
 )
+
+# An inline <script> without src (a JSON data block is not run, so it needs no hash either).
+_INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)(?P<attrs>[^>]*)>(?P<body>.*?)</script>", re.S)
+
+
+def site_csp(site: Path) -> str:
+    """The CSP for a built MkDocs Material site: :data:`CSP`, with ``script-src`` also allowing
+    the inline scripts the site's pages hold, each by its sha256.
+
+    Material starts every page with small inline scripts (its local-storage helpers, the palette);
+    without them the theme's bundle fails (``__md_get is not defined``) and search never starts.
+    Hashes allow exactly those scripts, where ``'unsafe-inline'`` would allow any.
+    """
+    hashes = set()
+    for page in site.rglob("*.html"):
+        for m in _INLINE_SCRIPT.finditer(page.read_text(encoding="utf-8", errors="replace")):
+            if "application/json" in m["attrs"]:
+                continue
+            digest = base64.b64encode(hashlib.sha256(m["body"].encode()).digest()).decode()
+            hashes.add(f"'sha256-{digest}'")
+    return CSP.replace("script-src 'self'", " ".join(["script-src 'self'", *sorted(hashes)]))
 
 
 # Room for the multipart framing and the text fields around the file.
@@ -130,12 +157,23 @@ class RequestId:
 
 
 class SecurityHeaders:
-    def __init__(self, app):
+    """``nosniff`` and ``no-referrer`` on every answer; a CSP and ``DENY`` framing on HTML.
+
+    Args:
+        app: the ASGI app.
+        csp_by_prefix: a CSP of its own for the HTML under a path prefix (the documentation
+            site, :func:`site_csp`); :data:`CSP` elsewhere.
+    """
+
+    def __init__(self, app, csp_by_prefix: Mapping[str, str] | None = None):
         self.app = app
+        self.csp_by_prefix = dict(csp_by_prefix or {})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        csp = next((c for p, c in self.csp_by_prefix.items() if path == p or path.startswith(p + "/")), CSP)
 
         async def with_headers(message):
             if message["type"] == "http.response.start":
@@ -143,12 +181,48 @@ class SecurityHeaders:
                 h.append((b"x-content-type-options", b"nosniff"))
                 h.append((b"referrer-policy", b"no-referrer"))
                 if any(k == b"content-type" and v.startswith(b"text/html") for k, v in h):
-                    h.append((b"content-security-policy", CSP.encode()))
+                    h.append((b"content-security-policy", csp.encode()))
                     h.append((b"x-frame-options", b"DENY"))
                 message["headers"] = h
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class CatchUnexpected:
+    """Answer an exception no handler knows with 500 ``internal`` (:func:`errors.unexpected_response`)
+    here, inside the other middleware, so that the 500 has its request id, security headers and
+    CORS headers like any other error.
+
+    Starlette's own catch-all runs in ``ServerErrorMiddleware``, outside every added middleware,
+    whose headers its answer never gets. An answer already started cannot be replaced: the error
+    goes on up, and the server closes the connection. ``BodyTooLarge`` goes on up too, to the
+    ``BodyLimit`` middleware that answers it.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except errors.BodyTooLarge:
+            raise
+        except Exception as exc:
+            if started:
+                raise
+            resp = await errors.unexpected_response(Request(scope), exc)
+            await resp(scope, receive, send)
 
 
 class HeadAsGet:

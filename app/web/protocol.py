@@ -5,6 +5,8 @@ header was answered 200) and times out neither a client that sends its headers s
 that stops reading an answer. Headscope serves with uvicorn's h11 protocol instead, which bounds
 the request line and headers (``h11_max_incomplete_event_size``), and adds:
 
+* the one JSON error body, 400 ``bad_request``, for a request line or headers that cannot be
+  parsed (uvicorn's is plain text);
 * **431** for a request line and headers over ``HEADSCOPE_MAX_HEADER_BYTES`` (32 KiB; h11 marks
   the error as a 431, uvicorn would answer it 400);
 * **408** and a closed connection when a request's line and headers have not arrived
@@ -39,12 +41,14 @@ class _Connection(h11.Connection):
     """h11's connection, remembering the status its last protocol error asked for."""
 
     status_hint = 400
+    error_text = ""
 
     def next_event(self):
         try:
             return super().next_event()
         except h11.RemoteProtocolError as e:
             self.status_hint = e.error_status_hint
+            self.error_text = "".join(ch if ch.isprintable() else " " for ch in str(e))[:200]
             raise
 
 
@@ -155,7 +159,13 @@ class LimitedH11Protocol(H11Protocol):
         if getattr(self.conn, "status_hint", 400) == 431:
             self._refuse_431()
             return
-        super().send_400_response(msg)
+        # The one error body (uvicorn's is plain text), unless an answer is already on its way.
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            why = getattr(self.conn, "error_text", "") or "it cannot be parsed"
+            self.transport.write(
+                _error_bytes(400, "Bad Request", "bad_request", f"malformed HTTP request line or headers: {why}")
+            )
+        self.transport.close()
 
     # -- answers -----------------------------------------------------------------------------
     def pause_writing(self) -> None:

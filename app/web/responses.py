@@ -14,6 +14,18 @@ from ..serving.encoders import BodyPart
 HEAD_KEY = "headscope.head"
 
 
+def cached_file(request_headers: Mapping[str, str], response: Response) -> Response:
+    """``response`` (a file, with an ``ETag``), or an empty 304 with its caching headers when
+    the request's ``If-None-Match`` names that ETag (as the static mounts answer)."""
+    etag = response.headers.get("etag")
+    given = request_headers.get("if-none-match", "")
+    tags = {t.strip().removeprefix("W/") for t in given.split(",")}
+    if etag is None or not (tags & {etag.removeprefix("W/"), "*"}):
+        return response
+    kept = {k: v for k, v in response.headers.items() if k in ("etag", "cache-control", "last-modified")}
+    return Response(status_code=304, headers=kept)
+
+
 class PartsResponse(Response):
     """Send ``parts`` one after another without joining them: the tensor is never copied into a body.
 

@@ -553,5 +553,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 TRANSPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "a Host this server does not answer (bad_host), or a malformed request"},
     408: ERROR_RESPONSES[408],
+    # Every route (create_app's declared_query_only, the SingleParams middleware).
+    422: {
+        "model": ErrorBody,
+        "description": "a query parameter the route does not take (invalid_parameter) or one given twice "
+        "(duplicate_parameter)",
+    },
     431: ERROR_RESPONSES[431],
 }

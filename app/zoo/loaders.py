@@ -56,9 +56,12 @@ def _create(arch: str, pretrained: bool, **kwargs) -> tuple[nn.Module, bool]:
         return timm.create_model(arch, pretrained=pretrained, **kwargs), False
 
 
-def _create_with(arch: str, sd: dict[str, torch.Tensor], **kwargs) -> tuple[nn.Module, bool, list[str], list[str]]:
+def _create_with(
+    arch: str, sd: dict[str, torch.Tensor], source: str, **kwargs
+) -> tuple[nn.Module, bool, list[str], list[str]]:
     """:func:`_create` (no download) with the weights ``sd`` loaded as ``load_state_dict(strict=False)``
-    loads them: the model, whether it takes any image size, the missing and the unexpected keys.
+    loads them: the model, whether it takes any image size, the missing and the unexpected keys
+    (``source``: the weights' file, named by the ModelLoadError of a tensor of another shape).
 
     The architecture is built on the meta device and takes ``sd``'s tensors themselves (cast to its
     dtypes), so no random initialisation is computed only to be overwritten (``bench/model_load.py``
@@ -79,6 +82,16 @@ def _create_with(arch: str, sd: dict[str, torch.Tensor], **kwargs) -> tuple[nn.M
     except Exception:  # e.g. a size mismatch: the usual path below says it in its own words
         pass
     model, dynamic = _create(arch, pretrained=False, **kwargs)
+    own = model.state_dict()
+    # strict=False lets keys be missing or unexpected, not a tensor of another shape: that is
+    # torch's RuntimeError, a line per tensor (150 lines for weights of another ViT size).
+    other = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if k in own and v.shape != own[k].shape]
+    if other:
+        k, in_file, in_model = other[0]
+        raise ModelLoadError(
+            f"{source} does not fit {arch}: {len(other)} tensor(s) of another shape, e.g. {k} is "
+            f"{list(in_file)} in the file and {list(in_model)} in the model (weights of another model size?)"
+        )
     missing, unexpected = model.load_state_dict(sd, strict=False)
     return model, dynamic, list(missing), list(unexpected)
 
@@ -180,7 +193,7 @@ def load_embedded(models_dir: Path, spec: ModelSpec | None = None) -> LoadedMode
     grid = tuple(manifest["pretrain_grid"])
     sd = load_state_file(d / "model.safetensors")
     model, _, missing, unexpected = _create_with(
-        manifest["arch"], sd, num_classes=0, img_size=grid[0] * manifest["patch_size"][0]
+        manifest["arch"], sd, d.name, num_classes=0, img_size=grid[0] * manifest["patch_size"][0]
     )
     if missing or unexpected:
         raise ModelLoadError(
@@ -246,7 +259,7 @@ def load_local(spec: ModelSpec) -> LoadedModel:
     # The classifier's weight: ``head`` in ViTs, ``head.fc`` in Swin's ClassifierHead.
     weight = next((sd[k] for k in ("head.weight", "head.fc.weight") if k in sd), None)
     num_classes = weight.shape[0] if weight is not None else 0
-    model, dynamic, missing, unexpected = _create_with(spec.arch, sd, num_classes=num_classes)
+    model, dynamic, missing, unexpected = _create_with(spec.arch, sd, spec.path.name, num_classes=num_classes)
     missing = [k for k in missing if not k.startswith("head.")]
     unexpected = [k for k in unexpected if k not in head_keys]
     if missing or unexpected:

@@ -159,6 +159,15 @@ class Registry:
     def error(self, model_id: str) -> str | None:
         return self._errors.get(model_id)
 
+    def windowed(self, model_id: str) -> bool:
+        """Whether the model is windowed (Swin), loaded or not: its loaded form says, else its
+        name (the same rule as :meth:`info`). Never loads."""
+        lm = self._loaded.get(model_id)
+        if lm is not None:
+            return lm.windowed
+        spec = self.specs[model_id]
+        return spec.source != "embedded" and windowed_arch(spec.arch)
+
     def info(self) -> list[dict[str, Any]]:
         specs, loaded = dict(self.specs), dict(self._loaded)  # copies: a model may load meanwhile
         out = []
@@ -177,6 +186,6 @@ class Registry:
             else:
                 # Known from the name alone, so that a page can ask a windowed model the right way
                 # before its first load.
-                row["windowed"] = spec.source != "embedded" and windowed_arch(spec.arch)
+                row["windowed"] = self.windowed(mid)
             out.append(row)
         return out

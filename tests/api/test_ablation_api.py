@@ -274,6 +274,35 @@ def test_wait_answers_202_with_the_progress_and_the_computation_goes_on(base_url
     assert body["method"] == "gradient" and len(body["removed"]) == 4
 
 
+def test_a_pruning_curve_left_with_202_runs_to_the_end_on_its_own(base_url):
+    """One GET with wait=0, then only its progress: the curve (its importance ranking first) runs
+    on to `done` without another GET, and every progress answer's numbers agree."""
+    image_id = post(base_url, api.fresh_png(seed=4242), "fresh.png", layers="0")["image_id"]
+    params = {"method": "gradient", "points": 4}
+    r = get(base_url, f"{API}/{image_id}/pruning", wait=0, **params)
+    assert r.status_code in (200, 202), r.text
+    seen = [r.json()] if r.status_code == 202 else []
+
+    def finished() -> bool:
+        p = get(base_url, f"{API}/{image_id}/pruning/progress", **params).json()
+        seen.append(p)
+        assert p["state"] != "idle", seen  # the curve stopped once its ranking was done
+        return p["state"] == "done"
+
+    wait_until(finished, HANG_S, "the pruning curve to finish with nobody asking again")
+    for p in seen[:-1]:
+        assert p["state"] == "running" and p["task"] == "pruning", p
+        assert p["fraction"] == pytest.approx(p["done"] / p["total"], abs=1e-3), p
+    body = get(base_url, f"{API}/{image_id}/pruning", **params).json()
+    assert body["cached"] is True and len(body["removed"]) == 4
+
+
+def test_an_over_long_ablate_is_a_bad_ablate(base_url, cat_id):
+    r = get(base_url, f"{API}/{cat_id}/output", ablate="0:1," * 1100)
+    assert_error(r, 422, "bad_ablate")
+    assert "too long" in r.json()["error"]["message"]
+
+
 def test_unknown_images_and_bad_parameters(base_url, cat_id):
     unknown = "0123456789abcdef01234567"
     for path in ("output", "importance", "importance/progress", "pruning", "pruning/progress"):

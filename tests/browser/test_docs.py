@@ -9,6 +9,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from headscope import paths
+
 pytestmark = pytest.mark.browser
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete", "head", "options"}
@@ -56,3 +58,21 @@ def test_redoc_shows_every_operation_with_no_outside_request(page, base_url, gua
     # ReDoc's side menu used to load Redocly's logo from their CDN (blocked by the CSP, a console
     # error): the served bundle no longer names it, and the guard fails on either.
     assert page.locator("img[alt='redocly logo'][src^='http']").count() == 0
+
+
+def test_the_guide_works_under_its_csp(page, base_url, guard):
+    """The documentation site the server mounts at /guide (where the page's "how to read it" links
+    go), when `make docs` has built it: MkDocs Material's inline scripts run under the CSP (each
+    allowed by its hash: a blocked one is a console error the guard fails on), and search finds
+    pages."""
+    if paths.built_docs_dir() is None:
+        pytest.skip("the documentation site is not built (make docs)")
+    resp = page.goto(base_url + "/guide/")
+    assert resp is not None and resp.status == 200
+    csp = resp.headers["content-security-policy"]
+    script_src = next(d for d in csp.split("; ") if d.startswith("script-src"))
+    assert "'sha256-" in script_src and "unsafe-inline" not in script_src
+    page.locator("label.md-search__icon, .md-search__input").first.click()
+    page.locator("input.md-search__input").fill("rollout")
+    page.locator(".md-search-result__item").first.wait_for()
+    assert page.locator(".md-search-result__item").count() > 0

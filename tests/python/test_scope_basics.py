@@ -162,6 +162,8 @@ def test_a_module_added_after_a_call_is_in_eval_mode_while_headscope_computes():
         ({"temperature": 0}, ValueError, "temperature: Input should be greater than 0"),
         ({"query": "patch:99,99"}, ValueError, "query: patch (99, 99) is outside"),
         ({"heads": [0.5]}, TypeError, "heads: None (all), an int"),
+        ({"layers": []}, ValueError, "layers: an empty selection selects nothing"),  # not "all" (the text "")
+        ({"heads": np.array([0.5])}, TypeError, "heads: None (all), an int"),
         ({"aggregate": "median"}, ValueError, "aggregate: Input should be"),
     ],
 )
@@ -182,6 +184,8 @@ def test_bad_pictures(scope, tmp_path):
         scope.attention([_picture(5), tmp_path / "missing.png"])
     with pytest.raises(ValueError, match="not an image"):
         scope.attention(b"not a picture")
+    with pytest.raises(ValueError, match=r"^https://example\.org/cat\.png: a URL; .*download it first"):
+        scope.attention("https://example.org/cat.png")  # named as given, not as a path with "//" folded
     # 16-bit levels: astype(np.uint8) would wrap them, so the hint divides
     with pytest.raises(TypeError, match=r"got uint16: convert it, e\.g\. \(a // 257\)\.astype\(np\.uint8\)"):
         scope.attention(np.zeros((8, 8, 3), np.uint16))
@@ -218,6 +222,17 @@ def test_version_and_lazy_import():
     assert headscope.__version__ and headscope.__version__[0].isdigit()
     code = "import sys, headscope; assert 'torch' not in sys.modules, 'import headscope pulled in torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_integer_arrays_and_tensors_select_as_lists_do(scope):
+    want = scope.attention(_picture(6), layers=[0, -1], heads=[1], query=[0, 2])
+    for layers, heads, query in [
+        (np.array([0, -1]), np.array([1]), np.array([0, 2])),
+        (torch.tensor([0, -1]), torch.tensor(1), torch.tensor([0, 2])),
+    ]:
+        got = scope.attention(_picture(6), layers=layers, heads=heads, query=query)
+        assert got.layers == want.layers and got.heads == want.heads
+        assert torch.equal(got.maps, want.maps)
 
 
 def test_select_is_another_answer_of_the_same_capture(scope):

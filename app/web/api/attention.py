@@ -128,10 +128,11 @@ async def _post(request: Request, service: AttentionService, settings: Settings,
     if not is_multipart(request.headers.get("content-type", "")):
         raise ApiError(415, "not_multipart", "send multipart/form-data with the file in the field 'image'")
     try:
-        # A few fields more than there are, so that a repeated field is named as such below.
+        # A few fields and one file more than there are, so that a repeated field or a second
+        # image is named as such below (the body's size is bounded by BodyLimit either way).
         form = await read_form(
             request,
-            max_files=1,
+            max_files=2,
             max_fields=len(_FORM_FIELDS) + 4,
             max_part_size=MAX_FIELD_BYTES,
             timeout_s=ticket.remaining(),
@@ -234,7 +235,7 @@ async def get_attention(
 @router.get(
     "/images/{image_id}",
     summary="The uploaded picture as PNG (for the page)",
-    responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[404]},
+    responses={200: {"content": {"image/png": {}}}, **{s: ERROR_RESPONSES[s] for s in (404, 413, 422, 429)}},
 )
 @counted_as("image")
 async def get_image(image_id: ImageIdDep, service: ServiceDep, metrics: MetricsDep, _: AdmitFollowUp) -> Response:

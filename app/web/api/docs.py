@@ -13,6 +13,7 @@ the "API docs by Redocly" link stays.
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ..deps import TemplatesDep
+from ..responses import cached_file
 
 ASSETS_URL = "/docs-assets"
 REDOC_BUNDLE = "redoc.standalone.js"
@@ -65,7 +67,13 @@ def redoc_bundle() -> bytes:
     return data.replace(f'"{REDOC_LOGO_URL}"'.encode(), b'""')
 
 
+@lru_cache(maxsize=1)
+def redoc_etag() -> str:
+    return f'"{hashlib.sha256(redoc_bundle()).hexdigest()[:32]}"'
+
+
 # Registered before the /docs-assets mount (create_app), so this route answers for the file.
 @router.get(f"{ASSETS_URL}/{REDOC_BUNDLE}")
-async def redoc_js() -> Response:
-    return Response(redoc_bundle(), media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"})
+async def redoc_js(request: Request) -> Response:
+    headers = {"Cache-Control": "public, max-age=86400", "ETag": redoc_etag()}
+    return cached_file(request.headers, Response(redoc_bundle(), media_type="text/javascript", headers=headers))

@@ -6,10 +6,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from ...engine.capture_base import SUPPORTED_FAMILIES
 from ..deps import RegistryDep, SettingsDep, TemplatesDep
+from ..responses import cached_file
 
 router = APIRouter(include_in_schema=False)
 
@@ -41,7 +42,12 @@ async def index(request: Request, templates: TemplatesDep, registry: RegistryDep
 
 
 @router.get("/vendor/plotly.min.js")
-async def plotly_bundle():
-    return FileResponse(
-        plotly_js(), media_type="text/javascript", headers={"Cache-Control": f"public, max-age={VENDOR_MAX_AGE_S}"}
+async def plotly_bundle(request: Request) -> Response:
+    path = plotly_js()
+    file = FileResponse(
+        path,
+        media_type="text/javascript",
+        headers={"Cache-Control": f"public, max-age={VENDOR_MAX_AGE_S}"},
+        stat_result=path.stat(),  # the ETag is set now, for the check below
     )
+    return cached_file(request.headers, file)

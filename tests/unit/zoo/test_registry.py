@@ -75,6 +75,19 @@ def test_local_checkpoint_loads_the_given_weights(tmp_path, suffix):
         assert torch.equal(v, sd[k]), k
 
 
+def test_weights_of_another_model_size_are_one_line_that_says_so(tmp_path):
+    """torch's own error for tensors of another shape is a line per tensor (150 for a ViT)."""
+    src = timm.create_model("test_vit", pretrained=False, num_classes=0, embed_dim=32)
+    path = tmp_path / "small.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path))
+    with pytest.raises(ModelLoadError) as e:
+        Registry([f"local:test_vit@{path}"], tmp_path).get()
+    message = str(e.value)
+    assert "\n" not in message and len(message) < 400, message
+    assert message.startswith("small.safetensors does not fit test_vit: ")
+    assert "tensor(s) of another shape" in message and "[32]" in message
+
+
 def test_loading_weights_leaves_the_callers_random_stream_alone():
     """Building a model for loaded weights still runs random initialisation (the embedded
     model's saliency decoder): a notebook's seeded stream goes on as if nothing was loaded
