@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .paths import is_url
+
 if TYPE_CHECKING:
     import torch
     from pydantic import ValidationError
@@ -238,7 +240,10 @@ def _collect(paths: list[str]) -> list[Path]:
         FileNotFoundError: a path given does not exist.
     """
     files: list[Path] = []
-    for path in map(Path, paths):
+    for given in paths:
+        if is_url(given):
+            raise FileNotFoundError(f"{given}: a URL; extract reads files and folders: download it first")
+        path = Path(given)
         if path.is_dir():
             files += sorted(f for f in path.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and not f.is_dir())
         elif os.path.lexists(path):

@@ -17,6 +17,7 @@ Never inside site-packages: an upgrade would delete them, and a system install i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -75,3 +76,13 @@ def built_docs_dir() -> Path | None:
     """The documentation site ``make docs`` built into the checkout's ``site/``, if it is there."""
     site = CHECKOUT_DIR / "site"
     return site if is_checkout() and (site / "index.html").is_file() else None
+
+
+# A scheme of two letters or more and "//": not a Windows drive ("C:").
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+def is_url(text: str) -> bool:
+    """Whether a path given as text is a URL (``https://...``), which nothing here downloads:
+    read as a path, its ``//`` would fold and it would be called a missing file."""
+    return _URL.match(text) is not None

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engine.cached import cached_property
+from ..paths import is_url
 from ..serving.pictures import PictureFileError, PreparedPixels, picture_png, read_picture_file
 from ..serving.uploads import IMAGE_ID_HEX_CHARS, image_id_of
 
@@ -428,9 +428,6 @@ def _array_image(a: Any):
     raise ValueError(f"an array picture is HxWx3 (RGB), HxWx4 (RGBA) or HxW (grey); got shape {a.shape}{hint}")
 
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")  # a scheme of two letters or more: not "C:"
-
-
 def named(e: Exception, where: object) -> Exception:
     """``e`` again with ``where`` (a file, ``pictures[i]``) before its message, so that an error
     about one picture says which; an error with a ``status`` and ``code`` (an ``ImageError``, a
@@ -452,7 +449,7 @@ def picture(image: Any, max_file_bytes: int) -> Picture | ImagePicture:
         ValueError: an unreadable file (`PictureFileError`, whose
             message names the file), an empty bytes object, an array of the wrong shape.
     """
-    if isinstance(image, str) and _URL.match(image):  # Path() would read it as a file and fold its "//"
+    if isinstance(image, str) and is_url(image):
         raise PictureFileError(
             f"{image[:200]}: a URL; pictures are read from files, bytes, PIL images, arrays or tensors: download it "
             "first (urllib.request.urlopen(url).read() gives bytes to pass)",

@@ -191,6 +191,10 @@ def test_extract_of_a_missing_path_fails_before_loading_the_model(tmp_path):
     r = cli("extract", str(tmp_path / "nope.png"), "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
     assert r.returncode == 2
     assert r.stderr.strip() == f"headscope extract: no such file or folder: {tmp_path / 'nope.png'}"
+    url = "https://example.org/cat.png"  # named as given ("https:/..." once read as a path), and why
+    r = cli("extract", url, "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"headscope extract: {url}: a URL; extract reads files and folders: download it first"
     assert not (tmp_path / "o.safetensors").exists()
 
 
