@@ -68,6 +68,10 @@ th:first-child,td:first-child{text-align:left}
 @media (max-width:900px){.two{grid-template-columns:1fr}}
 #faithfulness-table{overflow-x:auto} #faithfulness-table td{white-space:nowrap}
 #faithfulness-table th:nth-child(2),#faithfulness-table td:nth-child(2){text-align:left}
+figure.chart{margin:0}
+caption{caption-side:top;text-align:left;font-weight:600;padding:4px 0}
+details.chart-table{margin:4px 0 12px} details.chart-table summary{cursor:pointer;color:#1d4ed8}
+.table-scroll{overflow:auto;max-height:420px} .table-scroll td,.table-scroll th{white-space:nowrap}
 """
 
 
@@ -217,10 +221,60 @@ def _fig_html(fig, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+def _table(header: list[str], rows: list[list[Any]], caption: str, row_headers: bool = False) -> str:
+    """A table with its caption and column headers (and, with ``row_headers``, its first cells as
+    row headers)."""
+    th = "".join(f'<th scope="col">{html.escape(h)}</th>' for h in header)
+
+    def cell(i: int, v: Any) -> str:
+        if row_headers and i == 0:
+            return f'<th scope="row">{html.escape(str(v))}</th>'
+        return f"<td>{html.escape(str(v))}</td>"
+
+    body = "".join("<tr>" + "".join(cell(i, v) for i, v in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><caption>{html.escape(caption)}</caption><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _num(v: Any, spec: str) -> str:
+    """A number of a chart's table as its hover writes it; a dash where there is none (NaN)."""
+    v = float(v)
+    return "–" if not np.isfinite(v) else format(v, spec)
+
+
+def _chart(fig, div_id: str, label: str, header: list[str], rows: list[list[Any]]) -> str:
+    """A chart for screen readers too: a figure named by ``label`` (what it shows), with "Show as
+    table" after the drawing, the numbers it draws in a table captioned ``label``. The figure, not
+    an image: Plotly's toolbar buttons inside it stay reachable."""
+    name = html.escape(f"{label} (chart; “Show as table” below gives its numbers)")
+    return (
+        f'<figure class="chart" id="{div_id}-figure" aria-label="{name}">'
+        + _fig_html(fig, div_id)
+        + f'<details class="chart-table" id="{div_id}-table"><summary>Show as table</summary>'
+        + f'<div class="table-scroll" tabindex="0" role="region" aria-label="{html.escape(label)}: the numbers">'
+        + _table(header, rows, label, row_headers=True)
+        + "</div></details></figure>"
+    )
+
+
+def _layer_head_rows(
+    s: SurveyData, v: np.ndarray, spec: str, extra=None, sd: np.ndarray | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """A layer x head table of per-head values ``v`` (parallel to ``s.layer``, ``s.head``), with
+    ``± sd`` where given: a row per layer, a column per head (and ``extra``: (name, per-layer
+    values) as a last column)."""
+    grid = _grid(s.layer, s.head, v, s.layers, s.heads)
+    sds = _grid(s.layer, s.head, sd, s.layers, s.heads) if sd is not None else None
+
+    def cell(lyr: int, h: int) -> str:
+        text = _num(grid[lyr, h], spec)
+        return text if sds is None or text == "–" else f"{text} ± {_num(sds[lyr, h], spec)}"
+
+    header = ["layer"] + [f"head {h}" for h in range(s.heads)] + ([extra[0]] if extra else [])
+    rows = [
+        [f"layer {lyr}"] + [cell(lyr, h) for h in range(s.heads)] + ([_num(extra[1][lyr], spec)] if extra else [])
+        for lyr in range(s.layers)
+    ]
+    return header, rows
 
 
 def faithfulness_section(tests: pa.Table) -> str:
@@ -237,6 +291,7 @@ def faithfulness_section(tests: pa.Table) -> str:
         subplot_titles=("positive: most relevant removed first (lower is better)", "negative: least relevant first"),
     )
     palette = ["#2563eb", "#db2777", "#059669", "#d97706", "#7c3aed", "#0891b2"]
+    curves: list[tuple[str, str, np.ndarray]] = []  # (method, curve, mean y per fraction): the table
     for i, summ in enumerate(summaries):
         mine = pc.and_(pc.equal(tests.column("method"), summ.method), pc.equal(tests.column("target"), summ.target))
         if "protocol" in tests.column_names:  # tables before --protocol: live
@@ -249,10 +304,11 @@ def faithfulness_section(tests: pa.Table) -> str:
         color = "#6b7280" if summ.method == "random" else palette[i % len(palette)]
         for col, curve in enumerate(("positive", "negative"), 1):
             ys = np.array(rows.column(curve).to_pylist(), dtype=float)  # images, fractions
+            curves.append((name, curve, np.nanmean(ys, axis=0)))
             fig.add_trace(
                 go.Scatter(
                     x=fractions,
-                    y=np.nanmean(ys, axis=0),
+                    y=curves[-1][2],
                     mode="lines+markers",
                     name=f"{name}: AUC+ {summ.auc_positive.mean:.3f}, AUC− {summ.auc_negative.mean:.3f}",
                     legendgroup=name,
@@ -285,10 +341,20 @@ def faithfulness_section(tests: pa.Table) -> str:
         "curves.</p>"
         # Wider than the card with the paper's long target names: a region keyboard users can scroll.
         + '<div class="card" id="faithfulness-table" tabindex="0" role="region" aria-label="faithfulness table">'
-        + _table(HEADER, [cells(s) for s in summaries])
+        + _table(
+            HEADER,
+            [cells(s) for s in summaries],
+            "Each relevance map's areas under the perturbation curves: means over the pictures [95 % interval]",
+        )
         + "</div>"
         + _paper_section(summaries)
-        + _fig_html(fig, "fig-faithfulness")
+        + _chart(
+            fig,
+            "fig-faithfulness",
+            "Mean perturbation curves per method (mean over images) against the fraction of patches removed",
+            ["fraction of patches removed"] + [f"{name} ({curve})" for name, curve, _ in curves],
+            [[f"{f:g}"] + [_num(ys[k], ".3f") for _, _, ys in curves] for k, f in enumerate(fractions)],
+        )
     )
 
 
@@ -304,7 +370,7 @@ def _paper_section(summaries) -> str:
         + re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(PAPER_CAVEAT, quote=False))
         + "</p>"
         + '<div class="card" id="faithfulness-paper">'
-        + _table(PAPER_HEADER, rows)
+        + _table(PAPER_HEADER, rows, "With the paper's protocol, beside the paper's Table 1")
         + "</div>"
     )
 
@@ -414,7 +480,13 @@ def distance_section(s: SurveyData) -> str:
         "fig. 7). Bars: standard deviation over images."
         + (" Swin: between the cells of each layer's stage grid, within the query's window." if s.windowed else "")
         + "</p>"
-        + _fig_html(fig, "fig-distance")
+        + _chart(
+            fig,
+            "fig-distance",
+            "Mean attention distance in input pixels, plus or minus its standard deviation over images, "
+            "per layer and head",
+            *_layer_head_rows(s, agg["distance_px_mean"], ".1f", sd=agg["distance_px_stddev"]),
+        )
     )
 
 
@@ -482,8 +554,25 @@ def entropy_section(s: SurveyData) -> str:
             else "Top: mean over all query rows; bottom: the CLS token's row."
         )
         + "</p>"
-        + _fig_html(fig, "fig-entropy")
+        + _chart(fig, "fig-entropy", "Normalised attention entropy per layer and head", *_entropy_rows(s))
     )
+
+
+def _entropy_rows(s: SurveyData) -> tuple[list[str], list[list[str]]]:
+    """The entropy chart's numbers: a row per head, the box of each row kind (all rows, the CLS
+    row): 5th, 25th, 50th, 75th and 95th percentiles and the mean."""
+    kinds = [
+        (c, w) for c, w in (("entropy", "all rows"), ("entropy_cls", "CLS row")) if not np.isnan(s.agg[f"{c}_q"]).all()
+    ]
+    stats = ["5th percentile", "25th percentile", "median", "75th percentile", "95th percentile", "mean"]
+    header = ["head"] + [f"{w}: {st}" for _, w in kinds for st in stats]
+    rows = []
+    for i in range(len(s.layer)):
+        row = [f"layer {s.layer[i]} head {s.head[i]}"]
+        for c, _ in kinds:
+            row += [_num(x, ".3f") for x in s.agg[f"{c}_q"][i]] + [_num(s.agg[f"{c}_mean"][i], ".3f")]
+        rows.append(row)
+    return header, rows
 
 
 def mass_section(s: SurveyData) -> str:
@@ -513,6 +602,7 @@ def mass_section(s: SurveyData) -> str:
                 )
                 continue
             fig = go.Figure()
+            per_layer = np.array([np.nanmean(v[layer == lyr]) for lyr in range(L)])
             for h in range(H):
                 m = head == h
                 fig.add_trace(
@@ -529,7 +619,7 @@ def mass_section(s: SurveyData) -> str:
             fig.add_trace(
                 go.Scatter(
                     x=np.arange(L),
-                    y=np.array([np.nanmean(v[layer == lyr]) for lyr in range(L)]),
+                    y=per_layer,
                     mode="lines",
                     line=dict(color="#1d2433", width=2),
                     name="mean over heads",
@@ -545,7 +635,9 @@ def mass_section(s: SurveyData) -> str:
                 template="plotly_white",
                 legend=dict(orientation="h", y=-0.22, x=0),
             )
-            cards.append(f'<div class="card">{_fig_html(fig, div_id)}</div>')
+            label = f"Mean share of attention on {titles[col].removeprefix('attention on ')} per layer and head"
+            table = _layer_head_rows(s, v, ".3f", ("mean over heads", per_layer))
+            cards.append(f'<div class="card">{_chart(fig, div_id, label, *table)}</div>')
         return (
             "<h2>Prefix and artifact mass per layer</h2>"
             '<p class="note">Mean over query rows and images of the attention each head gives to the prefix '
@@ -590,8 +682,9 @@ def heads_map_section(s: SurveyData) -> str:
             hovertemplate="%{customdata}<br>entropy %{x:.3f}<br>distance %{y:.1f} px<extra></extra>",
         )
     )
+    xaxis = "mean entropy / log W²" if s.windowed else "mean entropy / log N"
     fig.update_layout(
-        xaxis_title="mean entropy / log W²" if s.windowed else "mean entropy / log N",
+        xaxis_title=xaxis,
         yaxis_title="mean attention distance (px)",
         height=480,
         margin=dict(t=30, r=10),
@@ -601,7 +694,14 @@ def heads_map_section(s: SurveyData) -> str:
         "<h2>The heads at a glance</h2>"
         '<p class="note">Each head by its mean entropy and mean attention distance: focused local heads sit '
         "bottom left, broad global heads top right. Colour: the layer. The heads that stand apart are named "
-        "(L layer H head); point at any dot for its name.</p>" + _fig_html(fig, "fig-heads")
+        "(L layer H head); point at any dot for its name.</p>"
+        + _chart(
+            fig,
+            "fig-heads",
+            "Every head by its mean entropy and its mean attention distance",
+            ["head", "layer", xaxis, "mean attention distance (px)"],
+            [[n, str(lyr), _num(e, ".3f"), _num(d, ".1f")] for n, lyr, e, d in zip(names, layer, ent_x, dist_y)],
+        )
     )
 
 
@@ -649,7 +749,22 @@ def rank_section(s: SurveyData) -> str | None:
         "<h2>Rank of the head outputs</h2>"
         '<p class="note">Per layer, mean over images (bars: standard deviation) of the effective rank (Roy & '
         "Vetterli 2007) and the numerical rank of the heads' outputs concatenated, tokens x (heads x head "
-        "dim). Heads that duplicate each other lower both.</p>" + _fig_html(fig, "fig-rank")
+        "dim). Heads that duplicate each other lower both.</p>"
+        + _chart(
+            fig,
+            "fig-rank",
+            "Rank of the head outputs per layer",
+            ["layer", "effective rank (mean)", "effective rank (standard deviation)", "numerical rank (mean)"],
+            [
+                [f"layer {lyr}", _num(e, ".2f"), _num(sd, ".2f"), _num(n, ".2f")]
+                for lyr, e, sd, n in zip(
+                    _np(g.column("layer")),
+                    _np(g.column("rank_effective_mean")),
+                    _np(g.column("rank_effective_stddev")),
+                    _np(g.column("rank_numerical_mean")),
+                )
+            ],
+        )
     )
 
 
@@ -683,15 +798,18 @@ def similar_heads_section(s: SurveyData) -> str | None:
         "<h2>Most similar and most specialised heads</h2>"
         f'<p class="note">Similarity: {html.escape(what)}, averaged over images; 1 = identical. '
         "A head is specialised when even the closest other head of its layer is unlike it.</p>"
-        '<div class="two"><div class="card"><b>Most similar pairs</b>'
+        '<div class="two"><div class="card">'
         + _table(
             ["layer", "heads", "similarity"],
             [[lyr, f"{i} & {j}", f"{v:.3f}"] for v, lyr, i, j in pairs],
+            "Most similar pairs",
         )
-        + '</div><div class="card"><b>Most specialised heads</b>'
+        + '</div><div class="card">'
         + _table(
             ["head", "closest other head", "entropy", "distance px"],
             [[f"layer {lyr} head {h}", f"{v:.3f}", f"{ent[lyr, h]:.3f}", f"{dist[lyr, h]:.1f}"] for v, lyr, h in spec],
+            "Most specialised heads",
+            row_headers=True,
         )
         + "</div></div>"
     )
@@ -744,7 +862,11 @@ def failures_html(s: SurveyData) -> str:
     shown = s.failures.slice(0, 20).to_pylist()
     return (
         "<h2>Failures: pictures that could not be read or computed, refused tests</h2>"
-        + _table(["image", "error", "message"], [[r["image"], r["error"], r["message"]] for r in shown])
+        + _table(
+            ["image", "error", "message"],
+            [[r["image"], r["error"], r["message"]] for r in shown],
+            "The first failures",
+        )
         + (f'<p class="note">… and {n_fail - 20:,} more (in the _failures table).</p>' if n_fail > 20 else "")
     )
 

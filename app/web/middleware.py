@@ -66,6 +66,18 @@ def count_rejection(scope, reason: str) -> None:
         metrics.rejections.labels(reason).inc()
 
 
+class Started:
+    """An ASGI ``send`` that notes whether the answer has started (it can then not be replaced)."""
+
+    def __init__(self, send):
+        self.send, self.started = send, False
+
+    async def __call__(self, message):
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
+
+
 class BodyLimit:
     """Refuse request bodies over the upload limit and the form around it with 413, checked while
     they are read.
@@ -91,7 +103,7 @@ class BodyLimit:
             count_rejection(scope, "upload_too_large")
             return await self._refuse(scope, send)
         seen = 0
-        started = False
+        send = Started(send)
 
         async def counted_receive():
             nonlocal seen
@@ -102,16 +114,10 @@ class BodyLimit:
                     raise errors.BodyTooLarge()
             return message
 
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
         try:
-            await self.app(scope, counted_receive, tracking_send)
+            await self.app(scope, counted_receive, send)
         except errors.BodyTooLarge:
-            if not started:
+            if not send.started:
                 await self._refuse(scope, send)
 
     async def _refuse(self, scope, send):
@@ -206,20 +212,13 @@ class CatchUnexpected:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = False
-
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        send = Started(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, send)
         except errors.BodyTooLarge:
             raise
         except Exception as exc:
-            if started:
+            if send.started:
                 raise
             resp = await errors.unexpected_response(Request(scope), exc)
             await resp(scope, receive, send)

@@ -7,11 +7,23 @@ import { $, debounce, fmtTemperature, sliderTemperature } from "./dom.js";
 import { downloadMap } from "./export.js";
 import { resized } from "./maps.js";
 import { bindCellCursor } from "./cell-cursor.js";
-import { followDockHeight, ownsKeys } from "./keys.js";
+import { announce, changeWords, followDockHeight, ownsKeys } from "./keys.js";
 import { cellAt } from "./overlay.js";
 import { defaultQuery, mapQuery, parseQuery, state } from "./state.js";
 import { renderReadout } from "./viewer.js";
 import { VIEWS, bindViews } from "./views.js";
+
+/**
+ * Run `change` (an action) and say what it changed in the live region: the new layer and head,
+ * or the new query; nothing where it changed nothing (an edge, the row already shown).
+ */
+export function saying(change) {
+  const now = () => ({ layer: state.layer, head: state.head, query: state.query });
+  const before = now();
+  change();
+  const words = state.meta ? changeWords(before, now(), state.meta.tokens) : "";
+  if (words) announce(words);
+}
 
 const DISCARD_REST_MS = 150; // the rollout's discard slider asks the server once it rests
 const RESIZE_REST_MS = 80;
@@ -97,8 +109,8 @@ function bindOverlay() {
       const [R, C] = tokens().grid;
       return q && q.kind === "patch" ? [q.r, q.c] : [Math.floor(R / 2), Math.floor(C / 2)];
     },
-    onPick: ([r, c]) => act.setQuery(`patch:${r},${c}`),
-    onEscape: () => act.setQuery(defaultQuery(state.meta.tokens)),
+    onPick: ([r, c]) => saying(() => act.setQuery(`patch:${r},${c}`)),
+    onEscape: () => saying(() => act.setQuery(defaultQuery(state.meta.tokens))),
     describe: ([r, c]) => {
       renderReadout(state, { r, c });
       return `${$("readout").textContent}. Enter queries this patch.`;
@@ -119,7 +131,7 @@ function bindKeys() {
     };
     if (keys[e.key]) {
       e.preventDefault();
-      keys[e.key]();
+      saying(keys[e.key]);
     }
   });
 }

@@ -204,7 +204,8 @@ export function renderRow(el, view) {
   el.dataset.rendered = "1";
   el.dataset.layer = String(layer);
   el.dataset.head = head;
-  chartTable(el, traces, layout, `Attention row of ${headLabel(head)} at layer ${layer}; max ${fmt(Math.max(...ys))}`);
+  // the table in token order: the prefix tokens (indices 0…) first, then the patches
+  chartTable(el, [...traces].reverse(), layout, `Attention row of ${headLabel(head)} at layer ${layer}; max ${fmt(Math.max(...ys))}`);
   return undefined;
 }
 

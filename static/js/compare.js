@@ -7,7 +7,9 @@
 
 import { paintColorbar } from "./colormaps.js";
 import { $, scrollMotion, setOptions, shortName } from "./dom.js";
-import { drawComposite, fit, fmt, sizeCanvas } from "./overlay.js";
+import { cellText } from "./chart-table.js";
+import { describeCanvas, gridWords } from "./map-text.js";
+import { drawComposite, fit, fmt, patchValues, sizeCanvas } from "./overlay.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
 import { dims, headChoices, headLabel, mapQuery, markerAt, queryLabel, tokensAt } from "./state.js";
 
@@ -106,6 +108,7 @@ function renderSide(s, name) {
     canvas.dataset.pending = "image";
     fig.classList.add("pending");
     title.textContent = "Loading the image…";
+    describeCanvas(canvas, "");
     return;
   }
   // The side's own query: a patch of the shown image lands on the same place of this one.
@@ -117,6 +120,7 @@ function renderSide(s, name) {
   fig.classList.toggle("pending", !row);
   if (!row) {
     title.textContent = "Loading the attention…";
+    describeCanvas(canvas, "");
     return;
   }
   const marker = markerAt(ctx.meta, q, side.layer);
@@ -140,7 +144,19 @@ function renderSide(s, name) {
   paintColorbar(fig.querySelector(".compare-cb canvas"), s.colormap);
   fig.querySelector(".cb-min").textContent = fmt(range.min);
   fig.querySelector(".cb-max").textContent = fmt(range.max);
+  // The colour bar is one image in words (not two bare numbers in the figure's name), and the
+  // map's numbers are its description.
+  const cb = fig.querySelector(".compare-cb");
+  cb.setAttribute("role", "img");
+  cb.setAttribute("aria-label", `Colour scale: ${s.colormap} from ${cellText(range.min)} to ${cellText(range.max)}`);
   title.textContent = `${ctx.filename} · layer ${side.layer} · ${headLabel(head)} · query ${queryLabel(q, ctx.tokens)}`;
+  describeCanvas(canvas, compareWords(name, title.textContent, patchValues(row, tokens).values, tokens));
+}
+
+/** One compare map in words: which side and what it shows, then its highest patches and its lowest. */
+export function compareWords(name, what, values, tokens) {
+  const [R, C] = tokens.grid;
+  return `${name === "a" ? "Left" : "Right"} map, ${what}. ${gridWords(values, R, C, tokens.window ? "cell" : "patch")}`;
 }
 
 /** Show or hide the compare panel and draw both sides. */

@@ -154,7 +154,7 @@ export function renderModelView(container, view, onPick) {
         }
         const t = makeTile(l, head, false);
         drawTile(t, view, l, head, w, h);
-        t.addEventListener("click", () => onPick(l, head));
+        t.addEventListener("click", (e) => onPick(l, head, e));
         cells.push(t);
       }
     }

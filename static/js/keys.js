@@ -5,6 +5,8 @@
 // where focus is not in something with keys of its own: form fields, the view tabs, the tile and
 // toggle grids, the map's cell cursor, an open dialog.
 
+import { headLabel, parseQuery, prefixLabel } from "./state.js";
+
 const OWN_KEYS = "select, textarea, input:not([type=checkbox]):not([type=file]), [contenteditable], "
   + "[role=tablist], [role=grid], [role=listbox], [role=menu], [role=slider], [data-own-keys], dialog";
 
@@ -116,4 +118,31 @@ export function announce(text) {
   clearTimeout(clearTimer);
   // a frame later, so the region's change is a new announcement even for the same words
   clearTimer = setTimeout(() => { el.textContent = text; }, 30);
+}
+
+/** A one-row query in words: "CLS", "patch (3, 5), token 42", "register 1, token 2". */
+export function queryWords(q, tokens) {
+  const p = parseQuery(q, tokens);
+  if (!p) return String(q);
+  if (p.kind === "cls") return "CLS";
+  if (p.kind === "patch") return `patch (${p.r}, ${p.c}), token ${p.token}`;
+  return `${prefixLabel(p.token, tokens)}, token ${p.token}`;
+}
+
+/** The shown layer and head in words: "layer 10, head 1", "layer 3, mean of heads". */
+export function layerWords(layer, head) {
+  return `layer ${layer}, ${headLabel(head)}`;
+}
+
+/**
+ * What a shortcut changed, short, for the live region: "layer 10, head 1" when the layer or the
+ * head moved, "query: CLS" or "query: patch (3, 5), token 42" when the query did (both, joined
+ * by ". "); "" when nothing changed (an edge: the same words are not said again).
+ * `before` and `after` are {layer, head, query}.
+ */
+export function changeWords(before, after, tokens) {
+  const said = [];
+  if (before.layer !== after.layer || before.head !== after.head) said.push(layerWords(after.layer, after.head));
+  if (before.query !== after.query) said.push(`query: ${queryWords(after.query, tokens)}`);
+  return said.join(". ");
 }

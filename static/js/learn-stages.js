@@ -11,6 +11,7 @@ import {
   drawWindowScores, drawWindowWeights, isWindowAnswer, placeLabel, placeOf,
 } from "./learn-window.js";
 import { notes, tokenLabel } from "./learn-words.js";
+import { describeCanvas, gridWords, mapWords } from "./map-text.js";
 import { fmt } from "./overlay.js";
 import { prefixLabel } from "./state.js";
 
@@ -103,6 +104,7 @@ export function renderAnswer(s, ans, T, onHover) {
   setText("learn-scores-range", `blue ${fmt(centre - spread)} … white ${fmt(centre)} (${win
     ? "the mean of the window's keys in the query's region" : "the patches' mean"}) … red ${fmt(centre + spread)}`
     + (ans.mask && ans.mask.some((m) => m < 0) ? " · masked keys (−100) darkest blue" : ""));
+  describeCanvas($("learn-scores"), scoresWords(ans, win, centre));
 
   // 4. softmax
   setText("learn-softmax-shape", `a = softmax(scores / T): 1 × ${N}, sums to 1`);
@@ -255,4 +257,21 @@ function renderWindowHover(el, ans, weights, h, T) {
     + `${ans.mask ? ` · + mask ${mask < 0 ? `${mask} (another region of the rolled grid)` : "0"}` : ""}`
     + ` · score ${fmt(ans.scores[j])} · weight ${fmt(weights[j])}`
     + `${T === 1 ? "" : ` (T = ${fmtTemperature(T)})`}`);
+}
+
+/**
+ * The scores map in words (its accessible description): the keys on the picture with the highest
+ * scores and the lowest, and the mean the colours are centred on.
+ */
+export function scoresWords(ans, win, centre) {
+  const mean = ` Colours centred on the mean, ${fmt(centre)}.`;
+  if (!win) {
+    const { grid: [R, C], num_prefix: P } = ans.tokens; // a window's answer has no whole grid
+    return `Scores. ${gridWords(ans.scores.slice(P, P + R * C), R, C)}${mean}`;
+  }
+  const keys = [];
+  ans.key_tokens.forEach((t, j) => {
+    if (t >= 0) keys.push({ name: placeLabel(ans, j), v: ans.scores[j] });
+  });
+  return `Scores of the ${keys.length} keys of the query's window on the picture. ${mapWords(keys)}${mean}`;
 }

@@ -12,7 +12,7 @@ import { rolloutKey } from "./data.js";
 import { $, scrollMotion } from "./dom.js";
 import { need } from "./fetching.js";
 import { renderHeadGrid, renderModelView } from "./grid.js";
-import { bindRoving, screenPos, syncRoving } from "./keys.js";
+import { announce, bindRoving, layerWords, screenPos, syncRoving } from "./keys.js";
 import { renderRolloutStrip } from "./rollout.js";
 import { artifactTokens, shownRow } from "./sinks.js";
 import { headChoices, markerAt, parseQuery, tokensAt } from "./state.js";
@@ -56,9 +56,17 @@ export function render(s, act) {
 
 export function renderSlow(s, act) {
   const view = thumbView(s);
-  renderModelView($("model-view"), view, (l, h) => {
+  renderModelView($("model-view"), view, (l, h, e) => {
     act.pick(l, h);
-    $("overlay").scrollIntoView({ behavior: scrollMotion(), block: "center" });
+    const map = $("overlay");
+    map.scrollIntoView({ behavior: scrollMotion(), block: "center" });
+    // Enter or Space on the tile (a click with no pointer): focus goes to the map with it, so
+    // that it stays in sight and the next keys move the map's cell cursor.
+    if (e && e.detail === 0 && !map.hidden) {
+      map.focus({ preventScroll: true });
+      const cell = $("readout").textContent; // the cursor's words, written as it took focus
+      announce(cell ? `${layerWords(s.layer, s.head)}. ${cell}` : layerWords(s.layer, s.head));
+    }
   });
   syncRoving($("model-view"), ".tile", selectedTile);
   const els = analyticsEls();

@@ -153,9 +153,18 @@ export function bindModelPicker(anyModel) {
   });
   input.addEventListener("input", () => later(input.value.trim()));
   input.addEventListener("keydown", (e) => {
-    if (e.key !== "Enter") return;
-    e.preventDefault();
-    const first = $("model-results").querySelector("button");
-    if (first) first.click();
+    if (e.isComposing) return;
+    if (e.key === "Enter") {
+      // Enter loads nothing (a download can take minutes): it moves to the first result, where
+      // Enter then loads that model; with no result it does nothing.
+      e.preventDefault();
+      const first = $("model-results").querySelector("button");
+      if (first) first.focus();
+    } else if (e.key === "Escape") {
+      // Escape closes the dialog from here too, where a search field would only clear itself.
+      e.preventDefault();
+      dialog.close();
+      open.focus();
+    }
   });
 }

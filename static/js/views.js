@@ -96,6 +96,13 @@ export function bindViews(act) {
     for (const t of tabs) t.tabIndex = t === tabs[to] ? 0 : -1;
     tabs[to].focus();
   });
+  // The tab list itself (the skip link's target) passes focus on to the shown tab, where the
+  // keys above work at once.
+  list.addEventListener("focus", (e) => {
+    if (e.target !== list) return;
+    const shown = tabs.find((t) => t.getAttribute("aria-selected") === "true") || tabs[0];
+    shown.focus();
+  });
   list.addEventListener("focusout", (e) => {
     if (list.contains(e.relatedTarget)) return;
     for (const t of tabs) t.tabIndex = t.getAttribute("aria-selected") === "true" ? 0 : -1;

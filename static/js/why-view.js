@@ -6,6 +6,7 @@ import { drawOver, mapCanvas } from "./ablation-view.js";
 import { paintColorbar } from "./colormaps.js";
 import { AXIS, LEGEND_BELOW, base, note, plotKeyed, plotlyReady, unavailable } from "./charts.js";
 import { el } from "./dom.js";
+import { describeCanvas, gridWords } from "./map-text.js";
 
 export const METHOD_NAMES = {
   chefer: "Chefer et al.",
@@ -125,12 +126,20 @@ export function renderRelevance(fig, view) {
     canvas.dataset.method = answer ? answer.method : "";
     canvas.dataset.target = answer ? answer.target : "";
     renderMapColorbar(fig, answer);
+    describeCanvas(canvas, answer ? relevanceWords(answer) : "");
   }
   if (!answer) {
     caption.textContent = view.loading ? "Computing the map (one forward and one backward pass)…" : "";
     return;
   }
   caption.textContent = view.role === "raw" ? rawCaption(answer) : mapCaption(answer);
+}
+
+/** The map's numbers in words (its accessible description): its highest patches and its lowest. */
+export function relevanceWords(answer) {
+  const rows = answer.relevance;
+  const C = rows.length ? rows[0].length : 0;
+  return gridWords(rows.flat(), rows.length, C);
 }
 
 // Methods whose map follows the target's gradient, and those that propagate the target's relevance

@@ -104,14 +104,8 @@ def fresh(seed: int, size=(224, 224)) -> bytes:
     return loadscript.make_image(int(time.time() * 1000) % 10**9 + seed, size)
 
 
-def raw(port: int, data: bytes, timeout: float = T) -> bytes:
-    """Send ``data`` on a new connection; return what comes back until the server closes it."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(data)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
+def raw(port: int, data: bytes) -> bytes:
+    return api.raw(port, data, T)
 
 
 # -- 1. decoding --------------------------------------------------------------------------------

@@ -3,13 +3,12 @@ every number (item 9), one validation code and negative indices read as Python's
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import numpy as np
 import pytest
 from test_api import API, assert_error, post
 
+from helpers.api import raw
 from helpers.server import HTTP_TIMEOUT
 
 
@@ -28,16 +27,6 @@ def cat_answer(base_url, cat) -> dict:
 def get(base: str, path: str = "", host: str | None = None, **params) -> httpx.Response:
     headers = {"Host": host.encode()} if host is not None else None  # bytes: any character goes out as is
     return httpx.get(base + path, params=params, headers=headers, timeout=HTTP_TIMEOUT)
-
-
-def raw(port: int, request: bytes) -> bytes:
-    """One HTTP/1.0 request on a plain socket; the whole answer (the server closes after it)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT) as s:
-        s.sendall(request)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-    return out
 
 
 # -- item 7: the Host header ------------------------------------------------------------------

@@ -4,28 +4,17 @@ offers; 405s name every method of the path; refusals name what was wrong."""
 
 from __future__ import annotations
 
-import socket
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
 import pytest
 
-from helpers.api import API, assert_error
+from helpers.api import API, assert_error, raw
 from helpers.server import HTTP_TIMEOUT, Server
 
 GOOD = "https://good.example"
 IMAGE_ID = "a" * 24  # well formed, never uploaded
-
-
-def raw(port: int, request: bytes) -> bytes:
-    """One request on a plain socket; the whole answer (the server closes after it)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT) as s:
-        s.sendall(request)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from helpers.keyboard import SCREENS, focus_in, focused, hidden_by_bars, tab_to
+from helpers.keyboard import FOCUS_BOX, SCREENS, focus_in, focused, hidden_by_bars, tab_to
 from helpers.learn import wait_learn
 from helpers.page import image_id, open_page, upload, view, wait_output, wait_scroll_settled, wait_view
 from helpers.screens import sizes
@@ -44,6 +44,11 @@ def announced(page) -> str:
     """What the page's live region says (a move's words arrive a frame after the key)."""
     page.wait_for_function("() => document.querySelector('[data-testid=announce]').textContent !== ''")
     return page.inner_text("[data-testid=announce]")
+
+
+def said(page, words: str) -> None:
+    """Wait until the page's live region says ``words``."""
+    page.wait_for_function("w => document.querySelector('[data-testid=announce]').textContent === w", arg=words)
 
 
 def walk_focus(page, most: int = 200) -> list[str]:
@@ -175,9 +180,7 @@ def test_view_tabs_arrows_move_between_tabs_not_the_head(kpage, base_url, sample
     assert focused(page)["testid"] == "skip-main"
     page.keyboard.press("Tab")
     assert focused(page)["testid"] == "skip-tabs"
-    page.keyboard.press("Enter")
-    assert focused(page)["testid"] == "view-tabs"
-    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")  # onto the shown tab, where the tabs' keys work at once
     assert focused(page)["testid"] == "viewer-tab"
     assert page.eval_on_selector_all("[role=tab]", "ts => ts.map(t => t.tabIndex)") == [0, -1, -1, -1]
     page.keyboard.press("ArrowRight")
@@ -229,17 +232,46 @@ def test_the_map_takes_focus_a_cell_cursor_and_enter_queries_the_patch(kpage, ba
     )
     assert page.is_visible("[data-testid=overlay-cursor]")
     assert (view(page)["layer"], view(page)["head"]) == (v0["layer"], v0["head"])
+    token = int(re.match(r"patch \(\d+, \d+\) · token (\d+)", announced(page))[1])
     page.keyboard.press("Enter")
     v = wait_view(page, query=f"patch:{r + 1},{c + 2}")
     assert v["marked"] == f"{r + 1},{c + 2}" and v["layer"] == v0["layer"]
     assert focused(page)["testid"] == "overlay"
+    said(page, f"query: patch ({r + 1}, {c + 2}), token {token}")  # the new query, said
     # Escape: back to the default row; focus stays on the map.
     page.keyboard.press("Escape")
     wait_view(page, query=v0["query"])
     assert focused(page)["testid"] == "overlay"
+    said(page, "query: CLS")
     # Tab leaves the map, and the cursor's outline goes with focus.
     page.keyboard.press("Tab")
     assert page.is_hidden("[data-testid=overlay-cursor]")
+
+
+def test_the_page_shortcuts_say_the_new_layer_head_and_query(page, base_url, samples):
+    """The arrows and Escape change the map with focus elsewhere: the live region says the new
+    layer and head, or the new query, and nothing where a key changed nothing."""
+    open_page(page, base_url)
+    v0 = upload(page, samples["cat"])
+    layer, head = int(v0["layer"]), int(v0["head"])
+    page.evaluate("() => document.activeElement.blur()")
+    page.keyboard.press("ArrowDown")
+    said(page, f"layer {layer - 1}, head {head}")
+    page.keyboard.press("ArrowRight")
+    said(page, f"layer {layer - 1}, head {head + 1}")
+    page.keyboard.press("ArrowUp")
+    said(page, f"layer {layer}, head {head + 1}")
+    page.keyboard.press("ArrowUp")  # the last layer already: nothing changes, nothing is said
+    page.wait_for_timeout(300)
+    assert page.inner_text("[data-testid=announce]") == f"layer {layer}, head {head + 1}"
+    assert view(page)["layer"] == str(layer)
+    # Escape on the CLS row says nothing; on a patch row it says the query is CLS again.
+    page.locator("[data-testid=overlay]").click()  # a patch row (the mouse, to set it up)
+    page.wait_for_function("() => new URLSearchParams(location.search).get('q').startsWith('patch:')")
+    page.evaluate("() => document.activeElement.blur()")
+    page.keyboard.press("Escape")
+    wait_view(page, query=v0["query"])
+    said(page, "query: CLS")
 
 
 def test_tile_grids_are_one_tab_stop_with_the_arrows_inside(kpage, base_url, samples):
@@ -270,10 +302,19 @@ def test_tile_grids_are_one_tab_stop_with_the_arrows_inside(kpage, base_url, sam
     assert "layer" in focused(page)["label"] and focused(page)["label"].endswith(f"head {want['head']}")
     page.keyboard.press("Enter")
     wait_view(page, **want)
+    # Focus goes to the map the page scrolled to: in sight, its cell cursor on the arrows.
+    assert focused(page)["testid"] == "overlay"
+    wait_scroll_settled(page)
+    assert hidden_by_bars(page) is None, page.evaluate(FOCUS_BOX)
+    page.wait_for_function(
+        "w => document.querySelector('[data-testid=announce]').textContent.startsWith(w)",
+        arg=f"layer {want['layer']}, head {want['head']}. patch (",
+    )
+    assert page.is_visible("[data-testid=overlay-cursor]")
+    tab_to(page, "[data-testid=model-view]", most=120)
+    assert focused(page)["data"] == want  # Tab comes back to the tile last used
     page.keyboard.press("Tab")
     assert not focus_in(page, "[data-testid=model-view]")
-    page.keyboard.press("Shift+Tab")
-    assert focused(page)["data"] == want  # Tab comes back to the tile last used
 
 
 def test_ablation_toggles_one_tab_stop_roving_and_named(kpage, base_url, samples):
@@ -337,6 +378,12 @@ def test_chart_toolbars_show_a_focus_ring_and_every_chart_has_a_table(kpage, bas
         ".js-plotly-plot", "cs => cs.map(c => !!c.nextElementSibling?.matches('details.chart-table'))"
     )
     assert charts and all(charts)
+    # The current row's table: token order, the prefix tokens (CLS, token 0) first.
+    page.evaluate("() => { document.querySelector('[data-testid=chart-row] + details.chart-table').open = true; }")
+    rows = page.eval_on_selector_all(
+        "[data-testid=chart-row] + details table tbody tr", "rs => rs.map(r => r.cells[0].textContent)"
+    )
+    assert rows[:2] == ["0", "1"] and [int(t) for t in rows] == sorted(int(t) for t in rows), rows[:3] + rows[-2:]
 
 
 def test_inside_a_head_the_softmax_map_takes_a_cell_cursor(kpage, base_url, samples):

@@ -88,3 +88,32 @@ def test_a_later_answer_keeps_the_focus_of_a_keyboard_user_in_the_dialog(page_at
     page.wait_for_function(ANSWERED, arg="no-such-model-anywhere")
     assert page.locator("[data-testid=model-result]").count() == 0
     assert focused(page)["testid"] == "model-search"
+
+
+def test_enter_in_the_search_box_loads_nothing_and_escape_there_closes_the_dialog(page_at, base_url):
+    """Enter in the search box moves to the first result (a load is a download: only Enter on a
+    result starts one), or stays put with none; Escape closes the dialog from the search box too,
+    typed words or not (a search field alone would only clear itself)."""
+    page = page_at(1280, 800)
+    loads = []
+    page.on("request", lambda r: loads.append(r.url) if r.method == "POST" and "/catalog/" in r.url else None)
+    open_page(page, base_url)
+    tab_to(page, "[data-testid=model-search-open]", most=10)
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=model-dialog]').open")
+    page.locator("[data-testid=model-result]").first.wait_for()
+    page.keyboard.press("Enter")  # the empty box
+    first = page.eval_on_selector("[data-testid=model-result]", "b => b.dataset.name")
+    assert (focused(page)["testid"], focused(page)["data"].get("name")) == ("model-result", first)
+    page.keyboard.press("Shift+Tab")
+    assert focused(page)["testid"] == "model-search"
+    page.keyboard.type("no-such-model-anywhere")
+    page.wait_for_function(ANSWERED, arg="no-such-model-anywhere")
+    page.keyboard.press("Enter")  # no result: nothing happens
+    assert focused(page)["testid"] == "model-search"
+    page.wait_for_timeout(300)
+    assert loads == [] and page.is_hidden("[data-testid=model-load]")
+    # Escape with words in the box: the dialog closes, focus goes back to its opener.
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => !document.querySelector('[data-testid=model-dialog]').open")
+    assert focused(page)["testid"] == "model-search-open"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import socket
 
 import httpx
 import numpy as np
@@ -55,6 +56,17 @@ def assert_error(r: httpx.Response, status: int, code: str | None = None) -> Non
     assert "Traceback" not in r.text and "/work/" not in r.text and ".py" not in r.text
     if code:
         assert body["error"]["code"] == code, body
+
+
+def raw(port: int, data: bytes, timeout: float = HTTP_TIMEOUT) -> bytes:
+    """Send ``data`` on a new connection to the server on ``port``; what comes back until it
+    closes the connection (a request the HTTP layer refuses, an HTTP/1.0 request)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
 
 
 def png(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
