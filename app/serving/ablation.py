@@ -379,6 +379,7 @@ class AblationService(ImageTasks):
                 )
             finally:
                 progress.waiting_for = None
+            progress.started = time.monotonic()  # its own elapsed time and time left, from here
             prep = await self.prepared(upload, lm)
             work = pruning_work(image_id, lm, prep, ranking, key.points, progress, self.worker.amp_dtype, self.device)
             return await run_on(work, self.piece)

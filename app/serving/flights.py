@@ -33,10 +33,11 @@ class Flight(Generic[T]):
         about: what its starter attached to it (a task's progress, a load's state).
     """
 
-    def __init__(self, task: asyncio.Future[T], kept: bool = False, about: Any = None):
+    def __init__(self, task: asyncio.Future[T], kept: bool = False, about: Any = None, bounded: bool = True):
         self.task = task
         self.kept = kept
         self.about = about
+        self.bounded = bounded  # counted against its Flights' limit
         self.holders = 0
         task.add_done_callback(_retrieve)
 
@@ -125,9 +126,11 @@ class Flights(Generic[T]):
         Raises:
             QueueFullError: ``limit`` flights are running.
         """
-        if bounded and self.limit is not None and len(self._flights) >= self.limit:
+        # Only bounded flights count: one started by another flight (a pruning curve's ranking)
+        # is that flight's work, and holds no slot of its own.
+        if bounded and self.limit is not None and sum(f.bounded for f in self._flights.values()) >= self.limit:
             raise QueueFullError(f"the server is busy ({self.limit} {self.what} in progress)")
-        flight: Flight[T] = Flight(asyncio.ensure_future(factory()), kept, about)
+        flight: Flight[T] = Flight(asyncio.ensure_future(factory()), kept, about, bounded)
         if shared:
             self._flights[key] = flight
 

@@ -144,7 +144,8 @@ class Tasks:
                     f"this client already has {mine} long computations running (its share of the server's "
                     f"{self.limit}); wait for one, or cancel one with DELETE /api/v1/tasks/{{cancel_token}}"
                 )
-        info = TaskInfo(TaskProgress(name), client)
+        # An unbounded task is another task's work: not counted in its client's share either.
+        info = TaskInfo(TaskProgress(name), client if bounded else None)
         with using(Ticket(parent.cls, time.monotonic() + TASK_DEADLINE_S, client=client) if parent else None):
             return self._flights.start(key, lambda: _awaited(factory(info.progress)), about=info, bounded=bounded)
 
@@ -347,7 +348,9 @@ class ImageTasks:
             try:
                 res = await compute(progress, picture)
             except Exception as e:
-                if flight.holders == 0:  # nobody to tell now: the next request of the key is told
+                # Nobody to tell now, or the request that left it to run on (kept) is not among
+                # those waiting: the next request of the key is told.
+                if flight.holders == 0 or flight.kept:
                     self._keep_failure(key, e)
                 raise
             self.cache.put(key, res, RESULT_BYTES)

@@ -234,7 +234,7 @@ def allowed_methods(request: Request) -> list[str]:
     be (a mount is static files, which answer GET and HEAD)."""
     methods: set[str] = set()
     # From the app's root: inside a mount (static files) the scope's root_path is the mount's.
-    root = request.scope.get("app_root_path", "")
+    root = request.scope.get("app_root_path", request.scope.get("root_path", ""))
     for method in _METHODS:
         scope = {**request.scope, "root_path": root, "method": method}
         for route in request.app.routes:

@@ -28,7 +28,7 @@ CSP = (
 )
 
 # An inline <script> without src (a JSON data block is not run, so it needs no hash either).
-_INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)(?P<attrs>[^>]*)>(?P<body>.*?)</script>", re.S)
+_INLINE_SCRIPT = re.compile(r"<script(?![^>]*\ssrc=)(?P<attrs>[^>]*)>(?P<body>.*?)</script>", re.S)
 
 
 def site_csp(site: Path) -> str:
@@ -41,7 +41,9 @@ def site_csp(site: Path) -> str:
     """
     hashes = set()
     for page in site.rglob("*.html"):
-        for m in _INLINE_SCRIPT.finditer(page.read_text(encoding="utf-8", errors="replace")):
+        with open(page, encoding="utf-8", errors="replace", newline="") as f:  # the bytes hashed as sent: CRLF too
+            text = f.read()
+        for m in _INLINE_SCRIPT.finditer(text):
             if "application/json" in m["attrs"]:
                 continue
             digest = base64.b64encode(hashlib.sha256(m["body"].encode()).digest()).decode()

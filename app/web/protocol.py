@@ -58,7 +58,8 @@ def _error_bytes(status: int, reason: str, code: str, message: str) -> bytes:
     rid = uuid.uuid4().hex[:12]
     body = orjson.dumps({"error": {"code": code, "message": message, "request_id": rid}})
     head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nx-content-type-options: nosniff\r\n"
+        "connection: close\r\n"
         f"x-request-id: {rid}\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode("ascii") + body

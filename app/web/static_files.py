@@ -11,8 +11,10 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-# bytes=0-99, bytes=500-, bytes=-20, and lists of them (RFC 9110 14.1.1)
-_RANGE = re.compile(r"bytes=(?P<set>\s*(?:\d*-\d*)(?:\s*,\s*\d*-\d*)*\s*)", re.IGNORECASE)
+# bytes=0-99, bytes=500-, bytes=-20, and lists of them (RFC 9110 14.1.1); positions of at most
+# 18 digits (int() refuses over 4,300, and no file here has 10^18 bytes)
+_POS = r"\d{0,18}"
+_RANGE = re.compile(rf"bytes=(?P<set>\s*(?:{_POS}-{_POS})(?:\s*,\s*{_POS}-{_POS})*\s*)", re.IGNORECASE)
 
 
 def readable_range(value: str) -> bool:
@@ -30,14 +32,20 @@ def readable_range(value: str) -> bool:
     return True
 
 
+def drop_unreadable_range(scope: Scope) -> None:
+    """Take a ``Range`` the server cannot read (and its ``If-Range``) out of the request, before a
+    ``FileResponse`` reads it: the file is then sent whole."""
+    headers = scope.get("headers") or []
+    given = [v for k, v in headers if k == b"range"]
+    if given and not (len(given) == 1 and readable_range(given[0].decode("latin-1"))):
+        scope["headers"] = [(k, v) for k, v in headers if k not in (b"range", b"if-range")]
+
+
 class Static(StaticFiles):
     """``StaticFiles`` that ignores a ``Range`` it cannot read (see the module docstring)."""
 
     def file_response(
         self, full_path: str | os.PathLike[str], stat_result: os.stat_result, scope: Scope, status_code: int = 200
     ) -> Response:
-        headers = scope.get("headers") or []
-        given = [v for k, v in headers if k == b"range"]
-        if given and not (len(given) == 1 and readable_range(given[0].decode("latin-1"))):
-            scope["headers"] = [(k, v) for k, v in headers if k not in (b"range", b"if-range")]
+        drop_unreadable_range(scope)
         return super().file_response(full_path, stat_result, scope, status_code)

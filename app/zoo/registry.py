@@ -165,8 +165,8 @@ class Registry:
         lm = self._loaded.get(model_id)
         if lm is not None:
             return lm.windowed
-        spec = self.specs[model_id]
-        return spec.source != "embedded" and windowed_arch(spec.arch)
+        spec = self.specs.get(model_id)  # None: withdrawn meanwhile (the request fails where it loads)
+        return spec is not None and spec.source != "embedded" and windowed_arch(spec.arch)
 
     def info(self) -> list[dict[str, Any]]:
         specs, loaded = dict(self.specs), dict(self._loaded)  # copies: a model may load meanwhile

@@ -42,7 +42,10 @@ export function gridItems(values, C, noun = "patch") {
 export function mapWords(items, k = 3) {
   const { top, low } = extremes(items, k);
   if (!low) return "No values.";
-  if (top[0].v === low.v) return `Every one of the ${items.length} values is ${num(low.v)}.`;
+  if (top[0].v === low.v) {
+    const n = items.filter((it) => Number.isFinite(it.v)).length;
+    return `Every one of the ${n} values is ${num(low.v)}.`;
+  }
   const highest = top.map((it) => `${it.name} ${num(it.v)}`).join(", ");
   return `Highest: ${highest}; lowest: ${low.name} ${num(low.v)}.`;
 }

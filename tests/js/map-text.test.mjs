@@ -32,6 +32,8 @@ test("mapWords says the top three with their values and the lowest, to 3 signifi
   assert.equal(mapWords(gridItems(values, 3)),
     "Highest: patch (0, 2) 0.12, patch (1, 1) 0.09, patch (1, 2) 0.07; lowest: patch (0, 0) 0.0001.");
   assert.equal(mapWords(gridItems([0.25, 0.25, 0.25, 0.25], 2)), "Every one of the 4 values is 0.25.");
+  // skipped values are not counted: two of the three are numbers
+  assert.equal(mapWords(gridItems([0.25, NaN, 0.25], 3)), "Every one of the 2 values is 0.25.");
   assert.equal(mapWords([]), "No values.");
   assert.equal(gridWords([1, 2, 3, 4], 2, 2),
     "Highest: patch (1, 1) 4, patch (1, 0) 3, patch (0, 1) 2; lowest: patch (0, 0) 1. "

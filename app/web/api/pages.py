@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from ...engine.capture_base import SUPPORTED_FAMILIES
 from ..deps import RegistryDep, SettingsDep, TemplatesDep
 from ..responses import cached_file
+from ..static_files import drop_unreadable_range
 
 router = APIRouter(include_in_schema=False)
 
@@ -44,6 +45,7 @@ async def index(request: Request, templates: TemplatesDep, registry: RegistryDep
 @router.get("/vendor/plotly.min.js")
 async def plotly_bundle(request: Request) -> Response:
     path = plotly_js()
+    drop_unreadable_range(request.scope)  # as the static mounts do
     file = FileResponse(
         path,
         media_type="text/javascript",

@@ -265,3 +265,65 @@ def test_a_failure_someone_waited_for_is_not_told_twice():
         assert svc._failed == {}
 
     asyncio.run(main())
+
+
+def test_another_tasks_work_takes_no_slot_of_the_pool_or_of_its_client():
+    """A pruning curve starts its ranking as a task of its own (bounded=False): that task holds
+    neither a slot of the pool nor one of the client's share, or one pruning request of a client
+    with a share of 2 left it no room for another computation (429)."""
+    from headscope.serving.admission import Ticket, using
+
+    async def main():
+        tasks = Tasks(limit=2, per_client=2)
+        gate = asyncio.Event()
+
+        async def ranking(progress):
+            await gate.wait()
+            return "ranking"
+
+        async def curve(progress):  # what a pruning task does: its ranking first, unbounded
+            flight, _ = tasks.join("ranking", "importance", ranking, bounded=False)
+            return await flight.wait(far()) + " then curve"
+
+        async def other(progress):
+            await gate.wait()
+            return "other"
+
+        with using(Ticket("heavy", far(), client="10.0.0.1")):
+            a = asyncio.create_task(tasks.run("curve", "pruning", curve, far()))
+            await until(lambda: len(tasks) == 2, 30, "the curve and its ranking to start")
+            b = asyncio.create_task(tasks.run("other", "importance", other, far()))  # the share's second
+            await until(lambda: len(tasks) == 3, 30, "the client's second computation to start")
+            with pytest.raises(QueueFullError):  # the pool's two slots: the curve and the other
+                tasks.join("third", "importance", other)
+        gate.set()
+        assert await a == "ranking then curve" and await b == "other"
+
+    asyncio.run(main())
+
+
+def test_the_failure_of_a_task_left_to_run_on_is_told_though_another_task_waits_for_it():
+    """A ranking left with a 202 (kept), joined by a pruning curve, that fails: the request that
+    left it is told on its next call (not a silent restart at 0 %)."""
+
+    async def main():
+        svc = image_tasks()
+        gate, runs = asyncio.Event(), []
+
+        async def compute(progress, upload):
+            runs.append(1)
+            await gate.wait()
+            raise ValueError("the ranking failed")
+
+        first = await svc.result("k", "importance", "img", compute, wait=0.01)
+        assert "pending" in first
+        joined = asyncio.create_task(svc.result("k", "importance", "img", compute, deadline=far(), bounded=False))
+        await until(lambda: svc.tasks._flights.get("k").holders == 1, 30, "the curve to hold the ranking")
+        gate.set()
+        with pytest.raises(ValueError, match="ranking failed"):
+            await joined
+        with pytest.raises(ValueError, match="ranking failed"):
+            await svc.result("k", "importance", "img", compute, wait=5)
+        assert len(runs) == 1  # told, not started again
+
+    asyncio.run(main())
