@@ -29,8 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ("vit_base_patch16_224", "vit_large_patch16_224")
 
 
-def _usual(arch: str, sd: dict[str, torch.Tensor], **kwargs: Any) -> tuple[torch.nn.Module, bool, list[str], list[str]]:
-    """The construction before: initialised, then the weights copied in."""
+def _usual(
+    arch: str, sd: dict[str, torch.Tensor], source: str = "", **kwargs: Any
+) -> tuple[torch.nn.Module, bool, list[str], list[str]]:
+    """The construction before: initialised, then the weights copied in (``source``: unused, as
+    ``_create_with``'s)."""
     from headscope.zoo import loaders
 
     model, dynamic = loaders._create(arch, pretrained=False, **kwargs)

@@ -57,7 +57,7 @@ def _create(arch: str, pretrained: bool, **kwargs) -> tuple[nn.Module, bool]:
 
 
 def _create_with(
-    arch: str, sd: dict[str, torch.Tensor], source: str, **kwargs
+    arch: str, sd: dict[str, torch.Tensor], source: str = "the weights", **kwargs
 ) -> tuple[nn.Module, bool, list[str], list[str]]:
     """:func:`_create` (no download) with the weights ``sd`` loaded as ``load_state_dict(strict=False)``
     loads them: the model, whether it takes any image size, the missing and the unexpected keys

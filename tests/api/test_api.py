@@ -176,9 +176,10 @@ def test_bad_uploads(base_url, cat):
         r = post(base_url, b"\0" * (size * 1024 * 1024))
         assert_error(r, 413, "upload_too_large")
         assert "over the 20,971,520-byte limit (HEADSCOPE_MAX_UPLOAD_BYTES)" in r.json()["error"]["message"], size
-    assert_error(
+    assert_error(  # two files in `image`: the field given twice, as any other form field
         httpx.post(base_url + API, files=[("image", ("a.png", cat)), ("image", ("b.png", cat))], timeout=HTTP_TIMEOUT),
-        400,
+        422,
+        "duplicate_field",
     )
     # A body that ends before its closing boundary was cut short: malformed, not "no file" (the
     # parser dropped the unfinished part silently, and it was answered 422 missing_image).
