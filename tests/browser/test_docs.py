@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from headscope import paths
 
@@ -73,6 +74,13 @@ def test_the_guide_works_under_its_csp(page, base_url, guard):
     script_src = next(d for d in csp.split("; ") if d.startswith("script-src"))
     assert "'sha256-" in script_src and "unsafe-inline" not in script_src
     page.locator("label.md-search__icon, .md-search__input").first.click()
-    page.locator("input.md-search__input").fill("rollout")
-    page.locator(".md-search-result__item").first.wait_for()
-    assert page.locator(".md-search-result__item").count() > 0
+    box, found = page.locator("input.md-search__input"), page.locator(".md-search-result__item")
+    for _ in range(6):  # typed again: on a loaded machine a query can come before the index is ready
+        box.fill("")
+        box.press_sequentially("rollout")  # keys: Material reads the query on keyup, not on input
+        try:
+            found.first.wait_for(timeout=15_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    assert found.count() > 0, page.locator(".md-search-result__meta").inner_text()
