@@ -20,6 +20,16 @@ def far() -> float:
     return time.monotonic() + 30
 
 
+def gated(gate: asyncio.Event, value):
+    """A task's work that waits for ``gate``, then gives ``value``."""
+
+    async def work(progress):
+        await gate.wait()
+        return value
+
+    return work
+
+
 def test_progress_reports_fraction_and_eta():
     p = TaskProgress("importance", total=10)
     assert p.as_dict()["eta_s"] is None and p.as_dict()["fraction"] == 0
@@ -62,10 +72,7 @@ def test_at_most_limit_tasks_at_once():
         tasks = Tasks(limit=1)
         gate = asyncio.Event()
 
-        async def work(progress):
-            await gate.wait()
-            return 1
-
+        work = gated(gate, 1)
         a = asyncio.create_task(tasks.run("a", "importance", work, far()))
         await until(lambda: len(tasks) == 1, 30, "the first task to start")
         with pytest.raises(QueueFullError):
@@ -181,10 +188,7 @@ def test_the_work_of_an_admitted_task_is_not_refused_for_a_full_pool():
         tasks = Tasks(limit=1, per_client=1)
         gate = asyncio.Event()
 
-        async def work(progress):
-            await gate.wait()
-            return "done"
-
+        work = gated(gate, "done")
         a = asyncio.create_task(tasks.run("a", "relevance", work, far()))
         await until(lambda: len(tasks) == 1, 30, "the first task to start")
         with pytest.raises(QueueFullError):
@@ -277,18 +281,13 @@ def test_another_tasks_work_takes_no_slot_of_the_pool_or_of_its_client():
         tasks = Tasks(limit=2, per_client=2)
         gate = asyncio.Event()
 
-        async def ranking(progress):
-            await gate.wait()
-            return "ranking"
+        ranking = gated(gate, "ranking")
 
         async def curve(progress):  # what a pruning task does: its ranking first, unbounded
             flight, _ = tasks.join("ranking", "importance", ranking, bounded=False)
             return await flight.wait(far()) + " then curve"
 
-        async def other(progress):
-            await gate.wait()
-            return "other"
-
+        other = gated(gate, "other")
         with using(Ticket("heavy", far(), client="10.0.0.1")):
             a = asyncio.create_task(tasks.run("curve", "pruning", curve, far()))
             await until(lambda: len(tasks) == 2, 30, "the curve and its ranking to start")
