@@ -186,8 +186,10 @@ class Settings(BaseSettings):
     # results cache
     cache_bytes: int = Field(
         1024 * 1024 * 1024,
-        ge=0,
-        description="uploads and captures kept for follow-up queries; captures kept on a GPU count here too",
+        # Under 1 MiB not even the default model's capture fits: every follow-up would be a 404.
+        ge=2**20,
+        description="uploads and captures kept for follow-up queries; captures kept on a GPU count here too "
+        "(at least 1 MiB)",
     )
     max_variant_bytes: int | None = Field(
         None,

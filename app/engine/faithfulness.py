@@ -128,7 +128,7 @@ def parse_fractions(spec: str | Sequence[float] | None) -> tuple[float, ...]:
             raise FractionsError("fractions: specification too long")
         values: list[float] = []
         for raw in spec.replace(" ", "").split(","):
-            if not _NUMBER.fullmatch(raw):
+            if not _NUMBER.fullmatch(raw.removeprefix("-")):  # a negative one is read, then refused as outside
                 raise FractionsError(f"fractions: cannot read {raw[:40]!r}; write numbers in [0, 1) like 0,0.1,0.2")
             values.append(float(raw))
     else:
@@ -156,7 +156,7 @@ def _number(v: object) -> float:
     """One fraction of a sequence as a float: a number (numpy's and torch's scalars too) or a
     string read as the string form reads it; :class:`FractionsError` for anything else (a bool,
     None, ``"a"``), not the ``ValueError`` or ``TypeError`` of ``float()``."""
-    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+    if isinstance(v, str) and _NUMBER.fullmatch(v.strip().removeprefix("-")):
         return float(v)
     if not isinstance(v, (str, bool)) and hasattr(v, "__float__"):
         try:

@@ -165,6 +165,9 @@ def parse_method(spec: str, target: Target | str | None, lm: LoadedModel) -> str
     Raises:
         MethodError: unknown, not defined for the target, or more than one.
     """
+    if spec is None:  # to the faithfulness test None means every method: here it names none
+        offered = text_methods(lm) if is_text(target) else METHODS
+        raise MethodError(f"method: name one method (got None); this target takes {', '.join(offered)}")
     names = parse_target_methods(spec, target, lm)
     if len(names) != 1:
         raise MethodError(

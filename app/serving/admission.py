@@ -90,6 +90,7 @@ class Ticket:
     client: str | None = None  # the client's address (a trusted proxy's X-Forwarded-For, else the peer)
     admitted: float = field(default_factory=time.monotonic)
     _releases: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _on_queued: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def priority(self) -> int:
@@ -107,7 +108,14 @@ class Ticket:
         pool.acquire()
         self._releases.append(pool.release)
 
+    def queued(self) -> None:
+        """Its forward is queued, or it waits for another request's: no batch waits for it now."""
+        if self._on_queued is not None:
+            done, self._on_queued = self._on_queued, None
+            done()
+
     def close(self) -> None:
+        self.queued()
         while self._releases:
             self._releases.pop()()
 
@@ -281,6 +289,8 @@ class Admission:
         self.large = Pool("large_answer", large_answers, metrics, "large_answers_full")
         self.large_answer_bytes = large_answer_bytes
         self.timeout_s = timeout_s
+        self._before_queue = 0
+        self._listeners: list[Callable[[], None]] = []
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: Metrics, device_type: str = "cpu") -> Admission:
@@ -310,6 +320,22 @@ class Admission:
     def full(self) -> bool:
         return self.pools[UPLOAD].full
 
+    @property
+    def uploads_to_queue(self) -> int:
+        """Admitted uploads whose forward is not queued yet (their body arriving, or decoding):
+        the company a batch may wait for. One computed and only answering is not among them."""
+        return self._before_queue
+
+    def on_upload_queued(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the event loop) whenever an upload stops being awaited company:
+        queued, or over without a forward (a cached picture, a refused one)."""
+        self._listeners.append(listener)
+
+    def _upload_queued(self) -> None:
+        self._before_queue -= 1
+        for listener in self._listeners:
+            listener()
+
     def slot(self) -> AbstractContextManager[None]:
         """Hold an upload slot (429 at once when none is free)."""
         return self.pools[UPLOAD].slot()
@@ -334,6 +360,9 @@ class Admission:
         """
         with self._client_share(cls, client), self.pools[cls].slot():
             ticket = Ticket(cls, time.monotonic() + self.timeout_s, client_left, fault, self.timeout_s, client)
+            if cls == UPLOAD:
+                self._before_queue += 1
+                ticket._on_queued = self._upload_queued
             try:
                 with using(ticket):
                     yield ticket

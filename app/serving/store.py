@@ -190,6 +190,8 @@ class CaptureStore:
         flight = self._flights.get(key) if fault is None else None
         if flight is not None:
             self.metrics.shared_computes.inc()
+            if ticket is not None:
+                ticket.queued()  # no forward of its own: no batch waits for it
         else:
             flight = self._flights.start(
                 key,

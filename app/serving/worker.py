@@ -171,6 +171,9 @@ class Worker:
         self._jobs: list[tuple[int, int, Job]] = []  # heaps of (priority, arrival, item)
         self._calls: list[tuple[int, int, Call]] = []
         self._seq = itertools.count()
+        self._drop_soon = False  # drop_cancelled is scheduled
+        # A batch waiting for company looks again when an awaited upload queues or is over.
+        self.admission.on_upload_queued(lambda: self._wake.set())
         # Bound to the running loop at first use (start() makes a fresh one for each run).
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -245,7 +248,9 @@ class Worker:
             ticket.fault if ticket and ticket.priority > 0 else None,
         )
         call.future = asyncio.get_running_loop().create_future()
+        call.future.add_done_callback(self._given_up)
         heapq.heappush(self._calls, (call.priority, next(self._seq), call))
+        self.metrics.queue_depth.set(self.depth)
         self._wake.set()
         return await wait_for_result(call.future, call.deadline, ticket.client_left if ticket else None)
 
@@ -280,24 +285,44 @@ class Worker:
         """Take the queued jobs whose futures are done (cancelled) out of the queue now, not when
         a batch would have pulled them: a test given up leaves no queue depth behind. Event loop
         only, as the queue."""
+        self._drop_soon = False
         dead = [e for e in self._jobs if e[2].future.done()]
-        if not dead:
+        dead_calls = [e for e in self._calls if e[2].future.done()]
+        if not (dead or dead_calls):
             return
-        self._jobs = [e for e in self._jobs if not e[2].future.done()]
-        heapq.heapify(self._jobs)
+        if dead:
+            self._jobs = [e for e in self._jobs if not e[2].future.done()]
+            heapq.heapify(self._jobs)
+        if dead_calls:
+            self._calls = [e for e in self._calls if not e[2].future.done()]
+            heapq.heapify(self._calls)
         for _, _, job in dead:
             if job.counted:
                 self.metrics.rejections.labels("cancelled_before_compute").inc()
+        for _ in dead_calls:
+            self.metrics.rejections.labels("cancelled_before_compute").inc()
         self.metrics.queue_depth.set(self.depth)
 
     # -- submission ------------------------------------------------------------------------
     def submit(self, job: Job) -> asyncio.Future:
         """Queue a job; its future resolves to a :class:`Computed` or an exception."""
         job.future = asyncio.get_running_loop().create_future()
+        job.future.add_done_callback(self._given_up)
         heapq.heappush(self._jobs, (job.priority, next(self._seq), job))
+        ticket = current_ticket()
+        if ticket is not None:
+            ticket.queued()
         self._wake.set()
         self.metrics.queue_depth.set(self.depth)
         return job.future
+
+    def _given_up(self, fut: asyncio.Future) -> None:
+        """A queued item cancelled (its client gone, its deadline passed) leaves the queue soon,
+        once for a burst of them, not when a batch would have pulled it: ``queue_depth`` counts
+        only work somebody waits for, also while a long call holds the worker."""
+        if fut.cancelled() and not self._drop_soon:
+            self._drop_soon = True
+            asyncio.get_running_loop().call_soon(self.drop_cancelled)
 
     @property
     def running(self) -> bool:
@@ -337,12 +362,16 @@ class Worker:
     async def _collect(self, first: Job) -> list[Job]:
         batch = [first]
         end = time.monotonic() + self.max_wait
-        # Wait for company only while more uploads are admitted (decoding or queued) than the
-        # batch holds: a lone request (concurrency 1) or the last of a burst starts at once.
-        admitted = self.admission.in_use
-        want = min(self.max_batch_size, admitted) if admitted > 0 else self.max_batch_size
-        while len(batch) < want:
+        while len(batch) < self.max_batch_size:
             self._fill(batch)
+            # Wait for company only while admitted uploads have yet to queue their forward: a
+            # lone request (concurrency 1) or the last of a burst starts at once, also while the
+            # burst's earlier uploads hold their slots to send answers already computed.
+            # Without uploads (a task's perturbed forwards), the whole wait.
+            if self.admission.in_use > 0:
+                want = min(self.max_batch_size, len(batch) + self.admission.uploads_to_queue)
+            else:
+                want = self.max_batch_size
             timeout = end - time.monotonic()
             if len(batch) >= want or timeout <= 0:
                 break

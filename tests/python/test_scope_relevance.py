@@ -48,6 +48,9 @@ def test_relevance_equals_the_reference(scope, picture):
         torch.testing.assert_close(got["relevance"].reshape(-1), want[method], atol=2e-6, rtol=2e-4)
     with pytest.raises(ValueError, match="one method per map"):
         scope.relevance(picture, method="chefer,rollout")
+    # None names no method (to the faithfulness test it means all): it was "one method per map".
+    with pytest.raises(ValueError, match=r"name one method \(got None\); this target takes chefer, "):
+        scope.relevance(picture, method=None)
 
 
 def test_faithfulness_equals_the_reference(scope, picture):

@@ -70,3 +70,15 @@ def test_several_models_in_headscope_model(monkeypatch):
     monkeypatch.delenv("HEADSCOPE_EXTRA_MODELS")
     s = Settings()
     assert s.model_ids == ["dinov2-s14-focus"] and s.any_model is False and s.max_loaded_models == 3
+
+
+@pytest.mark.parametrize("value", ["0", "1000"])
+def test_a_cache_that_holds_no_capture_is_refused(monkeypatch, value):
+    # Accepted, it answered every follow-up 404 "POST it again", which could never help.
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("HEADSCOPE_CACHE_BYTES", value)
+    with pytest.raises(ValidationError, match="cache_bytes"):
+        Settings()
+    monkeypatch.setenv("HEADSCOPE_CACHE_BYTES", str(2**20))
+    assert Settings().cache_bytes == 2**20

@@ -58,7 +58,8 @@ def test_fractions_parse_from_text_or_a_sequence():
     [
         ("0,1", r"outside \[0, 1\)"),
         ("0,1.5", "outside"),
-        ("-0.1,0.2", "cannot read"),
+        ("-0.1,0.2", r"-0.1 is outside \[0, 1\)"),  # readable, out of range: said so
+        (["-0.1", 0.2], r"-0.1 is outside \[0, 1\)"),
         ([-0.1, 0.2], "outside"),
         ("0.5,0.2", "not strictly ascending"),
         ("0.2,0.2", "not strictly ascending"),

@@ -276,3 +276,98 @@ def test_a_batch_computes_its_answers_maps_at_once_equal_to_each_alone(lm):
             assert [c.maps is not None for c in got] == [computed] * 2
     finally:
         worker_mod.ANSWER_MAPS_MAX_FLOATS = limit
+
+
+def test_a_batch_waits_only_for_uploads_yet_to_queue_their_forward(lm):
+    """Four uploads of a burst, three to a batch: the fourth starts at once, though the first
+    three still hold their slots to send answers already computed (it waited the whole
+    max_wait for them); an upload still decoding is waited for, and one over without a forward
+    (a cached picture) ends the wait at once."""
+    wait_s = 60.0  # far longer than any step here takes: a wait for company shows as a timeout
+
+    async def go():
+        adm = Admission(8, Metrics())
+        w = Worker(torch.device("cpu"), max_batch_size=3, max_wait_ms=wait_s * 1000, admission=adm)
+        await w.start()
+        answered = asyncio.Event()
+        queued = {}
+
+        async def upload(i: int, job: Job, hold: bool) -> None:
+            with adm.admit(UPLOAD):
+                queued[i] = w.submit(job)
+                await queued[i]
+                if hold:  # computed; still sending its answer
+                    await answered.wait()
+
+        jobs = jobs_for(lm, [None] * 4)
+        burst = [asyncio.create_task(upload(i, j, hold=i < 3)) for i, j in enumerate(jobs)]
+        await asyncio.wait_for(asyncio.gather(burst[3]), wait_s / 4)
+        assert w.batches_run == 2 and w.max_batch_seen == 3
+        answered.set()
+        await asyncio.gather(*burst)
+
+        # One upload queued, one still decoding: they share a forward.
+        late = asyncio.Event()
+        a, b = jobs_for(lm, [None, None])
+
+        async def decoding_then_queued() -> None:
+            with adm.admit(UPLOAD):
+                await late.wait()
+                await w.submit(b)
+
+        second = asyncio.create_task(decoding_then_queued())
+        await asyncio.sleep(0)
+        first = asyncio.create_task(upload(4, a, hold=False))
+        await until(lambda: 4 in queued, 30, "the first upload queued")
+        await asyncio.sleep(0.2)
+        assert not queued[4].done()  # waiting for its company
+        late.set()
+        await asyncio.wait_for(asyncio.gather(first, second), wait_s / 4)
+        assert w.batches_run == 3  # one forward for both
+
+        # The company it waits for ends without a forward (a cached picture): it starts at once.
+        gone = asyncio.Event()
+
+        async def cached() -> None:
+            with adm.admit(UPLOAD):
+                await gone.wait()
+
+        third = asyncio.create_task(cached())
+        await asyncio.sleep(0)
+        (c,) = jobs_for(lm, [None])
+        alone = asyncio.create_task(upload(5, c, hold=False))
+        await until(lambda: 5 in queued, 30, "the upload queued")
+        gone.set()
+        await asyncio.wait_for(asyncio.gather(alone, third), wait_s / 4)
+        assert w.batches_run == 4
+        await w.stop(1)
+
+    asyncio.run(go())
+
+
+def test_queue_depth_forgets_work_given_up_while_the_worker_is_busy(lm):
+    """A job or call cancelled while another call holds the worker (its client gone) leaves the
+    queue and the gauge at once, not when the worker would have reached it."""
+
+    async def go():
+        metrics = Metrics()
+        w = Worker(torch.device("cpu"), max_batch_size=1, metrics=metrics)
+        await w.start()
+        release = threading.Event()
+        blocker = asyncio.create_task(w.run_in_worker(release.wait, 30))
+        await until(lambda: w.inflight, 30, "the blocker on the thread")
+        futs = [w.submit(j) for j in jobs_for(lm, [None] * 3)]
+        call = asyncio.create_task(w.run_in_worker(lambda: None))
+        await until(lambda: w.depth == 4, 30, "the jobs and the call queued")
+        assert metrics.queue_depth._value.get() == 4
+        for f in futs:
+            f.cancel()
+        call.cancel()
+        await until(lambda: metrics.queue_depth._value.get() == 0, 30, "the gauge at 0")
+        assert w.depth == 0 and _cancelled_count(metrics) == 4
+        release.set()
+        await blocker
+        await w.stop(1)
+        return w.jobs_computed
+
+    assert asyncio.run(go()) == 0
