@@ -107,6 +107,7 @@ def _serve(args) -> int:
     resolve_device(settings.device)  # a device that is not there: one line now, not a failed start-up
     if args.model:  # every --model is offered, the first is the default; HEADSCOPE_EXTRA_MODELS adds more
         settings.extra_models = [*args.model[1:], *settings.extra_models]
+        settings.check_one_id_each()
     refusal = settings.any_model_refusal()
     if refusal:
         print(f"headscope serve: {refusal}", file=sys.stderr)
@@ -210,6 +211,7 @@ def _check_models(settings, fetch_first: bool) -> dict[str, tuple[str, bool]] | 
 
 def _fetch(args) -> int:
     from .config import Settings
+    from .engine.capture_base import UnsupportedModelError
     from .zoo import embedded
     from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
@@ -223,7 +225,7 @@ def _fetch(args) -> int:
         else:
             lm = Registry([target], settings.models_dir).get()
             print(f"{target}: weights available ({lm.arch}, {lm.num_layers} layers, {lm.num_heads} heads)")
-    except (embedded.FetchError, ModelLoadError, UnknownModelError) as e:
+    except (embedded.FetchError, ModelLoadError, UnknownModelError, UnsupportedModelError) as e:
         print(f"headscope fetch: {e}", file=sys.stderr)
         return 1
     return 0
@@ -638,10 +640,10 @@ def settings_message(e: ValidationError, flags: set[str]) -> str:
     lines = []
     for err in e.errors():
         msg = err["msg"].removeprefix("Value error, ")
-        msg = msg[:1].lower() + msg[1:]
         if not err.get("loc"):  # a check of several settings together: its message names them
             lines.append(msg)
             continue
+        msg = msg[:1].lower() + msg[1:]
         name = str(err["loc"][0])
         where = f"HEADSCOPE_{name.upper()}"
         if name in flags:

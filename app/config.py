@@ -238,10 +238,30 @@ class Settings(BaseSettings):
         if "," in self.model:
             ids = [m.strip() for m in self.model.split(",") if m.strip()]
             if not ids:
-                raise ValueError(f"model: no model id in {self.model!r}")
+                raise ValueError(f"--model / HEADSCOPE_MODEL: no model id in {self.model!r}")
             first, *rest = ids
             self.model, self.extra_models = first, [*rest, *self.extra_models]
+        self.check_one_id_each()
         return self
+
+    def check_one_id_each(self) -> None:
+        """Two weights files of one name (``a/model.safetensors``, ``b/model.safetensors``) would
+        share an id, and the second would be dropped unsaid: refused, with the way to name them."""
+        from .zoo.ids import ModelSpec
+
+        seen: dict[str, ModelSpec] = {}
+        for raw in self.model_ids:
+            try:
+                spec = ModelSpec.parse(raw)
+            except ValueError:  # a malformed id: the registry refuses it by name when serving
+                continue
+            other = seen.setdefault(spec.id, spec)
+            if other != spec:
+                raise ValueError(
+                    f"--model / HEADSCOPE_MODEL / HEADSCOPE_EXTRA_MODELS: two models have the id {spec.id} "
+                    f"({other.path or other.arch} and {spec.path or spec.arch}): name them, as in "
+                    f"NAME=local:ARCH@/path (docs/models.md)"
+                )
 
     @property
     def variant_bytes(self) -> int:

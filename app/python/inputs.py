@@ -16,7 +16,8 @@ whichever way it comes in:
   and resize). An image is taken as its pixels are: an EXIF orientation a ``PIL.Image`` carries
   is not applied (``ImageOps.exif_transpose`` first where it should be). Modes a PNG cannot hold
   (CMYK, YCbCr, LAB, HSV, F, PA, ...) go through Pillow's ``convert("RGB")`` first, as
-  `png_bytes` does; 32-bit integer grey (``I``), which Pillow cannot write as PNG, goes through
+  `png_bytes` does; 16-bit grey of another byte order (``I;16B``: a big-endian TIFF) is taken
+  as ``I;16`` of the same levels; 32-bit integer grey (``I``), which Pillow cannot write as PNG, goes through
   the server's colour rule for a decoded 32-bit grey file (scaled by 1/257, clipped), and its
   PNG is of the converted pixels (`picture_png`); a palette image whose palette has alpha is
   taken as RGBA (its PNG holds that alpha as transparency). The image is copied once (a
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine.cached import cached_property
 from ..paths import is_url
 from ..serving.pictures import PictureFileError, PreparedPixels, picture_png, read_picture_file
+from ..serving.preprocess import decode_errors
 from ..serving.uploads import IMAGE_ID_HEX_CHARS, image_id_of
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
 # about 2 ms and decodes in 1 ms; level 6, Pillow's default, takes 20 ms, a fifth of a forward).
 PNG_LEVEL = 0
 _PNG_MODES = {"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"}
+_GREY16_ORDERS = {"I;16B", "I;16L", "I;16N"}  # 16-bit grey as I;16 (its PNG's mode)
 
 PICTURE_TYPES = (
     "a path, bytes, a PIL.Image, an HxWx3 array or a torch tensor of pixels [3,H,W] / [B,3,H,W] "
@@ -269,21 +272,35 @@ def pixels_id(image: PILImage.Image) -> str:
 def stored_image(image: Any) -> PILImage.Image:
     """A ``PIL.Image`` or array as the image its lossless PNG holds, a copy of its own.
 
+    A lazily opened file is decoded here, once: what Pillow raises doing it (a truncated file)
+    is the :class:`~app.serving.preprocess.ImageError` the file's path gives (422
+    ``corrupt_image``). 16-bit grey in another byte order (``I;16B``, ``I;16L``, ``I;16N``: a
+    big-endian TIFF) is ``I;16`` of the same levels, as its PNG holds it.
+
     Raises:
         TypeError: another type, or an array of another dtype.
-        ValueError: an array of another shape.
+        ValueError: an array of another shape; an ``ImageError`` for a file that cannot be decoded.
     """
     from PIL import Image
 
     if not isinstance(image, Image.Image):
         return _array_image(image).copy()
-    if image.mode not in _PNG_MODES:  # CMYK, YCbCr, LAB, HSV, F...: what png_bytes converts to
-        return image.convert("RGB")
-    image.load()
-    if image.mode == "P" and image.palette is not None and image.palette.mode == "RGBA":
-        # the PNG holds the palette's alpha as its transparency, which the colour rule composites
-        return image.convert("RGBA")  # a lazily opened file: decoded once, here
-    return image.copy()
+    with decode_errors():
+        image.load()  # a lazily opened file: decoded once, here
+        if image.mode in _GREY16_ORDERS:
+            import numpy as np
+
+            # Pillow's convert("I;16") would clip the levels to 0..255; the PNG holds them as they are
+            grey = Image.fromarray(np.asarray(image).astype(np.uint16))
+            if "transparency" in image.info:
+                grey.info["transparency"] = image.info["transparency"]
+            return grey
+        if image.mode not in _PNG_MODES:  # CMYK, YCbCr, LAB, HSV, F...: what png_bytes converts to
+            return image.convert("RGB")
+        if image.mode == "P" and image.palette is not None and image.palette.mode == "RGBA":
+            # the PNG holds the palette's alpha as its transparency, which the colour rule composites
+            return image.convert("RGBA")
+        return image.copy()
 
 
 def _png(image: PILImage.Image) -> bytes:

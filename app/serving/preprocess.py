@@ -3,10 +3,13 @@
 The steps live here; :class:`app.serving.pictures.Pictures` puts them together for a model, and
 every caller (server, survey, ``headscope extract``) goes through it.
 
-Colour rule (documented in the README): EXIF orientation is applied; the first frame of an
-animation is used; transparency is composited over white; 16-bit and 32-bit integer greyscale is
-scaled by 1/257 (full 16-bit range to 0..255, values clipped); float greyscale is min-max
-stretched; every other mode goes through Pillow's own conversion to RGB (CMYK, YCbCr, LAB, P, L, 1).
+Colour rule (documented in docs/images.md): EXIF orientation is applied; the first frame of an
+animation is used; transparency is composited over white (alpha channels, a palette's
+transparency, and the colour key of a grey, 16-bit grey or RGB PNG, ``tRNS``, which Pillow gives
+as ``info["transparency"]``); 16-bit and 32-bit integer greyscale is scaled by 1/257 (full 16-bit
+range to 0..255, values clipped); float greyscale is min-max stretched over its finite pixels (NaN
+and -inf become the minimum, +inf the maximum; none finite: 422 ``corrupt_image``); every other
+mode goes through Pillow's own conversion to RGB (CMYK, YCbCr, LAB, P, L, 1).
 
 Memory. Decoding happens in two steps so that the server can refuse a picture before it costs
 anything: :func:`probe` reads only the header and estimates the decode's peak memory
@@ -22,13 +25,14 @@ decoded picture itself:
   40,000,000 picture to 672 pixels directly allocates 1.3 GB of them). A picture that needs no
   early reduction gives exactly the pixels it gave before.
 * **tiles**: modes whose conversion needs temporaries (16-bit, 32-bit and float greyscale,
-  transparency) are converted tile by tile (256 K pixels each) into the RGB result, so no
+  transparency, a colour key) are converted tile by tile (256 K pixels each) into the RGB result, so no
   float64 copy of the whole picture ever exists; each tile is converted by the rule above
   exactly as the whole picture was (the float stretch uses the whole picture's extrema).
 
 The estimate (:func:`peak_bytes`): the decoded picture (width x height x bytes per pixel of
-its mode as Pillow stores it: 1 for 1/L/P, 2 for I;16, 4 otherwise), times 2 for WebP and
-TIFF (their decoders fill a buffer of their own first), plus the coefficient buffer of a
+its mode as Pillow stores it: 1 for 1/L/P, 2 for I;16, 4 otherwise), times 4 for WebP and
+times 2 for TIFF (their decoders fill buffers of their own first: :data:`DECODER_FACTOR`; at the
+default 512 MiB budget a WebP over about 32 megapixels is refused), plus the coefficient buffer of a
 progressive JPEG (2 bytes per sample at full size), plus twice the RGB result after early
 reduction (4 bytes per pixel: the result and its EXIF-rotated copy), plus 16 MiB for tiles and
 the model input. ``tests/unit/serving/test_decode_memory.py`` decodes adversarial pictures in fresh
@@ -41,7 +45,7 @@ import io
 import math
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -151,6 +155,17 @@ class _Errors:
                 f"the image could not be decoded (truncated or corrupt): {str(exc)[:120]}", 422, "corrupt_image"
             ) from None
         return False
+
+
+def decode_errors(max_pixels: int | None = None) -> _Errors:
+    """A context in which whatever Pillow raises while decoding becomes the :class:`ImageError`
+    the preparation path gives (422 ``corrupt_image`` for a truncated file...): for pictures
+    decoded elsewhere (a ``PIL.Image`` opened lazily, given to the Python API).
+
+    Args:
+        max_pixels: the limit a decompression bomb's message names (default: Pillow's).
+    """
+    return _Errors(max_pixels if max_pixels is not None else (Image.MAX_IMAGE_PIXELS or 0))
 
 
 def _bomb_message(exc: Exception, max_pixels: int) -> str:
@@ -343,19 +358,23 @@ def _tiles(size: tuple[int, int], factors: tuple[int, int] = (1, 1)) -> Iterator
 def _tile_to_rgb(img: Image.Image, float_range: tuple[float, float] | None = None) -> Image.Image:
     """The colour rule for one picture (or tile): see the module docstring."""
     mode = img.mode
-    if mode == "RGB":
+    key = _colour_key(img)
+    if mode == "RGB" and key is None:
         return img
     if mode in _INT_GREY:
         a = np.asarray(img.convert("I"), dtype=np.float64)
-        a = np.clip(a / 257.0, 0, 255).round().astype(np.uint8)
-        return Image.fromarray(a, "L").convert("RGB")
+        grey = np.clip(a / 257.0, 0, 255).round().astype(np.uint8)
+        if key is not None:
+            grey[a == key] = 255  # the colour key's pixels: transparent, over white
+        return Image.fromarray(grey, "L").convert("RGB")
     if mode == "F":
         a = np.asarray(img, dtype=np.float64)
-        lo, hi = float_range if float_range is not None else (float(a.min()), float(a.max()))
+        lo, hi = float_range if float_range is not None else _finite_range([a])
+        a = np.nan_to_num(a, nan=lo, posinf=hi, neginf=lo)
         a = (a - lo) / (hi - lo) * 255 if hi > lo else np.zeros_like(a)
         return Image.fromarray(a.round().astype(np.uint8), "L").convert("RGB")
-    if mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")
+    if (mode == "P" and "transparency" in img.info) or key is not None:
+        img = img.convert("RGBA")  # Pillow honours the palette's transparency, or the colour key
         mode = "RGBA"
     if mode in _ALPHA:
         rgba = img.convert("RGBA")
@@ -364,23 +383,49 @@ def _tile_to_rgb(img: Image.Image, float_range: tuple[float, float] | None = Non
     return img.convert("RGB")
 
 
+def _colour_key(img: Image.Image) -> int | tuple[int, int, int] | None:
+    """The colour key of a grey or RGB picture (a PNG's ``tRNS``: the one value, or RGB colour,
+    whose pixels are transparent), as Pillow gives it in ``info["transparency"]``; None for
+    other modes, no key, or a key of another shape."""
+    key = img.info.get("transparency")
+    if img.mode in ("1", "L", *_INT_GREY) and isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if img.mode == "RGB" and isinstance(key, tuple) and len(key) == 3 and all(isinstance(v, int) for v in key):
+        return key
+    return None
+
+
 def _needs_tiles(img: Image.Image) -> bool:
-    return img.mode in _INT_GREY or img.mode in ("F", *_ALPHA) or (img.mode == "P" and "transparency" in img.info)
+    return (
+        img.mode in _INT_GREY
+        or img.mode in ("F", *_ALPHA)
+        or (img.mode == "P" and "transparency" in img.info)
+        or _colour_key(img) is not None
+    )
+
+
+def _finite_range(arrays: Iterable[np.ndarray]) -> tuple[float, float]:
+    """The extrema of the finite values of ``arrays`` (a float picture's tiles, or the whole of
+    it), which the picture is stretched by; :class:`ImageError` (422 ``corrupt_image``) when
+    none of its pixels is finite (nothing to stretch by)."""
+    lo, hi = math.inf, -math.inf
+    for a in arrays:
+        finite = np.isfinite(a)
+        if not finite.all():
+            a = a[finite]  # NaN and infinities take no part in the stretch
+        if a.size:
+            lo, hi = min(lo, float(a.min())), max(hi, float(a.max()))
+    if lo > hi:
+        raise ImageError("the float image has no finite pixel (all NaN or infinite)", 422, "corrupt_image")
+    return lo, hi
 
 
 def _float_range(img: Image.Image) -> tuple[float, float] | None:
-    """The extrema a float picture is stretched by: over the whole picture, NaN if it has one
-    (as numpy's min/max of the whole array), found tile by tile."""
+    """The extrema a float picture is stretched by: of its finite pixels over the whole picture,
+    found tile by tile (:func:`_finite_range`)."""
     if img.mode != "F":
         return None
-    lo, hi = math.inf, -math.inf
-    for box in _tiles(img.size):
-        a = np.asarray(img.crop(box))
-        tlo, thi = float(a.min()), float(a.max())
-        if math.isnan(tlo) or math.isnan(thi):
-            return math.nan, math.nan
-        lo, hi = min(lo, tlo), max(hi, thi)
-    return lo, hi
+    return _finite_range(np.asarray(img.crop(box)) for box in _tiles(img.size))
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -389,7 +434,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
     Modes whose conversion needs temporaries are converted tile by tile into the result; the
     pixels are those of converting the whole picture at once.
     """
-    if img.mode == "RGB":
+    if img.mode == "RGB" and _colour_key(img) is None:
         return img
     if not _needs_tiles(img) or img.width * img.height <= TILE_PIXELS:
         return _tile_to_rgb(img)
@@ -406,7 +451,7 @@ def _reduce_rgb(img: Image.Image, factors: tuple[int, int]) -> Image.Image:
     The tiles are aligned to the reduction's blocks, so the result equals reducing the whole
     converted picture; only a tile's worth of converted pixels exists at a time.
     """
-    if img.mode in ("RGB", "L"):
+    if img.mode in ("RGB", "L") and _colour_key(img) is None:
         return to_rgb(img.reduce(factors))  # reduced in place of its own mode: no copy
     fx, fy = factors
     rng = _float_range(img)

@@ -228,7 +228,7 @@ class Surveyor:
         test: pa.Table | None = None
         refused: list[tuple[str, str, str]] = []
         if self.faithfulness is not None:
-            names = [prep.item.image for prep in batch]
+            names = [schema.utf8_text(prep.item.image) for prep in batch]
             test, refused = self.faithfulness.table(
                 self.lm, names, x, self.amp, self.batch_size, progress=self.on_progress
             )
@@ -247,8 +247,10 @@ class Surveyor:
         precision: str = "fp32",
     ) -> pa.Table:
         """The rows of one picture: one per layer and head, ``sum_l H_l`` (each layer of a windowed
-        model has its stage's heads). ``name`` goes into the ``image`` column; ``image_size`` and
-        ``input_size`` are the picture's and the model input's (height, width). The Python API's
+        model has its stage's heads). ``name`` goes into the ``image`` column (as
+        :func:`~.schema.utf8_text` writes it: a file name's bytes that are not UTF-8 as
+        ``\\xNN``); ``image_size`` and ``input_size`` are the picture's and the model input's
+        (height, width). The Python API's
         ``Attention.stats()`` builds its DataFrame here too.
 
         The values are those of ``GET …/stats`` for the picture (:class:`HeadStats`); what the
@@ -283,7 +285,7 @@ class Surveyor:
             return pa.array(np.full(n, v), dtype)
 
         cols = {
-            "image": pa.array([name] * n, pa.string()),
+            "image": pa.array([schema.utf8_text(name)] * n, pa.string()),
             "layer": pa.array(np.repeat(np.arange(L), heads), pa.int16()),
             "head": pa.array(np.concatenate([np.arange(h) for h in heads]), pa.int16()),
             "entropy": per_head(st.entropy, pa.float32()),

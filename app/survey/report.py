@@ -65,13 +65,16 @@ table{border-collapse:collapse;font-size:14px;width:100%}
 th,td{text-align:right;padding:3px 8px;border-bottom:1px solid #eef0f4}
 th:first-child,td:first-child{text-align:left}
 .two{display:grid;grid-template-columns:1fr 1fr;gap:16px;align-items:start}
-@media (max-width:900px){.two{grid-template-columns:1fr}}
+@media (max-width:900px){.two{grid-template-columns:minmax(0,1fr)}}
 #faithfulness-table{overflow-x:auto} #faithfulness-table td{white-space:nowrap}
 #faithfulness-table th:nth-child(2),#faithfulness-table td:nth-child(2){text-align:left}
 figure.chart{margin:0}
 caption{caption-side:top;text-align:left;font-weight:600;padding:4px 0}
 details.chart-table{margin:4px 0 12px} details.chart-table summary{cursor:pointer;color:#1d4ed8}
 .table-scroll{overflow:auto;max-height:420px} .table-scroll td,.table-scroll th{white-space:nowrap}
+.failures td{overflow-wrap:anywhere}
+/* phones: no chart toolbar (as on the page); it sat over the charts' titles */
+@media (max-width:640px),(pointer:coarse){.js-plotly-plot .plotly .modebar-container{display:none!important}}
 """
 
 
@@ -233,6 +236,16 @@ def _table(header: list[str], rows: list[list[Any]], caption: str, row_headers: 
 
     body = "".join("<tr>" + "".join(cell(i, v) for i, v in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><caption>{html.escape(caption)}</caption><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _scrolling(table: str, label: str) -> str:
+    """``table`` in a region of its own that scrolls sideways where the window is narrower than the
+    table (a phone, 400 % zoom), reached with Tab and named ``label`` (as the charts' tables)."""
+    return (
+        f'<div class="table-scroll" tabindex="0" role="region" aria-label="{html.escape(label)}: the table">'
+        + table
+        + "</div>"
+    )
 
 
 def _num(v: Any, spec: str) -> str:
@@ -799,17 +812,26 @@ def similar_heads_section(s: SurveyData) -> str | None:
         f'<p class="note">Similarity: {html.escape(what)}, averaged over images; 1 = identical. '
         "A head is specialised when even the closest other head of its layer is unlike it.</p>"
         '<div class="two"><div class="card">'
-        + _table(
-            ["layer", "heads", "similarity"],
-            [[lyr, f"{i} & {j}", f"{v:.3f}"] for v, lyr, i, j in pairs],
+        + _scrolling(
+            _table(
+                ["layer", "heads", "similarity"],
+                [[lyr, f"{i} & {j}", f"{v:.3f}"] for v, lyr, i, j in pairs],
+                "Most similar pairs",
+            ),
             "Most similar pairs",
         )
         + '</div><div class="card">'
-        + _table(
-            ["head", "closest other head", "entropy", "distance px"],
-            [[f"layer {lyr} head {h}", f"{v:.3f}", f"{ent[lyr, h]:.3f}", f"{dist[lyr, h]:.1f}"] for v, lyr, h in spec],
+        + _scrolling(
+            _table(
+                ["head", "closest other head", "entropy", "distance px"],
+                [
+                    [f"layer {lyr} head {h}", f"{v:.3f}", f"{ent[lyr, h]:.3f}", f"{dist[lyr, h]:.1f}"]
+                    for v, lyr, h in spec
+                ],
+                "Most specialised heads",
+                row_headers=True,
+            ),
             "Most specialised heads",
-            row_headers=True,
         )
         + "</div></div>"
     )
@@ -862,11 +884,13 @@ def failures_html(s: SurveyData) -> str:
     shown = s.failures.slice(0, 20).to_pylist()
     return (
         "<h2>Failures: pictures that could not be read or computed, refused tests</h2>"
+        + '<div class="failures">'
         + _table(
             ["image", "error", "message"],
             [[r["image"], r["error"], r["message"]] for r in shown],
             "The first failures",
         )
+        + "</div>"
         + (f'<p class="note">… and {n_fail - 20:,} more (in the _failures table).</p>' if n_fail > 20 else "")
     )
 

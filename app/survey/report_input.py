@@ -25,6 +25,9 @@ import pyarrow.compute as pc
 from . import schema
 from .output import read_table, survey_meta
 
+# Columns a survey always has and the report cannot do without, when it asks for them: the rows'
+# keys and the per-head statistics it charts.
+REQUIRED = ("image", "layer", "head", "entropy", "entropy_cls", "distance_px", "prefix_mass", "artifact_mass")
 MAX_LAYERS = 1024  # far beyond any ViT (ViT-22B has 48)
 MAX_HEADS = 1024  # per layer (ViT-22B has 48)
 # The metadata's keys the survey writes, and the JSON types each may have.
@@ -57,13 +60,13 @@ def checked_survey(survey: Path, columns: list[str]) -> tuple[pa.Table, dict[str
     try:
         t = read_table(survey)
         meta = survey_meta(survey) if survey.is_dir() else {}
-    except (pa.ArrowException, OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (pa.ArrowException, OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ReportError(f"{survey} is not a survey Headscope can read ({type(e).__name__}: {str(e)[:200]})") from None
     t = t.select([c for c in columns if c in t.column_names])
     if t.num_rows == 0:
         raise ReportError(f"{survey} holds no survey rows")
     check_meta(survey, meta)
-    check_columns(survey, t)
+    check_columns(survey, t, [c for c in columns if c in REQUIRED])
     check_layers_and_heads(survey, t, meta)
     return t, meta
 
@@ -83,12 +86,21 @@ def check_meta(survey: Path, meta: Any) -> None:
             raise ReportError(f"{survey}: the survey metadata's {key!r} is {str(value)[:40]!r}, not a {want}")
 
 
-def check_columns(survey: Path, t: pa.Table) -> None:
+def check_columns(
+    survey: Path, t: pa.Table, required: list[str] | tuple[str, ...] = ("image", "layer", "head")
+) -> None:
     """Every column the report uses has the type the survey writes (integers of any width for
-    the integer columns; ``image``, ``layer`` and ``head`` are required)."""
+    the integer columns); ``required`` are there (``image``, ``layer`` and ``head`` always)."""
     for name in ("image", "layer", "head"):
         if name not in t.column_names:
             raise ReportError(f"{survey}: no {name!r} column; not a survey table")
+    missing = [name for name in required if name not in t.column_names]
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        raise ReportError(
+            f"{survey}: no {names} column{'s' if len(missing) > 1 else ''}; the report charts the survey's "
+            "statistics (written by headscope survey)"
+        )
     for name in t.column_names:
         want = schema.ROWS.field(name).type
         got = t.schema.field(name).type

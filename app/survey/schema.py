@@ -116,8 +116,37 @@ def with_meta(schema: pa.Schema, meta: dict[str, Any]) -> pa.Schema:
 
 
 def meta_of(schema: pa.Schema) -> dict[str, Any]:
+    """The survey metadata of ``schema``.
+
+    Raises:
+        json.JSONDecodeError: not JSON, or JSON nested deeper than Python's recursion allows
+            (``[[[...]]]`` of a hostile file).
+    """
     raw = (schema.metadata or {}).get(META_KEY)
-    return json.loads(raw) if raw else {}
+    try:
+        return json.loads(raw) if raw else {}
+    except RecursionError:
+        raise json.JSONDecodeError("the metadata is nested too deeply", "", 0) from None
+
+
+def utf8_text(text: str) -> str:
+    """``text`` as a Parquet string can hold it (UTF-8): unchanged when it is valid text.
+
+    A file name whose bytes are not UTF-8 (a Latin-1 ``café.jpg`` from an old archive) reaches
+    Python as lone surrogates (``os.fsdecode``: ``'caf\\udce9.jpg'``), which UTF-8 cannot encode;
+    each such byte is written as ``\\xNN`` (``'caf\\xe9.jpg'``): the name's bytes,
+    ``os.fsencode(name).decode("utf-8", "backslashreplace")``. Any other lone surrogate (none comes
+    from a file name) is written as ``\\uNNNN``.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate outside U+DC80..U+DCFF
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def empty_rows() -> pa.Table:
@@ -133,6 +162,7 @@ def empty_failures() -> pa.Table:
 
 
 def failures_table(records: list[tuple[str, str, str]]) -> pa.Table:
-    """``(image, error, message)`` records as a :data:`FAILURES` table."""
-    cols: list[list[str]] = [[r[i] for r in records] for i in range(3)]
+    """``(image, error, message)`` records as a :data:`FAILURES` table; any text is written
+    (:func:`utf8_text`: a name or message with bytes that are not UTF-8 too)."""
+    cols: list[list[str]] = [[utf8_text(str(r[i])) for r in records] for i in range(3)]
     return pa.table([pa.array(c, pa.string()) for c in cols], schema=FAILURES)

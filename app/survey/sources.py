@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from .schema import utf8_text
+
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 
 
@@ -52,7 +54,7 @@ def walk_folder(root: Path) -> list[Item]:
         for f in filenames:  # os.walk puts everything that is not a folder (or a link to one) here
             if f.startswith(".") or not is_image_name(f):
                 continue
-            out.append(Item((rel_dir / f).as_posix(), str(Path(dirpath) / f)))
+            out.append(Item(utf8_text((rel_dir / f).as_posix()), str(Path(dirpath) / f)))
     out.sort(key=lambda it: it.image)
     return out
 
@@ -88,7 +90,7 @@ def read_list(list_file: Path) -> list[Item]:
         if name in seen:
             continue
         seen.add(name)
-        out.append(Item(name, str(full)))
+        out.append(Item(utf8_text(name), str(full)))
     return out
 
 
@@ -111,7 +113,7 @@ def list_images(source: Path | str) -> list[Item]:
     if not src.exists():
         raise FileNotFoundError(f"no such folder or file: {src}")
     if is_image_name(src.name):
-        return [Item(src.name, str(src.resolve()))]
+        return [Item(utf8_text(src.name), str(src.resolve()))]
     if not src.is_file():
         raise SourceError(f"{src} is neither a folder, an image nor a list of image paths (not a regular file)")
     return read_list(src)

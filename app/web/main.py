@@ -119,6 +119,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for raw, (why, permanent) in st.startup_problems.items():  # found by `headscope serve` before this
             if permanent:
                 st.registry.refuse(raw, why)
+            else:  # tried again when asked for (the hub may answer by then); /api/v1/models says why meanwhile
+                st.registry.fail(raw, why)
 
         async def load():
             # The default first; if it cannot load, the first other configured model that does is

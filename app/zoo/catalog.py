@@ -130,7 +130,15 @@ def _open_clip_vit(arch: str) -> bool:
         return False
     trunk = vision.get("timm_model_name")
     if trunk is not None:
-        return str(trunk).startswith("vit_") and not any(re.search(p, str(trunk)) for p in UNSUPPORTED_PATTERNS)
+        from timm.models._registry import _model_to_module
+
+        # MobileCLIP's B towers are hybrids (a convolutional stem feeds the tokens): loaders refuse them.
+        hybrid = _model_to_module.get(str(trunk)) == "vision_transformer_hybrid"
+        return (
+            str(trunk).startswith("vit_")
+            and not hybrid
+            and not any(re.search(p, str(trunk)) for p in UNSUPPORTED_PATTERNS)
+        )
     plain = vision.get("pool_type", "tok") == "tok" and not vision.get("attentional_pool", False)
     return isinstance(vision.get("layers"), int) and plain and vision.get("no_ln_pre") is not True
 

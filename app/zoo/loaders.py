@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..engine.block_capture import AttentionCapture
-from ..engine.capture_base import CaptureHooks, UnsupportedModelError
+from ..engine.capture_base import SUPPORTED_FAMILIES, CaptureHooks, UnsupportedModelError
 from ..engine.model import LoadedModel
 from ..engine.windows import WINDOWED_MODULES, WindowCapture, is_windowed
 from . import embedded
@@ -111,13 +111,83 @@ def _check_arch(arch: str) -> None:
         raise UnknownModelError(f"timm has no architecture named {arch!r}.{did_you_mean(arch)}")
 
 
+def whole_words(text: str, limit: int = 200) -> str:
+    """``text``'s first line, cut at a whole word to at most ``limit`` characters (with `` …``)."""
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def _meta_build(spec: ModelSpec, **kwargs) -> tuple[nn.Module, bool]:
+    """The spec's architecture (a pretrained tag's configuration applied) on the meta device: no
+    weights, no download, a fraction of a second.
+
+    Raises:
+        UnknownModelError: timm cannot build it (a pretrained tag it does not know, say): what
+            ``headscope serve`` says of it, with the nearest names.
+    """
+    try:
+        with torch.device("meta"):
+            return _create(spec.arch, pretrained=False, **kwargs)
+    except Exception as e:
+        prefix = {"timm-hub": "timm:", "random": "random:"}.get(spec.source, "")
+        why = f"timm cannot build {spec.arch!r} ({type(e).__name__}: {whole_words(str(e))})."
+        raise UnknownModelError(why + did_you_mean(spec.arch, prefix)) from None
+
+
+def _refuse_early(spec: ModelSpec, **kwargs) -> None:
+    """Refuse, before any weights are read, computed or downloaded, a model Headscope cannot serve:
+    timm cannot build it, or cannot capture it (its family, a hybrid ViT, a grid not its own).
+
+    Raises:
+        UnknownModelError: see :func:`_meta_build`.
+        UnsupportedModelError: see :func:`capture_for` and :func:`_finish`.
+    """
+    model, dynamic = _meta_build(spec, **kwargs)
+    _finish(spec, model, dynamic)
+
+
 def capture_for(model: nn.Module) -> CaptureHooks:
     """The capture hooks that fit ``model``: windows for Swin v1/v2, else global attention blocks.
 
     Raises:
-        UnsupportedModelError: neither fits; the message lists the supported families.
+        UnsupportedModelError: neither fits (the message lists the supported families), or a hybrid
+            ViT (timm's ``HybridEmbed``): a CNN backbone makes its tokens from a feature map.
     """
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None and getattr(embed, "backbone", None) is not None:
+        backbone = type(embed.backbone).__name__
+        raise UnsupportedModelError(
+            f"{type(model).__name__} with {type(embed).__name__} is a hybrid ViT: a CNN backbone "
+            f"({backbone}) feeds the tokens, so its patch grid is the feature map's, not the picture's, "
+            f"and Headscope cannot place its maps on the picture; supported families: {SUPPORTED_FAMILIES}"
+        )
     return WindowCapture(model) if is_windowed(model) else AttentionCapture(model)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _check_grid(model: nn.Module, patch_size: tuple[int, int]) -> None:
+    """The token layout (``patch_size`` pixels a cell) must make the patch embedding's own grid at
+    the size the model was built for: otherwise the layout would count and place tokens the
+    captured attention does not have (a hybrid's feature-map patches, say).
+
+    Raises:
+        UnsupportedModelError: the two grids differ.
+    """
+    embed = getattr(model, "patch_embed", None)
+    img, grid = getattr(embed, "img_size", None), getattr(embed, "grid_size", None)
+    if img is None or grid is None:  # a module that does not say: nothing to compare
+        return
+    (h, w), grid = _pair(img), _pair(grid)
+    ours = (h // patch_size[0], w // patch_size[1])
+    if ours != grid:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: its patch embedding makes a {grid[0]}x{grid[1]} grid of tokens at "
+            f"{h}x{w} px, but {patch_size[0]}x{patch_size[1]}-pixel patches make {ours[0]}x{ours[1]}: "
+            "Headscope cannot tell where its tokens lie on the picture"
+        )
 
 
 def _finish(
@@ -137,8 +207,9 @@ def _finish(
         model.eval().requires_grad_(False)
     capture = capture_for(model)  # raises UnsupportedModelError early
     cfg = resolve_model_data_config(model)
-    ps: Any = model.patch_embed.patch_size  # type: ignore[union-attr]  # int or (h, w)
-    ps = (ps, ps) if isinstance(ps, int) else tuple(ps)
+    ps = _pair(model.patch_embed.patch_size)  # type: ignore[union-attr]  # int or (h, w)
+    if not is_windowed(model):  # a windowed model's stages have grids of their own (WindowedLayout)
+        _check_grid(model, ps)
     return LoadedModel(
         id=spec.id,
         source=spec.source,
@@ -224,9 +295,9 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
     if not timm.is_model(name.split(".")[0]) and name not in timm.list_pretrained(name):
         raise UnknownModelError(f"timm has no model named {name!r}.{did_you_mean(name, 'timm:')}")
     # Refuse a family Headscope cannot capture before any download (the architecture on the meta
-    # device, no weights): its error lists the supported families.
-    with torch.device("meta"):
-        capture_for(_create(name, pretrained=False)[0])
+    # device, no weights): its error lists the supported families; a tag timm does not know, the
+    # nearest names.
+    _refuse_early(spec)
     offline = not hub_reachable()
     entry = hub_weights(name) if offline else None
     if entry is not None and cached_weights(entry) is None:
@@ -242,7 +313,7 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
     except Exception as e:
         raise ModelLoadError(
             f"could not get pretrained weights for timm model {name!r} "
-            f"({type(e).__name__}: {str(e)[:200]}). Weights come from the Hugging Face hub: run "
+            f"({type(e).__name__}: {whole_words(str(e))}). Weights come from the Hugging Face hub: run "
             f"`headscope fetch timm:{name}` on a machine with internet (they land in the HF cache, "
             f"~/.cache/huggingface, which you can copy over), or serve a local file with "
             f"`local:{name.split('.')[0]}@/path/to/weights.safetensors`."
@@ -253,7 +324,8 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
 def load_local(spec: ModelSpec) -> LoadedModel:
     """A timm architecture with weights from a local file (a classifier head is kept)."""
     assert spec.path is not None
-    _check_arch(spec.arch)
+    _check_arch(spec.arch.split(".")[0])
+    _refuse_early(spec)  # before the file is read
     sd = load_state_file(spec.path)
     head_keys = [k for k in sd if k.startswith("head.")]
     # The classifier's weight: ``head`` in ViTs, ``head.fc`` in Swin's ClassifierHead.
@@ -271,7 +343,8 @@ def load_local(spec: ModelSpec) -> LoadedModel:
 
 def load_random(spec: ModelSpec, **kwargs) -> LoadedModel:
     """Random weights (seeded): the mechanics without a download."""
-    _check_arch(spec.arch)
+    _check_arch(spec.arch.split(".")[0])
+    _refuse_early(spec, num_classes=0, **kwargs)  # before the random initialisation is computed
     with seeded():
         model, dynamic = _create(spec.arch, pretrained=False, num_classes=0, **kwargs)
     return _finish(spec, model, dynamic)
@@ -343,8 +416,7 @@ def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
         with torch.device("meta"):  # the architecture alone: random weights, nothing downloaded
             return load_open_clip(ModelSpec(spec.id, spec.source, split_arch(spec.arch)[0]))
     _check_arch(spec.arch.split(".")[0])
-    with torch.device("meta"):  # a pretrained tag's configuration (size, classes) applies without weights
-        model, dynamic = _create(spec.arch, pretrained=False)
+    model, dynamic = _meta_build(spec)  # a pretrained tag's configuration (size, classes) applies without weights
     return _finish(spec, model, dynamic)
 
 

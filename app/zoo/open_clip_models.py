@@ -21,10 +21,12 @@ so that the output kind is ``embedding`` (the image embedding ``encode_image`` r
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -32,10 +34,13 @@ import torch.nn as nn
 from ..engine import text_relevance  # noqa: F401  (registers the text:PHRASE target kind)
 from ..engine.capture_base import UnsupportedModelError
 from ..engine.clip_text import TextError, TextTower
-from .errors import ModelLoadError, UnknownModelError
+from .errors import HubUnreachableError, ModelLoadError, UnknownModelError
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
 from .seeding import seeded
+
+if TYPE_CHECKING:
+    from .catalog import CatalogEntry
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,42 @@ def check_name(arch: str) -> tuple[str, str | None]:
     return name, tag
 
 
+def hub_entry(name: str, tag: str) -> CatalogEntry | None:
+    """Where open_clip reads the weights ``tag`` of ``name`` on the Hugging Face hub, as a catalogue
+    entry (what :func:`app.zoo.download.cached_weights` looks for); None for weights at a URL or in
+    a file of their own (only open_clip knows)."""
+    from open_clip.pretrained import get_pretrained_cfg
+
+    from .catalog import CatalogEntry, _split_hub
+
+    cfg = get_pretrained_cfg(name, tag) or {}
+    hub = str(cfg.get("hf_hub") or "")
+    if not hub or cfg.get("file"):
+        return None
+    repo, file = _split_hub(hub)
+    return CatalogEntry(
+        f"{name}/{tag}", "siglip" if "siglip" in name.lower() else "clip", repo, file or None, "open_clip"
+    )
+
+
+class _DropDownloadError(logging.Filter):
+    """Drops open_clip's own ``Failed to download weights ...`` ERROR line (logged on the root
+    logger just before it raises): the failure is reported once, in our words, by the caller."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and str(record.msg).startswith("Failed to download weights"))
+
+
+@contextlib.contextmanager
+def _quiet_download_errors() -> Iterator[None]:
+    root, drop = logging.getLogger(), _DropDownloadError()
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+
+
 def _create(spec: ModelSpec) -> nn.Module:
     oc = _open_clip()
     name, tag = check_name(spec.arch)
@@ -80,14 +121,21 @@ def _create(spec: ModelSpec) -> nn.Module:
         meta = torch.get_default_device().type == "meta"
         with seeded():
             return oc.create_model(name, pretrained=None, **({"device": "meta"} if meta else {}))
+    from .download import cached_weights, unreachable_message
+
+    reachable = hub_reachable()
+    entry = None if reachable else hub_entry(name, tag)
+    if entry is not None and cached_weights(entry) is None:
+        # Said at once, as for timm:NAME: no build, no attempt open_clip would log as an ERROR.
+        raise HubUnreachableError(unreachable_message(entry, on_server=False))
     try:
         # Unreachable hub: the local cache only, and a failure in seconds instead of retries.
-        with hub_offline(not hub_reachable()):
+        with hub_offline(not reachable), _quiet_download_errors():
             return oc.create_model(name, pretrained=tag, require_pretrained=True)
     except Exception as e:
         raise ModelLoadError(
             f"could not get the pretrained weights {tag!r} of open_clip model {name} "
-            f"({type(e).__name__}: {str(e)[:200]}). They come from the Hugging Face hub: run "
+            f"({type(e).__name__}: {_first_line(e)}). They come from the Hugging Face hub: run "
             f"`headscope fetch open_clip:{name}/{tag}` on a machine with internet (they land in the HF "
             f"cache, ~/.cache/huggingface, which you can copy over), or use open_clip:{name} (random weights)."
         ) from None

@@ -39,7 +39,12 @@ class Registry:
         self.specs: dict[str, ModelSpec] = {}
         for raw in ids:
             spec = ModelSpec.parse(raw)
-            self.specs.setdefault(spec.id, spec)
+            seen = self.specs.setdefault(spec.id, spec)
+            if seen != spec:  # two weights files of one name: the second was dropped unsaid
+                raise UnknownModelError(
+                    f"two models have the id {spec.id} ({seen.path or seen.arch} and {spec.path or spec.arch}): "
+                    "name them, as in NAME=local:ARCH@/path (docs/models.md)"
+                )
         self.ids = list(self.specs)
         self.default = self.ids[0]
         self.models_dir = Path(models_dir)
@@ -83,8 +88,11 @@ class Registry:
         return mid
 
     def fail(self, model_id: str, why: str) -> None:
-        """Record why a model failed to load (the page and ``/api/v1/models`` show it)."""
-        self._errors[model_id] = why
+        """Record why a model failed to load (the page and ``/api/v1/models`` show it); a
+        configured id as written is taken too."""
+        mid = model_id if model_id in self.specs else ModelSpec.parse(model_id).id
+        if mid in self.specs:
+            self._errors[mid] = why
 
     def use_default(self, model_id: str) -> None:
         """Serve ``model_id`` as the default (the configured default failed to load at start-up)."""

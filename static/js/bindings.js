@@ -25,6 +25,9 @@ export function saying(change) {
   if (words) announce(words);
 }
 
+/** A touch or a pen: a pointer without hover, whose tap shows what a mouse's hover shows. */
+const isTap = (e) => e.pointerType === "touch" || e.pointerType === "pen";
+
 const DISCARD_REST_MS = 150; // the rollout's discard slider asks the server once it rests
 const RESIZE_REST_MS = 80;
 
@@ -85,16 +88,31 @@ function bindCompare() {
 
 function bindOverlay() {
   const canvas = $("overlay");
+  let tapped = null; // the cell a finger or a pen tapped, and its picture: {cell, image}
   canvas.addEventListener("click", (e) => {
     const cell = state.meta && cellAt(canvas, e, state.meta.tokens);
+    // A finger has no hover: its tap (touch or pen) shows the patch's words, and they stay (the
+    // finger's pointerleave after the tap keeps them; a hovering pen's clears them as a mouse's
+    // does), following the map as it is drawn again.
+    if (isTap(e)) tapped = cell ? { cell, image: state.imageId } : null;
     if (cell) act.setQuery(`patch:${cell.r},${cell.c}`);
+    if (isTap(e)) renderReadout(state, cell);
   });
   canvas.addEventListener("pointermove", (e) => {
     const cell = state.meta && cellAt(canvas, e, state.meta.tokens);
+    if (!isTap(e)) tapped = null; // a mouse took over
     renderReadout(state, cell);
     if (cell && (state.hover || e.shiftKey)) act.setQuery(`patch:${cell.r},${cell.c}`);
   });
-  canvas.addEventListener("pointerleave", () => renderReadout(state, null));
+  canvas.addEventListener("pointerleave", (e) => {
+    if (tapped && e.pointerType === "touch") return; // the finger lifted: the tap's words stay
+    tapped = null;
+    renderReadout(state, null);
+  });
+  new MutationObserver(() => { // the map drawn again: another row, layer, head...
+    if (tapped && tapped.image !== state.imageId) tapped = null; // another picture, another grid
+    if (tapped) renderReadout(state, tapped.cell);
+  }).observe(canvas, { attributes: true });
   // Without a mouse: a cell cursor (arrows), Enter queries its patch, Escape back to the default row.
   const tokens = () => (state.meta && state.store ? state.meta.tokens : null);
   const cursor = bindCellCursor(canvas, $("overlay-cursor"), {
@@ -116,7 +134,10 @@ function bindOverlay() {
       return `${$("readout").textContent}. Enter queries this patch.`;
     },
   });
-  canvas.addEventListener("blur", () => renderReadout(state, null));
+  canvas.addEventListener("blur", () => {
+    tapped = null;
+    renderReadout(state, null);
+  });
   new ResizeObserver(() => cursor.refresh()).observe(canvas);
 }
 

@@ -8,23 +8,58 @@ import { $, scrollMotion } from "./dom.js";
 import { openById, openFile, sampleFile } from "./fetching.js";
 import { state, syncUrl } from "./state.js";
 
+const ROOM_MARGIN = 8; // px kept between what is scrolled into view and the window's edges or bars
+
 /**
  * Scroll the status line and the map into view when they are out of sight (on a phone they sit
- * below the upload box), so that choosing a file visibly does something.
+ * below the upload box), so that choosing a file visibly does something. The room is the window
+ * less the sticky top bar and the fixed layer/head dock: the status line with the whole map where
+ * both fit, else the whole map, else (a window too short for it) the map's top.
  */
 function showResult() {
-  const target = $("status");
-  const r = target.getBoundingClientRect();
-  const top = $("topbar").getBoundingClientRect();
-  const sticky = getComputedStyle($("topbar")).position === "sticky" ? top.height : 0;
-  if (r.top >= sticky && r.top < window.innerHeight * 0.6) return;
-  target.scrollIntoView({ behavior: scrollMotion(), block: "start" });
+  const status = $("status").getBoundingClientRect();
+  const overlay = $("overlay");
+  // the map of the previous image, or the room kept for it while the first one is computed
+  const map = (overlay.hidden ? $("viewer") : overlay).getBoundingClientRect();
+  const bar = $("topbar");
+  const dock = $("view-dock");
+  const top = getComputedStyle(bar).position === "sticky" ? bar.getBoundingClientRect().height : 0;
+  const bottom = getComputedStyle(dock).position === "fixed" ? dock.getBoundingClientRect().top : window.innerHeight;
+  const room = bottom - top - 2 * ROOM_MARGIN;
+  let dy;
+  if (map.bottom - status.top <= room) { // both, the status line first
+    if (status.top >= top && map.bottom <= bottom) return;
+    dy = status.top - (top + ROOM_MARGIN);
+  } else if (map.height <= room) { // the whole map, above the dock
+    if (map.top >= top && map.bottom <= bottom) return;
+    dy = map.bottom - (bottom - ROOM_MARGIN);
+  } else { // the map's top
+    dy = map.top - (top + ROOM_MARGIN);
+    if (Math.abs(dy) <= ROOM_MARGIN) return;
+  }
+  window.scrollBy({ top: dy, behavior: scrollMotion() });
+}
+
+/** Whether the user scrolls (or presses a key) from now on: the returned function says it, once. */
+function watchUser() {
+  let moved = false;
+  const mark = () => { moved = true; };
+  const kinds = ["wheel", "touchstart", "keydown", "pointerdown"];
+  for (const k of kinds) window.addEventListener(k, mark, { capture: true, passive: true });
+  return () => {
+    for (const k of kinds) window.removeEventListener(k, mark, { capture: true });
+    return moved;
+  };
 }
 
 export function takeFile(file, sample = null) {
   if (!file) return;
   const done = openFile(state, file, app, sample);
   showResult();
+  // What lands above the map once the answer is in (the file's facts) and the map's own size move it:
+  // it is shown again then, unless the user has scrolled or pressed a key meanwhile.
+  const moved = watchUser();
+  done.then(() => { if (!moved()) showResult(); }, () => moved());
   return done;
 }
 

@@ -90,13 +90,13 @@ export function renderAnswer(s, ans, T, onHover) {
     setText("learn-scores-text", `The query's q is compared with every key of its window by their cosine, times the `
       + `head's learned scale τ = ${fmt(scale)}: score_j = τ·cos(q, k_j) + b_j${mask}. Softmax only cares how much `
       + "higher one score is than another: red keys score above the mean of the query's region and win weight, blue "
-      + "ones below it; the picture shows through where a cell is no key. Hover a cell for its numbers.");
+      + "ones below it; the picture shows through where a cell is no key. Hover or tap a cell for its numbers.");
   } else {
     const where = win ? "every key of its window" : "every key";
     setText("learn-scores-text", `The query's q is compared with ${where} by a dot product and scaled by `
       + `1/√d = 1/√${sd} = ${fmt(scale)}: score_j = q·k_j/√${sd}${ans.bias ? " + b_j" : ""}${mask}. Softmax only cares `
       + "how much higher one score is than another: red keys score above the row's mean and win weight, blue ones "
-      + `below it.${win ? " The picture shows through where a cell is no key." : ""} Hover a patch for its numbers.`);
+      + `below it.${win ? " The picture shows through where a cell is no key." : ""} Hover or tap a patch for its numbers.`);
   }
   const { centre, spread } = win
     ? drawWindowScores($("learn-scores"), s.image, ans, mapSize(s.image), hover, diverging)
@@ -130,16 +130,14 @@ export function renderAnswer(s, ans, T, onHover) {
     const li = document.createElement("li");
     li.dataset.token = String(-(j + 1));
     li.textContent = `${placeLabel(ans, j)}: score ${fmt(ans.scores[j])} → weight ${fmt(weights[j])}`;
-    li.addEventListener("pointerenter", () => onHover(-(j + 1)));
-    li.addEventListener("pointerleave", () => onHover(null));
+    hoverable(li, -(j + 1), onHover);
     chips.push(li);
   }
   for (let j = 0; j < tokens.num_prefix; j++) {
     const li = document.createElement("li");
     li.dataset.token = String(j);
     li.textContent = `${prefixLabel(j, tokens)}: score ${fmt(ans.scores[j])} → weight ${fmt(weights[j])}`;
-    li.addEventListener("pointerenter", () => onHover(j));
-    li.addEventListener("pointerleave", () => onHover(null));
+    hoverable(li, j, onHover);
     chips.push(li);
   }
   $("learn-prefix").replaceChildren(...chips);
@@ -206,6 +204,13 @@ function renderShares(ans) {
   }));
 }
 
+/** A listed key shows its numbers while a mouse is over it, and after a tap until the next one:
+ * a finger's pointerleave comes right after its tap. */
+function hoverable(li, token, onHover) {
+  li.addEventListener("pointerenter", () => onHover(token));
+  li.addEventListener("pointerleave", (e) => { if (e.pointerType === "mouse") onHover(null); });
+}
+
 /** The numbers of the key under the pointer: q·k_j, the scaled score, the bias and the weight. */
 function renderHover(s, ans, weights, T) {
   const el = $("learn-hover");
@@ -215,7 +220,7 @@ function renderHover(s, ans, weights, T) {
   }
   const j = s.learn.hover;
   if (j === null || j >= ans.tokens.count) {
-    setText(el, "Hover a patch (or a prefix token) to see its numbers."); // a live region: only new words
+    setText(el, "Hover or tap a patch (or a prefix token) to see its numbers."); // a live region: only new words
     delete el.dataset.token;
     return;
   }
@@ -235,7 +240,7 @@ function renderWindowHover(el, ans, weights, h, T) {
   const j = placeOf(ans, h);
   delete el.dataset.place;
   if (h === null || (h >= 0 && h >= ans.tokens.count)) {
-    setText(el, "Hover a cell of the query's window (or a padding key below) to see its numbers.");
+    setText(el, "Hover or tap a cell of the query's window (or a padding key below) to see its numbers.");
     delete el.dataset.token;
     return;
   }

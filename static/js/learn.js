@@ -22,6 +22,9 @@ import { cellAt } from "./overlay.js";
 import { apiQuery, markerAt, tokensAt } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
 
+/** A touch or a pen: a pointer without hover, whose tap shows what a mouse's hover shows. */
+const isTap = (e) => e.pointerType === "touch" || e.pointerType === "pen";
+
 const KEEP = 64; // explain answers kept (the oldest go first)
 
 // ------------------------------------------------------------------ what the view shows
@@ -148,7 +151,10 @@ function bind(act, state) {
       const token = cell ? t.num_prefix + cell.r * t.grid[1] + cell.c : null;
       if (token !== state.learn.hover) act.setIn("learn", { hover: token });
     });
-    canvas.addEventListener("pointerleave", () => {
+    // A finger has no hover: its tap (touch or pen, below) shows the key's numbers, and they stay
+    // when the finger lifts (a pen that can hover clears them as a mouse does).
+    canvas.addEventListener("pointerleave", (e) => {
+      if (e.pointerType === "touch") return;
       if (state.learn.hover !== null) act.setIn("learn", { hover: null });
     });
     canvas.addEventListener("click", (e) => {
@@ -156,6 +162,7 @@ function bind(act, state) {
       const t = gridOf();
       const cell = cellAt(canvas, e, t);
       if (!cell) return;
+      if (isTap(e)) act.setIn("learn", { hover: t.num_prefix + cell.r * t.grid[1] + cell.c });
       // swin: the page's query is a cell of stage 0; the stage cell's top-left stage-0 cell maps back to it
       const s0 = t.window ? state.meta.stages[0].cell_size : t.patch_size;
       act.setQuery(`patch:${(cell.r * t.patch_size[0]) / s0[0]},${(cell.c * t.patch_size[1]) / s0[1]}`);

@@ -82,3 +82,17 @@ def test_a_cache_that_holds_no_capture_is_refused(monkeypatch, value):
         Settings()
     monkeypatch.setenv("HEADSCOPE_CACHE_BYTES", str(2**20))
     assert Settings().cache_bytes == 2**20
+
+
+def test_one_id_each_and_an_empty_model_list_names_its_variable(monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_MODEL", "local:test_vit@/a/model.safetensors")
+    monkeypatch.setenv("HEADSCOPE_EXTRA_MODELS", "local:test_vit@/b/model.safetensors")
+    with pytest.raises(ValueError, match="two models have the id local:test_vit@model.safetensors"):
+        Settings()
+    named = "b=local:test_vit@/b/model.safetensors,local:test_vit@/a/model.safetensors"
+    monkeypatch.setenv("HEADSCOPE_EXTRA_MODELS", named)
+    assert Settings().model_ids[1] == "b=local:test_vit@/b/model.safetensors"  # named: two ids; one twice: one
+    monkeypatch.setenv("HEADSCOPE_MODEL", ",")
+    monkeypatch.delenv("HEADSCOPE_EXTRA_MODELS")
+    with pytest.raises(ValueError, match="--model / HEADSCOPE_MODEL: no model id in ','"):
+        Settings()

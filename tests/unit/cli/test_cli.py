@@ -129,7 +129,7 @@ def test_serve_on_an_address_not_this_machines_says_so_before_loading(capsys):
         (["--max-loaded-models", "0"], {}, "--max-loaded-models / HEADSCOPE_MAX_LOADED_MODELS: input should be"),
         ([], {"HEADSCOPE_MAX_QUEUE": "-1"}, "headscope serve: HEADSCOPE_MAX_QUEUE: input should be greater"),
         (["--device", "bogus"], {}, "headscope serve: device 'bogus': use auto, cpu, cuda, cuda:N or mps"),
-        ([], {"HEADSCOPE_MODEL": " , "}, "headscope serve: model: no model id in ' , '"),  # no settings dump
+        ([], {"HEADSCOPE_MODEL": " , "}, "headscope serve: --model / HEADSCOPE_MODEL: no model id in ' , '"),  # named
         # argparse never checks a default against its choices: this was uvicorn's KeyError traceback
         ([], {"HEADSCOPE_LOG_LEVEL": "verbose"}, "headscope serve: HEADSCOPE_LOG_LEVEL 'verbose': one of critical"),
     ],

@@ -91,14 +91,17 @@ def test_a_model_that_fails_while_loading_stops_the_server(offline, tmp_path):
 
 @pytest.mark.lifecycle
 def test_with_another_model_the_server_serves_it_and_says_which_failed(offline):
-    srv = Server(offline, args=["--model", TYPO, "--model", "random:test_vit", "--no-fetch"])
+    uncached = "timm:vit_tiny_patch16_224.augreg_in21k"  # may load later (the hub may answer): not refused
+    srv = Server(offline, args=["--model", TYPO, "--model", "random:test_vit", "--model", uncached, "--no-fetch"])
     try:
         ready = httpx.get(f"{srv.url}/readyz", timeout=30).json()
         assert ready == {"status": "ready", "model": "random:test_vit"}
         models = httpx.get(f"{srv.url}/api/v1/models", timeout=30).json()
         assert models["default"] == "random:test_vit"
         failed = {m["id"]: m["error"] for m in models["models"] if m["error"]}
-        assert list(failed) == [TYPO] and "Did you mean vit_small_patch16_224" in failed[TYPO]
+        assert list(failed) == [TYPO, uncached] and "Did you mean vit_small_patch16_224" in failed[TYPO]
+        # what the terminal said of it, also in the list (it was null until someone asked for it)
+        assert "not in its Hugging Face cache" in failed[uncached]
         # the page names the default it serves (its notice lists the failed model from the list above)
         page = httpx.get(f"{srv.url}/", timeout=30).text
         assert 'data-default-model="random:test_vit"' in page and 'data-testid="model-failures"' in page
@@ -112,3 +115,16 @@ def test_with_another_model_the_server_serves_it_and_says_which_failed(offline):
         assert srv.stop() == 0
     assert "Traceback" not in srv.log()
     assert os.path.exists(srv.log_path)
+
+
+@pytest.mark.lifecycle  # a serve process that refuses to start (its imports, 5 s): make test-long
+def test_two_weights_files_of_one_name_are_refused_with_the_way_to_name_them(offline, tmp_path):
+    # Both had the id local:test_vit@model.safetensors: the second was dropped, and nothing said so.
+    specs = []
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        specs += ["--model", f"local:test_vit@{tmp_path / side / 'model.safetensors'}"]
+    r = serve(*specs, env=offline)
+    assert r.returncode == 2, r.stderr
+    assert "two models have the id local:test_vit@model.safetensors" in r.stderr
+    assert "NAME=local:ARCH@/path" in r.stderr and "Traceback" not in r.stderr

@@ -97,7 +97,8 @@ def test_pretrained_offline_is_refused_clearly(monkeypatch):
     with pytest.raises(ModelLoadError) as e:
         build(ModelSpec.parse("open_clip:ViT-B-32/openai"), None)
     msg = str(e.value)
-    assert "headscope fetch open_clip:ViT-B-32/openai" in msg and "open_clip:ViT-B-32 (random weights)" in msg
+    assert "headscope fetch open_clip:ViT-B-32/openai" in msg
+    assert "open_clip:ViT-B-32 (the same model with random weights)" in msg
     # `headscope serve` says it before loading anything: not cached, hub unreachable (not permanent)
     from headscope.zoo import preflight
 
