@@ -3,7 +3,7 @@
 
 import { actions as act, update } from "./actions.js";
 import { SIDES, revealCompare, sideData } from "./compare.js";
-import { $, debounce, fmtTemperature, sliderTemperature } from "./dom.js";
+import { $, debounce, fmtTemperature, isTap, sliderTemperature } from "./dom.js";
 import { downloadMap } from "./export.js";
 import { resized } from "./maps.js";
 import { bindCellCursor } from "./cell-cursor.js";
@@ -24,9 +24,6 @@ export function saying(change) {
   const words = state.meta ? changeWords(before, now(), state.meta.tokens) : "";
   if (words) announce(words);
 }
-
-/** A touch or a pen: a pointer without hover, whose tap shows what a mouse's hover shows. */
-const isTap = (e) => e.pointerType === "touch" || e.pointerType === "pen";
 
 const DISCARD_REST_MS = 150; // the rollout's discard slider asks the server once it rests
 const RESIZE_REST_MS = 80;

@@ -4,6 +4,9 @@
 
 export const $ = (id) => document.getElementById(id);
 
+/** A touch or a pen: a pointer without hover, whose tap shows what a mouse's hover shows. */
+export const isTap = (e) => e.pointerType === "touch" || e.pointerType === "pen";
+
 /** Write an element's text (the element, or its id) only where it changes: a live region
  * (role="status") is not told the same words again at every render. */
 export function setText(target, text) {

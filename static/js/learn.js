@@ -13,7 +13,7 @@
 // outlined, and the temperature recomputes the softmax over the window's places.
 
 import { getExplain } from "./api.js";
-import { $, fmtTemperature, onPress, setOff, setText, sliderTemperature } from "./dom.js";
+import { $, fmtTemperature, isTap, onPress, setOff, setText, sliderTemperature } from "./dom.js";
 import { renderAnswer } from "./learn-stages.js";
 import { isWindowAnswer } from "./learn-window.js";
 import { tokenLabel } from "./learn-words.js";
@@ -21,9 +21,6 @@ import { bindCellCursor, selectionWords } from "./cell-cursor.js";
 import { cellAt } from "./overlay.js";
 import { apiQuery, markerAt, tokensAt } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
-
-/** A touch or a pen: a pointer without hover, whose tap shows what a mouse's hover shows. */
-const isTap = (e) => e.pointerType === "touch" || e.pointerType === "pen";
 
 const KEEP = 64; // explain answers kept (the oldest go first)
 
