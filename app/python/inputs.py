@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine.cached import cached_property
 from ..paths import is_url
 from ..serving.pictures import PictureFileError, PreparedPixels, picture_png, read_picture_file
-from ..serving.preprocess import decode_errors
+from ..serving.preprocess import decode_errors, key_in_decoded_units
 from ..serving.uploads import IMAGE_ID_HEX_CHARS, image_id_of
 
 if TYPE_CHECKING:
@@ -286,6 +286,7 @@ def stored_image(image: Any) -> PILImage.Image:
     if not isinstance(image, Image.Image):
         return _array_image(image).copy()
     with decode_errors():
+        key_in_decoded_units(image)  # a lazily opened PNG: its colour key as the path takes it
         image.load()  # a lazily opened file: decoded once, here
         if image.mode in _GREY16_ORDERS:
             import numpy as np

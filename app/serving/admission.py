@@ -323,7 +323,8 @@ class Admission:
     @property
     def uploads_to_queue(self) -> int:
         """Admitted uploads whose forward is not queued yet (their body arriving, or decoding):
-        the company a batch may wait for. One computed and only answering is not among them."""
+        the company a batch may wait for. One computed, or cached, and only answering is not
+        among them; one waiting for its model to load is (it will queue a forward)."""
         return self._before_queue
 
     def on_upload_queued(self, listener: Callable[[], None]) -> None:

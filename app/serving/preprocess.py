@@ -306,6 +306,7 @@ def load(p: Probe) -> Decoded:
     """Decode a probed picture into upright RGB, shrunk early when its ``fit`` allows."""
     img = p.img
     with _Errors(p.max_pixels):
+        key_in_decoded_units(img)
         img.load()
         orientation = _orientation(img)
         factors = _factors(img.size, _stored_target(p.size, orientation, p.fit)) if p.fit else (1, 1)
@@ -393,6 +394,28 @@ def _colour_key(img: Image.Image) -> int | tuple[int, int, int] | None:
     if img.mode == "RGB" and isinstance(key, tuple) and len(key) == 3 and all(isinstance(v, int) for v in key):
         return key
     return None
+
+
+def key_in_decoded_units(img: Image.Image) -> None:
+    """Put a PNG's colour key (``info["transparency"]``) in the units of the pixels Pillow will
+    decode, while the file's raw mode is still known (before ``load()``): Pillow scales 2- and
+    4-bit grey to 0..255 but leaves the key as stored, and decodes 16-bit RGB to its high bytes
+    while the key keeps 16 bits (no pixel can be matched exactly: the key is dropped, as Pillow's
+    own conversion ignores it)."""
+    key = img.info.get("transparency")
+    tile = getattr(img, "tile", None)
+    if key is None or not tile or img.format != "PNG":
+        return
+    try:
+        args = tile[0][3]
+        raw = args if isinstance(args, str) else str(args[0])
+    except (IndexError, TypeError):
+        return
+    if img.mode == "L" and isinstance(key, int) and raw in ("L;2", "L;4"):
+        bits = int(raw[-1])
+        img.info["transparency"] = key * 255 // (2**bits - 1)
+    elif img.mode == "RGB" and raw.startswith("RGB;16"):
+        del img.info["transparency"]
 
 
 def _needs_tiles(img: Image.Image) -> bool:

@@ -150,6 +150,9 @@ class CaptureStore:
         entry = self.cache.get(CaptureKey(image_id, lm.id, ablate))
         if entry is not None:
             self.metrics.cache_hits.inc()
+            ticket = current_ticket()
+            if ticket is not None:
+                ticket.queued()  # no forward: no batch waits for it while its answer is built
             return FoundCapture(entry, True, {"queue": 0.0, "compute": 0.0})
         upload = upload or self.uploads.get(image_id)
         if upload is None:

@@ -135,8 +135,9 @@ def utf8_text(text: str) -> str:
     A file name whose bytes are not UTF-8 (a Latin-1 ``café.jpg`` from an old archive) reaches
     Python as lone surrogates (``os.fsdecode``: ``'caf\\udce9.jpg'``), which UTF-8 cannot encode;
     each such byte is written as ``\\xNN`` (``'caf\\xe9.jpg'``): the name's bytes,
-    ``os.fsencode(name).decode("utf-8", "backslashreplace")``. Any other lone surrogate (none comes
-    from a file name) is written as ``\\uNNNN``.
+    ``os.fsencode(name).decode("utf-8", "backslashreplace")``. Lossless for names without
+    backslashes of their own: a valid name that holds the four characters ``\\xe9`` reads the
+    same. Any other lone surrogate (none comes from a file name) is written as ``\\uNNNN``.
     """
     try:
         text.encode("utf-8")

@@ -119,7 +119,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for raw, (why, permanent) in st.startup_problems.items():  # found by `headscope serve` before this
             if permanent:
                 st.registry.refuse(raw, why)
-            else:  # tried again when asked for (the hub may answer by then); /api/v1/models says why meanwhile
+            elif not st.registry.is_default_spec(raw):
+                # Tried again when asked for (the hub may answer by then); /api/v1/models says why
+                # meanwhile. The default is tried again below, and says its own failure.
                 st.registry.fail(raw, why)
 
         async def load():

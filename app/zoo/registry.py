@@ -94,6 +94,13 @@ class Registry:
         if mid in self.specs:
             self._errors[mid] = why
 
+    def is_default_spec(self, raw: str) -> bool:
+        """Whether ``raw`` (a configured model as written) is the default model."""
+        try:
+            return ModelSpec.parse(raw).id == self.default
+        except ValueError:
+            return False
+
     def use_default(self, model_id: str) -> None:
         """Serve ``model_id`` as the default (the configured default failed to load at start-up)."""
         self.resolve(model_id)

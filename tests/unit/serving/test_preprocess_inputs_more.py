@@ -77,6 +77,49 @@ def test_a_colour_key_in_an_image_in_memory_is_composited_too():
     assert np.array_equal(got.raw.numpy(), PICTURES.prepare(alpha).raw.numpy())
 
 
+def _png(width: int, height: int, depth: int, colour: int, rows: list[bytes], trns: bytes) -> bytes:
+    """A PNG written chunk by chunk: bit depths and keys Pillow's encoder does not write."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0)
+    pixels = zlib.compress(b"".join(b"\x00" + r for r in rows))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"tRNS", trns)
+        + chunk(b"IDAT", pixels)
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.parametrize(
+    "data,want",
+    [
+        # 2-bit grey 0, 1, 2, 3 (Pillow: 0, 85, 170, 255) with key 1: the second pixel transparent
+        (_png(4, 1, 2, 0, [bytes([0b00011011])], b"\x00\x01"), [0, 255, 170, 255]),
+        # 4-bit grey 3, 15 (Pillow: 51, 255) with key 3
+        (_png(2, 1, 4, 0, [bytes([0x3F])], b"\x00\x03"), [255, 255]),
+        # 16-bit RGB: the key (0x0100, 0x0200, 0x0300) is the first pixel, but Pillow keeps the
+        # high bytes, (1, 2, 3) and (0, 0, 0): the key matches no decoded pixel exactly, so none is erased
+        (_png(2, 1, 16, 2, [bytes.fromhex("010002000300000100020003")], bytes.fromhex("010002000300")), [1, 0]),
+    ],
+    ids=["2-bit grey", "4-bit grey", "16-bit RGB"],
+)
+def test_a_colour_key_is_read_in_the_units_of_the_decoded_pixels(data, want):
+    # Before: the 2- and 4-bit keys matched no pixel (Pillow scales the pixels, not the key), and
+    # the 16-bit RGB key's low bytes erased an unrelated pixel, (0, 0, 0) of (1, 2, 3).
+    got = np.asarray(preprocess.load(preprocess.probe(data, 40_000_000)).img)[0, :, 0].tolist()
+    assert got == want
+    img = Image.open(io.BytesIO(data))  # the Python API's lazily opened image: the same rule
+    from headscope.python.inputs import stored_image
+
+    assert np.asarray(preprocess.to_rgb(stored_image(img)))[0, :, 0].tolist() == want
+
+
 # -- float pictures ----------------------------------------------------------------------
 def _float_picture(w: int, h: int) -> np.ndarray:
     y, x = np.mgrid[0:h, 0:w]

@@ -43,3 +43,32 @@ def test_service_charges_batch_mates_once_and_gives_device_memory_back_on_oom(lm
         shared=device[0].storages(),
     )
     assert svc.free_device_memory() > 0 and len(svc.cache) == 2
+
+
+def test_a_cached_picture_is_no_company_a_batch_waits_for(lm, tmp_path):
+    """An upload whose capture is cached has no forward: while its answer is built it holds its
+    slot, but a batch does not wait for it (it waited the whole max_wait)."""
+    import asyncio
+
+    from headscope.config import Settings
+    from headscope.serving.admission import UPLOAD, Admission
+    from headscope.serving.metrics import Metrics
+    from headscope.serving.service import AttentionService
+    from headscope.serving.store import CachedCapture
+
+    adm = Admission(8, Metrics())
+    w = Worker(torch.device("cpu"), admission=adm)
+    svc = AttentionService(Settings(models_dir=tmp_path), registry=None, worker=w, metrics=w.metrics)
+    with torch.inference_mode(), lm.capture.capturing():
+        lm.model.forward_features(torch.randn(1, 3, *lm.input_size))
+    (att,) = lm.capture.results()
+    svc.cache.put(CaptureKey("cached", lm.id), CachedCapture(lm.id, lm.captured(att, lm.input_size), lm.input_size), 0)
+
+    async def go() -> tuple[int, int]:
+        with adm.admit(UPLOAD):
+            before = adm.uploads_to_queue
+            found = await svc.store.get("cached", lm)
+            assert found.cached
+            return before, adm.uploads_to_queue  # still answering, holding its slot
+
+    assert asyncio.run(go()) == (1, 0)
