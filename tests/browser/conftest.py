@@ -130,3 +130,29 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, samples):
+    """A survey of the samples (tiny random model, every optional column) and its report: the
+    report's path and the model."""
+    from headscope.config import Settings
+    from headscope.survey.compute import Surveyor
+    from headscope.survey.output import SurveyOutput
+    from headscope.survey.report import write_report
+    from headscope.survey.run import run_meta
+    from headscope.survey.sources import list_images
+
+    src = tmp_path_factory.mktemp("report-src")
+    for p in samples.values():
+        (src / p.name).write_bytes(p.read_bytes())
+    (src / "broken.png").write_bytes(b"not a picture")
+    settings = Settings(models_dir=tmp_path_factory.mktemp("models"), device="cpu")
+    sv = Surveyor("random:test_vit", "cpu", batch_size=4, settings=settings, similarity=True, ranks=True)
+    out = tmp_path_factory.mktemp("report") / "s.parquet"
+    w = SurveyOutput(out, run_meta(sv.lm.id, "cpu", settings, True, True))
+    res = sv.process(list_images(src))
+    w.add(res.rows, res.failures, res.images)
+    w.close()
+    page = write_report(out, out.parent / "report.html")
+    return page, sv.lm

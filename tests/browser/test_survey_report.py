@@ -7,32 +7,9 @@ import re
 
 import pytest
 
-from headscope.config import Settings
-from headscope.survey.compute import Surveyor
-from headscope.survey.output import SurveyOutput
-from headscope.survey.report import build_report, write_report
-from headscope.survey.run import run_meta
-from headscope.survey.sources import list_images
+from headscope.survey.report import build_report
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def report(tmp_path_factory, samples):
-    """A survey of the samples (tiny random model, every optional column) and its report."""
-    src = tmp_path_factory.mktemp("report-src")
-    for p in samples.values():
-        (src / p.name).write_bytes(p.read_bytes())
-    (src / "broken.png").write_bytes(b"not a picture")
-    settings = Settings(models_dir=tmp_path_factory.mktemp("models"), device="cpu")
-    sv = Surveyor("random:test_vit", "cpu", batch_size=4, settings=settings, similarity=True, ranks=True)
-    out = tmp_path_factory.mktemp("report") / "s.parquet"
-    w = SurveyOutput(out, run_meta(sv.lm.id, "cpu", settings, True, True))
-    res = sv.process(list_images(src))
-    w.add(res.rows, res.failures, res.images)
-    w.close()
-    page = write_report(out, out.parent / "report.html")
-    return page, sv.lm
 
 
 def test_the_report_draws_every_chart_without_any_outside_request(browser, report):

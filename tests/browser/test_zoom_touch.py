@@ -16,12 +16,6 @@ from __future__ import annotations
 import pytest
 from test_screens import assert_no_sideways_scroll
 
-from headscope.config import Settings
-from headscope.survey.compute import Surveyor
-from headscope.survey.output import SurveyOutput
-from headscope.survey.report import write_report
-from headscope.survey.run import run_meta
-from headscope.survey.sources import list_images
 from helpers.learn import wait_learn
 from helpers.page import OVERLAY, image_id, open_page, upload, wait_output, wait_scroll_settled, wait_view
 
@@ -190,24 +184,6 @@ def test_after_an_upload_at_200_percent_the_whole_map_is_in_view_above_the_dock(
 
 
 # ------------------------------------------------------------------ the survey report
-@pytest.fixture(scope="module")
-def report(tmp_path_factory, samples):
-    """A survey of the samples (tiny random model, similarity and ranks) and its report, as in
-    test_survey_report.py."""
-    src = tmp_path_factory.mktemp("report-src")
-    for p in samples.values():
-        (src / p.name).write_bytes(p.read_bytes())
-    (src / "broken.png").write_bytes(b"not a picture")
-    settings = Settings(models_dir=tmp_path_factory.mktemp("models"), device="cpu")
-    sv = Surveyor("random:test_vit", "cpu", batch_size=4, settings=settings, similarity=True, ranks=True)
-    out = tmp_path_factory.mktemp("report") / "s.parquet"
-    w = SurveyOutput(out, run_meta(sv.lm.id, "cpu", settings, True, True))
-    res = sv.process(list_images(src))
-    w.add(res.rows, res.failures, res.images)
-    w.close()
-    return write_report(out, out.parent / "report.html")
-
-
 CHARTS = ["fig-distance", "fig-entropy", "fig-mass", "fig-heads", "fig-rank"]
 
 
@@ -224,7 +200,7 @@ def open_report(browser, path, width: int, height: int, **options):
 
 def test_the_report_fits_a_window_at_400_percent(browser, report):
     width, height, options = ZOOM400
-    ctx, pg = open_report(browser, report, width, height, **options)
+    ctx, pg = open_report(browser, report[0], width, height, **options)
     try:
         assert_no_sideways_scroll(pg, "the report at 400 %")
         # The head tables scroll on their own, as the charts' tables do: named regions a key reaches.
@@ -241,7 +217,7 @@ def test_the_report_fits_a_window_at_400_percent(browser, report):
 
 
 def test_the_report_toolbar_covers_no_chart_title_on_a_phone(browser, report):
-    ctx, pg = open_report(browser, report, 390, 844, **TOUCH)
+    ctx, pg = open_report(browser, report[0], 390, 844, **TOUCH)
     try:
         for fig in CHARTS:
             pg.locator(f"#{fig}").scroll_into_view_if_needed()
