@@ -247,7 +247,7 @@ class Settings(BaseSettings):
     def check_one_id_each(self) -> None:
         """Two weights files of one name (``a/model.safetensors``, ``b/model.safetensors``) would
         share an id, and the second would be dropped unsaid: refused, with the way to name them."""
-        from .zoo.ids import ModelSpec
+        from .zoo.ids import ModelSpec, add_distinct
 
         seen: dict[str, ModelSpec] = {}
         for raw in self.model_ids:
@@ -255,13 +255,10 @@ class Settings(BaseSettings):
                 spec = ModelSpec.parse(raw)
             except ValueError:  # a malformed id: the registry refuses it by name when serving
                 continue
-            other = seen.setdefault(spec.id, spec)
-            if other != spec:
-                raise ValueError(
-                    f"--model / HEADSCOPE_MODEL / HEADSCOPE_EXTRA_MODELS: two models have the id {spec.id} "
-                    f"({other.path or other.arch} and {spec.path or spec.arch}): name them, as in "
-                    f"NAME=local:ARCH@/path (docs/models.md)"
-                )
+            try:
+                add_distinct(seen, spec)
+            except ValueError as e:
+                raise ValueError(f"--model / HEADSCOPE_MODEL / HEADSCOPE_EXTRA_MODELS: {e}") from None
 
     @property
     def variant_bytes(self) -> int:

@@ -206,12 +206,20 @@ def _factors(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
     return tuple(max(1, int(n / (max(1, t) * GAP))) for n, t in zip(size, target))  # type: ignore[return-value]
 
 
+def _raw_mode(img: Image.Image) -> str | None:
+    """The raw mode the file stores its pixels in (a PNG's ``RGBA;16B``, ``L;4``), known until the
+    picture is decoded (``ImageFile.tile``); None when there is none."""
+    try:
+        args = getattr(img, "tile", [])[0][3]
+        return args if isinstance(args, str) else str(args[0])
+    except (IndexError, TypeError):
+        return None
+
+
 def _file_bytes_per_pixel(img: Image.Image) -> int:
     """Bytes per pixel of a PNG's rows in the file, from its raw mode (``RGBA;16B``: 8)."""
-    try:
-        args = getattr(img, "tile", [])[0][3]  # ImageFile's, before decoding
-        raw = args if isinstance(args, str) else str(args[0])
-    except (IndexError, TypeError):
+    raw = _raw_mode(img)
+    if raw is None:
         return 8
     base = raw.split(";")[0]
     return max(1, len(base)) * (2 if "16" in raw else 1)
@@ -403,13 +411,8 @@ def key_in_decoded_units(img: Image.Image) -> None:
     while the key keeps 16 bits (no pixel can be matched exactly: the key is dropped, as Pillow's
     own conversion ignores it)."""
     key = img.info.get("transparency")
-    tile = getattr(img, "tile", None)
-    if key is None or not tile or img.format != "PNG":
-        return
-    try:
-        args = tile[0][3]
-        raw = args if isinstance(args, str) else str(args[0])
-    except (IndexError, TypeError):
+    raw = _raw_mode(img)
+    if key is None or raw is None or img.format != "PNG":
         return
     if img.mode == "L" and isinstance(key, int) and raw in ("L;2", "L;4"):
         bits = int(raw[-1])

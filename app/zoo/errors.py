@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def first_line(e: BaseException | str, limit: int = 200) -> str:
+    """An error's first line, whole words up to ``limit`` characters (hub errors run to pages)."""
+    line = (str(e).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
+
+
 class UnknownModelError(KeyError, ValueError):
     """A model id that the server does not offer (or an architecture timm does not know).
 

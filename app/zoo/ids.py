@@ -28,6 +28,22 @@ from .errors import UnknownModelError
 Source = Literal["embedded", "timm-hub", "local", "random", "memory", "open_clip"]
 
 
+def add_distinct(specs: dict[str, ModelSpec], spec: ModelSpec) -> None:
+    """Add ``spec`` to ``specs`` (id -> spec) unless its id is there: the same model given twice is
+    one; two weights files of one name (``a/model.safetensors``, ``b/model.safetensors``) would
+    share an id, and the second would be dropped unsaid.
+
+    Raises:
+        UnknownModelError: another model has ``spec``'s id; the message says how to name them.
+    """
+    seen = specs.setdefault(spec.id, spec)
+    if seen != spec:
+        raise UnknownModelError(
+            f"two models have the id {spec.id} ({seen.path or seen.arch} and {spec.path or spec.arch}): "
+            "name them, as in NAME=local:ARCH@/path (docs/models.md)"
+        )
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A configured model: the id answers show, and how to build it."""

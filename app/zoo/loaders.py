@@ -19,7 +19,7 @@ from ..engine.windows import WINDOWED_MODULES, WindowCapture, is_windowed
 from . import embedded
 from .catalog import hub_weights
 from .download import cached_weights, unreachable_message
-from .errors import HubUnreachableError, ModelLoadError, UnknownModelError
+from .errors import HubUnreachableError, ModelLoadError, UnknownModelError, first_line
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
 from .pos_embed import install_exact_pos_embed
@@ -111,12 +111,6 @@ def _check_arch(arch: str) -> None:
         raise UnknownModelError(f"timm has no architecture named {arch!r}.{did_you_mean(arch)}")
 
 
-def whole_words(text: str, limit: int = 200) -> str:
-    """``text``'s first line, cut at a whole word to at most ``limit`` characters (with `` …``)."""
-    line = (text.strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
-
-
 def _meta_build(spec: ModelSpec, **kwargs) -> tuple[nn.Module, bool]:
     """The spec's architecture (a pretrained tag's configuration applied) on the meta device: no
     weights, no download, a fraction of a second.
@@ -130,7 +124,7 @@ def _meta_build(spec: ModelSpec, **kwargs) -> tuple[nn.Module, bool]:
             return _create(spec.arch, pretrained=False, **kwargs)
     except Exception as e:
         prefix = {"timm-hub": "timm:", "random": "random:"}.get(spec.source, "")
-        why = f"timm cannot build {spec.arch!r} ({type(e).__name__}: {whole_words(str(e))})."
+        why = f"timm cannot build {spec.arch!r} ({type(e).__name__}: {first_line(e)})."
         raise UnknownModelError(why + did_you_mean(spec.arch, prefix)) from None
 
 
@@ -313,7 +307,7 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
     except Exception as e:
         raise ModelLoadError(
             f"could not get pretrained weights for timm model {name!r} "
-            f"({type(e).__name__}: {whole_words(str(e))}). Weights come from the Hugging Face hub: run "
+            f"({type(e).__name__}: {first_line(e)}). Weights come from the Hugging Face hub: run "
             f"`headscope fetch timm:{name}` on a machine with internet (they land in the HF cache, "
             f"~/.cache/huggingface, which you can copy over), or serve a local file with "
             f"`local:{name.split('.')[0]}@/path/to/weights.safetensors`."

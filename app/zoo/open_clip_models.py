@@ -34,7 +34,7 @@ import torch.nn as nn
 from ..engine import text_relevance  # noqa: F401  (registers the text:PHRASE target kind)
 from ..engine.capture_base import UnsupportedModelError
 from ..engine.clip_text import TextError, TextTower
-from .errors import HubUnreachableError, ModelLoadError, UnknownModelError
+from .errors import HubUnreachableError, ModelLoadError, UnknownModelError, first_line
 from .hub import hub_offline, hub_reachable
 from .ids import ModelSpec
 from .seeding import seeded
@@ -135,7 +135,7 @@ def _create(spec: ModelSpec) -> nn.Module:
     except Exception as e:
         raise ModelLoadError(
             f"could not get the pretrained weights {tag!r} of open_clip model {name} "
-            f"({type(e).__name__}: {_first_line(e)}). They come from the Hugging Face hub: run "
+            f"({type(e).__name__}: {first_line(e)}). They come from the Hugging Face hub: run "
             f"`headscope fetch open_clip:{name}/{tag}` on a machine with internet (they land in the HF "
             f"cache, ~/.cache/huggingface, which you can copy over), or use open_clip:{name} (random weights)."
         ) from None
@@ -283,10 +283,10 @@ def open_clip_parts(spec: ModelSpec) -> OpenClipParts:
             f"its tokenizer could not be loaded from the Hugging Face hub or its cache ({type(e).__name__}); "
             "load the model once on a machine with internet and copy ~/.cache/huggingface"
             if not reachable
-            else f"the text tower could not be loaded ({type(e).__name__}: {_first_line(e)})"
+            else f"the text tower could not be loaded ({type(e).__name__}: {first_line(e)})"
         )
     except Exception as e:
-        note = f"the text tower could not be loaded ({type(e).__name__}: {_first_line(e)})"
+        note = f"the text tower could not be loaded ({type(e).__name__}: {first_line(e)})"
     if text is not None:
         clip.visual = nn.Identity()  # the timm copy serves the image; the text tower keeps the rest
     weights = f"pretrained {tag}" if tag else "random weights"
@@ -294,9 +294,3 @@ def open_clip_parts(spec: ModelSpec) -> OpenClipParts:
     return OpenClipParts(
         vit, size, tuple(pre["mean"]), tuple(pre["std"]), f"open_clip {name} ({label}, {weights})", text, note
     )
-
-
-def _first_line(e: BaseException, limit: int = 200) -> str:
-    """An exception's first line, whole words up to ``limit`` characters (hub errors run to pages)."""
-    line = (str(e).strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"

@@ -12,7 +12,7 @@ import torch
 
 from ..engine.model import LoadedModel
 from .errors import ModelRefusedError, UnknownModelError
-from .ids import ModelSpec
+from .ids import ModelSpec, add_distinct
 from .loaders import build, windowed_arch
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,7 @@ class Registry:
     ):
         self.specs: dict[str, ModelSpec] = {}
         for raw in ids:
-            spec = ModelSpec.parse(raw)
-            seen = self.specs.setdefault(spec.id, spec)
-            if seen != spec:  # two weights files of one name: the second was dropped unsaid
-                raise UnknownModelError(
-                    f"two models have the id {spec.id} ({seen.path or seen.arch} and {spec.path or spec.arch}): "
-                    "name them, as in NAME=local:ARCH@/path (docs/models.md)"
-                )
+            add_distinct(self.specs, ModelSpec.parse(raw))
         self.ids = list(self.specs)
         self.default = self.ids[0]
         self.models_dir = Path(models_dir)
@@ -81,7 +75,7 @@ class Registry:
         """Mark a configured model as one that cannot load while the server runs (found at
         start-up: a misspelt name, an unsupported family); asking for it answers ``why`` at once.
         Returns its id."""
-        mid = ModelSpec.parse(raw).id if raw not in self.specs else raw
+        mid = self._id_of(raw)
         if mid in self.specs:
             self._refused.add(mid)
             self._errors[mid] = why
@@ -90,16 +84,20 @@ class Registry:
     def fail(self, model_id: str, why: str) -> None:
         """Record why a model failed to load (the page and ``/api/v1/models`` show it); a
         configured id as written is taken too."""
-        mid = model_id if model_id in self.specs else ModelSpec.parse(model_id).id
+        mid = self._id_of(model_id)
         if mid in self.specs:
             self._errors[mid] = why
 
     def is_default_spec(self, raw: str) -> bool:
         """Whether ``raw`` (a configured model as written) is the default model."""
         try:
-            return ModelSpec.parse(raw).id == self.default
+            return self._id_of(raw) == self.default
         except ValueError:
             return False
+
+    def _id_of(self, raw: str) -> str:
+        """The id of a configured model as written (an id already is one)."""
+        return raw if raw in self.specs else ModelSpec.parse(raw).id
 
     def use_default(self, model_id: str) -> None:
         """Serve ``model_id`` as the default (the configured default failed to load at start-up)."""

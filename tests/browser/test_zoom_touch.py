@@ -163,23 +163,24 @@ def test_a_short_window_keeps_the_dock_in_the_page_and_a_phone_keeps_it_fixed(pa
 
 
 # ------------------------------------------------------------------ the map in view after an upload
-def test_after_an_upload_at_200_percent_the_whole_map_is_in_view_above_the_dock(page_at, base_url, samples):
-    width, height, options = ZOOM200
+def map_after_upload(page_at, base_url, samples, zoom):
+    """The cat uploaded at a zoom (``ZOOM200``, ``ZOOM400``), the page at rest: the page, the map's
+    box and the room above the dock."""
+    width, height, options = zoom
     pg = page_at(width, height, **options)
     open_page(pg, base_url)
     upload(pg, samples["cat"])
     wait_scroll_settled(pg)
-    m, below = rect(pg, OVERLAY), room_below(pg)
+    return pg, rect(pg, OVERLAY), room_below(pg)
+
+
+def test_after_an_upload_at_200_percent_the_whole_map_is_in_view_above_the_dock(page_at, base_url, samples):
+    pg, m, below = map_after_upload(page_at, base_url, samples, ZOOM200)
     assert m["h"] <= below, (m, below)  # it fits: then all of it shows
     assert m["t"] >= -0.5 and m["b"] <= below + 0.5, (m, below, dock_state(pg))
 
     # At 400 % it cannot fit beside anything: its top is in view.
-    width, height, options = ZOOM400
-    pg = page_at(width, height, **options)
-    open_page(pg, base_url)
-    upload(pg, samples["cat"])
-    wait_scroll_settled(pg)
-    m, below = rect(pg, OVERLAY), room_below(pg)
+    _, m, below = map_after_upload(page_at, base_url, samples, ZOOM400)
     assert -0.5 <= m["t"] < below - 40, (m, below)
 
 
