@@ -13,6 +13,20 @@ from helpers.server import ARTIFACTS, ROOT, SAMPLES, Pace, Server, measure_pace 
 from helpers.swin_reference import SWIN_ARCH, SWIN_CHECKPOINT, SWIN_V1, SWIN_V2, write_checkpoint
 
 
+@pytest.fixture(autouse=True)
+def _pillow_pixel_limit_kept():
+    """Put Pillow's process-wide pixel limit back after each test: ``headscope extract`` and
+    ``survey`` run in-process (``cli.main``) set it to Headscope's (``adopt_pixel_limit``), and a
+    later test on the same worker would see 40 M where Pillow's own 89 M is expected (the
+    decompression-bomb test then got Pillow's error, not its warning). pytest already puts the
+    warning filters back."""
+    from PIL import Image
+
+    before = Image.MAX_IMAGE_PIXELS
+    yield
+    Image.MAX_IMAGE_PIXELS = before
+
+
 @pytest.fixture(scope="session")
 def live_server():
     """The default server (embedded model, fault injection on for the fault tests)."""
