@@ -11,13 +11,14 @@ service's cache (one forward and backward of both towers per label not yet cache
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, check_phrase
+from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, TextTower, check_phrase
 from ..engine.model import LoadedModel
 from ..engine.text_relevance import TextTarget, parse_method, require_text, zero_shot
 from . import preprocess
@@ -44,33 +45,52 @@ class ZeroShotParams(BaseModel):
     )
 
 
-def parse_labels(text: str) -> list[str]:
+@dataclass(frozen=True)
+class Labels:
+    """Zero-shot labels as checked: each distinct one once, in the order first given, with its
+    place (0-based) in the list the request gave (a repeat counts once, at its first place)."""
+
+    texts: list[str]
+    places: list[int]
+
+
+def parse_labels(text: str, tower: TextTower | None = None) -> Labels:
     """``dog, cat,a red car`` -> the labels, each checked as a phrase, repeats dropped.
 
     Raises:
-        TextError: an empty label, one too long or not text, more than :data:`MAX_LABELS`.
+        TextError: an empty label, one too long or not text, more than :data:`MAX_LABELS`, one
+            with more tokens than ``tower`` reads.
     """
-    return check_labels(text.split(","))
+    return check_labels(text.split(","), tower)
 
 
-def check_labels(raw: list[str]) -> list[str]:
-    """Labels given one by one, each checked as a phrase, repeats dropped.
+def check_labels(raw: list[str], tower: TextTower | None = None) -> Labels:
+    """Labels given one by one, each checked as a phrase (and against ``tower``'s context length
+    when given), repeats dropped. Errors name the label by its place in ``raw`` (from 1).
 
     Raises:
-        TextError: none, an empty label, one too long or not text, more than :data:`MAX_LABELS`.
+        TextError: none, an empty label, one too long or not text, more than :data:`MAX_LABELS`,
+            one with more tokens than ``tower`` reads.
     """
     if not raw:
         raise TextError("no labels given: write phrases like 'a dog, a cat'")
-    labels = []
+    first: dict[str, int] = {}  # label -> its first place
     for i, r in enumerate(raw):
+        if not r.strip():
+            raise TextError(f"label {i + 1} is empty: write the labels as phrases between commas, e.g. 'a dog, a cat'")
         try:
-            labels.append(check_phrase(r))
+            first.setdefault(check_phrase(r), i)
         except TextError as e:
             raise TextError(f"label {i + 1}: {e}") from None
-    distinct = list(dict.fromkeys(labels))  # counted once repeated, as the parameter's description says
-    if len(distinct) > MAX_LABELS:
-        raise TextError(f"{len(distinct)} labels; at most {MAX_LABELS}")
-    return distinct
+    if len(first) > MAX_LABELS:  # counted once repeated, as the parameter's description says
+        raise TextError(f"{len(first)} labels; at most {MAX_LABELS}")
+    if tower is not None:
+        for lab, i in first.items():
+            try:
+                tower.check(lab)
+            except TextError as e:
+                raise TextError(f"label {i + 1}: {e}") from None
+    return Labels(list(first), list(first.values()))
 
 
 def scores(
@@ -81,28 +101,33 @@ def scores(
         return zero_shot(lm, prep.pixels[None].to(device), labels, amp_dtype)
 
 
+def ranked_rows(labels: Labels, res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The answer's ``labels``: ``{label, index, logit, probability}`` by probability, highest
+    first (``index``: the label's place in the request's list)."""
+    rows = [
+        {"label": lab, "index": i, "logit": lo, "probability": p}
+        for lab, i, lo, p in zip(labels.texts, labels.places, res["logits"], res["probabilities"], strict=True)
+    ]
+    rows.sort(key=lambda r: -r["probability"])
+    return rows
+
+
 async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroShotParams) -> dict[str, Any]:
     """The answer of ``GET …/zero-shot``: the labels ranked by probability."""
     t0 = time.perf_counter()
     lm = await rel._model(params.model)
     tower = require_text(lm)
-    labels = parse_labels(params.labels)
-    for lab in labels:
-        tower.check(lab)
-    targets = [TextTarget("text", phrase=lab, tower=tower) for lab in labels]
-    method = parse_method(params.method, targets[0], lm)  # with or without maps, as in Python: a typo is not ignored
+    labels = parse_labels(params.labels, tower)
+    targets = {lab: TextTarget("text", phrase=lab, tower=tower) for lab in labels.texts}
+    method = parse_method(params.method, targets[labels.texts[0]], lm)  # with or without maps: a typo is not ignored
     upload = rel.uploads.require(image_id)
     prep = await rel.prepared(upload, lm)
-    res = await rel.piece(partial(scores, lm, prep, labels, rel.worker.amp_dtype, rel.device))
-    rows: list[dict[str, Any]] = [
-        {"label": lab, "index": i, "logit": lo, "probability": p}
-        for i, (lab, lo, p) in enumerate(zip(labels, res["logits"], res["probabilities"]))
-    ]
-    rows.sort(key=lambda r: -r["probability"])
+    res = await rel.piece(partial(scores, lm, prep, labels.texts, rel.worker.amp_dtype, rel.device))
+    rows = ranked_rows(labels, res)
     grid = None
     if params.maps:
         for r in rows:
-            maps, _ = await rel.maps(image_id, lm, (), targets[r["index"]], prep, upload=upload)
+            maps, _ = await rel.maps(image_id, lm, (), targets[r["label"]], prep, upload=upload)
             r["relevance"] = method_map(maps, method).tolist()
             r["text_tokens"] = maps.relevance.text_tokens
             grid = list(maps.relevance.grid)

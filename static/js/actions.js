@@ -17,10 +17,20 @@ const SLOW_MS = 40; // charts and the model view wait until the pointer rests th
 
 const slowSoon = debounce(() => renderSlow(state, actions), SLOW_MS);
 
-/** What fetching and the views call back: re-render, or show an error. */
+/**
+ * What fetching and the views call back: re-render, or show an error. An error may name its
+ * `source` (a family of a view's requests, "map", "zero"): settle(source), called when a request
+ * of that family is answered or the answer now asked for is at hand, takes the error down (what
+ * it said is no longer so) and says whether it did; the caller redraws.
+ */
 export const app = {
   update,
-  fail: (err, retry = null) => showError(err, retry),
+  fail: (err, retry = null, source = null) => showError(err, retry, source),
+  settle: (source) => {
+    if (!state.error || state.error.source !== source) return false;
+    state.error = null;
+    return true;
+  },
 };
 
 /**
@@ -166,9 +176,9 @@ function setSide(name, patch) {
  * Show an error; "Try again" (retry) only when sending the same request again can help
  * (api.js isRetryable: busy, timeouts, 503, the network).
  */
-function showError(err, retry = null) {
+function showError(err, retry = null, source = null) {
   console.warn("headscope:", err);
-  state.error = { ...describeError(err), code: err && err.code, retry: retry && isRetryable(err) ? retry : null };
+  state.error = { ...describeError(err), code: err && err.code, retry: retry && isRetryable(err) ? retry : null, source };
   update();
 }
 

@@ -154,8 +154,8 @@ export function windowNotes(ans) {
   }
   out.push(["bias", ans.steps.cosine
     ? "Relative position bias: a small MLP of the offset between two places of the window gives a number per head, "
-      + "16·sigmoid of which is added to every score, score = τ·cos(q, k) + b. Hover a cell to see it."
+      + "16·sigmoid of which is added to every score, score = τ·cos(q, k) + b. Hover or tap a cell to see it."
     : "Relative position bias: a learned number per head and offset between two places of the window is added to "
-      + "every score, score = q·k/√d + b. Hover a cell to see it."]);
+      + "every score, score = q·k/√d + b. Hover or tap a cell to see it."]);
   return out;
 }

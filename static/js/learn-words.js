@@ -37,7 +37,7 @@ export function notes(ans) {
   }
   if (ans.steps.relative_bias) {
     out.push(["bias", "Relative position bias: a learned number per head and relative offset between two patches is "
-      + "added to every score, score = q·k/√d + b. Hover a patch to see it."]);
+      + "added to every score, score = q·k/√d + b. Hover or tap a patch to see it."]);
   }
   if (ans.steps.qk_norm) out.push(["qk-norm", "QK-norm: q and k are normalised per head before the dot product."]);
   if (ans.steps.inner_norm) {

@@ -49,14 +49,20 @@ export const isAbort = (e) => !!e && e.name === "AbortError";
 /**
  * Run `promise` as request `key` of a view's data `d` (its loading, failed and retries sets): the
  * answer goes to onAnswer. A busy or slow server is asked again after a pause: the next need()
- * starts the request again once this one is off the loading list. Other errors go to app.fail.
+ * starts the request again once this one is off the loading list. Other errors go to app.fail,
+ * named by the key's family (its part before the first "|": "map", "zero", …); an answer of the
+ * same family takes such an error down (app.settle), e.g. a refused phrase once a good one is in.
  * `current()` says whether `d` is still the data on show (an answer for another picture is kept,
  * but does not redraw the page).
  */
 export function track(d, key, promise, onAnswer, app, current) {
+  const family = key.split("|")[0];
   d.loading.add(key);
   promise
-    .then(onAnswer)
+    .then((ans) => {
+      onAnswer(ans);
+      if (current() && app.settle) app.settle(family); // redrawn below
+    })
     .catch(async (e) => {
       if (isAbort(e)) return; // given up on purpose: not a failure, and asked again if needed again
       const tries = (d.retries.get(key) || 0) + 1;
@@ -66,7 +72,7 @@ export function track(d, key, promise, onAnswer, app, current) {
         return;
       }
       d.failed.add(key);
-      if (current()) app.fail(e);
+      if (current()) app.fail(e, null, family);
     })
     .finally(() => {
       d.loading.delete(key);

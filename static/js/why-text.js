@@ -22,7 +22,10 @@ export function labelsText(labels) {
   return [...new Set((labels || "").split(",").map((l) => l.trim()).filter(Boolean))].join(",");
 }
 
-/** The phrase's tokens, each shaded by its share of the relevance (the answer's text_tokens). */
+/**
+ * The phrase's tokens, each shaded by its share of the relevance (the answer's text_tokens) and
+ * with the share written under it: read by a screen reader with the word, seen without a pointer.
+ */
 export function renderTokens(el, answer) {
   const tokens = answer && answer.text_tokens;
   el.replaceChildren();
@@ -33,10 +36,17 @@ export function renderTokens(el, answer) {
     const span = document.createElement("span");
     span.className = "text-token";
     span.dataset.testid = "text-token";
+    span.dataset.token = t.token;
     span.dataset.relevance = String(t.relevance);
-    span.textContent = t.token;
-    span.title = `${t.token}: ${(100 * t.relevance).toFixed(1)}% of the phrase's relevance`;
     span.style.setProperty("--share", (t.relevance / top).toFixed(3));
+    const word = document.createElement("span");
+    word.className = "text-token-word";
+    word.textContent = t.token;
+    const share = document.createElement("small");
+    share.className = "text-token-share";
+    share.dataset.testid = "text-token-share";
+    share.textContent = `${(100 * t.relevance).toFixed(1)}%`;
+    span.append(word, " ", share);
     el.append(span);
   }
 }

@@ -77,6 +77,16 @@ export function targetOf(why, kind, text = false) {
   return t;
 }
 
+/**
+ * The method the view uses: the one chosen where it is offered for the target, else Chefer's (the
+ * default). The choice itself is kept, so going back to a target that offers it brings it back.
+ */
+export function methodOf(why, text = false) {
+  const isText = why.target === "text" && text;
+  if (isText ? LRP.includes(why.method) : why.method === "legrad") return "chefer";
+  return why.method;
+}
+
 /** The methods the test compares: the chosen one and the baseline set, in a fixed order. */
 function testedMethods(method) {
   return TESTED.filter((m) => m === method || BASELINE.includes(m)).join(",");
@@ -136,7 +146,7 @@ function stopTests(d, keep = null) {
 
 /** The test the view shows for `target`: the methods it compares, its fractions and its key. */
 function testSpec(s, target) {
-  const methods = testedMethods(s.why.method);
+  const methods = testedMethods(methodOf(s.why, hasText(s.models, s.model)));
   const fractions = FRACTIONS[s.why.steps] ?? "";
   return { methods, fractions, key: testKey(target, methods, fractions) };
 }
@@ -177,13 +187,20 @@ function need(s, app) {
   if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s)); // release() stopped the old tests
   const d = s.why.data;
   let started = fetchOutput(s, d, app);
-  if (hasText(s.models, s.model)) started = fetchZeroShot(s, d, labelsText(s.why.labels), app) || started;
+  if (hasText(s.models, s.model)) {
+    const labels = labelsText(s.why.labels);
+    if (d.zeroShot.has(labels)) started = app.settle("zero") || started; // as a map's, below
+    started = fetchZeroShot(s, d, labels, app) || started;
+  }
   if (!d.output) return started;
   const target = targetOf(s.why, d.output.kind, hasText(s.models, s.model));
   if (target === null) return started;
-  started = fetchMap(s, d, s.why.method, target, app) || started;
+  const method = methodOf(s.why, hasText(s.models, s.model));
+  // a refused map is old news once the map asked for now is in (one already here asks nothing)
+  if (d.maps.has(`${method}|${target}`)) started = app.settle("map") || started;
+  started = fetchMap(s, d, method, target, app) || started;
   // the raw attention once the chosen map is in: the server answers it from the same computation
-  if (d.maps.has(`${s.why.method}|${target}`)) started = fetchMap(s, d, RAW, target, app) || started;
+  if (d.maps.has(`${method}|${target}`)) started = fetchMap(s, d, RAW, target, app) || started;
   if (s.why.asked.includes(key)) started = fetchTest(s, d, target, app) || started;
   return started;
 }
@@ -236,9 +253,14 @@ function render(s, act, shown) {
   $("why-windowed").hidden = !windowed;
   $("why-body").hidden = !ready;
   $("faithfulness-panel").hidden = !ready;
-  $("relevance-method").value = s.why.method;
+  const method = methodOf(s.why, hasText(s.models, s.model));
+  $("relevance-method").value = method;
   $("faithfulness-steps").value = s.why.steps;
-  $("relevance-hint").textContent = methodHint(s.why.method);
+  // a chosen method the target does not offer: say which map is shown instead
+  const swapped = method === s.why.method ? ""
+    : `${METHOD_NAMES[s.why.method] || s.why.method} is not offered for ${s.why.method === "legrad" ? "this target (it explains a phrase)" : "a phrase"}: `
+      + `the page shows ${METHOD_NAMES[method]}'s map. `;
+  $("relevance-hint").textContent = swapped + methodHint(method);
   if (!ready) return;
   const d = dataOf(s) || EMPTY;
   const out = d.output;
@@ -254,7 +276,7 @@ function render(s, act, shown) {
   if (document.activeElement !== $("zero-shot-labels")) $("zero-shot-labels").value = s.why.labels;
   renderWhyOutput($("why-output"), { answer: out, image: s.image, box: s.why.box, boxOn: !!target && target.startsWith("box:") });
   bindSaliencyKeys($("why-output"), s, act, () => (out && out.kind === "saliency" ? (dataOf(s) || EMPTY).output : null));
-  const mapKey = `${s.why.method}|${target}`;
+  const mapKey = `${method}|${target}`;
   renderRelevance($("relevance-figure"), {
     image: s.image, answer: d.maps.get(mapKey) || null, loading: !d.maps.has(mapKey) && !d.failed.has(`map|${mapKey}`) && target !== null, role: "relevance",
   });
@@ -277,10 +299,10 @@ function render(s, act, shown) {
   note.textContent = noBox
     ? "Drag on the model output to draw a box (or focus it: arrows, Shift+arrows, Enter): the maps then explain the saliency inside it."
     : "The whole saliency map is a poor target: removing the patches the model looks at moves its saliency "
-      + "elsewhere, so the total hardly falls and on the sample photos every map scored worse than random. "
+      + "elsewhere, so the total hardly falls and on the sample photos every map scored worse than random on average. "
       + "Drag on the model output to draw a box and ask about one region (without a mouse: Tab to the output, "
       + "move the cell cursor with the arrows, grow a box with Shift+arrows, Enter).";
-  const key = target === null ? "" : testKey(target, testedMethods(s.why.method), FRACTIONS[s.why.steps] ?? "");
+  const key = target === null ? "" : testKey(target, testedMethods(method), FRACTIONS[s.why.steps] ?? "");
   const asked = s.why.asked.includes(keyOf(s));
   const progress = key ? testProgress(d, key) : { state: "idle", fraction: 0 };
   renderProgress($("faithfulness-progress"), progress);

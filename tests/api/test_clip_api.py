@@ -178,6 +178,28 @@ def test_a_repeated_label_counts_once(server, image_id):
     assert r.json()["error"]["message"] == "66 labels; at most 64"
 
 
+def test_index_is_the_place_in_the_requests_list_and_errors_name_the_label(server, image_id):
+    """A repeat counts once, at its first place: "a dog" after two "a cat"s is index 2, as the
+    schema says, so a client maps each row back to its own list. Errors name the label by its
+    place (from 1), the one with too many tokens too; an empty label is not told to write text:."""
+    r = get(server, f"{API}/{image_id}/zero-shot", model=MODEL_ID, labels="a cat,a cat,a dog")
+    assert r.status_code == 200, r.text
+    assert sorted((x["label"], x["index"]) for x in r.json()["labels"]) == [("a cat", 0), ("a dog", 2)]
+    r = get(server, f"{API}/{image_id}/zero-shot", model=MODEL_ID, labels="a dog," + "a " * 100)
+    assert_error(r, 422, "bad_text")
+    assert r.json()["error"]["message"].startswith("label 2: the phrase 'a a a")
+    r = get(server, f"{API}/{image_id}/zero-shot", model=MODEL_ID, labels="a cat,,a dog")
+    assert_error(r, 422, "bad_text")
+    assert r.json()["error"]["message"].startswith("label 2 is empty: write the labels as phrases between commas")
+    # "text" without its phrase: told how to write one, on a model that takes one
+    r = get(server, f"{API}/{image_id}/relevance", model=MODEL_ID, target="text")
+    assert_error(r, 422, "bad_target")
+    assert "write text:PHRASE, e.g. text:a dog" in r.json()["error"]["message"]
+    r = get(server, f"{API}/{image_id}/relevance", model=MODEL_ID, target="box:0,0,8,8")
+    assert_error(r, 422, "bad_target")
+    assert r.json()["error"]["message"].endswith("it takes target=embedding or text:PHRASE (e.g. text:a dog)")
+
+
 def test_non_utf8_and_no_text_tower_are_422(server, image_id):
     for path, query in (("relevance", "target=text:caf%FF"), ("zero-shot", "labels=dog,%C3%28")):
         r = httpx.get(f"{server}{API}/{image_id}/{path}?model={MODEL_ID}&{query}", timeout=T)

@@ -59,19 +59,29 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples, guard):
     options = page.eval_on_selector_all("[data-testid=relevance-target] option", "os => os.map(o => o.value)")
     assert options == ["embedding", "text"]
     assert page.is_disabled("[data-testid=relevance-method] option[value=legrad]")
+    page.select_option("[data-testid=relevance-method]", "attnlrp")
+    wait_map(page, method="attnlrp", target="embedding")
 
-    # A phrase typed into the prompt box becomes the target; its tokens appear under it.
+    # A phrase typed into the prompt box becomes the target; its tokens appear under it. AttnLRP
+    # is not offered for a phrase: Chefer's map is shown and the menu and its hint say so (the
+    # menu kept the switched-off method, and its 422 left the map empty).
     page.fill("[data-testid=relevance-phrase]", PHRASE)
     page.press("[data-testid=relevance-phrase]", "Enter")
     wait_map(page, method="chefer", target=f"text:{PHRASE}")
     assert page.input_value("[data-testid=relevance-target]") == "text"
+    assert page.input_value("[data-testid=relevance-method]") == "chefer"
+    assert page.text_content("#relevance-hint").startswith("AttnLRP is not offered for a phrase")
     want = follow_up(base_url, iid, "relevance", model=MODEL_ID, method="chefer", target=f"text:{PHRASE}")
     page.wait_for_selector("[data-testid=text-token]")
     tokens = page.eval_on_selector_all(
-        "[data-testid=text-token]", "ts => ts.map(t => [t.textContent, Number(t.dataset.relevance)])"
+        "[data-testid=text-token]", "ts => ts.map(t => [t.dataset.token, Number(t.dataset.relevance)])"
     )
     assert [t for t, _ in tokens] == [t["token"] for t in want["text_tokens"]] == PHRASE.split()
     assert [r for _, r in tokens] == pytest.approx([t["relevance"] for t in want["text_tokens"]], rel=1e-6)
+    # each token's share is written under it, for a screen reader and a finger (it was a tooltip)
+    shares = page.eval_on_selector_all("[data-testid=text-token-share]", "ss => ss.map(s => s.textContent)")
+    assert shares == [f"{100 * t['relevance']:.1f}%" for t in want["text_tokens"]]
+    assert page.is_visible("[data-testid=text-token-share]")
     # The tokens' shading keeps the text readable (orange-600 under the light text was 3.4:1).
     assert axe_violations(page) == []
 
@@ -126,3 +136,19 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples, guard):
         "() => ['relevance-figure', 'raw-figure']"
         ".every((id) => document.getElementById(id).dataset.state !== 'loading')"
     )
+    # A phrase it can read: the refusal goes once the map is in (it stayed beside the good map).
+    page.fill("[data-testid=relevance-phrase]", "a cat")
+    page.press("[data-testid=relevance-phrase]", "Enter")
+    wait_map(page, method="chefer", target="text:a cat")
+    page.wait_for_selector("[data-testid=error]", state="hidden")
+    # The choice of a method a phrase does not take is kept: to the phrase and back to the
+    # embedding, AttnLRP is drawn again.
+    page.select_option("[data-testid=relevance-target]", "embedding")
+    wait_map(page, method="chefer", target="embedding")
+    page.select_option("[data-testid=relevance-method]", "attnlrp")
+    wait_map(page, method="attnlrp", target="embedding")
+    page.select_option("[data-testid=relevance-target]", "text")
+    wait_map(page, method="chefer", target="text:a cat")
+    page.select_option("[data-testid=relevance-target]", "embedding")
+    wait_map(page, method="attnlrp", target="embedding")
+    assert page.input_value("[data-testid=relevance-method]") == "attnlrp"

@@ -7,7 +7,7 @@ import test from "node:test";
 
 import { verdictHeadline, verdictWords } from "../../static/js/why-verdict.js";
 import { METHOD_NAMES, mapCaption, methodHint } from "../../static/js/why-view.js";
-import { whyView } from "../../static/js/why.js";
+import { methodOf, whyView } from "../../static/js/why.js";
 
 const answer = (method, target = "box:60,40,150,120", extra = {}) => ({
   method, target, y: 0.977, rows: "cls", seed: method === "random" ? 0 : null, uniform: false, ...extra,
@@ -123,4 +123,15 @@ test("a running test the view no longer shows is given up, also when the view go
   s.view = "ablation";
   whyView.release(s);
   assert.equal(full.signal.aborted, true);
+});
+
+test("a method the target does not take is Chefer's while that target is on, and comes back after", () => {
+  const why = (method, target) => ({ method, target, phrase: "a cat" });
+  assert.equal(methodOf(why("attnlrp", "text"), true), "chefer"); // the LRP rules cover the image tower only
+  assert.equal(methodOf(why("chefer2021", "text"), true), "chefer");
+  assert.equal(methodOf(why("attnlrp", "embedding"), true), "attnlrp");
+  assert.equal(methodOf(why("legrad", "embedding"), true), "chefer"); // LeGrad explains a phrase
+  assert.equal(methodOf(why("legrad", "text"), true), "legrad");
+  assert.equal(methodOf(why("legrad", "text"), false), "chefer"); // a model without a text tower
+  assert.equal(methodOf(why("rollout", "text"), true), "rollout");
 });

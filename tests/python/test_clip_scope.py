@@ -72,14 +72,17 @@ def test_zero_shot_labels_that_cannot_be_read_are_clear_errors(scope, picture):
         scope.zero_shot(picture, None)
     with pytest.raises(TypeError, match=r"labels\[1\]: a phrase is a str; got int"):
         scope.zero_shot(picture, ["a dog", 2])
-    with pytest.raises(TextError, match="label 2: the phrase is empty"):
+    with pytest.raises(TextError, match="label 2 is empty"):
         scope.zero_shot(picture, ["a dog", " "])
     with pytest.raises(TextError, match="65 labels; at most 64"):
         scope.zero_shot(picture, [f"a {i}" for i in range(65)])
     with pytest.raises(MethodError, match="unknown"):  # a typo is refused without maps too
         scope.zero_shot(picture, ["a dog"], method="chefr")
+    with pytest.raises(TextError, match="label 2: the phrase 'a a a"):  # too many tokens: named too
+        scope.zero_shot(picture, ["a dog", "a " * 100])
     res = scope.zero_shot(picture, ("a dog", "a dog", "a cat"))  # any sequence; repeats once
-    assert sorted(r["label"] for r in res["labels"]) == ["a cat", "a dog"]
+    # each row's index is its place in the list given (a repeat at its first place)
+    assert sorted((r["label"], r["index"]) for r in res["labels"]) == [("a cat", 2), ("a dog", 0)]
 
 
 def test_zero_shot_says_its_precision_and_text_embeddings_are_kept_per_precision(scope, picture):
