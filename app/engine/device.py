@@ -17,6 +17,7 @@ on, so the thread that queues forwards never waits for a copy.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import cast
 
@@ -187,27 +188,41 @@ def _set_tf32_flags(flags: Flags) -> None:
     torch.backends.cudnn.allow_tf32 = bool(cudnn)
 
 
+# The settings are the process's, so the calls running at once share one exact section: the
+# first in saves the caller's settings, the last out gives them back. Each call saving and giving
+# back its own let one that ended first put the caller's bf16 back under another still computing.
+_section = threading.Lock()
+_inside = 0  # calls inside the section now
+_given_back: Flags | None = None  # the caller's settings, set back when the last call leaves
+
+
 @contextlib.contextmanager
 def exact_fp32() -> Iterator[None]:
     """fp32 means fp32 while Headscope computes: no TF32 in CUDA matmuls or cuDNN convolutions,
     no bf16 in oneDNN's (the CPU's) fp32 matmuls and convolutions; the caller's settings are
     set back afterwards.
 
-    The settings are the process's (torch has no per-thread one): a user thread running
-    matmuls at the same time as a Headscope call runs them exactly meanwhile. Nesting is fine
-    (the inner call restores what the outer one set). Under bf16/fp16 autocast they are exact
-    too: the ops autocast leaves in fp32 stay exact.
+    The settings are the process's (torch has no per-thread one): calls from several threads at
+    once share one exact section (the caller's settings come back when the last one ends), and a
+    user thread running matmuls meanwhile runs them exactly too. Nesting is fine. Under bf16/fp16
+    autocast they are exact too: the ops autocast leaves in fp32 stay exact.
     """
-    saved = tf32_flags()
-    exact = _exact_flags()
-    if exact == saved:  # already exact: nothing written, nothing to give back
-        yield
-        return
-    _set_tf32_flags(exact)
+    global _inside, _given_back
+    with _section:
+        if _inside == 0:
+            saved, exact = tf32_flags(), _exact_flags()
+            _given_back = None if exact == saved else saved  # already exact: nothing written
+            if _given_back is not None:
+                _set_tf32_flags(exact)
+        _inside += 1
     try:
         yield
     finally:
-        _set_tf32_flags(saved)
+        with _section:
+            _inside -= 1
+            if _inside == 0 and _given_back is not None:
+                _set_tf32_flags(_given_back)
+                _given_back = None
 
 
 def exact_fp32_process() -> None:

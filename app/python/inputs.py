@@ -269,6 +269,9 @@ def pixels_id(image: PILImage.Image) -> str:
     return image_id_of(f"pixels {image.mode} {H}x{W}\n".encode() + image.tobytes() + extra)
 
 
+_reading = threading.Lock()  # the caller's PIL images are read under it (stored_image)
+
+
 def stored_image(image: Any) -> PILImage.Image:
     """A ``PIL.Image`` or array as the image its lossless PNG holds, a copy of its own.
 
@@ -285,7 +288,9 @@ def stored_image(image: Any) -> PILImage.Image:
 
     if not isinstance(image, Image.Image):
         return _array_image(image).copy()
-    with decode_errors():
+    # Pillow cannot decode one lazily opened image from two threads at once (calls from threads
+    # sharing one Image.open saw AssertionErrors and "broken PNG file"): read one at a time.
+    with _reading, decode_errors():
         key_in_decoded_units(image)  # a lazily opened PNG: its colour key as the path takes it
         image.load()  # a lazily opened file: decoded once, here
         if image.mode in _GREY16_ORDERS:
@@ -296,6 +301,8 @@ def stored_image(image: Any) -> PILImage.Image:
             if "transparency" in image.info:
                 grey.info["transparency"] = image.info["transparency"]
             return grey
+        if image.mode in ("La", "RGBa"):  # premultiplied alpha: Pillow converts it to LA/RGBA only
+            return image.convert(image.mode.upper())
         if image.mode not in _PNG_MODES:  # CMYK, YCbCr, LAB, HSV, F...: what png_bytes converts to
             return image.convert("RGB")
         if image.mode == "P" and image.palette is not None and image.palette.mode == "RGBA":

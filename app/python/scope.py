@@ -46,6 +46,7 @@ from .inputs import (
 )
 
 if TYPE_CHECKING:
+    from ..serving.zero_shot import Labels
     from .result import Attention, FaithfulnessResult
 
 
@@ -591,22 +592,17 @@ class Scope:
             ``text_tokens`` when ``maps``), ``rule``, ``logit_scale``, ``logit_bias``.
         """
         from ..engine.text_relevance import parse_method, require_text
+        from ..serving.zero_shot import ranked_rows
 
         tower = require_text(self.lm)
-        labs = _labels(labels)
-        for lab in labs:
-            tower.check(lab)
+        labs = _labels(labels, tower)
         method = parse_method(method, "text:", self.lm)  # checked with or without maps: a typo is not ignored
         out = []
         for it in self._read(image):
             one = [it.prep.raw]
             with self.computing():
-                res = _raised(self.runner.run(lambda raws: [self.runner.zero_shot(raws[0], labs)], one))[0]
-                rows = [
-                    {"label": lab, "index": i, "logit": lo, "probability": p}
-                    for i, (lab, lo, p) in enumerate(zip(labs, res["logits"], res["probabilities"]))
-                ]
-                rows.sort(key=lambda r: -r["probability"])
+                res = _raised(self.runner.run(lambda raws: [self.runner.zero_shot(raws[0], labs.texts)], one))[0]
+                rows = ranked_rows(labs, res)
                 if maps:
                     for r in rows:
                         text = f"text:{r['label']}"
@@ -789,9 +785,9 @@ def _batch_size(value: Any) -> int | None:
     return n
 
 
-def _labels(labels: Any) -> list[str]:
+def _labels(labels: Any, tower: Any) -> Labels:
     """Zero-shot labels: one comma-separated string (as the API reads them) or a sequence of
-    phrases, each checked, repeats dropped.
+    phrases, each checked (against ``tower``'s context length too), repeats dropped.
 
     Raises:
         TypeError: neither a string nor a sequence of strings.
@@ -800,7 +796,7 @@ def _labels(labels: Any) -> list[str]:
     from ..serving.zero_shot import check_labels, parse_labels
 
     if isinstance(labels, str):
-        return parse_labels(labels)
+        return parse_labels(labels, tower)
     if isinstance(labels, bytes) or not isinstance(labels, Iterable):
         raise TypeError(
             f"labels: phrases (['a dog', 'a cat']) or one comma-separated string; got {type(labels).__name__}"
@@ -809,7 +805,7 @@ def _labels(labels: Any) -> list[str]:
     for i, s in enumerate(items):
         if not isinstance(s, str):
             raise TypeError(f"labels[{i}]: a phrase is a str; got {type(s).__name__}")
-    return check_labels(items)
+    return check_labels(items, tower)
 
 
 __all__ = ["Scope", "load"]

@@ -75,4 +75,10 @@ class ModelSpec:
             return cls(spec, "open_clip", arch)
         if spec.startswith("random:"):
             return cls(spec, "random", spec[len("random:") :])
+        prefix, colon, _ = spec.partition(":")
+        if colon and prefix not in ("timm", "hf-hub") and "/" not in prefix:  # timm's names hold no ":"
+            raise UnknownModelError(
+                f"{spec[:80]!r}: unknown model source {prefix[:20] + ':'!r}; write timm:NAME, "
+                f"open_clip:ARCH[/PRETRAINED], local:ARCH@/path/weights.safetensors or {EMBEDDED_ID}"
+            )
         return cls(spec, "timm-hub", spec.removeprefix("timm:"))

@@ -116,3 +116,35 @@ def test_a_truncated_cmyk_jpeg_opened_with_pil_is_corrupt_too(scope):
     with pytest.raises(ImageError) as e:
         scope.attention(img, layers=-1, heads=0)
     assert e.value.code == "corrupt_image"
+
+
+def test_one_lazily_opened_image_from_four_threads_at_once(scope, samples):
+    """Pillow cannot decode one ``Image.open`` from two threads at once: four calls sharing one
+    lazily opened PNG each get its pixels (they got AssertionErrors, ``'NoneType' object has no
+    attribute 'read'`` and "broken PNG file" as corrupt_image)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = samples["cat"]
+    want = Image.open(path).convert("RGB").tobytes()
+    for _ in range(5):
+        lazy = Image.open(path)
+        start = threading.Barrier(4)
+
+        def read(_: int, lazy=lazy, start=start) -> bytes:
+            start.wait(30)
+            return stored_image(lazy).tobytes()
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(read, range(4))) == [want] * 4
+    a = scope.attention(Image.open(path), layers=-1)
+    assert torch.equal(a.maps, scope.attention(path, layers=-1).maps)
+
+
+@pytest.mark.parametrize("mode, plain", [("La", "LA"), ("RGBa", "RGBA")])
+def test_premultiplied_alpha_is_its_plain_alpha_image(scope, mode, plain):
+    """``La`` and ``RGBa`` (premultiplied alpha) are the LA/RGBA image Pillow converts them to
+    (they were refused as a corrupt file: "conversion from La to L not supported")."""
+    rgba = Image.fromarray(np.random.default_rng(3).integers(0, 256, (40, 56, 4), dtype=np.uint8), "RGBA")
+    img = rgba.convert(plain).convert(mode)
+    assert torch.equal(scope.attention(img, layers=-1).maps, scope.attention(img.convert(plain), layers=-1).maps)

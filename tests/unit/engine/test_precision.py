@@ -83,6 +83,31 @@ def test_the_flags_come_back_after_an_error_too(user_flags):
     assert tf32_flags() == user_flags
 
 
+def test_calls_from_two_threads_share_one_exact_section(user_flags):
+    """A call that ends while another thread's call still computes leaves fp32 exact for the
+    other; the user's settings come back when the last ends. (Each call saved and gave back its
+    own: the second saw exact settings and saved those, the first gave the user's bf16 back under
+    the second's forward, whose maps were off by 0.09 and said fp32.)"""
+    import threading
+
+    inside, first_out, checked = threading.Event(), threading.Event(), []
+
+    def second():
+        with exact_fp32():
+            inside.set()
+            first_out.wait(30)
+            checked.append(reduced_fp32())
+
+    t = threading.Thread(target=second)
+    with exact_fp32():
+        t.start()
+        assert inside.wait(30)
+    first_out.set()  # the first call is out; the second still computes
+    t.join(30)
+    assert checked == [[]]
+    assert tf32_flags() == user_flags
+
+
 @pytest.mark.skipif(not NEW_API, reason="torch without per-backend fp32_precision")
 def test_settings_already_exact_are_not_written(monkeypatch):
     """A value torch sees written stays the user's (a later ``torch.backends.fp32_precision``

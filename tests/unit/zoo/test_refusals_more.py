@@ -161,3 +161,13 @@ def test_open_clip_failure_is_said_in_whole_words_without_open_clips_error_line(
     assert not [r for r in caplog.records if "Failed to download" in r.getMessage()]
     logging.error("other ERROR lines still go through")
     assert [r for r in caplog.records if r.getMessage() == "other ERROR lines still go through"]
+
+
+@pytest.mark.parametrize("spec", ["nope:xyz", "Timm:vit_small_patch16_224", "openclip:ViT-B-32"])
+def test_an_unknown_model_source_is_named_not_blamed_on_timm(spec):
+    """A prefix no source has is said to be one, with the forms there are (it was "timm has no
+    model named 'nope:xyz'"); timm's own names hold no ":"."""
+    with pytest.raises(UnknownModelError, match=r"unknown model source .*; write timm:NAME, open_clip:") as e:
+        ModelSpec.parse(spec)
+    assert "timm has no model" not in str(e.value)
+    assert ModelSpec.parse("timm:vit_small_patch16_224").source == "timm-hub"
