@@ -413,7 +413,7 @@ def _survey(args) -> int:
     from .serving import preprocess
     from .serving.malloc import tune_malloc
     from .survey.output import OutputError
-    from .survey.ray_engine import RayMissing
+    from .survey.ray_engine import RayUnavailable
     from .survey.run import survey
     from .survey.sources import SourceError
     from .zoo.errors import ModelLoadError, UnknownModelError
@@ -442,7 +442,7 @@ def _survey(args) -> int:
             protocol=args.protocol,
             settings=settings,
         )
-    except (OutputError, SourceError, RayMissing, ModelLoadError, UnknownModelError, SelectionError) as e:
+    except (OutputError, SourceError, RayUnavailable, ModelLoadError, UnknownModelError, SelectionError) as e:
         print(f"headscope survey: {e}", file=sys.stderr)
         return 2
     print(

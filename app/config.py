@@ -12,6 +12,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from . import paths
 
+MAX_THREADS = 1024  # HEADSCOPE_THREADS' upper bound
+
 
 class Settings(BaseSettings):
     """Server and engine configuration.
@@ -20,7 +22,10 @@ class Settings(BaseSettings):
     (``HEADSCOPE_PORT=9000``); the command line overrides the environment.
     """
 
-    model_config = SettingsConfigDict(env_prefix="HEADSCOPE_", env_file=None, extra="ignore")
+    # allow_inf_nan: "inf" parses as a float and passes every lower bound, then breaks whatever
+    # turns it into a number of seconds (uvicorn's grace period: an OverflowError at start-up).
+    # Refused here, with the one line every other out-of-range setting gets.
+    model_config = SettingsConfigDict(env_prefix="HEADSCOPE_", env_file=None, extra="ignore", allow_inf_nan=False)
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535, description="the port to listen on (0: any free one)")
@@ -66,7 +71,14 @@ class Settings(BaseSettings):
         description="fp32 (the default on every device: exact, TF32 off), bf16 or fp16 (autocast); "
         "auto = bf16/fp16 on CUDA, fp32 elsewhere. Every answer says its precision",
     )
-    threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = torch default)")
+    threads: int = Field(
+        0,
+        ge=0,
+        # OpenMP aborts the process (SIGABRT, after uvicorn said it started) when asked for far
+        # more threads than it can make (100000 did); 1024 is past the cores of any machine it serves on.
+        le=MAX_THREADS,
+        description=f"torch intra-op threads on CPU (0 = torch default; at most {MAX_THREADS})",
+    )
     models_dir: Path = Field(
         default_factory=paths.default_models_dir,
         description="downloaded and converted models: models/ in a checkout, else the user's cache directory",
@@ -205,7 +217,11 @@ class Settings(BaseSettings):
     )
 
     # security
-    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="origins allowed to call the API from a browser, each named ('https://app.example'); "
+        "never '*' (refused at start-up)",
+    )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="host names the server answers to besides the defaults (a Host header naming "
@@ -298,6 +314,18 @@ class Settings(BaseSettings):
     def heavy_per_client(self) -> int:
         """:attr:`max_heavy_per_client`, or its default: the whole heavy pool."""
         return self.max_heavy_per_client or self.max_heavy
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _no_cors_wildcard(cls, v: list[str]) -> list[str]:
+        """``*`` would let a page of any site read the API's answers: refused, not quietly dropped
+        (dropping it left CORS off while the operator believed it on)."""
+        if "*" in v:
+            raise ValueError(
+                "'*' (any origin) is not allowed: list the origins that may call the API, "
+                "e.g. 'https://app.example,https://other.example'"
+            )
+        return v
 
     @field_validator("extra_models", "cors_origins", "allowed_hosts", "trusted_proxies", mode="before")
     @classmethod

@@ -494,7 +494,19 @@ class Worker:
             name = "oom" if isinstance(e, OutOfMemory) else type(e).__name__
             self.metrics.errors.labels(name).inc()
             if not isinstance(e, OutOfMemory):
-                log.error("compute failed: %s: %s", type(e).__name__, e)
+                # With the traceback: a bug in the capture code is a 500 whose only other trace is
+                # the answer's one line (which has the request id; the job does not carry it). Not
+                # for a test's injected fault: its traceback ends in faults.inject and says nothing.
+                # No client text: the model id is configured or a name from timm's list.
+                kind = type(jobs[0].work).__name__ if jobs[0].work is not None else "capture"
+                log.error(
+                    "compute failed: %s (%s on %s, one picture of a batch of %d)",
+                    type(e).__name__,
+                    kind,
+                    jobs[0].lm.id,
+                    len(jobs),
+                    exc_info=None if isinstance(e, faults.InjectedFault) else e,
+                )
 
         return split_on_oom(
             self._forward,

@@ -15,18 +15,29 @@ Without ``--address`` (or ``RAY_ADDRESS``) a local Ray is started for the run, s
 machine's CPUs, a 256 MiB object store, no dashboard, errors only) and shut down at the end;
 its workers import the driver's code through ``PYTHONPATH``. Joining a cluster, the driver
 ships its ``app`` package to the workers (``runtime_env`` ``py_modules``).
+
+What is sure to fail is refused on the driver before Ray starts, in one line as the local engine
+does: a model name timm does not know, a family Headscope cannot capture, and with a local Ray
+(whose actors run on this machine) weights that cannot be had here or a device that is not here;
+an address that nothing answers at (a TCP connection, a few seconds) or no cluster at ``auto``.
+What only a node can find out (its weights, its devices) the actors say back
+(:class:`ActorRefused`) instead of dying, which Ray would answer with pages of tracebacks and
+restarts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..zoo.errors import first_line
 from . import schema
 from .compute import Result
 from .sources import Item
@@ -37,16 +48,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
+# How long the driver waits for a TCP connection to ``--address`` before refusing it: Ray itself
+# retries a silent address for minutes, printing warnings.
+CONNECT_TIMEOUT_S = 5.0
 # The package's parent: put on local workers' path, so they import the code the driver runs.
 CODE_ROOT = Path(__file__).resolve().parents[2]
 
 
-class RayMissing(RuntimeError):
-    """``--engine ray`` without Ray installed."""
+class RayUnavailable(RuntimeError):
+    """Ray cannot run this survey (the command line says why in one line)."""
+
+
+class RayMissing(RayUnavailable):
+    """``--engine ray`` without Ray installed (or a ``ray://`` address without Ray Client)."""
+
+
+class RayUnreachable(RayUnavailable):
+    """``--address`` / ``RAY_ADDRESS`` names no Ray cluster that answers."""
 
 
 class ActorRefused(ValueError):
-    """An actor could not survey with these options (``--target`` of the wrong kind for the model)."""
+    """An actor could not survey with these options (``--target`` of the wrong kind for the model, a
+    model or device its node cannot load)."""
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -87,6 +110,7 @@ class SurveyActor:
         from ..engine.selection import SelectionError
         from ..serving import preprocess
         from ..serving.malloc import tune_malloc
+        from ..zoo.errors import ModelLoadError
         from .compute import Surveyor
         from .faithfulness import FaithfulnessPlan
 
@@ -100,7 +124,11 @@ class SurveyActor:
         self.error = ""
         try:
             self.surveyor = Surveyor(model, device, batch_size, similarity, config, ranks, faithfulness=plan)
-        except SelectionError as e:  # the target's kind, a windowed model
+        # The target's kind, a windowed model (SelectionError); a model this node cannot build or
+        # get weights for (UnknownModelError, ModelLoadError); a device it lacks (ValueError). Said
+        # back to the driver in one line: an exception here kills the actor, and Ray restarts it
+        # and prints each death's traceback.
+        except (SelectionError, ValueError, ModelLoadError) as e:
             self.error = str(e)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -120,22 +148,77 @@ class SurveyActor:
         )
 
 
+def host_port(address: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` or ``ray://HOST:PORT`` (``[::1]:6379`` too) as ``(host, port)``; None for the
+    forms Ray resolves itself (``auto``, ``local``) and for what is not an address at all (Ray's
+    own error says so)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not (sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return None
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def check_address(address: str, flag: str) -> None:
+    """Refuse an address that cannot work before ``ray.init`` tries it.
+
+    Args:
+        address: the cluster's address, as given.
+        flag: where it was given (``--address`` or ``RAY_ADDRESS``), for the message.
+
+    Raises:
+        RayMissing: a ``ray://`` address without Ray Client installed.
+        RayUnreachable: nothing accepts a TCP connection at ``HOST:PORT`` within
+            :data:`CONNECT_TIMEOUT_S` (Ray itself would retry for minutes).
+    """
+    if address.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+        # what Ray Client needs; the ``ray`` extra (``ray[data]``) does not bring it
+        raise RayMissing(f"a ray:// address ({flag}) joins through Ray Client, which needs: pip install 'ray[client]'")
+    target = host_port(address)
+    if target is None:
+        return
+    try:
+        socket.create_connection(target, timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        raise RayUnreachable(
+            f"cannot reach a Ray cluster at {address} ({flag}: {why}); is `ray start --head` running there? "
+            f"Leave out {flag} to run a local Ray for this survey"
+        ) from None
+
+
 def _init(address: str | None) -> bool:
-    """Join the cluster at ``address`` / ``RAY_ADDRESS``, or start a small local one; True if started."""
+    """Join the cluster at ``address`` / ``RAY_ADDRESS``, or start a small local one; True if started.
+
+    Raises:
+        RayMissing, RayUnreachable: see :func:`check_address`; RayUnreachable also when Ray finds
+            no cluster (``auto`` with none running on this machine).
+    """
     import ray
 
     if ray.is_initialized():
         return False
-    if address or os.environ.get("RAY_ADDRESS"):
-        # The driver ships its own package (``headscope`` from a wheel, ``app/`` in a checkout) to
-        # the workers, so every node runs the code that wrote the output's metadata; the workers
-        # need the dependencies installed.
-        ray.init(
-            address=address,
-            runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]},
-            logging_level=logging.ERROR,
-            log_to_driver=False,
-        )
+    given = address or os.environ.get("RAY_ADDRESS")
+    if given:
+        flag = "--address" if address else "RAY_ADDRESS"
+        check_address(given, flag)
+        try:
+            # The driver ships its own package (``headscope`` from a wheel, ``app/`` in a checkout)
+            # to the workers, so every node runs the code that wrote the output's metadata; the
+            # workers need the dependencies installed.
+            ray.init(
+                address=address,
+                runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]},
+                logging_level=logging.ERROR,
+                log_to_driver=False,
+            )
+        except ConnectionError as e:  # ``auto`` with no cluster running here, a cluster that went away
+            # Ray's own words for ``auto`` send the user to the flag they just gave
+            where = "no Ray cluster found at 'auto'" if given == "auto" else f"cannot join the Ray cluster at {given}"
+            why = "" if given == "auto" else f": {first_line(e)}"
+            raise RayUnreachable(
+                f"{where} ({flag}{why}); start one with `ray start --head`, "
+                f"or leave out {flag} to run a local Ray for this survey"
+            ) from None
         return False
     path = os.pathsep.join(p for p in (str(CODE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(
@@ -167,8 +250,9 @@ def plan_actors(resources: dict[str, float], nodes: list[dict[str, Any]], actors
 
 
 class RayEngine:
-    """A Ray Data survey: :meth:`start` joins or starts Ray and plans the actors, :meth:`run`
-    streams the results to the driver, :meth:`stop` shuts a Ray it started down.
+    """A Ray Data survey: :meth:`check` refuses what cannot work before Ray starts, :meth:`start`
+    joins or starts Ray and plans the actors, :meth:`run` streams the results to the driver,
+    :meth:`stop` shuts a Ray it started down.
 
     Args:
         address: a cluster to join (``host:port`` or ``ray://host:10001``); None: ``RAY_ADDRESS``,
@@ -186,9 +270,45 @@ class RayEngine:
         self.address = address
         self.actors = actors
         self.device = device
+        # a local Ray for the run: its actors run on this machine, so what is true here is true there
+        self.local = not (address or os.environ.get("RAY_ADDRESS"))
         self.started = False
         self.count = 0
         self.per_actor: dict[str, Any] = {}
+
+    def check(self, model: str, models_dir: Path) -> None:
+        """Refuse, before Ray starts and without loading weights, a model or device the actors
+        cannot load: the name and family everywhere (the architecture on the meta device); with
+        a local Ray also the weights (a local file, the hub's cache or the hub) and the device.
+
+        On a cluster the weights and devices are each node's: an actor that lacks them says so
+        (:class:`ActorRefused`).
+
+        Raises:
+            UnknownModelError, UnsupportedModelError: the model cannot be built or captured.
+            ModelLoadError: (local Ray) its weights cannot be had on this machine.
+            ValueError: (local Ray) ``device`` is not on this machine.
+        """
+        from ..engine.device import resolve_device
+        from ..zoo.errors import ModelLoadError
+        from ..zoo.ids import ModelSpec
+        from ..zoo.loaders import skeleton
+        from ..zoo.preflight import preflight
+
+        if self.local:
+            found = preflight(model, models_dir)
+            if found is not None:
+                raise ModelLoadError(found[0])
+            if self.device is not None:
+                resolve_device(self.device)
+            return
+        spec = ModelSpec.parse(model)
+        if spec.source == "embedded":
+            return  # converted on each node (headscope fetch): its own errors say what to do
+        try:
+            skeleton(spec, models_dir)  # UnknownModelError, UnsupportedModelError: the same on every node
+        except ImportError:  # a package only the nodes need (open_clip, say): theirs to say
+            log.debug("ray: the driver cannot build %s's architecture; the actors will try", model, exc_info=True)
 
     def start(self) -> str:
         """Join or start Ray; returns the device type the actors will use."""

@@ -17,7 +17,7 @@ from ..engine.stats import DEFAULT_MASS
 from ..zoo.ids import ModelSpec
 from .compute import Result
 from .faithfulness import FaithfulnessPlan
-from .output import SurveyOutput, check_target
+from .output import FAILURES_DIR, SurveyOutput, check_target, faithfulness_path
 from .sources import list_images
 
 # Settings the workers take from the driver (file size, decoding, resize, precision, where models live).
@@ -65,6 +65,29 @@ def run_meta(
     if faithfulness is not None:  # absent otherwise: surveys written before the option resume as they were
         meta["faithfulness"] = faithfulness.meta()
     return meta
+
+
+def _missing(out: Path | str, faithfulness: bool) -> list[Path]:
+    """The folders :class:`SurveyOutput` will make for ``out`` that are not there yet, deepest first."""
+    out = Path(out)
+    tops = [out / FAILURES_DIR, out] + ([faithfulness_path(out)] if faithfulness else [])
+    made: list[Path] = []
+    for top in tops:
+        for p in [top, *top.parents]:
+            if p.exists():
+                break
+            if p not in made:
+                made.append(p)
+    return sorted(made, key=lambda p: len(p.parts), reverse=True)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove those of ``folders`` that are empty (never anything in them: rmdir, not rmtree)."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:  # something was written there, or someone else's meanwhile
+            pass
 
 
 @contextmanager
@@ -166,7 +189,10 @@ def survey(
         from .ray_engine import RayEngine
 
         ray_engine = RayEngine(address, actors, device)
+        # what the actors could not load is refused here, as the local engine's Surveyor does
+        ray_engine.check(model or settings.model, settings.models_dir)
         device_type = ray_engine.start()
+    made = _missing(out, plan is not None)
     try:
         meta = run_meta(model_id, device_type, settings, similarity, ranks, plan)
         output = SurveyOutput(out, meta, resume=resume, part_images=part_images, faithfulness=plan is not None)
@@ -212,7 +238,7 @@ def survey(
         if counts["failed"]:
             bar.set_postfix(failed=counts["failed"], refresh=False)
 
-    interrupted = False
+    interrupted = failed = False
     try:
         with _sigterm_interrupts():
             if not todo:
@@ -238,11 +264,18 @@ def survey(
                 )
     except KeyboardInterrupt:
         interrupted = True
+    except BaseException:
+        failed = True
+        raise
     finally:
         output.close()  # whatever was computed is written, also on Ctrl-C / SIGTERM
         bar.close()
         if ray_engine is not None:
             ray_engine.stop()
+        if failed:
+            # A run refused once it had made the folders (a Ray actor that cannot load the model)
+            # leaves none behind, as a refusal before the model loads does.
+            _remove_empty(made)
     return Summary(
         listed=len(items),
         skipped=skipped,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 import orjson
@@ -82,15 +83,36 @@ def logged_error_response(scope: Scope, status: int, code: str, message: str, he
 
 # Set on an exception that service_calls.measured() has counted in headscope_requests_total.
 COUNTED = "_headscope_counted"
+# The scope's state key of RequestClock's time.perf_counter().
+STARTED = "started"
+
+
+class RequestClock:
+    """Note when a request reached the app (``scope["state"]["started"]``): a refusal made
+    before the route's service call is timed from then (:func:`count_refused`), so that
+    ``headscope_request_seconds`` observes every answer ``headscope_requests_total`` counts."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[STARTED] = time.perf_counter()
+        await self.app(scope, receive, send)
 
 
 def count_refused(request: Request, exc: BaseException, status: int) -> None:
-    """Count an error answer that ``measured()`` did not: one raised before the route's service
-    call (FastAPI's parameter check, a dependency: a bad image id, a full queue), on a route
-    labelled with ``service_calls.counted_as``."""
+    """Count and time an error answer that ``measured()`` did not: one raised before the route's
+    service call (FastAPI's parameter check, a dependency: a bad image id, a full queue), on a
+    route labelled with ``service_calls.counted_as``."""
     endpoint = getattr(request.scope.get("endpoint"), "metric_endpoint", None)
     if endpoint is not None and not getattr(exc, COUNTED, False):
-        request.app.state.metrics.requests.labels(endpoint, str(status)).inc()
+        metrics = request.app.state.metrics
+        metrics.requests.labels(endpoint, str(status)).inc()
+        # Observed even where the clock did not run: the histogram's _count must equal the
+        # counter's total (an error rate divides one by the other).
+        started = request.scope.get("state", {}).get(STARTED)
+        metrics.request_seconds.labels(endpoint).observe(0.0 if started is None else time.perf_counter() - started)
 
 
 def _one_line(text: str) -> str:
@@ -223,6 +245,9 @@ def install(app: FastAPI) -> None:
     # Reached only by an error raised outside the middleware stack's CatchUnexpected (which
     # answers the rest inside it, where the ids and headers are added): a last resort.
     app.add_exception_handler(Exception, unexpected_response)
+    # Added first, so innermost (add_middleware wraps what is there): the clock starts as the
+    # request reaches the routes, past the refusals made before routing (counted by reason).
+    app.add_middleware(RequestClock)
 
 
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -127,7 +127,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async def load():
             # The default first; if it cannot load, the first other configured model that does is
             # served as the default (the page says which failed and why). None: the server stops.
-            failed: dict[str, str] = {}
+            # Kept on the app: /readyz lists them while the next model loads, and says "failed"
+            # only once none is left to try (st.fatal).
+            failed: dict[str, str] = st.load_errors
             for mid in st.registry.start_order():
                 try:
                     await st.worker.run_in_worker(_load_default, st.registry, mid)
@@ -176,6 +178,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shutting_down = False
     app.state.startup_problems = {}  # model id -> (why, permanent): `headscope serve` checked them first
     app.state.fatal = None  # why no model could load at start-up
+    app.state.load_errors = {}  # model id -> why, for each model start-up tried and could not load
     app.state.on_fatal = None  # called then (`headscope serve` stops the server and exits 1)
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
@@ -201,7 +204,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # add_middleware wraps what is there: the last added runs first. From the outside in:
     # RequestId (every answer has its id), SecurityHeaders and CORS (on every answer, the refusals
-    # below and the 500 included), then the refusals made before routing, then CatchUnexpected.
+    # below and the 500 included), then the refusals made before routing, then CatchUnexpected,
+    # then errors.RequestClock (added by errors.install: the start of a refusal's latency).
     app.add_middleware(CatchUnexpected)
     app.add_middleware(SingleParams)
     app.add_middleware(BodyLimit, upload_limit=settings.max_upload_bytes)
@@ -210,10 +214,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(AllowedHosts, bind_host=settings.host, allowed=settings.allowed_hosts)
     app.add_middleware(HeadAsGet)
     if settings.cors_origins:
-        # An explicit allow-list only: never "*" with credentials, never a reflected origin.
+        # An explicit allow-list only (Settings refuses "*"): never a reflected origin, no credentials.
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=[o for o in settings.cors_origins if o != "*"],
+            allow_origins=settings.cors_origins,
             allow_credentials=False,
             allow_methods=CORS_METHODS,
             allow_headers=["*"],

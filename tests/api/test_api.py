@@ -326,6 +326,15 @@ def test_a_follow_up_refused_before_its_call_is_counted_too(base_url, cat):
         before = posts_counted(base_url, str(status), endpoint)
         assert_error(httpx.get(base_url + API + path[len("/attention") :], timeout=HTTP_TIMEOUT), status, code)
         assert posts_counted(base_url, str(status), endpoint) == before + 1, (endpoint, path)
+    # Each is timed too: request_seconds' _count is requests_total's sum (it lagged by every refusal).
+    text = httpx.get(base_url + "/metrics", timeout=HTTP_TIMEOUT).text
+    for endpoint in ("get", "stats", "relevance"):
+        total = sum(
+            float(v)
+            for v in re.findall(rf'^headscope_requests_total{{endpoint="{endpoint}",[^}}]*}} (\S+)$', text, re.M)
+        )
+        timed = re.search(rf'^headscope_request_seconds_count{{endpoint="{endpoint}"}} (\S+)$', text, re.M)
+        assert timed and float(timed.group(1)) == total, endpoint
 
 
 def test_every_measured_route_is_labelled_as_it_counts():

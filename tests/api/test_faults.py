@@ -63,6 +63,11 @@ def test_an_exception_mid_batch_fails_only_that_request(live_server):
     rs = concurrently(base, images(3, 1), [None, "raise", None])
     assert [r.status_code for r in rs] == [200, 500, 200]
     assert_error(rs[1], 500, "compute_failed")
+    # The log names the job's model and batch (a real failure adds its traceback: tests/unit/web).
+    assert re.search(
+        r"compute failed: InjectedFault \(capture on dinov2-s14-focus, one picture of a batch of [1-3]\)",
+        live_server.log(),
+    )
     assert post(base, images(1, 2)[0]).status_code == 200
 
 

@@ -96,3 +96,49 @@ def test_one_id_each_and_an_empty_model_list_names_its_variable(monkeypatch):
     monkeypatch.delenv("HEADSCOPE_EXTRA_MODELS")
     with pytest.raises(ValueError, match="--model / HEADSCOPE_MODEL: no model id in ','"):
         Settings()
+
+
+# Every float field, an optional one too.
+NUMBER_SETTINGS = sorted(
+    name for name, f in Settings.model_fields.items() if float in (f.annotation, *getattr(f.annotation, "__args__", ()))
+)
+
+
+@pytest.mark.parametrize("name", NUMBER_SETTINGS)
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_every_number_setting_is_finite(monkeypatch, name, value):
+    # HEADSCOPE_SHUTDOWN_GRACE_S=inf passed its lower bound, then `serve` died of an
+    # OverflowError traceback turning it into uvicorn's grace period.
+    from pydantic import ValidationError
+
+    monkeypatch.setenv(f"HEADSCOPE_{name.upper()}", value)
+    with pytest.raises(ValidationError, match=name):
+        Settings()
+
+
+def test_a_refused_setting_is_one_line_before_the_server_starts(monkeypatch, capsys):
+    from headscope.cli import main
+
+    cases = {
+        "HEADSCOPE_SHUTDOWN_GRACE_S": ("inf", "HEADSCOPE_SHUTDOWN_GRACE_S: input should be a finite number"),
+        # 100000 made OpenMP abort the process (SIGABRT) after uvicorn said it had started.
+        "HEADSCOPE_THREADS": ("100000", "HEADSCOPE_THREADS: input should be less than or equal to 1024"),
+        # '*' was dropped unsaid, leaving CORS off.
+        "HEADSCOPE_CORS_ORIGINS": (
+            "https://a.example,*",
+            "HEADSCOPE_CORS_ORIGINS: '*' (any origin) is not allowed: list the origins",
+        ),
+    }
+    for var, (value, said) in cases.items():
+        monkeypatch.setenv(var, value)
+        assert main(["serve", "--port", "0", "--no-fetch"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"headscope serve: {said}") and err.count("\n") == 1, err
+        monkeypatch.delenv(var)
+
+
+def test_threads_and_cors_origins_within_their_bounds(monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_THREADS", "1024")
+    monkeypatch.setenv("HEADSCOPE_CORS_ORIGINS", "https://a.example, https://b.example")
+    s = Settings()
+    assert s.threads == 1024 and s.cors_origins == ["https://a.example", "https://b.example"]

@@ -28,10 +28,13 @@ async def readyz(request: Request, registry: RegistryDep):
         return JSONBody({"status": "shutting_down"}, status_code=503)
     if st.ready:
         return {"status": "ready", "model": registry.default}
-    err = registry.error(registry.default)
-    body = {"status": "failed" if err else "loading", "model": registry.default}
-    if err:
-        body["reason"] = err
+    # "failed" only once start-up has nothing left to try: while another configured model loads
+    # after the default failed, an alert keyed on "failed" would fire for a server about to serve.
+    body: dict = {"status": "failed" if st.fatal else "loading", "model": registry.default}
+    if st.fatal:
+        body["reason"] = registry.error(registry.default) or st.fatal
+    if st.load_errors:
+        body["load_errors"] = dict(st.load_errors)
     return JSONBody(body, status_code=503)
 
 

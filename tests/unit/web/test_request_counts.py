@@ -53,3 +53,47 @@ def test_an_answer_cut_short_is_counted_once_and_a_refusal_before_the_call_once(
         pass
     assert client.get("/refused", params={"n": "x"}).status_code == 422
     assert counts(metrics) == {("get", "200"): 1.0, ("stats", "422"): 1.0}
+
+
+def observed(metrics: Metrics) -> dict[str, float]:
+    """``headscope_request_seconds_count`` by endpoint."""
+    out = {}
+    for family in metrics.registry.collect():
+        if family.name == "headscope_request_seconds":
+            for s in family.samples:
+                if s.name.endswith("_count"):
+                    out[s.labels["endpoint"]] = s.value
+    return out
+
+
+def test_every_counted_answer_is_timed_a_refusal_before_the_call_too():
+    # The histogram's _count lagged the counter by every refusal made before the service call
+    # (a malformed image id, an undeclared parameter, a 429 from a dependency).
+    app = FastAPI()
+    errors.install(app)
+    app.state.metrics = metrics = Metrics()
+
+    async def answer():
+        return Answer([b"{}"], {}, "application/json", {})
+
+    @app.get("/answered")
+    @counted_as("get")
+    async def answered_route():
+        return respond(await measured(metrics, answer(), "get"))
+
+    @app.get("/refused")
+    @counted_as("get")
+    async def refused_route(n: int):
+        raise AssertionError("not reached: n is refused by FastAPI's check")
+
+    @app.get("/busy")
+    @counted_as("stats")
+    async def busy_route():
+        raise errors.ApiError(429, "busy", "full")  # as a dependency's full queue
+
+    client = TestClient(app, raise_server_exceptions=False)
+    assert client.get("/answered").status_code == 200
+    assert client.get("/refused", params={"n": "x"}).status_code == 422
+    assert client.get("/busy").status_code == 429
+    assert counts(metrics) == {("get", "200"): 1.0, ("get", "422"): 1.0, ("stats", "429"): 1.0}
+    assert observed(metrics) == {"get": 2.0, "stats": 1.0}
