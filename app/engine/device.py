@@ -191,6 +191,8 @@ def _set_tf32_flags(flags: Flags) -> None:
 # The settings are the process's, so the calls running at once share one exact section: the
 # first in saves the caller's settings, the last out gives them back. Each call saving and giving
 # back its own let one that ended first put the caller's bf16 back under another still computing.
+# Every call coming in makes them exact (the caller's code may have changed them meanwhile; the
+# first such change is what is given back when there was none to give back yet).
 _section = threading.Lock()
 _inside = 0  # calls inside the section now
 _given_back: Flags | None = None  # the caller's settings, set back when the last call leaves
@@ -210,10 +212,12 @@ def exact_fp32() -> Iterator[None]:
     global _inside, _given_back
     with _section:
         if _inside == 0:
-            saved, exact = tf32_flags(), _exact_flags()
-            _given_back = None if exact == saved else saved  # already exact: nothing written
-            if _given_back is not None:
-                _set_tf32_flags(exact)
+            _given_back = None
+        now, exact = tf32_flags(), _exact_flags()
+        if now != exact:  # already exact: nothing written
+            if _given_back is None:
+                _given_back = now
+            _set_tf32_flags(exact)
         _inside += 1
     try:
         yield

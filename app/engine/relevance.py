@@ -325,10 +325,11 @@ def parse_target(spec: str | None, lm: LoadedModel, output_hw: tuple[int, int] |
     if text in ("", "default"):
         text = DEFAULT_TARGETS[kind]
     takes = f"this model's output is {_OUTPUT_TEXT[kind]}; it takes target={_kinds_text(kind)}"
-    if getattr(lm, "text", None) is not None:  # a CLIP-style model: a phrase too
+    reads_text = getattr(lm, "text", None) is not None  # a CLIP-style model: a phrase too
+    if reads_text:
         takes += " or text:PHRASE (e.g. text:a dog)"
     head = text.split(":", 1)[0]
-    if head in TARGET_KINDS:  # "text" without its phrase
+    if head in TARGET_KINDS and reads_text:  # "text" without its phrase
         raise TargetError(f"target {text[:40]!r}: write {head}:PHRASE, e.g. {head}:a dog; {takes}")
     if head not in ("output", "box", "class", "top", "embedding"):
         raise TargetError(f"target {text[:40]!r}: unknown; {takes}")

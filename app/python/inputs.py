@@ -419,7 +419,8 @@ def png_bytes(image: Any) -> bytes:
     from PIL import Image
 
     if isinstance(image, Image.Image) and image.mode in _PNG_MODES:
-        return _png(image)
+        with _reading:  # a lazily opened file is decoded here: one thread at a time (stored_image)
+            return _png(image)
     return _png(stored_image(image))
 
 

@@ -186,6 +186,12 @@ def check_address(address: str, flag: str) -> None:
         ) from None
 
 
+def _ray_initialized() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
 def _init(address: str | None) -> bool:
     """Join the cluster at ``address`` / ``RAY_ADDRESS``, or start a small local one; True if started.
 
@@ -295,7 +301,8 @@ class RayEngine:
         from ..zoo.loaders import skeleton
         from ..zoo.preflight import preflight
 
-        if self.local:
+        # a caller's own ray.init(address=...) joined a cluster already: its nodes' weights and devices
+        if self.local and not _ray_initialized():
             found = preflight(model, models_dir)
             if found is not None:
                 raise ModelLoadError(found[0])

@@ -199,6 +199,7 @@ def survey(
     except BaseException:
         if ray_engine is not None:
             ray_engine.stop()
+        _remove_empty(made)  # SurveyOutput refused after making some of them
         raise
     done = output.done() if resume else set()
     todo = [it for it in items if it.image not in done]

@@ -126,10 +126,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         async def load():
             # The default first; if it cannot load, the first other configured model that does is
-            # served as the default (the page says which failed and why). None: the server stops.
-            # Kept on the app: /readyz lists them while the next model loads, and says "failed"
-            # only once none is left to try (st.fatal).
-            failed: dict[str, str] = st.load_errors
+            # served as the default (the page says which failed and why). None: the server stops
+            # (st.fatal: /readyz says "failed" only then).
+            failed: dict[str, str] = {}
             for mid in st.registry.start_order():
                 try:
                     await st.worker.run_in_worker(_load_default, st.registry, mid)
@@ -178,7 +177,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shutting_down = False
     app.state.startup_problems = {}  # model id -> (why, permanent): `headscope serve` checked them first
     app.state.fatal = None  # why no model could load at start-up
-    app.state.load_errors = {}  # model id -> why, for each model start-up tried and could not load
     app.state.on_fatal = None  # called then (`headscope serve` stops the server and exits 1)
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)

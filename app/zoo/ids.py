@@ -75,10 +75,18 @@ class ModelSpec:
             return cls(spec, "open_clip", arch)
         if spec.startswith("random:"):
             return cls(spec, "random", spec[len("random:") :])
-        prefix, colon, _ = spec.partition(":")
-        if colon and prefix not in ("timm", "hf-hub") and "/" not in prefix:  # timm's names hold no ":"
-            raise UnknownModelError(
-                f"{spec[:80]!r}: unknown model source {prefix[:20] + ':'!r}; write timm:NAME, "
-                f"open_clip:ARCH[/PRETRAINED], local:ARCH@/path/weights.safetensors or {EMBEDDED_ID}"
-            )
         return cls(spec, "timm-hub", spec.removeprefix("timm:"))
+
+
+def unknown_source(name: str) -> str | None:
+    """What to say of a timm name that is a source prefix Headscope does not have (``nope:x``,
+    ``openclip:…``: timm's own names hold no ":"), or None. Said where the name is refused, not
+    when it is parsed: a configured id that cannot load is that model's problem, not the server's."""
+    prefix, colon, _ = name.partition(":")
+    if not colon or not prefix or "/" in prefix:
+        return None
+    return (
+        f"{name[:80]!r}: Headscope has no model source {prefix[:20] + ':'!r}; write timm:NAME, "
+        f"open_clip:ARCH[/PRETRAINED], local:ARCH@/path/weights.safetensors, random:ARCH or {EMBEDDED_ID} "
+        "(NAME=SPEC names one)"
+    )

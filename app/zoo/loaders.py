@@ -21,7 +21,7 @@ from .catalog import hub_weights
 from .download import cached_weights, unreachable_message
 from .errors import HubUnreachableError, ModelLoadError, UnknownModelError, first_line
 from .hub import hub_offline, hub_reachable
-from .ids import ModelSpec
+from .ids import ModelSpec, unknown_source
 from .pos_embed import install_exact_pos_embed
 from .seeding import rng_kept, seeded
 from .suggest import did_you_mean
@@ -108,7 +108,7 @@ def _check_arch(arch: str) -> None:
     import timm
 
     if not timm.is_model(arch):
-        raise UnknownModelError(f"timm has no architecture named {arch!r}.{did_you_mean(arch)}")
+        raise UnknownModelError(unknown_source(arch) or f"timm has no architecture named {arch!r}.{did_you_mean(arch)}")
 
 
 def _meta_build(spec: ModelSpec, **kwargs) -> tuple[nn.Module, bool]:
@@ -287,7 +287,9 @@ def load_timm_pretrained(spec: ModelSpec) -> LoadedModel:
 
     name = spec.arch
     if not timm.is_model(name.split(".")[0]) and name not in timm.list_pretrained(name):
-        raise UnknownModelError(f"timm has no model named {name!r}.{did_you_mean(name, 'timm:')}")
+        raise UnknownModelError(
+            unknown_source(name) or f"timm has no model named {name!r}.{did_you_mean(name, 'timm:')}"
+        )
     # Refuse a family Headscope cannot capture before any download (the architecture on the meta
     # device, no weights): its error lists the supported families; a tag timm does not know, the
     # nearest names.

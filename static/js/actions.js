@@ -19,15 +19,17 @@ const slowSoon = debounce(() => renderSlow(state, actions), SLOW_MS);
 
 /**
  * What fetching and the views call back: re-render, or show an error. An error may name its
- * `source` (a family of a view's requests, "map", "zero"): settle(source), called when a request
- * of that family is answered or the answer now asked for is at hand, takes the error down (what
- * it said is no longer so) and says whether it did; the caller redraws.
+ * `source`, `{data, family}`: a view's answers (`data`, one object per view, picture and model)
+ * and a kind of request among them ("map", "raw", "zero", "test"). settle(data, family), called
+ * when a request of that kind is answered or the answer now asked for is at hand, takes such an
+ * error down (what it said is no longer so) and says whether it did; the caller redraws.
  */
 export const app = {
   update,
   fail: (err, retry = null, source = null) => showError(err, retry, source),
-  settle: (source) => {
-    if (!state.error || state.error.source !== source) return false;
+  settle: (data, family) => {
+    const src = state.error && state.error.source;
+    if (!src || src.data !== data || src.family !== family) return false;
     state.error = null;
     return true;
   },

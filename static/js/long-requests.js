@@ -50,18 +50,17 @@ export const isAbort = (e) => !!e && e.name === "AbortError";
  * Run `promise` as request `key` of a view's data `d` (its loading, failed and retries sets): the
  * answer goes to onAnswer. A busy or slow server is asked again after a pause: the next need()
  * starts the request again once this one is off the loading list. Other errors go to app.fail,
- * named by the key's family (its part before the first "|": "map", "zero", …); an answer of the
- * same family takes such an error down (app.settle), e.g. a refused phrase once a good one is in.
- * `current()` says whether `d` is still the data on show (an answer for another picture is kept,
- * but does not redraw the page).
+ * named by `d` and the request's `family` (by default the key's part before the first "|"); an
+ * answer of the same family takes such an error down (app.settle), e.g. a refused phrase once a
+ * good one is in. `current()` says whether `d` is still the data on show (an answer for another
+ * picture is kept, but does not redraw the page).
  */
-export function track(d, key, promise, onAnswer, app, current) {
-  const family = key.split("|")[0];
+export function track(d, key, promise, onAnswer, app, current, family = key.split("|")[0]) {
   d.loading.add(key);
   promise
     .then((ans) => {
       onAnswer(ans);
-      if (current() && app.settle) app.settle(family); // redrawn below
+      if (current() && app.settle) app.settle(d, family); // redrawn below
     })
     .catch(async (e) => {
       if (isAbort(e)) return; // given up on purpose: not a failure, and asked again if needed again
@@ -72,7 +71,7 @@ export function track(d, key, promise, onAnswer, app, current) {
         return;
       }
       d.failed.add(key);
-      if (current()) app.fail(e, null, family);
+      if (current()) app.fail(e, null, { data: d, family });
     })
     .finally(() => {
       d.loading.delete(key);

@@ -110,7 +110,8 @@ function fetchMap(s, d, method, target, app) {
   // method of a target comes from one computation the server caches, so the next is quick).
   if ([...d.loading].some((k) => k.startsWith("map|"))) return false;
   const params = { model: d.model, ablate: d.ablate, method, target };
-  return track(d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app, () => dataOf(s) === d);
+  const family = method === RAW ? "raw" : "map"; // the raw map's refusal is its own, not the chosen map's
+  return track(d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app, () => dataOf(s) === d, family);
 }
 
 function fetchZeroShot(s, d, labels, app) {
@@ -174,7 +175,7 @@ function fetchTest(s, d, target, app) {
   const { methods, fractions, key } = testSpec(s, target);
   if (d.tests.has(key) || d.loading.has(key) || d.failed.has(key)) return false;
   const params = { model: d.model, ablate: d.ablate, methods, target, fractions };
-  return track(d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app, () => dataOf(s) === d);
+  return track(d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app, () => dataOf(s) === d, "test");
 }
 
 /**
@@ -189,7 +190,7 @@ function need(s, app) {
   let started = fetchOutput(s, d, app);
   if (hasText(s.models, s.model)) {
     const labels = labelsText(s.why.labels);
-    if (d.zeroShot.has(labels)) started = app.settle("zero") || started; // as a map's, below
+    if (d.zeroShot.has(labels)) started = app.settle(d, "zero") || started; // as a map's, below
     started = fetchZeroShot(s, d, labels, app) || started;
   }
   if (!d.output) return started;
@@ -197,7 +198,7 @@ function need(s, app) {
   if (target === null) return started;
   const method = methodOf(s.why, hasText(s.models, s.model));
   // a refused map is old news once the map asked for now is in (one already here asks nothing)
-  if (d.maps.has(`${method}|${target}`)) started = app.settle("map") || started;
+  if (d.maps.has(`${method}|${target}`)) started = app.settle(d, "map") || started;
   started = fetchMap(s, d, method, target, app) || started;
   // the raw attention once the chosen map is in: the server answers it from the same computation
   if (d.maps.has(`${method}|${target}`)) started = fetchMap(s, d, RAW, target, app) || started;

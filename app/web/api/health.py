@@ -33,8 +33,11 @@ async def readyz(request: Request, registry: RegistryDep):
     body: dict = {"status": "failed" if st.fatal else "loading", "model": registry.default}
     if st.fatal:
         body["reason"] = registry.error(registry.default) or st.fatal
-    if st.load_errors:
-        body["load_errors"] = dict(st.load_errors)
+    # each configured model that could not load, with why: refused by `headscope serve`'s check
+    # (never tried here) or failed loading
+    load_errors = {m: e for m in registry.ids if (e := registry.error(m))}
+    if load_errors:
+        body["load_errors"] = load_errors
     return JSONBody(body, status_code=503)
 
 

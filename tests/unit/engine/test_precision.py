@@ -108,6 +108,31 @@ def test_calls_from_two_threads_share_one_exact_section(user_flags):
     assert tf32_flags() == user_flags
 
 
+def test_a_call_coming_in_while_another_computes_makes_fp32_exact_again(user_flags):
+    """The caller's code turned reduced precision back on while a call computed: the next call
+    coming in makes fp32 exact again (only the first wrote it, so the second computed in bf16),
+    and the caller's settings come back when the last ends."""
+    import threading
+
+    inside, go_on, checked = threading.Event(), threading.Event(), []
+
+    def first():
+        with exact_fp32():
+            inside.set()
+            go_on.wait(30)
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(30)
+    device._set_tf32_flags(user_flags)  # the caller's own thread, meanwhile
+    with exact_fp32():
+        checked.append(reduced_fp32())
+    go_on.set()
+    t.join(30)
+    assert checked == [[]]
+    assert tf32_flags() == user_flags
+
+
 @pytest.mark.skipif(not NEW_API, reason="torch without per-backend fp32_precision")
 def test_settings_already_exact_are_not_written(monkeypatch):
     """A value torch sees written stays the user's (a later ``torch.backends.fp32_precision``

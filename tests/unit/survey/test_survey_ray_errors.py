@@ -178,3 +178,17 @@ def test_a_model_the_actors_cannot_load_is_one_line_from_a_real_ray(monkeypatch,
     assert "headscope survey: timm has no model named 'vit_smal_patch16_224'" in err, err
     assert "Traceback" not in err, err
     assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_a_ray_the_caller_joined_already_is_a_cluster_whose_nodes_have_their_own_devices(monkeypatch, tmp_path):
+    """A caller's own ``ray.init(address=...)`` before the survey: no --address, no RAY_ADDRESS,
+    yet the actors run on the cluster's nodes, so the driver's lack of CUDA is not theirs."""
+    from headscope.survey import ray_engine
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    engine = ray_engine.RayEngine(None, None, "cuda")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        engine.check("random:test_vit", tmp_path)  # a local Ray: this machine's devices
+    monkeypatch.setattr(ray_engine, "_ray_initialized", lambda: True)
+    engine.check("random:test_vit", tmp_path)  # the nodes': not refused here

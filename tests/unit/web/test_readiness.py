@@ -61,3 +61,18 @@ def test_failed_once_no_model_is_left_to_try(loads, tmp_path):
         status, body = ready(client)
     assert status == 503 and body["status"] == "failed" and body["reason"] == f"{FIRST} has broken weights"
     assert body["load_errors"] == {m: f"{m} has broken weights" for m in (FIRST, SECOND)}
+
+
+def test_a_default_refused_before_start_up_is_listed_while_the_next_loads(loads, tmp_path):
+    """`headscope serve`'s check refused the default (a misspelt name): it is never tried here,
+    yet /readyz names it with why while the next model loads (it said only "loading")."""
+    _, release = loads
+    app = main.create_app(Settings(model=f"{FIRST},{SECOND}", models_dir=tmp_path))
+    app.state.startup_problems = {FIRST: ("timm has no model named 'x'", True)}
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert ready(client) == (
+            503,
+            {"status": "loading", "model": FIRST, "load_errors": {FIRST: "timm has no model named 'x'"}},
+        )
+        release.set()
+        wait_until(lambda: ready(client)[0] == 200, 60, "the other model to load")

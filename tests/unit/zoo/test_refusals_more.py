@@ -164,10 +164,15 @@ def test_open_clip_failure_is_said_in_whole_words_without_open_clips_error_line(
 
 
 @pytest.mark.parametrize("spec", ["nope:xyz", "Timm:vit_small_patch16_224", "openclip:ViT-B-32"])
-def test_an_unknown_model_source_is_named_not_blamed_on_timm(spec):
+def test_an_unknown_model_source_is_named_not_blamed_on_timm(spec, tmp_path):
     """A prefix no source has is said to be one, with the forms there are (it was "timm has no
-    model named 'nope:xyz'"); timm's own names hold no ":"."""
-    with pytest.raises(UnknownModelError, match=r"unknown model source .*; write timm:NAME, open_clip:") as e:
-        ModelSpec.parse(spec)
+    model named 'nope:xyz'"), where the model is refused: a server configured with it besides a
+    good one still starts (its Registry takes the id) and serves the other."""
+    from headscope.zoo.registry import Registry
+
+    with pytest.raises(UnknownModelError, match=r"has no model source .*; write timm:NAME, open_clip:") as e:
+        headscope.load(spec, models_dir=tmp_path)
     assert "timm has no model" not in str(e.value)
+    assert preflight.preflight(spec, tmp_path)[0] == str(e.value)
+    assert Registry(["random:test_vit", spec], tmp_path).ids == ["random:test_vit", spec]
     assert ModelSpec.parse("timm:vit_small_patch16_224").source == "timm-hub"
