@@ -120,9 +120,17 @@ class Settings(BaseSettings):
 
     # admission and resource bounds (app/serving/admission.py; README "Resource limits")
     max_follow_ups: int = Field(
-        16, ge=1, description="follow-up requests (cached GETs, stats) admitted at once, besides uploads; more get 429"
+        16,
+        ge=1,
+        description="follow-up requests (cached GETs, stats, explain, output, images; with ablate or another model a "
+        "forward each) admitted at once, besides uploads; more get 429",
     )
-    max_heavy: int = Field(2, ge=1, description="heavy requests (ablation) admitted at once; more get 429")
+    max_heavy: int = Field(
+        2,
+        ge=1,
+        description="heavy requests (importance, pruning, relevance, faithfulness, zero-shot) admitted at once; "
+        "more get 429",
+    )
     max_uploads_per_client: int | None = Field(
         None,
         ge=1,

@@ -325,7 +325,11 @@ def session_dir(parent: Path) -> Path:
         # This checkout's code, whatever the venv's entry point was installed from.
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m headscope.cli "$@"\n')
         shim.chmod(0o755)
-    (venv_bin / "python").symlink_to(sys.executable)
+    # A shim, not a link: a link's interpreter looks for pyvenv.cfg beside the link, finds none,
+    # and runs without the venv's packages (no Pillow for api.md's example).
+    python = venv_bin / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
     return work
 
 

@@ -124,6 +124,7 @@ def name_cases() -> list[dict]:
         {"query": "patch:2,3", "temperature": 0.316},
         {"query": "cls", "layers": "0-1", "temperature": 2.5},
         {"query": "cls", "temperature": 10},
+        {"query": "cls", "ablate": "5:2,11:0", "drop": "prefix"},
     ]
     defaults = {
         "layers": "all",
@@ -132,6 +133,7 @@ def name_cases() -> list[dict]:
         "drop": "none",
         "dtype": "float32",
         "temperature": 1.0,
+        "ablate": "",
     }
     cases = []
     for model in ("dinov2-s14-focus", "timm:vit_base_patch16_224.augreg_in21k"):

@@ -6,10 +6,10 @@ cannot starve another:
 * ``upload`` (POST /api/v1/attention): a new picture; decodes, runs a forward, answers.
   ``HEADSCOPE_MAX_QUEUE`` slots (32).
 * ``follow_up`` (GET /api/v1/attention/{id}, .../stats, .../explain, .../output, /api/v1/images/{id}): a
-  question about a picture already sent; cheap worker time (slicing, statistics).
-  ``HEADSCOPE_MAX_FOLLOW_UPS`` slots (16).
-* ``heavy`` (GET .../importance, .../pruning): seconds of worker time each.
-  ``HEADSCOPE_MAX_HEAVY`` slots (2).
+  question about a picture already sent; cheap worker time (slicing, statistics), or a forward
+  of its own with heads off or another model. ``HEADSCOPE_MAX_FOLLOW_UPS`` slots (16).
+* ``heavy`` (GET .../importance, .../pruning, .../relevance, .../faithfulness, .../zero-shot):
+  seconds of worker time each. ``HEADSCOPE_MAX_HEAVY`` slots (2).
 
 A slot is taken before the request's body is read (routes take it through the ``AdmitUpload``,
 ``AdmitFollowUp`` or ``AdmitHeavy`` dependency in ``app/web/deps.py``); a full pool answers 429

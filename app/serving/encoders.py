@@ -61,12 +61,16 @@ class NamedSelection(Protocol):
     @property
     def dtype(self) -> str: ...
 
+    @property
+    def ablate(self) -> str: ...
+
 
 def download_stem(image_id: str, model: str, p: NamedSelection) -> str:
     """The file name (less its extension) a binary answer is saved under: its Content-Disposition.
 
     ``headscope-<image id[:12]>-<model>-<query>`` plus what narrows the answer (``L<layers>``,
-    ``H<heads>``, the aggregate, ``drop-<tokens>``, the dtype, ``T<temperature>``), each part reduced to
+    ``H<heads>``, the aggregate, ``drop-<tokens>``, ``ablate-<heads off>``, the dtype,
+    ``T<temperature>``), each part reduced to
     ``[A-Za-z0-9._-]``. The page's download links carry the same name (static/js/api.js
     ``downloadName``), so a browser saves the file under the name the page shows.
     """
@@ -79,6 +83,8 @@ def download_stem(image_id: str, model: str, p: NamedSelection) -> str:
         parts.append(p.aggregate)
     if p.drop != "none":
         parts.append(f"drop-{p.drop}")
+    if p.ablate:  # another model's maps: two files of one picture must not share a name
+        parts.append(f"ablate-{p.ablate}")
     if p.dtype != "float32":
         parts.append(p.dtype)
     if p.temperature != 1:

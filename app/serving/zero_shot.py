@@ -115,6 +115,7 @@ def ranked_rows(labels: Labels, res: dict[str, Any]) -> list[dict[str, Any]]:
 async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroShotParams) -> dict[str, Any]:
     """The answer of ``GET …/zero-shot``: the labels ranked by probability."""
     t0 = time.perf_counter()
+    due = rel.deadline()  # the request's one deadline: each label's map took a fresh one (64 maps: minutes)
     lm = await rel._model(params.model)
     tower = require_text(lm)
     labels = parse_labels(params.labels, tower)
@@ -127,7 +128,7 @@ async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroSho
     grid = None
     if params.maps:
         for r in rows:
-            maps, _ = await rel.maps(image_id, lm, (), targets[r["label"]], prep, upload=upload)
+            maps, _ = await rel.maps(image_id, lm, (), targets[r["label"]], prep, upload=upload, deadline=due)
             r["relevance"] = method_map(maps, method).tolist()
             r["text_tokens"] = maps.relevance.text_tokens
             grid = list(maps.relevance.grid)

@@ -98,12 +98,13 @@ export function attentionUrl(imageId, params) {
  */
 export function downloadName(imageId, model, params) {
   const slug = (x) => String(x).replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^_+|_+$/g, "");
-  const p = { query: "cls", layers: "all", heads: "all", aggregate: "none", drop: "none", dtype: "float32", ...params };
+  const p = { query: "cls", layers: "all", heads: "all", aggregate: "none", drop: "none", dtype: "float32", ablate: "", ...params };
   const parts = ["headscope", imageId.slice(0, 12), model, p.query];
   if (p.layers !== "all") parts.push(`L${p.layers}`);
   if (p.heads !== "all" && p.aggregate === "none") parts.push(`H${p.heads}`);
   if (p.aggregate !== "none") parts.push(p.aggregate);
   if (p.drop !== "none") parts.push(`drop-${p.drop}`);
+  if (p.ablate) parts.push(`ablate-${p.ablate}`);
   if (p.dtype !== "float32") parts.push(p.dtype);
   if (p.temperature !== undefined && Number(p.temperature) !== 1) parts.push(`T${Number(Number(p.temperature).toPrecision(6))}`);
   return `${parts.map(slug).join("-").slice(0, 150)}.${p.format === "npy" ? "npy" : "safetensors"}`;

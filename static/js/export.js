@@ -244,8 +244,22 @@ export function mapFigure(s) {
         ablate: s.store.ablate || null,
       },
     },
-    stem: `headscope_${stem}_L${s.layer}_${s.head}_${s.query.replace(/[^a-z0-9]+/gi, "_")}`,
+    stem: figureStem(s, stem),
   };
+}
+
+/**
+ * The figure's file name, less its extension: the picture, layer, head and query, then what else
+ * changes the numbers (the temperature, the tokens dropped, the heads off), so that two different
+ * maps of one picture are not saved under one name.
+ */
+function figureStem(s, picture) {
+  const slug = (x) => String(x).replace(/[^a-z0-9.]+/gi, "_");
+  let name = `headscope_${picture}_L${s.layer}_${s.head}_${slug(s.query)}`;
+  if (s.temperature !== 1) name += `_T${Number(Number(s.temperature).toPrecision(6))}`;
+  if (s.drop && s.drop !== "none") name += `_drop-${slug(s.drop)}`;
+  if (s.store.ablate) name += `_ablate-${slug(s.store.ablate)}`;
+  return name;
 }
 
 /** Save the shown map of state `s` as a figure: format "png" or "svg" (the Download buttons). */

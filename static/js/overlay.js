@@ -167,11 +167,12 @@ export function cellAt(canvas, ev, tokens) {
   return { r: Math.min(R - 1, Math.floor((y * R) / ey)), c: Math.min(C - 1, Math.floor((x * C) / ex)) };
 }
 
-/** Format an attention weight for labels. */
+/** Format an attention weight for labels: at least 3 significant figures (0.0126, not 0.013). */
 export function fmt(v) {
   if (v === null || v === undefined || !Number.isFinite(v)) return "–";
   if (v === 0) return "0";
   const a = Math.abs(v);
-  if (a >= 0.01) return v.toFixed(3);
+  if (a >= 0.1) return v.toFixed(3);
+  if (a >= 0.01) return v.toPrecision(3);
   return v.toExponential(2);
 }

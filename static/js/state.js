@@ -74,10 +74,13 @@ export const state = {
   requests: { gen: 0, load: null, stats: null },
 };
 
-/** A temperature from the URL: a finite number > 0, else 1. */
+/**
+ * A temperature from the URL: a finite number > 0, else 1, within the slider's range 0.1 … 10 (a
+ * link with t=0.0001 drew maps at 0.0001 while the readout said 0.00).
+ */
 export function readTemperature(text) {
   const t = Number(text);
-  return text && Number.isFinite(t) && t > 0 ? t : 1;
+  return text && Number.isFinite(t) && t > 0 ? Math.min(10, Math.max(0.1, t)) : 1;
 }
 
 /**

@@ -8,6 +8,10 @@ error, an uncaught exception, a dialog or a request to another host.
 
 from __future__ import annotations
 
+import json
+import struct
+
+import httpx
 import pytest
 
 from helpers.api import follow_up
@@ -63,6 +67,20 @@ def test_toggles_change_the_models_output_and_show_the_difference(page, base_url
     page.click(toggle(11, 0))  # back on
     wait_output(page, "3:2")
     assert page.get_attribute(toggle(11, 0), "aria-pressed") == "false"
+    # The maps' tensors download holds the maps shown, with the head off (it held the model's own
+    # maps under the same name), and its name says so.
+    page.click("[data-testid=viewer-tab]")
+    page.wait_for_selector("[data-testid=download-tensors][href*='ablate=3%3A2']")
+    name = page.get_attribute("[data-testid=download-tensors]", "download")
+    assert name == f"headscope-{iid[:12]}-dinov2-s14-focus-cls-ablate-3_2.safetensors"
+    href = page.get_attribute("[data-testid=download-tensors]", "href")
+    r = httpx.get(base_url + href, timeout=60)
+    assert r.status_code == 200 and f'filename="{name}"' in r.headers["content-disposition"]
+    (n,) = struct.unpack("<Q", r.content[:8])
+    meta = json.loads(json.loads(r.content[8 : 8 + n])["__metadata__"]["headscope"])
+    assert meta["ablated"] == [[3, 2]]
+    page.click("[data-testid=ablation-tab]")
+    page.wait_for_selector(VIEW, state="visible")
     # From the keyboard: the reset turns itself off but keeps focus (aria-disabled, not disabled).
     page.focus("[data-testid=ablate-reset]")
     page.keyboard.press("Enter")

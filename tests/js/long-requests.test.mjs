@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { isAbort, longRequest } from "../../static/js/long-requests.js";
+import { isAbort, longRequest, track } from "../../static/js/long-requests.js";
 
 const json = (status, body) => new Response(JSON.stringify(body), { status, headers: { "Content-Type": "application/json" } });
 
@@ -64,4 +64,31 @@ test("an answer that comes is returned, and nothing is cancelled", async () => {
   stop.abort();
   await settle();
   assert.deepEqual(calls.filter((c) => c.startsWith("DELETE")), []);
+});
+
+test("track names an error by its view's data and request kind, and an answer of that kind takes it down", async () => {
+  const fresh = () => ({ loading: new Set(), failed: new Set(), retries: new Map() });
+  const d = fresh();
+  const other = fresh(); // another view's answers
+  let shown = null;
+  const app = {
+    update() {},
+    fail(e, retry, source) { shown = { e, source }; },
+    settle(data, family) {
+      if (!shown || shown.source.data !== data || shown.source.family !== family) return false;
+      shown = null;
+      return true;
+    },
+  };
+  const refused = Object.assign(new Error("422"), { code: "bad_text" });
+  track(d, "map|chefer|text:a a a", Promise.reject(refused), () => {}, app, () => true);
+  await settle();
+  assert.deepEqual(shown.source, { data: d, family: "map" });
+  track(d, "map|attention|text:a cat", Promise.resolve({}), () => {}, app, () => true, "raw");
+  track(other, "map|chefer|top", Promise.resolve({}), () => {}, app, () => true);
+  await settle();
+  assert.ok(shown, "a raw map's answer, or another view's map, says nothing of the refused map");
+  track(d, "map|chefer|text:a cat", Promise.resolve({}), () => {}, app, () => true);
+  await settle();
+  assert.equal(shown, null);
 });

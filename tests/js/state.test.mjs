@@ -6,8 +6,9 @@ import test from "node:test";
 import { isRetryable, ApiError, describeError } from "../../static/js/api.js";
 import {
   DROPS, apiQuery, canonicalQuery, defaultQuery, dims, dropParts, headChoices, mapQuery, markerAt, parseQuery, queryLabel,
-  queryRows, stageQuery, tokensAt,
+  queryRows, readTemperature, stageQuery, tokensAt,
 } from "../../static/js/state.js";
+import { fmt } from "../../static/js/overlay.js";
 
 const CAT = { count: 385, num_prefix: 1, prefix: [{ index: 0, kind: "cls" }], grid: [16, 24], patch_size: [14, 14] };
 const REGS = {
@@ -124,4 +125,19 @@ test("a busy answer is told in the server's words: a full pool, or this page's o
   const tasks = describeError(new ApiError(429, "busy", "this client already has 2 long computations running (its share "
     + "of the server's 4); wait for one, or cancel one with DELETE /api/v1/tasks/{cancel_token}", 1));
   assert.doesNotMatch(tasks.message, /DELETE|cancel_token/); // an API client's advice, not a page user's
+});
+
+test("a shared link's temperature is kept in the slider's range 0.1 … 10; junk is 1", () => {
+  assert.equal(readTemperature("2.5"), 2.5);
+  assert.equal(readTemperature("0.0001"), 0.1);
+  assert.equal(readTemperature("1e9"), 10);
+  for (const t of ["0", "-2", "abc", "", null, "Infinity"]) assert.equal(readTemperature(t), 1);
+});
+
+test("weights are written to at least 3 significant figures", () => {
+  assert.equal(fmt(0.0125739), "0.0126"); // was 0.013, 3.4 % off the map's max
+  assert.equal(fmt(0.0799357), "0.0799");
+  assert.equal(fmt(0.5), "0.500");
+  assert.equal(fmt(0.000139244), "1.39e-4");
+  assert.equal(fmt(0), "0");
 });

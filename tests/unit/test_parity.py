@@ -35,6 +35,7 @@ NAME_DEFAULTS = {
     "drop": "none",
     "dtype": "float32",
     "temperature": 1.0,
+    "ablate": "",
 }
 
 
