@@ -49,13 +49,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from headscope.engine.device import autocast
+from headscope.engine.device import autocast, release_memory
 
 from .common import proc_jiffies, summary
 
 JPEG_SIZE = (480, 640)  # H, W
 RELEVANCE_ROWS = ("chefer", "chefer2021", "attnlrp")  # timed at batch 1 and 8
 REST_TARGET = 0.7  # issue #37: the REST API at concurrency 64 >= 0.7x the JPEG limit
+
+
+def failed_row(e: BaseException, device: torch.device, log: Callable[[str], None], what: str) -> dict[str, str]:
+    """A row that could not be measured (out of memory at batch 128, say): its error, in place of
+    the numbers, so that the run's one GPU session still measures the rows after it. Called after
+    the ``except`` block, the error's traceback dropped, so the failed row's memory is freed."""
+    e.__traceback__ = None
+    release_memory(device)
+    text = str(e).strip().splitlines()
+    why = f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+    log(f"gpu-quick: {what} failed: {why}")
+    return {"error": why}
 
 
 def random_levels(B: int, size: int, device: torch.device) -> torch.Tensor:
@@ -232,6 +244,33 @@ class ServerCpu:
         }
 
 
+def _capture_rows(
+    scope: Any, runner: Any, device: torch.device, B: int, precision: str, iters: int, warmup: int, sync
+) -> dict[str, Any]:
+    """One batch size's capture rows at ``precision`` (and, in fp32, the JPEG and PIL rows)."""
+    levels = random_levels(B, 224, device)
+    forward = bare_forward(scope, runner.inputs(levels), amp=True)
+    ref = timed(forward, iters, warmup, sync)
+    rows = {
+        "forward": _row(ref, B),
+        "capture_tensors": _row(timed(lambda: scope.attention(levels), iters, warmup, sync), B, ref),
+    }
+    if precision == "fp32":
+        files = jpegs(B)
+        rows["capture_jpegs"] = _row(timed(lambda: scope.attention(files), iters, warmup, sync), B, ref)
+        rows["prepare_jpegs"] = _row(timed(lambda: scope._read(files), iters, warmup, sync), B, ref)
+        # The bare forward at the size the JPEGs become (640 x 480 keeps its aspect: 294 x 224
+        # for the default model, a third more tokens than 224 x 224).
+        xj = runner.inputs(torch.stack([p.prep.raw for p in scope._read(files)]).to(device))
+        rows["forward_jpegs"] = _row(timed(bare_forward(scope, xj, amp=True), iters, warmup, sync), B)
+        # the JPEG target's ratio: against the slower of its two limits (decode, forward)
+        limit = min(rows["prepare_jpegs"]["images_per_s"], rows["forward_jpegs"]["images_per_s"])
+        rows["capture_jpegs"]["vs_limit"] = rows["capture_jpegs"]["images_per_s"] / limit
+        images = pil_images(files)
+        rows["capture_pil"] = _row(timed(lambda: scope.attention(images), iters, warmup, sync), B, ref)
+    return rows
+
+
 def inproc(
     scope_for: Callable[[str], Any],
     device: torch.device,
@@ -255,33 +294,29 @@ def inproc(
     res.setdefault("capture", {})
     for m in RELEVANCE_ROWS:
         res.setdefault(m, {})
+    err: Exception | None = None  # a row's error, handled after its except block (failed_row)
     for precision in precisions:
-        scope = scope_for(precision)
+        try:
+            scope = scope_for(precision)
+        except Exception as e:
+            err = e
+        if err is not None:
+            res["capture"][f"{precision}/*"] = failed_row(err, device, log, f"{precision} model")
+            err = None
+            save()
+            continue
         runner = scope.runner
         for B in batches:
             log(f"gpu-quick: {precision} batch {B}")
-            levels = random_levels(B, 224, device)
-            forward = bare_forward(scope, runner.inputs(levels), amp=True)
-
-            ref = timed(forward, iters, warmup, sync)
-            rows = {
-                "forward": _row(ref, B),
-                "capture_tensors": _row(timed(lambda: scope.attention(levels), iters, warmup, sync), B, ref),
-            }
-            if precision == "fp32":
-                files = jpegs(B)
-                rows["capture_jpegs"] = _row(timed(lambda: scope.attention(files), iters, warmup, sync), B, ref)
-                rows["prepare_jpegs"] = _row(timed(lambda: scope._read(files), iters, warmup, sync), B, ref)
-                # The bare forward at the size the JPEGs become (640 x 480 keeps its aspect: 294 x 224
-                # for the default model, a third more tokens than 224 x 224).
-                xj = runner.inputs(torch.stack([p.prep.raw for p in scope._read(files)]).to(device))
-                rows["forward_jpegs"] = _row(timed(bare_forward(scope, xj, amp=True), iters, warmup, sync), B)
-                # the JPEG target's ratio: against the slower of its two limits (decode, forward)
-                limit = min(rows["prepare_jpegs"]["images_per_s"], rows["forward_jpegs"]["images_per_s"])
-                rows["capture_jpegs"]["vs_limit"] = rows["capture_jpegs"]["images_per_s"] / limit
-                images = pil_images(files)
-                rows["capture_pil"] = _row(timed(lambda: scope.attention(images), iters, warmup, sync), B, ref)
-            res["capture"][f"{precision}/{B}"] = rows
+            try:
+                res["capture"][f"{precision}/{B}"] = _capture_rows(
+                    scope, runner, device, B, precision, iters, warmup, sync
+                )
+            except Exception as e:
+                err = e
+            if err is not None:
+                res["capture"][f"{precision}/{B}"] = failed_row(err, device, log, f"{precision} batch {B}")
+                err = None
             save()
         if precision == "fp32":
             for B in [b for b in (1, 8) if b <= max(batches)] or [1]:
@@ -289,11 +324,17 @@ def inproc(
                 ref = timed(bare_forward(scope, runner.inputs(levels)), iters, warmup, sync)
                 for method in RELEVANCE_ROWS:
                     log(f"gpu-quick: {method} batch {B}")
-                    t = timed(lambda m=method: scope.relevance(levels, method=m), iters, warmup, sync)
-                    res[method][str(B)] = {
-                        **_row(t, B),
-                        "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"],
-                    }
+                    try:
+                        t = timed(lambda m=method: scope.relevance(levels, method=m), iters, warmup, sync)
+                        res[method][str(B)] = {
+                            **_row(t, B),
+                            "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"],
+                        }
+                    except Exception as e:
+                        err = e
+                    if err is not None:
+                        res[method][str(B)] = failed_row(err, device, log, f"{method} batch {B}")
+                        err = None
                     save()
     return res
 
@@ -388,7 +429,7 @@ def api_vs_limit(quick: dict[str, Any]) -> None:
     api = quick.get("api", {})
     http = api.get("http", {}).get("images_per_s")
     for c, row in api.items():
-        if c == "http" or not limits:
+        if c == "http" or not limits or "images_per_s" not in row:  # a level that failed has no numbers
             continue
         b = min(limits, key=lambda b: (abs(b - int(c)), b))
         row["limit_batch"], row["vs_limit"] = b, row["images_per_s"] / limits[b]

@@ -520,13 +520,20 @@ def step_gpu_quick(run: Run) -> None:
     if args.no_api:
         return
     levels = args.concurrency if args.concurrency_given else ([1, 2] if smoke else [1, 16, 64])
-    server = api.start_server(server_env(run, max(levels)), ROOT / "bench" / "results", models_dir=args.models_dir)
+    err: Exception | None = None
     try:
-        run.results["gpu_quick"]["api"] = gpu_quick.api(
-            server.url, run.device, levels, 4 if smoke else 256, log, server_pid=server.pid
-        )
-    finally:
-        server.stop()
+        server = api.start_server(server_env(run, max(levels)), ROOT / "bench" / "results", models_dir=args.models_dir)
+        try:
+            run.results["gpu_quick"]["api"] = gpu_quick.api(
+                server.url, run.device, levels, 4 if smoke else 256, log, server_pid=server.pid
+            )
+        finally:
+            server.stop()
+    except Exception as e:  # the in-process rows stay, and the run ends with its JSON written
+        err = e
+    if err is not None:
+        run.results["gpu_quick"]["api"] = gpu_quick.failed_row(err, run.device, log, "the API part")
+        run.checks.fail(f"gpu-quick API part: {run.results['gpu_quick']['api']['error']}")
     gpu_quick.api_vs_limit(run.results["gpu_quick"])
 
 

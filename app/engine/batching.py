@@ -201,25 +201,33 @@ def split_on_oom(
                 raise RuntimeError(f"the batch gave {len(out)} results for {len(batch)} pictures")
             return out
         except Exception as e:
-            if is_oom(e):
-                evicted = 0 if freed or free is None else free()
-                release_memory(device)
-                if evicted:
-                    log.warning("out of memory at batch %d; freed %d cached bytes, retrying", len(batch), evicted)
-                    return attempt(batch, True)
-                if len(batch) == 1:
-                    err = OutOfMemory("the image does not fit in device memory; try a smaller image")
-                    err.__cause__ = e  # the device's own message, for callers that record it
-                    return [failed(err)]
-                if on_split is not None:
-                    on_split(len(batch))
-                half = len(batch) // 2
-                log.warning("out of memory at batch %d; splitting", len(batch))
-                return attempt(batch[:half], freed) + attempt(batch[half:], freed)
+            error = e
+        # Recovered outside the except block, the error's traceback dropped first: while it is
+        # held, its frames hold the failed forward's tensors (activations, the capture's q, k, v
+        # on the device), so emptying the allocator's cache freed nothing and the retry and the
+        # halves ran beside them (PyTorch's FAQ: recover outside the except clause).
+        if is_oom(error):
+            error.__traceback__ = None  # the device's message stays
+            evicted = 0 if freed or free is None else free()
+            release_memory(device)
+            if evicted:
+                log.warning("out of memory at batch %d; freed %d cached bytes, retrying", len(batch), evicted)
+                return attempt(batch, True)
             if len(batch) == 1:
-                return [failed(e)]
-            # Isolate the culprit: rerun one at a time so batch-mates still get answers.
-            return [r for it in batch for r in attempt([it], freed)]
+                err = OutOfMemory("the image does not fit in device memory; try a smaller image")
+                err.__cause__ = error  # the device's own message, for callers that record it
+                return [failed(err)]
+            if on_split is not None:
+                on_split(len(batch))
+            half = len(batch) // 2
+            log.warning("out of memory at batch %d; splitting", len(batch))
+            return attempt(batch[:half], freed) + attempt(batch[half:], freed)
+        if len(batch) == 1:
+            return [failed(error)]  # with its traceback, for the log
+        # Isolate the culprit: rerun one at a time so batch-mates still get answers (the batch's
+        # own error is not kept: each picture's rerun says its own).
+        error.__traceback__ = None
+        return [r for it in batch for r in attempt([it], freed)]
 
     def failed(e: BaseException) -> BaseException:
         if on_error is not None:

@@ -247,6 +247,12 @@ def exact_computing(device_type: str) -> contextlib.ExitStack:
     return stack
 
 
+def where_float64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` where float64 exists: MPS has none (``.double()`` raises there), so a tensor on it is
+    brought to the host; elsewhere ``t`` itself."""
+    return t.cpu() if t.device.type == "mps" else t
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for CUDA (and MPS) out-of-memory errors."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):
@@ -279,7 +285,9 @@ def to_host_later(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     with torch.cuda.device(t.device):
         host.copy_(t, non_blocking=True)
-        done = torch.cuda.Event()
+        # blocking: the waiting thread sleeps (cudaEventBlockingSync); a default event's wait spins
+        # a core, one per answer thread waiting behind the next forward
+        done = torch.cuda.Event(blocking=True)
         done.record(torch.cuda.current_stream(t.device))
     return host, done.synchronize
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from .ablation import Ablation, head_masks, heads_masked
-from .device import autocast
+from .device import autocast, where_float64
 from .model import LoadedModel
 from .output import head_output, timm_model
 from .relevance import Target, check_target, parse_target, refuse_windowed_relevance
@@ -183,7 +183,7 @@ def removal_order(relevance: torch.Tensor, direction: str) -> torch.Tensor:
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r}: use positive or negative")
-    m = relevance.detach().flatten().double().cpu()
+    m = relevance.detach().flatten().cpu().double()
     return torch.sort(m, descending=direction == "positive", stable=True).indices
 
 
@@ -199,7 +199,7 @@ def pixel_map(relevance: torch.Tensor, grid: tuple[int, int], patch: tuple[int, 
     """A patch map upsampled to pixels as the paper's code does: bilinear, ``align_corners=False``,
     by the patch size (``F.interpolate(Res, scale_factor=16, mode="bilinear")`` for 16 px
     patches): ``[rows * ph, cols * pw]`` float64 on the host."""
-    m = relevance.detach().double().cpu().reshape(1, 1, *grid)
+    m = relevance.detach().cpu().double().reshape(1, 1, *grid)
     size = (grid[0] * patch[0], grid[1] * patch[1])
     return torch.nn.functional.interpolate(m, size=size, mode="bilinear", align_corners=False)[0, 0]
 
@@ -489,7 +489,7 @@ class PerturbationTest:
             return self.target.score(out, self._reference)
         want = self.target.class_index(self._reference)
         assert want is not None  # check_protocol: a class target
-        return (out.argmax(-1) == want[0]).double()
+        return where_float64(out.argmax(-1) == want[0]).double()
 
     def result(self) -> Faithfulness:
         """The curves and AUCs (after the last :meth:`step`)."""

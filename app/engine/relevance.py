@@ -51,6 +51,7 @@ import torch
 from .ablation import Ablation
 from .analysis import rollout
 from .block_capture import ImageAttention
+from .device import where_float64
 from .forward import forward_maps
 from .model import LoadedModel
 from .selection import MAX_SPEC, Selection, SelectionError
@@ -266,6 +267,7 @@ class Target:
         """
         if self.kind not in ("class", "top"):
             return self.value(out, ref)
+        out = where_float64(out)  # MPS: on the host ([K, classes]: small)
         idx = torch.tensor(self.class_index(ref), device=out.device)
         if idx.numel() != out.shape[0]:
             idx = idx[:1].expand(out.shape[0])

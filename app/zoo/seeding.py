@@ -24,7 +24,10 @@ def seeded(seed: int = RANDOM_SEED) -> Iterator[None]:
     device = torch.get_default_device()
     with rng_kept():
         torch.random.default_generator.manual_seed(seed)
-        if device.type not in ("cpu", "meta"):
+        if device.type == "cuda" and device.index is not None:
+            with torch.cuda.device(device.index):  # manual_seed seeds the current device, not cuda:N
+                torch.cuda.manual_seed(seed)
+        elif device.type not in ("cpu", "meta"):
             torch.get_device_module(device.type).manual_seed(seed)
         yield
 

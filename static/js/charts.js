@@ -17,10 +17,16 @@ export const TOOLBAR_PX = 30;
 /** A horizontal legend under the x axis (its title included), left-aligned: clear of the toolbar. */
 export const LEGEND_BELOW = { orientation: "h", x: 0, xanchor: "left", y: -0.2, yanchor: "top", font: { size: 11 } };
 
-/** Plotly's config for a chart on this screen: no toolbar on a phone or a touch screen. */
-export function plotConfig() {
+/**
+ * Plotly's config for chart `el` on this screen: no toolbar on a phone or a touch screen; the
+ * toolbar's camera saves it as headscope_<chart>.png (Plotly's own name, plot-image.png, was one
+ * name for every chart).
+ */
+export function plotConfig(el = null) {
   const touch = typeof window.matchMedia === "function" && window.matchMedia("(max-width: 640px), (pointer: coarse)").matches;
-  return touch ? { ...CONFIG, displayModeBar: false } : CONFIG;
+  const name = el && el.dataset && (el.dataset.testid || el.id);
+  const config = name ? { ...CONFIG, toImageButtonOptions: { filename: `headscope_${name}` } } : CONFIG;
+  return touch ? { ...config, displayModeBar: false } : config;
 }
 
 export function base(extra = {}) {
@@ -112,7 +118,7 @@ export function onClick(el, fn) {
 export function plotKeyed(el, key, traces, layout) {
   if (el.dataset.rendered === "1" && el.dataset.key === key && el.classList.contains("js-plotly-plot")) return false;
   if (el.dataset.rendered && el.dataset.rendered !== "1") clear(el);
-  window.Plotly.react(el, traces, layout, plotConfig());
+  window.Plotly.react(el, traces, layout, plotConfig(el));
   el.dataset.rendered = "1";
   el.dataset.key = key;
   chartTable(el, traces, layout);
@@ -200,7 +206,7 @@ export function renderRow(el, view) {
       text: `query ${queryToken}`, font: { color: "#ff3b6b", size: 11 } }],
   });
   if (el.dataset.rendered && el.dataset.rendered !== "1") clear(el); // a note, not a chart
-  window.Plotly.react(el, traces, layout, plotConfig());
+  window.Plotly.react(el, traces, layout, plotConfig(el));
   el.dataset.rendered = "1";
   el.dataset.layer = String(layer);
   el.dataset.head = head;

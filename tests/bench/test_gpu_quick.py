@@ -55,6 +55,30 @@ def test_a_run_stopped_by_a_timeout_keeps_the_rows_it_measured(tmp_path, monkeyp
     assert res["gpu_quick"]["capture"]["fp32/1"]["capture_tensors"]["ms"]["median"] > 0
 
 
+def test_a_row_that_fails_is_recorded_and_the_rows_after_it_are_measured(tmp_path, monkeypatch):
+    """One GPU session runs the profile once: a row that fails (out of memory at batch 128, say)
+    is its error in the JSON, and the rows after it are measured (the first failure ended the step,
+    and the API part and the run's checks with it)."""
+    out = tmp_path / "quick.json"
+    real = gpu_quick._capture_rows
+
+    def oom_at_fp32(scope, runner, device, B, precision, *rest):
+        if precision == "fp32":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
+        return real(scope, runner, device, B, precision, *rest)
+
+    monkeypatch.setattr(gpu_quick, "_capture_rows", oom_at_fp32)
+    rc = main(["--device", "cpu", "--gpu-quick", "--no-api", "--batch-sizes", "1", "--quiet", "--out", str(out)])
+    assert rc == 0
+    q = json.loads(out.read_text())["gpu_quick"]
+    assert q["capture"]["fp32/1"] == {"error": "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+    assert q["capture"]["bf16/1"]["capture_tensors"]["ms"]["median"] > 0  # measured after it
+    assert q["chefer"]["1"]["vs_forward_time"] > 0
+    quick = {"capture": {}, "api": {"64": {"error": "ConnectionError"}}}
+    gpu_quick.api_vs_limit(quick)  # a failed level has no numbers to hold against the limit
+    assert quick["api"]["64"] == {"error": "ConnectionError"}
+
+
 def test_timed_synchronises_around_every_call():
     calls: list[str] = []
     times = gpu_quick.timed(lambda: calls.append("fn"), 3, 1, lambda: calls.append("sync"))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import headscope
+from headscope.engine import device as device_module
 from headscope.engine.device import reduced_fp32, tf32_flags
 
 # HEADSCOPE_GPU_TESTS_DEVICE=cpu runs this module with the CPU as the "GPU" (CPU against CPU): a
@@ -203,7 +204,10 @@ def test_tf32_is_off_while_computing_and_the_users_flags_come_back(scopes, pictu
         assert tf32_flags() == user
     finally:
         if new_api:
+            # the root, then every operator as it was: exact_fp32 wrote the operators' own values,
+            # which no longer follow the root (the root alone left TF32 on for later tests)
             torch.backends.fp32_precision = saved_root
+            device_module._set_tf32_flags(saved)
         else:
             torch.set_float32_matmul_precision(saved[2])
             torch.backends.cuda.matmul.allow_tf32 = saved[0]

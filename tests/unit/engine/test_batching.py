@@ -117,6 +117,32 @@ def test_out_of_memory_frees_once_then_a_single_item_gets_out_of_memory():
     assert isinstance(out[0], OutOfMemory) and freed == [1]
 
 
+def test_the_failed_batchs_tensors_are_gone_before_its_retries_run():
+    """The halves of a batch that ran out of memory run after the failed forward's tensors are
+    freed (they were held by the error's traceback while the retry ran inside the except block,
+    so on a GPU emptying the cache freed nothing and the halves ran out of memory too)."""
+    import weakref
+
+    made: list[weakref.ref] = []
+    alive_at_retry: list[bool] = []
+
+    def run(batch: list[int]) -> list[int]:
+        alive_at_retry.extend(r() is not None for r in made)
+        activations = torch.ones(1000)  # what the forward held when it failed
+        made.append(weakref.ref(activations))
+        if len(batch) > 1:
+            raise _oom()
+        return [b * 10 for b in batch]
+
+    freed: list[int] = []
+    out = split_on_oom(run, [1, 2], torch.device("cpu"), free=lambda: freed.append(1) or 100)
+    assert out == [10, 20] and freed == [1]
+    assert alive_at_retry and not any(alive_at_retry)
+    # an error that is not out of memory keeps its traceback for the log
+    err = split_on_oom(lambda b: [][1], [5], torch.device("cpu"))[0]
+    assert isinstance(err, IndexError) and err.__traceback__ is not None
+
+
 def test_the_runner_captures_what_the_forward_of_the_host_input_captures(lm):
     rng = np.random.default_rng(1)
     H, W = lm.input_size
