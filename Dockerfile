@@ -85,9 +85,11 @@ RUN --mount=type=secret,id=ca,required=false \
 COPY README.* ./
 COPY static/ static/
 COPY templates/ templates/
+# Readable by the app's user whatever the checkout's umask: what this step copied only (a chmod
+# of all of /opt/headscope copied step 2's 93 MB model into this layer again).
 RUN pip install --no-deps --no-build-isolation . \
  && rm -rf build ./*.egg-info \
- && chmod -R a+rX /opt/headscope
+ && chmod -R a+rX README.* static templates
 
 ENV HEADSCOPE_HOST=0.0.0.0 \
     HEADSCOPE_PORT=8000 \

@@ -4,6 +4,7 @@ body streams), security headers, HEAD for every GET route, no repeated query par
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import ipaddress
@@ -219,6 +220,18 @@ class CatchUnexpected:
             await self.app(scope, receive, send)
         except errors.BodyTooLarge:
             raise
+        except asyncio.CancelledError:
+            # The server cancelling the request: its graceful shutdown's time ran out (uvicorn
+            # cancels what still runs). Answered 503 shutting_down in the one body, where uvicorn
+            # gave a plain-text 500 and logged a traceback; the request ends here either way.
+            task = asyncio.current_task()
+            if send.started or task is None:
+                raise
+            task.uncancel()  # taken: the answer below is this request's last work
+            resp = errors.logged_error_response(
+                scope, 503, "shutting_down", "the server is stopping; send the request again", {"Retry-After": "1"}
+            )
+            await resp(scope, receive, send)
         except Exception as exc:
             if send.started:
                 raise
