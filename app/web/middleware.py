@@ -227,11 +227,13 @@ class CatchUnexpected:
             task = asyncio.current_task()
             if send.started or task is None:
                 raise
-            task.uncancel()  # taken: the answer below is this request's last work
-            resp = errors.logged_error_response(
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()  # taken: the answer below is this request's last work
+            stopping = errors.logged_error_response(
                 scope, 503, "shutting_down", "the server is stopping; send the request again", {"Retry-After": "1"}
             )
-            await resp(scope, receive, send)
+            await stopping(scope, receive, send)
         except Exception as exc:
             if send.started:
                 raise
