@@ -458,8 +458,8 @@ def test_entropy_chart_click_opens_that_head(page, base_url, samples):
     # Every chart drawn first: one drawn later moves the others while the click is aimed.
     page.wait_for_selector("[data-testid=analytics][data-state=ready]", timeout=120_000)
     # the toolbar's camera saves each chart under its own name (Plotly's was plot-image.png for all)
-    saved_as = "document.querySelector('[data-testid=chart-entropy]')._context.toImageButtonOptions.filename"
-    page.wait_for_function(f"() => {saved_as} === 'headscope_chart-entropy'")
+    saved_as = "((document.querySelector('[data-testid=chart-entropy]')._context || {}).toImageButtonOptions || {})"
+    page.wait_for_function(f"() => {saved_as}.filename === 'headscope_chart-entropy'")  # once drawn
     cells = page.locator("[data-testid=chart-entropy][data-rendered='1'] .nsewdrag")
     cells.scroll_into_view_if_needed()
     wait_scroll_settled(page)
