@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from headscope.engine.device import autocast, release_memory
+from headscope.zoo.errors import first_line
 
 from .common import proc_jiffies, summary
 
@@ -58,14 +59,18 @@ RELEVANCE_ROWS = ("chefer", "chefer2021", "attnlrp")  # timed at batch 1 and 8
 REST_TARGET = 0.7  # issue #37: the REST API at concurrency 64 >= 0.7x the JPEG limit
 
 
-def failed_row(e: BaseException, device: torch.device, log: Callable[[str], None], what: str) -> dict[str, str]:
-    """A row that could not be measured (out of memory at batch 128, say): its error, in place of
-    the numbers, so that the run's one GPU session still measures the rows after it. Called after
-    the ``except`` block, the error's traceback dropped, so the failed row's memory is freed."""
-    e.__traceback__ = None
+def measured(measure: Callable[[], Any], device: torch.device, log: Callable[[str], None], what: str) -> Any:
+    """``measure()``, or where it fails (out of memory at batch 128, say) the row ``{"error": …}``
+    in place of its numbers, so that the run's one GPU session still measures the rows after it.
+    The error is handled after the ``except`` block, its traceback dropped, so the failed row's
+    device memory is freed first."""
+    try:
+        return measure()
+    except Exception as e:
+        err = e
+    err.__traceback__ = None
     release_memory(device)
-    text = str(e).strip().splitlines()
-    why = f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+    why = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
     log(f"gpu-quick: {what} failed: {why}")
     return {"error": why}
 
@@ -294,29 +299,21 @@ def inproc(
     res.setdefault("capture", {})
     for m in RELEVANCE_ROWS:
         res.setdefault(m, {})
-    err: Exception | None = None  # a row's error, handled after its except block (failed_row)
     for precision in precisions:
-        try:
-            scope = scope_for(precision)
-        except Exception as e:
-            err = e
-        if err is not None:
-            res["capture"][f"{precision}/*"] = failed_row(err, device, log, f"{precision} model")
-            err = None
+        scope = measured(lambda p=precision: scope_for(p), device, log, f"{precision} model")
+        if isinstance(scope, dict):  # its error
+            res["capture"][f"{precision}/*"] = scope
             save()
             continue
         runner = scope.runner
         for B in batches:
             log(f"gpu-quick: {precision} batch {B}")
-            try:
-                res["capture"][f"{precision}/{B}"] = _capture_rows(
-                    scope, runner, device, B, precision, iters, warmup, sync
-                )
-            except Exception as e:
-                err = e
-            if err is not None:
-                res["capture"][f"{precision}/{B}"] = failed_row(err, device, log, f"{precision} batch {B}")
-                err = None
+            res["capture"][f"{precision}/{B}"] = measured(
+                lambda B=B, p=precision: _capture_rows(scope, runner, device, B, p, iters, warmup, sync),
+                device,
+                log,
+                f"{precision} batch {B}",
+            )
             save()
         if precision == "fp32":
             for B in [b for b in (1, 8) if b <= max(batches)] or [1]:
@@ -324,17 +321,12 @@ def inproc(
                 ref = timed(bare_forward(scope, runner.inputs(levels)), iters, warmup, sync)
                 for method in RELEVANCE_ROWS:
                     log(f"gpu-quick: {method} batch {B}")
-                    try:
-                        t = timed(lambda m=method: scope.relevance(levels, method=m), iters, warmup, sync)
-                        res[method][str(B)] = {
-                            **_row(t, B),
-                            "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"],
-                        }
-                    except Exception as e:
-                        err = e
-                    if err is not None:
-                        res[method][str(B)] = failed_row(err, device, log, f"{method} batch {B}")
-                        err = None
+
+                    def relevance_row(m: str = method, B: int = B, levels: torch.Tensor = levels, ref=ref) -> dict:
+                        t = timed(lambda: scope.relevance(levels, method=m), iters, warmup, sync)
+                        return {**_row(t, B), "vs_forward_time": summary([a / r for a, r in zip(t, ref)])["median"]}
+
+                    res[method][str(B)] = measured(relevance_row, device, log, f"{method} batch {B}")
                     save()
     return res
 

@@ -520,20 +520,18 @@ def step_gpu_quick(run: Run) -> None:
     if args.no_api:
         return
     levels = args.concurrency if args.concurrency_given else ([1, 2] if smoke else [1, 16, 64])
-    err: Exception | None = None
-    try:
+
+    def api_rows() -> dict:
         server = api.start_server(server_env(run, max(levels)), ROOT / "bench" / "results", models_dir=args.models_dir)
         try:
-            run.results["gpu_quick"]["api"] = gpu_quick.api(
-                server.url, run.device, levels, 4 if smoke else 256, log, server_pid=server.pid
-            )
+            return gpu_quick.api(server.url, run.device, levels, 4 if smoke else 256, log, server_pid=server.pid)
         finally:
             server.stop()
-    except Exception as e:  # the in-process rows stay, and the run ends with its JSON written
-        err = e
-    if err is not None:
-        run.results["gpu_quick"]["api"] = gpu_quick.failed_row(err, run.device, log, "the API part")
-        run.checks.fail(f"gpu-quick API part: {run.results['gpu_quick']['api']['error']}")
+
+    # a failure keeps the in-process rows, and the run ends with its JSON written
+    rows = run.results["gpu_quick"]["api"] = gpu_quick.measured(api_rows, run.device, log, "the API part")
+    if "error" in rows:
+        run.checks.fail(f"gpu-quick API part: {rows['error']}")
     gpu_quick.api_vs_limit(run.results["gpu_quick"])
 
 

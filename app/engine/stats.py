@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from .block_capture import ImageAttention
+from .device import where_float64
 from .gram import gram_eigvalsh
 from .layout import TokenLayout
 
@@ -424,9 +425,7 @@ def _head_stats(
     """One image's :class:`HeadStats` from its ``[L, H...]`` statistics (on the host)."""
     rank_num = rank_eff = None
     if with_ranks:
-        x = torch.stack(att.head_out)  # L, N, H*d_v
-        if x.device.type == "mps":  # no float64 there
-            x = x.cpu()
+        x = where_float64(torch.stack(att.head_out))  # L, N, H*d_v
         rank_num, rank_eff = (t.cpu() for t in ranks(x.float()))
     return HeadStats(
         entropy=parts["entropy"],

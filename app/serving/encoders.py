@@ -83,7 +83,7 @@ def download_stem(image_id: str, model: str, p: NamedSelection) -> str:
         parts.append(p.aggregate)
     if p.drop != "none":
         parts.append(f"drop-{p.drop}")
-    if p.ablate:  # another model's maps: two files of one picture must not share a name
+    if p.ablate:  # the maps with heads off: not the model's own, so not their file name
         parts.append(f"ablate-{p.ablate}")
     if p.dtype != "float32":
         parts.append(p.dtype)

@@ -83,22 +83,10 @@ def logged_error_response(scope: Scope, status: int, code: str, message: str, he
 
 # Set on an exception that service_calls.measured() has counted in headscope_requests_total.
 COUNTED = "_headscope_counted"
-# The scope's state key of RequestClock's time.perf_counter().
+# The scope's state key of the time.perf_counter() a request reached the app at (middleware
+# RequestId notes it beside the id): a refusal made before the route's service call is timed
+# from then (count_refused).
 STARTED = "started"
-
-
-class RequestClock:
-    """Note when a request reached the app (``scope["state"]["started"]``): a refusal made
-    before the route's service call is timed from then (:func:`count_refused`), so that
-    ``headscope_request_seconds`` observes every answer ``headscope_requests_total`` counts."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            scope.setdefault("state", {})[STARTED] = time.perf_counter()
-        await self.app(scope, receive, send)
 
 
 def count_refused(request: Request, exc: BaseException, status: int) -> None:
@@ -245,9 +233,6 @@ def install(app: FastAPI) -> None:
     # Reached only by an error raised outside the middleware stack's CatchUnexpected (which
     # answers the rest inside it, where the ids and headers are added): a last resort.
     app.add_exception_handler(Exception, unexpected_response)
-    # Added first, so innermost (add_middleware wraps what is there): the clock starts as the
-    # request reaches the routes, past the refusals made before routing (counted by reason).
-    app.add_middleware(RequestClock)
 
 
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

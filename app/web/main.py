@@ -202,8 +202,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # add_middleware wraps what is there: the last added runs first. From the outside in:
     # RequestId (every answer has its id), SecurityHeaders and CORS (on every answer, the refusals
-    # below and the 500 included), then the refusals made before routing, then CatchUnexpected,
-    # then errors.RequestClock (added by errors.install: the start of a refusal's latency).
+    # below and the 500 included), then the refusals made before routing, then CatchUnexpected.
     app.add_middleware(CatchUnexpected)
     app.add_middleware(SingleParams)
     app.add_middleware(BodyLimit, upload_limit=settings.max_upload_bytes)

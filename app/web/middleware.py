@@ -9,6 +9,7 @@ import base64
 import hashlib
 import ipaddress
 import re
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -144,7 +145,8 @@ class RequestId:
 
     The client's own ``X-Request-ID`` is kept when it is a short token, else a new id is made. It
     sits in the scope's state, where the error handlers read it: an error body's ``request_id``
-    and the server's log line for that answer carry the same id.
+    and the server's log line for that answer carry the same id. The time the request arrived
+    sits beside it (``errors.STARTED``: a refusal's latency).
     """
 
     def __init__(self, app):
@@ -155,7 +157,8 @@ class RequestId:
             return await self.app(scope, receive, send)
         given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER, b"")
         rid = given.decode() if _CLIENT_REQUEST_ID.fullmatch(given) else errors.new_request_id()
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"], state[errors.STARTED] = rid, time.perf_counter()
 
         async def with_id(message):
             if message["type"] == "http.response.start":

@@ -9,7 +9,7 @@ import { debounce } from "./dom.js";
 import { needRows } from "./fetching.js";
 import { render, renderSlow } from "./render.js";
 import {
-  ablateText, ablatedPairs, canonicalQuery, defaultQuery, dims, headChoices, parseQuery, state, syncUrl,
+  ablateOf, canonicalQuery, defaultQuery, dims, headChoices, parseQuery, state, syncUrl,
 } from "./state.js";
 import { releaseViews, shownView } from "./views.js";
 
@@ -43,7 +43,7 @@ export const app = {
 function syncStores() {
   const stores = [state.store, ...[...state.compare.others.values()].map((o) => o.store)].filter(Boolean);
   for (const st of stores) st.setTemperature(state.temperature);
-  if (state.store && state.view !== "ablation") state.store.setAblate(ablateText(ablatedPairs(state.meta, state.ablation.off)));
+  if (state.store && state.view !== "ablation") state.store.setAblate(ablateOf(state));
 }
 
 /** Draw the state, sync the URL, start what the shown view lacks. */

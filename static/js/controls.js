@@ -8,7 +8,7 @@ import { COLORMAPS } from "./colormaps.js";
 import { $, fmtBytes, fmtTemperature, setOptions, setText } from "./dom.js";
 import { artifactTokens } from "./sinks.js";
 import {
-  ablateText, ablatedPairs, apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, stageQuery, tokensAt,
+  ablateOf, apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, stageQuery, tokensAt,
 } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
 
@@ -189,7 +189,7 @@ function renderDownloads(s, L, H) {
   if (s.temperature !== 1) base.temperature = s.temperature; // the maps shown: softmax(scores / T)
   // the maps shown with the Ablation view's heads off and the key tokens dropped (the server drops
   // them as the page does), so the file holds the numbers on screen
-  const ablate = ablateText(ablatedPairs(s.meta, s.ablation.off));
+  const ablate = ablateOf(s);
   if (ablate) base.ablate = ablate;
   if (s.drop && s.drop !== "none" && !stage) base.drop = s.drop; // swin: no prefix, and the page drops no cells
   setLink($("download-tensors"), attentionUrl(s.imageId, { ...base, query: q }),

@@ -272,6 +272,11 @@ export function ablatedPairs(meta, off) {
   return pairs.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
 }
 
+/** The heads switched off in the Ablation view, as the API's `ablate` text (they compose). */
+export function ablateOf(s) {
+  return ablateText(ablatedPairs(s.meta, s.ablation.off));
+}
+
 /** The API's `ablate` for [layer, head] pairs: "3:0,3:1" ("" for none). */
 export function ablateText(pairs) {
   return pairs.map(([l, h]) => `${l}:${h}`).join(",");

@@ -13,7 +13,7 @@
 import { getLong, getOutput } from "./api.js";
 import { renderProgress } from "./ablation-view.js";
 import { $, onPress, setOff, setOptions } from "./dom.js";
-import { ablateText, ablatedPairs } from "./state.js";
+import { ablateOf } from "./state.js";
 import { longRequest, track } from "./long-requests.js";
 import { renderVerdict } from "./why-verdict.js";
 import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why-view.js";
@@ -29,11 +29,6 @@ const LRP = ["chefer2021", "attnlrp"]; // their rules cover the image tower alon
 const BASELINE = ["chefer", "attention", "random"]; // always tested, with the chosen method
 const FRACTIONS = { quick: "0,0.25,0.5,0.75", full: "" }; // "": the server's default, 0, 0.1, …, 0.9
 const DEFAULT_TARGET = { saliency: "output", classes: "top", embedding: "embedding" };
-
-/** The heads switched off in the Ablation view, as the `ablate` text (they compose). */
-function ablateOf(s) {
-  return ablateText(ablatedPairs(s.meta, s.ablation.off));
-}
 
 /** The answers' key of the shown image, model and heads off ("" before an image). */
 function keyOf(s) {
@@ -187,16 +182,17 @@ function need(s, app) {
   if (!key || !s.image || isWindowed(s.meta)) return false;
   if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s)); // release() stopped the old tests
   const d = s.why.data;
+  const text = hasText(s.models, s.model);
   let started = fetchOutput(s, d, app);
-  if (hasText(s.models, s.model)) {
+  if (text) {
     const labels = labelsText(s.why.labels);
     if (d.zeroShot.has(labels)) started = app.settle(d, "zero") || started; // as a map's, below
     started = fetchZeroShot(s, d, labels, app) || started;
   }
   if (!d.output) return started;
-  const target = targetOf(s.why, d.output.kind, hasText(s.models, s.model));
+  const target = targetOf(s.why, d.output.kind, text);
   if (target === null) return started;
-  const method = methodOf(s.why, hasText(s.models, s.model));
+  const method = methodOf(s.why, text);
   // a refused map is old news once the map asked for now is in (one already here asks nothing)
   if (d.maps.has(`${method}|${target}`)) started = app.settle(d, "map") || started;
   started = fetchMap(s, d, method, target, app) || started;
@@ -254,7 +250,8 @@ function render(s, act, shown) {
   $("why-windowed").hidden = !windowed;
   $("why-body").hidden = !ready;
   $("faithfulness-panel").hidden = !ready;
-  const method = methodOf(s.why, hasText(s.models, s.model));
+  const text = hasText(s.models, s.model);
+  const method = methodOf(s.why, text);
   $("relevance-method").value = method;
   $("faithfulness-steps").value = s.why.steps;
   // a chosen method the target does not offer: say which map is shown instead
@@ -265,7 +262,6 @@ function render(s, act, shown) {
   if (!ready) return;
   const d = dataOf(s) || EMPTY;
   const out = d.output;
-  const text = hasText(s.models, s.model);
   const target = out ? targetOf(s.why, out.kind, text) : null;
   const isText = s.why.target === "text" && text;
   setOptions($("relevance-target"), targetOptions(s.why, out, text));
