@@ -194,47 +194,74 @@ def split_on_oom(
         on_error: called with each single item's error (metrics, logs).
     """
 
-    def attempt(batch: list[T], freed: bool) -> list[Any]:
+    return _OomSplit(run, device, free, on_split, on_error).attempt(items, False)
+
+
+class _OomSplit(Generic[T]):
+    """:func:`split_on_oom`'s recursion, as methods: as nested functions it was a reference cycle
+    (``attempt`` in its own closure) holding the caller's ``on_error`` and everything that closes
+    over (the worker's batch: its pictures and their captures) until Python's rare full
+    collection. A soak's heap in use grew by hundreds of MB of finished captures that way."""
+
+    def __init__(
+        self,
+        run: Callable[[list[T]], list[Any]],
+        device: torch.device,
+        free: Callable[[], int] | None,
+        on_split: Callable[[int], None] | None,
+        on_error: Callable[[BaseException], None] | None,
+    ):
+        self.run, self.device, self.free, self.on_split, self.on_error = run, device, free, on_split, on_error
+
+    def _run(self, batch: list[T]) -> tuple[list[Any] | None, Exception | None]:
+        """The batch's results, or its error. Caught here, not in ``attempt``: the error's
+        traceback starts at this frame, which does not keep it (``except … as`` drops the name),
+        while a frame in its own error's traceback holding the error is a reference cycle, which
+        holds the failed forward's tensors until a full collection."""
         try:
-            out = run(batch)
+            out = self.run(batch)
             if len(out) != len(batch):
                 raise RuntimeError(f"the batch gave {len(out)} results for {len(batch)} pictures")
-            return out
+            return out, None
         except Exception as e:
-            error = e
+            return None, e
+
+    def attempt(self, batch: list[T], freed: bool) -> list[Any]:
+        out, error = self._run(batch)
+        if out is not None:
+            return out
+        assert error is not None
         # Recovered outside the except block, the error's traceback dropped first: while it is
         # held, its frames hold the failed forward's tensors (activations, the capture's q, k, v
         # on the device), so emptying the allocator's cache freed nothing and the retry and the
         # halves ran beside them (PyTorch's FAQ: recover outside the except clause).
         if is_oom(error):
             error.__traceback__ = None  # the device's message stays
-            evicted = 0 if freed or free is None else free()
-            release_memory(device)
+            evicted = 0 if freed or self.free is None else self.free()
+            release_memory(self.device)
             if evicted:
                 log.warning("out of memory at batch %d; freed %d cached bytes, retrying", len(batch), evicted)
-                return attempt(batch, True)
+                return self.attempt(batch, True)
             if len(batch) == 1:
                 err = OutOfMemory("the image does not fit in device memory; try a smaller image")
                 err.__cause__ = error  # the device's own message, for callers that record it
-                return [failed(err)]
-            if on_split is not None:
-                on_split(len(batch))
+                return [self.failed(err)]
+            if self.on_split is not None:
+                self.on_split(len(batch))
             half = len(batch) // 2
             log.warning("out of memory at batch %d; splitting", len(batch))
-            return attempt(batch[:half], freed) + attempt(batch[half:], freed)
+            return self.attempt(batch[:half], freed) + self.attempt(batch[half:], freed)
         if len(batch) == 1:
-            return [failed(error)]  # with its traceback, for the log
+            return [self.failed(error)]  # with its traceback, for the log
         # Isolate the culprit: rerun one at a time so batch-mates still get answers (the batch's
         # own error is not kept: each picture's rerun says its own).
         error.__traceback__ = None
-        return [r for it in batch for r in attempt([it], freed)]
+        return [r for it in batch for r in self.attempt([it], freed)]
 
-    def failed(e: BaseException) -> BaseException:
-        if on_error is not None:
-            on_error(e)
+    def failed(self, e: BaseException) -> BaseException:
+        if self.on_error is not None:
+            self.on_error(e)
         return e
-
-    return attempt(items, False)
 
 
 def model_device(lm: LoadedModel) -> torch.device:

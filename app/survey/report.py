@@ -96,6 +96,21 @@ window.addEventListener('load', function () {
 });
 """
 
+# A screen reader would read each chart's drawing one text at a time (every tick label, the axis
+# titles, the legend): noise beside the figure's name and its table, which say the same. The
+# drawings' SVGs are hidden from it, again after each redraw; Plotly's toolbar is outside them.
+HIDE_DRAWINGS_SCRIPT = """
+window.addEventListener('load', function () {
+  document.querySelectorAll('.js-plotly-plot').forEach(function (el) {
+    function hide() {
+      el.querySelectorAll('svg.main-svg').forEach(function (s) { s.setAttribute('aria-hidden', 'true'); });
+    }
+    hide();
+    if (el.on) el.on('plotly_afterplot', hide);
+  });
+});
+"""
+
 
 def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(col.to_numpy(zero_copy_only=False))
@@ -908,7 +923,7 @@ def page(title: str, header: str, sections: list[str], failures: str, meta: dict
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head>"
         f"<body><main>{header}{''.join(sections)}{failures}"
         f"<script type='application/json' id='survey-meta'>{meta_json}</script>"
-        f"<script type='text/javascript'>{NARROW_SCRIPT}</script>"
+        f"<script type='text/javascript'>{HIDE_DRAWINGS_SCRIPT}{NARROW_SCRIPT}</script>"
         "</main></body></html>\n"
     )
 

@@ -108,7 +108,10 @@ async def paced(
                 raise BodyTooSlow(f"{received:,} bytes in {now() - t0:.1f} s")
             try:
                 chunk = await asyncio.wait_for(it.__anext__(), left)
-            except StopAsyncIteration:
+            except StopAsyncIteration as end:
+                # raised in wait_for's task, kept by it, with a traceback through wait_for's frame
+                # that holds the task: a reference cycle holding the last chunk, until dropped
+                end.__traceback__ = None
                 return
             except asyncio.TimeoutError:
                 raise BodyTooSlow(f"{received:,} bytes in {now() - t0:.1f} s") from None

@@ -47,7 +47,17 @@ async def measured(metrics: Metrics, call: Awaitable[T], endpoint: str) -> T:
             _mark_counted(e)
             raise
         _mark_counted(mapped)
-        raise mapped from None
+        # A known error's traceback is not needed (its answer is its code and message; a worker's
+        # log record has its own), and its frames are where reference cycles hold a failed
+        # request's pictures and tensors: the frame that awaited a shared computation holds that
+        # computation, whose task holds this error.
+        e.__traceback__ = None
+        try:
+            raise mapped from None
+        finally:
+            # its traceback holds this frame: kept in a local it would be a reference cycle, and
+            # with it the failed call's frames (pictures, tensors) until a full collection
+            mapped = None
     finally:
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)

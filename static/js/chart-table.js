@@ -88,12 +88,28 @@ function titleOf(el) {
   return h ? h.textContent.replace(/\s+/g, " ").trim() : "Chart";
 }
 
+const hiding = new WeakSet(); // charts whose redraws hide their drawing again
+
+/**
+ * A screen reader would read the drawing's own text one piece at a time (every tick label, the
+ * axis titles, the legend, the hover box): noise beside the figure's name and its table, which say
+ * the same. The SVGs are hidden from it; Plotly's toolbar is not in them, so its buttons stay.
+ */
+export function hideDrawing(el) {
+  for (const svg of el.querySelectorAll("svg.main-svg")) svg.setAttribute("aria-hidden", "true");
+}
+
 /**
  * After drawing `el` with these traces and layout: name it (a figure labelled by its card's
  * title, or `label`) and give it the "Show as table" disclosure right after it.
  */
 export function chartTable(el, data, layout, label) {
   traces.set(el, { traces: data, layout, title: label || titleOf(el) });
+  hideDrawing(el);
+  if (!hiding.has(el) && typeof el.on === "function") {
+    hiding.add(el);
+    el.on("plotly_afterplot", () => hideDrawing(el)); // a redraw may make new SVGs
+  }
   el.setAttribute("role", "figure");
   el.setAttribute("aria-label", label || `${titleOf(el)} (chart; “Show as table” below gives its numbers)`);
   let details = el.nextElementSibling;
@@ -120,6 +136,7 @@ export function chartTable(el, data, layout, label) {
 /** The chart shows a note instead of data: no table. */
 export function hideTable(el) {
   traces.delete(el);
+  hiding.delete(el); // clear() purges the chart next, and its handlers with it
   el.removeAttribute("role");
   const details = el.nextElementSibling;
   if (details && details.classList.contains("chart-table")) {

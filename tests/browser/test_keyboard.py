@@ -20,6 +20,7 @@ import re
 
 import pytest
 
+from helpers.charts import assert_drawings_hidden
 from helpers.keyboard import FOCUS_BOX, SCREENS, focus_in, focused, hidden_by_bars, tab_to
 from helpers.learn import wait_learn
 from helpers.page import image_id, open_page, upload, view, wait_output, wait_scroll_settled, wait_view
@@ -378,6 +379,9 @@ def test_chart_toolbars_show_a_focus_ring_and_every_chart_has_a_table(kpage, bas
         ".js-plotly-plot", "cs => cs.map(c => !!c.nextElementSibling?.matches('details.chart-table'))"
     )
     assert charts and all(charts)
+    # A screen reader gets the figure's name and its table, not the drawing's tick labels one by
+    # one: every SVG of every chart is hidden from it, and the toolbar's buttons are not.
+    assert_drawings_hidden(page)
     # The current row's table: token order, the prefix tokens (CLS, token 0) first.
     page.evaluate("() => { document.querySelector('[data-testid=chart-row] + details.chart-table').open = true; }")
     rows = page.eval_on_selector_all(

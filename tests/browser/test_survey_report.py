@@ -8,6 +8,7 @@ import re
 import pytest
 
 from headscope.survey.report import build_report
+from helpers.charts import assert_drawings_hidden
 
 pytestmark = pytest.mark.browser
 
@@ -137,6 +138,8 @@ def test_every_chart_of_the_report_is_named_and_has_its_numbers_as_a_table(brows
     pg.wait_for_function(
         "ids => ids.every(id => document.getElementById(id)?.querySelector('.main-svg'))", arg=ids, timeout=60_000
     )
+    # The drawings' own text (tick labels, legends) is hidden from screen readers, the toolbar not.
+    assert_drawings_hidden(pg, ", ".join(f"#{i}" for i in ids))
     tables = {i: pg.evaluate(TABLE_JS, i) for i in ids}
     traces = {i: pg.evaluate(TRACES_JS, i) for i in ids}
     for i, t in tables.items():

@@ -42,3 +42,15 @@ def click_plot(page, testid: str, x: float, y: float) -> None:
     page.mouse.move(pos["x"] - 3, pos["y"] - 3)
     page.mouse.move(pos["x"], pos["y"])
     page.mouse.click(pos["x"], pos["y"])
+
+
+def assert_drawings_hidden(page, selector: str = ".js-plotly-plot") -> None:
+    """Every SVG of every chart at ``selector`` is hidden from screen readers (the figure's name and
+    its table say what it draws) and none of the toolbar's buttons is."""
+    hidden = page.eval_on_selector_all(
+        selector,
+        """cs => cs.map(c => ({
+            svgs: [...c.querySelectorAll('svg.main-svg')].map(s => s.getAttribute('aria-hidden')),
+            buttons: [...c.querySelectorAll('.modebar-btn')].filter(b => b.closest('[aria-hidden=true]')).length}))""",
+    )
+    assert hidden and all(set(h["svgs"]) == {"true"} and h["buttons"] == 0 for h in hidden), hidden
