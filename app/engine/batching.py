@@ -213,7 +213,7 @@ class _OomSplit(Generic[T]):
     ):
         self.run, self.device, self.free, self.on_split, self.on_error = run, device, free, on_split, on_error
 
-    def _run(self, batch: list[T]) -> tuple[list[Any] | None, Exception | None]:
+    def _try(self, batch: list[T]) -> tuple[list[Any] | None, Exception | None]:
         """The batch's results, or its error. Caught here, not in ``attempt``: the error's
         traceback starts at this frame, which does not keep it (``except … as`` drops the name),
         while a frame in its own error's traceback holding the error is a reference cycle, which
@@ -227,7 +227,7 @@ class _OomSplit(Generic[T]):
             return None, e
 
     def attempt(self, batch: list[T], freed: bool) -> list[Any]:
-        out, error = self._run(batch)
+        out, error = self._try(batch)
         if out is not None:
             return out
         assert error is not None

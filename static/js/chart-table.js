@@ -95,7 +95,7 @@ const hiding = new WeakSet(); // charts whose redraws hide their drawing again
  * axis titles, the legend, the hover box): noise beside the figure's name and its table, which say
  * the same. The SVGs are hidden from it; Plotly's toolbar is not in them, so its buttons stay.
  */
-export function hideDrawing(el) {
+function hideDrawing(el) {
   for (const svg of el.querySelectorAll("svg.main-svg")) svg.setAttribute("aria-hidden", "true");
 }
 

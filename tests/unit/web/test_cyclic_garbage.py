@@ -14,22 +14,22 @@ frame, or a tensor, or be all that holds an array or a buffer."""
 from __future__ import annotations
 
 import gc
-import io
 import json
 import subprocess
 import sys
 import threading
 from collections import Counter
+from pathlib import Path
 from types import FrameType
 
 import httpx
 import numpy as np
 import torch
 import uvicorn
-from PIL import Image
 
 from headscope.config import Settings
 from headscope.web.main import create_app
+from helpers.api import fresh_png
 from helpers.server import free_port
 from helpers.waiting import wait_until
 
@@ -38,17 +38,16 @@ MODEL = "random:test_vit"
 # The client: every kind of request once (uploads in each format, with heads removed, failing on
 # the worker and out of memory; the follow-ups; the long computations), their statuses as JSON.
 CLIENT = r"""
-import io, json, sys
-import httpx, numpy as np
-from PIL import Image
-url, iid = sys.argv[1], sys.argv[2]
+import json, sys
+import httpx
+url, iid, tests = sys.argv[1:4]
+sys.path.insert(0, tests)
+from helpers.api import fresh_png
 API = url + "/api/v1/attention"
-def png(seed):
-    a = np.random.default_rng(seed).integers(0, 256, (48, 64, 3), dtype=np.uint8)
-    buf = io.BytesIO(); Image.fromarray(a).save(buf, format="PNG"); return buf.getvalue()
 with httpx.Client(timeout=120) as c:
     def post(seed, headers=None, **data):
-        return c.post(API, files={"image": ("a.png", png(seed), "image/png")}, data=data, headers=headers).status_code
+        files = {"image": ("a.png", fresh_png(seed, (64, 48)), "image/png")}
+        return c.post(API, files=files, data=data, headers=headers).status_code
     def get(path, **params):
         return c.get(f"{API}/{iid}{path}", params=params).status_code
     codes = [
@@ -89,14 +88,20 @@ def test_no_request_leaves_arrays_to_the_cycle_collector(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: server.started and httpx.get(f"{url}/readyz").status_code == 200, 120, "the server")
-        r = httpx.post(f"{url}/api/v1/attention", files={"image": ("a.png", _png(0), "image/png")}, timeout=120)
+        r = httpx.post(
+            f"{url}/api/v1/attention", files={"image": ("a.png", fresh_png(0, (64, 48)), "image/png")}, timeout=120
+        )
         assert r.status_code == 200
         iid = r.json()["image_id"]
         gc.collect()
         gc.disable()
         try:
             out = subprocess.run(
-                [sys.executable, "-c", CLIENT, url, iid], capture_output=True, text=True, timeout=600, check=True
+                [sys.executable, "-c", CLIENT, url, iid, str(Path(__file__).parents[2])],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
             )
             gc.set_debug(gc.DEBUG_SAVEALL)
             gc.collect()
@@ -116,10 +121,3 @@ def test_no_request_leaves_arrays_to_the_cycle_collector(tmp_path):
     finally:
         server.should_exit = True
         thread.join(30)
-
-
-def _png(seed: int) -> bytes:
-    a = np.random.default_rng(seed).integers(0, 256, (48, 64, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, format="PNG")
-    return buf.getvalue()
