@@ -653,11 +653,33 @@ def settings_message(e: ValidationError, flags: set[str]) -> str:
     return "\n  ".join(lines)
 
 
+def no_temp_dir_message() -> str | None:
+    """Why torch cannot be imported here, said plainly; None when it can.
+
+    Importing torch's compiler (as timm does) asks for the temporary folder and raises deep inside
+    the import when none is writable: the server then died with torch's traceback in its lifespan.
+    """
+    import tempfile
+
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError as e:
+        return (
+            f"no writable temporary folder ({e.strerror}); torch needs one when it is "
+            "imported. With `docker run --read-only`, add `--tmpfs /tmp`; elsewhere, set TMPDIR to a "
+            "writable folder"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.cmd != "report" and (why := no_temp_dir_message()):  # every other command imports torch
+        print(f"headscope {args.cmd}: {why}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except ValidationError as e:  # a setting out of range, from a flag or the environment

@@ -225,9 +225,11 @@ export function mapFigure(s) {
   const extra = [s.drop !== "none" ? `dropped: ${s.drop}` : "", s.mask ? `mass mask ${Math.round(s.massFraction * 100)}%` : "",
     s.temperature !== 1 ? `softmax temperature ${s.temperature}` : "",
     s.store.ablate ? `heads off: ${s.store.ablate}` : ""];
-  const subtitle = [`model ${s.store.model}`, s.filename || "image", ...extra.filter(Boolean), "attention weight (colour bar)", "Headscope"]
+  // Without a name (a link opened in another tab), the image's id: two unnamed figures differ.
+  const name = s.filename || `image ${s.imageId.slice(0, 8)}`;
+  const subtitle = [`model ${s.store.model}`, name, ...extra.filter(Boolean), "attention weight (colour bar)", "Headscope"]
     .join(" · ");
-  const stem = (s.filename || "image").replace(/\.[a-z0-9]+$/i, "").replace(/[^a-z0-9_-]+/gi, "_").slice(0, 60);
+  const stem = name.replace(/\.[a-z0-9]+$/i, "").replace(/[^a-z0-9_-]+/gi, "_").slice(0, 60);
   return {
     opts: {
       image: s.image, row, tokens, colormap: s.colormap, opacity: s.opacity,

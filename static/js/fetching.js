@@ -259,7 +259,8 @@ async function adopt(s, ans, my, want = {}, sample = null) {
   if (ans.filename) saveName(ans.image_id, ans.filename); // an upload's answer: the only one with the name
   Object.assign(s, {
     meta, store, image, imageId: ans.image_id, model: ans.model,
-    filename: ans.filename || s.filename || savedName(ans.image_id),
+    // the shown name stays for the same image (a model switch), never for another one
+    filename: ans.filename || (ans.image_id === s.imageId ? s.filename : null) || savedName(ans.image_id),
   });
   rememberImage(s, ans.image_id, s.filename, sample);
   const { L, H, N } = dims(meta);

@@ -23,7 +23,7 @@ import { initStaticControls } from "./controls.js";
 import { getModels } from "./api.js";
 import { bindIntake, takeShared } from "./intake.js";
 import { bindModelPicker } from "./model-picker.js";
-import { readUrl, state } from "./state.js";
+import { applyChoices, readUrl, state } from "./state.js";
 
 async function start() {
   initStaticControls();
@@ -33,6 +33,7 @@ async function start() {
   const want = readUrl();
   if (want.view) state.view = want.view;
   state.temperature = want.temperature;
+  applyChoices(state, want.choices);
   state.model = want.model || document.body.dataset.defaultModel;
   app.update();
   try {

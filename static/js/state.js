@@ -1,5 +1,6 @@
 // The one state object of the page, pure helpers that read it, and its sync with the URL
-// (?image=&model=&view=&layer=&head=&q=&t=).
+// (?image=&model=&view=&layer=&head=&q=&t=, and what differs from the defaults: &drop=&rollout=
+// &ablate=&method=&target=&labels=&steps=, in the API's spellings).
 //
 // Everything the page knows lives in `state`: what is shown, the data of the shown image
 // (state.store), the images compare mode holds, the requests in flight (state.requests) and the
@@ -19,6 +20,9 @@ import { headsAt, isWindowed, layerTokens, numLayers, stageCell } from "./window
 export const AGGREGATES = ["mean", "max", "rollout"];
 export const DROPS = ["none", "prefix", "artifacts", "prefix,artifacts"];
 export const FUSIONS = ["mean", "max", "min"];
+// The Why view's relevance methods, in the faithfulness test's order (why.js)
+export const RELEVANCE_METHODS = ["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"];
+const DEFAULT_ROLLOUT = { start: 0, fusion: "mean", discard: 0 };
 
 export const state = {
   view: "viewer",      // the shown view: a [data-view-panel] of the page (see views.js)
@@ -48,7 +52,7 @@ export const state = {
   mask: false,            // outline the DINO mass-threshold mask on the overlay
   massFraction: 0.6,
   drop: "none",
-  rollout: { start: 0, fusion: "mean", discard: 0 },
+  rollout: { ...DEFAULT_ROLLOUT },
   // compare mode: sides {image, layer, head}; the other images' data, keyed `${model}|${imageId}`
   compare: {
     on: false, mode: "heads", a: null, b: null,
@@ -288,7 +292,11 @@ export function dropParts(drop) {
   return { prefix: parts.includes("prefix"), artifacts: parts.includes("artifacts") };
 }
 
-/** Write the shareable part of a state to the address bar (no new history entry). */
+/**
+ * Write the shareable part of a state to the address bar (no new history entry): what is shown,
+ * and each choice that changes what a view shows where it differs from the default, so a link
+ * opens the same maps (heads switched off change every view's maps).
+ */
 export function syncUrl(s) {
   const p = new URLSearchParams();
   if (s.imageId) p.set("image", s.imageId);
@@ -300,12 +308,35 @@ export function syncUrl(s) {
     p.set("q", s.query);
   }
   if (s.temperature !== 1) p.set("t", String(s.temperature));
+  if (s.drop !== "none") p.set("drop", s.drop);
+  const r = s.rollout;
+  if (r.start !== 0 || r.fusion !== "mean" || r.discard !== 0) p.set("rollout", `${r.start},${r.fusion},${r.discard}`);
+  // Before an image the model's heads are unknown: its pairs are written once they are.
+  const ablate = s.meta ? ablateOf(s) : s.ablation.off.join(",");
+  if (ablate) p.set("ablate", ablate);
+  const w = s.why;
+  if (w.method !== "chefer") p.set("method", w.method);
+  const target = sharedTarget(w);
+  if (target) p.set("target", target);
+  if (w.labels) p.set("labels", w.labels);
+  if (w.steps !== "quick") p.set("steps", w.steps);
   const qs = p.toString();
   const url = `${location.pathname}${qs ? `?${qs}` : ""}`;
   if (url !== `${location.pathname}${location.search}`) history.replaceState(null, "", url);
 }
 
-/** What the address bar asks for, unvalidated: {image, model, layer, head, q, view}. */
+/** The Why view's chosen target in the API's spelling ("box:x0,y0,x1,y1", "text:…"); "" for the default. */
+function sharedTarget(why) {
+  if (why.target === "box") return why.box ? `box:${why.box.join(",")}` : "";
+  if (why.target === "text") return why.phrase ? `text:${why.phrase}` : "";
+  return why.target;
+}
+
+/**
+ * What the address bar asks for: {image, model, layer, head, q, view, temperature} unvalidated
+ * (the image's answer checks them), and `choices`, a patch of the state with the link's valid
+ * display choices (unknown or malformed values are left out: the defaults stay).
+ */
 export function readUrl() {
   const p = new URLSearchParams(location.search);
   const image = p.get("image");
@@ -317,5 +348,48 @@ export function readUrl() {
     q: p.get("q"),
     view: p.get("view"),
     temperature: readTemperature(p.get("t")),
+    choices: readChoices(p),
   };
+}
+
+/** The display choices of a link's parameters, as a patch of the state (see readUrl). */
+export function readChoices(p) {
+  const out = {};
+  if (DROPS.includes(p.get("drop"))) out.drop = p.get("drop");
+  const r = (p.get("rollout") || "").split(",");
+  const start = Number(r[0]), discard = Number(r[2]);
+  if (r.length === 3 && Number.isInteger(start) && start >= 0 && FUSIONS.includes(r[1])
+      && Number.isFinite(discard) && discard >= 0 && discard <= 0.95) {
+    out.rollout = { start, fusion: r[1], discard };
+  }
+  // "l:h" pairs; the ones the model lacks are left out once its answer is in (ablatedPairs)
+  const off = (p.get("ablate") || "").split(",").filter((k) => /^\d{1,4}:\d{1,4}$/.test(k));
+  if (off.length) out.ablation = { off: [...new Set(off)] };
+  const why = {};
+  if (RELEVANCE_METHODS.includes(p.get("method"))) why.method = p.get("method");
+  Object.assign(why, readTarget(p.get("target") || ""));
+  const labels = (p.get("labels") || "").slice(0, 2000);
+  if (labels.trim()) why.labels = labels;
+  if (p.get("steps") === "full") why.steps = "full";
+  if (Object.keys(why).length) out.why = why;
+  return out;
+}
+
+/** Put a link's choices (readChoices) into the state; a view's part (ablation, why) is patched. */
+export function applyChoices(s, choices) {
+  for (const [k, v] of Object.entries(choices)) {
+    s[k] = k === "drop" ? v : { ...s[k], ...v };
+  }
+}
+
+/** A link's Why target as the view's state ({target, box} or {target, phrase}); {} when malformed. */
+function readTarget(t) {
+  if (["output", "top", "embedding"].includes(t) || /^class:\d{1,6}$/.test(t)) return { target: t };
+  const box = /^box:(\d{1,5}),(\d{1,5}),(\d{1,5}),(\d{1,5})$/.exec(t);
+  if (box) {
+    const [x0, y0, x1, y1] = box.slice(1).map(Number);
+    return x0 < x1 && y0 < y1 ? { target: "box", box: [x0, y0, x1, y1] } : {};
+  }
+  if (t.startsWith("text:") && t.slice(5).trim()) return { target: "text", phrase: t.slice(5).trim().slice(0, 2000) };
+  return {};
 }

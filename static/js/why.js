@@ -13,7 +13,7 @@
 import { getLong, getOutput } from "./api.js";
 import { renderProgress } from "./ablation-view.js";
 import { $, onPress, setOff, setOptions } from "./dom.js";
-import { ablateOf } from "./state.js";
+import { RELEVANCE_METHODS, ablateOf } from "./state.js";
 import { longRequest, track } from "./long-requests.js";
 import { renderVerdict } from "./why-verdict.js";
 import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why-view.js";
@@ -23,8 +23,7 @@ import { hasText, labelsText, phraseTarget, renderTokens, renderZeroShot } from 
 import { isWindowed } from "./windows.js";
 
 const RAW = "attention"; // the raw attention the maps improve on: the last layer's CLS row
-// the test's order
-const TESTED = ["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"];
+const TESTED = RELEVANCE_METHODS; // in the test's order
 const LRP = ["chefer2021", "attnlrp"]; // their rules cover the image tower alone: not for a phrase
 const BASELINE = ["chefer", "attention", "random"]; // always tested, with the chosen method
 const FRACTIONS = { quick: "0,0.25,0.5,0.75", full: "" }; // "": the server's default, 0, 0.1, …, 0.9

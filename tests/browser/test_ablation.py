@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -192,3 +193,38 @@ def test_the_maps_view_shows_the_model_with_the_heads_switched_off(page, base_ur
     )
     page.click("[data-testid=ablation-tab]")
     assert page.locator("[data-testid=ablate-head][aria-pressed=true]").count() == 0
+
+
+def test_a_shared_link_shows_the_same_maps_heads_off_drop_and_rollout_included(page, base_url, samples):
+    """Heads switched off change every view's maps: a link without them showed the model's own."""
+    page.set_default_timeout(SLOW_MS)
+    open_page(page, base_url)
+    upload(page, samples["astronaut"])
+    page.click("[data-testid=ablation-tab]")
+    wait_output(page, "")
+    page.click(toggle(2, 1))
+    page.click(toggle(0, 3))
+    wait_output(page, "0:3,2:1")
+    page.click("[data-testid=viewer-tab]")
+    page.select_option("[data-testid=head]", "rollout")
+    page.select_option("[data-testid=head-fusion]", "max")
+    page.select_option("[data-testid=drop-tokens]", "prefix")
+    q = parse_qs(urlsplit(page.url).query)
+    assert q["ablate"] == ["0:3,2:1"] and q["drop"] == ["prefix"] and q["rollout"] == ["0,max,0"]
+    wait_view(page, head="rollout")
+    page.wait_for_function("() => document.querySelector('[data-testid=overlay]').dataset.pending === '0'")
+    shown = canvas_png(page)
+
+    page.reload()
+    page.wait_for_function("() => document.body.dataset.ready === '1'")
+    wait_view(page, head="rollout")
+    page.wait_for_selector("[data-testid=maps-ablated]", state="visible")
+    assert "2 heads off" in page.inner_text("[data-testid=maps-ablated]")
+    assert page.input_value("[data-testid=drop-tokens]") == "prefix"
+    assert page.input_value("[data-testid=head-fusion]") == "max"
+    page.wait_for_function(
+        "b => document.querySelector('[data-testid=overlay]').toDataURL('image/png') === b", arg=shown
+    )
+    page.click("[data-testid=ablation-tab]")
+    wait_output(page, "0:3,2:1")
+    assert page.locator("[data-testid=ablate-head][aria-pressed=true]").count() == 2

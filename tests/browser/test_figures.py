@@ -94,3 +94,19 @@ def test_svg_download_parses_and_holds_the_caption_as_text(page, base_url, sampl
     assert (round(box["width"]), round(box["height"])) == (W, H)
     view.locator("svg").screenshot(path=str(ARTIFACTS / "figure.svg.png"))
     view.close()
+
+
+def test_a_link_opened_in_another_tab_names_its_figure_by_the_image_id(page, base_url, samples):
+    """The name stays with the tab that uploaded (sessionStorage); a link opened elsewhere has none."""
+    open_page(page, base_url)
+    v = upload(page, samples["cat"])
+    other = page.context.new_page()
+    open_page(other, base_url, f"?image={v['image']}&layer=11&head=0&q=cls")
+    wait_view(other, image=v["image"], layer=11)
+    assert other.locator("[data-testid=filename]").inner_text() == "(no name)"
+    dl = download(other, "download-svg")
+    assert dl.suggested_filename == f"headscope_image_{v['image'][:8]}_L11_0_cls.svg"
+    root = ET.fromstring(Path(dl.path()).read_bytes())
+    caption = " · ".join(" ".join(t.itertext()) for t in root.find(f".//{SVG}g[@id='caption']"))
+    assert f"image {v['image'][:8]}" in caption
+    other.close()

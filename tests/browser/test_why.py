@@ -64,6 +64,25 @@ def queries(seen: list[str], what: str) -> list[dict]:
     return out
 
 
+def test_a_shared_link_opens_the_same_method_target_and_steps(page, base_url, samples):
+    page.set_default_timeout(SLOW_MS)
+    open_page(page, base_url)
+    upload(page, samples["cat"])
+    iid = image_id(samples["cat"].read_bytes())
+    open_page(page, base_url, f"?image={iid}&view=why&method=grad_attention&target=box:20,30,200,200&steps=full")
+    wait_map(page, MAP, method="grad_attention", target=re.escape("box:20,30,200,200"))
+    assert page.input_value("[data-testid=relevance-method]") == "grad_attention"
+    assert page.input_value("[data-testid=relevance-target]") == "box"
+    assert page.input_value("[data-testid=faithfulness-steps]") == "full"
+    assert page.is_visible("[data-testid=why-box]")
+    # and the page writes what it shows back in the same spelling
+    q = parse_qs(urlsplit(page.url).query)
+    assert q["method"] == ["grad_attention"] and q["target"] == ["box:20,30,200,200"] and q["steps"] == ["full"]
+    page.select_option("[data-testid=relevance-method]", "chefer")  # the default: not in the link
+    wait_map(page, MAP, method="chefer", target=re.escape("box:20,30,200,200"))
+    assert "method" not in parse_qs(urlsplit(page.url).query)
+
+
 @pytest.mark.timeout(900)  # maps and a perturbation test: a minute or more on a loaded 2-core machine
 def test_why_view_maps_pickers_box_and_faithfulness_chart(page, base_url, samples):
     page.set_default_timeout(SLOW_MS)

@@ -277,9 +277,10 @@ fi
 "$DOCKER" rm -f "$NAME_HOST" >/dev/null 2>&1 || true
 phase_end
 
-# --- 5. run with no network, default CMD (0.0.0.0:8000 inside the container) -------------
+# --- 5. run with no network on a read-only root with a tmpfs /tmp (docs/docker.md), default
+# CMD (0.0.0.0:8000 inside the container) ---------------------------------------------------
 phase_start "run-offline"
-if "$DOCKER" run -d --name "$NAME_NONET" --network none "$IMAGE" >/dev/null; then
+if "$DOCKER" run -d --name "$NAME_NONET" --network none --read-only --tmpfs /tmp "$IMAGE" >/dev/null; then
     ready_nonet() {
         container_running "$NAME_NONET" || return 2
         "$DOCKER" exec "$NAME_NONET" python3 -c \
@@ -288,12 +289,20 @@ if "$DOCKER" run -d --name "$NAME_NONET" --network none "$IMAGE" >/dev/null; the
     }
     READY_T=$(now)
     if wait_for 300 ready_nonet; then
-        pass "--network none: /readyz 200 after $(elapsed "$READY_T")s (model inside the image, no fetch)"
+        pass "--network none --read-only --tmpfs /tmp: /readyz 200 after $(elapsed "$READY_T")s (model inside the image, no fetch)"
     else
         show_logs "$NAME_NONET"
         fail "--network none: /readyz never answered 200"
     fi
 else
     fail "container start (--network none)"
+fi
+# Read-only without a writable /tmp: one line and exit code 2, not torch's traceback.
+ro_err=$("$DOCKER" run --rm --network none --read-only "$IMAGE" 2>&1 >/dev/null)
+ro_rc=$?
+if [ "$ro_rc" = 2 ] && grep -q "no writable temporary folder" <<<"$ro_err" && ! grep -q Traceback <<<"$ro_err"; then
+    pass "--read-only without --tmpfs: exit 2, one line ($(head -c 80 <<<"$ro_err")...)"
+else
+    fail "--read-only without --tmpfs: exit $ro_rc: $(tail -5 <<<"$ro_err")"
 fi
 phase_end

@@ -6,7 +6,7 @@ import test from "node:test";
 import { isRetryable, ApiError, describeError } from "../../static/js/api.js";
 import {
   DROPS, apiQuery, canonicalQuery, defaultQuery, dims, dropParts, headChoices, mapQuery, markerAt, parseQuery, queryLabel,
-  queryRows, readTemperature, stageQuery, tokensAt,
+  queryRows, readTemperature, stageQuery, tokensAt, applyChoices, readUrl, syncUrl, state,
 } from "../../static/js/state.js";
 import { fmt } from "../../static/js/overlay.js";
 
@@ -140,4 +140,74 @@ test("weights are written to at least 3 significant figures", () => {
   assert.equal(fmt(0.5), "0.500");
   assert.equal(fmt(0.000139244), "1.39e-4");
   assert.equal(fmt(0), "0");
+});
+
+/** The address bar, as syncUrl and readUrl see it in a page. */
+function fakeAddressBar(search = "") {
+  globalThis.location = { pathname: "/", search };
+  globalThis.history = { replaceState: (_a, _b, url) => { location.search = url.includes("?") ? url.slice(url.indexOf("?")) : ""; } };
+}
+
+function shownState(patch) {
+  const meta = { layers: Array.from({ length: 12 }, (_, i) => i), heads: Array.from({ length: 6 }, (_, i) => i), tokens: CAT };
+  const s = structuredClone({ ...state, compare: null, learn: null, requests: null });
+  return Object.assign(s, { imageId: "596aa1e7cb875eb79f437e31", model: "dinov2-s14-focus", meta, layer: 3, head: "1" }, patch);
+}
+
+test("a shared link keeps every choice that changes the maps, and a default adds nothing", () => {
+  fakeAddressBar();
+  syncUrl(shownState({}));
+  assert.equal(location.search, "?image=596aa1e7cb875eb79f437e31&model=dinov2-s14-focus&layer=3&head=1&q=cls");
+  assert.deepEqual(readUrl().choices, {});
+
+  const chosen = shownState({
+    drop: "prefix,artifacts",
+    rollout: { start: 2, fusion: "min", discard: 0.35 },
+    ablation: { off: ["7:2", "3:0", "99:0"], method: "ablation", asked: [], retry: null, data: null }, // 99: not this model's
+    why: { ...state.why, method: "attnlrp", target: "box", box: [10, 20, 110, 220], steps: "full", labels: "a cat, a dog" },
+  });
+  syncUrl(chosen);
+  const q = new URLSearchParams(location.search);
+  assert.equal(q.get("ablate"), "3:0,7:2"); // the API's spelling, sorted, only the model's heads
+  assert.equal(q.get("target"), "box:10,20,110,220");
+  const back = readUrl();
+  assert.deepEqual(back.choices, {
+    drop: "prefix,artifacts",
+    rollout: { start: 2, fusion: "min", discard: 0.35 },
+    ablation: { off: ["3:0", "7:2"] },
+    why: { method: "attnlrp", target: "box", box: [10, 20, 110, 220], labels: "a cat, a dog", steps: "full" },
+  });
+  // Applied to a fresh state, the link writes itself again (the round trip is the identity).
+  const opened = shownState({});
+  applyChoices(opened, back.choices);
+  assert.equal(opened.ablation.method, "ablation"); // a view's part is patched, not replaced
+  const before = location.search;
+  syncUrl(opened);
+  assert.equal(location.search, before);
+
+  // A phrase (CLIP) and a class target, in the API's spelling.
+  syncUrl(shownState({ why: { ...state.why, target: "text", phrase: "a photo of a cat" } }));
+  assert.deepEqual(readUrl().choices.why, { target: "text", phrase: "a photo of a cat" });
+  syncUrl(shownState({ why: { ...state.why, target: "class:281" } }));
+  assert.deepEqual(readUrl().choices.why, { target: "class:281" });
+  // A box asked for but not drawn, or an empty phrase, is the default target.
+  syncUrl(shownState({ why: { ...state.why, target: "box", box: null } }));
+  assert.equal(new URLSearchParams(location.search).get("target"), null);
+});
+
+test("a shared link's malformed choices are left out: the defaults stay", () => {
+  fakeAddressBar("?drop=everything&rollout=1,median,0.2&ablate=3:x,-1:2,,4:1&method=gradcam"
+    + "&target=box:5,5,5,9&steps=slow&labels=%20");
+  assert.deepEqual(readUrl().choices, { ablation: { off: ["4:1"] } });
+  for (const [rollout, ok] of [["1,max,0.2", true], ["1,max", false], ["-1,max,0", false], ["0,mean,0.99", false], ["1.5,mean,0", false]]) {
+    fakeAddressBar(`?rollout=${rollout}`);
+    assert.equal("rollout" in readUrl().choices, ok, rollout);
+  }
+  for (const [target, want] of [
+    ["top", { target: "top" }], ["class:x", undefined], ["box:1,2,3", undefined], ["box:9,2,3,4", undefined],
+    ["text:%20", undefined], ["embedding", { target: "embedding" }], ["javascript:alert(1)", undefined],
+  ]) {
+    fakeAddressBar(`?target=${target}`);
+    assert.deepEqual(readUrl().choices.why, want, target);
+  }
 });

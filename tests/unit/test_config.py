@@ -142,3 +142,29 @@ def test_threads_and_cors_origins_within_their_bounds(monkeypatch):
     monkeypatch.setenv("HEADSCOPE_CORS_ORIGINS", "https://a.example, https://b.example")
     s = Settings()
     assert s.threads == 1024 and s.cors_origins == ["https://a.example", "https://b.example"]
+
+
+def test_no_writable_temporary_folder_is_one_line_not_torchs_traceback():
+    """`docker run --read-only` without `--tmpfs /tmp`: importing torch's compiler raised inside the
+    server's lifespan (a traceback, then "Application startup failed"). In a fresh process, since
+    torch asks for the folder when it is first imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tempfile\n"
+        "tempfile._candidate_tempdir_list = lambda: ['/nonexistent-headscope-tmp']\n"
+        "tempfile.tempdir = None\n"
+        "from headscope.cli import main\n"
+        "rc = main(sys.argv[1:])\n"
+        "assert 'torch' not in sys.modules\n"
+        "sys.exit(rc)\n"
+    )
+    for argv in (["serve", "--port", "0", "--no-fetch"], ["extract", "nothing", "--out", "x.safetensors"]):
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
+        assert done.returncode == 2, done.stderr
+        err = done.stderr.strip()
+        assert err.startswith(f"headscope {argv[0]}: no writable temporary folder"), err
+        assert "--tmpfs /tmp" in err and "TMPDIR" in err and "Traceback" not in err and err.count("\n") == 0, err
