@@ -351,17 +351,17 @@ def _extract(args) -> int:
     pictures = Pictures.for_model(lm, settings)
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, dict] = {}
-    failed: list[str] = []
+    failed: list[tuple[str, str]] = []  # (file: why, the error code)
     runner = BatchRunner(lm, autocast_dtype(device.type, settings.precision))
     for f in tqdm(files, unit="img", desc="extract"):
         try:
             # Read safely (no FIFO, nothing over the upload limit), prepared as the server does.
             prep = pictures.prepare(read_picture_file(f, settings.max_upload_bytes))
         except preprocess.ImageError as e:  # PictureFileError included
-            failed.append(f"{f}: {e} ({e.code})")
+            failed.append((f"{f}: {e}", e.code))
             continue
         except OSError as e:  # the decoder's own reads
-            failed.append(f"{f}: cannot read it: {e.strerror or type(e).__name__} (read_error)")
+            failed.append((f"{f}: cannot read it: {e.strerror or type(e).__name__}", "read_error"))
             continue
         with lm.lock:
             att = runner.capture([prep.raw])[0]
@@ -370,7 +370,7 @@ def _extract(args) -> int:
             # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first layer.
             sel = image.select(args.layers, args.heads, args.query, args.aggregate)
         except SelectionError as e:  # a token or cell this picture's grid has not: skipped, named at the end
-            failed.append(f"{f}: {e} (bad_selection)")
+            failed.append((f"{f}: {e}", SelectionError.code))
             continue
         key = f"{len(tensors):05d}"  # the written tensors in order, without gaps where a file was skipped
         tensors[key] = analysis.attention_tensor(att, sel).contiguous()
@@ -386,9 +386,10 @@ def _extract(args) -> int:
             **({} if sel.aggregate == "none" else {"fused_heads": sel.heads}),  # which heads the one entry fused
         }
     if not tensors:
-        print("headscope extract: no picture could be written:\n  " + "\n  ".join(failed), file=sys.stderr)
+        lines = [f"{why} ({code})" for why, code in failed]
+        print("headscope extract: no picture could be written:\n  " + "\n  ".join(lines), file=sys.stderr)
         # the selection fits none of the pictures: a usage error (2), as one refused before the model
-        return 2 if all(line.endswith("(bad_selection)") for line in failed) else 1
+        return 2 if all(code == SelectionError.code for _, code in failed) else 1
     refuse_existing(out, args.force)  # made meanwhile by someone else: still not replaced unasked
     tmp = temporary_beside(out)
     try:
@@ -402,8 +403,8 @@ def _extract(args) -> int:
     finally:
         tmp.unlink(missing_ok=True)
     print(f"wrote {len(tensors)} tensors to {out}" + (f"; skipped {len(failed)}" if failed else ""))
-    for line in failed:
-        print(f"  skipped {line}", file=sys.stderr)
+    for why, code in failed:
+        print(f"  skipped {why} ({code})", file=sys.stderr)
     return 0
 
 
