@@ -11,10 +11,13 @@ import { cellText } from "./chart-table.js";
 import { describeCanvas, gridWords } from "./map-text.js";
 import { drawComposite, fit, fmt, patchValues, sizeCanvas } from "./overlay.js";
 import { artifactTokens, droppedTokens, patchSum, shownRow } from "./sinks.js";
-import { dims, headChoices, headLabel, mapQuery, markerAt, queryLabel, tokensAt } from "./state.js";
+import {
+  COMPARE_MODES, dims, headChoices, headLabel, mapQuery, markerAt, nameOf, queryLabel, tokensAt,
+} from "./state.js";
 
 export const SIDES = ["a", "b"];
-export const MODES = [["heads", "two heads of a layer"], ["layers", "two layers of a head"], ["images", "two images"]];
+const MODE_NAMES = { heads: "two heads of a layer", layers: "two layers of a head", images: "two images" };
+export const MODES = COMPARE_MODES.map((m) => [m, MODE_NAMES[m]]);
 
 /** The sample buttons of the page: [{url, name}]. */
 export function samples() {
@@ -70,7 +73,8 @@ export function followImage(s, oldId) {
 export function sideData(s, side) {
   if (!side) return null;
   if (side.image === s.imageId) {
-    return s.store ? { store: s.store, image: s.image, meta: s.meta, tokens: s.meta.tokens, filename: s.filename } : null;
+    if (!s.store) return null;
+    return { store: s.store, image: s.image, meta: s.meta, tokens: s.meta.tokens, filename: nameOf(s.filename, s.imageId) };
   }
   return s.compare.others.get(otherKey(s.model, side.image)) || null;
 }

@@ -10,7 +10,7 @@
 import { lut } from "./colormaps.js";
 import { drawComposite, fmt } from "./overlay.js";
 import { artifactTokens, shownRow } from "./sinks.js";
-import { headLabel, markerAt, parseQuery, queryLabel, tokensAt } from "./state.js";
+import { headLabel, markerAt, nameOf, parseQuery, queryLabel, tokensAt } from "./state.js";
 import { selection } from "./viewer.js";
 
 const MIN_WIDTH = 360; // narrower pictures are centred on a band this wide, so the legend fits
@@ -225,8 +225,7 @@ export function mapFigure(s) {
   const extra = [s.drop !== "none" ? `dropped: ${s.drop}` : "", s.mask ? `mass mask ${Math.round(s.massFraction * 100)}%` : "",
     s.temperature !== 1 ? `softmax temperature ${s.temperature}` : "",
     s.store.ablate ? `heads off: ${s.store.ablate}` : ""];
-  // Without a name (a link opened in another tab), the image's id: two unnamed figures differ.
-  const name = s.filename || `image ${s.imageId.slice(0, 8)}`;
+  const name = nameOf(s.filename, s.imageId); // a link opened in another tab has no file name
   const subtitle = [`model ${s.store.model}`, name, ...extra.filter(Boolean), "attention weight (colour bar)", "Headscope"]
     .join(" · ");
   const stem = name.replace(/\.[a-z0-9]+$/i, "").replace(/[^a-z0-9_-]+/gi, "_").slice(0, 60);

@@ -11,10 +11,10 @@
 
 import { ApiError, getAttention, loadImage, postImage } from "./api.js";
 import { rowKeyOfAnswer } from "./data.js";
-import { SIDES, followImage, otherKey, sideData } from "./compare.js";
+import { SIDES, followImage, otherKey, preset, sideData } from "./compare.js";
 import { fmtBytes } from "./dom.js";
 import {
-  apiQuery, canonicalQuery, defaultQuery, dims, dropParts, hasCls, headChoices, mapQuery, parseQuery,
+  apiQuery, canonicalQuery, defaultQuery, dims, dropParts, hasCls, headChoices, mapQuery, nameOf, parseQuery,
 } from "./state.js";
 import { makeStore } from "./swin-store.js";
 import { firstFields, isWindowed, shapeSummary } from "./windows.js";
@@ -191,12 +191,16 @@ function firstQuery(s) {
   return "0";
 }
 
-/** The data of an attention answer asked for at temperature `t`: {meta, store}. */
-function storeOf(ans, t) {
+/**
+ * The data of an attention answer: {meta, store}. Its rows are of the temperature the answer says
+ * (the one asked for when it was sent): the slider may have moved meanwhile, and update() then
+ * asks for the rows of the new one (syncStores).
+ */
+function storeOf(ans) {
   const meta = { ...ans };
   delete meta.data;
   const store = makeStore(meta); // windowed models (Swin): rows per stage
-  store.setTemperature(t);
+  store.setTemperature(ans.temperature);
   store.putRows(rowKeyOfAnswer(ans), ans.data);
   return { meta, store };
 }
@@ -242,14 +246,14 @@ function rememberImage(s, id, filename, sample = null) {
     if (sample) known.sample = sample;
     return;
   }
-  s.session.push({ id, filename: filename || "image", sample });
+  s.session.push({ id, filename: nameOf(filename, id), sample });
 }
 
 /** Make an attention answer the shown image. want: {layer, head, q} to restore, if valid. */
 async function adopt(s, ans, my, want = {}, sample = null) {
   const image = s.image && s.imageId === ans.image_id ? s.image : await loadImage(ans.image_id);
   if (my !== s.requests.gen) return;
-  const { meta, store } = storeOf(ans, s.temperature);
+  const { meta, store } = storeOf(ans);
   const oldId = s.imageId;
   if (s.model !== ans.model || (s.store && s.store.model !== ans.model)) {
     s.compare.others.clear(); // the other images' maps were of the previous model
@@ -280,7 +284,7 @@ async function adopt(s, ans, my, want = {}, sample = null) {
   }
   followImage(s, oldId);
   const t = ans.timing_ms;
-  s.summary = `${s.filename || "image"} · ${shapeSummary(meta) || `${L} layers × ${H} heads · ${N} tokens`} · `
+  s.summary = `${nameOf(s.filename, s.imageId)} · ${shapeSummary(meta) || `${L} layers × ${H} heads · ${N} tokens`} · `
     + (ans.cached ? "from the server's cache" : `computed in ${Math.round(t.queue + t.compute)} ms`);
   s.error = null;
   s.busy = null;
@@ -355,9 +359,10 @@ async function openOther(s, id, app) {
   const p = (async () => {
     const ans = await getAttention(id, firstRequest(s, isWindowed(s.meta), hasCls(s.meta.tokens) ? "cls" : "0"));
     const image = await loadImage(id);
-    const { meta, store } = storeOf(ans, s.temperature);
+    const { meta, store } = storeOf(ans);
     const entry = s.session.find((x) => x.id === id);
-    const filename = (entry && entry.filename) || ans.filename || savedName(id) || "image";
+    const filename = nameOf((entry && entry.filename) || ans.filename || savedName(id), id);
+    rememberImage(s, id, filename); // a shared link's other image: the side's picker lists it
     s.compare.others.set(key, { store, image, meta, tokens: meta.tokens, filename });
   })();
   s.compare.loading.set(key, p);
@@ -386,11 +391,14 @@ async function openSample(s, url, app) {
     const file = await sampleFile(url);
     const ans = await postImage(file, firstRequest(s, isWindowed(s.meta), hasCls(s.meta.tokens) ? "cls" : "0"));
     const image = await loadImage(ans.image_id);
-    const { meta, store } = storeOf(ans, s.temperature);
+    const { meta, store } = storeOf(ans);
     rememberImage(s, ans.image_id, file.name, url);
     if (ans.filename) saveName(ans.image_id, ans.filename);
     s.compare.others.set(otherKey(ans.model, ans.image_id), { store, image, meta, tokens: meta.tokens, filename: file.name });
-    retarget(s, key, ans.image_id);
+    // The shown picture itself (a tab opened from a link knows neither its name nor its sample):
+    // "two images" then takes the next one, as its preset would have with the sample known.
+    const same = ans.image_id === s.imageId && s.compare.mode === "images";
+    retarget(s, key, same ? preset(s, "images").b.image : ans.image_id);
   })();
   s.compare.loading.set(key, p);
   try {

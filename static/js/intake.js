@@ -71,8 +71,11 @@ async function takeSample(url) {
   }
 }
 
+let shared = null; // the shared URL's want, until its image is shown
+
 /** Open the image of a shared URL (want: readUrl()'s answer). */
 export function takeShared(want) {
+  shared = want;
   return openById(state, want.image, { layer: want.layer, head: want.head, q: want.q }, "Loading the shared view…", app);
 }
 
@@ -82,6 +85,8 @@ export function switchModel(model) {
   if (state.imageId) {
     openById(state, state.imageId, { layer: state.layer, head: state.head, q: state.query },
       `Computing attention with ${model}…`, app);
+  } else if (shared) {
+    takeShared(shared); // the link's image did not open (another model may open it)
   } else {
     syncUrl(state); // the model travels in the URL even before an image
     app.update();

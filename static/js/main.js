@@ -24,6 +24,7 @@ import { getModels } from "./api.js";
 import { bindIntake, takeShared } from "./intake.js";
 import { bindModelPicker } from "./model-picker.js";
 import { applyChoices, readUrl, state } from "./state.js";
+import { viewNames } from "./views.js";
 
 async function start() {
   initStaticControls();
@@ -31,7 +32,7 @@ async function start() {
   bindAll();
   document.addEventListener(CHARTS_READY, () => app.update()); // the charts asked for meanwhile
   const want = readUrl();
-  if (want.view) state.view = want.view;
+  if (viewNames().includes(want.view)) state.view = want.view; // an unknown one is not written back
   state.temperature = want.temperature;
   applyChoices(state, want.choices);
   state.model = want.model || document.body.dataset.defaultModel;
@@ -39,7 +40,10 @@ async function start() {
   try {
     const models = await getModels();
     state.models = models.models || [];
-    state.model = want.model || models.default;
+    // A model the server does not offer is left out (the default stays), as any unknown value;
+    // with --any-model the server may load it on demand.
+    const offered = state.models.some((m) => m.id === want.model) || (want.model && models.any_model);
+    state.model = offered ? want.model : models.default;
     bindModelPicker(!!models.any_model);
   } catch (e) {
     app.fail(e);

@@ -1,6 +1,6 @@
 // The one state object of the page, pure helpers that read it, and its sync with the URL
 // (?image=&model=&view=&layer=&head=&q=&t=, and what differs from the defaults: &drop=&rollout=
-// &ablate=&method=&target=&labels=&steps=, in the API's spellings).
+// &ablate=&method=&target=&labels=&steps= in the API's spellings, &compare=&a=&b= for compare mode).
 //
 // Everything the page knows lives in `state`: what is shown, the data of the shown image
 // (state.store), the images compare mode holds, the requests in flight (state.requests) and the
@@ -23,6 +23,8 @@ export const FUSIONS = ["mean", "max", "min"];
 // The Why view's relevance methods, in the faithfulness test's order (why.js)
 export const RELEVANCE_METHODS = ["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"];
 const DEFAULT_ROLLOUT = { start: 0, fusion: "mean", discard: 0 };
+export const COMPARE_MODES = ["heads", "layers", "images"];
+const HEAD_TEXT = /^(?:\d{1,4}|mean|max|rollout)$/;
 
 export const state = {
   view: "viewer",      // the shown view: a [data-view-panel] of the page (see views.js)
@@ -286,6 +288,11 @@ export function ablateText(pairs) {
   return pairs.map(([l, h]) => `${l}:${h}`).join(",");
 }
 
+/** An image's name: its file's, else "image" and the start of its id (two unnamed images differ). */
+export function nameOf(filename, imageId) {
+  return filename || `image ${String(imageId || "").slice(0, 8)}`.trim();
+}
+
 /** The key tokens a `drop` value removes: {prefix, artifacts} (booleans). */
 export function dropParts(drop) {
   const parts = String(drop || "none").split(",");
@@ -320,9 +327,32 @@ export function syncUrl(s) {
   if (target) p.set("target", target);
   if (w.labels) p.set("labels", w.labels);
   if (w.steps !== "quick") p.set("steps", w.steps);
+  const c = s.compare;
+  if (c.on && c.a && c.b && s.imageId) {
+    p.set("compare", c.mode);
+    p.set("a", sideText(c.a, s.imageId));
+    p.set("b", sideText(c.b, s.imageId));
+  }
   const qs = p.toString();
   const url = `${location.pathname}${qs ? `?${qs}` : ""}`;
   if (url !== `${location.pathname}${location.search}`) history.replaceState(null, "", url);
+}
+
+/**
+ * A compare side as "layer,head" and, for another image than the shown one, ",imageId". A sample
+ * on its way ("sample:…") is written once it is an image of the server.
+ */
+function sideText(side, shown) {
+  const other = side.image && side.image !== shown && !String(side.image).startsWith("sample:");
+  return `${side.layer},${side.head}${other ? `,${side.image}` : ""}`;
+}
+
+/** A link's compare side ({layer, head, image: an id or null for the shown one}); null when malformed. */
+function readSide(text) {
+  const [layer, head, image, ...rest] = (text || "").split(",");
+  if (rest.length || !/^\d{1,4}$/.test(layer) || !HEAD_TEXT.test(head || "")) return null;
+  if (image !== undefined && !/^[0-9a-f]{8,64}$/.test(image)) return null;
+  return { layer: Number(layer), head, image: image || null };
 }
 
 /** The Why view's chosen target in the API's spelling ("box:x0,y0,x1,y1", "text:…"); "" for the default. */
@@ -343,7 +373,7 @@ export function readUrl() {
   return {
     image: image && /^[0-9a-f]{8,64}$/.test(image) ? image : null,
     model: p.get("model"),
-    layer: p.has("layer") ? Number(p.get("layer")) : null,
+    layer: /^\d{1,4}$/.test(p.get("layer") || "") ? Number(p.get("layer")) : null,
     head: p.get("head"),
     q: p.get("q"),
     view: p.get("view"),
@@ -372,6 +402,10 @@ export function readChoices(p) {
   if (labels.trim()) why.labels = labels;
   if (p.get("steps") === "full") why.steps = "full";
   if (Object.keys(why).length) out.why = why;
+  // The sides follow the image once it is in (compare.js followImage: the shown one, layers and
+  // heads the model has).
+  const a = readSide(p.get("a")), b = readSide(p.get("b"));
+  if (COMPARE_MODES.includes(p.get("compare")) && a && b) out.compare = { on: true, mode: p.get("compare"), a, b };
   return out;
 }
 

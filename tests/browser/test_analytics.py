@@ -404,5 +404,47 @@ def test_compare_mode_shows_two_views(page, base_url, samples):
     hot = api_rows(base_url, astro, layers="2", heads="0", query="patch:8,3", temperature=2)["attention"][0][0][0]
     assert_close(side("b")["max"], max(hot[1:]))
 
+    # A shared link opens the same comparison: the mode, both sides, the other image by its id.
+    q = parse_qs(urlsplit(page.url).query)
+    assert (q["compare"], q["a"], q["b"], q["t"]) == (["layers"], ["11,0"], [f"2,0,{astro}"], ["2"])
+    other = page.context.new_page()  # another tab: no names, no session images
+    open_page(other, base_url, "?" + urlsplit(page.url).query)
+    other.wait_for_function(
+        """want => ['a', 'b'].every((n) => { const c = document.querySelector(`[data-testid=compare-${n}]`);
+            return c && c.dataset.pending === '0' && c.dataset.image === want[n]; })""",
+        arg={"a": v["image"], "b": astro},
+    )
+    for name in ("a", "b"):
+        got = other.eval_on_selector(f"[data-testid=compare-{name}]", "c => ({...c.dataset})")
+        want = side(name)
+        assert {k: got[k] for k in ("layer", "head", "query", "temperature", "max")} == {
+            k: want[k] for k in ("layer", "head", "query", "temperature", "max")
+        }
+    assert other.input_value("[data-testid=compare-b-image]") == astro  # the picker lists the link's image
+    assert other.input_value("[data-testid=compare-mode]") == "layers"
+    other.close()
+
     page.uncheck("[data-testid=compare-toggle]")
     panel.wait_for(state="hidden")
+
+
+def test_two_images_in_a_tab_opened_from_a_link_are_two_pictures(page, base_url, samples):
+    """Such a tab knows neither the shown picture's name nor that it is the cat sample: the preset
+    picked the cat sample, which was the shown picture again, and the titles said "null"."""
+    open_page(page, base_url)
+    v = upload(page, samples["cat"])
+    other = page.context.new_page()
+    open_page(other, base_url, f"?image={v['image']}")
+    wait_view(other, image=v["image"])
+    other.check("[data-testid=compare-toggle]")
+    other.select_option("[data-testid=compare-mode]", "images")
+    astro = image_id(samples["astronaut"].read_bytes())  # the next sample
+    other.wait_for_function(
+        """id => { const c = document.querySelector('[data-testid=compare-b]');
+            return c && c.dataset.pending === '0' && c.dataset.image === id; }""",
+        arg=astro,
+    )
+    title = other.locator(".compare-side[data-side=a] .compare-title").inner_text()
+    assert title.startswith(f"image {v['image'][:8]} · layer 11"), title
+    assert "null" not in other.inner_text("#compare-a-words")
+    other.close()

@@ -297,6 +297,49 @@ def test_shared_links_speak_the_apis_query_grammar(page, base_url, samples):
     assert_close(got["max"], hi)
 
 
+def test_a_temperature_chosen_while_an_image_loads_draws_that_temperature(page, base_url, samples):
+    """The first answer's rows are of the temperature it was asked at: a slider moved meanwhile asks
+    for the new one's rows (they were labelled with the new T and drawn at the old one)."""
+    page.add_init_script(
+        """(() => { const f = window.fetch; window.__delay = 0;
+        window.fetch = async (...a) => { const r = await f(...a);
+          const u = String((a[0] && a[0].url) || a[0]);
+          if (window.__delay && /\\/api\\/v1\\/attention(?:\\?|$)/.test(u)) {
+            await new Promise((ok) => setTimeout(ok, window.__delay));
+          }
+          return r; }; })()"""
+    )
+    open_page(page, base_url)
+    page.evaluate("() => { window.__delay = 2500; }")
+    page.set_input_files("[data-testid=image-input]", str(samples["cat"]))
+    page.wait_for_function("() => document.querySelector('[data-testid=status]').dataset.state === 'busy'")
+    page.evaluate(
+        """() => { const t = document.querySelector('[data-testid=map-temperature]');
+        t.value = String(Math.log10(2)); t.dispatchEvent(new Event('input', {bubbles: true}));
+        t.dispatchEvent(new Event('change', {bubbles: true})); }"""
+    )
+    iid = image_id(samples["cat"].read_bytes())
+    v = wait_view(page, image=iid, layer=11, head="0", query="cls", temperature="2")
+    page.wait_for_function("() => document.querySelector('[data-testid=overlay]').dataset.pending === '0'")
+    v = view(page)
+    row = api_rows(base_url, iid, layers="11", heads="0", query="cls", temperature=2)["attention"][0][0][0]
+    lo, hi = patch_range(row, 1)
+    assert_close(v["max"], hi)
+    assert_close(v["min"], lo)
+
+
+def test_a_links_unknown_model_view_or_empty_layer_is_left_out(page, base_url, samples):
+    """As every malformed value of a link: the default stays, and the page writes it back."""
+    open_page(page, base_url)
+    v = upload(page, samples["cat"])
+    open_page(page, base_url, f"?image={v['image']}&model=no-such-model&layer=&view=bogus&head=1")
+    got = wait_view(page, image=v["image"], model="dinov2-s14-focus", layer=11, head="1")
+    assert got["query"] == "cls"
+    q = parse_qs(urlsplit(page.url).query)
+    assert q["model"] == ["dinov2-s14-focus"] and q["layer"] == ["11"] and "view" not in q
+    assert "no-such-model" not in page.locator("[data-testid=model] option").all_inner_texts()
+
+
 def test_shared_url_of_an_evicted_image_says_so(page, base_url, guard):
     guard.allow_http_errors = True
     open_page(page, base_url, "?image=0123456789abcdef01234567&layer=2&head=1&q=cls")

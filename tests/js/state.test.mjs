@@ -150,7 +150,7 @@ function fakeAddressBar(search = "") {
 
 function shownState(patch) {
   const meta = { layers: Array.from({ length: 12 }, (_, i) => i), heads: Array.from({ length: 6 }, (_, i) => i), tokens: CAT };
-  const s = structuredClone({ ...state, compare: null, learn: null, requests: null });
+  const s = structuredClone(state);
   return Object.assign(s, { imageId: "596aa1e7cb875eb79f437e31", model: "dinov2-s14-focus", meta, layer: 3, head: "1" }, patch);
 }
 
@@ -209,5 +209,36 @@ test("a shared link's malformed choices are left out: the defaults stay", () => 
   ]) {
     fakeAddressBar(`?target=${target}`);
     assert.deepEqual(readUrl().choices.why, want, target);
+  }
+});
+
+test("compare mode travels in a link: the mode and both sides, another image by its id", () => {
+  fakeAddressBar();
+  const other = "0123456789abcdef01234567";
+  const s = shownState({});
+  s.compare = { on: true, mode: "images", a: { image: s.imageId, layer: 3, head: "1" }, b: { image: other, layer: 5, head: "mean" } };
+  syncUrl(s);
+  const q = new URLSearchParams(location.search);
+  assert.deepEqual([q.get("compare"), q.get("a"), q.get("b")], ["images", "3,1", `5,mean,${other}`]);
+  assert.deepEqual(readUrl().choices.compare, {
+    on: true, mode: "images", a: { layer: 3, head: "1", image: null }, b: { layer: 5, head: "mean", image: other },
+  });
+  // The page's Maps (the other images' data) stay when a link's sides are put in.
+  const opened = shownState({});
+  opened.compare = { on: false, mode: "heads", a: null, b: null, others: new Map([["k", 1]]) };
+  applyChoices(opened, readUrl().choices);
+  assert.equal(opened.compare.others.get("k"), 1);
+  assert.equal(opened.compare.mode, "images");
+  // A sample on its way is not written (the side's image is written once it is the server's).
+  s.compare.b.image = "sample:/static/samples/cat.png";
+  syncUrl(s);
+  assert.equal(new URLSearchParams(location.search).get("b"), "5,mean");
+  s.compare.on = false;
+  syncUrl(s);
+  assert.equal(new URLSearchParams(location.search).get("compare"), null);
+  for (const bad of ["?compare=pixels&a=1,1&b=2,2", "?compare=heads&a=1,1", "?compare=heads&a=1,x&b=2,2",
+    "?compare=heads&a=1,1&b=2,2,nothex", "?compare=heads&a=1,1&b=2,2,abcdef01,9"]) {
+    fakeAddressBar(bad);
+    assert.equal(readUrl().choices.compare, undefined, bad);
   }
 });
