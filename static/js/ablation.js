@@ -18,7 +18,7 @@ import {
 } from "./ablation-view.js";
 import { $, onPress, setOff } from "./dom.js";
 import { announce, bindRoving, syncRoving } from "./keys.js";
-import { ablateText, ablatedPairs, dims } from "./state.js";
+import { ablateText, ablatedPairs, dims, switching } from "./state.js";
 import { longRequest, track } from "./long-requests.js";
 import { isWindowed } from "./windows.js";
 
@@ -47,6 +47,7 @@ function freshData(key, imageId, model) {
     importance: new Map(), // method -> answer
     pruning: new Map(),    // method -> answer
     progress: new Map(),   // "importance|method" -> progress answer
+    running: new Map(),    // the same keys -> the AbortController of the request while it runs
   };
 }
 
@@ -80,11 +81,26 @@ async function longAnswer(s, d, what, params, app) {
     d.progress.set(pkey, p);
     if (dataOf(s) === d) app.update();
   };
+  const stop = new AbortController();
+  d.running.set(pkey, stop);
   try {
-    return await longRequest(d.imageId, what, params, onProgress);
+    return await longRequest(d.imageId, what, params, onProgress, stop.signal);
   } finally {
     d.progress.delete(pkey);
+    d.running.delete(pkey);
   }
+}
+
+/**
+ * After every change, shown or not: the importance and pruning requests of another picture or
+ * model than the shown one are given up (cancelled on the server), each holding a share of the
+ * server's heavy work that the shown picture's need. Another method's keep running: the view
+ * shows it again when it is chosen.
+ */
+function release(s) {
+  const d = s.ablation.data;
+  if (!d || !d.running.size || dataOf(s) === d) return;
+  for (const stop of d.running.values()) stop.abort();
 }
 
 function fetchLong(s, d, what, method, app) {
@@ -102,7 +118,7 @@ function fetchLong(s, d, what, method, app) {
  */
 function need(s, app) {
   const key = keyOf(s);
-  if (!key || !s.image) return false;
+  if (!key || !s.image || switching(s)) return false;
   if (!dataOf(s)) s.ablation.data = freshData(key, s.imageId, s.model);
   const d = s.ablation.data;
   if (s.ablation.retry) { // "Compute importance" again after a failure
@@ -216,4 +232,4 @@ function bind(act, s) {
 }
 
 /** The view object (views.js): its answers live in state.ablation.data. */
-export const ablationView = { name: "ablation", render, need, bind };
+export const ablationView = { name: "ablation", render, need, bind, release };

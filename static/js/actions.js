@@ -70,6 +70,8 @@ function pick(layer, head) {
   const { L } = dims(state.meta);
   state.layer = Math.max(0, Math.min(L - 1, layer));
   const heads = headChoices(state.meta, state.layer);
+  // A rollout that failed while asked for ahead (nothing said it) is asked again once chosen.
+  if (head === "rollout" && state.head !== "rollout" && state.store) state.store.forget("rollout", state.query, state.rollout);
   if (heads.includes(head)) state.head = head;
   else if (!heads.includes(state.head)) state.head = String(dims(state.meta, state.layer).H - 1); // swin: fewer heads here
   update();

@@ -102,11 +102,12 @@ export function need(s, app) {
   }
   const r = s.rollout;
   if (!store.has(q, "rollout", r) && !busyRows && !store.isLoading("rollout", q, r) && !store.hasFailed("rollout", q, r)) {
-    const head = s.head;
     started = true;
     store.loadRollout(q, apiQuery(q, tokens), parseQuery(q, tokens).token, r)
       .catch(mine((e) => {
-        if (head === "rollout") app.fail(e, () => { store.forget("rollout", q, r); app.update(); });
+        // Said only when the rollout is on show now; one asked for ahead is asked again once it is
+        // chosen (actions.js pick).
+        if (s.head === "rollout") app.fail(e, () => { store.forget("rollout", q, r); app.update(); });
       }))
       .finally(mine(app.update));
   }
@@ -141,7 +142,7 @@ function needCompare(s, app) {
     if (ctx.store === store) continue; // need() fetches what the main view needs
     const st = ctx.store;
     const q = mapQuery(s.query, s.meta.tokens, ctx.tokens);
-    const fail = (e) => app.fail(e);
+    const fail = (e) => { if (s.compare.on) app.fail(e); }; // not once compare mode is closed
     if (!st.rows.has(q)) {
       if (!st.isLoading("rows", q) && !st.hasFailed("rows", q)) {
         started = true;
@@ -322,7 +323,11 @@ export async function openFile(s, file, app, sample = null) {
   if (my === s.requests.gen) app.update();
 }
 
-/** Ask the server for an image it already has (a shared URL, or a model switch). */
+/**
+ * Ask the server for an image it already has (a shared URL, or a model switch). want: {layer,
+ * head, q} to restore, or a function giving them when the answer is in (what the person chose
+ * while it was on its way).
+ */
 export async function openById(s, imageId, want, what, app) {
   const { my, signal } = begin(s);
   s.busy = what;
@@ -331,7 +336,7 @@ export async function openById(s, imageId, want, what, app) {
     const info = modelInfo(s, s.model);
     const ans = await getAttention(imageId, firstRequest(s, !!(info && info.windowed), firstQuery(s)), signal);
     if (my !== s.requests.gen) return;
-    await adopt(s, ans, my, want);
+    await adopt(s, ans, my, typeof want === "function" ? want() : want);
   } catch (e) {
     if (my !== s.requests.gen || (e && e.name === "AbortError")) return;
     s.busy = null;
@@ -371,7 +376,7 @@ async function openOther(s, id, app) {
   } catch (e) {
     s.compare.failed.add(key);
     retarget(s, id, s.imageId);
-    app.fail(e);
+    if (s.compare.on) app.fail(e);
   } finally {
     s.compare.loading.delete(key);
   }
@@ -405,7 +410,7 @@ async function openSample(s, url, app) {
     await p;
   } catch (e) {
     retarget(s, key, s.imageId);
-    app.fail(e);
+    if (s.compare.on) app.fail(e);
   } finally {
     s.compare.loading.delete(key);
   }

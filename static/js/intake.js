@@ -83,7 +83,8 @@ export function takeShared(want) {
 export function switchModel(model) {
   state.model = model;
   if (state.imageId) {
-    openById(state, state.imageId, { layer: state.layer, head: state.head, q: state.query },
+    // The layer, head and query chosen meanwhile, not those of the moment the model was picked.
+    openById(state, state.imageId, () => ({ layer: state.layer, head: state.head, q: state.query }),
       `Computing attention with ${model}…`, app);
   } else if (shared) {
     takeShared(shared); // the link's image did not open (another model may open it)

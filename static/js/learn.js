@@ -12,14 +12,14 @@
 // cell of each place, -1 for padding); the maps are drawn on the layer's stage grid with the window
 // outlined, and the temperature recomputes the softmax over the window's places.
 
-import { getExplain } from "./api.js";
+import { getExplain, isRetryable } from "./api.js";
 import { $, fmtTemperature, isTap, onPress, setOff, setText, sliderTemperature } from "./dom.js";
 import { renderAnswer } from "./learn-stages.js";
 import { isWindowAnswer } from "./learn-window.js";
 import { tokenLabel } from "./learn-words.js";
 import { bindCellCursor, selectionWords } from "./cell-cursor.js";
 import { cellAt } from "./overlay.js";
-import { apiQuery, markerAt, tokensAt } from "./state.js";
+import { apiQuery, markerAt, switching, tokensAt } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
 
 const KEEP = 64; // explain answers kept (the oldest go first)
@@ -48,10 +48,13 @@ function shownTemperature(s) {
 // ------------------------------------------------------------------ fetching
 /** Fetch the explain answer the view shows, if it is missing; answers go to s.learn, then app.update(). */
 function need(s, app) {
-  if (!s.imageId || !s.meta) return false;
+  if (!s.imageId || !s.meta || switching(s)) return false;
   const { answers, loading, failed } = s.learn;
   const t = target(s);
   const key = keyOf(s, t);
+  // A busy server or a timeout is asked again when its head is needed again (Try again, or coming
+  // back to it); another error stays until the page is reloaded.
+  for (const [k, err] of failed) if (k !== key && isRetryable(err)) failed.delete(k);
   if (answers.has(key) || loading.has(key) || failed.has(key)) return false;
   loading.add(key);
   getExplain(s.imageId, { model: s.model, layer: t.layer, head: t.head, query: t.query })
@@ -61,7 +64,10 @@ function need(s, app) {
     })
     .catch((e) => {
       failed.set(key, e);
-      app.fail(e);
+      // Not over another head's, picture's or view's page (a late answer of the one left).
+      if (s.view === "learn" && s.meta && keyOf(s, target(s)) === key) {
+        app.fail(e, () => { failed.delete(key); app.update(); });
+      }
     })
     .finally(() => {
       loading.delete(key);

@@ -288,6 +288,15 @@ export function ablateText(pairs) {
   return pairs.map(([l, h]) => `${l}:${h}`).join(",");
 }
 
+/**
+ * Whether a model switch is under way: the state names the new model while the shown maps, their
+ * layout and the heads switched off are still the old one's. The views wait for its answer (a
+ * request then would mix the two: the old model's head 5 asked of a 3-head model).
+ */
+export function switching(s) {
+  return !!(s.store && s.store.model !== s.model);
+}
+
 /** An image's name: its file's, else "image" and the start of its id (two unnamed images differ). */
 export function nameOf(filename, imageId) {
   return filename || `image ${String(imageId || "").slice(0, 8)}`.trim();

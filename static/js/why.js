@@ -13,7 +13,7 @@
 import { getLong, getOutput } from "./api.js";
 import { renderProgress } from "./ablation-view.js";
 import { $, onPress, setOff, setOptions } from "./dom.js";
-import { RELEVANCE_METHODS, ablateOf } from "./state.js";
+import { RELEVANCE_METHODS, ablateOf, switching } from "./state.js";
 import { longRequest, track } from "./long-requests.js";
 import { renderVerdict } from "./why-verdict.js";
 import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why-view.js";
@@ -178,7 +178,7 @@ function fetchTest(s, d, target, app) {
  */
 function need(s, app) {
   const key = keyOf(s);
-  if (!key || !s.image || isWindowed(s.meta)) return false;
+  if (!key || !s.image || isWindowed(s.meta) || switching(s)) return false;
   if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s)); // release() stopped the old tests
   const d = s.why.data;
   const text = hasText(s.models, s.model);

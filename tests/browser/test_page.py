@@ -16,6 +16,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from helpers import fetch_faults
 from helpers.page import (
     ERROR,
     OVERLAY,
@@ -300,17 +301,9 @@ def test_shared_links_speak_the_apis_query_grammar(page, base_url, samples):
 def test_a_temperature_chosen_while_an_image_loads_draws_that_temperature(page, base_url, samples):
     """The first answer's rows are of the temperature it was asked at: a slider moved meanwhile asks
     for the new one's rows (they were labelled with the new T and drawn at the old one)."""
-    page.add_init_script(
-        """(() => { const f = window.fetch; window.__delay = 0;
-        window.fetch = async (...a) => { const r = await f(...a);
-          const u = String((a[0] && a[0].url) || a[0]);
-          if (window.__delay && /\\/api\\/v1\\/attention(?:\\?|$)/.test(u)) {
-            await new Promise((ok) => setTimeout(ok, window.__delay));
-          }
-          return r; }; })()"""
-    )
+    fetch_faults.install(page)
     open_page(page, base_url)
-    page.evaluate("() => { window.__delay = 2500; }")
+    fetch_faults.delay(page, r"/api/v1/attention(\?|$)", 2500)
     page.set_input_files("[data-testid=image-input]", str(samples["cat"]))
     page.wait_for_function("() => document.querySelector('[data-testid=status]').dataset.state === 'busy'")
     page.evaluate(
