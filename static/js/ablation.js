@@ -94,8 +94,8 @@ async function longAnswer(s, d, what, params, app) {
 /**
  * After every change, shown or not: the importance and pruning requests of another picture or
  * model than the shown one are given up (cancelled on the server), each holding a share of the
- * server's heavy work that the shown picture's need. Another method's keep running: the view
- * shows it again when it is chosen.
+ * server's heavy work that the shown picture's runs need. Another method's runs go on: the view
+ * shows them when their method is chosen again.
  */
 function release(s) {
   const d = s.ablation.data;

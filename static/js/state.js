@@ -326,7 +326,7 @@ export function syncUrl(s) {
   if (s.temperature !== 1) p.set("t", String(s.temperature));
   if (s.drop !== "none") p.set("drop", s.drop);
   const r = s.rollout;
-  if (r.start !== 0 || r.fusion !== "mean" || r.discard !== 0) p.set("rollout", `${r.start},${r.fusion},${r.discard}`);
+  if (Object.keys(DEFAULT_ROLLOUT).some((k) => r[k] !== DEFAULT_ROLLOUT[k])) p.set("rollout", `${r.start},${r.fusion},${r.discard}`);
   // Before an image the model's heads are unknown: its pairs are written once they are.
   const ablate = s.meta ? ablateOf(s) : s.ablation.off.join(",");
   if (ablate) p.set("ablate", ablate);
@@ -418,7 +418,7 @@ export function readChoices(p) {
   return out;
 }
 
-/** Put a link's choices (readChoices) into the state; a view's part (ablation, why) is patched. */
+/** Put a link's choices (readChoices) into the state; an object (rollout, compare, a view's part) is patched. */
 export function applyChoices(s, choices) {
   for (const [k, v] of Object.entries(choices)) {
     s[k] = k === "drop" ? v : { ...s[k], ...v };

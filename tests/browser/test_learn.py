@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from helpers import fetch_faults
 from helpers.learn import (
     LEARN,
     LONG,
@@ -25,6 +26,7 @@ from helpers.learn import (
     upload,
     wait_learn,
 )
+from helpers.page import ERROR, wait_view
 
 pytestmark = pytest.mark.browser
 
@@ -196,3 +198,30 @@ def test_learn_view_says_what_differs_for_every_family(page, family_server, samp
         x, y = cell_center(page, "[data-testid=learn-scores]", 1, 1, grid)
         page.mouse.move(x, y)
         page.wait_for_function("() => /bias/.test(document.querySelector('[data-testid=learn-hover]').textContent)")
+
+
+EVA_TINY = "random:eva02_tiny_patch14_224"  # 3 heads, where the default model has 6
+
+
+def test_a_model_switch_keeps_what_was_chosen_meanwhile_and_asks_nothing_of_both_models(page, family_server, samples):
+    """While the new model's answer is on its way, the state names the new model and still holds the
+    old one's heads: the views asked the 3-head model for head 5 (422), and the answer put back the
+    head chosen before the switch."""
+    page.set_default_timeout(LONG)
+    fetch_faults.install(page)
+    open_page(page, family_server.url, "?view=learn")
+    upload(page, samples["cat"])
+    iid = image_id(samples["cat"].read_bytes())
+    page.select_option("[data-testid=head]", "5")
+    page.wait_for_function("() => window.__log.some((e) => /explain.*head=5/.test(e.url) && e.status === 200)")
+    fetch_faults.delay(page, "model=random%3Aeva02", 3000)
+    page.select_option("[data-testid=model]", EVA_TINY)
+    page.select_option("[data-testid=head]", "2")  # chosen while the switch is under way
+    got = wait_view(page, image=iid, model=EVA_TINY)
+    assert got["head"] == "2"
+    page.wait_for_function(
+        "() => window.__log.some((e) => /explain.*model=random%3Aeva02/.test(e.url) && e.status === 200)"
+    )
+    refused = [r for r in fetch_faults.requests(page) if r["status"] and r["status"] >= 400]
+    assert not refused, refused
+    assert page.is_hidden(ERROR)

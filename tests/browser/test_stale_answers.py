@@ -1,6 +1,6 @@
 """Answers that come late or fail while the person changes something, in real Chromium against a
 real server (tests/helpers/fetch_faults.py delays or refuses chosen requests in the page): what
-the page gives up, asks again or keeps.
+the page gives up, asks again or keeps. A model switch's: tests/browser/test_learn.py.
 
 Every test gets a fresh page whose guard (tests/browser/conftest.py) fails it on a console
 error (a refused request is allowed where the test refuses one), an uncaught exception, a dialog
@@ -9,26 +9,15 @@ or a request to another host.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from helpers import fetch_faults
 from helpers.api import fresh_png
 from helpers.page import ERROR, open_page, upload, wait_view
-from helpers.server import Server
 
 pytestmark = pytest.mark.browser
 
 SLOW_MS = 240_000
-TINY = "random:vit_tiny_patch16_224"  # 3 heads, where the default model has 6
-
-
-@pytest.fixture(scope="module")
-def base_url():  # the page fixtures (guard, routes) follow this server
-    srv = Server({"HEADSCOPE_EXTRA_MODELS": json.dumps([TINY])})
-    yield srv.url
-    srv.stop_cleanly()
 
 
 def test_importance_of_a_picture_left_is_given_up(page, base_url, tmp_path):
@@ -83,26 +72,3 @@ def test_a_busy_answer_in_inside_a_head_can_be_tried_again(page, base_url, sampl
     page.select_option("[data-testid=head]", "0")
     page.select_option("[data-testid=head]", "1")
     page.wait_for_function("() => window.__log.some((e) => /explain.*head=1/.test(e.url) && e.status === 200)")
-
-
-def test_a_model_switch_keeps_what_was_chosen_meanwhile_and_asks_nothing_of_both_models(page, base_url, samples):
-    """While the new model's answer is on its way, the state names the new model and still holds the
-    old one's heads: the views asked the 3-head model for head 5 (422), and the answer put back the
-    head chosen before the switch."""
-    page.set_default_timeout(SLOW_MS)
-    fetch_faults.install(page)
-    open_page(page, base_url, "?view=learn")
-    v = upload(page, samples["cat"])
-    page.select_option("[data-testid=head]", "5")
-    page.wait_for_function("() => window.__log.some((e) => /explain.*head=5/.test(e.url) && e.status === 200)")
-    fetch_faults.delay(page, "model=random", 3000)
-    page.select_option("[data-testid=model]", TINY)
-    page.select_option("[data-testid=head]", "2")  # chosen while the switch is under way
-    got = wait_view(page, image=v["image"], model=TINY)
-    assert got["head"] == "2"
-    page.wait_for_function(
-        "() => window.__log.some((e) => /explain/.test(e.url) && /model=random/.test(e.url) && e.status === 200)"
-    )
-    refused = [r for r in fetch_faults.requests(page) if r["status"] and r["status"] >= 400]
-    assert not refused, refused
-    assert page.is_hidden(ERROR)
