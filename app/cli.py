@@ -385,9 +385,9 @@ def _extract(args) -> int:
             "aggregate": sel.aggregate,
             **({} if sel.aggregate == "none" else {"fused_heads": sel.heads}),  # which heads the one entry fused
         }
+    skipped = [f"{why} ({code})" for why, code in failed]
     if not tensors:
-        lines = [f"{why} ({code})" for why, code in failed]
-        print("headscope extract: no picture could be written:\n  " + "\n  ".join(lines), file=sys.stderr)
+        print("headscope extract: no picture could be written:\n  " + "\n  ".join(skipped), file=sys.stderr)
         # the selection fits none of the pictures: a usage error (2), as one refused before the model
         return 2 if all(code == SelectionError.code for _, code in failed) else 1
     refuse_existing(out, args.force)  # made meanwhile by someone else: still not replaced unasked
@@ -403,8 +403,8 @@ def _extract(args) -> int:
     finally:
         tmp.unlink(missing_ok=True)
     print(f"wrote {len(tensors)} tensors to {out}" + (f"; skipped {len(failed)}" if failed else ""))
-    for why, code in failed:
-        print(f"  skipped {why} ({code})", file=sys.stderr)
+    for line in skipped:
+        print(f"  skipped {line}", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import struct
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -17,6 +18,7 @@ import pytest
 from PIL import Image
 
 from helpers import fetch_faults
+from helpers.learn import set_range
 from helpers.page import (
     ERROR,
     OVERLAY,
@@ -306,11 +308,7 @@ def test_a_temperature_chosen_while_an_image_loads_draws_that_temperature(page, 
     fetch_faults.delay(page, r"/api/v1/attention(\?|$)", 2500)
     page.set_input_files("[data-testid=image-input]", str(samples["cat"]))
     page.wait_for_function("() => document.querySelector('[data-testid=status]').dataset.state === 'busy'")
-    page.evaluate(
-        """() => { const t = document.querySelector('[data-testid=map-temperature]');
-        t.value = String(Math.log10(2)); t.dispatchEvent(new Event('input', {bubbles: true}));
-        t.dispatchEvent(new Event('change', {bubbles: true})); }"""
-    )
+    set_range(page, "[data-testid=map-temperature]", str(math.log10(2)))
     iid = image_id(samples["cat"].read_bytes())
     v = wait_view(page, image=iid, layer=11, head="0", query="cls", temperature="2")
     page.wait_for_function("() => document.querySelector('[data-testid=overlay]').dataset.pending === '0'")
