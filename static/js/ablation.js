@@ -18,8 +18,8 @@ import {
 } from "./ablation-view.js";
 import { $, onPress, setOff } from "./dom.js";
 import { announce, bindRoving, syncRoving } from "./keys.js";
-import { ablateText, ablatedPairs, dims, switching } from "./state.js";
-import { longRequest, track } from "./long-requests.js";
+import { IMPORTANCE_METHODS, ablateText, ablatedPairs, dims, switching } from "./state.js";
+import { forget, forgetBusy, longRequest, track } from "./long-requests.js";
 import { isWindowed } from "./windows.js";
 
 const LABELS = { ablation: "exact ablation sweep", gradient: "gradient (Michel et al.)" };
@@ -42,13 +42,18 @@ function freshData(key, imageId, model) {
     outputs: new Map(),   // ablate text -> GET …/output answer
     shown: null,          // the ablate text of the output on screen while the next one loads
     loading: new Set(),   // "output|text", "importance|method", "pruning|method"
-    failed: new Set(),
-    retries: new Map(),   // "output|text" -> failed attempts (busy, timeout)
+    failed: new Map(),    // the same keys -> the error (long-requests.js track)
+    retries: new Map(),   // the same keys -> failed attempts (busy, timeout)
     importance: new Map(), // method -> answer
     pruning: new Map(),    // method -> answer
     progress: new Map(),   // "importance|method" -> progress answer
     running: new Map(),    // the same keys -> the AbortController of the request while it runs
   };
+}
+
+/** Whether `d` is the data on show, and whether the Ablation view is too (see track). */
+function where(s, d) {
+  return { current: () => dataOf(s) === d, shown: () => s.view === "ablation" && dataOf(s) === d };
 }
 
 /** The heads switched off in the shown model, as sorted [layer, head] pairs (none for Swin). */
@@ -71,7 +76,7 @@ function fetchOutput(s, d, text, app) {
     d.outputs.set(text, ans);
     if (text === ablateText(offPairs(s))) d.shown = text;
   };
-  return track(d, key, getOutput(d.imageId, { model: d.model, ablate: text }), onAnswer, app, () => dataOf(s) === d);
+  return track(d, key, getOutput(d.imageId, { model: d.model, ablate: text }), onAnswer, app, where(s, d));
 }
 
 /** GET …/importance or …/pruning with its progress in d.progress while it runs. */
@@ -108,7 +113,7 @@ function fetchLong(s, d, what, method, app) {
   const have = what === "importance" ? d.importance : d.pruning;
   if (have.has(method) || d.loading.has(key) || d.failed.has(key)) return false;
   const answer = longAnswer(s, d, what, { model: d.model, method }, app);
-  return track(d, key, answer, (ans) => { have.set(method, ans); }, app, () => dataOf(s) === d);
+  return track(d, key, answer, (ans) => { have.set(method, ans); }, app, where(s, d));
 }
 
 /**
@@ -122,15 +127,17 @@ function need(s, app) {
   if (!dataOf(s)) s.ablation.data = freshData(key, s.imageId, s.model);
   const d = s.ablation.data;
   if (s.ablation.retry) { // "Compute importance" again after a failure
-    for (const what of ["importance", "pruning"]) d.failed.delete(`${what}|${s.ablation.retry}`);
+    for (const what of ["importance", "pruning"]) forget(d, `${what}|${s.ablation.retry}`);
     s.ablation.retry = null;
   }
+  const text = isWindowed(s.meta) ? "" : ablateText(offPairs(s));
+  // what this call asks for stays failed (no loop of busy answers); the rest is asked again when needed again
+  const methods = IMPORTANCE_METHODS.filter((m) => asked(s, m));
+  forgetBusy(d, ["output|", `output|${text}`, ...methods.flatMap((m) => [`importance|${m}`, `pruning|${m}`])]);
   let started = fetchOutput(s, d, "", app);
   if (isWindowed(s.meta)) return started; // the output only: no heads to remove, no importance
-  const text = ablateText(offPairs(s));
   if (text) started = fetchOutput(s, d, text, app) || started;
-  for (const m of ["ablation", "gradient"]) {
-    if (!asked(s, m)) continue;
+  for (const m of methods) {
     started = fetchLong(s, d, "importance", m, app) || started;
     if (d.importance.has(m)) started = fetchLong(s, d, "pruning", m, app) || started;
   }
@@ -221,7 +228,7 @@ function bind(act, s) {
   $("importance-method").addEventListener("change", (e) => {
     const method = e.target.value;
     // Once importance is asked for an image, another method is computed as soon as it is chosen.
-    const more = ["ablation", "gradient"].some((m) => s.ablation.asked.includes(ask(m)));
+    const more = IMPORTANCE_METHODS.some((m) => s.ablation.asked.includes(ask(m)));
     act.setIn("ablation", { method, asked: more ? [...new Set([...s.ablation.asked, ask(method)])] : s.ablation.asked });
   });
   onPress($("importance-run"), () => {

@@ -117,9 +117,10 @@ function set(patch) {
   update();
 }
 
-/** Chart modes ({entropyKind, sinkKind, simKind}): drawn from data the page has. */
+/** Chart modes ({entropyKind, sinkKind, simKind}): drawn from data the page has; they travel in the link. */
 function setChart(patch) {
   Object.assign(state, patch);
+  if (state.imageId) syncUrl(state);
   updateSlow();
 }
 

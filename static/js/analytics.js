@@ -17,11 +17,6 @@ import { keyCount } from "./windows.js";
 const HEAD_COLOURS = ["#38bdf8", "#fbbf24", "#34d399", "#f472b6", "#a78bfa", "#fb923c",
   "#22d3ee", "#facc15", "#4ade80", "#e879f9", "#f87171", "#cbd5e1"];
 
-export const ENTROPY_KINDS = [["query", "this query row"], ["cls", "CLS row"], ["all", "all rows (mean)"]];
-export const SINK_KINDS = [["prefix-query", "prefix tokens · this query row"], ["prefix-all", "prefix tokens · all rows"],
-  ["artifacts", "artifact tokens · all rows"]];
-export const SIM_KINDS = [["js", "1 − JS divergence (all rows)"], ["cos", "cosine of CLS rows"]];
-
 export function analyticsEls() {
   return {
     panel: $("analytics"), status: $("analytics-status"),

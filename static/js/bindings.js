@@ -9,7 +9,7 @@ import { resized } from "./maps.js";
 import { bindCellCursor } from "./cell-cursor.js";
 import { announce, changeWords, followDockHeight, ownsKeys } from "./keys.js";
 import { cellAt } from "./overlay.js";
-import { defaultQuery, mapQuery, parseQuery, state } from "./state.js";
+import { MASS_RANGE, defaultQuery, mapQuery, parseQuery, state } from "./state.js";
 import { renderReadout } from "./viewer.js";
 import { VIEWS, bindViews } from "./views.js";
 
@@ -48,7 +48,7 @@ function bindControls() {
   // analysis tools: mass mask, attention sinks, rollout options, chart modes
   $("mass-toggle").addEventListener("change", (e) => act.set({ mask: e.target.checked }));
   $("mass-slider").addEventListener("input", (e) => {
-    act.set({ massFraction: Math.max(0.1, Math.min(0.95, Number(e.target.value))) });
+    act.set({ massFraction: Math.max(MASS_RANGE[0], Math.min(MASS_RANGE[1], Number(e.target.value))) });
   });
   $("drop-tokens").addEventListener("change", (e) => act.set({ drop: e.target.value }));
   $("rollout-start").addEventListener("change", (e) => act.setRollout({ start: Number(e.target.value) }));

@@ -3,12 +3,12 @@
 // state off it).
 
 import { attentionUrl, downloadName } from "./api.js";
-import { ENTROPY_KINDS, SIM_KINDS, SINK_KINDS } from "./analytics.js";
 import { COLORMAPS } from "./colormaps.js";
 import { $, fmtBytes, fmtTemperature, setOptions, setText } from "./dom.js";
 import { artifactTokens } from "./sinks.js";
 import {
-  ablateOf, apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery, prefixLabel, prefixQuery, stageQuery, tokensAt,
+  ENTROPY_KINDS, SIM_KINDS, SINK_KINDS, ablateOf, apiQuery, dims, hasCls, headChoices, headLabel, markerAt, parseQuery,
+  prefixLabel, prefixQuery, stageQuery, tokensAt,
 } from "./state.js";
 import { isWindowed, stageOf } from "./windows.js";
 

@@ -187,12 +187,22 @@ export class AttentionStore {
     this.failed.delete(requestKey(kind, query, rollout));
   }
 
-  /** One request per key; a failure is remembered (not retried by itself), a cancellation is not. */
+  /**
+   * One request per key; a failure is remembered (not retried by itself), a cancellation is not.
+   * A failure of a request asked at another temperature or with other heads off than the store's
+   * now is not remembered either (the answer asked for now is another request): it rejects as an
+   * AbortError, which the callers do not show.
+   */
   once(key, fn) {
     if (this.loading.has(key)) return this.loading.get(key);
+    const t = this.temperature;
+    const a = this.ablate;
+    const outdated = () => a !== this.ablate || (key !== "stats" && t !== this.temperature);
     const p = fn()
       .catch((e) => {
-        if (!(e && e.name === "AbortError")) this.failed.set(key, e);
+        if (e && e.name === "AbortError") throw e;
+        if (outdated()) throw new DOMException("asked for at another temperature or heads off", "AbortError");
+        this.failed.set(key, e);
         throw e;
       })
       .finally(() => this.loading.delete(key));

@@ -13,6 +13,7 @@ import { ApiError, getAttention, loadImage, postImage } from "./api.js";
 import { rowKeyOfAnswer } from "./data.js";
 import { SIDES, followImage, otherKey, preset, sideData } from "./compare.js";
 import { fmtBytes } from "./dom.js";
+import { isAbort } from "./long-requests.js";
 import {
   apiQuery, canonicalQuery, defaultQuery, dims, dropParts, hasCls, headChoices, mapQuery, nameOf, parseQuery,
 } from "./state.js";
@@ -56,7 +57,9 @@ export function needRows(s, app) {
       }
     }), SLOW_ROWS_MS);
     store.loadRows(q, apiQuery(q, tokens))
-      .catch(mine((e) => app.fail(e, () => { store.forget("rows", q); app.update(); })))
+      .catch(mine((e) => {
+        if (!isAbort(e)) app.fail(e, () => { store.forget("rows", q); app.update(); });
+      }))
       .finally(() => {
         clearTimeout(slow);
         mine(() => {
@@ -92,7 +95,7 @@ export function need(s, app) {
     started = true;
     store.loadStats(ctl.signal)
       .catch(mine((e) => {
-        if (e && e.name === "AbortError") return;
+        if (isAbort(e)) return;
         app.fail(e, () => { store.forget("stats"); app.update(); });
       }))
       .finally(() => {
@@ -107,7 +110,7 @@ export function need(s, app) {
       .catch(mine((e) => {
         // Said only when the rollout is on show now; one asked for ahead is asked again once it is
         // chosen (actions.js pick).
-        if (s.head === "rollout") app.fail(e, () => { store.forget("rollout", q, r); app.update(); });
+        if (s.head === "rollout" && !isAbort(e)) app.fail(e, () => { store.forget("rollout", q, r); app.update(); });
       }))
       .finally(mine(app.update));
   }
@@ -142,7 +145,7 @@ function needCompare(s, app) {
     if (ctx.store === store) continue; // need() fetches what the main view needs
     const st = ctx.store;
     const q = mapQuery(s.query, s.meta.tokens, ctx.tokens);
-    const fail = (e) => { if (s.compare.on) app.fail(e); }; // not once compare mode is closed
+    const fail = (e) => { if (s.compare.on && !isAbort(e)) app.fail(e); }; // not once compare mode is closed
     if (!st.rows.has(q)) {
       if (!st.isLoading("rows", q) && !st.hasFailed("rows", q)) {
         started = true;

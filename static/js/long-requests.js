@@ -1,6 +1,6 @@
 // The views' requests that take seconds of server work (importance, pruning, faithfulness) and
 // their retries. One copy for every view that asks for them.
-import { cancelTask, getLong, getProgress } from "./api.js";
+import { cancelTask, getLong, getProgress, isRetryable } from "./api.js";
 
 const POLL_MS = 250;
 const WAIT_S = 20; // a long request is answered within this (202 with the progress when not done)
@@ -47,20 +47,23 @@ export async function longRequest(imageId, what, params, onProgress, signal) {
 export const isAbort = (e) => !!e && e.name === "AbortError";
 
 /**
- * Run `promise` as request `key` of a view's data `d` (its loading, failed and retries sets): the
- * answer goes to onAnswer. A busy or slow server is asked again after a pause: the next need()
- * starts the request again once this one is off the loading list. Other errors go to app.fail,
- * named by `d` and the request's `family` (by default the key's part before the first "|"); an
- * answer of the same family takes such an error down (app.settle), e.g. a refused phrase once a
- * good one is in. `current()` says whether `d` is still the data on show (an answer for another
- * picture is kept, but does not redraw the page).
+ * Run `promise` as request `key` of a view's data `d` (its loading and retries, and `failed`: key
+ * -> the error): the answer goes to onAnswer. A busy or slow server is asked again after a pause:
+ * the next need() starts the request again once this one is off the loading list. Other errors
+ * are kept in d.failed and go to app.fail, named by `d` and the request's `family` (by default the
+ * key's part before the first "|"), with a Try again that forgets the failure (shown where sending
+ * it again can help); an answer of the same family takes such an error down (app.settle), e.g. a
+ * refused phrase once a good one is in. `on.current()` says whether `d` is still the data on show
+ * (an answer for another picture is kept, but does not redraw the page), `on.shown()` whether its
+ * view is too: a failure of a view left meanwhile raises no banner (the view says it failed when
+ * shown again, or asks again where the server was only busy or slow).
  */
-export function track(d, key, promise, onAnswer, app, current, family = key.split("|")[0]) {
+export function track(d, key, promise, onAnswer, app, on, family = key.split("|")[0]) {
   d.loading.add(key);
   promise
     .then((ans) => {
       onAnswer(ans);
-      if (current() && app.settle) app.settle(d, family); // redrawn below
+      if (on.current() && app.settle) app.settle(d, family); // redrawn below
     })
     .catch(async (e) => {
       if (isAbort(e)) return; // given up on purpose: not a failure, and asked again if needed again
@@ -70,12 +73,32 @@ export function track(d, key, promise, onAnswer, app, current, family = key.spli
         await sleep(1000 * tries);
         return;
       }
-      d.failed.add(key);
-      if (current()) app.fail(e, null, { data: d, family });
+      if (!on.shown()) { // raises no banner; a busy answer is asked again once the view shows it again
+        if (isRetryable(e)) forget(d, key);
+        else d.failed.set(key, e);
+        return;
+      }
+      d.failed.set(key, e);
+      app.fail(e, () => { forget(d, key); app.update(); }, { data: d, family });
     })
     .finally(() => {
       d.loading.delete(key);
-      if (current()) app.update();
+      if (on.current()) app.update();
     });
   return true;
+}
+
+/** Forget that request `key` of `d` failed: the next need() asks for it again. */
+export function forget(d, key) {
+  d.failed.delete(key);
+  d.retries.delete(key);
+}
+
+/**
+ * Forget the failures of `d` that another try may mend (busy, timeouts: api.js isRetryable) for
+ * the requests not in `keep`, the ones on show: a busy answer is asked again on coming back to
+ * what it was for (another method, target or labels and back), as Inside a head does.
+ */
+export function forgetBusy(d, keep) {
+  for (const [key, err] of d.failed) if (!keep.includes(key) && isRetryable(err)) forget(d, key);
 }

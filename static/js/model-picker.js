@@ -5,11 +5,13 @@
 
 import { catalogLoad, getModels, searchCatalog } from "./api.js";
 import { $, debounce, fmtBytes, setText } from "./dom.js";
+import { app } from "./actions.js";
 import { switchModel } from "./intake.js";
 import { state } from "./state.js";
 
 const POLL_MS = 400;
-const picker = { query: null, loading: null, timer: 0, searchAbort: null };
+// loading: the name being loaded; from: the page's model when it was chosen (see ready)
+const picker = { query: null, loading: null, from: null, timer: 0, searchAbort: null };
 
 function tags(m) {
   const t = [m.family];
@@ -84,12 +86,21 @@ function renderLoad(st) {
   setText("model-load-status", text || st.state); // polled: the same words are not said again
 }
 
+/**
+ * A loaded model goes into the menu; the page switches to it unless another model was chosen
+ * since it was picked (the menu, while a download took minutes): that choice stands.
+ */
 async function ready(st) {
+  const from = picker.from;
   try {
     const models = await getModels();
     state.models = models.models || [];
   } catch {
     // the switch below reports a server that went away
+  }
+  if (state.model !== from) {
+    app.update(); // in the menu only
+    return;
   }
   $("model-dialog").close();
   switchModel(st.id);
@@ -101,10 +112,12 @@ async function poll(name) {
   try {
     st = await catalogLoad(name);
   } catch (e) {
+    if (picker.loading !== name) return;
     renderLoad({ name, state: "failed", fraction: null, error: { message: e.message } });
     picker.loading = null;
     return;
   }
+  if (picker.loading !== name) return; // another model was chosen in the picker meanwhile
   renderLoad(st);
   if (st.state === "ready") {
     picker.loading = null;
@@ -119,9 +132,11 @@ async function poll(name) {
 async function load(name) {
   clearTimeout(picker.timer);
   picker.loading = name;
+  picker.from = state.model;
   renderLoad({ name, state: "queued", fraction: null, bytes_total: null });
   try {
     const st = await catalogLoad(name, "POST");
+    if (picker.loading !== name) return; // another model was chosen in the picker meanwhile
     renderLoad(st);
     if (st.state === "ready") {
       picker.loading = null;
@@ -129,6 +144,7 @@ async function load(name) {
       return;
     }
   } catch (e) {
+    if (picker.loading !== name) return;
     // 503 hub_unreachable (and any other refusal): the server's sentence, in the picker
     renderLoad({ name, state: "failed", fraction: null, error: { message: e.message } });
     picker.loading = null;

@@ -15,6 +15,7 @@
 // cell of stage 0 and each layer shows the stage's cell under it (see windows.js). The helpers
 // that depend on the layer (dims, headChoices, tokensAt, markerAt) take it as an argument.
 
+import { COLORMAPS } from "./colormaps.js";
 import { headsAt, isWindowed, layerTokens, numLayers, stageCell } from "./windows.js";
 
 export const AGGREGATES = ["mean", "max", "rollout"];
@@ -24,6 +25,16 @@ export const FUSIONS = ["mean", "max", "min"];
 export const RELEVANCE_METHODS = ["chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp", "legrad"];
 const DEFAULT_ROLLOUT = { start: 0, fusion: "mean", discard: 0 };
 export const COMPARE_MODES = ["heads", "layers", "images"];
+// The analytics charts' modes ([value, label]; controls.js) and the importance methods (ablation.js)
+export const ENTROPY_KINDS = [["query", "this query row"], ["cls", "CLS row"], ["all", "all rows (mean)"]];
+export const SINK_KINDS = [["prefix-query", "prefix tokens · this query row"], ["prefix-all", "prefix tokens · all rows"],
+  ["artifacts", "artifact tokens · all rows"]];
+export const SIM_KINDS = [["js", "1 − JS divergence (all rows)"], ["cos", "cosine of CLS rows"]];
+export const IMPORTANCE_METHODS = ["ablation", "gradient"];
+export const MASS_RANGE = [0.1, 0.95]; // the mass mask's slider
+// The display choices a link carries where they differ from these (syncUrl/readChoices)
+const DISPLAY = { colormap: "viridis", opacity: 0.6, showGrid: false, smooth: false, mask: false, massFraction: 0.6,
+  entropyKind: "query", sinkKind: "prefix-query", simKind: "js" };
 const HEAD_TEXT = /^(?:\d{1,4}|mean|max|rollout)$/;
 
 export const state = {
@@ -40,19 +51,19 @@ export const state = {
   query: "cls",
   lastPatch: null,     // the last patch query, for the query-mode select
   hover: false,
-  opacity: 0.6,
-  colormap: "viridis",
-  showGrid: false,
-  smooth: false,
+  opacity: DISPLAY.opacity,
+  colormap: DISPLAY.colormap,
+  showGrid: DISPLAY.showGrid,
+  smooth: DISPLAY.smooth,
   busy: null,          // text while an image is being computed
   error: null,         // {title, message, code, retry: function | null}
   summary: "",         // status line once an image is shown
   // head analytics
-  entropyKind: "query",   // entropy chart: "query" (this row) | "cls" (CLS row) | "all" (mean over rows)
-  sinkKind: "prefix-query", // sinks chart: "prefix-query" | "prefix-all" | "artifacts"
-  simKind: "js",          // similarity matrix: "js" (1 - JS/log 2) | "cos" (cosine of CLS rows)
-  mask: false,            // outline the DINO mass-threshold mask on the overlay
-  massFraction: 0.6,
+  entropyKind: DISPLAY.entropyKind, // entropy chart: "query" (this row) | "cls" (CLS row) | "all" (mean over rows)
+  sinkKind: DISPLAY.sinkKind, // sinks chart: "prefix-query" | "prefix-all" | "artifacts"
+  simKind: DISPLAY.simKind, // similarity matrix: "js" (1 - JS/log 2) | "cos" (cosine of CLS rows)
+  mask: DISPLAY.mask, // outline the DINO mass-threshold mask on the overlay
+  massFraction: DISPLAY.massFraction,
   drop: "none",
   rollout: { ...DEFAULT_ROLLOUT },
   // compare mode: sides {image, layer, head}; the other images' data, keyed `${model}|${imageId}`
@@ -336,6 +347,15 @@ export function syncUrl(s) {
   if (target) p.set("target", target);
   if (w.labels) p.set("labels", w.labels);
   if (w.steps !== "quick") p.set("steps", w.steps);
+  if (s.ablation.method !== IMPORTANCE_METHODS[0]) p.set("importance", s.ablation.method);
+  if (s.colormap !== DISPLAY.colormap) p.set("cmap", s.colormap);
+  if (s.opacity !== DISPLAY.opacity) p.set("opacity", String(s.opacity));
+  if (s.showGrid) p.set("grid", "1");
+  if (s.smooth) p.set("smooth", "1");
+  if (s.mask) p.set("mask", String(s.massFraction));
+  if (s.entropyKind !== DISPLAY.entropyKind) p.set("entropy", s.entropyKind);
+  if (s.sinkKind !== DISPLAY.sinkKind) p.set("sinks", s.sinkKind);
+  if (s.simKind !== DISPLAY.simKind) p.set("sim", s.simKind);
   const c = s.compare;
   if (c.on && c.a && c.b && s.imageId) {
     p.set("compare", c.mode);
@@ -404,6 +424,8 @@ export function readChoices(p) {
   // "l:h" pairs; the ones the model lacks are left out once its answer is in (ablatedPairs)
   const off = (p.get("ablate") || "").split(",").filter((k) => /^\d{1,4}:\d{1,4}$/.test(k));
   if (off.length) out.ablation = { off: [...new Set(off)] };
+  if (IMPORTANCE_METHODS.includes(p.get("importance"))) out.ablation = { ...out.ablation, method: p.get("importance") };
+  Object.assign(out, readDisplay(p));
   const why = {};
   if (RELEVANCE_METHODS.includes(p.get("method"))) why.method = p.get("method");
   Object.assign(why, readTarget(p.get("target") || ""));
@@ -418,10 +440,35 @@ export function readChoices(p) {
   return out;
 }
 
+/** A link's display choices: colour map, opacity, grid, smoothing, mass mask, the charts' modes. */
+function readDisplay(p) {
+  const out = {};
+  if (COLORMAPS.includes(p.get("cmap"))) out.colormap = p.get("cmap");
+  const opacity = share(p.get("opacity"), 0, 1);
+  if (opacity !== null) out.opacity = opacity;
+  if (p.get("grid") === "1") out.showGrid = true;
+  if (p.get("smooth") === "1") out.smooth = true;
+  const mass = share(p.get("mask"), ...MASS_RANGE);
+  if (mass !== null) Object.assign(out, { mask: true, massFraction: mass });
+  const kind = (name, kinds) => (kinds.some(([v]) => v === p.get(name)) ? p.get(name) : null);
+  for (const [field, name, kinds] of [["entropyKind", "entropy", ENTROPY_KINDS], ["sinkKind", "sinks", SINK_KINDS], ["simKind", "sim", SIM_KINDS]]) {
+    const v = kind(name, kinds);
+    if (v) out[field] = v;
+  }
+  return out;
+}
+
+/** A number from a link within [lo, hi], else null (left out: the default stays). */
+function share(text, lo, hi) {
+  if (!/^\d(?:\.\d{1,4})?$/.test(text || "")) return null;
+  const v = Number(text);
+  return v >= lo && v <= hi ? v : null;
+}
+
 /** Put a link's choices (readChoices) into the state; an object (rollout, compare, a view's part) is patched. */
 export function applyChoices(s, choices) {
   for (const [k, v] of Object.entries(choices)) {
-    s[k] = k === "drop" ? v : { ...s[k], ...v };
+    s[k] = v && typeof v === "object" && !Array.isArray(v) ? { ...s[k], ...v } : v;
   }
 }
 

@@ -14,7 +14,7 @@ import { getLong, getOutput } from "./api.js";
 import { renderProgress } from "./ablation-view.js";
 import { $, onPress, setOff, setOptions } from "./dom.js";
 import { RELEVANCE_METHODS, ablateOf, switching } from "./state.js";
-import { longRequest, track } from "./long-requests.js";
+import { forget, forgetBusy, longRequest, track } from "./long-requests.js";
 import { renderVerdict } from "./why-verdict.js";
 import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why-view.js";
 import { bindSaliencyKeys } from "./why-keys.js";
@@ -49,9 +49,14 @@ function freshData(key, imageId, model, ablate) {
     running: new Map(),    // the same keys -> the AbortController of the test while it runs
     zeroShot: new Map(),   // labels -> GET …/zero-shot answer
     loading: new Set(),
-    failed: new Set(),
+    failed: new Map(),     // key -> the error (long-requests.js track)
     retries: new Map(),    // key -> failed attempts (busy, timeout)
   };
+}
+
+/** Whether `d` is the data on show, and whether the Why view is too (see track). */
+function where(s, d) {
+  return { current: () => dataOf(s) === d, shown: () => s.view === "why" && dataOf(s) === d };
 }
 
 /** The API target the state asks for, given the output kind; null while a box is asked but not drawn. */
@@ -94,7 +99,7 @@ function testKey(target, methods, fractions) {
 function fetchOutput(s, d, app) {
   if (d.output || d.loading.has("output") || d.failed.has("output")) return false;
   const params = { model: d.model, ablate: d.ablate };
-  return track(d, "output", getOutput(d.imageId, params), (ans) => { d.output = ans; }, app, () => dataOf(s) === d);
+  return track(d, "output", getOutput(d.imageId, params), (ans) => { d.output = ans; }, app, where(s, d));
 }
 
 function fetchMap(s, d, method, target, app) {
@@ -105,14 +110,14 @@ function fetchMap(s, d, method, target, app) {
   if ([...d.loading].some((k) => k.startsWith("map|"))) return false;
   const params = { model: d.model, ablate: d.ablate, method, target };
   const family = method === RAW ? "raw" : "map"; // the raw map's refusal is its own, not the chosen map's
-  return track(d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app, () => dataOf(s) === d, family);
+  return track(d, `map|${key}`, getLong(d.imageId, "relevance", params).then((a) => a.body), (ans) => { d.maps.set(key, ans); }, app, where(s, d), family);
 }
 
 function fetchZeroShot(s, d, labels, app) {
   const key = `zero|${labels}`;
   if (!labels || d.zeroShot.has(labels) || d.loading.has(key) || d.failed.has(key)) return false;
   const params = { model: d.model, labels };
-  return track(d, key, getLong(d.imageId, "zero-shot", params).then((a) => a.body), (ans) => { d.zeroShot.set(labels, ans); }, app, () => dataOf(s) === d);
+  return track(d, key, getLong(d.imageId, "zero-shot", params).then((a) => a.body), (ans) => { d.zeroShot.set(labels, ans); }, app, where(s, d));
 }
 
 /** GET …/faithfulness with its progress in d.progress while it runs. */
@@ -169,7 +174,7 @@ function fetchTest(s, d, target, app) {
   const { methods, fractions, key } = testSpec(s, target);
   if (d.tests.has(key) || d.loading.has(key) || d.failed.has(key)) return false;
   const params = { model: d.model, ablate: d.ablate, methods, target, fractions };
-  return track(d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app, () => dataOf(s) === d, "test");
+  return track(d, key, testRequest(s, d, key, params, app), (ans) => { d.tests.set(key, ans); }, app, where(s, d), "test");
 }
 
 /**
@@ -182,22 +187,24 @@ function need(s, app) {
   if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s)); // release() stopped the old tests
   const d = s.why.data;
   const text = hasText(s.models, s.model);
+  const labels = text ? labelsText(s.why.labels) : "";
+  const target = d.output ? targetOf(s.why, d.output.kind, text) : null;
+  const method = methodOf(s.why, text);
+  const test = target !== null && s.why.asked.includes(key) ? testSpec(s, target).key : null;
+  // what this call asks for stays failed (no loop of busy answers); the rest is asked again when needed again
+  forgetBusy(d, ["output", `zero|${labels}`, `map|${method}|${target}`, `map|${RAW}|${target}`, test]);
   let started = fetchOutput(s, d, app);
   if (text) {
-    const labels = labelsText(s.why.labels);
     if (d.zeroShot.has(labels)) started = app.settle(d, "zero") || started; // as a map's, below
     started = fetchZeroShot(s, d, labels, app) || started;
   }
-  if (!d.output) return started;
-  const target = targetOf(s.why, d.output.kind, text);
   if (target === null) return started;
-  const method = methodOf(s.why, text);
   // a refused map is old news once the map asked for now is in (one already here asks nothing)
   if (d.maps.has(`${method}|${target}`)) started = app.settle(d, "map") || started;
   started = fetchMap(s, d, method, target, app) || started;
   // the raw attention once the chosen map is in: the server answers it from the same computation
   if (d.maps.has(`${method}|${target}`)) started = fetchMap(s, d, RAW, target, app) || started;
-  if (s.why.asked.includes(key)) started = fetchTest(s, d, target, app) || started;
+  if (test) started = fetchTest(s, d, target, app) || started;
   return started;
 }
 
@@ -304,7 +311,7 @@ function render(s, act, shown) {
   renderProgress($("faithfulness-progress"), progress);
   setOff($("faithfulness-run"), !key || d.loading.has(key) || d.tests.has(key));
   const test = key ? d.tests.get(key) || null : null;
-  renderFaithfulness($("faithfulness-chart"), test, asked && key ? "Running the test…" : null);
+  renderFaithfulness($("faithfulness-chart"), test, asked && key && !d.failed.has(key) ? "Running the test…" : null);
   renderFaithfulnessResults($("faithfulness-results"), test);
   renderVerdict($("why-verdict"), test, METHOD_NAMES, document.body.dataset.docsUrl || "");
   renderFaithfulnessLive($("faithfulness-live"), progress, test);
@@ -329,7 +336,11 @@ function bind(act, s) {
   $("faithfulness-steps").addEventListener("change", (e) => act.setIn("why", { steps: e.target.value }));
   onPress($("faithfulness-run"), () => {
     const key = keyOf(s);
-    if (key) act.setIn("why", { asked: [...new Set([...s.why.asked, key])] });
+    if (!key) return;
+    const d = dataOf(s);
+    const target = d && d.output ? targetOf(s.why, d.output.kind, hasText(s.models, s.model)) : null;
+    if (target !== null) forget(d, testSpec(s, target).key); // run again after a failure
+    act.setIn("why", { asked: [...new Set([...s.why.asked, key])] });
   });
   // A box drawn on the saliency output: the drag is kept on the box element (DOM, not module
   // state); its end writes the box, in output-map pixels, to the state.

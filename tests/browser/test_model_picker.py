@@ -7,10 +7,13 @@ gets the server's sentence about the hub in the picker.
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
+from helpers import fetch_faults
 from helpers.hub_standin import offline_any_model_server, prepare_cache, weights
 from helpers.server import SAMPLES
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -101,3 +104,29 @@ def test_the_picker_finds_an_open_clip_model_and_says_its_weights_are_unreachabl
     assert name in status and "HF_HUB_OFFLINE" in status and "not in its Hugging Face cache" in status
     assert "open_clip:ViT-B-32 (the same model with random weights)" in status
     assert page.input_value("[data-testid=model]") == "random:test_vit"
+
+
+def test_a_load_answered_after_another_model_was_chosen_does_not_switch_the_page(page, base_url, guard, pace):
+    """A model chosen in the picker after another: the first one's late "ready" switched the page
+    to it, over the later choice (here one the server refused at once)."""
+    httpx.post(f"{base_url}/api/v1/models/catalog/{CACHED}/load", timeout=60)  # loaded: its POST answers "ready"
+    wait_until(
+        lambda: httpx.get(f"{base_url}/api/v1/models/catalog/{CACHED}/load", timeout=60).json()["state"] == "ready",
+        pace.s(120),
+        f"{CACHED} to load",
+    )
+    fetch_faults.install(page)
+    page.goto(base_url + "/")
+    page.wait_for_function("() => document.body.dataset.ready === '1'")
+    fetch_faults.delay(page, f"/catalog/{CACHED}/load", 1500)
+    page.click("[data-testid=model-search-open]")
+    page.fill("[data-testid=model-search]", "test_vit")
+    page.locator(f"[data-testid=model-result][data-name='{CACHED}']").click()
+    guard.allow_http_errors = True  # the 503 is the expected answer
+    page.locator(f"[data-testid=model-result][data-name='{MISSING}']").click()
+    page.wait_for_selector("[data-testid=model-load][data-state=failed]")
+    page.wait_for_function(f"() => window.__log.some((e) => e.url.includes('/catalog/{CACHED}/load') && e.status)")
+    page.wait_for_timeout(500)  # the page's handling of the late answer
+    assert MISSING in page.inner_text("[data-testid=model-load-status]")
+    assert page.input_value("[data-testid=model]") == "random:test_vit"
+    assert page.locator("[data-testid=model-dialog]").evaluate("d => d.open")

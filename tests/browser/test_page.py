@@ -263,17 +263,42 @@ def test_url_keeps_the_view(page, base_url, samples):
     page.select_option("[data-testid=head]", "max")
     click_cell(page, 3, 9, (16, 24))
     v = wait_view(page, layer=4, head="max", query="patch:3,9")
+    # The display choices travel too: colour map, opacity, grid, smoothing, the mass mask, the charts' modes.
+    page.select_option("[data-testid=colormap]", "magma")
+    set_range(page, "[data-testid=opacity]", "0.85")
+    page.check("[data-testid=patch-grid-toggle]")
+    page.check("[data-testid=smooth-toggle]")
+    page.check("[data-testid=mass-toggle]")
+    set_range(page, "[data-testid=mass-slider]", "0.45")
+    page.select_option("[data-testid=entropy-kind]", "all")
+    page.select_option("[data-testid=sink-kind]", "artifacts")
+    page.select_option("[data-testid=similarity-kind]", "cos")
     q = parse_qs(urlsplit(page.url).query)
     assert q["image"] == [v["image"]] and q["layer"] == ["4"] and q["head"] == ["max"]
     assert q["model"] == ["dinov2-s14-focus"]
+    display = {"cmap": "magma", "opacity": "0.85", "grid": "1", "smooth": "1", "mask": "0.45"}
+    display |= {"entropy": "all", "sinks": "artifacts", "sim": "cos"}
+    assert {k: q[k][0] for k in display if k in q} == display
+    controls = """() => Object.fromEntries(['colormap', 'opacity', 'mass-slider', 'entropy-kind', 'sink-kind',
+        'similarity-kind', 'patch-grid-toggle', 'smooth-toggle', 'mass-toggle'].map((id) => {
+          const el = document.querySelector(`[data-testid=${id}]`);
+          return [id, el.type === 'checkbox' ? el.checked : el.value]; }))"""
+    chosen = page.evaluate(controls)
+    wait_view(page, layer=4, head="max", query="patch:3,9")
     shown = canvas_png(page)
 
     page.reload()
     page.wait_for_function("() => document.body.dataset.ready === '1'")
     v2 = wait_view(page, image=v["image"], layer=4, head="max", query="patch:3,9")
     assert v2["marked"] == "3,9"
+    assert page.evaluate(controls) == chosen
     assert canvas_png(page) == shown
     assert page.locator("[data-testid=filename]").inner_text() == "coffee.png"
+
+    # The Ablation view's importance method.
+    open_page(page, base_url, f"?image={v['image']}&view=ablation&importance=gradient")
+    page.wait_for_function("() => document.querySelector('[data-testid=importance-method]').value === 'gradient'")
+    assert parse_qs(urlsplit(page.url).query)["importance"] == ["gradient"]
 
 
 def test_shared_links_speak_the_apis_query_grammar(page, base_url, samples):

@@ -72,3 +72,43 @@ def test_a_busy_answer_in_inside_a_head_can_be_tried_again(page, base_url, sampl
     page.select_option("[data-testid=head]", "0")
     page.select_option("[data-testid=head]", "1")
     page.wait_for_function("() => window.__log.some((e) => /explain.*head=1/.test(e.url) && e.status === 200)")
+
+
+def test_a_busy_faithfulness_test_can_be_run_again(page, base_url, samples, guard):
+    """Refused busy three times, it stayed failed for good: no Try again, Run did nothing, and the
+    chart said it was running."""
+    page.set_default_timeout(SLOW_MS)
+    guard.allow_http_errors = True
+    fetch_faults.install(page)
+    open_page(page, base_url, "?view=why")
+    fetch_faults.refuse(page, r"/faithfulness\?", times=3)
+    upload(page, samples["cat"])
+    page.wait_for_selector("[data-testid=faithfulness-run]:not([aria-disabled=true])")
+    page.click("[data-testid=faithfulness-run]")
+    page.wait_for_selector("[data-testid=faithfulness-progress][data-state=failed]")
+    page.locator("#error-retry").wait_for(state="visible")
+    assert "Running the test" not in page.inner_text("[data-testid=faithfulness-chart]")
+    assert page.get_attribute("[data-testid=faithfulness-run]", "aria-disabled") != "true"
+    page.click("[data-testid=faithfulness-run]")
+    page.wait_for_selector("[data-testid=faithfulness-progress][data-state=done]")
+    page.wait_for_selector(ERROR, state="hidden")
+    asked = [r["status"] for r in fetch_faults.requests(page, r"/faithfulness\?")]
+    assert asked[:3] == [429, 429, 429] and asked[-1] == 200, asked
+
+
+def test_a_test_that_fails_while_another_view_is_shown_raises_no_banner(page, base_url, samples, guard):
+    """The Why view's test goes on when another view is shown; its failure was a banner over that view."""
+    guard.allow_http_errors = True
+    fetch_faults.install(page)
+    open_page(page, base_url, "?view=why")
+    upload(page, samples["cat"])
+    page.wait_for_selector("[data-testid=faithfulness-run]:not([aria-disabled=true])")
+    fetch_faults.refuse(page, r"/faithfulness\?", status=500, code="internal", message="It broke.", after_ms=1500)
+    page.click("[data-testid=faithfulness-run]")
+    page.click("[data-testid=viewer-tab]")
+    page.wait_for_function("() => window.__log.some((e) => /\\/faithfulness\\?/.test(e.url) && e.status === 500)")
+    page.wait_for_timeout(300)  # the page's handling of the answer
+    assert page.is_hidden(ERROR)
+    page.click("[data-testid=why-tab]")
+    page.wait_for_selector("[data-testid=faithfulness-progress][data-state=failed]")
+    assert page.is_hidden(ERROR)

@@ -7,7 +7,7 @@ from __future__ import annotations
 INIT = r"""
 (() => {
   window.__delays = [];  // [{re, ms}]: answers of matching URLs handed over ms later
-  window.__fails = [];   // [{re, status, code, message, times}]: matching requests refused
+  window.__fails = [];   // [{re, status, code, message, times, ms}]: matching requests refused (ms later)
   window.__log = [];     // {url, method, status, error}
   const orig = window.fetch.bind(window);
   window.fetch = async (input, init) => {
@@ -17,6 +17,7 @@ INIT = r"""
     for (const f of window.__fails) {
       if (f.times > 0 && new RegExp(f.re).test(url)) {
         f.times -= 1;
+        if (f.ms) await new Promise((ok) => setTimeout(ok, f.ms));
         entry.status = f.status;
         const body = { error: { code: f.code, message: f.message, request_id: 'test' } };
         const headers = { 'Content-Type': 'application/json', 'Retry-After': '1' };
@@ -54,12 +55,19 @@ def no_delay(page) -> None:
 
 
 def refuse(
-    page, pattern: str, times: int = 1, status: int = 429, code: str = "busy", message: str = "The server is busy."
+    page,
+    pattern: str,
+    times: int = 1,
+    status: int = 429,
+    code: str = "busy",
+    message: str = "The server is busy.",
+    after_ms: int = 0,
 ) -> None:
-    """Answer the next ``times`` requests to URLs matching ``pattern`` as a busy server does."""
+    """Answer the next ``times`` requests to URLs matching ``pattern`` as a busy server does (or
+    with another ``status`` and error ``code``), each ``after_ms`` after it was sent."""
     page.evaluate(
         "(f) => { window.__fails.push(f); }",
-        {"re": pattern, "times": times, "status": status, "code": code, "message": message},
+        {"re": pattern, "times": times, "status": status, "code": code, "message": message, "ms": after_ms},
     )
 
 

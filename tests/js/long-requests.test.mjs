@@ -5,7 +5,8 @@
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { isAbort, longRequest, track } from "../../static/js/long-requests.js";
+import { ApiError } from "../../static/js/api.js";
+import { forgetBusy, isAbort, longRequest, track } from "../../static/js/long-requests.js";
 
 const json = (status, body) => new Response(JSON.stringify(body), { status, headers: { "Content-Type": "application/json" } });
 
@@ -66,8 +67,10 @@ test("an answer that comes is returned, and nothing is cancelled", async () => {
   assert.deepEqual(calls.filter((c) => c.startsWith("DELETE")), []);
 });
 
+const fresh = () => ({ loading: new Set(), failed: new Map(), retries: new Map() });
+const ON = { current: () => true, shown: () => true };
+
 test("track names an error by its view's data and request kind, and an answer of that kind takes it down", async () => {
-  const fresh = () => ({ loading: new Set(), failed: new Set(), retries: new Map() });
   const d = fresh();
   const other = fresh(); // another view's answers
   let shown = null;
@@ -81,14 +84,57 @@ test("track names an error by its view's data and request kind, and an answer of
     },
   };
   const refused = Object.assign(new Error("422"), { code: "bad_text" });
-  track(d, "map|chefer|text:a a a", Promise.reject(refused), () => {}, app, () => true);
+  track(d, "map|chefer|text:a a a", Promise.reject(refused), () => {}, app, ON);
   await settle();
   assert.deepEqual(shown.source, { data: d, family: "map" });
-  track(d, "map|attention|text:a cat", Promise.resolve({}), () => {}, app, () => true, "raw");
-  track(other, "map|chefer|top", Promise.resolve({}), () => {}, app, () => true);
+  track(d, "map|attention|text:a cat", Promise.resolve({}), () => {}, app, ON, "raw");
+  track(other, "map|chefer|top", Promise.resolve({}), () => {}, app, ON);
   await settle();
   assert.ok(shown, "a raw map's answer, or another view's map, says nothing of the refused map");
-  track(d, "map|chefer|text:a cat", Promise.resolve({}), () => {}, app, () => true);
+  track(d, "map|chefer|text:a cat", Promise.resolve({}), () => {}, app, ON);
   await settle();
   assert.equal(shown, null);
+});
+
+/** An app that records what the banner would say and redraws nothing. */
+function recorder() {
+  const app = { banners: [], updates: 0, update() { app.updates += 1; }, fail(e, retry, source) { app.banners.push({ e, retry, source }); } };
+  return app;
+}
+
+test("a failure offers a Try again that forgets it, so the next need() asks again", async () => {
+  const d = fresh();
+  const app = recorder();
+  const refused = new ApiError(500, "internal", "boom");
+  track(d, "test|top|chefer|", Promise.reject(refused), () => {}, app, ON);
+  await settle();
+  assert.ok(d.failed.has("test|top|chefer|"));
+  assert.equal(app.banners.length, 1);
+  app.banners[0].retry();
+  assert.ok(!d.failed.has("test|top|chefer|") && !d.retries.has("test|top|chefer|"));
+});
+
+test("a failure of a view left meanwhile raises no banner; a busy one is forgotten, to be asked again on coming back", async () => {
+  const d = fresh();
+  const app = recorder();
+  const away = { current: () => true, shown: () => false };
+  const busy = new ApiError(429, "busy", "busy");
+  d.retries.set("test|a", 2); // its third busy answer: no pause, the last try
+  track(d, "test|a", Promise.reject(busy), () => {}, app, away);
+  track(d, "map|b", Promise.reject(new ApiError(422, "bad_target", "no")), () => {}, app, away);
+  await settle();
+  assert.equal(app.banners.length, 0);
+  assert.ok(!d.failed.has("test|a") && !d.retries.has("test|a"), "busy: asked again when shown");
+  assert.ok(d.failed.has("map|b"), "a refusal stays: the view says it failed");
+});
+
+test("forgetBusy forgets the busy failures of what is not on show, and keeps the ones on show and the refusals", () => {
+  const d = fresh();
+  d.failed.set("map|chefer|top", new ApiError(429, "busy", "busy"));
+  d.failed.set("map|rollout|top", new ApiError(504, "timeout", "slow"));
+  d.failed.set("map|attention|class:3", new ApiError(422, "bad_target", "no"));
+  d.retries.set("map|rollout|top", 3);
+  forgetBusy(d, ["map|chefer|top", null]);
+  assert.deepEqual([...d.failed.keys()], ["map|chefer|top", "map|attention|class:3"]);
+  assert.ok(!d.retries.has("map|rollout|top"));
 });

@@ -242,3 +242,42 @@ test("compare mode travels in a link: the mode and both sides, another image by 
     assert.equal(readUrl().choices.compare, undefined, bad);
   }
 });
+
+test("a link carries the display choices: colour map, opacity, grid, smoothing, mass mask, chart modes, importance method", () => {
+  fakeAddressBar();
+  const chosen = shownState({
+    colormap: "magma", opacity: 0.85, showGrid: true, smooth: true, mask: true, massFraction: 0.45,
+    entropyKind: "all", sinkKind: "artifacts", simKind: "cos",
+    ablation: { ...state.ablation, method: "gradient" },
+  });
+  syncUrl(chosen);
+  const q = new URLSearchParams(location.search);
+  assert.deepEqual(
+    ["cmap", "opacity", "grid", "smooth", "mask", "entropy", "sinks", "sim", "importance"].map((k) => q.get(k)),
+    ["magma", "0.85", "1", "1", "0.45", "all", "artifacts", "cos", "gradient"],
+  );
+  const opened = shownState({});
+  applyChoices(opened, readUrl().choices);
+  for (const k of ["colormap", "opacity", "showGrid", "smooth", "mask", "massFraction", "entropyKind", "sinkKind", "simKind"]) {
+    assert.deepEqual(opened[k], chosen[k], k);
+  }
+  assert.equal(opened.ablation.method, "gradient");
+  assert.deepEqual(opened.ablation.off, []); // patched, not replaced
+  const before = location.search;
+  syncUrl(opened);
+  assert.equal(location.search, before); // the round trip is the identity
+  // The mask off keeps its fraction out of the link; the defaults add nothing.
+  syncUrl(shownState({ massFraction: 0.3 }));
+  assert.equal(location.search, "?image=596aa1e7cb875eb79f437e31&model=dinov2-s14-focus&layer=3&head=1&q=cls");
+});
+
+test("a link's malformed display choices are left out", () => {
+  fakeAddressBar("?cmap=jet&opacity=1.5&grid=yes&smooth=0&mask=0.05&entropy=row&sinks=all&sim=l2&importance=shapley");
+  assert.deepEqual(readUrl().choices, {});
+  for (const [text, want] of [["0", 0], ["1", 1], ["0.3", 0.3], ["-0.1", undefined], ["1e-1", undefined], [".5", undefined], ["NaN", undefined]]) {
+    fakeAddressBar(`?opacity=${text}`);
+    assert.equal(readUrl().choices.opacity, want, text);
+  }
+  fakeAddressBar("?mask=0.95");
+  assert.deepEqual(readUrl().choices, { mask: true, massFraction: 0.95 });
+});
