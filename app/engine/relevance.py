@@ -546,10 +546,8 @@ def _rules_forward(
 
     hw = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     masks = head_masks(ablate, lm.num_heads, pixels.device)
-    # float32, or float64 for a module of the caller's kept in float64 (its weights' dtype)
-    weight = next(lm.model.parameters(), None)
-    dtype = torch.float64 if weight is not None and weight.dtype == torch.float64 else torch.float32
-    x = pixels.detach().clone().to(dtype).requires_grad_(patch_weight is None)
+    # float32: the weights' dtype (a module of another is refused at load, zoo.loaders.wrap_module)
+    x = pixels.detach().clone().to(torch.float32).requires_grad_(patch_weight is None)
     with heads_masked(lm.model, masks), relevance_rules(lm.model, rules, patch_weight, gradient_pass) as mode:
         feats = lm.model.forward_features(x)  # type: ignore[operator]  # timm's
         out = head_output(lm, feats, hw, logits=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from collections.abc import Iterator
 
@@ -20,15 +21,37 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
     fine-tuned, say) gets each submodule's mode back afterwards. Under the model's lock
     (``lock=False`` for the server's works, whose pieces take it themselves). fp32 means fp32
     meanwhile (`numerics`)."""
-    with lm.lock if lock else contextlib.nullcontext(), numerics(lm):
-        training = _training(lm.model)
-        for m in training:
-            m.training = False
-        try:
-            yield
-        finally:
+    with lm.lock if lock else contextlib.nullcontext(), numerics(lm), _eval_mode(lm.model):
+        yield
+
+
+# Per model: how many calls are computing with it and the modules the first one found training.
+# Counted, as exact_fp32's flags are: calls that take the model's lock only inside their work
+# (lock=False) overlap, and the second one in found the modules in eval mode already, so the
+# first one out set them training again under the second one's forwards (dropout on).
+_EVAL: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()
+_EVAL_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _eval_mode(root: nn.Module) -> Iterator[None]:
+    with _EVAL_LOCK:
+        entry = _EVAL.get(root)
+        if entry is None:
+            training = _training(root)
             for m in training:
-                m.training = True
+                m.training = False
+            entry = _EVAL[root] = [0, training]
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _EVAL_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del _EVAL[root]
+                for m in entry[1]:
+                    m.training = True
 
 
 def numerics(lm: LoadedModel) -> contextlib.ExitStack:

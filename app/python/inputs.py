@@ -32,10 +32,12 @@ whichever way it comes in:
   is refused (`tensor_pictures`: a wrong shape, dtype, an empty tensor, values outside 0..1,
   which is what a normalised input looks like). A tensor whose size is already the one the
   model's input is planned at (`Pictures.fit`: no resize needed) is used where it is, a CUDA
-  tensor on the GPU with no copy to the host; another size is resized on the host by the one
-  preparation path, as an RGB image of its pixels. Either way the result equals the bytes path
-  for the same pixels. Its ``image_id`` is `pixels_id` of its levels; its ``image_bytes`` are
-  the lossless PNG, made when asked for.
+  tensor computed on the GPU with no round trip through the host; another size is resized on
+  the host by the one preparation path, as an RGB image of its pixels. Either way the result
+  equals the bytes path for the same pixels. Its ``image_id`` is `pixels_id` of its levels, read
+  from one host copy of the batch's uint8 levels made when an id is first needed (an attention
+  result asks only when read; the other calls' results at once: 150 KB a 224 x 224 picture);
+  its ``image_bytes`` are the lossless PNG, made when asked for.
 """
 
 from __future__ import annotations
@@ -430,17 +432,22 @@ def _array_image(a: Any):
 
     if not isinstance(a, np.ndarray):
         raise TypeError(f"a picture is {PICTURE_TYPES}; got {type(a).__module__}.{type(a).__qualname__}")
-    if a.dtype in (np.float16, np.float32, np.float64) and a.size:
+    if a.ndim not in (2, 3):
+        raise ValueError(f"an array picture is HxWx3 (RGB), HxWx4 (RGBA) or HxW (grey); got shape {a.shape}")
+    if a.dtype.kind == "f" and a.dtype.itemsize in (2, 4, 8) and a.size:
         import torch
 
-        # the tensors' rule itself: the same values give the same picture either way
-        a = _float_levels(torch.from_numpy(np.ascontiguousarray(a)), "array").numpy()
+        # the tensors' rule itself: the same values give the same picture either way (a
+        # big-endian float array, as FITS and some TIFF readers give, in this machine's order)
+        native = a.astype(a.dtype.newbyteorder("="), copy=False)
+        a = _float_levels(torch.from_numpy(np.ascontiguousarray(native)), "array").numpy()
     if a.dtype != np.uint8:
-        how = (
-            "(a // 257).astype(np.uint8) for 16-bit levels 0..65535 (astype alone would wrap them)"
-            if a.dtype == np.uint16
-            else "a.astype(np.uint8) for integer levels 0..255"
-        )
+        if a.dtype == np.uint16:
+            how = "(a // 257).astype(np.uint8) for 16-bit levels 0..65535 (astype alone would wrap them)"
+        elif a.dtype == np.bool_:
+            how = "a.astype(np.uint8) * 255 for a mask (astype alone gives levels 0 and 1: black)"
+        else:
+            how = "a.astype(np.uint8) for integer levels 0..255"
         raise TypeError(
             f"an array picture holds uint8 values (0..255) or floats (0..1); got {a.dtype}: convert it, e.g. {how}"
         )

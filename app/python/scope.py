@@ -60,7 +60,10 @@ class Scope:
     **not** the model's normalised input: ``uint8`` 0..255, or floating 0..1 (quantised to the
     256 levels, ``round(x * 255)``); other ranges, shapes and dtypes are refused
     (``ValueError`` / ``TypeError``). A tensor already at the model's planned input size is
-    used on its device (a CUDA tensor is not copied to the host); see `app.python.inputs`.
+    used on its device (a CUDA tensor's forward runs on it, not on a copy made on the host; its
+    ``image_id``, a hash of its pixels, is read from one host copy of the uint8 levels, made when
+    a result's id is first needed: at once for every call but ``attention``); see
+    `app.python.inputs`.
 
     Args:
         lm: the loaded model.
@@ -735,9 +738,13 @@ def load(
             ``vit_small_patch16_224``: Headscope cannot tell which weights a module holds, so it
             does not name a pretrained tag); only with a model object.
 
+    ``HEADSCOPE_THREADS``, when set, sets torch's thread count for the whole process
+    (``torch.set_num_threads``), as it does for the server.
+
     Raises:
         ValueError: an unknown model id (also a ``KeyError``), device or precision; a
-            ``batch_size`` under 1.
+            ``batch_size`` under 1; a model object whose weights are not float32 (``model.half()``:
+            give ``model.float()`` and ``precision="fp16"``).
         TypeError: ``model_or_id`` of another type; a ``batch_size`` that is not a whole number.
     """
     settings = settings or Settings()

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 
 import torch
 from fastapi import Depends, FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.templating import Jinja2Templates
 
 from .. import __version__, paths
@@ -32,6 +31,7 @@ from .middleware import (
     AllowedHosts,
     BodyLimit,
     CatchUnexpected,
+    Cors,
     HeadAsGet,
     RequestId,
     SecurityHeaders,
@@ -213,7 +213,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.cors_origins:
         # An explicit allow-list only (Settings refuses "*"): never a reflected origin, no credentials.
         app.add_middleware(
-            CORSMiddleware,
+            Cors,
             allow_origins=settings.cors_origins,
             allow_credentials=False,
             allow_methods=CORS_METHODS,

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 
 from . import errors
@@ -396,3 +398,29 @@ class AllowedHosts:
         )
         resp = errors.logged_error_response(scope, 400, "bad_host", message)
         await resp(scope, receive, send)
+
+
+class Cors(CORSMiddleware):
+    """Starlette's ``CORSMiddleware``, with a refused preflight in the one JSON error body.
+
+    A preflight from an origin, or for a method or header, the allow-list does not name is still
+    400 with the preflight's headers (no ``Access-Control-Allow-Origin`` for another origin), but
+    its body is ``cors_refused`` with the request id, where Starlette answers the plain text
+    "Disallowed CORS origin".
+    """
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "OPTIONS":
+            headers = Headers(scope=scope)
+            if "origin" in headers and "access-control-request-method" in headers:
+                resp = self.preflight_response(request_headers=headers)
+                if resp.status_code == 400:
+                    refused = bytes(resp.body).decode().removeprefix("Disallowed CORS ")
+                    message = (
+                        f"this server does not allow this cross-origin request (its {refused}); "
+                        "the origins it allows are set by HEADSCOPE_CORS_ORIGINS"
+                    )
+                    kept = {k: v for k, v in resp.headers.items() if k.lower().startswith(("access-control-", "vary"))}
+                    resp = errors.logged_error_response(scope, 400, "cors_refused", message, kept)
+                return await resp(scope, receive, send)
+        await super().__call__(scope, receive, send)

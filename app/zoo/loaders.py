@@ -375,8 +375,17 @@ def wrap_module(model: nn.Module, model_id: str | None = None) -> LoadedModel:
         model_id: the id answers and figures show (default: the architecture's name).
 
     Raises:
-        UnsupportedModelError: its attention cannot be captured (the message lists the families).
+        UnsupportedModelError: its attention cannot be captured (the message lists the families),
+            or its weights are not float32 (Headscope computes in float32 and offers fp16 and
+            bf16 as autocast: ``precision=``).
     """
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in model.parameters() if t.is_floating_point()})
+    if dtypes and dtypes != ["float32"]:
+        raise UnsupportedModelError(
+            f"the model's weights are {' and '.join(dtypes)}: Headscope computes with float32 weights "
+            "(exact maps) and runs fp16 or bf16 as autocast; give it model.float() and choose "
+            "load(model, precision='bf16') or 'fp16' for half precision"
+        )
     cfg = getattr(model, "pretrained_cfg", None) or {}
     arch = str(cfg.get("architecture") or type(model).__name__)
     # Not the config's tag: timm sets it with pretrained=False too, and a fine-tuned module's

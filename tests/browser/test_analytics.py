@@ -8,6 +8,7 @@ error, an uncaught exception, a dialog or a request to another host.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -17,6 +18,7 @@ import pytest
 
 from helpers import waiting
 from helpers.charts import assert_matrix, click_plot, plot_data
+from helpers.learn import set_range
 from helpers.page import OVERLAY, api_rows, assert_close, canvas_png, image_id, open_page, upload, wait_view
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -392,11 +394,7 @@ def test_compare_mode_shows_two_views(page, base_url, samples):
     b = wait_side("b", image=astro, query="patch:8,3")  # the same place on the 16 x 16 grid: (4.5 / 24) * 16 = 3
 
     # The map's temperature tempers the other image's side too (the docs said it stayed at T = 1).
-    page.evaluate(
-        """() => { const t = document.querySelector('[data-testid=map-temperature]');
-        t.value = String(Math.log10(2)); t.dispatchEvent(new Event('input', {bubbles: true}));
-        t.dispatchEvent(new Event('change', {bubbles: true})); }"""
-    )
+    set_range(page, "[data-testid=map-temperature]", str(math.log10(2)))
     page.wait_for_function(
         """() => { const c = document.querySelector('[data-testid=compare-b]');
         return c.dataset.pending === '0' && Math.abs(Number(c.dataset.temperature) - 2) < 1e-9; }"""

@@ -155,6 +155,41 @@ def test_a_module_added_after_a_call_is_in_eval_mode_while_headscope_computes():
     assert seen == [False] and extra.training
 
 
+def test_overlapping_calls_keep_a_training_model_in_eval_mode_until_the_last_one_ends():
+    """Calls that take the model's lock only inside their work (output, importance, pruning)
+    overlap with another thread's: the second one in found the modules in eval mode already, and
+    the first one out set them training under the second one's forwards (dropout on: 6 of 40
+    outputs differed beside a thread computing attention)."""
+    model = timm.create_model("test_vit", pretrained=False, num_classes=3, drop_rate=0.5).train()
+    scope = headscope.load(model)
+    first, second = scope.computing(lock=False), scope.computing(lock=False)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not any(m.training for m in model.modules())  # the second call is still computing
+    second.__exit__(None, None, None)
+    assert all(m.training for m in model.modules())
+
+
+def test_a_big_endian_float_array_is_the_picture_of_its_values(scope):
+    """FITS and some TIFF readers give ``>f4``: it was refused with advice (``astype(np.uint8)``)
+    that turned values 0..1 into a black picture."""
+    a = np.random.default_rng(7).random((40, 50, 3), dtype=np.float32)
+    want = scope.attention(a, layers=0).maps
+    got = scope.attention(a.astype(">f4"), layers=0).maps
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_a_model_whose_weights_are_not_float32_is_refused_with_the_way_to_half_precision(dtype):
+    """``load(model.half())`` loaded, then every call was torch's "Input type (float) and bias type
+    (c10::Half) should be the same"; a float64 model's relevance said fp32."""
+    model = timm.create_model("test_vit", pretrained=False, num_classes=3).to(dtype)
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(ValueError, match=f"weights are {name}: .*model.float\\(\\).*precision='bf16'"):
+        headscope.load(model)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
@@ -189,6 +224,12 @@ def test_bad_pictures(scope, tmp_path):
     # 16-bit levels: astype(np.uint8) would wrap them, so the hint divides
     with pytest.raises(TypeError, match=r"got uint16: convert it, e\.g\. \(a // 257\)\.astype\(np\.uint8\)"):
         scope.attention(np.zeros((8, 8, 3), np.uint16))
+    # a mask: astype(np.uint8) alone gives levels 0 and 1, so the hint scales it
+    with pytest.raises(TypeError, match=r"got bool: convert it, e\.g\. a\.astype\(np\.uint8\) \* 255"):
+        scope.attention(np.zeros((8, 8, 3), bool))
+    # a 0-d or 1-d array is a shape error (a 0-d one said "shape (1,)")
+    with pytest.raises(ValueError, match=r"HxWx3 \(RGB\), HxWx4 \(RGBA\) or HxW \(grey\); got shape \(\)$"):
+        scope.attention(np.array(0.5))
     # a file that is not a picture: the error names it, alone as in a list
     text = tmp_path / "notes.txt"
     text.write_text("not a picture")

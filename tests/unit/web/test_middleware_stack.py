@@ -63,3 +63,31 @@ def test_site_csp_allows_the_sites_own_inline_scripts_only(tmp_path):
     assert [d for d in csp.split("; ") if not d.startswith("script-src")] == [
         d for d in CSP.split("; ") if not d.startswith("script-src")
     ]
+
+
+def test_a_refused_cors_preflight_is_the_one_json_error():
+    """Starlette answered a plain-text "Disallowed CORS origin"; every other error is the JSON body."""
+    client = TestClient(create_app(Settings(cors_origins=[GOOD])), base_url="http://127.0.0.1")
+    for origin, method, what in (
+        ("https://evil.example", "POST", "origin"),
+        (GOOD, "PATCH", "method"),
+        ("https://evil.example", "PUT", "origin, method"),
+    ):
+        r = client.options(
+            "/api/v1/attention",
+            headers={"Origin": origin, "Access-Control-Request-Method": method, "X-Request-ID": "rq"},
+        )
+        assert r.status_code == 400
+        assert r.json() == {
+            "error": {
+                "code": "cors_refused",
+                "message": f"this server does not allow this cross-origin request (its {what}); "
+                "the origins it allows are set by HEADSCOPE_CORS_ORIGINS",
+                "request_id": "rq",
+            }
+        }
+        if origin != GOOD:
+            assert "access-control-allow-origin" not in r.headers
+        assert r.headers["x-content-type-options"] == "nosniff"
+    ok = client.options("/api/v1/attention", headers={"Origin": GOOD, "Access-Control-Request-Method": "POST"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == GOOD
