@@ -129,7 +129,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
 # The markers of the long tests (below); `make test` runs the rest.
-LONG_TESTS = soak or ray or packaging or waits or sweeps or lifecycle or examples or screens or surveys
+LONG_TESTS = soak or ray or packaging or waits or sweeps or lifecycle or examples or screens or surveys or heavy
 
 test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not ($(LONG_TESTS))"
@@ -137,7 +137,7 @@ test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-dep
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not ($(LONG_TESTS))"
 
-# The long tests `make test` leaves out (about 10 minutes on 2 cores): the load and soak runs
+# The long tests `make test` leaves out (12-15 minutes on 2 cores): the load and soak runs
 # (tests/api/test_reliability.py; HEADSCOPE_SLOW=1 makes them the long versions), the survey's
 # Ray engine (a local Ray cluster per test), the packaging test (sdist, wheel, a fresh venv),
 # the tests that wait out request deadlines and paced sleeps (marker `waits`), two whole head
@@ -146,10 +146,13 @@ test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-dep
 # fail, fall back, drain or log into a pipe nobody reads (marker `lifecycle`), the docs' examples
 # run as written (marker `examples`), the browser tests' other screen sizes (marker `screens`: each test's first size
 # runs in `make test`) and the surveys and extracts run end to end (marker `surveys`: against the
-# server, and whole command-line runs; the command line's refusals and one extract stay in `make test`).
-# CI runs them after `make test`. The markers are in pyproject.toml.
+# server, and whole command-line runs; the command line's refusals and one extract stay in `make test`),
+# and five single tests of 20-60 s of both cores (marker `heavy`: the accessibility check over every
+# view, the widget in a kernel and a standalone file, the GPU bench profile run tiny).
+# CI runs them after `make test`, on the same workers (a file per worker: 903 s where one process
+# took about 1,250 s on a slow day, 2026-11-30). The markers are in pyproject.toml.
 test-long: setup-dev $(VENV)/.installed-ray fetch browser-deps
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -p no:xdist -m "$(LONG_TESTS)"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "$(LONG_TESTS)"
 
 lint: setup-dev
 	$(PY) -m ruff check .

@@ -28,7 +28,8 @@ def computing(lm: LoadedModel, lock: bool = True) -> Iterator[None]:
 # Per model: how many calls are computing with it and the modules the first one found training.
 # Counted, as exact_fp32's flags are: calls that take the model's lock only inside their work
 # (lock=False) overlap, and the second one in found the modules in eval mode already, so the
-# first one out set them training again under the second one's forwards (dropout on).
+# first one out set them training again under the second one's forwards (dropout on). A module
+# the caller adds or sets training while a call computes is left as it is until the next call.
 _EVAL: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()
 _EVAL_LOCK = threading.Lock()
 

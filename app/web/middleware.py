@@ -404,7 +404,7 @@ class Cors(CORSMiddleware):
     """Starlette's ``CORSMiddleware``, with a refused preflight in the one JSON error body.
 
     A preflight from an origin, or for a method or header, the allow-list does not name is still
-    400 with the preflight's headers (no ``Access-Control-Allow-Origin`` for another origin), but
+    400 with the preflight's headers (``Access-Control-Allow-Origin`` only for a listed origin), but
     its body is ``cors_refused`` with the request id, where Starlette answers the plain text
     "Disallowed CORS origin".
     """
@@ -416,10 +416,9 @@ class Cors(CORSMiddleware):
                 resp = self.preflight_response(request_headers=headers)
                 if resp.status_code == 400:
                     refused = bytes(resp.body).decode().removeprefix("Disallowed CORS ")
-                    message = (
-                        f"this server does not allow this cross-origin request (its {refused}); "
-                        "the origins it allows are set by HEADSCOPE_CORS_ORIGINS"
-                    )
+                    message = f"this server does not allow this cross-origin request (its {refused})"
+                    if "origin" in refused.split(", "):
+                        message += "; the origins it allows are set by HEADSCOPE_CORS_ORIGINS"
                     kept = {k: v for k, v in resp.headers.items() if k.lower().startswith(("access-control-", "vary"))}
                     resp = errors.logged_error_response(scope, 400, "cors_refused", message, kept)
                 return await resp(scope, receive, send)

@@ -19,7 +19,7 @@ import {
 import { $, onPress, setOff } from "./dom.js";
 import { announce, bindRoving, syncRoving } from "./keys.js";
 import { IMPORTANCE_METHODS, ablateText, ablatedPairs, dims, switching } from "./state.js";
-import { forget, forgetBusy, longRequest, track } from "./long-requests.js";
+import { forget, forgetBusy, longRequest, sayUnsaid, track } from "./long-requests.js";
 import { isWindowed } from "./windows.js";
 
 const LABELS = { ablation: "exact ablation sweep", gradient: "gradient (Michel et al.)" };
@@ -43,6 +43,7 @@ function freshData(key, imageId, model) {
     shown: null,          // the ablate text of the output on screen while the next one loads
     loading: new Set(),   // "output|text", "importance|method", "pruning|method"
     failed: new Map(),    // the same keys -> the error (long-requests.js track)
+    unsaid: [],           // failures that came while the view was not shown (sayUnsaid)
     retries: new Map(),   // the same keys -> failed attempts (busy, timeout)
     importance: new Map(), // method -> answer
     pruning: new Map(),    // method -> answer
@@ -126,6 +127,7 @@ function need(s, app) {
   if (!key || !s.image || switching(s)) return false;
   if (!dataOf(s)) s.ablation.data = freshData(key, s.imageId, s.model);
   const d = s.ablation.data;
+  sayUnsaid(d, app); // what failed while another view was shown
   if (s.ablation.retry) { // "Compute importance" again after a failure
     for (const what of ["importance", "pruning"]) forget(d, `${what}|${s.ablation.retry}`);
     s.ablation.retry = null;

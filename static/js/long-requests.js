@@ -55,8 +55,9 @@ export const isAbort = (e) => !!e && e.name === "AbortError";
  * it again can help); an answer of the same family takes such an error down (app.settle), e.g. a
  * refused phrase once a good one is in. `on.current()` says whether `d` is still the data on show
  * (an answer for another picture is kept, but does not redraw the page), `on.shown()` whether its
- * view is too: a failure of a view left meanwhile raises no banner (the view says it failed when
- * shown again, or asks again where the server was only busy or slow).
+ * view is too: a failure of a view left meanwhile raises no banner over another view; it is said
+ * when the view is shown again (sayUnsaid, `d.unsaid`), or asked again where the server was only
+ * busy or slow.
  */
 export function track(d, key, promise, onAnswer, app, on, family = key.split("|")[0]) {
   d.loading.add(key);
@@ -73,9 +74,12 @@ export function track(d, key, promise, onAnswer, app, on, family = key.split("|"
         await sleep(1000 * tries);
         return;
       }
-      if (!on.shown()) { // raises no banner; a busy answer is asked again once the view shows it again
-        if (isRetryable(e)) forget(d, key);
-        else d.failed.set(key, e);
+      if (!on.shown()) { // no banner now: a busy answer is asked again once the view shows it again,
+        if (isRetryable(e)) forget(d, key); // another is said then (sayUnsaid)
+        else {
+          d.failed.set(key, e);
+          d.unsaid.push({ e, key, family });
+        }
         return;
       }
       d.failed.set(key, e);
@@ -86,6 +90,19 @@ export function track(d, key, promise, onAnswer, app, on, family = key.split("|"
       if (on.current()) app.update();
     });
   return true;
+}
+
+/**
+ * Say the failures of `d` that came while its view was not shown (track), now that it is (its
+ * need()): the latest one still failed, as a banner with its Try again, once the render under
+ * way is done.
+ */
+export function sayUnsaid(d, app) {
+  if (!d.unsaid.length) return;
+  const last = d.unsaid.splice(0).filter(({ key }) => d.failed.has(key)).pop();
+  if (!last) return;
+  const { e, key, family } = last;
+  queueMicrotask(() => app.fail(e, () => { forget(d, key); app.update(); }, { data: d, family }));
 }
 
 /** Forget that request `key` of `d` failed: the next need() asks for it again. */

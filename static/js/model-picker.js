@@ -10,8 +10,8 @@ import { switchModel } from "./intake.js";
 import { state } from "./state.js";
 
 const POLL_MS = 400;
-// loading: the name being loaded; from: the page's model when it was chosen (see ready)
-const picker = { query: null, loading: null, from: null, timer: 0, searchAbort: null };
+// loading: the name being loaded; chosen: counts the models chosen, here and in the menu (see ready)
+const picker = { query: null, loading: null, chosen: 0, timer: 0, searchAbort: null };
 
 function tags(m) {
   const t = [m.family];
@@ -88,17 +88,17 @@ function renderLoad(st) {
 
 /**
  * A loaded model goes into the menu; the page switches to it unless another model was chosen
- * since it was picked (the menu, while a download took minutes): that choice stands.
+ * since it was picked (`mine`: picker.chosen then), in the menu while a download took minutes
+ * or here: that choice stands.
  */
-async function ready(st) {
-  const from = picker.from;
+async function ready(st, mine) {
   try {
     const models = await getModels();
     state.models = models.models || [];
   } catch {
     // the switch below reports a server that went away
   }
-  if (state.model !== from) {
+  if (mine !== picker.chosen) {
     app.update(); // in the menu only
     return;
   }
@@ -106,7 +106,7 @@ async function ready(st) {
   switchModel(st.id);
 }
 
-async function poll(name) {
+async function poll(name, mine) {
   if (picker.loading !== name) return;
   let st;
   try {
@@ -121,18 +121,18 @@ async function poll(name) {
   renderLoad(st);
   if (st.state === "ready") {
     picker.loading = null;
-    await ready(st);
+    await ready(st, mine);
   } else if (st.state === "failed") {
     picker.loading = null;
   } else {
-    picker.timer = setTimeout(() => poll(name), POLL_MS);
+    picker.timer = setTimeout(() => poll(name, mine), POLL_MS);
   }
 }
 
 async function load(name) {
   clearTimeout(picker.timer);
   picker.loading = name;
-  picker.from = state.model;
+  const mine = ++picker.chosen;
   renderLoad({ name, state: "queued", fraction: null, bytes_total: null });
   try {
     const st = await catalogLoad(name, "POST");
@@ -140,7 +140,7 @@ async function load(name) {
     renderLoad(st);
     if (st.state === "ready") {
       picker.loading = null;
-      await ready(st);
+      await ready(st, mine);
       return;
     }
   } catch (e) {
@@ -150,7 +150,7 @@ async function load(name) {
     picker.loading = null;
     return;
   }
-  picker.timer = setTimeout(() => poll(name), POLL_MS);
+  picker.timer = setTimeout(() => poll(name, mine), POLL_MS);
 }
 
 /** Show the "Any pretrained model…" button when the server loads catalogue models (`any_model`). */
@@ -168,6 +168,8 @@ export function bindModelPicker(anyModel) {
     if (picker.query === null) search(input.value);
   });
   input.addEventListener("input", () => later(input.value.trim()));
+  // a model chosen in the menu is a choice a load finishing later does not override
+  $("model").addEventListener("change", () => { picker.chosen += 1; });
   input.addEventListener("keydown", (e) => {
     if (e.isComposing) return;
     if (e.key === "Enter") {

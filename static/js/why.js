@@ -14,7 +14,7 @@ import { getLong, getOutput } from "./api.js";
 import { renderProgress } from "./ablation-view.js";
 import { $, onPress, setOff, setOptions } from "./dom.js";
 import { RELEVANCE_METHODS, ablateOf, switching } from "./state.js";
-import { forget, forgetBusy, longRequest, track } from "./long-requests.js";
+import { forget, forgetBusy, longRequest, sayUnsaid, track } from "./long-requests.js";
 import { renderVerdict } from "./why-verdict.js";
 import { METHOD_NAMES, methodHint, renderFaithfulness, renderRelevance, renderWhyOutput } from "./why-view.js";
 import { bindSaliencyKeys } from "./why-keys.js";
@@ -50,6 +50,7 @@ function freshData(key, imageId, model, ablate) {
     zeroShot: new Map(),   // labels -> GET …/zero-shot answer
     loading: new Set(),
     failed: new Map(),     // key -> the error (long-requests.js track)
+    unsaid: [],            // failures that came while the view was not shown (sayUnsaid)
     retries: new Map(),    // key -> failed attempts (busy, timeout)
   };
 }
@@ -186,6 +187,7 @@ function need(s, app) {
   if (!key || !s.image || isWindowed(s.meta) || switching(s)) return false;
   if (!dataOf(s)) s.why.data = freshData(key, s.imageId, s.model, ablateOf(s)); // release() stopped the old tests
   const d = s.why.data;
+  sayUnsaid(d, app); // what failed while another view was shown
   const text = hasText(s.models, s.model);
   const labels = text ? labelsText(s.why.labels) : "";
   const target = d.output ? targetOf(s.why, d.output.kind, text) : null;

@@ -13,6 +13,7 @@ from bench import gpu_quick
 from bench.run import main
 
 
+@pytest.mark.heavy
 def test_the_gpu_profile_runs_tiny_on_the_cpu(tmp_path):
     out = tmp_path / "quick.json"
     rc = main(["--device", "cpu", "--gpu-quick", "--no-api", "--batch-sizes", "1", "--quiet", "--out", str(out)])
@@ -55,6 +56,7 @@ def test_a_run_stopped_by_a_timeout_keeps_the_rows_it_measured(tmp_path, monkeyp
     assert res["gpu_quick"]["capture"]["fp32/1"]["capture_tensors"]["ms"]["median"] > 0
 
 
+@pytest.mark.heavy
 def test_a_row_that_fails_is_recorded_and_the_rows_after_it_are_measured(tmp_path, monkeypatch):
     """One GPU session runs the profile once: a row that fails (out of memory at batch 128, say)
     is its error in the JSON, and the rows after it are measured (the first failure ended the step,

@@ -23,6 +23,7 @@ def clean(page, state: str) -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.heavy
 def test_no_axe_violations_in_any_view(page, base_url, samples):
     page.set_default_timeout(240_000)
     open_page(page, base_url)

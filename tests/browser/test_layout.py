@@ -201,6 +201,11 @@ def test_phone_model_view_shows_every_head_inside_its_panel(page_at, base_url, s
     upload(pg, samples["cat"])
     pg.wait_for_function("() => document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
     pg.locator("[data-testid=model-view]").scroll_into_view_if_needed()
+    # laid out: the view is redrawn once the rollout is in (on a loaded machine, after the count above)
+    pg.wait_for_function(
+        """() => [...document.querySelectorAll("[data-testid=model-view] .tile[data-layer='11']")]
+            .every((t) => t.getBoundingClientRect().width > 0)"""
+    )
     panel = rect(pg, "[data-testid=model-panel]")
     grid = pg.eval_on_selector("[data-testid=model-view]", "e => [e.scrollWidth, e.clientWidth]")
     assert grid[0] <= grid[1], f"the model view scrolls sideways: {grid}"

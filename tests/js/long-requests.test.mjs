@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import test from "node:test";
 
 import { ApiError } from "../../static/js/api.js";
-import { forgetBusy, isAbort, longRequest, track } from "../../static/js/long-requests.js";
+import { forgetBusy, isAbort, longRequest, sayUnsaid, track } from "../../static/js/long-requests.js";
 
 const json = (status, body) => new Response(JSON.stringify(body), { status, headers: { "Content-Type": "application/json" } });
 
@@ -67,7 +67,7 @@ test("an answer that comes is returned, and nothing is cancelled", async () => {
   assert.deepEqual(calls.filter((c) => c.startsWith("DELETE")), []);
 });
 
-const fresh = () => ({ loading: new Set(), failed: new Map(), retries: new Map() });
+const fresh = () => ({ loading: new Set(), failed: new Map(), retries: new Map(), unsaid: [] });
 const ON = { current: () => true, shown: () => true };
 
 test("track names an error by its view's data and request kind, and an answer of that kind takes it down", async () => {
@@ -137,4 +137,24 @@ test("forgetBusy forgets the busy failures of what is not on show, and keeps the
   forgetBusy(d, ["map|chefer|top", null]);
   assert.deepEqual([...d.failed.keys()], ["map|chefer|top", "map|attention|class:3"]);
   assert.ok(!d.retries.has("map|rollout|top"));
+});
+
+test("a refusal that came while the view was not shown is said once it is: the latest one still failed", async () => {
+  const d = fresh();
+  const app = recorder();
+  const away = { current: () => true, shown: () => false };
+  track(d, "output", Promise.reject(new ApiError(500, "internal", "first")), () => {}, app, away);
+  track(d, "map|chefer|top", Promise.reject(new ApiError(422, "bad_target", "second")), () => {}, app, away, "map");
+  await settle();
+  assert.equal(app.banners.length, 0);
+  sayUnsaid(d, app);
+  await settle();
+  assert.equal(app.banners.length, 1);
+  assert.equal(app.banners[0].e.message, "second");
+  assert.deepEqual(app.banners[0].source, { data: d, family: "map" });
+  app.banners[0].retry();
+  assert.ok(!d.failed.has("map|chefer|top") && d.failed.has("output"));
+  sayUnsaid(d, app); // said once
+  await settle();
+  assert.equal(app.banners.length, 1);
 });

@@ -213,6 +213,7 @@ def _picture_difference(page) -> float:
 
 
 @pytest.mark.browser
+@pytest.mark.heavy
 def test_standalone_html_opens_offline_and_a_click_changes_the_query(att, page, tmp_path):
     path = att.to_html(tmp_path / "view.html")
     size = path.stat().st_size
@@ -245,6 +246,7 @@ def test_standalone_html_opens_offline_and_a_click_changes_the_query(att, page, 
     assert shown == pytest.approx(float(hot.max()), rel=5e-3, abs=6e-4)
 
 
+@pytest.mark.heavy
 def test_notebook_kernel_displays_the_widget_with_binary_buffers(tmp_path):
     """In a real ipykernel (through nbclient): ``att`` as a cell's last line and ``att.show()`` give
     the widget's view, and its state reaches the front end with ``logp``, ``logp_max`` and ``image`` as binary
