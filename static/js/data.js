@@ -16,6 +16,7 @@
 //          are those of the model with those heads removed; changing the set drops them all.
 
 import { getAttention, getStats } from "./api.js";
+import { isAbort } from "./long-requests.js";
 import { canonicalQuery } from "./state.js";
 
 export const ROLLOUT_DEFAULT = { start: 0, fusion: "mean", discard: 0 };
@@ -200,7 +201,7 @@ export class AttentionStore {
     const outdated = () => a !== this.ablate || (key !== "stats" && t !== this.temperature);
     const p = fn()
       .catch((e) => {
-        if (e && e.name === "AbortError") throw e;
+        if (isAbort(e)) throw e;
         if (outdated()) throw new DOMException("asked for at another temperature or heads off", "AbortError");
         this.failed.set(key, e);
         throw e;

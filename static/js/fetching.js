@@ -315,7 +315,7 @@ export async function openFile(s, file, app, sample = null) {
     const keep = s.store ? { layer: s.layer, head: s.head } : {};
     await adopt(s, ans, my, keep, sample);
   } catch (e) {
-    if (my !== s.requests.gen || (e && e.name === "AbortError")) return;
+    if (my !== s.requests.gen || isAbort(e)) return;
     s.busy = null;
     s.filename = s.meta ? s.meta.filename : null;
     end(s, my);
@@ -341,7 +341,7 @@ export async function openById(s, imageId, want, what, app) {
     if (my !== s.requests.gen) return;
     await adopt(s, ans, my, typeof want === "function" ? want() : want);
   } catch (e) {
-    if (my !== s.requests.gen || (e && e.name === "AbortError")) return;
+    if (my !== s.requests.gen || isAbort(e)) return;
     s.busy = null;
     if (s.store) s.model = s.store.model; // a failed model switch keeps the previous view
     end(s, my);

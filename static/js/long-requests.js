@@ -74,16 +74,14 @@ export function track(d, key, promise, onAnswer, app, on, family = key.split("|"
         await sleep(1000 * tries);
         return;
       }
-      if (!on.shown()) { // no banner now: a busy answer is asked again once the view shows it again,
-        if (isRetryable(e)) forget(d, key); // another is said then (sayUnsaid)
-        else {
-          d.failed.set(key, e);
-          d.unsaid.push({ e, key, family });
-        }
+      // no banner over another view: a busy answer is asked again once its view shows it again
+      if (!on.shown() && isRetryable(e)) {
+        forget(d, key);
         return;
       }
       d.failed.set(key, e);
-      app.fail(e, () => { forget(d, key); app.update(); }, { data: d, family });
+      if (on.shown()) say(d, app, { e, key, family });
+      else d.unsaid.push({ e, key, family }); // said when the view is shown again (sayUnsaid)
     })
     .finally(() => {
       d.loading.delete(key);
@@ -101,8 +99,12 @@ export function sayUnsaid(d, app) {
   if (!d.unsaid.length) return;
   const last = d.unsaid.splice(0).filter(({ key }) => d.failed.has(key)).pop();
   if (!last) return;
-  const { e, key, family } = last;
-  queueMicrotask(() => app.fail(e, () => { forget(d, key); app.update(); }, { data: d, family }));
+  queueMicrotask(() => say(d, app, last));
+}
+
+/** Request `key` of `d` failed with `e`: the banner, named by `d` and `family`, with a Try again that forgets it. */
+function say(d, app, { e, key, family }) {
+  app.fail(e, () => { forget(d, key); app.update(); }, { data: d, family });
 }
 
 /** Forget that request `key` of `d` failed: the next need() asks for it again. */

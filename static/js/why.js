@@ -152,11 +152,16 @@ function testSpec(s, target) {
   return { methods, fractions, key: testKey(target, methods, fractions) };
 }
 
-/** The key of the test the view shows for `d` now; null when it shows none (not asked, no target yet). */
-function shownTest(s, d) {
-  if (!d.output || !s.why.asked.includes(d.key)) return null;
+/** The key of the test the view would show for `d` now; null without a target (no output, no box yet). */
+function testOf(s, d) {
+  if (!d.output) return null;
   const target = targetOf(s.why, d.output.kind, hasText(s.models, s.model));
   return target === null ? null : testSpec(s, target).key;
+}
+
+/** The key of the test the view shows for `d` now; null when it shows none (not asked, no target yet). */
+function shownTest(s, d) {
+  return s.why.asked.includes(d.key) ? testOf(s, d) : null;
 }
 
 /**
@@ -340,8 +345,8 @@ function bind(act, s) {
     const key = keyOf(s);
     if (!key) return;
     const d = dataOf(s);
-    const target = d && d.output ? targetOf(s.why, d.output.kind, hasText(s.models, s.model)) : null;
-    if (target !== null) forget(d, testSpec(s, target).key); // run again after a failure
+    const test = d && testOf(s, d);
+    if (test) forget(d, test); // run again after a failure
     act.setIn("why", { asked: [...new Set([...s.why.asked, key])] });
   });
   // A box drawn on the saliency output: the drag is kept on the box element (DOM, not module
