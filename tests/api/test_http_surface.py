@@ -44,6 +44,17 @@ def test_cors_lets_an_allowed_page_cancel_a_task_and_read_the_headers(cors_serve
     assert {"x-request-id", "x-headscope-meta", "content-disposition", "retry-after"} <= exposed
 
 
+def test_a_refused_preflight_is_the_one_json_error(cors_server):
+    """Starlette's plain-text "Disallowed CORS origin", against the real server: 400 cors_refused."""
+    asked = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(cors_server.url + API, headers=asked, timeout=HTTP_TIMEOUT)
+    assert_error(r, 400, "cors_refused")
+    assert "HEADSCOPE_CORS_ORIGINS" in r.json()["error"]["message"]
+    assert "access-control-allow-origin" not in r.headers
+    assert r.headers["x-request-id"] == r.json()["error"]["request_id"]
+    assert httpx.get(cors_server.url + "/healthz", timeout=HTTP_TIMEOUT).status_code == 200  # still serving
+
+
 def test_refusals_before_routing_carry_cors_and_security_headers(cors_server):
     origin = {"Origin": GOOD}
     twice = httpx.get(f"{cors_server.url}{API}/{IMAGE_ID}?layers=1&layers=2", headers=origin, timeout=HTTP_TIMEOUT)
