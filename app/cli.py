@@ -309,6 +309,19 @@ def _precision_option(parser: argparse.ArgumentParser, says: str) -> None:
 
 def _extract(args) -> int:
     """Batch extraction to one safetensors file: a tensor per image, metadata in the header."""
+    from .outputs import check_writable, publish, refuse_existing, temporary_beside
+
+    settings = _settings(args)
+    out = Path(args.out)
+    refuse_existing(out, args.force)  # before anything slow, like a wrong path below
+    check_writable(out)
+    files = _collect(args.inputs)  # a wrong path fails here, before the model loads
+    if not files:
+        print("headscope extract: no images found", file=sys.stderr)
+        return 1
+
+    # torch, timm and the engine only now: a wrong path or --out is said in a moment, not after
+    # the imports' several seconds.
     from safetensors import SafetensorError
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -318,21 +331,12 @@ def _extract(args) -> int:
     from .engine.block_capture import UnsupportedModelError
     from .engine.device import autocast_dtype, resolve_device
     from .engine.selection import SelectionError
-    from .outputs import check_writable, publish, refuse_existing, temporary_beside
     from .serving import preprocess
     from .serving.pictures import Pictures, read_picture_file
     from .zoo.errors import ModelLoadError, UnknownModelError
     from .zoo.registry import Registry
 
-    settings = _settings(args)
     preprocess.adopt_pixel_limit(settings.max_image_pixels)
-    out = Path(args.out)
-    refuse_existing(out, args.force)  # before anything slow, like a wrong path below
-    check_writable(out)
-    files = _collect(args.inputs)  # a wrong path fails here, before the model loads
-    if not files:
-        print("headscope extract: no images found", file=sys.stderr)
-        return 1
     model_id = args.model or settings.model
     try:
         _check_selection(args, model_id, settings.models_dir)

@@ -13,11 +13,27 @@ from .server import ROOT
 CLI_TIMEOUT_S = 600
 
 
+# `headscope ARGS` as run_cli runs it, then the heavy libraries the command imported, on stdout's last line.
+_SAYING_IMPORTS = (
+    "import json, sys\n"
+    "from headscope import cli\n"
+    "rc = cli.main(sys.argv[1:])\n"
+    "print(json.dumps(sorted(m for m in ('torch', 'timm') if m in sys.modules)))\n"
+    "sys.exit(rc)\n"
+)
+
+
 def run_cli(
-    *args: str, timeout: float = CLI_TIMEOUT_S, env: dict | None = None, umask: int | None = None
+    *args: str,
+    timeout: float = CLI_TIMEOUT_S,
+    env: dict | None = None,
+    umask: int | None = None,
+    say_imports: bool = False,
 ) -> subprocess.CompletedProcess:
     """``python -m headscope.cli ARGS`` in the checkout: the checkout's models, the CPU, no Ray cluster
-    (a survey with ``--engine ray`` starts its own local Ray); ``umask`` for the child process."""
+    (a survey with ``--engine ray`` starts its own local Ray); ``umask`` for the child process.
+    ``say_imports``: stdout's last line is a JSON list of torch and timm where the command imported
+    them (a refusal that needs neither should come before their seconds of importing)."""
     full = {
         **os.environ,
         "HEADSCOPE_MODELS_DIR": str(ROOT / "models"),
@@ -27,7 +43,7 @@ def run_cli(
     }
     full.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [sys.executable, "-m", "headscope.cli", *args],
+        [sys.executable, *(["-c", _SAYING_IMPORTS] if say_imports else ["-m", "headscope.cli"]), *args],
         cwd=ROOT,
         env=full,
         capture_output=True,

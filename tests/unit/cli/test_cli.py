@@ -187,15 +187,23 @@ def _listening(port: int) -> bool:
 
 
 def test_extract_of_a_missing_path_fails_before_loading_the_model(tmp_path):
-    # The model id cannot load: had extract loaded it first, the error would name the model.
-    r = cli("extract", str(tmp_path / "nope.png"), "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
+    # The model id cannot load: had extract loaded it first, the error would name the model. Nor are
+    # torch and timm imported: a mistyped path is said at once, not after their seconds of importing.
+    out = ["--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope"]
+    r = cli("extract", str(tmp_path / "nope.png"), *out, say_imports=True)
     assert r.returncode == 2
     assert r.stderr.strip() == f"headscope extract: no such file or folder: {tmp_path / 'nope.png'}"
+    assert json.loads(r.stdout.splitlines()[-1]) == []
     url = "https://example.org/cat.png"  # named as given ("https:/..." once read as a path), and why
-    r = cli("extract", url, "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
+    r = cli("extract", url, *out, say_imports=True)
     assert r.returncode == 2
     assert r.stderr.strip() == f"headscope extract: {url}: a URL; extract reads files and folders: download it first"
-    assert not (tmp_path / "o.safetensors").exists()
+    assert json.loads(r.stdout.splitlines()[-1]) == []
+    (tmp_path / "o.safetensors").write_bytes(b"precious")  # and an --out it would replace
+    r = cli("extract", str(SAMPLES / "cat.png"), *out, say_imports=True)
+    assert r.returncode == 2 and "pass --force to replace it" in r.stderr
+    assert json.loads(r.stdout.splitlines()[-1]) == []
+    assert (tmp_path / "o.safetensors").read_bytes() == b"precious"
 
 
 @pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from headscope import cli
 from helpers.cli import run_cli as run
-from helpers.server import SAMPLES
+from helpers.server import ROOT, SAMPLES
 
 CLI_TIMEOUT_S = 600  # a Python that imports torch and timm on a loaded 2-core machine
 pytestmark = pytest.mark.timeout(3 * CLI_TIMEOUT_S)
@@ -38,8 +38,6 @@ def test_every_option_of_every_subcommand_has_help():
 
 def test_the_synopsis_in_the_docs_lists_every_option():
     """docs/cli.md's first block has a line per command: each of the command's options is on it."""
-    from helpers.server import ROOT
-
     text = (ROOT / "docs" / "cli.md").read_text()
     block = text.split("```sh\n", 1)[1].split("```", 1)[0]
     lines = {line.split()[1]: line for line in block.splitlines() if line.startswith("headscope ")}
@@ -115,14 +113,22 @@ def test_extract_refuses_an_existing_out_unless_force_and_writes_normal_permissi
         ("timm:swin_tiny_patch4_window7_224.ms_in1k", ["--layers", "0-3"], "reach over stages"),
     ],
 )
-def test_extract_refuses_a_bad_selection_before_the_model_loads(tmp_path, model, flags, said):
-    # timm:... weights cannot be downloaded here, and the default model's load is logged: a
-    # refusal that names the selection, with no such line, came before the model.
+def test_extract_refuses_a_bad_selection_before_the_model_loads(tmp_path, model, flags, said, capsys, monkeypatch):
+    # In this process (a fresh one per case spent a minute importing torch and timm): the checkout's
+    # models, and a registry that fails the test if extract asks it for the model, whose weights the
+    # selection was to be checked before (timm:... weights could not even be downloaded here).
+    from headscope.zoo.registry import Registry
+
+    def loaded(*_args, **_kwargs):
+        raise AssertionError("extract loaded the model before checking the selection")
+
+    monkeypatch.setenv("HEADSCOPE_MODELS_DIR", str(ROOT / "models"))
+    monkeypatch.setenv("HEADSCOPE_DEVICE", "cpu")
+    monkeypatch.setattr(Registry, "get", loaded)
     out = tmp_path / "o.safetensors"
-    r = run("extract", str(SAMPLES / "cat.png"), "--out", str(out), "--model", model, *flags)
-    assert r.returncode == 2, r.stderr
-    assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert "could not get pretrained weights" not in r.stderr and "loaded " not in r.stderr
+    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(out), "--model", model, *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.startswith("headscope extract: "), err
     assert not out.exists()
 
 
