@@ -129,7 +129,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
 # The markers of the long tests (below); `make test` runs the rest.
-LONG_TESTS = soak or ray or packaging or waits or sweeps or lifecycle or examples or screens or surveys or heavy
+LONG_TESTS = soak or ray or packaging or waits or sweeps or lifecycle or examples or screens or surveys or heavy or thorough
 
 test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-deps js-deps node_modules/.installed
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not ($(LONG_TESTS))"
@@ -147,8 +147,14 @@ test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-dep
 # run as written (marker `examples`), the browser tests' other screen sizes (marker `screens`: each test's first size
 # runs in `make test`) and the surveys and extracts run end to end (marker `surveys`: against the
 # server, and whole command-line runs; the command line's refusals and one extract stay in `make test`),
-# and five single tests of 20-60 s of both cores (marker `heavy`: the accessibility check over every
-# view, the widget in a kernel and a standalone file, the GPU bench profile run tiny).
+# five single tests of 20-60 s of both cores (marker `heavy`: the accessibility check over every
+# view, the widget in a kernel and a standalone file, the GPU bench profile run tiny), and a
+# view's or endpoint's further tests of 15-85 s where `make test` keeps a first one (marker
+# `thorough`: the Why view's pages, the model picker's load, the Swin page, compare mode, the
+# whole-head importance sweep, faithfulness against the engine, batched against single answers,
+# a fresh interpreter's startup imports; 28 tests, about 450 s of one core on the slow machine
+# of 2026-11-30, where make test took 1,128 s on 2 workers and CPU was 100 % busy throughout:
+# 3 workers took 1,120 s, so only less work makes it shorter).
 # CI runs them after `make test`, on the same workers (a file per worker: 903 s where one process
 # took about 1,250 s on a slow day, 2026-11-30). The markers are in pyproject.toml.
 test-long: setup-dev $(VENV)/.installed-ray fetch browser-deps

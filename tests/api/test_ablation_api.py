@@ -172,6 +172,7 @@ def test_bad_ablate_is_422_on_every_endpoint_that_takes_it(base_url, cat_id, sam
     assert get(base_url, f"{API}/{cat_id}/output", ablate="0:1").status_code == 200
 
 
+@pytest.mark.thorough
 def test_importance_by_ablation_equals_the_output_change_of_each_head(base_url, cat_id):
     body = long_get(base_url, cat_id, "importance")
     assert (body["method"], body["metric"], body["kind"], body["layers"], body["heads"]) == (
@@ -199,6 +200,7 @@ def test_importance_by_gradient(base_url, cat_id):
     assert g.shape == (12, 6) and (g >= 0).all() and g.max() > 0
 
 
+@pytest.mark.thorough
 def test_pruning_curve(base_url, cat_id):
     body = long_get(base_url, cat_id, "pruning", points=13)
     assert body["method"] == "ablation" and body["heads_total"] == 72

@@ -360,6 +360,7 @@ def test_every_measured_route_is_labelled_as_it_counts():
     assert labelled >= 11
 
 
+@pytest.mark.thorough
 def test_a_batched_answer_equals_a_fresh_single_compute(server_factory, samples):
     """Same image alone on a fresh server (no cache) vs inside a batch of 8 on another."""
     srv = server_factory({"HEADSCOPE_MAX_WAIT_MS": "200", "HEADSCOPE_MAX_BATCH_SIZE": "8"})

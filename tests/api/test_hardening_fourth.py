@@ -166,6 +166,7 @@ def test_slow_uploads_hold_only_their_clients_share_and_end_in_408(srv, pace):
 # -- item 1: a task left to run on ------------------------------------------------------------
 
 
+@pytest.mark.thorough
 def test_a_client_that_joins_and_leaves_does_not_cancel_a_task_left_to_run_on(srv, pace):
     image_id = image_of(srv.url, 11)
     q = dict(HEAVY, methods="chefer,attention,random", seed=11)

@@ -190,6 +190,7 @@ def test_ablate_composes_with_the_maps_and_the_test(why, lm, cat, cat_id):
     np.testing.assert_allclose(test["methods"]["chefer"]["negative"], res.methods["chefer"].negative, rtol=1e-4)
 
 
+@pytest.mark.thorough
 def test_faithfulness_equals_the_engine_in_the_requested_order(why, lm, cat, cat_id):
     from headscope.engine.faithfulness import faithfulness
 

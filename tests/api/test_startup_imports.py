@@ -10,8 +10,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import timm
 from safetensors.torch import save_file
+
+pytestmark = pytest.mark.thorough  # a fresh interpreter's imports: the everyday command leaves it to make test-long
 
 SCRIPT = textwrap.dedent(
     """

@@ -195,6 +195,7 @@ def test_the_maps_view_shows_the_model_with_the_heads_switched_off(page, base_ur
     assert page.locator("[data-testid=ablate-head][aria-pressed=true]").count() == 0
 
 
+@pytest.mark.thorough
 def test_a_shared_link_shows_the_same_maps_heads_off_drop_and_rollout_included(page, base_url, samples):
     """Heads switched off change every view's maps: a link without them showed the model's own."""
     page.set_default_timeout(SLOW_MS)

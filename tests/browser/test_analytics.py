@@ -335,6 +335,7 @@ def test_rollout_strip_follows_its_options(page, base_url, samples):
     assert strip.is_hidden()
 
 
+@pytest.mark.thorough
 def test_compare_mode_shows_two_views(page, base_url, samples):
     open_page(page, base_url)
     v = upload(page, samples["cat"])

@@ -203,6 +203,7 @@ def test_learn_view_says_what_differs_for_every_family(page, family_server, samp
 EVA_TINY = "random:eva02_tiny_patch14_224"  # 3 heads, where the default model has 6
 
 
+@pytest.mark.thorough
 def test_a_model_switch_keeps_what_was_chosen_meanwhile_and_asks_nothing_of_both_models(page, family_server, samples):
     """While the new model's answer is on its way, the state names the new model and still holds the
     old one's heads: the views asked the 3-head model for head 5 (422), and the answer put back the

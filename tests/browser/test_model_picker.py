@@ -15,7 +15,7 @@ from helpers.hub_standin import offline_any_model_server, prepare_cache, weights
 from helpers.server import SAMPLES
 from helpers.waiting import wait_until
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.thorough]  # the everyday command leaves it to make test-long
 
 CACHED = "test_vit.r160_in1k"
 MISSING = "test_vit2.r160_in1k"

@@ -74,6 +74,7 @@ def test_a_busy_answer_in_inside_a_head_can_be_tried_again(page, base_url, sampl
     page.wait_for_function("() => window.__log.some((e) => /explain.*head=1/.test(e.url) && e.status === 200)")
 
 
+@pytest.mark.thorough
 def test_a_busy_faithfulness_test_can_be_run_again(page, base_url, samples, guard):
     """Refused busy three times, it stayed failed for good: no Try again, Run did nothing, and the
     chart said it was running."""

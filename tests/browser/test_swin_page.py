@@ -17,7 +17,7 @@ from helpers.page import window_ink
 from helpers.swin_reference import SWIN_LOCAL as LOCAL
 from helpers.swin_reference import SWIN_V1 as RANDOM
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.thorough]  # the everyday command leaves it to make test-long
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 OVERLAY = "[data-testid=overlay]"

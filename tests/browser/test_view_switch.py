@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from test_page import OVERLAY, click_cell, open_page, upload, wait_view
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.thorough]  # the everyday command leaves it to make test-long
 
 SLOW_MS = 240_000
 

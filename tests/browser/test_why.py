@@ -22,7 +22,7 @@ from helpers.page import image_id, open_page, upload
 from helpers.server import Server
 from helpers.swin_reference import SWIN_V1
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.thorough]  # the everyday command leaves it to make test-long
 
 VIEW = "[data-testid=why-view]"
 MAP = "[data-testid=relevance-map]"

@@ -19,7 +19,7 @@ from helpers.keyboard import axe_violations  # noqa: E402
 from helpers.page import image_id, open_page, upload  # noqa: E402
 from helpers.server import Server  # noqa: E402
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.thorough]  # the everyday command leaves it to make test-long
 
 MAP = "[data-testid=relevance-map]"
 SLOW_MS = 240_000

@@ -19,7 +19,7 @@ from helpers.page import image_id, open_page, upload, wait_scroll_settled
 from helpers.screens import sizes
 from helpers.server import Server
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.thorough]  # the everyday command leaves it to make test-long
 
 SLOW_MS = 240_000
 CLF = "local:test_vit@why_verdict_head.safetensors"
