@@ -149,12 +149,13 @@ test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-dep
 # server, and whole command-line runs; the command line's refusals and one extract stay in `make test`),
 # five single tests of 20-60 s of both cores (marker `heavy`: the accessibility check over every
 # view, the widget in a kernel and a standalone file, the GPU bench profile run tiny), and a
-# view's or endpoint's further tests of 15-85 s where `make test` keeps a first one (marker
+# view's or endpoint's further tests of 10-85 s where `make test` keeps a first one (marker
 # `thorough`: the Why view's pages, the model picker's load, the Swin page, compare mode, the
 # whole-head importance sweep, faithfulness against the engine, batched against single answers,
-# a fresh interpreter's startup imports; 28 tests, about 450 s of one core on the slow machine
-# of 2026-11-30, where make test took 1,128 s on 2 workers and CPU was 100 % busy throughout:
-# 3 workers took 1,120 s, so only less work makes it shorter).
+# a fresh interpreter's startup imports, links read in another tab and their whole query grammar,
+# servers of their own started to refuse a setting or ignore a header; 34 tests, about 530 s of
+# one core on the slow machine of 2026-11-30, where make test took 1,128 s on 2 workers and CPU
+# was 100 % busy throughout: 3 workers took 1,120 s, so only less work makes it shorter).
 # CI runs them after `make test`, on the same workers (a file per worker: 903 s where one process
 # took about 1,250 s on a slow day, 2026-11-30). The markers are in pyproject.toml.
 test-long: setup-dev $(VENV)/.installed-ray fetch browser-deps

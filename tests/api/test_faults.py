@@ -88,6 +88,7 @@ def test_out_of_memory_splits_the_batch(live_server, pace):
     assert post(base, images(1, 4)[0]).status_code == 200
 
 
+@pytest.mark.thorough
 def test_fault_header_is_ignored_unless_enabled(server_factory):
     srv = server_factory({"HEADSCOPE_ENABLE_FAULT_INJECTION": "0"})
     assert post(srv.url, images(1, 5)[0], headers={FAULT: "raise"}).status_code == 200

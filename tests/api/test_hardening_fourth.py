@@ -248,6 +248,7 @@ def test_a_box_outside_the_map_is_refused_at_once_with_wait_0(srv):
 # -- item 4: --any-model on a network address -------------------------------------------------------
 
 
+@pytest.mark.thorough
 def test_any_model_on_a_network_address_is_refused_unless_said_explicitly(tmp_path):
     cmd = [
         sys.executable,
@@ -273,6 +274,7 @@ def test_any_model_on_a_network_address_is_refused_unless_said_explicitly(tmp_pa
     assert Settings(host="192.168.1.5", any_model=True).any_model_refusal() is not None
 
 
+@pytest.mark.thorough
 def test_the_catalogue_cap_is_checked_before_any_download(server_factory, tmp_path):
     from helpers.hub_standin import StandInHub, weights
 

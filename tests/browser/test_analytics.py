@@ -427,6 +427,7 @@ def test_compare_mode_shows_two_views(page, base_url, samples):
     panel.wait_for(state="hidden")
 
 
+@pytest.mark.thorough
 def test_two_images_in_a_tab_opened_from_a_link_are_two_pictures(page, base_url, samples):
     """Such a tab knows neither the shown picture's name nor that it is the cat sample: the preset
     picked the cat sample, which was the shown picture again, and the titles said "null"."""

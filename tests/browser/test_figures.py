@@ -96,6 +96,7 @@ def test_svg_download_parses_and_holds_the_caption_as_text(page, base_url, sampl
     view.close()
 
 
+@pytest.mark.thorough
 def test_a_link_opened_in_another_tab_names_its_figure_by_the_image_id(page, base_url, samples):
     """The name stays with the tab that uploaded (sessionStorage); a link opened elsewhere has none."""
     open_page(page, base_url)

@@ -301,6 +301,7 @@ def test_url_keeps_the_view(page, base_url, samples):
     assert parse_qs(urlsplit(page.url).query)["importance"] == ["gradient"]
 
 
+@pytest.mark.thorough
 def test_shared_links_speak_the_apis_query_grammar(page, base_url, samples):
     """?q= takes what the API's `query` takes for one row (a token index, patch:R,C counted from
     the far edge with a minus, cls) and the page writes it back in its one spelling."""
