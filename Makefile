@@ -137,7 +137,7 @@ test: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch browser-dep
 test-fast: setup-dev $(VENV)/.installed-ray $(VENV)/.installed-docs fetch js-deps
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest $(PYTEST_PARALLEL) -m "not browser and not ($(LONG_TESTS))"
 
-# The long tests `make test` leaves out (12-15 minutes on 2 cores): the load and soak runs
+# The long tests `make test` leaves out (16 minutes on the slow 2-core machine of 2026-11-30): the load and soak runs
 # (tests/api/test_reliability.py; HEADSCOPE_SLOW=1 makes them the long versions), the survey's
 # Ray engine (a local Ray cluster per test), the packaging test (sdist, wheel, a fresh venv),
 # the tests that wait out request deadlines and paced sleeps (marker `waits`), two whole head
