@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="lean",
         help="API load client: lean = http.client keep-alive threads (default), httpx = httpx.AsyncClient",
     )
-    add("--smoke", action="store_true", help="quick CI run (< 60 s): few iterations, concurrency 1 and 4")
+    add("--smoke", action="store_true", help="quick CI run (about 2 min on 2 cores): few rounds, concurrency 1 and 4")
     add(
         "--gpu-quick",
         action="store_true",

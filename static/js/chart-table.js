@@ -99,17 +99,23 @@ function hideDrawing(el) {
   for (const svg of el.querySelectorAll("svg.main-svg")) svg.setAttribute("aria-hidden", "true");
 }
 
-/**
- * After drawing `el` with these traces and layout: name it (a figure labelled by its card's
- * title, or `label`) and give it the "Show as table" disclosure right after it.
- */
-export function chartTable(el, data, layout, label) {
-  traces.set(el, { traces: data, layout, title: label || titleOf(el) });
+/** Once Plotly has drawn `el`: its drawing hidden from screen readers, after each redraw too. */
+export function drawingHidden(el) {
   hideDrawing(el);
   if (!hiding.has(el) && typeof el.on === "function") {
     hiding.add(el);
     el.on("plotly_afterplot", () => hideDrawing(el)); // a redraw may make new SVGs
   }
+}
+
+/**
+ * When `el` is given these traces and layout (drawn now, or once it comes in sight): name it (a
+ * figure labelled by its card's title, or `label`) and give it the "Show as table" disclosure
+ * right after it.
+ */
+export function chartTable(el, data, layout, label) {
+  traces.set(el, { traces: data, layout, title: label || titleOf(el) });
+  drawingHidden(el);
   el.setAttribute("role", "figure");
   el.setAttribute("aria-label", label || `${titleOf(el)} (chart; “Show as table” below gives its numbers)`);
   let details = el.nextElementSibling;

@@ -2,7 +2,7 @@
 // the current row over token index. SVG traces only: they need no eval, so the page's CSP holds.
 // The layers x heads charts of the analytics panel are in analytics.js.
 
-import { chartTable, hideTable } from "./chart-table.js";
+import { chartTable, drawingHidden, hideTable } from "./chart-table.js";
 import { plotlyScale } from "./colormaps.js";
 import { fmt } from "./overlay.js";
 import { headLabel, prefixLabel } from "./state.js";
@@ -82,6 +82,8 @@ export function unavailable(el) {
 
 export function clear(el) {
   if (plotlyReady() && el.classList.contains("js-plotly-plot")) window.Plotly.purge(el);
+  waiting.delete(el);
+  el.style.minHeight = "";
   hideTable(el);
   el.replaceChildren();
   delete el.dataset.rendered;
@@ -105,7 +107,13 @@ const handlers = new WeakMap();
 /** Call fn(point) on a click on a point of the chart (bound once; the latest fn wins). */
 export function onClick(el, fn) {
   handlers.set(el, fn);
-  if (el.dataset.bound) return;
+  bindClick(el);
+}
+
+// Plotly gives a chart its .on() when it first draws it: a chart still waiting to be drawn is
+// bound when it is.
+function bindClick(el) {
+  if (el.dataset.bound || !handlers.has(el) || typeof el.on !== "function") return;
   el.dataset.bound = "1";
   el.on("plotly_click", (ev) => {
     const p = ev && ev.points && ev.points[0];
@@ -114,14 +122,69 @@ export function onClick(el, fn) {
   });
 }
 
-/** Draw with Plotly.react unless the chart already shows `key`. Returns true when it drew. */
-export function plotKeyed(el, key, traces, layout) {
-  if (el.dataset.rendered === "1" && el.dataset.key === key && el.classList.contains("js-plotly-plot")) return false;
-  if (el.dataset.rendered && el.dataset.rendered !== "1") clear(el);
+// A chart out of sight (under the fold, or in a closed panel) is drawn when it comes within
+// SIGHT_MARGIN_PX of the viewport, not when its numbers arrive: each new picture drew all seven
+// charts of the analytics panel, none of them on the first screen (half the browser's main-thread
+// time of an upload on a 2-core machine: bench/page_cpu.py). Its table, the screen readers' twin,
+// is current at once; data-rendered says "waiting" until the drawing is.
+const SIGHT_MARGIN_PX = 300;
+const waiting = new Map(); // chart element -> {traces, layout} to draw when it comes in sight
+let sight = null; // the IntersectionObserver of every chart drawn so far
+
+function inSight(el) {
+  const r = el.getBoundingClientRect();
+  if (!r.width && !r.height) return false; // display: none (a closed panel, a hidden view)
+  return r.bottom > -SIGHT_MARGIN_PX && r.top < window.innerHeight + SIGHT_MARGIN_PX;
+}
+
+function drawWaiting(el, now = false) {
+  const w = waiting.get(el);
+  if (w && plotlyReady()) draw(el, w.traces, w.layout, now);
+}
+
+// a printed page (or one saved as a PDF) has every chart of the shown view, in sight or not
+if (typeof window !== "undefined" && typeof window.addEventListener === "function") {
+  window.addEventListener("beforeprint", () => {
+    for (const el of [...waiting.keys()]) if (el.getClientRects().length) drawWaiting(el, true);
+  });
+}
+
+/** Plotly.react now if the chart is in sight (or `now`), else once it comes in sight. */
+function draw(el, traces, layout, now = false) {
+  if (!now && typeof IntersectionObserver === "function") {
+    if (!sight) {
+      sight = new IntersectionObserver(
+        (entries) => { for (const e of entries) if (e.isIntersecting) drawWaiting(e.target); },
+        { rootMargin: `${SIGHT_MARGIN_PX}px 0px` },
+      );
+    }
+    sight.observe(el); // a second observe of the same element is a no-op
+    if (!inSight(el)) {
+      waiting.set(el, { traces, layout });
+      el.dataset.rendered = "waiting";
+      // the drawing's height kept for it: nothing on the page moves when it comes
+      if (layout.height) el.style.minHeight = `${layout.height}px`;
+      return;
+    }
+  }
+  waiting.delete(el);
+  el.style.minHeight = "";
   window.Plotly.react(el, traces, layout, plotConfig(el));
   el.dataset.rendered = "1";
+  drawingHidden(el);
+  bindClick(el);
+}
+
+/** Draw `key` (now or when in sight) unless the chart shows or awaits it. Returns true when it did. */
+export function plotKeyed(el, key, traces, layout) {
+  const state = el.dataset.rendered;
+  if (el.dataset.key === key && (state === "waiting" || (state === "1" && el.classList.contains("js-plotly-plot")))) {
+    return false;
+  }
+  if (state && state !== "1" && state !== "waiting") clear(el); // a note, not a chart
   el.dataset.key = key;
   chartTable(el, traces, layout);
+  draw(el, traces, layout);
   return true;
 }
 
@@ -205,13 +268,13 @@ export function renderRow(el, view) {
     annotations: [{ xref: "x", yref: "paper", x: queryToken, y: 1, yanchor: "bottom", showarrow: false,
       text: `query ${queryToken}`, font: { color: "#ff3b6b", size: 11 } }],
   });
-  if (el.dataset.rendered && el.dataset.rendered !== "1") clear(el); // a note, not a chart
-  window.Plotly.react(el, traces, layout, plotConfig(el));
-  el.dataset.rendered = "1";
+  const state = el.dataset.rendered;
+  if (state && state !== "1" && state !== "waiting") clear(el); // a note, not a chart
   el.dataset.layer = String(layer);
   el.dataset.head = head;
   // the table in token order: the prefix tokens (indices 0…) first, then the patches
   chartTable(el, [...traces].reverse(), layout, `Attention row of ${headLabel(head)} at layer ${layer}; max ${fmt(Math.max(...ys))}`);
+  draw(el, traces, layout);
   return undefined;
 }
 

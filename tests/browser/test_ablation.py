@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from helpers.api import follow_up
-from helpers.charts import assert_matrix, click_plot, plot_data
+from helpers.charts import assert_matrix, click_plot, plot_data, wait_plotted
 from helpers.page import ABLATION_VIEW, OUTPUT, canvas_png, image_id, open_page, upload, wait_output, wait_view
 
 pytestmark = pytest.mark.browser
@@ -115,10 +115,8 @@ def test_importance_shows_with_progress_then_the_pruning_curve(page, base_url, s
         }"""
     )
     page.click("[data-testid=importance-run]")
-    page.wait_for_function(
-        "() => document.querySelector('[data-testid=importance-heatmap] svg.main-svg')", timeout=600_000
-    )
-    page.wait_for_function("() => document.querySelector('[data-testid=pruning-curve] svg.main-svg')", timeout=600_000)
+    wait_plotted(page, "importance-heatmap", timeout=600_000)
+    wait_plotted(page, "pruning-curve", timeout=600_000)
     page.wait_for_selector(f"{PROGRESS}[data-state=done]")
     seen = page.evaluate("() => window.__progress")
     running = [s for s in seen if s[0] == "running"]
@@ -144,7 +142,8 @@ def test_importance_shows_with_progress_then_the_pruning_curve(page, base_url, s
     page.select_option("[data-testid=importance-method]", "gradient")
     page.wait_for_function(
         """() => { const el = document.querySelector('[data-testid=importance-heatmap]');
-                   return el.classList.contains('js-plotly-plot') && (el.dataset.key || '').includes('gradient'); }""",
+                   return ['1', 'waiting'].includes(el.dataset.rendered)
+                       && (el.dataset.key || '').includes('gradient'); }""",
         timeout=600_000,
     )
     grad = follow_up(base_url, iid, "importance", method="gradient")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from helpers import waiting
-from helpers.charts import assert_matrix, click_plot, plot_data
+from helpers.charts import assert_matrix, click_plot, plot_data, show_chart
 from helpers.learn import set_range
 from helpers.page import OVERLAY, api_rows, assert_close, canvas_png, image_id, open_page, upload, wait_view
 
@@ -37,13 +37,19 @@ def get_stats(base_url, iid) -> dict:
 
 
 def wait_analytics(page) -> None:
-    """Wait until the stats are in and every chart of the panel is drawn."""
+    """Wait until the stats are in and every chart of the panel is drawn (scrolled to: a chart
+    out of sight waits to be drawn)."""
     page.wait_for_selector(f"{PANEL}[data-state=ready]")
-    page.wait_for_function("""() => ['chart-entropy', 'distance-heatmap', 'distance-scatter', 'chart-prefix',
-        'similarity-matrix', 'rank-chart', 'chart-row'].every(id => {
-            const el = document.querySelector(`[data-testid=${id}]`);
-            return el && el.dataset.rendered === '1' && el.querySelector('svg.main-svg');
-        })""")
+    for chart in (
+        "chart-entropy",
+        "distance-heatmap",
+        "distance-scatter",
+        "chart-prefix",
+        "similarity-matrix",
+        "rank-chart",
+        "chart-row",
+    ):
+        show_chart(page, chart)
 
 
 def eventually(check, timeout: float = 15.0):
@@ -179,7 +185,7 @@ def test_stats_failure_is_shown(page, base_url, guard, samples):
     assert err.get_attribute("data-code") == "out_of_memory"
     assert "no memory for the statistics" in err.inner_text()
     # The per-row charts still work.
-    page.wait_for_selector("[data-testid=chart-entropy][data-rendered='1'] svg.main-svg")
+    show_chart(page, "chart-entropy")
 
 
 def test_mass_mask_outlines_k_patches(page, base_url, samples):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.charts import show_all_charts
 from helpers.keyboard import axe_violations
 from helpers.learn import wait_learn
 from helpers.page import image_id, open_page, upload, wait_output, wait_view
@@ -30,7 +31,8 @@ def test_no_axe_violations_in_any_view(page, base_url, samples):
     clean(page, "before an upload")
     v = upload(page, samples["cat"])
     page.wait_for_function("() => document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
-    page.wait_for_function("() => document.querySelector('[data-testid=chart-entropy] svg.main-svg')")
+    page.wait_for_selector("[data-testid=analytics][data-state=ready]")
+    show_all_charts(page)  # each drawn once scrolled to: axe sees every drawing
     clean(page, "the maps")
     # every chart's table open
     page.eval_on_selector_all("details.chart-table:not([hidden])", "ds => ds.forEach(d => { d.open = true; })")

@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from helpers.charts import assert_drawings_hidden
+from helpers.charts import assert_drawings_hidden, show_chart, wait_plotted
 from helpers.keyboard import FOCUS_BOX, SCREENS, focus_in, focused, hidden_by_bars, tab_to
 from helpers.learn import wait_learn
 from helpers.page import image_id, open_page, upload, view, wait_output, wait_scroll_settled, wait_view
@@ -104,9 +104,10 @@ def test_the_page_scrolls_at_once_for_a_user_who_asked_for_reduced_motion(page_a
     open_page(page, base_url)
     upload(page, samples["cat"])
     page.wait_for_function("() => document.querySelectorAll('[data-testid=model-view] .tile').length === 12 * 9")
-    # Plotly arrives after the page is up and its charts change the layout, which redraws the
-    # tiles: the clicks below wait for it, so that they land on tiles in the page.
-    page.wait_for_selector("[data-testid=chart-row][data-rendered='1']")
+    # Plotly arrives after the page is up and its charts change the layout (a chart out of sight
+    # keeps its drawing's height, data-rendered="waiting"), which redraws the tiles: the clicks
+    # below wait for it, so that they land on tiles in the page.
+    wait_plotted(page, "chart-row")
     # the scroll offset when the click's handler has returned, and once it has rested 300 ms
     click_last_tile = """async () => {
         const frame = () => new Promise((r) => requestAnimationFrame(r));
@@ -351,7 +352,7 @@ def test_chart_toolbars_show_a_focus_ring_and_every_chart_has_a_table(kpage, bas
     page = kpage
     open_page(page, base_url)
     upload(page, samples["cat"])
-    page.wait_for_function("() => document.querySelector('[data-testid=chart-entropy] svg.main-svg')")
+    show_chart(page, "chart-entropy")  # drawn once scrolled to, as when focus comes near it
     if page.evaluate("() => !!document.querySelector('[data-testid=chart-entropy] .modebar-btn')"):
         tab_to(page, "[data-testid=chart-entropy] .modebar", most=150)
         ring = page.evaluate(

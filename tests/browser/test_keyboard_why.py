@@ -17,6 +17,7 @@ import re
 import pytest
 
 from helpers.api import follow_up
+from helpers.charts import show_chart
 from helpers.keyboard import SCREENS, axe_violations, focused, tab_to
 from helpers.page import image_id, open_page, upload
 from helpers.screens import sizes
@@ -137,6 +138,7 @@ def test_a_box_by_keyboard_and_a_faithfulness_test_a_screen_reader_follows(page_
     assert not re.search(r"\d{6,}", text) and "grad_attention" not in text
     assert "chefer:" not in (page.get_attribute("[data-testid=faithfulness-chart]", "aria-label") or "")
     # The chart: a marker shape per method (the same on both panels), distinct across methods.
+    show_chart(page, "faithfulness-chart")
     symbols = page.eval_on_selector(
         "[data-testid=faithfulness-chart]", "c => c.data.map(t => [t.meta.method, t.marker.symbol])"
     )

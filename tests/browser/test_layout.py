@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 from test_page import ARTIFACTS, OVERLAY, image_id, open_page, upload, wait_scroll_settled, wait_view
 
+from helpers.charts import show_chart
 from helpers.screens import sizes
 
 pytestmark = pytest.mark.browser
@@ -182,9 +183,8 @@ def test_plotly_toolbar_covers_no_legend_and_no_top_row(page_at, base_url, sampl
     upload(pg, samples["cat"])
     pg.wait_for_selector("[data-testid=analytics][data-state=ready]", timeout=SLOW_MS)
     for testid in CHARTS:
-        pg.wait_for_selector(f"[data-testid={testid}][data-rendered='1'] svg.main-svg", timeout=SLOW_MS)
+        show_chart(pg, testid, timeout=SLOW_MS)
         chart = pg.locator(f"[data-testid={testid}]")
-        chart.scroll_into_view_if_needed()
         box = chart.bounding_box()
         # The pointer on the chart (a tap on a phone) is what shows the toolbar.
         pg.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)

@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from helpers import fetch_faults
+from helpers.charts import show_chart
 from helpers.learn import set_range
 from helpers.page import (
     ERROR,
@@ -76,11 +77,19 @@ def test_upload_shows_overlay_heads_model_view_and_charts(page, base_url, sample
     help_text = page.locator("[data-testid=explain]").inner_text()
     assert "softmax(QKᵀ/√d)" in help_text and "layer 11, head 0" in help_text
 
-    # Plotly charts are drawn (and the CSP did not stop them: the guard checks the console).
+    # Plotly charts are drawn when scrolled to (and the CSP did not stop them: the guard checks the
+    # console); none is on the first screen, so none was drawn before.
+    assert page.eval_on_selector_all(".chart[data-rendered='1']", "cs => cs.length") == 0
     for chart in ("chart-entropy", "chart-prefix", "chart-row"):
-        page.wait_for_selector(f"[data-testid={chart}][data-rendered='1'] svg.main-svg")
+        show_chart(page, chart)
     assert page.locator("[data-testid=chart-row] .scatterlayer .trace").count() == 2
     assert page.locator("[data-testid=chart-entropy] .hm").count() == 1
+    # a printed page has them all, scrolled to or not
+    page.evaluate("() => window.dispatchEvent(new Event('beforeprint'))")
+    states = page.eval_on_selector_all(
+        "[data-testid=analytics] .chart", "cs => cs.map(c => [c.id, c.dataset.rendered, !!c.querySelector('svg')])"
+    )
+    assert len(states) == 7 and all(r == "1" and svg for _, r, svg in states), states
 
     # The rollout tiles arrive from the server.
     page.wait_for_function(
@@ -425,9 +434,14 @@ def test_progress_and_server_errors_are_shown(page, base_url, guard):
     page.set_input_files(
         "[data-testid=image-input]", files=[{"name": "slow.png", "mimeType": "image/png", "buffer": data}]
     )
-    page.wait_for_selector(f"{STATUS}[data-state=busy]")
-    assert "Computing" in page.locator(STATUS).inner_text()
-    assert page.locator(f"{STATUS} .spinner").is_visible()
+    # read in the same poll as the state: on a loaded machine the 1.5 s can be over between two
+    # calls from here
+    page.wait_for_function(
+        """() => { const s = document.querySelector('[data-testid=status]');
+            const spin = s.querySelector('.spinner');
+            return s.dataset.state === 'busy' && s.innerText.includes('Computing')
+                && !!spin && spin.checkVisibility(); }"""
+    )
     wait_view(page, image=image_id(data))
 
     # A failed computation: sending the same image again cannot help, so no "Try again".
@@ -515,11 +529,11 @@ def test_downloads_png_and_tensors(page, base_url, samples):
 def test_entropy_chart_click_opens_that_head(page, base_url, samples):
     open_page(page, base_url)
     upload(page, samples["cat"])
-    # Every chart drawn first: one drawn later moves the others while the click is aimed.
     page.wait_for_selector("[data-testid=analytics][data-state=ready]", timeout=120_000)
+    show_chart(page, "chart-entropy")
     # the toolbar's camera saves each chart under its own name (Plotly's was plot-image.png for all)
     saved_as = "((document.querySelector('[data-testid=chart-entropy]')._context || {}).toImageButtonOptions || {})"
-    page.wait_for_function(f"() => {saved_as}.filename === 'headscope_chart-entropy'")  # once drawn
+    page.wait_for_function(f"() => {saved_as}.filename === 'headscope_chart-entropy'")
     cells = page.locator("[data-testid=chart-entropy][data-rendered='1'] .nsewdrag")
     cells.scroll_into_view_if_needed()
     wait_scroll_settled(page)

@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from helpers.api import fresh_png
+from helpers.charts import show_all_charts, show_chart
 from helpers.page import ERROR, OVERLAY, click_cell, image_id, open_page, upload, view, wait_scroll_settled, wait_view
 from helpers.screens import sizes
 
@@ -94,9 +95,10 @@ def test_phone_nothing_scrolls_sideways_and_the_result_comes_into_view(page_at, 
     bar = box(pg, "[data-testid=colorbar]")
     assert bar["r"] <= width and 0 <= bar["t"] - cbox["b"] < 60
 
-    # Once every chart is drawn, still nothing sticks out.
+    # Once every chart is drawn (each scrolled to), still nothing sticks out.
     pg.wait_for_selector("[data-testid=analytics][data-state=ready]", timeout=SLOW_MS)
-    pg.wait_for_selector("[data-testid=rank-chart][data-rendered='1'] svg.main-svg", timeout=SLOW_MS)
+    show_all_charts(pg, timeout=SLOW_MS)
+    assert pg.get_attribute("[data-testid=rank-chart]", "data-rendered") == "1"
     pg.wait_for_timeout(300)
     assert_no_sideways_scroll(pg, "image and charts shown")
     assert v["layer"] == "11"
@@ -326,7 +328,7 @@ def test_the_page_is_up_before_plotly_and_says_so_when_plotly_cannot_load(page_a
     pg.add_init_script(READY_AT)
     open_page(pg, base_url)
     upload(pg, samples["cat"])
-    pg.wait_for_selector("[data-testid=chart-row][data-rendered='1'] svg.main-svg", timeout=SLOW_MS)
+    show_chart(pg, "chart-row", timeout=SLOW_MS)
     asked_at, ready_at = pg.evaluate(
         "() => [performance.getEntriesByName(location.origin + '/vendor/plotly.min.js')[0].startTime, window.__readyAt]"
     )

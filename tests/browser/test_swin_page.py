@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from helpers.charts import show_chart
 from helpers.page import window_ink
 from helpers.swin_reference import SWIN_LOCAL as LOCAL
 from helpers.swin_reference import SWIN_V1 as RANDOM
@@ -131,10 +132,10 @@ def test_a_corner_query_in_a_shifted_block_outlines_the_wrapped_window(page, bas
 
 def test_analytics_for_windows(page, base_url, samples):
     open_with(page, base_url, RANDOM, samples["coffee"])
-    page.wait_for_selector("[data-testid=chart-entropy][data-rendered='1'] svg.main-svg", timeout=180_000)
-    page.wait_for_selector("[data-testid=distance-heatmap][data-rendered='1'] svg.main-svg", timeout=180_000)
-    page.wait_for_selector("[data-testid=similarity-matrix][data-rendered='1'] svg.main-svg")
-    page.wait_for_selector("[data-testid=rank-chart][data-rendered='1'] svg.main-svg")
+    show_chart(page, "chart-entropy", timeout=180_000)
+    show_chart(page, "distance-heatmap", timeout=180_000)
+    show_chart(page, "similarity-matrix")
+    show_chart(page, "rank-chart")
     sinks = page.locator("[data-testid=chart-prefix]").inner_text()
     assert "Swin has no prefix tokens" in sinks
     assert "different grids" in page.locator("#analytics-status").inner_text()

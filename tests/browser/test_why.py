@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from helpers.api import follow_up
-from helpers.charts import assert_matrix, plot_data
+from helpers.charts import assert_matrix, plot_data, wait_plotted
 from helpers.models import write_classifier
 from helpers.page import image_id, open_page, upload
 from helpers.server import Server
@@ -150,9 +150,7 @@ def test_why_view_maps_pickers_box_and_faithfulness_chart(page, base_url, sample
     )
     assert page.input_value("[data-testid=faithfulness-steps]") == "quick"
     page.click("[data-testid=faithfulness-run]")
-    page.wait_for_function(
-        "() => document.querySelector('[data-testid=faithfulness-chart] svg.main-svg')", timeout=600_000
-    )
+    wait_plotted(page, "faithfulness-chart", timeout=600_000)
     page.wait_for_selector("[data-testid=faithfulness-progress][data-state=done]")
     progress = page.evaluate("() => window.__progress")
     assert any(s == "running" and not hidden for s, hidden in progress), progress

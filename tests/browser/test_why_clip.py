@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("open_clip")
 
 from helpers.api import follow_up
-from helpers.charts import assert_matrix, plot_data  # noqa: E402
+from helpers.charts import assert_matrix, plot_data, wait_plotted  # noqa: E402
 from helpers.clip_models import MODEL_ID  # noqa: E402
 from helpers.keyboard import axe_violations  # noqa: E402
 from helpers.page import image_id, open_page, upload  # noqa: E402
@@ -94,7 +94,7 @@ def test_phrase_tokens_zero_shot_and_legrad(page, base_url, samples, guard):
 
     # The faithfulness test with the phrase as its target: the curves and AUCs are the API's.
     page.click("[data-testid=faithfulness-run]")
-    page.wait_for_function("() => document.querySelector('[data-testid=faithfulness-chart] svg.main-svg')")
+    wait_plotted(page, "faithfulness-chart")
     page.wait_for_selector("[data-testid=faithfulness-progress][data-state=done]")
     tests = [u for u in seen if urlsplit(u).path.endswith("/faithfulness")]
     asked = {k: v[0] for k, v in parse_qs(urlsplit(tests[-1]).query).items()}

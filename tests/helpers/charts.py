@@ -4,9 +4,54 @@ from __future__ import annotations
 
 import math
 
+# The chart element at (or inside) the element with a data-testid (the card of the entropy heat
+# map has the testid entropy-heatmap, its chart chart-entropy).
+_CHART = (
+    "(id => { const e = document.querySelector(`[data-testid=${id}]`);"
+    " return e.matches('.chart') ? e : e.querySelector('.chart'); })"
+)
+
+
+def show_chart(page, testid: str, timeout: float | None = None) -> None:
+    """Scroll the chart at (or inside) ``testid`` to the middle of the screen and wait until it is
+    drawn: a chart out of sight waits to be drawn (data-rendered="waiting", charts.js) until it
+    comes near the viewport, as when a person scrolls to it."""
+    page.evaluate(f"id => {_CHART}(id).scrollIntoView({{block: 'center'}})", testid)
+    page.wait_for_function(
+        f"id => {{ const el = {_CHART}(id);"
+        " return el.dataset.rendered === '1' && !!el.querySelector('svg.main-svg'); }",
+        arg=testid,
+        timeout=timeout,
+    )
+
+
+def wait_plotted(page, testid: str, timeout: float | None = None) -> None:
+    """Wait until the chart at (or inside) ``testid`` has its traces: drawn, or waiting to be
+    drawn until it is scrolled to (show_chart draws it)."""
+    page.wait_for_function(
+        f"id => ['1', 'waiting'].includes({_CHART}(id).dataset.rendered)", arg=testid, timeout=timeout
+    )
+
+
+def show_all_charts(page, timeout: float | None = None) -> list[str]:
+    """Scroll to each shown chart still waiting to be drawn, in page order, until all are drawn;
+    the testids of the charts it scrolled to."""
+    shown = []
+    while True:
+        waiting = page.eval_on_selector_all(
+            ".chart[data-rendered=waiting]",
+            "cs => cs.filter(c => c.getClientRects().length > 0).map(c => c.dataset.testid)",
+        )
+        if not waiting:
+            return shown
+        show_chart(page, waiting[0], timeout)
+        shown.append(waiting[0])
+
 
 def plot_data(page, testid: str) -> list[dict]:
-    """The traces of the Plotly chart at (or inside) the element with this data-testid."""
+    """The traces of the Plotly chart at (or inside) the element with this data-testid, scrolled
+    to and drawn first (show_chart)."""
+    show_chart(page, testid)
     return page.evaluate(
         """id => {
         let el = document.querySelector(`[data-testid=${id}]`);
@@ -29,7 +74,7 @@ def assert_matrix(got, want, rel=1e-5, abs_=1e-6) -> None:
 
 def click_plot(page, testid: str, x: float, y: float) -> None:
     """Click the chart at data coordinates (x, y); Plotly picks the point from the hover."""
-    page.evaluate("id => document.querySelector(`[data-testid=${id}]`).scrollIntoView({block: 'center'})", testid)
+    show_chart(page, testid)
     pos = page.evaluate(
         """([id, x, y]) => {
         let el = document.querySelector(`[data-testid=${id}]`);
