@@ -197,7 +197,7 @@ function need(s, app) {
   const labels = text ? labelsText(s.why.labels) : "";
   const target = d.output ? targetOf(s.why, d.output.kind, text) : null;
   const method = methodOf(s.why, text);
-  const test = target !== null && s.why.asked.includes(key) ? testSpec(s, target).key : null;
+  const test = shownTest(s, d);
   // what this call asks for stays failed (no loop of busy answers); the rest is asked again when needed again
   forgetBusy(d, ["output", `zero|${labels}`, `map|${method}|${target}`, `map|${RAW}|${target}`, test]);
   let started = fetchOutput(s, d, app);
@@ -312,7 +312,7 @@ function render(s, act, shown) {
       + "elsewhere, so the total hardly falls and on the sample photos every map scored worse than random on average. "
       + "Drag on the model output to draw a box and ask about one region (without a mouse: Tab to the output, "
       + "move the cell cursor with the arrows, grow a box with Shift+arrows, Enter).";
-  const key = target === null ? "" : testKey(target, testedMethods(method), FRACTIONS[s.why.steps] ?? "");
+  const key = target === null ? "" : testSpec(s, target).key;
   const asked = s.why.asked.includes(keyOf(s));
   const progress = key ? testProgress(d, key) : { state: "idle", fraction: 0 };
   renderProgress($("faithfulness-progress"), progress);
