@@ -208,15 +208,14 @@ function renderScatter(el, view, st, id, onPick) {
     y: layers.map((l) => st.distance_px[l].reduce((a, b) => a + b, 0) / st.distance_px[l].length),
     line: { color: "rgba(203,213,225,0.55)", width: 1.5, dash: "dot" }, hoverinfo: "skip",
   });
+  // the shown head's dot ringed by a shape of 15 px, not a trace: a click on a head moves only the
+  // shapes (plotKeyed's marks), it does not redraw the chart
   const h = headIndex(view.head);
-  if (h !== null) {
-    traces.push({
-      type: "scatter", mode: "markers", name: "shown", x: [view.layer], y: [st.distance_px[view.layer][h]],
-      customdata: [h], showlegend: false,
-      marker: { color: "rgba(0,0,0,0)", size: 15, line: { color: "#ff3b6b", width: 2.5 } },
-      hovertemplate: `layer %{x}, head ${h} (shown)<br>%{y:.1f} px<extra></extra>`,
-    });
-  }
+  const shown = h === null ? [] : [{
+    type: "circle", xref: "x", yref: "y", xsizemode: "pixel", ysizemode: "pixel",
+    xanchor: view.layer, yanchor: st.distance_px[view.layer][h], x0: -7.5, x1: 7.5, y0: -7.5, y1: 7.5,
+    line: { color: "#ff3b6b", width: 2.5 },
+  }];
   const [ih, iw] = st.input_size;
   const layout = base({
     margin: { l: 52, r: 8, b: 40 },
@@ -224,9 +223,9 @@ function renderScatter(el, view, st, id, onPick) {
     xaxis: { ...AXIS, title: { text: "layer (network depth)" }, tickvals: layers, range: [-0.6, L - 0.4] },
     yaxis: { ...AXIS, title: { text: "mean attention distance (px)" },
       range: [0, Math.max(Math.hypot(ih, iw) * 0.5, ...st.distance_px.flat()) * 1.05] },
-    height: 330,
+    height: 330, shapes: shown,
   });
-  plotKeyed(el, `${id}|${view.layer}|${view.head}`, traces, layout);
+  plotKeyed(el, id, traces, layout, `${view.layer}|${view.head}`);
   onClick(el, (p) => {
     if (p.customdata !== undefined && p.customdata !== null) onPick(Number(p.x), String(p.customdata));
   });
@@ -260,7 +259,7 @@ function renderSimilarity(el, view, st, id, onPick) {
     colorbar: { title: { text: kind === "cos" ? "cos" : "sim", side: "right" }, thickness: 12, outlinewidth: 0 },
     hovertemplate: `layer ${l}: head %{y} vs head %{x}<br>${label} %{z:.3f}<extra></extra>`, xgap: 1, ygap: 1,
   };
-  plotKeyed(el, `${id}|${kind}|${l}|${view.head}|${view.colormap}`, [trace], layout);
+  plotKeyed(el, `${id}|${kind}|${l}|${view.colormap}`, [trace], layout, view.head);
   onClick(el, (p) => onPick(view.layer, String(p.y)));
 }
 
@@ -292,6 +291,6 @@ function renderRank(el, view, st, id, onPick) {
     annotations: [{ xref: "paper", yref: "y", x: 1, y: max, xanchor: "right", yanchor: "top", showarrow: false,
       text: `max ${max}`, font: { size: 10.5, color: "#94a3b8" } }],
   });
-  plotKeyed(el, `${id}|${view.layer}`, traces, layout);
+  plotKeyed(el, id, traces, layout, String(view.layer));
   onClick(el, (p) => onPick(Number(p.x), view.head));
 }

@@ -540,7 +540,19 @@ def test_entropy_chart_click_opens_that_head(page, base_url, samples):
     box = cells.bounding_box()
     x = box["x"] + (4 + 0.5) * box["width"] / 6  # head 4
     y = box["y"] + (2 + 0.5) * box["height"] / 12  # layer 2 (layer 0 at the top)
+    page.evaluate(
+        """() => { window.__reacts = {}; const react = window.Plotly.react;
+            window.Plotly.react = (el, ...rest) => {
+                window.__reacts[el.id] = (window.__reacts[el.id] || 0) + 1; return react(el, ...rest); }; }"""
+    )
     page.mouse.move(x - 2, y - 2)
     page.mouse.move(x, y)  # Plotly picks the clicked cell from the hover
     page.mouse.click(x, y)
     wait_view(page, layer=2, head=4)
+    # The selection box moved to the clicked head, the chart not redrawn for it: its shapes are
+    # relaid out (under 1 ms), where Plotly.react redrew the whole chart.
+    page.wait_for_function(
+        """() => { const s = document.querySelector('[data-testid=chart-entropy]').layout.shapes[0];
+            return !!s && s.x0 === 3.5 && s.y0 === 1.5; }"""
+    )
+    assert page.evaluate("() => window.__reacts['chart-entropy'] || 0") == 0
