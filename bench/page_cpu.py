@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers.chromium import CHROMIUM_ARGS  # noqa: E402
+from helpers.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from helpers.page import open_page, upload, wait_view  # noqa: E402
 
 from .api import start_server  # noqa: E402
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image", default=str(ROOT / "static" / "samples" / "cat.png"))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--clicks", type=int, default=5, help="heads clicked per round")
-    p.add_argument("--chromium", default="/usr/bin/chromium")
+    p.add_argument("--chromium", default=CHROMIUM, help="the browser (HEADSCOPE_CHROMIUM, as the tests)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
 

@@ -111,11 +111,10 @@ export function drawingHidden(el) {
 /**
  * When `el` is given these traces and layout (drawn now, or once it comes in sight): name it (a
  * figure labelled by its card's title, or `label`) and give it the "Show as table" disclosure
- * right after it.
+ * right after it. Its drawing is hidden from screen readers when Plotly draws it (drawingHidden).
  */
 export function chartTable(el, data, layout, label) {
   traces.set(el, { traces: data, layout, title: label || titleOf(el) });
-  drawingHidden(el);
   el.setAttribute("role", "figure");
   el.setAttribute("aria-label", label || `${titleOf(el)} (chart; “Show as table” below gives its numbers)`);
   let details = el.nextElementSibling;

@@ -92,6 +92,12 @@ export function clear(el) {
   delete el.dataset.bound; // purge drops the Plotly event handlers too
 }
 
+/** Before a chart is given traces: a note (any state but drawn or waiting) is cleared away. */
+function clearNote(el) {
+  const state = el.dataset.rendered;
+  if (state && state !== "1" && state !== "waiting") clear(el);
+}
+
 /** Replace a chart by a line of text (a loading state, or why there is nothing to plot). */
 export function note(el, text, state = "note") {
   if (el.dataset.rendered === state && el.textContent === text) return;
@@ -194,7 +200,7 @@ export function plotKeyed(el, key, traces, layout, marks = "") {
       return true;
     }
   }
-  if (state && state !== "1" && state !== "waiting") clear(el); // a note, not a chart
+  clearNote(el);
   el.dataset.key = key;
   el.dataset.marks = marks;
   chartTable(el, traces, layout);
@@ -282,8 +288,7 @@ export function renderRow(el, view) {
     annotations: [{ xref: "x", yref: "paper", x: queryToken, y: 1, yanchor: "bottom", showarrow: false,
       text: `query ${queryToken}`, font: { color: "#ff3b6b", size: 11 } }],
   });
-  const state = el.dataset.rendered;
-  if (state && state !== "1" && state !== "waiting") clear(el); // a note, not a chart
+  clearNote(el);
   el.dataset.layer = String(layer);
   el.dataset.head = head;
   // the table in token order: the prefix tokens (indices 0…) first, then the patches

@@ -53,12 +53,8 @@ def plot_data(page, testid: str) -> list[dict]:
     to and drawn first (show_chart)."""
     show_chart(page, testid)
     return page.evaluate(
-        """id => {
-        let el = document.querySelector(`[data-testid=${id}]`);
-        if (!el.classList.contains('js-plotly-plot')) el = el.querySelector('.js-plotly-plot');
-        return el.data.map(t => ({name: t.name ?? null, type: t.type, x: t.x ?? null, y: t.y ?? null,
-                                  z: t.z ?? null, customdata: t.customdata ?? null}));
-    }""",
+        f"""id => {_CHART}(id).data.map(t => ({{name: t.name ?? null, type: t.type, x: t.x ?? null,
+            y: t.y ?? null, z: t.z ?? null, customdata: t.customdata ?? null}}))""",
         testid,
     )
 
@@ -76,12 +72,11 @@ def click_plot(page, testid: str, x: float, y: float) -> None:
     """Click the chart at data coordinates (x, y); Plotly picks the point from the hover."""
     show_chart(page, testid)
     pos = page.evaluate(
-        """([id, x, y]) => {
-        let el = document.querySelector(`[data-testid=${id}]`);
-        if (!el.classList.contains('js-plotly-plot')) el = el.querySelector('.js-plotly-plot');
+        f"""([id, x, y]) => {{
+        const el = {_CHART}(id);
         const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, r = el.getBoundingClientRect();
-        return {x: r.left + xa._offset + xa.l2p(x), y: r.top + ya._offset + ya.l2p(y)};
-    }""",
+        return {{x: r.left + xa._offset + xa.l2p(x), y: r.top + ya._offset + ya.l2p(y)}};
+    }}""",
         [testid, x, y],
     )
     page.mouse.move(pos["x"] - 3, pos["y"] - 3)
