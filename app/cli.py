@@ -275,8 +275,8 @@ def _check_selection(args, model_id: str, models_dir: Path) -> None:
     from .zoo.ids import ModelSpec
     from .zoo.loaders import skeleton
 
-    q = (args.query or "cls").strip().lower().replace(" ", "")
-    if not QUERY_SYNTAX.fullmatch(q):
+    q = None if args.query is None else args.query.strip().lower().replace(" ", "")  # None: the model's default
+    if q is not None and not QUERY_SYNTAX.fullmatch(q):
         raise SelectionError(f"query: cannot read {args.query!r}; use cls, all, token indices or patch:ROW,COL")
     lm = skeleton(ModelSpec.parse(model_id), models_dir)
     layout = lm.layout(lm.input_size)
@@ -564,8 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--heads", default="all", help="'all' or indices/ranges like --layers (default all)")
     e.add_argument(
         "--query",
-        default="cls",
-        help="'cls' (default), 'all' (every row), token indices '0,17' or grid cells 'patch:R,C;R,C' "
+        default=None,
+        help="'cls' (the default; on a model without a CLS token, SigLIP or Swin, the first patch 'patch:0,0'), "
+        "'all' (every row), token indices '0,17' or grid cells 'patch:R,C;R,C' "
         "(negative indices count from the end: -1 is the last token, patch:-1,0 the last row's first cell)",
     )
     e.add_argument(

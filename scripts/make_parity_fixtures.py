@@ -126,6 +126,14 @@ def name_cases() -> list[dict]:
         {"query": "cls", "layers": "0-1", "temperature": 2.5},
         {"query": "cls", "temperature": 10},
         {"query": "cls", "ablate": "5:2,11:0", "drop": "prefix"},
+        # Over 150 characters: every part kept, the longest shortened, the whole name's hash added.
+        {"query": "patch:" + ";".join(f"{r},{c}" for r in range(8) for c in range(0, 16, 3)), "format": "npy"},
+        {"query": "patch:" + ";".join(f"{r},{c}" for r in range(8) for c in range(0, 16, 3)), "layers": "-1"},
+        {
+            "query": "cls",
+            "layers": ",".join(map(str, range(0, 12, 2))),
+            "ablate": ",".join(f"{i}:{i % 6}" for i in range(40)),
+        },
     ]
     defaults = {
         "layers": "all",

@@ -52,7 +52,7 @@ class CapturedImage(ABC):
         temperature: float = 1.0,
     ) -> Selection:
         """Resolve a request's ``layers``, ``heads`` and ``query`` (grammar of
-        :mod:`~app.engine.selection`) against this image.
+        :mod:`~app.engine.selection`; no query: :attr:`default_query`) against this image.
 
         Args:
             rollout_start: the first layer of a rollout (negative counts from the end); None
@@ -62,8 +62,16 @@ class CapturedImage(ABC):
         Raises:
             SelectionError: a malformed or out-of-range selection, with the reason.
         """
+        if query is None or not query.strip():
+            query = self.default_query
         stage, chosen, picked, queries, start = self._resolve(layers, heads, query, aggregate, rollout_start)
         return Selection(chosen, picked, queries, aggregate, start, head_fusion, discard_ratio, temperature, stage)
+
+    @property
+    @abstractmethod
+    def default_query(self) -> str:
+        """The query of a request that names none: ``cls``, or the first patch (``patch:0,0``)
+        on a model without a CLS token (SigLIP; a windowed stage's cell 0), as explain's default."""
 
     def stats(
         self,
@@ -172,6 +180,10 @@ class GlobalImage(CapturedImage):
     layout: TokenLayout
     input_size: tuple[int, int]
 
+    @property
+    def default_query(self) -> str:
+        return "cls" if self.layout.cls_index is not None else "patch:0,0"
+
     def stage_at(self, layer: int) -> None:
         return None
 
@@ -182,8 +194,11 @@ class GlobalImage(CapturedImage):
         n = self.att.num_layers
         chosen = parse_indices(layers, n, "layers")
         start = 0 if rollout_start is None else rollout_start
-        if aggregate == "rollout" and not -n <= start < n:
-            raise SelectionError(f"rollout_start {start} is out of range for {n} layers (valid: {-n}..{n - 1})")
+        if aggregate == "rollout":
+            if not -n <= start < n:
+                raise SelectionError(f"rollout_start {start} is out of range for {n} layers (valid: {-n}..{n - 1})")
+            if (layers or "all").strip().lower() == "all":  # every layer that has a rollout
+                chosen = chosen[start % n :]
         picked = parse_indices(heads, self.att.num_heads, "heads")
         return None, chosen, picked, parse_query(query, self.layout), start
 
@@ -244,6 +259,10 @@ class WindowedImage(CapturedImage):
     att: WindowedAttention
     layout: WindowedLayout
     input_size: tuple[int, int]
+
+    @property
+    def default_query(self) -> str:
+        return "patch:0,0"
 
     def stage_at(self, layer: int) -> Stage:
         return self.layout.stage_of(layer)

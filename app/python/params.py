@@ -74,28 +74,49 @@ def _listed(value: Any) -> Any:
 
 
 def _cell(v: Any) -> bool:
+    """A grid cell (or a ``(layer, head)`` pair): a tuple of two ints."""
     return isinstance(v, tuple) and len(v) == 2 and all(_is_int(x) for x in v)
 
 
-def query(value: Any) -> str:
+def _pair(v: Any) -> bool:
+    """Two ints as a tuple or a list: an item of a list of cells or pairs (``[[3, 5], [4, 6]]``,
+    an ``N x 2`` array's rows). A lone list of two ints is two token indices, never a cell."""
+    return isinstance(v, (tuple, list)) and len(v) == 2 and all(_is_int(x) for x in v)
+
+
+def _rows(value: Any) -> Any:
+    """An ``N x 2`` integer array or tensor (``np.argwhere``'s shape) as a list of ``[a, b]`` lists."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 2 and value.shape[1] == 2:
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+            return value.tolist()
+        d = value.dtype
+        if isinstance(value, torch.Tensor) and not (d.is_floating_point or d.is_complex or d == torch.bool):
+            return value.tolist()
+    return value
+
+
+def query(value: Any) -> str | None:
     """``query`` in the API's grammar: ``"cls"``, ``"all"``, a token index (int), a grid cell
-    ``(row, col)``, a list of token indices or of cells, or the text itself (``"patch:3,5"``)."""
-    if value is None:
-        return "cls"
-    if isinstance(value, str):
+    ``(row, col)``, a list of token indices or of cells (tuples, two-item lists, an ``N x 2``
+    array), or the text itself (``"patch:3,5"``); None: the model's default (the CLS row, or the
+    first patch where there is no CLS token)."""
+    if value is None or isinstance(value, str):
         return value
-    value = _listed(value)
+    value = _rows(_listed(value))
     if _is_int(value):
         return str(int(value))
     if _cell(value):
         return f"patch:{int(value[0])},{int(value[1])}"
     if isinstance(value, (list, range)) and value and all(_is_int(v) for v in value):
         return ",".join(str(int(v)) for v in value)
-    if isinstance(value, list) and value and all(_cell(v) for v in value):
+    if isinstance(value, (list, tuple)) and value and all(_pair(v) for v in value):
         return "patch:" + ";".join(f"{int(r)},{int(c)}" for r, c in value)
     raise TypeError(
-        "query: 'cls', 'all', a token index, a cell (row, col), a list of either, or the API's text like "
-        f"'patch:3,5'; got {value!r}"
+        "query: 'cls', 'all', a token index, a cell as a tuple (row, col), a list of token indices or of cells "
+        f"(tuples, [row, col] lists or an N x 2 array), or the API's text like 'patch:3,5'; got {value!r}"
     )
 
 
@@ -106,8 +127,12 @@ def ablate(value: Any) -> str:
         return ""
     if isinstance(value, str):
         return value
+    value = _rows(value)
     if _cell(value):
         value = [value]
-    if isinstance(value, (list, tuple, set, frozenset)) and all(_cell(v) for v in value):
-        return ",".join(f"{int(a)}:{int(b)}" for a, b in sorted(value))
-    raise TypeError(f"ablate: (layer, head) pairs, or the API's text like '0:1,11:5'; got {value!r}")
+    if isinstance(value, (list, tuple, set, frozenset)) and all(_pair(v) for v in value):
+        return ",".join(f"{int(a)}:{int(b)}" for a, b in sorted(tuple(v) for v in value))
+    raise TypeError(
+        f"ablate: (layer, head) pairs (tuples, [layer, head] lists or an N x 2 array), or the API's text like "
+        f"'0:1,11:5'; got {value!r}"
+    )

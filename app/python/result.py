@@ -371,7 +371,12 @@ class Attention:
         allowed = set(AttentionParams.model_fields) - {"ablate", "model", "format", "dtype", "stats"}
         unknown = sorted(set(fields) - allowed)
         if unknown:
-            raise TypeError(f"select() takes {', '.join(sorted(allowed))}; got {', '.join(unknown)}")
+            hint = (
+                " (the heads removed are the capture's: scope.attention(image, ablate=...) computes another)"
+                if "ablate" in unknown
+                else ""
+            )
+            raise TypeError(f"select() takes {', '.join(sorted(allowed))}; got {', '.join(unknown)}{hint}")
         update = {k: spell[k](v) if k in spell else v for k, v in fields.items()}
         params = P.build(AttentionParams, **{**self.params.model_dump(), **update})
         # Swin: every layer is one answer per stage, as in Scope.attention
@@ -497,8 +502,10 @@ class Attention:
 
     def explain(self, layer: int = -1, head: int = 0, query: Any = None) -> dict[str, Any]:
         """One head's whole computation for one query token (``GET …/explain``): the answer's
-        fields, its arrays as torch tensors (``q``, ``k``, ``v``, ``scores``, ``attention``,
-        ``output``, ...).
+        fields, and its arrays as torch tensors: ``q``, ``k``, ``v``, ``dot`` (q . k before the
+        scale), ``scores``, ``attention``, ``head_output``, ``proj_input`` (every head's output,
+        concatenated), ``head_contributions``, ``proj_bias``, ``attn_output``, and ``bias``
+        where the model adds one (BEiT).
 
         Args:
             layer: block index (negative counts from the end).

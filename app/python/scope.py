@@ -228,7 +228,7 @@ class Scope:
     def attention(
         self,
         image: Any,
-        query: Any = "cls",
+        query: Any = None,
         layers: Any = None,
         heads: Any = None,
         temperature: float = 1.0,
@@ -250,8 +250,10 @@ class Scope:
             image: a picture (a path, bytes, a ``PIL.Image``, an ``HxWx3`` array or a tensor
                 ``[3, H, W]`` of pixels: uint8 0..255 or float 0..1, not the model's normalised
                 input), a list of them, or a tensor ``[B, 3, H, W]``: one result each.
-            query: ``"cls"``, ``"all"``, a token index, a grid cell ``(row, col)``, lists of
-                either, or the API's text (``"patch:3,5"``, ``"0,17"``).
+            query: None (the CLS row; on a model without a CLS token, SigLIP or Swin, the
+                first patch's), ``"cls"``, ``"all"``, a token index, a grid cell ``(row, col)``,
+                lists of either (cells also as ``[row, col]`` lists or an ``N x 2`` array), or
+                the API's text (``"patch:3,5"``, ``"0,17"``).
             layers: None (every layer), an int, ints, or the API's text (``"0-3,-1"``). A
                 windowed model (Swin) answers within one stage: None gives every stage
                 (``Attention.maps`` is then a list, one tensor per stage), explicit layers must

@@ -6,7 +6,9 @@ it, the colour bar, the layer and head controls, the heads of the layer at a gla
 a thumbnail picks the head), the query (a click on a patch of the picture makes it the query;
 "first token" goes back to CLS) and the softmax temperature (a log-scale slider, 0.1 to 10).
 ``att.widget()`` gives the widget itself: its ``layer``, ``head``, ``query`` (a token index),
-``temperature`` and ``colormap`` follow the clicks and can be set from Python.
+``temperature`` and ``colormap`` follow the clicks and can be set from Python (a negative
+``layer``, ``head`` or ``query`` counts from the end, as everywhere in the API: ``w.layer = -1``
+is the last layer the view holds).
 
 ``att.to_html("view.html")`` writes the same view as one self-contained file: the data, the
 picture and the script are inside it, so it opens offline in any browser, from disk or mail,
@@ -207,8 +209,10 @@ def _widget_class() -> type:
             v = proposal["value"]
             if isinstance(v, bool):  # t.Int takes True, which would travel as JSON true
                 raise t.TraitError(f"layer {v!r}: an int")
+            if self.layers and v < 0 and -len(self.layers) <= v:  # as Python counts: -1 is the last layer held
+                v = self.layers[v]
             if self.layers and v not in self.layers:
-                raise t.TraitError(f"layer {v}: this view holds layers {self.layers}")
+                raise t.TraitError(f"layer {v}: this view holds layers {self.layers} (negative counts from the end)")
             return v
 
         @t.validate("head", "query")
@@ -218,8 +222,12 @@ def _widget_class() -> type:
                 raise t.TraitError(f"{name} {v!r}: an int")
             if len(self.shape) == 4:
                 n = self.shape[1] if name == "head" else self.shape[2]
-                if not 0 <= v < n:
-                    raise t.TraitError(f"{name} {v}: 0..{n - 1} ({n} {'heads' if name == 'head' else 'tokens'})")
+                if not -n <= v < n:
+                    raise t.TraitError(
+                        f"{name} {v}: {-n}..{n - 1} ({n} {'heads' if name == 'head' else 'tokens'}; negative counts "
+                        "from the end)"
+                    )
+                v %= n
             return v
 
         @t.validate("temperature")

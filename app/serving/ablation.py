@@ -37,6 +37,7 @@ from ..engine.output import METRIC_TEXT, METRICS, change, describe, describe_cha
 from . import preprocess
 from .admission import current_client_left
 from .cache import ImportanceKey, OutputKey, PruningKey
+from .encoders import ablate_detail, answer_stem
 from .params import DEFAULT_POINTS
 from .tasks import TASK_DEADLINE_S, ImageTasks, TaskProgress, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
@@ -100,7 +101,7 @@ def output_answer(
     if kind == "classes":
         meta["top5"] = describe(lm, out.tensor)["top5"]
     meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
-    name = f"output-{image_id}" + (f"-ablated{len(pairs)}" if pairs else "")
+    name = answer_stem("output", image_id, lm.id, *ablate_detail(pairs))
     headers = {"X-Headscope-Meta": meta_json}
     if fmt == "safetensors":
         from safetensors.numpy import save

@@ -197,7 +197,10 @@ class AnswerSubject:
         return self.image.drop_columns(self.params.drop, self.sel.stage)
 
     def download_stem(self) -> str:
-        return download_stem(self.image_id, self.found.entry.model_id, self.params)
+        params = self.params
+        if params.query is None:  # the name says which row the default was
+            params = params.model_copy(update={"query": self.image.default_query})
+        return download_stem(self.image_id, self.found.entry.model_id, params)
 
 
 def meta(asked: AnswerSubject, shape: Sequence[int], dropped: list[int] | None = None) -> dict[str, Any]:

@@ -19,10 +19,13 @@ import io
 import json
 import re
 import struct
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import numpy as np
 import orjson
+
+from ..engine.ablation import ablate_text
 
 BodyPart = bytes | memoryview
 
@@ -41,7 +44,7 @@ class NamedSelection(Protocol):
     """The request parameters a download name spells (AttentionParams has them)."""
 
     @property
-    def query(self) -> str: ...
+    def query(self) -> str | None: ...
 
     @property
     def layers(self) -> str: ...
@@ -66,31 +69,71 @@ class NamedSelection(Protocol):
 
 
 def download_stem(image_id: str, model: str, p: NamedSelection) -> str:
-    """The file name (less its extension) a binary answer is saved under: its Content-Disposition.
+    """The file name (less its extension) a binary attention answer is saved under: its Content-Disposition.
 
     ``headscope-<image id[:12]>-<model>-<query>`` plus what narrows the answer (``L<layers>``,
     ``H<heads>``, the aggregate, ``drop-<tokens>``, ``ablate-<heads off>``, the dtype,
-    ``T<temperature>``), each part reduced to
-    ``[A-Za-z0-9._-]``. The page's download links carry the same name (static/js/api.js
-    ``downloadName``), so a browser saves the file under the name the page shows.
+    ``T<temperature>``), as :func:`answer_stem` spells them. The page's download links carry the
+    same name (static/js/api.js ``downloadName``), so a browser saves the file under the name the
+    page shows.
     """
-    parts = ["headscope", image_id[:12], model, p.query]
+    details = [p.query or "cls"]  # None: AnswerSubject.download_stem names the model's default row
     if p.layers != "all":
-        parts.append(f"L{p.layers}")
+        details.append(f"L{p.layers}")
     if p.heads != "all" and p.aggregate == "none":
-        parts.append(f"H{p.heads}")
+        details.append(f"H{p.heads}")
     if p.aggregate != "none":
-        parts.append(p.aggregate)
+        details.append(p.aggregate)
     if p.drop != "none":
-        parts.append(f"drop-{p.drop}")
+        details.append(f"drop-{p.drop}")
     if p.ablate:  # the maps with heads off: not the model's own, so not their file name
-        parts.append(f"ablate-{p.ablate}")
+        details.append(f"ablate-{p.ablate}")
     if p.dtype != "float32":
-        parts.append(p.dtype)
+        details.append(p.dtype)
     if p.temperature != 1:
-        parts.append(f"T{p.temperature:g}")
-    stem = "-".join(_UNSAFE.sub("_", x).strip("_") for x in parts)
-    return stem[:MAX_STEM]
+        details.append(f"T{p.temperature:g}")
+    return answer_stem("headscope", image_id, model, *details)
+
+
+def answer_stem(kind: str, image_id: str, model: str, *details: str) -> str:
+    """``<kind>-<image id[:12]>-<model>[-<detail>...]``: the download name (less its extension) of
+    every binary answer (attention, explain, output, relevance), each part reduced to
+    ``[A-Za-z0-9._-]`` (a model id's ``:`` and ``/`` become ``_``).
+
+    A name over ``MAX_STEM`` characters keeps every part: the longest of the model and what
+    follows it are shortened until the name fits beside ``-`` and 8 hex digits of the whole
+    name's FNV-1a hash, so two answers that differ only past the cut keep two names.
+    """
+    return fit_stem([_UNSAFE.sub("_", x).strip("_") for x in (kind, image_id[:12], model, *details)])
+
+
+def ablate_detail(pairs: Iterable[tuple[int, int]]) -> list[str]:
+    """The ``ablate-<layer>_<head>...`` detail of a name for heads removed (none: no detail)."""
+    text = ablate_text(pairs)
+    return [f"ablate-{text}"] if text else []
+
+
+def fit_stem(parts: list[str], limit: int = MAX_STEM) -> str:
+    """``parts`` joined by ``-``, at most ``limit`` characters (see :func:`answer_stem`): the
+    first two (the kind and the image id) are kept whole."""
+    stem = "-".join(parts)
+    if len(stem) <= limit:
+        return stem
+    tag = f"{fnv1a32(stem):08x}"
+    room = limit - len(tag) - 1
+    parts = list(parts)
+    while len("-".join(parts)) > room:
+        i = max(range(2, len(parts)), key=lambda k: len(parts[k]))  # the first of the longest
+        parts[i] = parts[i][: max(1, len(parts[i]) - (len("-".join(parts)) - room))]
+    return "-".join(parts) + "-" + tag
+
+
+def fnv1a32(text: str) -> int:
+    """The 32-bit FNV-1a hash of ``text``'s UTF-8 bytes (api.js ``fnv1a32``: the same number)."""
+    h = 0x811C9DC5
+    for b in text.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
 
 
 def _raw(array: np.ndarray) -> memoryview:

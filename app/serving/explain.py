@@ -18,6 +18,7 @@ from ..engine.ablation import Ablation
 from ..engine.explain import HeadComputation, inner_steps
 from ..engine.model import LoadedModel
 from .answers import Answer, server_timing
+from .encoders import ablate_detail, answer_stem
 from .params import ExplainParams
 from .service import AttentionService
 from .store import FoundCapture
@@ -51,9 +52,10 @@ def explained(
         meta_json = json.dumps(meta, ensure_ascii=True, separators=(",", ":"))
         body = save(tensors, metadata={"headscope": meta_json})
         layer, head, query = meta["layer"], meta["head"], meta["query"]
-        headers = {
-            "Content-Disposition": f'attachment; filename="explain-{image_id}-L{layer}-H{head}-T{query}.safetensors"'
-        }
+        stem = answer_stem(
+            "explain", image_id, meta["model"], f"L{layer}", f"H{head}", f"token{query}", *ablate_detail(ablate)
+        )
+        headers = {"Content-Disposition": f'attachment; filename="{stem}.safetensors"'}
         media = "application/octet-stream"
     timing["encode"] = (time.perf_counter() - t0) * 1000
     headers["Server-Timing"] = server_timing(timing)

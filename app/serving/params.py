@@ -17,7 +17,17 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..engine.faithfulness import PROTOCOLS
 from ..engine.relevance import METHODS
@@ -65,6 +75,22 @@ def _ascii_int(value: Any) -> Any:
 # An integer parameter: ASCII digits with an optional sign, from text (a number from Python as it is).
 Int = Annotated[int, BeforeValidator(_ascii_int)]
 
+# nan and inf pass to pydantic, whose AllowInfNan(False) says "Input should be a finite number".
+_DECIMAL = re.compile(r"\s*[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\s*", re.I)
+
+
+def _ascii_float(value: Any) -> Any:
+    """A query's or form's decimal number in ASCII digits (``0.5``, ``.5``, ``2e-3``): pydantic's
+    lax float, like Python's ``float()``, also reads ``1_0`` as 10 and other scripts' digits."""
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+        raise ValueError("Input should be a valid number, unable to parse string as a number")
+    return value
+
+
+# A decimal parameter: ASCII digits with an optional sign, point and exponent; finite (no
+# parameter takes nan or inf), checked before the bounds so that nan is not "less than 1".
+Float = Annotated[float, AllowInfNan(False), BeforeValidator(_ascii_float)]
+
 
 # -- parameters several requests take -------------------------------------------------------
 Model = Annotated[
@@ -83,21 +109,19 @@ Ablate = Annotated[
 ]
 
 Mass = Annotated[
-    float,
+    Float,
     Field(
         gt=0,
         le=1,
-        allow_inf_nan=False,  # nan was refused as "less than or equal to 1"
         description="DINO mass threshold: mass_patches counts the fewest patches that hold this share of the CLS row",
     ),
 ]
 
 Wait = Annotated[
-    float | None,
+    Float | None,
     Field(
         ge=0,
         le=3600,
-        allow_inf_nan=False,
         description="seconds to wait for the result; if it is not ready by then, answer 202 with the progress "
         "(the computation goes on; ask again). By default (absent) the request waits up to the server's request "
         "timeout and then answers 504 (the computation goes on too).",
@@ -151,14 +175,27 @@ StartLayer = Annotated[
 ]
 
 
-class _Params(BaseModel):
-    """A request's parameters: nothing else is taken."""
+class RequestParams(BaseModel):
+    """A request's parameters: nothing else is taken. An empty value (``drop=``, ``temperature=``:
+    an HTML form's blank field) is the parameter's default, for every parameter that has one."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if not (isinstance(v, str) and not v.strip() and k in fields and not fields[k].is_required())
+        }
+
 
 # -- attention (POST /attention, GET …/{image_id}), statistics, explain -----------------------
-class AttentionParams(_Params):
+class AttentionParams(RequestParams):
     """What to return for an image; the same fields as form fields (POST) or query (GET)."""
 
     model: Model = Field(None, examples=["dinov2-s14-focus"])
@@ -171,11 +208,12 @@ class AttentionParams(_Params):
     heads: str = Field(
         "all", max_length=MAX_SPEC, description="'all' or indices/ranges like layers", examples=["all", "0,2"]
     )
-    query: str = Field(
-        "cls",
+    query: str | None = Field(
+        None,
         max_length=MAX_SPEC,
         description="'cls' (row of the first prefix token), 'all' (every row), "
-        "token indices '0,17,200' or a grid cell 'patch:R,C'",
+        "token indices '0,17,200' or a grid cell 'patch:R,C' (default: 'cls'; on a model without a CLS token, "
+        "SigLIP or Swin, the first patch 'patch:0,0')",
         examples=["cls", "all", "0,17,200", "patch:3,5"],
     )
     aggregate: Literal["none", "mean", "max", "rollout"] = Field(
@@ -194,11 +232,12 @@ class AttentionParams(_Params):
         ge=-1000,
         le=1000,
         description="rollout: first layer of the product (default: the first layer, 0; on a windowed model, the first "
-        "layer of the selected stage, as `headscope extract` does)",
+        "layer of the selected stage, as `headscope extract` does); with layers=all, the answer holds the layers from "
+        "it on",
     )
     head_fusion: Literal["mean", "max", "min"] = Field("mean", description="rollout: how heads are fused")
-    discard_ratio: float = Field(
-        0.0, ge=0.0, lt=1.0, allow_inf_nan=False, description="rollout: share of each row's smallest weights set to 0"
+    discard_ratio: Float = Field(
+        0.0, ge=0.0, lt=1.0, description="rollout: share of each row's smallest weights set to 0"
     )
     drop: Literal["none", "prefix", "artifacts", "prefix,artifacts"] = Field(
         "none", description="zero these key tokens and renormalise rows (attention sinks)"
@@ -206,10 +245,9 @@ class AttentionParams(_Params):
     stats: bool = Field(
         False, description="also return per-head statistics (JSON only: with a binary format, 422 invalid_parameter)"
     )
-    temperature: float = Field(
+    temperature: Float = Field(
         1.0,
         gt=0,
-        allow_inf_nan=False,
         description="softmax temperature: every map is softmax(scores / T); 1 is the model itself",
         examples=[1.0, 0.5, 2.0],
     )
@@ -232,7 +270,7 @@ class AttentionParams(_Params):
         return needs_every_row(self.query, self.aggregate)
 
 
-class StatsParams(_Params):
+class StatsParams(RequestParams):
     """``GET …/stats``: per-head statistics."""
 
     model: Model = None
@@ -240,7 +278,7 @@ class StatsParams(_Params):
     ablate: Ablate = ""
 
 
-class ExplainParams(_Params):
+class ExplainParams(RequestParams):
     """``GET …/explain``: which head, layer and query token to explain."""
 
     model: Model = None
@@ -261,7 +299,7 @@ class ExplainParams(_Params):
 
 
 # -- the model's output, importance, pruning -------------------------------------------------
-class OutputParams(_Params):
+class OutputParams(RequestParams):
     """``GET …/output``: the model's own output, with heads removed."""
 
     model: Model = None
@@ -271,7 +309,7 @@ class OutputParams(_Params):
     )
 
 
-class ImportanceQuery(_Params):
+class ImportanceQuery(RequestParams):
     """What names one importance computation (``GET …/importance`` and its ``…/progress``)."""
 
     model: Model = None
@@ -297,7 +335,7 @@ class PruningParams(PruningQuery):
 
 
 # -- relevance and the faithfulness test -----------------------------------------------------
-class RelevanceParams(_Params):
+class RelevanceParams(RequestParams):
     """``GET …/relevance``: one method's map for one target."""
 
     model: Model = None
@@ -320,7 +358,7 @@ class RelevanceParams(_Params):
     start_layer: StartLayer = None
 
 
-class FaithfulnessQuery(_Params):
+class FaithfulnessQuery(RequestParams):
     """What names one perturbation test (``GET …/faithfulness`` and its ``…/progress``)."""
 
     model: Model = None

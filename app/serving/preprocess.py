@@ -304,7 +304,10 @@ def probe(data: bytes, max_pixels: int, fit: Fit | None = None) -> Probe:
 def _check_size(w: int, h: int, max_pixels: int) -> None:
     if w * h > max_pixels:
         raise ImageError(
-            f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels", 413, "image_too_large"
+            f"image of {w} x {h} pixels is over the limit of {max_pixels:,} pixels: make it smaller first (the model "
+            "sees it at a few hundred pixels a side), or raise the limit (HEADSCOPE_MAX_IMAGE_PIXELS)",
+            413,
+            "image_too_large",
         )
     if w < 1 or h < 1:
         raise ImageError("the image has no pixels", 422, "corrupt_image")

@@ -35,7 +35,6 @@ and ``output`` are one key), methods as a sorted set, fractions as numbers (``0.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,7 +70,7 @@ from . import preprocess
 from .admission import HEAVY, PRIORITY, current_client_left, current_ticket
 from .answers import Answer, server_timing
 from .cache import FaithfulnessKey, RelevanceKey
-from .encoders import MEDIA_TYPES, encode
+from .encoders import MEDIA_TYPES, ablate_detail, answer_stem, encode
 from .params import FaithfulnessParams, FaithfulnessQuery, RelevanceParams
 from .tasks import TASK_DEADLINE_S, ImageTasks, TaskProgress, Tasks, TaskWork, run_on
 from .uploads import ImageNotFound, Upload
@@ -312,8 +311,9 @@ def relevance_answer(
     meta = {**relevance_meta(image_id, lm, maps, method, seed, ablate), "cached": cached}
     timing = {"compute": 0.0 if cached else maps.compute_ms, "total": (time.perf_counter() - t0) * 1000}
     meta["timing_ms"] = timing
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(maps.relevance.target).replace(":", "-").replace(",", "_"))[:64]
-    stem = f"relevance-{image_id[:12]}-{lm.id}-{method}-{slug}"
+    target = str(maps.relevance.target).replace(":", "-").replace(",", "_")
+    seeded = [f"seed{seed}"] if method == "random" else []  # the one method whose map the seed changes
+    stem = answer_stem("relevance", image_id, lm.id, method, target, *seeded, *ablate_detail(ablate))
     body, headers = encode(np.ascontiguousarray(m.numpy(), np.float32), meta, fmt, stem, key="relevance")
     headers["Server-Timing"] = server_timing(timing)
     return Answer(list(body), headers, MEDIA_TYPES[fmt], meta)

@@ -16,20 +16,18 @@ from functools import partial
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, TextTower, check_phrase
 from ..engine.model import LoadedModel
 from ..engine.text_relevance import TextTarget, parse_method, require_text, zero_shot
 from . import preprocess
-from .params import DEFAULT_METHOD, RelevanceMethod
+from .params import DEFAULT_METHOD, RelevanceMethod, RequestParams
 from .relevance import RelevanceService, method_map
 
 
-class ZeroShotParams(BaseModel):
+class ZeroShotParams(RequestParams):
     """``GET …/zero-shot``: the labels, and whether to add each one's relevance map."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str | None = Field(None, description="model id (a CLIP-style model; default: the server's default model)")
     labels: str = Field(

@@ -25,7 +25,7 @@ from ..serving.relevance import RelevanceService
 from ..serving.service import AttentionService
 from ..serving.worker import Worker
 from ..zoo.registry import Registry
-from . import errors
+from . import errors, openapi
 from .deps import declared_query_only
 from .middleware import (
     AllowedHosts,
@@ -180,6 +180,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.on_fatal = None  # called then (`headscope serve` stops the server and exits 1)
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))  # autoescapes .html
     errors.install(app)
+    openapi.install(app)
 
     from .api import ablation, attention, docs, explain, health, models, pages, relevance, tasks, zero_shot
 

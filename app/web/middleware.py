@@ -23,6 +23,7 @@ from . import errors
 from .responses import HEAD_KEY
 
 REQUEST_ID_HEADER = b"x-request-id"
+SERVER_TIMING_HEADER = b"server-timing"
 # A client's own id is kept when it is a short plain token (it goes into log lines as is).
 _CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 
@@ -148,7 +149,9 @@ class RequestId:
     The client's own ``X-Request-ID`` is kept when it is a short token, else a new id is made. It
     sits in the scope's state, where the error handlers read it: an error body's ``request_id``
     and the server's log line for that answer carry the same id. The time the request arrived
-    sits beside it (``errors.STARTED``: a refusal's latency).
+    sits beside it (``errors.STARTED``: a refusal's latency). An answer that does not give its
+    own ``Server-Timing`` (queue, compute, encode) gets ``total``: the milliseconds from the
+    request's arrival to the answer's first line.
     """
 
     def __init__(self, app):
@@ -164,7 +167,11 @@ class RequestId:
 
         async def with_id(message):
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, rid.encode())]
+                headers = [*message.get("headers", []), (REQUEST_ID_HEADER, rid.encode())]
+                if not any(k.lower() == SERVER_TIMING_HEADER for k, _ in headers):
+                    ms = (time.perf_counter() - state[errors.STARTED]) * 1000
+                    headers.append((SERVER_TIMING_HEADER, f"total;dur={ms:.2f}".encode()))
+                message["headers"] = headers
             await send(message)
 
         await self.app(scope, receive, with_id)

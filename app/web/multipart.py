@@ -14,6 +14,9 @@ What a form may look like (each case answered by the route, ``api/attention.py``
 * a body that ends before its closing boundary (``--BOUNDARY--``) is malformed: an upload cut
   short would otherwise lose its unfinished part silently, and be answered as if it had no file
   (python-multipart does not check that the message ended);
+* what the parser could not read is said in words: a field other than a file over the field
+  limit is 413 ``field_too_large`` (not a malformed body), and a part whose headers run past
+  python-multipart's limit (a file name of kilobytes) says so instead of "Invalid multipart data";
 * the body must have arrived by the request's deadline, and after a grace period at a minimum
   average rate (408 otherwise, :func:`paced`); a client that drops mid-upload ends the request
   quietly (499 in the log, no traceback).
@@ -31,6 +34,10 @@ from urllib.parse import unquote_to_bytes
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
+
+from .errors import ApiError
+
+_PART_TOO_LARGE = re.compile(r"(Part|Field) exceeded maximum size")
 
 
 def is_multipart(content_type: str) -> bool:
@@ -151,3 +158,21 @@ async def read_form(
         await form.close()
         raise MultiPartException("the body ends before its closing boundary (was the upload cut short?)")
     return form
+
+
+def multipart_error(e: MultiPartException, max_field_bytes: int) -> ApiError:
+    """The answer to a form the parser refused (``e``): what was wrong, in the one error shape."""
+    if _PART_TOO_LARGE.match(e.message):
+        return ApiError(
+            413,
+            "field_too_large",
+            f"a form field that is not a file is over {max_field_bytes:,} bytes (the picture must come as a file "
+            "part, with a filename in its Content-Disposition: curl -F image=@photo.jpg; the other fields are short "
+            "text)",
+        )
+    cause = e.__cause__  # python-multipart's own reason behind starlette's "Invalid multipart data."
+    why = str(cause).strip() if cause is not None and str(cause).strip() else e.message
+    why = "".join(ch if ch.isprintable() else " " for ch in why)[:200]
+    if "header size" in why.lower():
+        why += " (a part's header line, its file name included, may be at most about 4 KB)"
+    return ApiError(400, "bad_multipart", f"malformed multipart body: {why}")

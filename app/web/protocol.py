@@ -35,6 +35,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("headscope")
 _BLANK_LINE = re.compile(rb"\n\r?\n")
+_BYTES_REPR = re.compile(r"bytearray\(b(['\"])(.*?)\1\)")
 
 
 class _Connection(h11.Connection):
@@ -48,7 +49,9 @@ class _Connection(h11.Connection):
             return super().next_event()
         except h11.RemoteProtocolError as e:
             self.status_hint = e.error_status_hint
-            self.error_text = "".join(ch if ch.isprintable() else " " for ch in str(e))[:200]
+            # h11 shows the offending bytes as Python's repr ("illegal request line: bytearray(b'GET /a b')")
+            text = _BYTES_REPR.sub(lambda m: repr(m.group(2)), str(e))
+            self.error_text = "".join(ch if ch.isprintable() else " " for ch in text)[:200]
             raise
 
 

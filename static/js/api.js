@@ -107,7 +107,32 @@ export function downloadName(imageId, model, params) {
   if (p.ablate) parts.push(`ablate-${p.ablate}`);
   if (p.dtype !== "float32") parts.push(p.dtype);
   if (p.temperature !== undefined && Number(p.temperature) !== 1) parts.push(`T${Number(Number(p.temperature).toPrecision(6))}`);
-  return `${parts.map(slug).join("-").slice(0, 150)}.${p.format === "npy" ? "npy" : "safetensors"}`;
+  return `${fitStem(parts.map(slug))}.${p.format === "npy" ? "npy" : "safetensors"}`;
+}
+
+/** encoders.fit_stem: the parts joined by "-", at most `limit` characters, every part kept (the
+ * longest after the image id shortened) beside 8 hex digits of the whole name's hash. */
+export function fitStem(parts, limit = 150) {
+  const stem = parts.join("-");
+  if (stem.length <= limit) return stem;
+  const tag = fnv1a32(stem).toString(16).padStart(8, "0");
+  const room = limit - tag.length - 1;
+  const out = [...parts];
+  let joined = out.join("-");
+  while (joined.length > room) {
+    let i = 2;
+    for (let k = 3; k < out.length; k++) if (out[k].length > out[i].length) i = k; // the first of the longest
+    out[i] = out[i].slice(0, Math.max(1, out[i].length - (joined.length - room)));
+    joined = out.join("-");
+  }
+  return `${joined}-${tag}`;
+}
+
+/** 32-bit FNV-1a of a string's UTF-8 bytes (encoders.fnv1a32). */
+export function fnv1a32(text) {
+  let h = 0x811c9dc5;
+  for (const b of new TextEncoder().encode(text)) h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  return h;
 }
 
 /** GET /api/v1/attention/{id}: answered from the server cache. */

@@ -180,7 +180,8 @@ def test_temperature_composes_with_drop_rollout_and_every_row(base_url, cat_id):
     assert np.abs(h - c).max() > 1e-3
 
 
-BAD_TEMPERATURES = ["0", "-1", "-0.5", "nan", "NaN", "inf", "-inf", "Infinity", "abc", "", "1e999"]
+# A blank `temperature=` is the default, T = 1 (test_api_as_documented.py), as every blank parameter.
+BAD_TEMPERATURES = ["0", "-1", "-0.5", "nan", "NaN", "inf", "-inf", "Infinity", "abc", "1e999", "1_0"]
 
 
 @pytest.mark.parametrize("value", BAD_TEMPERATURES)

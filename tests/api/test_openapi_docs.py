@@ -110,6 +110,31 @@ def test_no_closed_set_without_an_enum(spec, base_url):
     assert not undocumented, "\n".join(undocumented)
 
 
+def test_number_bounds_use_json_schemas_words(spec):
+    """Pydantic wrote the bounds of its validated numbers (``Int``, ``Float``) as ``ge``/``le``,
+    which JSON Schema does not know (Swagger UI and client generators ignored them): every bound
+    is ``minimum``, ``maximum``, ``exclusiveMinimum`` or ``exclusiveMaximum``."""
+    numbers = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") in ("integer", "number"):
+                numbers.append(node)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(spec)
+    assert numbers and [n for n in numbers if {"ge", "le", "gt", "lt"} & set(n)] == []
+    by_name = {(path, name): schema for _, path, _, name, schema, _ in parameters(spec)}
+    start = by_name[("/api/v1/attention/{image_id}", "rollout_start")]
+    assert {"type": "integer", "minimum": -1000, "maximum": 1000}.items() <= start["anyOf"][0].items()
+    assert by_name[("/api/v1/attention/{image_id}", "temperature")]["exclusiveMinimum"] == 0
+    assert by_name[("/api/v1/attention/{image_id}/stats", "mass")]["maximum"] == 1
+
+
 def test_the_protocol_is_an_enum_of_the_engines_names(spec):
     """The faithfulness protocol is parsed by the engine (422 bad_protocol with its words), yet
     generated clients see its names as an enum beside null."""

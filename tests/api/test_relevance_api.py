@@ -275,14 +275,15 @@ def test_every_bad_parameter_is_a_4xx_in_the_one_error_shape(why, cat_id):
             assert_error(r, 422, "bad_target")  # a long one too: the engine's bound (the field has no max_length)
         assert "output, box:X0,Y0,X1,Y1" in get(why, f"{API}/{cat_id}/{path}", target="top").json()["error"]["message"]
     rel_path = f"{API}/{cat_id}/relevance"
-    for method in ("magic", "chefer,random", "", "lrp"):  # the engine's code and words, as in Python and methods=
+    for method in ("magic", "chefer,random", " x", "lrp"):  # the engine's code and words, as in Python and methods=
         assert_error(get(why, rel_path, method=method), 422, "bad_method")
+    assert rel(why, cat_id, method="")["method"] == "chefer"  # blank: the default, as every blank parameter
     assert rel(why, cat_id, method="Chefer")["method"] == "chefer"  # any case, as in Python
     assert_error(get(why, rel_path, format="xml"), 422, "invalid_parameter")
     assert_error(get(why, rel_path, methods="chefer"), 422, "invalid_parameter")  # that is …/faithfulness's
     for path in ("faithfulness", "faithfulness/progress"):
         test_path = f"{API}/{cat_id}/{path}"
-        for methods in ("magic", "", "chefer,,random"):
+        for methods in ("magic", ",", "chefer,,random"):  # a blank one is the default, as every blank parameter
             assert_error(get(why, test_path, methods=methods), 422, "bad_method")
         for fractions in ("0.5,0.2", "0,0.5,0.5", "1", "0,1.5", "-0.1", "nan", "abc", ",".join(["0.1"] * 3)):
             assert_error(get(why, test_path, fractions=fractions), 422, "bad_fractions")

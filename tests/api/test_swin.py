@@ -156,7 +156,10 @@ def test_stage_rules_are_422s_that_say_what_to_ask(swin_server, samples):
     msg = error(post(url, data, model=V1, query="patch:1,1"), "layers_span_stages")  # layers=all by default
     assert "stage 0 = layers 0-1" in msg and "stage 3 = layers 10-11" in msg and "24 heads" in msg
     image_id = post(url, data, model=V1, layers="0", query="0").json()["image_id"]
-    assert "no CLS token" in error(get(url, image_id, model=V1, layers="2"), "bad_selection")
+    assert "no CLS token" in error(get(url, image_id, model=V1, layers="2", query="cls"), "bad_selection")
+    # No query: cell 0 of the stage (it was the same "no CLS token" refusal).
+    plain = get(url, image_id, model=V1, layers="2")
+    assert plain.status_code == 200 and plain.json()["query"] == [0], plain.text[:300]
     error(get(url, image_id, model=V1, layers="1-2", query="0"), "layers_span_stages")
     assert "outside the 28 x 42 grid" in error(
         get(url, image_id, model=V1, layers="2", query="patch:28,0"), "bad_selection"

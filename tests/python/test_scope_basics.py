@@ -283,5 +283,34 @@ def test_select_is_another_answer_of_the_same_capture(scope):
     want = scope.attention(pic, layers=[1, -1], heads=1, query=(0, 1), temperature=0.5)
     torch.testing.assert_close(again.maps, want.maps, atol=0, rtol=0)
     assert again.params.temperature == 0.5 and again.image_id == att.image_id
-    with pytest.raises(TypeError, match="select\\(\\) takes"):
+    with pytest.raises(TypeError, match="select\\(\\) takes .*scope.attention\\(image, ablate="):
         att.select(ablate="0:1")
+
+
+def test_cells_and_pairs_as_lists_and_arrays(scope):
+    """A list of cells (or of ``(layer, head)`` pairs) may hold ``[a, b]`` lists, or be an
+    ``N x 2`` integer array or tensor (``np.argwhere``'s shape): they were refused. A lone list
+    of two ints stays two token indices, and the error says a cell is a tuple."""
+    pic = _picture(7)
+    want = scope.attention(pic, layers=-1, query=[(0, 1), (2, 3)], ablate=[(0, 1), (1, 0)])
+    for query, ablate in [
+        ([[0, 1], [2, 3]], [[0, 1], [1, 0]]),
+        (np.array([[0, 1], [2, 3]]), np.array([[1, 0], [0, 1]])),
+        (torch.tensor([[0, 1], [2, 3]]), ((1, 0), (0, 1))),
+    ]:
+        got = scope.attention(pic, layers=-1, query=query, ablate=ablate)
+        assert got.query == want.query and got.ablate == want.ablate == ((0, 1), (1, 0))
+        assert torch.equal(got.maps, want.maps)
+    assert scope.attention(pic, layers=-1, query=[0, 1]).query == [0, 1]  # two token indices, not a cell
+    with pytest.raises(TypeError, match="a cell as a tuple"):
+        scope.attention(pic, query=[[0, 1, 2]])
+    with pytest.raises(TypeError, match="N x 2 array"):
+        scope.attention(pic, ablate=np.array([[0, 1, 2]]))
+
+
+def test_the_default_query_is_the_cls_row(scope):
+    """No query: the CLS row (the first patch's on a model without a CLS token, in
+    test_scope_vs_api.py against the server for SigLIP and Swin)."""
+    pic = _picture(8)
+    assert torch.equal(scope.attention(pic, layers=-1).maps, scope.attention(pic, layers=-1, query="cls").maps)
+    assert scope.attention(pic, layers=-1).query == [0]

@@ -89,6 +89,16 @@ def test_every_family_answers_as_the_api(server, photo, family):
     assert att.image_id == body["image_id"] and att.tokens == body["tokens"]
     assert att.layers == body["layers"] and att.heads == body["heads"] and att.query == body["query"]
     assert att.input_size == tuple(body["input_size"]) and att.image_size == tuple(body["image_size"]) == (1800, 2400)
+    if by_patch or family == "vit":
+        # No query: the CLS row, or the first patch's where there is no CLS token (a 422 "no CLS token" before).
+        plain = {k: v for k, v in fields.items() if k != "query"}
+        body0, want0 = served(server, photo, model, **plain)
+        att0 = scope.attention(photo, **plain)
+        close(att0.maps, want0)
+        assert body0["query"] == att0.query == [0]  # token 0: the CLS token, or the first patch
+        if by_patch:
+            _, want_cell = served(server, photo, model, **{**plain, "query": "patch:0,0"})
+            np.testing.assert_array_equal(want0, want_cell)
 
     if att.tokens["count"] <= 1000:  # DINOv2 at 518 px (1800 tokens): statistics take 15 s a side here
         stats = get(server.url, f"{API}/{body['image_id']}/stats", model=model).json()

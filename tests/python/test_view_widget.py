@@ -120,9 +120,10 @@ def test_widget_traits_refuse_what_the_view_cannot_draw(att):
     missing = next(i for i in range(100) if i not in att.layers)
     for name, value, message in [
         ("layer", missing, f"layer {missing}: this view holds layers"),
-        ("head", H, f"head {H}: 0..{H - 1}"),
-        ("query", N, f"query {N}: 0..{N - 1}"),
-        ("query", -1, "query -1"),
+        ("head", H, f"head {H}: {-H}..{H - 1}"),
+        ("head", -H - 1, f"head {-H - 1}: {-H}..{H - 1}"),
+        ("query", N, f"query {N}: {-N}..{N - 1}"),
+        ("layer", -L - 1, f"layer {-L - 1}: this view holds layers"),
         ("temperature", 0.0, "above 0"),
         ("opacity", 1.5, "0..1"),
         ("head", True, "head True: an int"),  # t.Int takes a bool, which would travel as JSON true
@@ -133,6 +134,9 @@ def test_widget_traits_refuse_what_the_view_cannot_draw(att):
             setattr(w, name, value)
     w.layer, w.head, w.query, w.temperature = att.layers[0], H - 1, N - 1, 0.5  # in range: taken
     assert (w.layer, w.head, w.query, w.temperature) == (att.layers[0], H - 1, N - 1, 0.5) and L >= 1
+    # Negative counts from the end, as everywhere in the API: the last layer the view holds, the last head.
+    w.layer, w.head, w.query = -1, -1, -2
+    assert (w.layer, w.head, w.query) == (att.layers[-1], H - 1, N - 2)
     for cmap in view.VIEW_COLORMAPS:
         w.colormap = cmap
 

@@ -23,7 +23,7 @@ from ...serving.waiting import ClientGone
 from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
 from ..errors import ApiError, JSONBody
 from ..middleware import upload_too_large_message
-from ..multipart import BodyTooSlow, is_multipart, read_form
+from ..multipart import BodyTooSlow, is_multipart, multipart_error, read_form
 from ..schemas import ERROR_RESPONSES, AttentionResponse, StatsResponse
 from ..service_calls import counted_as, measured, respond
 
@@ -140,7 +140,7 @@ async def _post(request: Request, service: AttentionService, settings: Settings,
             min_rate=settings.min_body_bytes_per_s,
         )
     except MultiPartException as e:
-        raise ApiError(400, "bad_multipart", f"malformed multipart body: {e.message}") from None
+        raise multipart_error(e, MAX_FIELD_BYTES) from None
     except BodyTooSlow as e:
         raise ApiError(
             408,

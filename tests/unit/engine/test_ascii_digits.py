@@ -97,7 +97,7 @@ def test_command_line_integers(digit):
         cli.ascii_int(digit)
 
 
-@pytest.mark.parametrize("text", ["1.0", "1_0", "1e0", "0x1", "٣", " ", "+-1"])
+@pytest.mark.parametrize("text", ["1.0", "1_0", "1e0", "0x1", "٣", "+-1"])
 def test_integer_parameters_take_digits_alone(text):
     """Pydantic's lax int read "1.0" as 1 and "1_0" as 10: every integer parameter (``Int``)
     takes an optional sign and ASCII digits, from a query or a form; a number from Python as it is."""
@@ -120,3 +120,52 @@ def test_integer_parameters_take_digits_alone(text):
     assert (
         ExplainParams(head=" -2 ").head == -2 and ExplainParams(head="+3").head == 3 and ExplainParams(head=4).head == 4
     )
+
+
+@pytest.mark.parametrize("text", ["1_0", "0_5", "٣", "１.５", "0x1", "1.2.3", "1e", "--1", "½"])
+def test_decimal_parameters_take_ascii_digits_alone(text):
+    """Pydantic's lax float, like ``float()``, read "1_0" as 10 and "١" as 1: ``temperature=1_0``
+    was answered at T = 10. Every decimal parameter (``Float``) takes ASCII digits with an
+    optional sign, point and exponent; nan and inf are refused as not finite."""
+    from pydantic import ValidationError
+
+    from headscope.serving.params import AttentionParams, FaithfulnessParams, StatsParams, validation_message
+
+    cases = [
+        (AttentionParams, "temperature"),
+        (AttentionParams, "discard_ratio"),
+        (StatsParams, "mass"),
+        (FaithfulnessParams, "wait"),
+    ]
+    for cls, field in cases:
+        with pytest.raises(ValidationError) as e:
+            cls(**{field: text})
+        assert (
+            validation_message(e.value)
+            == f"{field}: Input should be a valid number, unable to parse string as a number"
+        )
+        for spelling in ("nan", "-inf", "1e400"):
+            with pytest.raises(ValidationError) as e:
+                cls(**{field: spelling})
+            assert validation_message(e.value) == f"{field}: Input should be a finite number", spelling
+    assert AttentionParams(temperature=" .5 ").temperature == 0.5
+    assert AttentionParams(temperature="+2e-1").temperature == 0.2
+    assert AttentionParams(discard_ratio="0.25").discard_ratio == 0.25 and StatsParams(mass="1").mass == 1.0
+
+
+def test_a_blank_parameter_is_its_default():
+    """An HTML form's blank field (``drop=``, ``temperature=``, ``head= ``) is the parameter's
+    default, for every parameter that has one: ``drop=`` alone was a 422 where ``layers=`` was not."""
+    from pydantic import ValidationError
+
+    from headscope.serving.params import AttentionParams, ExplainParams
+    from headscope.serving.zero_shot import ZeroShotParams
+
+    blank = {f: " " if i % 2 else "" for i, f in enumerate(AttentionParams.model_fields)}
+    assert AttentionParams(**blank) == AttentionParams()
+    assert ExplainParams(head="", layer=" ", query="") == ExplainParams()
+    # A required parameter is not given a default: blank labels reach their own check (422 bad_text).
+    zs = ZeroShotParams(labels=" ", maps="", method="")
+    assert zs.labels == " " and zs == ZeroShotParams(labels=" ")
+    with pytest.raises(ValidationError, match="labels"):
+        ZeroShotParams(maps="")
