@@ -33,7 +33,7 @@ from ..engine.selection import Selection
 from ..engine.stats import DEFAULT_MASS
 from ..engine.verdicts import Verdict
 from ..serving import answers
-from ..serving.params import AttentionParams, StatsParams
+from ..serving.params import ROLLOUT_OPTIONS, AttentionParams, StatsParams
 from ..serving.pictures import Pictures
 from ..serving.preprocess import PreparedPixels
 from ..serving.store import CachedCapture, FoundCapture
@@ -199,8 +199,14 @@ def _stage_params(lm: LoadedModel, params: Any, input_size: tuple[int, int], eve
         return [params]
     layout = lm.layout(input_size)
     assert isinstance(layout, WindowedLayout)
+    rollout = params.aggregate == "rollout"
     return [
-        params.model_copy(update={"layers": f"{s.first_layer}-{s.last_layer}", "rollout_start": s.first_layer})
+        params.model_copy(
+            update={
+                "layers": f"{s.first_layer}-{s.last_layer}",
+                **({"rollout_start": s.first_layer} if rollout else {}),
+            }
+        )
         for s in layout.stages
     ]
 
@@ -362,7 +368,8 @@ class Attention:
             **fields: ``query``, ``layers``, ``heads``, ``temperature``, ``aggregate``, ``drop``,
                 ``rollout_start``, ``head_fusion``, ``discard_ratio``, spelled as for
                 `attention`; the ones left out keep this result's
-                values. The heads removed (``ablate``) are the capture's own.
+                values (but for another ``aggregate`` than ``rollout``, the rollout's options,
+                which it refuses). The heads removed (``ablate``) are the capture's own.
 
         Raises:
             ValueError: a bad value (the API's message); TypeError: an unknown field.
@@ -378,7 +385,10 @@ class Attention:
             )
             raise TypeError(f"select() takes {', '.join(sorted(allowed))}; got {', '.join(unknown)}{hint}")
         update = {k: spell[k](v) if k in spell else v for k, v in fields.items()}
-        params = P.build(AttentionParams, **{**self.params.model_dump(), **update})
+        merged = {**self.params.model_dump(), **update}
+        if merged["aggregate"] != "rollout":  # another aggregate: the rollout's options stay behind
+            merged.update({k: v for k, v in ROLLOUT_OPTIONS.items() if k not in update})
+        params = P.build(AttentionParams, **merged)
         # Swin: every layer is one answer per stage, as in Scope.attention
         per_stage = self.lm.windowed and fields["layers"] is None if "layers" in fields else self.per_stage
         found = self._capture_found()

@@ -195,6 +195,10 @@ class RequestParams(BaseModel):
 
 
 # -- attention (POST /attention, GET …/{image_id}), statistics, explain -----------------------
+# The options only a rollout uses, at their defaults (any other aggregate refuses another value).
+ROLLOUT_OPTIONS: dict[str, Any] = {"rollout_start": None, "head_fusion": "mean", "discard_ratio": 0.0}
+
+
 class AttentionParams(RequestParams):
     """What to return for an image; the same fields as form fields (POST) or query (GET)."""
 
@@ -263,6 +267,19 @@ class AttentionParams(RequestParams):
                 "GET /api/v1/attention/{image_id}/stats gives the statistics"
             )
         return stats
+
+    @model_validator(mode="after")
+    def _rollout_options_with_rollout(self) -> AttentionParams:
+        # Answered without them, they were ignored without a word: discard_ratio=0.5 gave the plain maps.
+        if self.aggregate != "rollout":
+            given = [name for name, default in ROLLOUT_OPTIONS.items() if getattr(self, name) != default]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: {'an option' if len(given) == 1 else 'options'} of aggregate=rollout; "
+                    f"add aggregate=rollout, or leave {'it' if len(given) == 1 else 'them'} out "
+                    f"(aggregate={self.aggregate} does not use {'it' if len(given) == 1 else 'them'})"
+                )
+        return self
 
     @property
     def needs_every_row(self) -> bool:

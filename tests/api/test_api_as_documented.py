@@ -62,6 +62,21 @@ def test_a_rollout_from_rollout_start_covers_every_layer_from_it(base_url, cat_i
     assert_error(r, 422, "bad_selection")
 
 
+def test_a_rollout_option_without_a_rollout_is_refused(base_url, cat_id, samples):
+    """``discard_ratio=0.5`` without ``aggregate=rollout`` answered the plain maps without a word."""
+    r = get(base_url, f"{API}/{cat_id}", layers="-1", discard_ratio="0.5")
+    assert_error(r, 422, "invalid_parameter")
+    assert r.json()["error"]["message"] == (
+        "discard_ratio: an option of aggregate=rollout; add aggregate=rollout, or leave it out "
+        "(aggregate=none does not use it)"
+    )
+    r = post(base_url, samples["cat"].read_bytes(), "cat.png", aggregate="mean", head_fusion="max", rollout_start="2")
+    assert_error(r, 422, "invalid_parameter")
+    assert r.json()["error"]["message"].startswith("rollout_start, head_fusion: options of aggregate=rollout")
+    same = get(base_url, f"{API}/{cat_id}", layers="-1", heads="0", head_fusion="mean", discard_ratio="0")
+    assert same.status_code == 200  # the defaults, spelled out, are taken
+
+
 def test_every_answer_says_its_server_timing(base_url, cat_id):
     """The docs: every answer carries ``Server-Timing``. Only the answers of a capture did; the
     others (statistics, images, models, health, every error) now give ``total``."""

@@ -285,6 +285,13 @@ def test_select_is_another_answer_of_the_same_capture(scope):
     assert again.params.temperature == 0.5 and again.image_id == att.image_id
     with pytest.raises(TypeError, match="select\\(\\) takes .*scope.attention\\(image, ablate="):
         att.select(ablate="0:1")
+    # A rollout's options are refused without a rollout, and left behind by select() to another aggregate.
+    with pytest.raises(ValueError, match="discard_ratio: an option of aggregate=rollout"):
+        scope.attention(pic, discard_ratio=0.5)
+    rolled = scope.attention(pic, aggregate="rollout", head_fusion="max", discard_ratio=0.5, query="cls")
+    fused = rolled.select(aggregate="mean", layers=-1)
+    torch.testing.assert_close(fused.maps, scope.attention(pic, aggregate="mean", layers=-1, query="cls").maps)
+    assert fused.params.discard_ratio == 0 and fused.params.head_fusion == "mean"
 
 
 def test_cells_and_pairs_as_lists_and_arrays(scope):

@@ -150,7 +150,8 @@ def test_decimal_parameters_take_ascii_digits_alone(text):
             assert validation_message(e.value) == f"{field}: Input should be a finite number", spelling
     assert AttentionParams(temperature=" .5 ").temperature == 0.5
     assert AttentionParams(temperature="+2e-1").temperature == 0.2
-    assert AttentionParams(discard_ratio="0.25").discard_ratio == 0.25 and StatsParams(mass="1").mass == 1.0
+    assert AttentionParams(aggregate="rollout", discard_ratio="0.25").discard_ratio == 0.25
+    assert StatsParams(mass="1").mass == 1.0
 
 
 def test_a_blank_parameter_is_its_default():
