@@ -246,8 +246,14 @@ def _collect(paths: list[str]) -> list[Path]:
         if is_url(given):
             raise FileNotFoundError(f"{given}: a URL; extract reads files and folders: download it first")
         path = Path(given)
-        if path.is_dir():
-            files += sorted(f for f in path.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and not f.is_dir())
+        if path.is_dir():  # hidden files and folders (.ipynb_checkpoints, ._cat.png) skipped, as survey does
+            files += sorted(
+                f
+                for f in path.rglob("*")
+                if f.suffix.lower() in IMAGE_SUFFIXES
+                and not f.is_dir()
+                and not any(part.startswith(".") for part in f.relative_to(path).parts)
+            )
         elif os.path.lexists(path):
             files.append(path)
         else:
@@ -467,14 +473,14 @@ def _survey(args) -> int:
 
 
 def _report(args) -> int:
-    from .outputs import check_writable
+    from .outputs import check_writable, refuse_existing
     from .survey.report import ReportError, write_report
 
     if not Path(args.survey).exists():
         raise FileNotFoundError(f"no such survey: {args.survey}")
     out = Path(args.out)
-    if out.is_dir():
-        raise FileExistsError(f"{out} is a folder; --out names the HTML file to write (a folder is never replaced)")
+    # Not the survey it reads, never a folder or a device, and an existing page only with --force.
+    refuse_existing(out, args.force, keep=[Path(args.survey)])
     check_writable(out)  # before the survey is read
     try:
         path = write_report(args.survey, out, title=args.title)
@@ -635,6 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="one self-contained HTML page of charts from a survey")
     r.add_argument("survey", metavar="SURVEY", help="the survey's Parquet folder (or one .parquet file)")
     r.add_argument("--out", required=True, help="the HTML file to write")
+    r.add_argument("--force", action="store_true", help="replace --out if it exists (never the survey itself)")
     r.add_argument("--title", help="page title (default: the survey's model and size)")
     r.set_defaults(func=_report)
     return parser
@@ -678,11 +685,34 @@ def no_temp_dir_message() -> str | None:
     return None
 
 
+# The options whose value may start with "-" (negative indices): argparse takes "--layers -3,-1"
+# for an option without its value, as it does any word starting with "-" that is not a number.
+NEGATIVE_VALUED = ("--layers", "--heads", "--query")
+
+
+def _negative_values_joined(argv: list[str]) -> list[str]:
+    """``--layers -3,-1`` as ``--layers=-3,-1``, which argparse reads (the docs' own spelling)."""
+    out: list[str] = []
+    it = iter(argv)
+    for word in it:
+        if word in NEGATIVE_VALUED:
+            value = next(it, None)
+            if value is not None and value.startswith("-") and not value.startswith("--"):
+                out.append(f"{word}={value}")
+                continue
+            out.append(word)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_negative_values_joined(sys.argv[1:] if argv is None else argv))
     if args.cmd != "report" and (why := no_temp_dir_message()):  # every other command imports torch
         print(f"headscope {args.cmd}: {why}", file=sys.stderr)
         return 2
@@ -694,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"headscope {args.cmd}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback through torch (survey keeps its rows itself)
+        print(f"headscope {args.cmd}: interrupted (an output is written whole or not at all)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
+
+from .paths import file_kind
 
 
 def normal_mode() -> int:
@@ -21,14 +24,34 @@ def normal_mode() -> int:
     return 0o666 & ~umask
 
 
-def refuse_existing(path: Path, force: bool, flag: str = "--force") -> None:
+def refuse_existing(path: Path, force: bool, flag: str = "--force", keep: Sequence[Path] = ()) -> None:
     """Raise ``FileExistsError`` for an existing ``path`` unless ``force``; the message says how to
-    replace it. A folder is never replaced, ``force`` or not: the output is a file, and the folder
-    may be the very one the pictures are read from."""
+    replace it. Only a regular file is ever replaced: a folder (it may be the very one the
+    pictures are read from), a device (``--out /dev/null`` as root made ``/dev/null`` a file), a
+    FIFO or a socket is refused, ``force`` or not; so is any file of ``keep`` (the command's own
+    input, such as a report's survey)."""
     if path.is_dir():
         raise FileExistsError(f"{path} is a folder; --out names the file to write (a folder is never replaced)")
-    if path.exists() and not force:
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise FileExistsError(
+            f"{path} is {file_kind(path.stat().st_mode)}, not a regular file; --out names a file to write "
+            "(only a regular file is ever replaced)"
+        )
+    if any(_same_file(path, k) for k in keep):
+        raise FileExistsError(f"{path} is this command's own input; choose another --out")
+    if not force:
         raise FileExistsError(f"{path} exists (a file); pass {flag} to replace it, or choose another --out")
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    """``path`` is ``other``, or a file inside the folder ``other``."""
+    try:
+        p, o = path.resolve(), other.resolve()
+    except OSError:
+        return False
+    return p == o or o in p.parents
 
 
 class OutputError(ValueError):

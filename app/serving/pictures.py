@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..paths import file_kind
 from . import preprocess
 from .preprocess import ImageError, PreparedPixels, Probe
 
@@ -171,19 +172,6 @@ class PictureFileError(ImageError):
     """
 
 
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
 def _os_error(e: OSError) -> PictureFileError:
     if e.errno == errno.ENOENT:
         return PictureFileError("no such file (or a symbolic link to a missing file)", code="not_found")
@@ -198,7 +186,7 @@ def _os_error(e: OSError) -> PictureFileError:
 
 def _check(st: os.stat_result, max_bytes: int) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise PictureFileError(f"not a regular file: {_kind(st.st_mode)}", code="not_a_file")
+        raise PictureFileError(f"not a regular file: {file_kind(st.st_mode)}", code="not_a_file")
     if st.st_size > max_bytes:
         raise PictureFileError(
             f"{st.st_size:,} bytes, over the {max_bytes:,}-byte limit (HEADSCOPE_MAX_UPLOAD_BYTES)",

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ..paths import is_url
 from .schema import utf8_text
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
@@ -107,6 +108,8 @@ def list_images(source: Path | str) -> list[Item]:
         FileNotFoundError: SOURCE does not exist.
         SourceError: SOURCE is a file that is neither an image nor a text list.
     """
+    if is_url(str(source)):  # Path() would fold its "//" and call it a missing file
+        raise SourceError(f"{source}: a URL; survey reads files, folders and lists of paths: download it first")
     src = Path(source)
     if src.is_dir():
         return walk_folder(src)

@@ -154,7 +154,7 @@ def test_report_says_an_out_it_cannot_write_before_reading_the_survey(tmp_path, 
     survey.mkdir()  # not read: the checks come first
     assert cli.main(["report", str(survey), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"headscope report: {tmp_path} is a folder; --out names the HTML file to write (a folder is never replaced)"
+        f"headscope report: {tmp_path} is a folder; --out names the file to write (a folder is never replaced)"
     )
     (tmp_path / "notes").write_text("a file")
     assert cli.main(["report", str(survey), "--out", str(tmp_path / "notes" / "r.html")]) == 2

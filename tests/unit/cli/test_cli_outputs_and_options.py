@@ -1,0 +1,100 @@
+"""What a review of the command line from its docs found (2026-12-01): ``report`` replaced any
+file, its own survey included; ``extract --force --out /dev/null`` made a device a file;
+``--layers -3,-1`` (the docs' own spelling) was an argparse error; Ctrl-C in ``extract`` was a
+traceback; ``extract`` read hidden files (``.ipynb_checkpoints``) that ``survey`` skips; a URL
+given to ``survey`` lost a slash in its message. Run in this process, with ``random:test_vit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from headscope import cli as headscope_cli
+from helpers.server import SAMPLES
+
+MODEL = "random:test_vit"  # 6 layers, 2 heads
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    code = headscope_cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err
+
+
+def _said(err: str, command: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith(f"headscope {command}: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def pictures(tmp_path) -> Path:
+    """One picture, and two hidden ones: a notebook's checkpoint folder and macOS's ``._`` file."""
+    folder = tmp_path / "pics"
+    (folder / ".ipynb_checkpoints").mkdir(parents=True)
+    shutil.copyfile(SAMPLES / "cat.png", folder / "cat.png")
+    shutil.copyfile(SAMPLES / "cat.png", folder / ".ipynb_checkpoints" / "cat-checkpoint.png")
+    (folder / "._cat.png").write_bytes(b"\0\5\26\7 AppleDouble")
+    return folder
+
+
+def test_extract_reads_negative_lists_and_skips_hidden_files(capsys, pictures, tmp_path):
+    out = tmp_path / "a.safetensors"
+    code, err = run(capsys, "extract", str(pictures), "--model", MODEL, "--out", str(out), "--layers", "-3,-1",
+                    "--heads", "-1", "--query", "-1,0")  # fmt: skip
+    assert code == 0, err
+    with safe_open(str(out), "np") as f:
+        images = json.loads(f.metadata()["images"])
+        assert list(f.keys()) == ["00000"] and f.get_tensor("00000").shape[:3] == (2, 1, 2)
+    assert [Path(i["file"]).name for i in images.values()] == ["cat.png"]  # neither hidden copy
+    meta = images["00000"]
+    assert meta["layers"] == [3, 5] and meta["heads"] == [1] and meta["query"] == [meta["tokens"]["count"] - 1, 0]
+    code, err = run(capsys, "extract", str(pictures), "--model", MODEL, "--out", str(out), "--force",
+                    "--layers", "-3--1")  # fmt: skip
+    assert code == 0, err
+
+
+def test_only_a_regular_file_is_replaced(capsys, pictures, tmp_path):
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    code, err = run(capsys, "extract", str(pictures / "cat.png"), "--model", MODEL, "--out", str(fifo), "--force")
+    assert code == 2 and "a FIFO (named pipe), not a regular file" in _said(err, "extract")
+    assert Path(fifo).is_fifo()
+
+
+def test_report_never_replaces_its_survey_and_asks_before_replacing_a_page(capsys, pictures, tmp_path):
+    survey = tmp_path / "s.parquet"
+    code, err = run(capsys, "survey", str(pictures), "--model", MODEL, "--out", str(survey), "--quiet")
+    assert code == 0, err
+    page = tmp_path / "r.html"
+    assert run(capsys, "report", str(survey), "--out", str(page))[0] == 0
+    before = page.read_bytes()
+    code, err = run(capsys, "report", str(survey), "--out", str(page))
+    assert code == 2 and "exists (a file); pass --force" in _said(err, "report")
+    assert run(capsys, "report", str(survey), "--out", str(page), "--force")[0] == 0 and page.read_bytes() == before
+    part = next(survey.glob("*.parquet"))
+    for given in (survey, part):
+        code, err = run(capsys, "report", str(given), "--out", str(part), "--force")
+        assert code == 2 and "this command's own input" in _said(err, "report")
+    assert part.read_bytes()[:4] == b"PAR1"  # still the survey's
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch, tmp_path):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headscope_cli, "_extract", interrupted)
+    code, err = run(capsys, "extract", str(SAMPLES / "cat.png"), "--out", str(tmp_path / "x.safetensors"))
+    assert code == 130 and "interrupted" in _said(err, "extract")
+
+
+def test_a_url_as_survey_source_is_named_as_such(capsys, tmp_path):
+    code, err = run(capsys, "survey", "https://example.org/a.png", "--out", str(tmp_path / "u.parquet"))
+    assert code != 0 and "https://example.org/a.png: a URL" in _said(err, "survey")
