@@ -469,6 +469,8 @@ def _survey(args) -> int:
     if s.interrupted:
         print(f"the rows computed so far are in {args.out}; run again with --resume to continue", file=sys.stderr)
         return 130
+    if s.surveyed == 0 and s.skipped == 0 and s.failed > 0:  # as extract: no picture could be surveyed
+        return 1
     return 0
 
 

@@ -84,8 +84,10 @@ def read_failures(out: Path | str) -> pa.Table:
 
 
 def survey_meta(out: Path | str) -> dict[str, Any]:
-    """The metadata of the first part (model and settings of the run that wrote it)."""
-    files = parts(Path(out)) or parts(Path(out) / FAILURES_DIR)
+    """The metadata of the first part (model and settings of the run that wrote it); of ``out``
+    itself when it is one part file."""
+    out = Path(out)
+    files = [out] if out.is_file() else parts(out) or parts(out / FAILURES_DIR)
     return schema.meta_of(pq.read_schema(files[0])) if files else {}
 
 

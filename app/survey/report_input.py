@@ -59,7 +59,7 @@ def checked_survey(survey: Path, columns: list[str]) -> tuple[pa.Table, dict[str
     """
     try:
         t = read_table(survey)
-        meta = survey_meta(survey) if survey.is_dir() else {}
+        meta = survey_meta(survey)  # a folder's first part, or the one part file given
     except (pa.ArrowException, OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ReportError(f"{survey} is not a survey Headscope can read ({type(e).__name__}: {str(e)[:200]})") from None
     t = t.select([c for c in columns if c in t.column_names])

@@ -18,7 +18,7 @@ from ..zoo.ids import ModelSpec
 from .compute import Result
 from .faithfulness import FaithfulnessPlan
 from .output import FAILURES_DIR, SurveyOutput, check_target, faithfulness_path
-from .sources import list_images
+from .sources import SourceError, list_images
 
 # Settings the workers take from the driver (file size, decoding, resize, precision, where models live).
 SHARED_SETTINGS = ("model", "models_dir", "max_upload_bytes", "max_image_pixels", "max_aspect", "resize", "precision")
@@ -177,6 +177,8 @@ def survey(
     model_id = ModelSpec.parse(model or settings.model).id
     t0 = time.monotonic()
     items = list_images(source)
+    if not items:  # said before a model loads or a folder is made: there is nothing to survey
+        raise SourceError(f"no images found in {source} (hidden files and folders are skipped)")
     check_target(out, resume, faithfulness=plan is not None)
 
     surveyor = ray_engine = None

@@ -75,10 +75,12 @@ def test_report_never_replaces_its_survey_and_asks_before_replacing_a_page(capsy
     assert code == 0, err
     page = tmp_path / "r.html"
     assert run(capsys, "report", str(survey), "--out", str(page))[0] == 0
-    before = page.read_bytes()
+    page.write_text("a page of the user's")
     code, err = run(capsys, "report", str(survey), "--out", str(page))
     assert code == 2 and "exists (a file); pass --force" in _said(err, "report")
-    assert run(capsys, "report", str(survey), "--out", str(page), "--force")[0] == 0 and page.read_bytes() == before
+    assert page.read_text() == "a page of the user's"
+    assert run(capsys, "report", str(survey), "--out", str(page), "--force")[0] == 0
+    assert page.read_text().startswith("<!doctype html>")
     part = next(survey.glob("*.parquet"))
     for given in (survey, part):
         code, err = run(capsys, "report", str(given), "--out", str(part), "--force")
@@ -98,3 +100,25 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch, tmp_path):
 def test_a_url_as_survey_source_is_named_as_such(capsys, tmp_path):
     code, err = run(capsys, "survey", "https://example.org/a.png", "--out", str(tmp_path / "u.parquet"))
     assert code != 0 and "https://example.org/a.png: a URL" in _said(err, "survey")
+
+
+def test_a_survey_with_nothing_to_survey_says_so(capsys, tmp_path):
+    """An empty folder was "surveyed 0 image(s)", exit 0, and left a folder ``report`` refuses; a
+    list whose every picture fails was exit 0 too (extract says "no picture could be written", 1)."""
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "e.parquet"
+    code, err = run(capsys, "survey", str(tmp_path / "empty"), "--model", MODEL, "--out", str(out))
+    assert code == 2 and "no images found in" in _said(err, "survey") and not out.exists()
+    listed = tmp_path / "list.txt"
+    listed.write_text("gone1.png\ngone2.png\n")
+    out = tmp_path / "l.parquet"
+    assert run(capsys, "survey", str(listed), "--model", MODEL, "--out", str(out), "--quiet")[0] == 1
+    assert any((out / "_failures").glob("*.parquet"))  # what failed, and why, is still recorded
+
+
+def test_a_report_of_one_part_file_has_the_surveys_metadata(capsys, pictures, tmp_path):
+    survey = tmp_path / "s.parquet"
+    assert run(capsys, "survey", str(pictures), "--model", MODEL, "--out", str(survey), "--quiet")[0] == 0
+    page = tmp_path / "one.html"
+    assert run(capsys, "report", str(next(survey.glob("*.parquet"))), "--out", str(page))[0] == 0
+    assert f"<title>Headscope survey: {MODEL}, 1 images</title>" in page.read_text()
