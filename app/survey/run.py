@@ -108,6 +108,9 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+MAX_BATCH_SIZE = 4096  # pictures per forward; at most 4 batches buffered, so memory stays bounded
+
+
 def survey(
     source: Path | str,
     out: Path | str,
@@ -158,8 +161,8 @@ def survey(
     """
     if engine not in ("local", "ray"):
         raise ValueError(f"engine {engine!r}: use local or ray")
-    if batch_size < 1:
-        raise ValueError("--batch-size must be at least 1")
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:  # 4 batches are buffered: the bound is the memory's promise
+        raise ValueError(f"--batch-size must be 1 to {MAX_BATCH_SIZE:,} (pictures per forward pass)")
     if limit is not None and limit < 0:
         raise ValueError("--limit must be 0 or more")
     if actors is not None and actors < 1:  # before Ray starts (0 meant the default, silently)

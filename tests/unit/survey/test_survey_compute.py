@@ -161,8 +161,9 @@ def test_an_interrupted_run_keeps_what_it_computed_and_resume_finishes_it(folder
 def test_bad_arguments_are_refused_before_any_work(folder, settings, tmp_path):
     with pytest.raises(ValueError, match="engine"):
         survey(folder, tmp_path / "x", engine="spark", settings=settings)
-    with pytest.raises(ValueError, match="batch"):
-        survey(folder, tmp_path / "x", batch_size=0, settings=settings)
+    for size in (0, 4097, 10**20):  # a huge one broke "at most 4 batches buffered": memory without bound
+        with pytest.raises(ValueError, match="--batch-size must be 1 to 4,096"):
+            survey(folder, tmp_path / "x", batch_size=size, settings=settings)
     with pytest.raises(FileNotFoundError):
         survey(tmp_path / "missing", tmp_path / "x", settings=settings)
 
