@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Sequence
 from pathlib import Path
-
-from .paths import file_kind
 
 
 def normal_mode() -> int:
@@ -22,6 +21,20 @@ def normal_mode() -> int:
     umask = os.umask(0)  # reading the umask means setting it; put it back at once
     os.umask(umask)
     return 0o666 & ~umask
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words (``os.stat``'s ``st_mode``)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def refuse_existing(path: Path, force: bool, flag: str = "--force", keep: Sequence[Path] = ()) -> None:

@@ -18,7 +18,6 @@ Never inside site-packages: an upgrade would delete them, and a system install i
 from __future__ import annotations
 
 import re
-import stat
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -87,17 +86,3 @@ def is_url(text: str) -> bool:
     """Whether a path given as text is a URL (``https://...``), which nothing here downloads:
     read as a path, its ``//`` would fold and it would be called a missing file."""
     return _URL.match(text) is not None
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def file_kind(mode: int) -> str:
-    """What a path that is not a regular file is, in words (``os.stat``'s ``st_mode``)."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")

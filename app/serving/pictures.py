@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..paths import file_kind
+from ..outputs import file_kind
 from . import preprocess
 from .preprocess import ImageError, PreparedPixels, Probe
 
