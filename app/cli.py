@@ -695,18 +695,11 @@ NEGATIVE_VALUED = ("--layers", "--heads", "--query")
 def _negative_values_joined(argv: list[str]) -> list[str]:
     """``--layers -3,-1`` as ``--layers=-3,-1``, which argparse reads (the docs' own spelling)."""
     out: list[str] = []
-    it = iter(argv)
-    for word in it:
-        if word in NEGATIVE_VALUED:
-            value = next(it, None)
-            if value is not None and value.startswith("-") and not value.startswith("--"):
-                out.append(f"{word}={value}")
-                continue
+    for word in argv:
+        if out and out[-1] in NEGATIVE_VALUED and word.startswith("-") and not word.startswith("--"):
+            out[-1] = f"{out[-1]}={word}"
+        else:
             out.append(word)
-            if value is not None:
-                out.append(value)
-            continue
-        out.append(word)
     return out
 
 

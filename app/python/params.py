@@ -58,19 +58,23 @@ def indices(value: Any, name: str) -> str:
     )
 
 
-def _listed(value: Any) -> Any:
-    """A numpy array or torch tensor of integers as a Python int (0-D) or list (1-D); anything
-    else as it is."""
+def _int_array(value: Any) -> bool:
+    """A numpy array or torch tensor of integers (not floats, complex numbers or bools)."""
     import numpy as np
     import torch
 
-    if isinstance(value, np.ndarray) and value.ndim <= 1 and value.dtype.kind in "iu":
-        return value.tolist()
-    if isinstance(value, torch.Tensor) and value.ndim <= 1:
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "iu"
+    if isinstance(value, torch.Tensor):
         d = value.dtype
-        if not (d.is_floating_point or d.is_complex or d == torch.bool):
-            return value.tolist()
-    return value
+        return not (d.is_floating_point or d.is_complex or d == torch.bool)
+    return False
+
+
+def _listed(value: Any) -> Any:
+    """A numpy array or torch tensor of integers as a Python int (0-D) or list (1-D); anything
+    else as it is."""
+    return value.tolist() if _int_array(value) and value.ndim <= 1 else value
 
 
 def _cell(v: Any) -> bool:
@@ -86,16 +90,7 @@ def _pair(v: Any) -> bool:
 
 def _rows(value: Any) -> Any:
     """An ``N x 2`` integer array or tensor (``np.argwhere``'s shape) as a list of ``[a, b]`` lists."""
-    import numpy as np
-    import torch
-
-    if isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 2 and value.shape[1] == 2:
-        if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
-            return value.tolist()
-        d = value.dtype
-        if isinstance(value, torch.Tensor) and not (d.is_floating_point or d.is_complex or d == torch.bool):
-            return value.tolist()
-    return value
+    return value.tolist() if _int_array(value) and value.ndim == 2 and value.shape[1] == 2 else value
 
 
 def query(value: Any) -> str | None:

@@ -387,7 +387,7 @@ class Attention:
         update = {k: spell[k](v) if k in spell else v for k, v in fields.items()}
         merged = {**self.params.model_dump(), **update}
         if merged["aggregate"] != "rollout":  # another aggregate: the rollout's options stay behind
-            merged.update({k: v for k, v in ROLLOUT_OPTIONS.items() if k not in update})
+            merged.update({k: AttentionParams.model_fields[k].default for k in ROLLOUT_OPTIONS if k not in update})
         params = P.build(AttentionParams, **merged)
         # Swin: every layer is one answer per stage, as in Scope.attention
         per_stage = self.lm.windowed and fields["layers"] is None if "layers" in fields else self.per_stage

@@ -122,9 +122,9 @@ def fit_stem(parts: list[str], limit: int = MAX_STEM) -> str:
     tag = f"{fnv1a32(stem):08x}"
     room = limit - len(tag) - 1
     parts = list(parts)
-    while len("-".join(parts)) > room:
+    while (excess := len("-".join(parts)) - room) > 0:
         i = max(range(2, len(parts)), key=lambda k: len(parts[k]))  # the first of the longest
-        parts[i] = parts[i][: max(1, len(parts[i]) - (len("-".join(parts)) - room))]
+        parts[i] = parts[i][: max(1, len(parts[i]) - excess)]
     return "-".join(parts) + "-" + tag
 
 

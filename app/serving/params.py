@@ -195,8 +195,8 @@ class RequestParams(BaseModel):
 
 
 # -- attention (POST /attention, GET …/{image_id}), statistics, explain -----------------------
-# The options only a rollout uses, at their defaults (any other aggregate refuses another value).
-ROLLOUT_OPTIONS: dict[str, Any] = {"rollout_start": None, "head_fusion": "mean", "discard_ratio": 0.0}
+# The options only a rollout uses (any other aggregate refuses them away from their defaults).
+ROLLOUT_OPTIONS = ("rollout_start", "head_fusion", "discard_ratio")
 
 
 class AttentionParams(RequestParams):
@@ -272,12 +272,13 @@ class AttentionParams(RequestParams):
     def _rollout_options_with_rollout(self) -> AttentionParams:
         # Answered without them, they were ignored without a word: discard_ratio=0.5 gave the plain maps.
         if self.aggregate != "rollout":
-            given = [name for name, default in ROLLOUT_OPTIONS.items() if getattr(self, name) != default]
+            fields = type(self).model_fields
+            given = [name for name in ROLLOUT_OPTIONS if getattr(self, name) != fields[name].default]
             if given:
+                what, them = ("an option", "it") if len(given) == 1 else ("options", "them")
                 raise ValueError(
-                    f"{', '.join(given)}: {'an option' if len(given) == 1 else 'options'} of aggregate=rollout; "
-                    f"add aggregate=rollout, or leave {'it' if len(given) == 1 else 'them'} out "
-                    f"(aggregate={self.aggregate} does not use {'it' if len(given) == 1 else 'them'})"
+                    f"{', '.join(given)}: {what} of aggregate=rollout; add aggregate=rollout, or leave {them} out "
+                    f"(aggregate={self.aggregate} does not use {them})"
                 )
         return self
 

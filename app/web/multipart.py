@@ -171,7 +171,7 @@ def multipart_error(e: MultiPartException, max_field_bytes: int) -> ApiError:
             "text)",
         )
     cause = e.__cause__  # python-multipart's own reason behind starlette's "Invalid multipart data."
-    why = str(cause).strip() if cause is not None and str(cause).strip() else e.message
+    why = (str(cause).strip() if cause is not None else "") or e.message
     why = "".join(ch if ch.isprintable() else " " for ch in why)[:200]
     if "header size" in why.lower():
         why += " (a part's header line, its file name included, may be at most about 4 KB)"
