@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from .config import Settings
+    from .engine.layout import TokenLayout, WindowedLayout
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
@@ -214,6 +215,7 @@ def _fetch(args) -> int:
     from .engine.capture_base import UnsupportedModelError
     from .zoo import embedded
     from .zoo.errors import ModelLoadError, UnknownModelError
+    from .zoo.ids import ModelSpec
     from .zoo.registry import Registry
 
     settings = Settings()
@@ -223,9 +225,17 @@ def _fetch(args) -> int:
             path = embedded.fetch(settings.models_dir, force=args.force)
             print(f"{target}: ready in {path}")
         else:
+            spec = ModelSpec.parse(target)
             lm = Registry([target], settings.models_dir).get()
-            print(f"{target}: weights available ({lm.arch}, {lm.num_layers} layers, {lm.num_heads} heads)")
-    except (embedded.FetchError, ModelLoadError, UnknownModelError, UnsupportedModelError) as e:
+            shape = f"{lm.arch}, {lm.num_layers} layers, {lm.num_heads} heads"
+            if spec.source == "random" or (spec.source == "open_clip" and "/" not in spec.arch):
+                print(f"{target}: random weights, nothing to download ({shape})")
+            else:
+                print(f"{target}: weights available ({shape})")
+    except (UnknownModelError, UnsupportedModelError) as e:  # the id itself: exit 2, as extract and survey
+        print(f"headscope fetch: {e}", file=sys.stderr)
+        return 2
+    except (embedded.FetchError, ModelLoadError) as e:  # the weights could not be had
         print(f"headscope fetch: {e}", file=sys.stderr)
         return 1
     return 0
@@ -265,6 +275,16 @@ _CELL = r"-?[0-9]{1,6},-?[0-9]{1,6}"
 QUERY_SYNTAX = re.compile(rf"cls|all|-?[0-9]{{1,7}}(,-?[0-9]{{1,7}})*|patch:{_CELL}(;{_CELL})*")
 
 
+def _layer_specs(layers: str, layout: TokenLayout | WindowedLayout) -> list[str]:
+    """``--layers`` as one selection per tensor: itself, or on a windowed model asked for every
+    layer (the default) each stage's layers, whose grids differ."""
+    from .engine.layout import WindowedLayout
+
+    if isinstance(layout, WindowedLayout) and layers.strip().lower() == "all":
+        return [f"{s.first_layer}-{s.last_layer}" for s in layout.stages]
+    return [layers]
+
+
 def _check_selection(args, model_id: str, models_dir: Path) -> None:
     """Refuse a selection the model cannot answer before its weights load (or download).
 
@@ -287,7 +307,8 @@ def _check_selection(args, model_id: str, models_dir: Path) -> None:
     lm = skeleton(ModelSpec.parse(model_id), models_dir)
     layout = lm.layout(lm.input_size)
     if isinstance(layout, WindowedLayout):
-        resolve_windowed(args.layers, args.heads, "cls" if q == "cls" else "0", layout)
+        for layers in _layer_specs(args.layers, layout):
+            resolve_windowed(layers, args.heads, "cls" if q == "cls" else "0", layout)
         return
     parse_indices(args.layers, lm.num_layers, "layers")
     parse_indices(args.heads, lm.num_heads, "heads")
@@ -315,16 +336,16 @@ def _precision_option(parser: argparse.ArgumentParser, says: str) -> None:
 
 def _extract(args) -> int:
     """Batch extraction to one safetensors file: a tensor per image, metadata in the header."""
-    from .outputs import check_writable, publish, refuse_existing, temporary_beside
+    from .outputs import check_writable, file_path, publish, refuse_existing, temporary_beside
 
     settings = _settings(args)
-    out = Path(args.out)
+    out = file_path(args.out, ".safetensors")
     refuse_existing(out, args.force)  # before anything slow, like a wrong path below
     check_writable(out)
     files = _collect(args.inputs)  # a wrong path fails here, before the model loads
     if not files:
-        print("headscope extract: no images found", file=sys.stderr)
-        return 1
+        print(f"headscope extract: no images found in {' '.join(args.inputs)}", file=sys.stderr)
+        return 2
 
     # torch, timm and the engine only now: a wrong path or --out is said in a moment, not after
     # the imports' several seconds.
@@ -351,18 +372,19 @@ def _extract(args) -> int:
         return 2
     except (UnknownModelError, UnsupportedModelError) as e:
         print(f"headscope extract: {e}", file=sys.stderr)
-        return 1
+        return 2
     device = resolve_device(args.device or settings.device)
     try:
         lm = Registry([model_id], settings.models_dir, device).get()
     except (UnknownModelError, UnsupportedModelError, ModelLoadError) as e:
         print(f"headscope extract: {e}", file=sys.stderr)
-        return 1
+        return 2
     pictures = Pictures.for_model(lm, settings)
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, dict] = {}
     failed: list[tuple[str, str]] = []  # (file: why, the error code)
     runner = BatchRunner(lm, autocast_dtype(device.type, settings.precision))
+    stage_layers = _layer_specs(args.layers, lm.layout(lm.input_size))
     for f in tqdm(files, unit="img", desc="extract"):
         try:
             # Read safely (no FIFO, nothing over the upload limit), prepared as the server does.
@@ -377,24 +399,26 @@ def _extract(args) -> int:
             att = runner.capture([prep.raw])[0]
         image = lm.captured(att, prep.input_size)
         try:
-            # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first layer.
-            sel = image.select(args.layers, args.heads, args.query, args.aggregate)
+            # Swin: the layers of one stage, cells of its grid; a rollout starts at the stage's first
+            # layer. Every layer (the default) is one tensor per stage, as the Python API's parts.
+            sels = [image.select(layers, args.heads, args.query, args.aggregate) for layers in stage_layers]
         except SelectionError as e:  # a token or cell this picture's grid has not: skipped, named at the end
             failed.append((f"{f}: {e}", SelectionError.code))
             continue
-        key = f"{len(tensors):05d}"  # the written tensors in order, without gaps where a file was skipped
-        tensors[key] = analysis.attention_tensor(att, sel).contiguous()
-        meta[key] = {
-            "file": str(f),
-            "image_size": list(prep.image_size),
-            "input_size": list(prep.input_size),
-            "tokens": image.tokens(sel.stage),
-            "layers": sel.layers,
-            "heads": sel.head_labels,  # ["mean"] for fused heads, as the REST and Python answers say
-            "query": sel.queries if sel.queries is not None else "all",
-            "aggregate": sel.aggregate,
-            **({} if sel.aggregate == "none" else {"fused_heads": sel.heads}),  # which heads the one entry fused
-        }
+        for sel in sels:
+            key = f"{len(tensors):05d}"  # the written tensors in order, without gaps where a file was skipped
+            tensors[key] = analysis.attention_tensor(att, sel).contiguous()
+            meta[key] = {
+                "file": str(f),
+                "image_size": list(prep.image_size),
+                "input_size": list(prep.input_size),
+                "tokens": image.tokens(sel.stage),
+                "layers": sel.layers,
+                "heads": sel.head_labels,  # ["mean"] for fused heads, as the REST and Python answers say
+                "query": sel.queries if sel.queries is not None else "all",
+                "aggregate": sel.aggregate,
+                **({} if sel.aggregate == "none" else {"fused_heads": sel.heads}),  # which heads the one entry fused
+            }
     skipped = [f"{why} ({code})" for why, code in failed]
     if not tensors:
         print("headscope extract: no picture could be written:\n  " + "\n  ".join(skipped), file=sys.stderr)
@@ -420,6 +444,7 @@ def _extract(args) -> int:
 
 def _survey(args) -> int:
     """Per-head statistics of every picture of SOURCE into a Parquet dataset (app/survey/)."""
+    from .engine.relevance import MethodError
     from .engine.selection import SelectionError
     from .serving import preprocess
     from .serving.malloc import tune_malloc
@@ -429,6 +454,21 @@ def _survey(args) -> int:
     from .survey.sources import SourceError
     from .zoo.errors import ModelLoadError, UnknownModelError
 
+    # --faithfulness takes an optional value, so `survey --faithfulness photos/ --out s.parquet`
+    # read the folder as the methods and argparse said only that SOURCE was missing.
+    took_path = args.faithfulness is not None and Path(args.faithfulness).exists()
+    took = (
+        f"; --faithfulness took {args.faithfulness} as its METHODS: write SOURCE before it "
+        f"(headscope survey {args.faithfulness} --out {args.out} --faithfulness) or name the methods "
+        f"(--faithfulness all {args.faithfulness})"
+        if took_path
+        else ""
+    )
+    if args.source is None:
+        raise ValueError(
+            "SOURCE is missing: a folder (recursive), a text file of image paths, or an image, e.g. "
+            f"headscope survey photos/ --out {args.out}{took}"
+        )
     tune_malloc()  # as the server does: large maps reuse freed memory instead of fresh pages
     settings = _settings(args)
     preprocess.adopt_pixel_limit(settings.max_image_pixels)
@@ -453,6 +493,9 @@ def _survey(args) -> int:
             protocol=args.protocol,
             settings=settings,
         )
+    except MethodError as e:
+        print(f"headscope survey: {e}{took}", file=sys.stderr)
+        return 2
     except (OutputError, SourceError, RayUnavailable, ModelLoadError, UnknownModelError, SelectionError) as e:
         print(f"headscope survey: {e}", file=sys.stderr)
         return 2
@@ -475,12 +518,12 @@ def _survey(args) -> int:
 
 
 def _report(args) -> int:
-    from .outputs import check_writable, refuse_existing
+    from .outputs import check_writable, file_path, refuse_existing
     from .survey.report import ReportError, write_report
 
     if not Path(args.survey).exists():
         raise FileNotFoundError(f"no such survey: {args.survey}")
-    out = Path(args.out)
+    out = file_path(args.out, ".html")
     # Not the survey it reads, never a folder or a device, and an existing page only with --force.
     refuse_existing(out, args.force, keep=[Path(args.survey)])
     check_writable(out)  # before the survey is read
@@ -591,7 +634,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="One row per (image, layer, head) with the stats endpoint's statistics, written to a "
         "Parquet dataset folder in parts; pictures that cannot be read go to OUT/_failures.",
     )
-    v.add_argument("source", metavar="SOURCE", help="a folder (recursive), a text file of image paths, or an image")
+    # Optional here, required in _survey: there a SOURCE that --faithfulness took is named.
+    v.add_argument(
+        "source", metavar="SOURCE", nargs="?", help="a folder (recursive), a text file of image paths, or an image"
+    )
     v.add_argument("--out", required=True, help="output Parquet dataset folder, e.g. survey.parquet")
     v.add_argument("--engine", choices=["local", "ray"], default="local", help="local (default) or ray (Ray Data)")
     v.add_argument("--address", help="Ray cluster to join (else RAY_ADDRESS, else a local Ray for the run)")

@@ -37,6 +37,24 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def file_path(text: str, suffix: str) -> Path:
+    """The file an ``--out`` names. A name ending in a path separator names a folder, which
+    ``Path`` would silently drop (``--out x.safetensors/`` wrote the file ``x.safetensors``).
+
+    Args:
+        text: the option's value as typed.
+        suffix: the file's usual suffix, for the message (``.safetensors``).
+
+    Raises:
+        OutputError: ``text`` ends in a separator; the message gives the file name meant.
+    """
+    if text.endswith((os.sep, "/")):
+        name = text.rstrip(os.sep + "/") or "out"
+        meant = name if name.endswith(suffix) else f"{name}/out{suffix}"
+        raise OutputError(f"--out {text} ends in '/', a folder; --out names the file to write, e.g. --out {meant}")
+    return Path(text)
+
+
 def refuse_existing(path: Path, force: bool, flag: str = "--force", keep: Sequence[Path] = ()) -> None:
     """Raise ``FileExistsError`` for an existing ``path`` unless ``force``; the message says how to
     replace it. Only a regular file is ever replaced: a folder (it may be the very one the

@@ -458,18 +458,37 @@ def build_report(survey: Path | str, title: str | None = None) -> str:
     """The report's HTML for the survey at ``survey`` (a dataset folder or one Parquet file)."""
     s = read_survey(Path(survey))
     title = title or f"Headscope survey: {s.model}, {s.images:,} images"
-    sections = [
-        distance_section(s),
-        entropy_section(s),
-        mass_section(s),
-        heads_map_section(s),
-        rank_section(s),
-        similar_heads_section(s),
-    ]
+    ranks, similar = rank_section(s), similar_heads_section(s)
+    sections = [distance_section(s), entropy_section(s), mass_section(s), heads_map_section(s), ranks, similar]
     tests = read_faithfulness(s.path) if s.path.is_dir() else None
-    if tests is not None and tests.num_rows:
+    has_tests = tests is not None and tests.num_rows > 0
+    if has_tests:
         sections.append(faithfulness_section(tests))
+    sections.append(not_measured_section(s, ranks is None, similar is None, not has_tests and s.path.is_dir()))
     return page(title, header_html(s, title), [x for x in sections if x], failures_html(s), s.meta)
+
+
+def not_measured_section(s: SurveyData, ranks: bool, similar: bool, tests: bool) -> str | None:
+    """What the page leaves out because the survey did not measure it, and the flag that adds it;
+    None when nothing is left out. A reader otherwise cannot tell a missing chart from a bug."""
+    why = []
+    if ranks:
+        why.append("the rank of the head outputs per layer: survey with <code>--ranks</code>")
+    if similar:
+        why.append(
+            "the most similar head pairs: every layer has one head"
+            if s.heads < 2
+            else "the most similar head pairs: survey with <code>--similarity</code> (a model without a CLS "
+            "token has no CLS-row cosine to fall back on)"
+        )
+    if tests:
+        why.append(
+            "the faithfulness of relevance maps: survey with <code>--faithfulness</code> (a table beside "
+            "the survey, OUT.faithfulness.parquet)"
+        )
+    if not why:
+        return None
+    return '<h2>Not in this survey</h2><ul class="note">' + "".join(f"<li>{w}</li>" for w in why) + "</ul>"
 
 
 def distance_section(s: SurveyData) -> str:

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from headscope import cli as headscope_cli
@@ -79,7 +80,7 @@ def test_fetch_timm_offline_says_what_to_do(capsys):
     assert "vit_base_patch16_224.augreg_in21k" in r.stderr and "local:vit_base_patch16_224@" in r.stderr
     assert "Traceback" not in r.stderr
     # in this process: the same code, without a second interpreter's start (seconds on 2 cores)
-    assert headscope_cli.main(["fetch", "timm:not_a_model"]) == 1
+    assert headscope_cli.main(["fetch", "timm:not_a_model"]) == 2  # the id itself: 2, as extract and survey
     assert "no model named 'not_a_model'" in capsys.readouterr().err
 
 
@@ -210,9 +211,19 @@ def test_extract_of_a_missing_path_fails_before_loading_the_model(tmp_path):
 def test_extract_swin_asks_for_one_stage(tmp_path):
     out = tmp_path / "swin.safetensors"
     model = ["--model", "random:swin_tiny_patch4_window7_224"]
-    r = cli("extract", str(SAMPLES / "cat.png"), "--out", str(out), *model, "--query", "patch:1,1")
+    r = cli("extract", str(SAMPLES / "cat.png"), "--out", str(out), *model, "--layers", "0-3", "--query", "patch:1,1")
     assert r.returncode == 2 and "stage 0 = layers 0-1" in r.stderr and "Traceback" not in r.stderr
-    r = cli("extract", str(SAMPLES / "cat.png"), "--out", str(out), *model, "--layers", "2-3", "--query", "patch:27,0")
+    # every layer, the default: one tensor per stage (it was refused as layers of four stages)
+    r = cli("extract", str(SAMPLES / "cat.png"), "--out", str(out), *model, "--query", "patch:1,1")
+    assert r.returncode == 0, r.stderr
+    with safe_open(str(out), "np") as f:
+        meta = json.loads(f.metadata()["images"])
+        shapes = [f.get_tensor(k).shape for k in sorted(f.keys())]
+    assert [m["tokens"]["stage"] for m in meta.values()] == [0, 1, 2, 3]
+    assert [m["layers"] for m in meta.values()] == [[0, 1], [2, 3], [4, 5, 6, 7, 8, 9], [10, 11]]
+    assert shapes == [(2, 3, 1, 56 * 84), (2, 6, 1, 28 * 42), (6, 12, 1, 14 * 21), (2, 24, 1, 7 * 11)]
+    r = cli("extract", str(SAMPLES / "cat.png"), "--out", str(out), *model, "--layers", "2-3", "--query", "patch:27,0",
+            "--force")  # fmt: skip
     assert r.returncode == 0, r.stderr
     (t,) = load_file(str(out)).values()
     assert t.shape == (2, 6, 1, 28 * 42) and ((t > 0).sum(-1) <= 49).all()

@@ -74,7 +74,7 @@ def test_extract_says_an_out_it_cannot_write_before_the_model_loads(tmp_path, ca
     said = f"headscope extract: cannot write {out}: {tmp_path / 'notes'} is a file, not a folder"
     assert capsys.readouterr().err.strip() == said
     fresh = tmp_path / "new" / "sub" / "attn.safetensors"  # missing folders are made when it is written
-    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(fresh), "--model", "timm:nope"]) == 1
+    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(fresh), "--model", "timm:nope"]) == 2
     assert "timm has no architecture named 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()  # ... and not before
 
@@ -134,7 +134,7 @@ def test_extract_refuses_a_bad_selection_before_the_model_loads(tmp_path, model,
 
 def test_extract_of_an_unknown_model_says_so_in_one_line(tmp_path):
     r = run("extract", str(SAMPLES / "cat.png"), "--out", str(tmp_path / "o.safetensors"), "--model", "timm:nope")
-    assert r.returncode == 1 and r.stderr.strip() == "headscope extract: timm has no architecture named 'nope'."
+    assert r.returncode == 2 and r.stderr.strip() == "headscope extract: timm has no architecture named 'nope'."
 
 
 @pytest.mark.surveys  # a whole survey or extract run (a model load, every picture): make test-long
@@ -171,5 +171,6 @@ def test_a_models_folder_that_cannot_be_written_is_said_before_a_download(tmp_pa
     assert cli.main(["fetch"]) == 1
     assert capsys.readouterr().err.strip() == f"headscope fetch: {said}"
     out = tmp_path / "attn.safetensors"
-    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(out), "--model", "dinov2-s14-focus"]) == 1
+    # fetch's own work failed: 1; extract cannot start without the model: 2 (docs/cli.md, Exit status)
+    assert cli.main(["extract", str(SAMPLES / "cat.png"), "--out", str(out), "--model", "dinov2-s14-focus"]) == 2
     assert capsys.readouterr().err.strip() == f"headscope extract: {said}"

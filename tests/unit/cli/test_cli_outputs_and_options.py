@@ -122,3 +122,47 @@ def test_a_report_of_one_part_file_has_the_surveys_metadata(capsys, pictures, tm
     page = tmp_path / "one.html"
     assert run(capsys, "report", str(next(survey.glob("*.parquet"))), "--out", str(page))[0] == 0
     assert f"<title>Headscope survey: {MODEL}, 1 images</title>" in page.read_text()
+
+
+def test_an_out_ending_in_a_slash_is_refused_with_the_name_meant(capsys, tmp_path):
+    # Path() drops the slash: --out x.safetensors/ wrote the file x.safetensors
+    code, err = run(
+        capsys, "extract", str(SAMPLES / "cat.png"), "--model", MODEL, "--out", f"{tmp_path}/x.safetensors/"
+    )
+    assert code == 2 and f"e.g. --out {tmp_path}/x.safetensors" in _said(err, "extract")
+    code, err = run(capsys, "extract", str(SAMPLES / "cat.png"), "--model", MODEL, "--out", f"{tmp_path}/res/")
+    assert code == 2 and f"e.g. --out {tmp_path}/res/out.safetensors" in _said(err, "extract")
+    survey = tmp_path / "s.parquet"
+    survey.mkdir()
+    code, err = run(capsys, "report", str(survey), "--out", f"{tmp_path}/page/")
+    assert code == 2 and f"e.g. --out {tmp_path}/page/out.html" in _said(err, "report")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.parquet"]
+
+
+def test_a_source_that_faithfulness_took_is_named(capsys, pictures, tmp_path):
+    out = str(tmp_path / "s.parquet")
+    # --faithfulness [METHODS] takes the word after it: argparse said only "required: SOURCE"
+    code, err = run(capsys, "survey", "--out", out, "--faithfulness", str(pictures))
+    line = _said(err, "survey")
+    assert code == 2 and line.startswith("headscope survey: SOURCE is missing")
+    assert (
+        f"headscope survey {pictures} --out {out} --faithfulness" in line and f"--faithfulness all {pictures}" in line
+    )
+    code, err = run(capsys, "survey", "--out", out, "--faithfulness", str(pictures), str(SAMPLES / "cat.png"))
+    line = _said(err, "survey")
+    assert code == 2 and "unknown; use one of chefer" in line and f"--faithfulness took {pictures}" in line
+    code, err = run(capsys, "survey", "--out", out)
+    assert code == 2 and "SOURCE is missing" in _said(err, "survey") and "took" not in err
+    assert not Path(out).exists()
+
+
+def test_exit_codes_of_a_model_id_and_of_random_weights(capsys, tmp_path):
+    cat = str(SAMPLES / "cat.png")
+    code, err = run(capsys, "extract", cat, "--model", "timm:nope", "--out", str(tmp_path / "o.safetensors"))
+    assert code == 2 and "no architecture named 'nope'" in _said(err, "extract")  # was 1; survey's is 2
+    (tmp_path / "empty").mkdir()
+    code, err = run(capsys, "extract", str(tmp_path / "empty"), "--out", str(tmp_path / "o.safetensors"))
+    assert code == 2 and f"no images found in {tmp_path / 'empty'}" in _said(err, "extract")
+    assert headscope_cli.main(["fetch", MODEL]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"{MODEL}: random weights, nothing to download (test_vit, 6 layers, 2 heads)"), said

@@ -41,3 +41,30 @@ def test_at_most_so_many_names_and_none_for_missing_values():
     assert sum(bool(t) for t in text) <= 5
     assert text[3] == ""
     assert _outlier_labels(np.array([0.5]), np.array([1.0]), ["only"]) == [""]
+
+
+def test_the_page_says_which_sections_the_survey_did_not_measure(tmp_path):
+    """A survey without --ranks, --similarity and --faithfulness: the page names the flags, where
+    the charts were left out without a word (and a model without CLS rows had no similar heads)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_survey_output import rows
+
+    from headscope.survey.report import build_report
+
+    def page(table: pa.Table) -> str:
+        folder = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        pq.write_table(table, folder / "part-00000.parquet")
+        return build_report(folder)
+
+    plain = rows(["a.png", "b.png"], L=2, H=3)
+    html = page(plain)
+    said = html[html.index("<h2>Not in this survey</h2>") :]
+    assert "<code>--ranks</code>" in said and "<code>--faithfulness</code>" in said
+    assert "--similarity" not in said  # the CLS rows' cosine stands in: the section is drawn
+    no_cls = plain.set_column(
+        plain.schema.get_field_index("cls_cosine"), "cls_cosine", pa.nulls(plain.num_rows, pa.list_(pa.float32()))
+    )
+    said = page(no_cls)
+    assert "the most similar head pairs: survey with <code>--similarity</code>" in said
