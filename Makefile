@@ -75,7 +75,7 @@ check-torch:
 		if [ -n "$(TORCH)" ] && [ "$$had" != "$(TORCH)" ]; then \
 			echo "note: $(VENV) has the PyTorch build '$$had', not '$(TORCH)'; make clean first to switch"; \
 		elif [ -z "$(TORCH)" ] && [ "$$had" = "cpu" ]; then \
-			echo "note: $(VENV) has PyTorch's CPU build, not PyPI's; make clean first to switch"; \
+			echo "note: using $(VENV)'s PyTorch CPU build (made with TORCH=cpu); for PyPI's build with CUDA: make clean, then make without TORCH"; \
 		fi; \
 	fi
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import json
 import logging
@@ -339,7 +340,7 @@ def _extract(args) -> int:
     from .outputs import check_writable, file_path, publish, refuse_existing, temporary_beside
 
     settings = _settings(args)
-    out = file_path(args.out, ".safetensors")
+    out = file_path(args.out, ".safetensors", "safetensors", " (safetensors.numpy.load_file reads it as numpy arrays)")
     refuse_existing(out, args.force)  # before anything slow, like a wrong path below
     check_writable(out)
     files = _collect(args.inputs)  # a wrong path fails here, before the model loads
@@ -436,7 +437,8 @@ def _extract(args) -> int:
         return 1
     finally:
         tmp.unlink(missing_ok=True)
-    print(f"wrote {len(tensors)} tensors to {out}" + (f"; skipped {len(failed)}" if failed else ""))
+    n = len(tensors)
+    print(f"wrote {n} tensor{'' if n == 1 else 's'} to {out}" + (f"; skipped {len(failed)}" if failed else ""))
     for line in skipped:
         print(f"  skipped {line}", file=sys.stderr)
     return 0
@@ -523,7 +525,7 @@ def _report(args) -> int:
 
     if not Path(args.survey).exists():
         raise FileNotFoundError(f"no such survey: {args.survey}")
-    out = file_path(args.out, ".html")
+    out = file_path(args.out, ".html", "an HTML page")
     # Not the survey it reads, never a folder or a device, and an existing page only with --force.
     refuse_existing(out, args.force, keep=[Path(args.survey)])
     check_writable(out)  # before the survey is read
@@ -551,9 +553,28 @@ def _report(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the nearest option named for a misspelt one (``--limt``: did you mean
+    ``--limit``?), also where argparse says something else first (``--ot`` for ``--out``: "the
+    following arguments are required: --out")."""
+
+    typed: list[str] = []  # the command line being parsed (main sets it)
+
+    def error(self, message: str):  # type: ignore[override]
+        known = [o[2:] for o in self._option_string_actions if o.startswith("--")]  # without the dashes,
+        # which every option shares: --foo is not near --out
+        hints = dict.fromkeys(
+            f"{word} is not an option of {self.prog}; did you mean --{near[0]}?"
+            for word in (w.split("=", 1)[0] for w in _Parser.typed if w.startswith("--"))
+            if word not in self._option_string_actions
+            and (near := difflib.get_close_matches(word[2:], known, n=1, cutoff=0.7))
+        )
+        super().error("; ".join([message, *hints]))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="headscope", description="What every attention head of a ViT looks at.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    parser = _Parser(prog="headscope", description="What every attention head of a ViT looks at.")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
 
     s = sub.add_parser("serve", help="start the web app and REST API")
     s.add_argument("--host", help="bind address (default 127.0.0.1; env HEADSCOPE_HOST)")
@@ -753,7 +774,12 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(_negative_values_joined(sys.argv[1:] if argv is None else argv))
+    _Parser.typed = _negative_values_joined(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(_Parser.typed)
+    if unknown:  # said by the command's own parser: its usage, and the nearest of its options
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.cmd].error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.cmd != "report" and (why := no_temp_dir_message()):  # every other command imports torch
         print(f"headscope {args.cmd}: {why}", file=sys.stderr)
         return 2

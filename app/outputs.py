@@ -37,22 +37,39 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def file_path(text: str, suffix: str) -> Path:
-    """The file an ``--out`` names. A name ending in a path separator names a folder, which
-    ``Path`` would silently drop (``--out x.safetensors/`` wrote the file ``x.safetensors``).
+# Suffixes of formats someone may expect an output in; another suffix (``run.v2``) is a name.
+FORMATS = frozenset(
+    {".safetensors", ".npy", ".npz", ".pt", ".pth", ".pkl", ".pickle", ".json", ".h5", ".hdf5", ".mat", ".csv"}
+    | {".txt", ".parquet", ".html", ".htm", ".png", ".jpg", ".jpeg", ".pdf"}
+)
+
+
+def file_path(text: str, suffix: str, what: str, hint: str = "") -> Path:
+    """The file an ``--out`` names, refused where its name says something it is not.
+
+    A name ending in a path separator names a folder, which ``Path`` would silently drop
+    (``--out x.safetensors/`` wrote the file ``x.safetensors``); a name with another format's
+    suffix (``--out attn.npy``, :data:`FORMATS`) got this format under that name, and ``np.load``
+    then failed with a message about pickles. Any other name is taken as it is.
 
     Args:
         text: the option's value as typed.
-        suffix: the file's usual suffix, for the message (``.safetensors``).
+        suffix: the format's suffix (``.safetensors``); ``.htm`` goes for ``.html``.
+        what: the format in words, for the message (``safetensors``).
+        hint: said after the name meant (how to read the format).
 
     Raises:
-        OutputError: ``text`` ends in a separator; the message gives the file name meant.
+        OutputError: the name is a folder's or another format's; the message gives the name meant.
     """
     if text.endswith((os.sep, "/")):
         name = text.rstrip(os.sep + "/") or "out"
         meant = name if name.endswith(suffix) else f"{name}/out{suffix}"
         raise OutputError(f"--out {text} ends in '/', a folder; --out names the file to write, e.g. --out {meant}")
-    return Path(text)
+    path = Path(text)
+    if path.suffix.lower() in FORMATS - {suffix, suffix.replace(".html", ".htm")}:
+        meant = path.with_suffix(suffix)
+        raise OutputError(f"--out {text}: this writes {what}, not {path.suffix}; name it {meant}{hint}")
+    return path
 
 
 def refuse_existing(path: Path, force: bool, flag: str = "--force", keep: Sequence[Path] = ()) -> None:

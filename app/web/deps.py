@@ -8,8 +8,9 @@ more of the event loop than reading an attribute of ``app.state``, three times a
 
 from __future__ import annotations
 
+import difflib
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import Depends, Path, Request
@@ -125,6 +126,17 @@ def declared_query(route: APIRoute) -> frozenset[str]:
 MAX_NAMES_SHOWN = 200  # characters of the unknown names echoed back
 
 
+def meant(unknown: Iterable[str], allowed: Iterable[str]) -> str:
+    """``" (did you mean 'layers'?)"`` for the unknown names one letter or so from an allowed one
+    (difflib's ratio of at least 0.75, the closest), else ``""``: ``layer=`` for ``layers=`` is the
+    commonest slip, and a list of fourteen names does not point at it."""
+    pool = sorted(allowed)
+    guesses = dict.fromkeys(
+        m[0] for name in unknown if (m := difflib.get_close_matches(name[:40].lower(), pool, n=1, cutoff=0.75))
+    )
+    return f" (did you mean {', '.join(map(repr, guesses))}?)" if guesses else ""
+
+
 async def declared_query_only(request: Request) -> None:
     """Refuse a query parameter the route does not declare (422 ``invalid_parameter``).
 
@@ -144,7 +156,11 @@ async def declared_query_only(request: Request) -> None:
         return
     shown = ", ".join(repr(name[:40]) for name in unknown)[:MAX_NAMES_SHOWN]
     takes = f"it takes {', '.join(sorted(allowed))}" if allowed else "it takes no query parameters"
-    raise ApiError(422, "invalid_parameter", f"unknown query parameter(s) {shown} for {route.path}; {takes}")
+    raise ApiError(
+        422,
+        "invalid_parameter",
+        f"unknown query parameter(s) {shown}{meant(unknown, allowed)} for {route.path}; {takes}",
+    )
 
 
 def _admit(cls: str):

@@ -199,6 +199,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     site = None if settings.docs_url else paths.built_docs_dir()
     if site is not None:  # `make docs` built the site: the page's "how to read it" links open it here
         app.mount(GUIDE_URL, Static(directory=str(site), html=True), name="guide")
+    else:  # a bare "Not Found" at the address the docs give would say nothing of why
+        app.include_router(docs.guide_absent(settings.docs_url))
     app.state.docs_url = settings.docs_url or (GUIDE_URL if site is not None else "")
 
     # add_middleware wraps what is there: the last added runs first. From the outside in:

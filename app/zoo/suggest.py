@@ -39,6 +39,11 @@ def nearest(name: str, n: int = MAX_SUGGESTIONS) -> list[str]:
 
 
 def did_you_mean(name: str, prefix: str = "") -> str:
-    """`` Did you mean timm:a, timm:b?`` (with ``prefix`` before each name), or ``""``."""
-    near = nearest(name)
-    return f" Did you mean {', '.join(prefix + x for x in near)}?" if near else ""
+    """`` Did you mean timm:a, timm:b?`` (with ``prefix`` before each timm name), or ``""``. The
+    embedded default comes first when the name is near it (``dinov2-s14`` is not a timm name)."""
+    from .embedded import MODEL_ID
+
+    bare = name.removeprefix("timm:").strip().lower()
+    home = [MODEL_ID] if difflib.get_close_matches(bare, [MODEL_ID], n=1, cutoff=0.6) else []
+    near = home + [prefix + x for x in nearest(name)]
+    return f" Did you mean {', '.join(near)}?" if near else ""

@@ -160,3 +160,21 @@ def test_form_and_request_line_refusals_say_what_was_wrong(base_url, live_server
     assert answer.startswith(b"HTTP/1.1 400")
     assert b"illegal request line: 'GET /heal thz HTTP/1.1'" in answer and b"bytearray" not in answer
     assert httpx.get(base_url + "/healthz", timeout=HTTP_TIMEOUT).status_code == 200
+
+
+def test_a_misspelt_parameter_gets_the_name_meant(base_url, cat_id, samples):
+    """``layer=`` for ``layers=``: the form's refusal said "the file goes in 'image'" whatever the
+    field, and the query string's listed fourteen names without pointing at one."""
+    r = post(base_url, samples["cat"].read_bytes(), "cat.png", layer="-1")
+    assert_error(r, 422, "unknown_field")
+    assert "unknown form field(s): layer (did you mean 'layers'?)" in r.json()["error"]["message"]
+    r = httpx.post(base_url + API, files={"file": ("cat.png", b"x")}, timeout=HTTP_TIMEOUT)
+    assert_error(r, 422, "unknown_field")
+    said = r.json()["error"]["message"]
+    assert "did you mean" not in said and "the form takes 'image' (the file) and ablate, aggregate" in said
+    r = get(base_url, f"{API}/{cat_id}", heads="0", tempreature="2")
+    assert_error(r, 422, "invalid_parameter")
+    assert "'tempreature' (did you mean 'temperature'?) for" in r.json()["error"]["message"]
+    r = get(base_url, f"{API}/{cat_id}", colour="red")
+    assert_error(r, 422, "invalid_parameter")
+    assert "did you mean" not in r.json()["error"]["message"]

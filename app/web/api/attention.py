@@ -20,7 +20,7 @@ from ...serving.params import AttentionParams, StatsParams, validation_message
 from ...serving.service import AttentionService
 from ...serving.uploads import Upload, safe_filename
 from ...serving.waiting import ClientGone
-from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep
+from ..deps import AdmitFollowUp, AdmitUpload, ImageIdDep, MetricsDep, ServiceDep, SettingsDep, meant
 from ..errors import ApiError, JSONBody
 from ..middleware import upload_too_large_message
 from ..multipart import BodyTooSlow, is_multipart, multipart_error, read_form
@@ -172,8 +172,11 @@ async def _read_fields(form) -> tuple[dict[str, str], bytes, str | None]:
     counts = Counter(k for k, _ in form.multi_items())
     unknown = sorted(set(counts) - _FORM_FIELDS - {"image"})
     if unknown:
+        takes = f"the form takes 'image' (the file) and {', '.join(sorted(_FORM_FIELDS))}"
         raise ApiError(
-            422, "unknown_field", f"unknown form field(s): {', '.join(unknown)[:200]}; the file goes in 'image'"
+            422,
+            "unknown_field",
+            f"unknown form field(s): {', '.join(unknown)[:200]}{meant(unknown, _FORM_FIELDS)}; {takes}",
         )
     repeated = sorted(k for k, n in counts.items() if n > 1)
     if repeated:

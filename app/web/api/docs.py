@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ..deps import TemplatesDep
+from ..errors import ApiError
 from ..responses import cached_file
 
 ASSETS_URL = "/docs-assets"
@@ -77,3 +78,22 @@ def redoc_etag() -> str:
 async def redoc_js(request: Request) -> Response:
     headers = {"Cache-Control": "public, max-age=86400", "ETag": redoc_etag()}
     return cached_file(request.headers, Response(redoc_bundle(), media_type="text/javascript", headers=headers))
+
+
+def guide_absent(docs_url: str) -> APIRouter:
+    """``/guide/...`` where the checkout has no built documentation site: a 404 that says why and
+    where the documentation is (``HEADSCOPE_DOCS_URL``, ``make docs``, the Markdown sources)."""
+    where = (
+        f"the documentation is at {docs_url} (HEADSCOPE_DOCS_URL)"
+        if docs_url
+        else "the documentation site is not built here: run `make docs` in the checkout (it is then served "
+        "at /guide/), or read docs/*.md"
+    )
+    guide = APIRouter(include_in_schema=False)
+
+    @guide.get("/guide")
+    @guide.get("/guide/{path:path}")
+    async def absent(path: str = "") -> Response:
+        raise ApiError(404, "not_found", where)
+
+    return guide

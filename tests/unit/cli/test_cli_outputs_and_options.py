@@ -84,6 +84,12 @@ def test_report_never_replaces_its_survey_and_asks_before_replacing_a_page(capsy
     part = next(survey.glob("*.parquet"))
     for given in (survey, part):
         code, err = run(capsys, "report", str(given), "--out", str(part), "--force")
+        said = _said(err, "report")  # a .parquet name is refused first, for its suffix
+        assert code == 2 and ("this command's own input" in said or "not .parquet" in said), said
+        link = tmp_path / "page"  # the same file under a name that is not a format's
+        link.unlink(missing_ok=True)
+        link.symlink_to(part)
+        code, err = run(capsys, "report", str(given), "--out", str(link), "--force")
         assert code == 2 and "this command's own input" in _said(err, "report")
     assert part.read_bytes()[:4] == b"PAR1"  # still the survey's
 
@@ -166,3 +172,38 @@ def test_exit_codes_of_a_model_id_and_of_random_weights(capsys, tmp_path):
     assert headscope_cli.main(["fetch", MODEL]) == 0
     said = capsys.readouterr().out
     assert said.startswith(f"{MODEL}: random weights, nothing to download (test_vit, 6 layers, 2 heads)"), said
+
+
+def test_an_out_named_for_another_format_is_refused(capsys, tmp_path):
+    # the file was safetensors under the name x.npy, and np.load then spoke of pickles
+    code, err = run(capsys, "extract", str(SAMPLES / "cat.png"), "--model", MODEL, "--out", str(tmp_path / "x.npy"))
+    assert code == 2 and f"name it {tmp_path / 'x.safetensors'}" in _said(err, "extract")
+    survey = tmp_path / "s.parquet"
+    survey.mkdir()
+    code, err = run(capsys, "report", str(survey), "--out", str(tmp_path / "r.png"))
+    assert code == 2 and f"this writes an HTML page, not .png; name it {tmp_path / 'r.html'}" in _said(err, "report")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.parquet"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["survey", "p", "--out", "s", "--limt", "2"], "--limt is not an option of headscope survey; did you mean"),
+        (["extract", "p", "--ot", "x"], "required: --out; --ot is not an option of headscope extract; did you mean"),
+        (["serve", "--modle", "x"], "serve: error: unrecognized arguments: --modle x; --modle is not an option"),
+        ([], "the following arguments are required: COMMAND"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_option_gets_the_option_meant(capsys, argv, said):
+    with pytest.raises(SystemExit) as stop:
+        headscope_cli.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and said in err, err
+    assert err.count("did you mean") == (1 if argv else 0), err
+    assert "did you mean --limit?" in err or "did you mean --out?" in err or "did you mean --model?" in err or not argv
+
+
+def test_a_model_id_near_the_default_is_named(capsys, tmp_path):
+    code, err = run(capsys, "extract", str(SAMPLES / "cat.png"), "--model", "dinov2-s14",
+                    "--out", str(tmp_path / "o.safetensors"))  # fmt: skip
+    assert code == 2 and "Did you mean dinov2-s14-focus?" in _said(err, "extract")

@@ -187,7 +187,7 @@ def test_extract_skips_unreadable_fifo_and_oversized_files_and_says_so(tmp_path)
     with safe_open(str(out), "pt") as f:
         meta = json.loads(f.metadata()["images"])
     assert [Path(m["file"]).name for m in meta.values()] == ["cat.png"]
-    assert "wrote 1 tensors" in r.stdout and "skipped 6" in r.stdout
+    assert "wrote 1 tensor to" in r.stdout and "skipped 6" in r.stdout
     lines = [line.strip().removeprefix("skipped ") for line in r.stderr.splitlines()]
     skipped = dict(line.split(": ", 1) for line in lines if line.startswith(str(tmp_path)))
     expected = {
