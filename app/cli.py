@@ -560,7 +560,7 @@ class _Parser(argparse.ArgumentParser):
 
     typed: list[str] = []  # the command line being parsed (main sets it)
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         known = [o[2:] for o in self._option_string_actions if o.startswith("--")]  # without the dashes,
         # which every option shares: --foo is not near --out
         hints = dict.fromkeys(

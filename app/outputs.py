@@ -67,8 +67,9 @@ def file_path(text: str, suffix: str, what: str, hint: str = "") -> Path:
         raise OutputError(f"--out {text} ends in '/', a folder; --out names the file to write, e.g. --out {meant}")
     path = Path(text)
     if path.suffix.lower() in FORMATS - {suffix, suffix.replace(".html", ".htm")}:
-        meant = path.with_suffix(suffix)
-        raise OutputError(f"--out {text}: this writes {what}, not {path.suffix}; name it {meant}{hint}")
+        raise OutputError(
+            f"--out {text}: this writes {what}, not {path.suffix}; name it {path.with_suffix(suffix)}{hint}"
+        )
     return path
 
 
