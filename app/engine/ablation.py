@@ -39,6 +39,8 @@ _PAIR = re.compile(r"(-?[0-9]{1,6}):(-?[0-9]{1,6})")
 class AblationError(SelectionError):
     """A malformed, out-of-range or repeated ``ablate`` entry (answered as 422)."""
 
+    code = "bad_ablate"
+
 
 class AblationUnsupportedError(SelectionError):
     """Head ablation (``ablate``, importance, pruning) asked of a windowed model (answered as 422)."""

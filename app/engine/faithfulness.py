@@ -55,7 +55,7 @@ from .model import LoadedModel
 from .output import head_output, timm_model
 from .relevance import Target, check_target, parse_target, refuse_windowed_relevance
 from .selection import MAX_SPEC, SelectionError
-from .verdicts import Verdict, verdicts
+from .verdicts import Verdict, improbable, verdicts
 
 DEFAULT_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))
 PROTOCOLS = ("live", "paper")
@@ -299,11 +299,16 @@ class Faithfulness:
     score: str = "target"
     score0: float = math.nan
     protocol: str = DEFAULT_PROTOCOL
+    classes: int | None = None  # the model's classes, for a class target's probability
 
     def verdicts(self) -> dict[str, Verdict]:
         """Each method's verdict against the random map (:mod:`app.engine.verdicts`), its margins
-        judged in this protocol's units (paper AUCs are percent)."""
-        return verdicts({name: c.as_dict() for name, c in self.methods.items()}, protocol=self.protocol)
+        judged in this protocol's units (paper AUCs are percent); none for a class the model
+        gives less than a uniform guess would (:func:`~app.engine.verdicts.improbable`)."""
+        unrated = improbable(self.score, self.score0, self.classes)
+        return verdicts(
+            {name: c.as_dict() for name, c in self.methods.items()}, protocol=self.protocol, unrated=unrated
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -529,6 +534,7 @@ class PerturbationTest:
             score="top1" if self.protocol == "paper" else self.target.score_name,
             score0=s0,
             protocol=self.protocol,
+            classes=int(ref.shape[-1]) if classes else None,
         )
 
 

@@ -57,6 +57,7 @@ from .model import LoadedModel
 from .selection import MAX_SPEC, Selection, SelectionError
 
 METHODS = ("chefer", "grad_attention", "rollout", "attention", "random", "chefer2021", "attnlrp")
+DEFAULT_METHOD = "chefer"  # one map's method where none is named (REST, Python)
 GRADIENT_METHODS = frozenset({"chefer", "grad_attention", "chefer2021"})
 LRP_METHODS = frozenset({"chefer2021", "attnlrp"})
 SIGNED_METHODS = frozenset({"attnlrp"})  # maps with negative patches: divided by |sum|, not clipped

@@ -44,6 +44,7 @@ from .clip_text import TextError, check_phrase
 from .forward import forward_maps
 from .model import LoadedModel
 from .relevance import (
+    DEFAULT_METHOD,
     GRADIENT_METHODS,
     LRP_METHODS,
     METHODS,
@@ -146,9 +147,13 @@ def parse_target_methods(
     Raises:
         MethodError: unknown, or ``legrad`` where it is not defined.
     """
+    if isinstance(spec, str) and not spec.strip():
+        spec = None  # blank is the default, as a blank REST parameter is
     if spec is None:
         return default if default is not None else (text_methods(lm) if is_text(target) else METHODS)
-    items = [str(s).strip().lower() for s in (spec.split(",") if isinstance(spec, str) else spec)]
+    if not isinstance(spec, str) and not (isinstance(spec, Iterable) and all(isinstance(s, str) for s in spec)):
+        raise MethodError(f"methods: names as text ('chefer,random') or a list of them, not {type(spec).__name__}")
+    items = [s.strip().lower() for s in (spec.split(",") if isinstance(spec, str) else spec)]
     for name in items:
         check_method(name, target, lm)
     rest = [n for n in items if n not in TEXT_METHODS]
@@ -168,6 +173,8 @@ def parse_method(spec: str, target: Target | str | None, lm: LoadedModel) -> str
     if spec is None:  # to the faithfulness test None means every method: here it names none
         offered = text_methods(lm) if is_text(target) else METHODS
         raise MethodError(f"method: name one method (got None); this target takes {', '.join(offered)}")
+    if isinstance(spec, str) and not spec.strip():
+        spec = DEFAULT_METHOD  # blank is the default, as a blank REST parameter is
     names = parse_target_methods(spec, target, lm)
     if len(names) != 1:
         raise MethodError(

@@ -14,7 +14,11 @@ A margin under :data:`NARROW` (0.05) is said to be narrow; the paper protocol's 
 percent (100x the live protocol's units), so there the bound is 5 (:func:`narrow_margin`).
 
 ``random`` itself is the ``baseline``; without a random map among the methods there is no
-verdict (``untested``); a target of 0 has no ratio, so no AUC and no verdict (``undefined``).
+verdict (``untested``); a target of 0 has no ratio, so no AUC and no verdict (``undefined``);
+nor has a class the model gives less than a uniform guess would (probability under 1/classes,
+:func:`improbable`): a ratio of so small a probability swings by orders of magnitude whichever
+patches go (1.8e-16 rose 13,604-fold on a random classifier), so the curves measure that swing,
+not the map.
 
 A curve above 1 (removing patches *raised* the target) is said where it occurs, with how high
 it went: on a target that is small or spread over the output (the whole saliency map), removing
@@ -142,12 +146,33 @@ def _above_one(curves: Mapping[str, Any]) -> str:
     )
 
 
+def improbable(score: str | None, score0: float | None, classes: int | None) -> str | None:
+    """Why a class target's curves say nothing of the maps, or None: the model gives the class a
+    probability under a uniform guess's (``score0 < 1 / classes``, ``score`` ``probability``).
+
+    Args:
+        score: what the curves divide (the faithfulness answer's ``score``).
+        score0: its unperturbed value (the class's probability).
+        classes: how many classes the model has (None: not a class target).
+    """
+    if score != "probability" or score0 is None or not classes or not math.isfinite(score0):
+        return None
+    if score0 >= 1.0 / classes:
+        return None
+    return (
+        f"no verdict: the model gives this class a probability of {score0:.2g}, less than a uniform guess among "
+        f"its {classes:,} classes would (1/{classes:,}); a ratio of so small a probability swings by orders of "
+        "magnitude whichever patches go. Explain a class the model considers, such as its prediction (top)."
+    )
+
+
 def verdict_of(
     method: str,
     curves: Mapping[str, Any],
     random: Mapping[str, Any] | None,
     baseline: str = BASELINE,
     protocol: str = "live",
+    unrated: str | None = None,
 ) -> Verdict:
     """One method's verdict from its curves and AUCs and the random map's (None: not tested).
 
@@ -158,6 +183,7 @@ def verdict_of(
         random: the same of the baseline, or None.
         protocol: the protocol the AUCs are of (``live`` or ``paper``): which margin is narrow
             (:func:`narrow_margin`).
+        unrated: why the target allows no verdict (:func:`improbable`), or None.
     """
     narrow = narrow_margin(protocol)
     high = _highest([curves.get("positive"), curves.get("negative")])
@@ -166,6 +192,8 @@ def verdict_of(
         return Verdict(
             method, "baseline", None, None, high, "the baseline every method has to beat." + _above_one(curves)
         )
+    if unrated is not None:
+        return Verdict(method, "undefined", None, None, high, unrated)
     if random is None:
         return Verdict(
             method, "untested", None, None, high, f"no verdict: the {baseline} map was not tested." + _above_one(curves)
@@ -186,10 +214,13 @@ def verdict_of(
 
 
 def verdicts(
-    methods: Mapping[str, Mapping[str, Any]], baseline: str = BASELINE, protocol: str = "live"
+    methods: Mapping[str, Mapping[str, Any]],
+    baseline: str = BASELINE,
+    protocol: str = "live",
+    unrated: str | None = None,
 ) -> dict[str, Verdict]:
     """Every method's verdict, in the methods' order (``methods``: name -> its curves and AUCs,
     as in the faithfulness answer's ``methods``; ``protocol``: the one they are of, whose units
-    set the narrow margin)."""
+    set the narrow margin; ``unrated``: why the target allows none, :func:`improbable`)."""
     random = methods.get(baseline)
-    return {name: verdict_of(name, c, random, baseline, protocol) for name, c in methods.items()}
+    return {name: verdict_of(name, c, random, baseline, protocol, unrated) for name, c in methods.items()}

@@ -131,3 +131,12 @@ def ablate(value: Any) -> str:
         f"ablate: (layer, head) pairs (tuples, [layer, head] lists or an N x 2 array), or the API's text like "
         f"'0:1,11:5'; got {value!r}"
     )
+
+
+def seed(value: Any) -> int:
+    """The ``random`` map's seed, checked as the API checks ``seed=`` (an int, 0 to 2**31 - 1)."""
+    from ..serving.params import RelevanceParams
+
+    if not _is_int(value):
+        raise TypeError(f"seed: an int from 0 to {2**31 - 1}; got {value!r}")
+    return int(build(RelevanceParams, seed=int(value)).seed)

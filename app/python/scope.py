@@ -29,6 +29,7 @@ from ..engine.ablation import refuse_windowed_ablation
 from ..engine.batching import BatchRunner, Buckets
 from ..engine.device import PRECISIONS, autocast_dtype, resolve_device
 from ..engine.model import LoadedModel
+from ..engine.relevance import DEFAULT_METHOD
 from ..serving.pictures import Pictures
 from ..serving.preprocess import ImageError
 from . import params as P
@@ -454,10 +455,11 @@ class Scope:
     def relevance(
         self,
         image: Any,
-        method: str = "chefer",
+        method: str = DEFAULT_METHOD,
         target: str | None = None,
         ablate: Any = None,
         start_layer: int | None = None,
+        seed: int = 0,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """A relevance map for one scalar of the model's output (Chefer et al. 2021 and baselines).
 
@@ -476,6 +478,8 @@ class Scope:
             ablate: heads removed first.
             start_layer: ``chefer2021`` only: the first layer of its product, ``0..L-1`` (None:
                 1, the authors' evaluation's; negative values are not counted from the end).
+            seed: the seed of the ``random`` map (0 to 2**31 - 1; the API's ``seed=``); with another
+                method it changes nothing (the answer's ``seed`` is then None), as in the API.
 
         Returns:
             ``relevance`` (``[rows, cols]`` on the patch grid, summing to 1), ``method``,
@@ -488,18 +492,19 @@ class Scope:
         """
         from ..engine.relevance import refuse_windowed_relevance, resolve_start_layer
         from ..engine.text_relevance import parse_method
-        from ..serving.relevance import relevance_meta
+        from ..serving.relevance import method_map, relevance_meta
 
         refuse_windowed_relevance(self.lm)
         name = parse_method(method, target, self.lm)
         start = resolve_start_layer(start_layer, (name,), self.lm.num_layers)
+        drawn = P.seed(seed)
         pairs = self.lm.ablation(P.ablate(ablate))
         out: dict[int, dict[str, Any]] = {}
         with contextlib.closing(self._relevance(image, target, [name], pairs, start)) as parts:
             for batch, maps in parts:
                 for (i, it), m in zip(batch.items(), maps):
-                    meta = relevance_meta(it.image_id, self.lm, m, name, m.relevance.seed, pairs)
-                    out[i] = {**meta, "methods": {name: meta["method_text"]}, "relevance": m.relevance.maps[name]}
+                    meta = relevance_meta(it.image_id, self.lm, m, name, drawn, pairs)
+                    out[i] = {**meta, "methods": {name: meta["method_text"]}, "relevance": method_map(m, name, drawn)}
         res = [out[i] for i in sorted(out)]
         return res if is_many(image) else res[0]
 
@@ -512,6 +517,7 @@ class Scope:
         ablate: Any = None,
         protocol: str | None = "live",
         start_layer: int | None = None,
+        seed: int = 0,
     ) -> FaithfulnessResult | list[FaithfulnessResult]:
         """The perturbation test of each method's relevance map: remove the most (``positive``)
         or least (``negative``) relevant patches and watch the target; the curves and their AUC.
@@ -530,6 +536,7 @@ class Scope:
                 ``ProtocolError`` (``bad_protocol``, as the REST API's 422).
             start_layer: ``chefer2021``'s first layer, as for `relevance`; only with
                 ``chefer2021`` among the methods (``StartLayerError`` otherwise).
+            seed: the seed of the ``random`` map, as for `relevance`.
 
         Returns:
             The API's answer as a dict (``methods``: curves and AUCs) whose ``verdicts``
@@ -539,7 +546,7 @@ class Scope:
         from ..engine.faithfulness import check_protocol, parse_fractions, parse_protocol
         from ..engine.relevance import parse_target, refuse_windowed_relevance, resolve_start_layer
         from ..engine.text_relevance import parse_target_methods
-        from ..serving.relevance import FaithfulnessSpec, faithfulness_result
+        from ..serving.relevance import FaithfulnessSpec, faithfulness_result, method_map
         from .result import FaithfulnessResult
 
         refuse_windowed_relevance(self.lm)
@@ -548,6 +555,7 @@ class Scope:
         proto = parse_protocol(protocol)
         check_protocol(proto, self.lm, parse_target(target, self.lm))
         start = resolve_start_layer(start_layer, names, self.lm.num_layers)
+        drawn = P.seed(seed)
         pairs = self.lm.ablation(P.ablate(ablate))
         prepared: dict[int, PreparedPicture] = {}
         maps_of: dict[int, Any] = {}
@@ -563,7 +571,7 @@ class Scope:
             results = _raised(
                 self.runner.faithfulness_many(
                     [it.prep.raw for it in items],
-                    [m.relevance.maps for m in found],
+                    [{n: method_map(m, n, drawn) for n in names} for m in found],
                     [m.relevance.target for m in found],
                     fracs,
                     ablate=pairs,
@@ -572,7 +580,7 @@ class Scope:
             )
         out: list[FaithfulnessResult] = []
         for it, m, res in zip(items, found, results):
-            spec = FaithfulnessSpec(tuple(names), m.relevance.target, fracs, m.relevance.seed, pairs, proto, start)
+            spec = FaithfulnessSpec(tuple(names), m.relevance.target, fracs, drawn, pairs, proto, start)
             out.append(FaithfulnessResult(faithfulness_result(it.image_id, self.lm, m, spec, res)))
         return out if is_many(image) else out[0]
 

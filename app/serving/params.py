@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from ..engine.faithfulness import PROTOCOLS
-from ..engine.relevance import METHODS
+from ..engine.relevance import DEFAULT_METHOD, METHODS
 from ..engine.selection import MAX_SPEC, needs_every_row
 from ..engine.stats import DEFAULT_MASS
 from ..engine.text_relevance import TEXT_METHODS
@@ -142,7 +142,6 @@ Points = Annotated[Int, Field(ge=2, le=1025, description="points of the curve (a
 # bad_method, as in the Python API and in …/faithfulness's methods= (not pydantic's
 # invalid_parameter). The schema still lists the names as an enum, for generated clients.
 RelevanceMethod = Annotated[str, Field(max_length=MAX_SPEC, json_schema_extra={"enum": list(METHODS + TEXT_METHODS)})]
-DEFAULT_METHOD = "chefer"
 
 # No max_length: the engine's parse_target bounds every kind in its own words (a phrase over its
 # 300 characters: 422 bad_text, any other spec past 2 x MAX_SPEC characters: bad_target), as the docs say.
@@ -159,7 +158,13 @@ Target = Annotated[
 ]
 
 Seed = Annotated[
-    Int, Field(ge=0, le=2**31 - 1, description="the seed of the `random` map (the same seed, the same map)")
+    Int,
+    Field(
+        ge=0,
+        le=2**31 - 1,
+        description="the seed of the `random` map (the same seed, the same map); where no random map is asked "
+        "for it changes nothing (the answer's `seed` is then null)",
+    ),
 ]
 
 # No bounds here: the engine checks it against the model's layers (422 bad_start_layer, the same

@@ -313,7 +313,9 @@ def relevance_answer(
     meta["timing_ms"] = timing
     target = str(maps.relevance.target).replace(":", "-").replace(",", "_")
     seeded = [f"seed{seed}"] if method == "random" else []  # the one method whose map the seed changes
-    stem = answer_stem("relevance", image_id, lm.id, method, target, *seeded, *ablate_detail(ablate))
+    # and the one whose map the first layer changes: two starts never share a name, as never an answer
+    started = [f"start{meta['start_layer']}"] if meta["start_layer"] is not None else []
+    stem = answer_stem("relevance", image_id, lm.id, method, target, *seeded, *started, *ablate_detail(ablate))
     body, headers = encode(np.ascontiguousarray(m.numpy(), np.float32), meta, fmt, stem, key="relevance")
     headers["Server-Timing"] = server_timing(timing)
     return Answer(list(body), headers, MEDIA_TYPES[fmt], meta)

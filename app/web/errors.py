@@ -22,7 +22,6 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match, Mount
 from starlette.types import Scope
 
-from ..engine.ablation import AblationError
 from ..engine.capture_base import CaptureError, UnsupportedModelError
 from ..engine.selection import SelectionError
 from ..serving.admission import QueueFullError, TooLargeToDecode
@@ -118,8 +117,6 @@ def to_api_error(exc: BaseException, retry_after: int = 1) -> ApiError | None:
         return exc
     if isinstance(exc, ImageError):
         return ApiError(exc.status, exc.code, str(exc))
-    if isinstance(exc, AblationError):  # a SelectionError, with its own code
-        return ApiError(422, "bad_ablate", str(exc))
     if isinstance(exc, SelectionError):
         return ApiError(422, exc.code, str(exc))
     if isinstance(exc, ImageNotFound):

@@ -464,7 +464,8 @@ class FaithfulnessCurves(BaseModel):
 class FaithfulnessVerdict(BaseModel):
     verdict: Literal["both", "positive", "negative", "neither", "baseline", "untested", "undefined"] = Field(
         description="better than the random map on both curves, on the positive or the negative one only, on "
-        "neither; `baseline` for random itself, `untested` without a random map, `undefined` where y = 0"
+        "neither; `baseline` for random itself, `untested` without a random map, `undefined` where y = 0 or the "
+        "target is a class the model gives less than 1/classes (a uniform guess)"
     )
     margin_positive: float | None = Field(description="AUC+(random) - AUC+(method): above 0 is better")
     margin_negative: float | None = Field(description="AUC-(method) - AUC-(random): above 0 is better")

@@ -16,7 +16,11 @@ function el(tag, cls, text) {
 export function verdictHeadline(answer, names) {
   const rated = Object.entries(answer.verdicts).filter(([, v]) => ["both", "positive", "negative", "neither"].includes(v.verdict));
   if (!rated.length) {
-    return answer.verdicts.random ? "No verdict: the target is 0 on this picture." : "No verdict: the random map was not tested.";
+    // Why the target allows none (a target of 0, a class less likely than a uniform guess): the
+    // server's own first sentence.
+    const why = Object.values(answer.verdicts).find((v) => v.verdict === "undefined");
+    if (why) return `No verdict: ${why.text.replace(/^no verdict: /, "").split(". ")[0].replace(/\.$/, "")}.`;
+    return "No verdict: the random map was not tested.";
   }
   const good = rated.filter(([, v]) => v.verdict === "both").map(([m]) => names[m] || m);
   if (!good.length) {

@@ -122,6 +122,11 @@ def test_download_names_keep_every_part_and_never_collide(base_url, cat_id):
     assert name("/output", format="npy", ablate="1:0,2:1") == f"output-{prefix}-ablate-1_0_2_1.npy"
     assert name("/output", format="npy") == f"output-{prefix}.npy"
     assert name("/relevance", format="npy", method="random", seed="3") == f"relevance-{prefix}-random-output-seed3.npy"
+    # chefer2021's first layer, as the seed: two starts, two maps, two names (they shared one)
+    assert name("/relevance", format="npy", method="chefer2021", start_layer="0") == (
+        f"relevance-{prefix}-chefer2021-output-start0.npy"
+    )
+    assert name("/relevance", format="npy", method="chefer2021") == f"relevance-{prefix}-chefer2021-output-start1.npy"
     # A model id of the catalogue's or open_clip's form: no ':' or '/' reaches the name.
     assert answer_stem("relevance", cat_id, "open_clip:ViT-B-32/laion2b", "chefer", "text-a_cat") == (
         f"relevance-{cat_id[:12]}-open_clip_ViT-B-32_laion2b-chefer-text-a_cat"

@@ -62,6 +62,19 @@ test("the verdict's headline: who beat random on both curves, or that none did",
   const none = { verdicts: { chefer: v("positive"), attention: v("neither"), random: v("baseline") } };
   assert.match(verdictHeadline(none, METHOD_NAMES), /^No map beat the random one on both curves/);
   assert.match(verdictHeadline({ verdicts: { chefer: v("untested") } }, METHOD_NAMES), /random map was not tested/);
+  // no verdict for the target: the server's reason, its first sentence
+  const improbable = {
+    verdicts: {
+      chefer: { verdict: "undefined", text: "no verdict: the model gives this class a probability of 1.8e-16, less than a uniform guess among its 1,000 classes would (1/1,000); a ratio swings. Explain a class the model considers." },
+      random: v("baseline"),
+    },
+  };
+  assert.equal(
+    verdictHeadline(improbable, METHOD_NAMES),
+    "No verdict: the model gives this class a probability of 1.8e-16, less than a uniform guess among its 1,000 classes would (1/1,000); a ratio swings.",
+  );
+  const zero = { verdicts: { chefer: { verdict: "undefined", text: "no verdict: the target is 0 here, so the curves have no ratio." }, random: v("baseline") } };
+  assert.equal(verdictHeadline(zero, METHOD_NAMES), "No verdict: the target is 0 here, so the curves have no ratio.");
 });
 
 test("the verdicts read out: headline, each method's line and how to read them, as separate sentences", () => {

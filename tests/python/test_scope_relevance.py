@@ -166,3 +166,44 @@ def test_bad_protocols_and_fractions_raise_the_apis_named_errors(scope, picture)
         with pytest.raises(FractionsError) as e:
             scope.faithfulness(picture, methods="random", target="top", fractions=fractions)
         assert e.value.code == "bad_fractions"
+
+
+def test_the_random_maps_seed_as_the_api_takes_it(scope, picture):
+    """``seed=`` in the Python API (the REST API had it; a seeded answer could not be reproduced
+    from Python): the map is the seed's own draw, and the test's random curve moves with it."""
+    x = _x(scope, picture)
+    grid = scope.lm.layout(tuple(x.shape[-2:])).grid
+    g = torch.Generator().manual_seed(7)  # the draw written out: uniform, normalised in float64
+    m = torch.rand(grid[0] * grid[1], generator=g, dtype=torch.float64)
+    want = (m / m.sum()).float().reshape(grid)
+    got = scope.relevance(picture, method="random", seed=7)
+    assert got["seed"] == 7 and torch.equal(torch.as_tensor(got["relevance"]), want)
+    assert not torch.equal(torch.as_tensor(scope.relevance(picture, method="random")["relevance"]), want)
+    fractions = [0.0, 0.5]
+    seven = scope.faithfulness(picture, methods="chefer,random", target="top", fractions=fractions, seed=7)
+    zero = scope.faithfulness(picture, methods="chefer,random", target="top", fractions=fractions)
+    assert seven["seed"] == 7 and zero["seed"] == 0
+    assert seven["methods"]["chefer"] == zero["methods"]["chefer"]
+    run = lambda t: forward(scope.model, t)[2]  # noqa: E731
+    curve = curves(run, x, want, top_logit, fractions, grid, scope.lm.patch_size, score=probability_of(top_logit))
+    np.testing.assert_allclose(seven["methods"]["random"]["positive"], curve["positive"], rtol=1e-4, atol=1e-5)
+    for bad, error in ((-1, ValueError), (2**31, ValueError), (1.5, TypeError), ("7", TypeError)):
+        with pytest.raises(error, match="seed"):
+            scope.relevance(picture, method="random", seed=bad)
+
+
+def test_blank_and_non_text_method_names(scope, picture):
+    """A blank method is the default, as a blank REST parameter is (it was 'method '': unknown'
+    here where REST answered chefer); a number is a MethodError, not 'int is not iterable'."""
+    from headscope.engine.relevance import MethodError
+
+    assert scope.relevance(picture, method="", target="top")["method"] == "chefer"
+    assert list(scope.faithfulness(picture, methods=" ", target="top", fractions=[0.0, 0.5])["methods"]) == list(
+        scope.faithfulness(picture, target="top", fractions=[0.0, 0.5])["methods"]
+    )
+    for call in (lambda: scope.relevance(picture, method=123), lambda: scope.faithfulness(picture, methods=123)):
+        with pytest.raises(MethodError, match="names as text"):
+            call()
+    with pytest.raises(ValueError) as e:
+        scope.faithfulness(picture, methods="random", ablate="junk", fractions=[0.0, 0.5])
+    assert e.value.code == "bad_ablate"  # the API's 422 code (it was bad_selection here)

@@ -254,6 +254,26 @@ def test_a_negative_logit_target_is_scored_by_its_probability(classifier):
     assert res.as_dict()["score"] == "probability"
 
 
+def test_a_class_less_likely_than_a_uniform_guess_gets_no_verdict(classifier):
+    """The review's case: a class the model gives 1.8e-16 rose 13,604-fold on the negative curve and
+    was rated 'both'. Under 1/classes no method is rated; the top class always is."""
+    lm, x, _ = classifier
+    with torch.no_grad():
+        p = lm.model(x[None])[0].double().softmax(-1)
+    classes = p.numel()
+    unlikely = int(p.argmin())
+    assert float(p[unlikely]) < 1 / classes
+    rel = relevance(lm, x[None], f"class:{unlikely}", ["chefer", "random"])[0]
+    res = faithfulness(lm, x, rel.maps, rel.target, [0.0, 0.5])
+    v = res.verdicts()["chefer"]
+    assert res.classes == classes and v.verdict == "undefined" and v.margin_positive is None
+    assert f"less than a uniform guess among its {classes:,} classes" in v.text and "(top)" in v.text
+    assert res.as_dict()["verdicts"]["random"]["verdict"] == "baseline"
+    rel = relevance(lm, x[None], "top", ["chefer", "random"])[0]
+    top = faithfulness(lm, x, rel.maps, rel.target, [0.0, 0.5]).verdicts()["chefer"]
+    assert top.verdict in ("both", "positive", "negative", "neither")
+
+
 def test_saliency_and_embedding_curves_divide_the_target_itself():
     from headscope.engine.relevance import Target
 
