@@ -10,6 +10,7 @@ value raises ``ValueError`` or ``TypeError`` with the text the API answers in it
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,8 +25,20 @@ class ParameterError(ValueError):
     code = "invalid_parameter"
 
 
+def _takes_bool(annotation: Any) -> bool:
+    return annotation is bool or bool in typing.get_args(annotation)
+
+
 def build(schema: type, /, **fields: Any) -> Any:
-    """``schema(**fields)``, a `ParameterError` with the API's text where it fails."""
+    """``schema(**fields)``, a `ParameterError` with the API's text where it fails.
+
+    ``True`` and ``False`` go only to the switches: pydantic reads them as 1 and 0 elsewhere
+    (``mass=True`` was a mass of 1), where the REST API refuses ``mass=true``.
+    """
+    for name, value in fields.items():
+        field = getattr(schema, "model_fields", {}).get(name)
+        if isinstance(value, bool) and field is not None and not _takes_bool(field.annotation):
+            raise ParameterError(f"{name}: a number or text, not {value}")
     try:
         return schema(**fields)
     except ValidationError as e:

@@ -20,10 +20,12 @@ numbers in plain Python.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 
 from ..config import Settings
 from ..engine.model import LoadedModel
+from ..engine.selection import SelectionError
 from ..zoo.registry import Registry
 from .admission import Admission, current_client_left
 from .answers import Answer, Answers, selection, stats_body
@@ -119,9 +121,22 @@ class AttentionService:
         *,
         fault: str | None = None,
     ) -> Answer:
-        """Keep the upload (for follow-up queries and the page), then answer as :meth:`attention`."""
+        """Keep the upload (for follow-up queries and the page), then answer as :meth:`attention`.
+
+        A selection the picture cannot answer (a Swin's default ``layers=all``, a layer out of
+        range) is refused after the picture is kept: the refusal says its id, so that the client
+        asks again with GET instead of uploading it again (the error body has one shape: the id
+        goes in its message)."""
         image_id = self.uploads.keep(upload)
-        return await self.attention(image_id, params, upload=upload, fault=fault)
+        try:
+            return await self.attention(image_id, params, upload=upload, fault=fault)
+        except SelectionError as e:
+            kept = copy.copy(e)  # the same class and code, the message extended
+            kept.args = (
+                f"{e}; the picture is kept as image {image_id}: GET /api/v1/attention/{image_id} with "
+                "other parameters needs no new upload",
+            )
+            raise kept from None
 
     async def stats(
         self,

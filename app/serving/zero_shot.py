@@ -20,6 +20,7 @@ from pydantic import Field
 
 from ..engine.clip_text import MAX_LABELS, MAX_PHRASE_CHARS, TextError, TextTower, check_phrase
 from ..engine.model import LoadedModel
+from ..engine.relevance import refuse_windowed_relevance
 from ..engine.text_relevance import TextTarget, parse_method, require_text, zero_shot
 from . import preprocess
 from .params import DEFAULT_METHOD, RelevanceMethod, RequestParams
@@ -114,8 +115,9 @@ async def zero_shot_answer(rel: RelevanceService, image_id: str, params: ZeroSho
     """The answer of ``GET …/zero-shot``: the labels ranked by probability."""
     t0 = time.perf_counter()
     due = rel.deadline()  # the request's one deadline: each label's map took a fresh one (64 maps: minutes)
-    lm = await rel._model(params.model)
-    tower = require_text(lm)
+    lm = await rel.model(params.model)
+    tower = require_text(lm)  # first: a Swin has no text tower, the reason that matters here
+    refuse_windowed_relevance(lm)
     labels = parse_labels(params.labels, tower)
     targets = {lab: TextTarget("text", phrase=lab, tower=tower) for lab in labels.texts}
     method = parse_method(params.method, targets[labels.texts[0]], lm)  # with or without maps: a typo is not ignored

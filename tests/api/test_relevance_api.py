@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from functools import partial
 
+import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
@@ -20,7 +22,7 @@ from safetensors.numpy import load as st_load
 from helpers import api
 from helpers.api import API, assert_error, fresh_photo
 from helpers.models import write_classifier
-from helpers.server import ROOT, Server
+from helpers.server import HTTP_TIMEOUT, ROOT, Server
 from helpers.swin_reference import SWIN_V1
 from helpers.waiting import wait_until
 
@@ -337,6 +339,22 @@ def test_windowed_models_are_refused_with_the_reason(why, samples):
         )
         r = get(why, f"{API}/{image_id}/faithfulness", model=SWIN_V1, methods=method)
         assert_error(r, 422, "relevance_unsupported")
+    # zero-shot: the missing text tower is the reason (it answered relevance_unsupported)
+    r = get(why, f"{API}/{image_id}/zero-shot", model=SWIN_V1, labels="a cat")
+    assert_error(r, 422, "bad_text")
+    assert "has no text tower" in r.json()["error"]["message"]
+    # a POST with the default layers=all (four stages): refused, and the refusal names the kept picture
+    r = httpx.post(
+        why + API,
+        files={"image": ("cat.png", fresh_photo(samples["cat"], 6), "application/octet-stream")},
+        data={"model": SWIN_V1},
+        timeout=HTTP_TIMEOUT,
+    )
+    assert_error(r, 422, "layers_span_stages")
+    kept = re.search(r"the picture is kept as image ([0-9a-f]{24})", r.json()["error"]["message"])
+    assert kept, r.json()
+    again = get(why, f"{API}/{kept.group(1)}", model=SWIN_V1, layers="2-3", query="patch:0,0")
+    assert again.status_code == 200, again.text
 
 
 def test_the_papers_protocol_is_a_named_choice(why, clf_lm, samples):

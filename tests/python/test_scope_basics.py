@@ -321,3 +321,16 @@ def test_the_default_query_is_the_cls_row(scope):
     pic = _picture(8)
     assert torch.equal(scope.attention(pic, layers=-1).maps, scope.attention(pic, layers=-1, query="cls").maps)
     assert scope.attention(pic, layers=-1).query == [0]
+
+
+def test_true_and_false_go_only_to_the_switches(scope):
+    """``mass=True`` was a mass of 1 and ``temperature=True`` a temperature of 1 (pydantic reads a
+    bool as a number), where the REST API refuses ``mass=true``."""
+    from headscope.python.params import ParameterError
+
+    att = scope.attention(_picture(3), layers=-1, heads=0)
+    with pytest.raises(ParameterError, match="mass: a number or text, not True"):
+        att.stats(mass=True)
+    with pytest.raises(ParameterError, match="temperature: a number or text, not False"):
+        scope.attention(_picture(3), layers=-1, heads=0, temperature=False)
+    assert att.stats(mass=1).shape[0] > 0  # the number itself is taken
