@@ -272,8 +272,8 @@ def _collect(paths: list[str]) -> list[Path]:
     return files
 
 
-_CELL = r"-?[0-9]{1,6},-?[0-9]{1,6}"
-QUERY_SYNTAX = re.compile(rf"cls|all|-?[0-9]{{1,7}}(,-?[0-9]{{1,7}})*|patch:{_CELL}(;{_CELL})*")
+_CELL = r"-?[0-9]+,-?[0-9]+"
+QUERY_SYNTAX = re.compile(rf"cls|all|-?[0-9]+(,-?[0-9]+)*|patch:{_CELL}(;{_CELL})*")
 
 
 def _layer_specs(layers: str, layout: TokenLayout | WindowedLayout) -> list[str]:

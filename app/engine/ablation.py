@@ -27,13 +27,15 @@ import torch
 import torch.nn as nn
 
 from .block_capture import attention_layers
-from .selection import MAX_SPEC, SelectionError
+from .selection import MAX_SPEC, SelectionError, number_text
 
 Ablation = tuple[tuple[int, int], ...]  # sorted (layer, head) pairs: a cache key
 
 # ASCII digits only, as every selection grammar (``\d`` would take ``١:٢``, ``１:２`` and ``𝟏:𝟐``,
 # which int() reads as 1 and 2); fullmatch, since ``$`` also matches before a final newline.
-_PAIR = re.compile(r"(-?[0-9]{1,6}):(-?[0-9]{1,6})")
+# Any number of digits: a huge index is out of range, said as such, not "cannot read" (the number
+# is compared, never used; MAX_SPEC bounds the text).
+_PAIR = re.compile(r"(-?[0-9]+):(-?[0-9]+)")
 
 
 class AblationError(SelectionError):
@@ -86,19 +88,22 @@ def parse_ablate(spec: str | None, num_layers: int, num_heads: int, *, windowed:
         return ()
     refuse_windowed_ablation(windowed, "ablate")
     seen: dict[tuple[int, int], str] = {}
-    for raw in spec.replace(" ", "").split(","):
-        m = _PAIR.fullmatch(raw)
-        if not m:
-            raise AblationError(f"ablate: cannot read {raw[:40]!r}; write layer:head pairs like 0:1,11:5")
+    for part in spec.split(","):
+        raw = part.strip(" ")  # spaces only: a newline or tab is not read as one
+        m = _PAIR.fullmatch(raw.replace(" ", ""))  # "0 : 1" is a pair; "0:1 0:2" is two without a comma
+        if not m or re.search(r"[0-9]\s+-?[0-9]", raw):
+            hint = "separate pairs with commas" if re.search(r"[0-9]\s+-?[0-9]", raw) else "write layer:head pairs"
+            raise AblationError(f"ablate: cannot read {raw[:40]!r}; {hint} like 0:1,11:5")
         layer, head = int(m.group(1)), int(m.group(2))
+        raw = raw[:40]
         if not -num_layers <= layer < num_layers:
             raise AblationError(
-                f"ablate: layer {layer} in {raw!r} is out of range for {num_layers} layers "
+                f"ablate: layer {number_text(layer)} in {raw!r} is out of range for {num_layers} layers "
                 f"(valid: {-num_layers}..{num_layers - 1})"
             )
         if not -num_heads <= head < num_heads:
             raise AblationError(
-                f"ablate: head {head} in {raw!r} is out of range for {num_heads} heads "
+                f"ablate: head {number_text(head)} in {raw!r} is out of range for {num_heads} heads "
                 f"(valid: {-num_heads}..{num_heads - 1})"
             )
         key = (layer % num_layers, head % num_heads)

@@ -48,7 +48,8 @@ LOSSES = {
     "saliency": "binary cross-entropy of the saliency map against its own unablated prediction "
     "thresholded at 0.5 (each pixel's 'looked at or not'), mean over pixels",
     "classes": "cross-entropy with the unablated model's top class (-log p(top class))",
-    "embedding": "the pooled embedding's norm",
+    "embedding": "the pooled embedding's norm (a final LayerNorm holds it nearly fixed: on an embedding model this "
+    "ranking is close to noise; method=ablation measures the embedding's change)",
 }
 
 

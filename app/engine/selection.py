@@ -40,7 +40,17 @@ class StageSpanError(SelectionError):
     code = "layers_span_stages"
 
 
-_ITEM = re.compile(r"(-?[0-9]{1,6})(?:-(-?[0-9]{1,6}))?")  # ASCII digits; fullmatch
+# ASCII digits, as many as given: a huge index is out of range, said as such, not "cannot read"
+# (indices are compared, never used to size anything; MAX_SPEC bounds the text). fullmatch.
+_ITEM = re.compile(r"(-?[0-9]+)(?:-(-?[0-9]+))?")
+
+
+def number_text(v: int) -> str:
+    """An index as a message says it: itself, or how long it is when it is too long to show."""
+    text = str(v)
+    return text if len(text) <= 12 else f"of {len(text.lstrip('-'))} digits"
+
+
 MAX_SPEC = 4096
 
 
@@ -68,7 +78,9 @@ def parse_indices(spec: str | None, n: int, what: str) -> list[int]:
         b = int(m.group(2)) if m.group(2) is not None else a
         for v in (a, b):
             if not -n <= v < n:
-                raise SelectionError(f"{what}: index {v} is out of range for {n} {what} (valid: {-n}..{n - 1})")
+                raise SelectionError(
+                    f"{what}: index {number_text(v)} is out of range for {n} {what} (valid: {-n}..{n - 1})"
+                )
         a, b = a % n, b % n
         if a > b:
             raise SelectionError(f"{what}: range {raw!r} runs backwards")
@@ -105,25 +117,27 @@ def parse_query(spec: str | None, layout: TokenLayout) -> list[int] | None:
         gh, gw = layout.grid
         rows = []
         for cell in spec[len("patch:") :].replace(" ", "").split(";"):
-            m = re.fullmatch(r"(-?[0-9]{1,6}),(-?[0-9]{1,6})", cell)
+            m = re.fullmatch(r"(-?[0-9]+),(-?[0-9]+)", cell)
             if not m:
-                raise SelectionSyntaxError(f"query: cannot read patch {cell!r}; use patch:ROW,COL")
+                raise SelectionSyntaxError(f"query: cannot read patch {cell[:40]!r}; use patch:ROW,COL")
             r, c = int(m.group(1)), int(m.group(2))
             if not (-gh <= r < gh and -gw <= c < gw):
                 raise SelectionError(
-                    f"query: patch ({r}, {c}) is outside the {gh} x {gw} grid (rows {-gh}..{gh - 1}, "
+                    f"query: patch ({number_text(r)}, {number_text(c)}) is outside the {gh} x {gw} grid "
+                    f"(rows {-gh}..{gh - 1}, "
                     f"columns {-gw}..{gw - 1}; negative counts from the end)"
                 )
             rows.append(layout.token_of_cell(r % gh, c % gw))
         return list(dict.fromkeys(rows))
     rows = []
     for raw in spec.replace(" ", "").split(","):
-        if not re.fullmatch(r"-?[0-9]{1,7}", raw):
-            raise SelectionSyntaxError(f"query: cannot read {raw!r}; use cls, all, token indices or patch:ROW,COL")
+        if not re.fullmatch(r"-?[0-9]+", raw):
+            raise SelectionSyntaxError(f"query: cannot read {raw[:40]!r}; use cls, all, token indices or patch:ROW,COL")
         v = int(raw)
         if not -n <= v < n:
             raise SelectionError(
-                f"query: token {v} is out of range for {n} tokens (valid: {-n}..{n - 1}; negative counts from the end)"
+                f"query: token {number_text(v)} is out of range for {n} tokens (valid: {-n}..{n - 1}; negative "
+                "counts from the end)"
             )
         rows.append(v % n)
     return list(dict.fromkeys(rows))

@@ -510,7 +510,7 @@ class Attention:
         name = self.filename or self.image_id
         return Surveyor.head_rows(name, self.image_size, self.input_size, image, st, self.precision).to_pandas()
 
-    def explain(self, layer: int = -1, head: int = 0, query: Any = None) -> dict[str, Any]:
+    def explain(self, layer: int | None = -1, head: int | None = 0, query: Any = None) -> dict[str, Any]:
         """One head's whole computation for one query token (``GET …/explain``): the answer's
         fields, and its arrays as torch tensors: ``q``, ``k``, ``v``, ``dot`` (q . k before the
         scale), ``scores``, ``attention``, ``head_output``, ``proj_input`` (every head's output,
@@ -518,15 +518,16 @@ class Attention:
         where the model adds one (BEiT).
 
         Args:
-            layer: block index (negative counts from the end).
-            head: head index (within the layer's stage for Swin).
+            layer: block index (negative counts from the end; None: the last, as by default).
+            head: head index (within the layer's stage for Swin; None: 0, as by default).
             query: one token: ``"cls"``, an index, a cell ``(row, col)`` or ``"patch:R,C"``;
                 None for the CLS token (the first patch without one; Swin: cell 0).
         """
         from ..serving.explain import ExplainParams, explain_fields
 
         q = None if query is None else P.query(query)
-        how = P.build(ExplainParams, layer=layer, head=head, query=q)
+        # None is the default here as everywhere in the Python API (query=None, layers=None)
+        how = P.build(ExplainParams, layer=-1 if layer is None else layer, head=0 if head is None else head, query=q)
         found = self._capture_found()  # takes the model's lock itself when it computes
         with computing(self.lm):
             meta, hc = explain_fields(self.image_id, self.filename, self.lm, found, how, self.ablate)

@@ -334,3 +334,17 @@ def test_true_and_false_go_only_to_the_switches(scope):
     with pytest.raises(ParameterError, match="temperature: a number or text, not False"):
         scope.attention(_picture(3), layers=-1, heads=0, temperature=False)
     assert att.stats(mass=1).shape[0] > 0  # the number itself is taken
+
+
+def test_explain_takes_none_for_its_defaults_and_no_bool(scope):
+    """``explain(layer=None)`` was "layer: Input should be a valid integer" where None is the
+    default everywhere else; ``explain(layer=True)`` explained layer 1."""
+    from headscope.python.params import ParameterError
+
+    att = scope.attention(_picture(4), layers=-1, heads=0)
+    default = att.explain()
+    none = att.explain(layer=None, head=None)
+    assert none["layer"] == default["layer"] and none["head"] == default["head"] == 0
+    assert torch.equal(none["attention"], default["attention"])
+    with pytest.raises(ParameterError, match="layer: a number or text, not True"):
+        att.explain(layer=True)

@@ -74,3 +74,25 @@ def test_parsers_never_fail_unexpectedly(text):
             continue
         if out is not None:
             assert all(0 <= i < 14 for i in out)
+
+
+def test_a_huge_index_is_out_of_range_not_unreadable():
+    """``layers=99999999999999999999`` was "cannot read" (the grammar took 6 digits), where a
+    smaller number out of range was "out of range (valid: ...)"; ``ablate`` and the query alike.
+    The message says how long a number too long to show is."""
+    from headscope.engine.ablation import AblationError, parse_ablate
+
+    huge = "9" * 20
+    with pytest.raises(SelectionError, match=r"layers: index of 20 digits is out of range for 12 layers"):
+        parse_indices(huge, 12, "layers")
+    with pytest.raises(SelectionError, match=r"heads: index 1234567 is out of range"):
+        parse_indices("0-1234567", 6, "heads")
+    with pytest.raises(AblationError, match=r"ablate: layer of 20 digits in '9+:0' is out of range"):
+        parse_ablate(f"{huge}:0", 12, 6)
+    with pytest.raises(AblationError, match=r"cannot read '0:1 0:2'; separate pairs with commas"):
+        parse_ablate("0:1 0:2", 12, 6)  # quoted as typed (it said '0:10:2')
+    assert parse_ablate("0 : 1, 2:3", 12, 6) == ((0, 1), (2, 3))
+    with pytest.raises(SelectionError, match=r"query: token of 20 digits is out of range for 14 tokens"):
+        parse_query(huge, LAYOUT)
+    with pytest.raises(SelectionError, match=r"query: patch \(of 20 digits, 0\) is outside the 3 x 4 grid"):
+        parse_query(f"patch:{huge},0", LAYOUT)
