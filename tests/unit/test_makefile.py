@@ -120,7 +120,7 @@ def test_check_torch_compares_the_recorded_build(tmp_path):
     assert (
         said[("cu130", "cpu")] == f"note: {venv} has the PyTorch build 'cu130', not 'cpu'; make clean first to switch"
     )
-    assert "CPU build, not PyPI's" in said[("cpu", "")]
+    assert "PyTorch CPU build (made with TORCH=cpu); for PyPI's build with CUDA" in said[("cpu", "")]
     assert said[("cpu", "cpu")] == "" and said[("cu126", "")] == ""
 
 
