@@ -104,9 +104,8 @@ def _serve(args) -> int:
         )
         return 2
     args.log_level = args.log_level.lower()
-    from .engine.device import resolve_device
 
-    resolve_device(settings.device)  # a device that is not there: one line now, not a failed start-up
+    _device(args.device, settings.device)  # a device that is not there: one line now, not a failed start-up
     if args.model:  # every --model is offered, the first is the default; HEADSCOPE_EXTRA_MODELS adds more
         settings.extra_models = [*args.model[1:], *settings.extra_models]
         settings.check_one_id_each()
@@ -170,6 +169,17 @@ def _serve(args) -> int:
     if not server.started:
         return 3  # uvicorn's own exit status for a start-up that failed (it logged why)
     return 0
+
+
+def _device(flag: str | None, setting: str) -> torch.device:
+    """The device ``--device`` (else ``HEADSCOPE_DEVICE``) names, or a ``ValueError`` that names
+    the flag and the variable, as every other refused setting's message does."""
+    from .engine.device import resolve_device
+
+    try:
+        return resolve_device(flag or setting)
+    except ValueError as e:
+        raise ValueError(f"--device / HEADSCOPE_DEVICE: {e}") from None
 
 
 def _check_models(settings, fetch_first: bool) -> dict[str, tuple[str, bool]] | None:
@@ -357,7 +367,7 @@ def _extract(args) -> int:
     from .engine import analysis
     from .engine.batching import BatchRunner
     from .engine.block_capture import UnsupportedModelError
-    from .engine.device import autocast_dtype, resolve_device
+    from .engine.device import autocast_dtype
     from .engine.selection import SelectionError
     from .serving import preprocess
     from .serving.pictures import Pictures, read_picture_file
@@ -374,7 +384,7 @@ def _extract(args) -> int:
     except (UnknownModelError, UnsupportedModelError) as e:
         print(f"headscope extract: {e}", file=sys.stderr)
         return 2
-    device = resolve_device(args.device or settings.device)
+    device = _device(args.device, settings.device)
     try:
         lm = Registry([model_id], settings.models_dir, device).get()
     except (UnknownModelError, UnsupportedModelError, ModelLoadError) as e:
@@ -730,7 +740,8 @@ def settings_message(e: ValidationError, flags: set[str]) -> str:
         where = f"HEADSCOPE_{name.upper()}"
         if name in flags:
             where = "--" + name.replace("_", "-") + " / " + where
-        value = "" if err.get("input") is None else f" (got {err['input']!r})"
+        got = "" if err.get("input") is None else repr(err["input"])
+        value = f" (got {got[:80]}{'...' if len(got) > 80 else ''})" if got else ""  # one line, not a page
         lines.append(f"{where}: {msg}{value}")
     return "\n  ".join(lines)
 

@@ -344,7 +344,14 @@ class Settings(BaseSettings):
             if v.startswith("["):
                 import json
 
-                return json.loads(v)
+                try:
+                    return json.loads(v)
+                except json.JSONDecodeError as e:
+                    raise ValueError(
+                        f'not a JSON list ({e.msg.lower()} at character {e.pos}): write \'["a", "b"]\' or a,b'
+                    ) from None
+            if v.startswith("{"):
+                raise ValueError('not a JSON list: write \'["a", "b"]\' or a,b')
             return [x.strip() for x in v.split(",") if x.strip()]
         return v
 

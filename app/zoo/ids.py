@@ -40,7 +40,7 @@ def add_distinct(specs: dict[str, ModelSpec], spec: ModelSpec) -> None:
     if seen != spec:
         raise UnknownModelError(
             f"two models have the id {spec.id} ({seen.path or seen.arch} and {spec.path or spec.arch}): "
-            "name them, as in NAME=local:ARCH@/path (docs/models.md)"
+            "give each an id of its own, NAME=SPEC (e.g. other=local:ARCH@/path; docs/models.md)"
         )
 
 
@@ -57,7 +57,13 @@ class ModelSpec:
     def parse(cls, spec: str) -> ModelSpec:
         """Read one configured model (see the module docstring for the forms)."""
         spec = spec.strip()
+        if not spec:
+            raise UnknownModelError(
+                f"an empty model id: write {EMBEDDED_ID}, timm:NAME or another form (docs/models.md)"
+            )
         name, sep, rest = spec.partition("=")
+        if sep and name and ":" not in name and "/" not in name and not rest.strip():
+            raise UnknownModelError(f"{spec[:80]!r}: NAME=SPEC needs the model after '=', e.g. {name}=timm:NAME")
         if sep and name and ":" not in name and "/" not in name:
             inner = cls.parse(rest)
             return cls(name, inner.source, inner.arch, inner.path)
@@ -73,6 +79,9 @@ class ModelSpec:
             if not arch or arch.count("/") > 1 or arch.startswith("/") or arch.endswith("/"):
                 raise UnknownModelError(f"{spec!r}: write open_clip models as open_clip:ARCH[/PRETRAINED]")
             return cls(spec, "open_clip", arch)
+        for prefix, form in (("random:", "random:ARCH"), ("timm:", "timm:NAME"), ("open_clip:", "open_clip:ARCH")):
+            if spec == prefix:
+                raise UnknownModelError(f"{spec!r}: the model's name is missing; write {form}")
         if spec.startswith("random:"):
             return cls(spec, "random", spec[len("random:") :])
         return cls(spec, "timm-hub", spec.removeprefix("timm:"))

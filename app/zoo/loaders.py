@@ -416,8 +416,9 @@ def skeleton(spec: ModelSpec, models_dir: Path) -> LoadedModel:
             model, dynamic = _create(str(m["arch"]), False, num_classes=0, img_size=grid[0] * patch[0])
         return _finish(spec, model, dynamic, arch=str(m["arch"]), input_size=m["input_size"])
     if spec.source == "open_clip":
-        from .open_clip_models import split_arch
+        from .open_clip_models import check_name, split_arch
 
+        check_name(spec.arch)  # a misspelt pretrained tag is refused here, as a timm tag is
         with torch.device("meta"):  # the architecture alone: random weights, nothing downloaded
             return load_open_clip(ModelSpec(spec.id, spec.source, split_arch(spec.arch)[0]))
     _check_arch(spec.arch.split(".")[0])

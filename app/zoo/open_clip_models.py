@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _random_init_said(record: logging.LogRecord) -> bool:
+    """False for open_clip's "No pretrained weights loaded ... initialized randomly": said to the
+    root logger whenever an architecture is built without weights, which Headscope does on
+    purpose (the meta-device skeleton that checks a pretrained model before it loads, and
+    ``open_clip:ARCH``), so that a pretrained model looked as if it had random weights."""
+    return not str(record.msg).startswith("No pretrained weights loaded for model")
+
+
 def _open_clip() -> Any:
     try:
         import open_clip
@@ -52,6 +60,9 @@ def _open_clip() -> Any:
         raise ModelLoadError(
             "open_clip models need the clip extra: pip install 'headscope[clip]' (open_clip_torch)"
         ) from None
+    root = logging.getLogger()
+    if _random_init_said not in root.filters:
+        root.addFilter(_random_init_said)
     return open_clip
 
 

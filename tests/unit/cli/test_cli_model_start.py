@@ -39,6 +39,21 @@ def test_nearest_names_of_a_typo():
     assert nearest("no_such_thing_at_all") == []
 
 
+def test_preflight_finds_a_misspelt_open_clip_tag_and_ids_without_a_name(caplog):
+    """``open_clip:ViT-B-32/nosuch`` passed the start-up check and failed when it loaded (fetch
+    said it at once); ``random:`` was "timm has no architecture named ''"; and checking a
+    pretrained open_clip model logged open_clip's "initialized randomly" on the terminal."""
+    pytest.importorskip("open_clip")
+    models = ROOT / "models"
+    why, permanent = preflight("open_clip:ViT-B-32/nosuch", models)
+    assert permanent and why.startswith("open_clip has no pretrained weights 'nosuch' for ViT-B-32 (it has: openai")
+    with caplog.at_level("WARNING"):
+        preflight("open_clip:ViT-B-32/openai", models)
+    assert not [r for r in caplog.records if "initialized randomly" in r.getMessage()], caplog.text
+    assert preflight("random:", models) == ("'random:': the model's name is missing; write random:ARCH", True)
+    assert preflight("x=", models)[0] == "'x=': NAME=SPEC needs the model after '=', e.g. x=timm:NAME"
+
+
 def test_preflight_says_what_stops_each_model(tmp_path):
     models = ROOT / "models"
     why, permanent = preflight(TYPO, models)
@@ -127,4 +142,6 @@ def test_two_weights_files_of_one_name_are_refused_with_the_way_to_name_them(off
     r = serve(*specs, env=offline)
     assert r.returncode == 2, r.stderr
     assert "two models have the id local:test_vit@model.safetensors" in r.stderr
-    assert "NAME=local:ARCH@/path" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        "give each an id of its own, NAME=SPEC (e.g. other=local:ARCH@/path" in r.stderr and "Traceback" not in r.stderr
+    )
