@@ -39,6 +39,16 @@ from .waiting import ClientGone, wait_for_result
 from .worker import Worker
 
 
+def _kept_note(e: SelectionError, image_id: str) -> SelectionError:
+    """``e`` again (the same class and code) with where its POST's picture is kept."""
+    kept = copy.copy(e)
+    kept.args = (
+        f"{e}; the picture is kept as image {image_id}: GET /api/v1/attention/{image_id} with other parameters "
+        "needs no new upload",
+    )
+    return kept
+
+
 class AttentionService:
     """Uploads, captures and answers.
 
@@ -131,12 +141,8 @@ class AttentionService:
         try:
             return await self.attention(image_id, params, upload=upload, fault=fault)
         except SelectionError as e:
-            kept = copy.copy(e)  # the same class and code, the message extended
-            kept.args = (
-                f"{e}; the picture is kept as image {image_id}: GET /api/v1/attention/{image_id} with "
-                "other parameters needs no new upload",
-            )
-            raise kept from None
+            refused = e.with_traceback(None)  # no frames held: a frame holding its own error is a cycle
+        raise _kept_note(refused, image_id)
 
     async def stats(
         self,

@@ -27,8 +27,8 @@ class Service:
         self.now += 10
         return self.now
 
-    async def _model(self, model_id):
-        return SimpleNamespace(id="clip")
+    async def model(self, model_id):
+        return SimpleNamespace(id="clip", stages=None)  # global attention: not refused as windowed
 
     async def prepared(self, upload, lm):
         return SimpleNamespace(input_size=(224, 224))
