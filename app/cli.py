@@ -456,16 +456,6 @@ def _extract(args) -> int:
 
 def _survey(args) -> int:
     """Per-head statistics of every picture of SOURCE into a Parquet dataset (app/survey/)."""
-    from .engine.relevance import MethodError
-    from .engine.selection import SelectionError
-    from .serving import preprocess
-    from .serving.malloc import tune_malloc
-    from .survey.output import OutputError
-    from .survey.ray_engine import RayUnavailable
-    from .survey.run import survey
-    from .survey.sources import SourceError
-    from .zoo.errors import ModelLoadError, UnknownModelError
-
     # --faithfulness takes an optional value, so `survey --faithfulness photos/ --out s.parquet`
     # read the folder as the methods and argparse said only that SOURCE was missing.
     took_path = args.faithfulness is not None and Path(args.faithfulness).exists()
@@ -481,6 +471,17 @@ def _survey(args) -> int:
             "SOURCE is missing: a folder (recursive), a text file of image paths, or an image, e.g. "
             f"headscope survey photos/ --out {args.out}{took}"
         )
+    # torch and the engine only now: a missing SOURCE is said in a moment
+    from .engine.relevance import MethodError
+    from .engine.selection import SelectionError
+    from .serving import preprocess
+    from .serving.malloc import tune_malloc
+    from .survey.output import OutputError
+    from .survey.ray_engine import RayUnavailable
+    from .survey.run import survey
+    from .survey.sources import SourceError
+    from .zoo.errors import ModelLoadError, UnknownModelError
+
     tune_malloc()  # as the server does: large maps reuse freed memory instead of fresh pages
     settings = _settings(args)
     preprocess.adopt_pixel_limit(settings.max_image_pixels)

@@ -90,9 +90,10 @@ def parse_ablate(spec: str | None, num_layers: int, num_heads: int, *, windowed:
     seen: dict[tuple[int, int], str] = {}
     for part in spec.split(","):
         raw = part.strip(" ")  # spaces only: a newline or tab is not read as one
-        m = _PAIR.fullmatch(raw.replace(" ", ""))  # "0 : 1" is a pair; "0:1 0:2" is two without a comma
-        if not m or re.search(r"[0-9]\s+-?[0-9]", raw):
-            hint = "separate pairs with commas" if re.search(r"[0-9]\s+-?[0-9]", raw) else "write layer:head pairs"
+        spaced = re.search(r"[0-9]\s+-?[0-9]", raw)  # "0:1 0:2": two pairs without a comma ("0 : 1" is one)
+        m = None if spaced else _PAIR.fullmatch(raw.replace(" ", ""))
+        if not m:
+            hint = "separate pairs with commas" if spaced else "write layer:head pairs"
             raise AblationError(f"ablate: cannot read {raw[:40]!r}; {hint} like 0:1,11:5")
         layer, head = int(m.group(1)), int(m.group(2))
         raw = raw[:40]
