@@ -151,8 +151,11 @@ def parse_target_methods(
         spec = None  # blank is the default, as a blank REST parameter is
     if spec is None:
         return default if default is not None else (text_methods(lm) if is_text(target) else METHODS)
-    if not isinstance(spec, str) and not (isinstance(spec, Iterable) and all(isinstance(s, str) for s in spec)):
-        raise MethodError(f"methods: names as text ('chefer,random') or a list of them, not {type(spec).__name__}")
+    if not isinstance(spec, str):
+        given = type(spec).__name__
+        spec = list(spec) if isinstance(spec, Iterable) else None  # once: a generator is read once
+        if spec is None or not all(isinstance(s, str) for s in spec):
+            raise MethodError(f"methods: names as text ('chefer,random') or a list of them, not {given}")
     items = [s.strip().lower() for s in (spec.split(",") if isinstance(spec, str) else spec)]
     for name in items:
         check_method(name, target, lm)

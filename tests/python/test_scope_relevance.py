@@ -201,6 +201,9 @@ def test_blank_and_non_text_method_names(scope, picture):
     assert list(scope.faithfulness(picture, methods=" ", target="top", fractions=[0.0, 0.5])["methods"]) == list(
         scope.faithfulness(picture, target="top", fractions=[0.0, 0.5])["methods"]
     )
+    # a generator is read once (the type check must not use it up before the names are read)
+    got = scope.faithfulness(picture, methods=(m for m in ("chefer", "random")), target="top", fractions=[0.0, 0.5])
+    assert list(got["methods"]) == ["chefer", "random"]
     for call in (lambda: scope.relevance(picture, method=123), lambda: scope.faithfulness(picture, methods=123)):
         with pytest.raises(MethodError, match="names as text"):
             call()
