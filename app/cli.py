@@ -239,7 +239,7 @@ def _fetch(args) -> int:
             spec = ModelSpec.parse(target)
             lm = Registry([target], settings.models_dir).get()
             shape = f"{lm.arch}, {lm.num_layers} layers, {lm.num_heads} heads"
-            if spec.source == "random" or (spec.source == "open_clip" and "/" not in spec.arch):
+            if spec.random_weights:
                 print(f"{target}: random weights, nothing to download ({shape})")
             else:
                 print(f"{target}: weights available ({shape})")

@@ -53,6 +53,16 @@ class ModelSpec:
     arch: str  # timm name (with pretrained tag for the hub), or the embedded id
     path: Path | None = None  # local weights
 
+    @property
+    def from_hub(self) -> bool:
+        """Its weights come from the Hugging Face hub: a pretrained timm model or open_clip tag."""
+        return self.source == "timm-hub" or (self.source == "open_clip" and "/" in self.arch)
+
+    @property
+    def random_weights(self) -> bool:
+        """It is built with random weights: ``random:ARCH``, or ``open_clip:ARCH`` without a tag."""
+        return self.source == "random" or (self.source == "open_clip" and "/" not in self.arch)
+
     @classmethod
     def parse(cls, spec: str) -> ModelSpec:
         """Read one configured model (see the module docstring for the forms)."""

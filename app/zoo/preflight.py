@@ -44,7 +44,7 @@ def preflight(raw: str, models_dir: Path) -> tuple[str, bool] | None:
         return why + did_you_mean(spec.arch, "timm:"), True
     if spec.source == "local" and spec.path is not None and not spec.path.is_file():
         return f"the weights file {spec.path.name} is not there", True
-    if spec.source == "timm-hub" or (spec.source == "open_clip" and "/" in spec.arch):
+    if spec.from_hub:
         try:
             entry = lookup(spec.arch)
         except UnknownModelError:
